@@ -1,0 +1,401 @@
+from orchestra._proto import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AckReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RegisterWorkerRequest(_message.Message):
+    __slots__ = ("worker_address", "objstore_address", "node_id", "pid")
+    WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    OBJSTORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    worker_address: str
+    objstore_address: str
+    node_id: int
+    pid: int
+    def __init__(self, worker_address: _Optional[str] = ..., objstore_address: _Optional[str] = ..., node_id: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
+
+class RegisterWorkerReply(_message.Message):
+    __slots__ = ("workerid",)
+    WORKERID_FIELD_NUMBER: _ClassVar[int]
+    workerid: int
+    def __init__(self, workerid: _Optional[int] = ...) -> None: ...
+
+class RegisterObjStoreRequest(_message.Message):
+    __slots__ = ("objstore_address", "node_id", "capacity")
+    OBJSTORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    objstore_address: str
+    node_id: int
+    capacity: int
+    def __init__(self, objstore_address: _Optional[str] = ..., node_id: _Optional[int] = ..., capacity: _Optional[int] = ...) -> None: ...
+
+class RegisterObjStoreReply(_message.Message):
+    __slots__ = ("objstoreid",)
+    OBJSTOREID_FIELD_NUMBER: _ClassVar[int]
+    objstoreid: int
+    def __init__(self, objstoreid: _Optional[int] = ...) -> None: ...
+
+class RegisterFunctionRequest(_message.Message):
+    __slots__ = ("workerid", "fnname", "num_return_vals", "function_id", "pickled")
+    WORKERID_FIELD_NUMBER: _ClassVar[int]
+    FNNAME_FIELD_NUMBER: _ClassVar[int]
+    NUM_RETURN_VALS_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_ID_FIELD_NUMBER: _ClassVar[int]
+    PICKLED_FIELD_NUMBER: _ClassVar[int]
+    workerid: int
+    fnname: str
+    num_return_vals: int
+    function_id: bytes
+    pickled: bytes
+    def __init__(self, workerid: _Optional[int] = ..., fnname: _Optional[str] = ..., num_return_vals: _Optional[int] = ..., function_id: _Optional[bytes] = ..., pickled: _Optional[bytes] = ...) -> None: ...
+
+class RemoteCallRequest(_message.Message):
+    __slots__ = ("call",)
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    call: _types_pb2.Call
+    def __init__(self, call: _Optional[_Union[_types_pb2.Call, _Mapping]] = ...) -> None: ...
+
+class RemoteCallReply(_message.Message):
+    __slots__ = ("result",)
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    result: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, result: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class RequestObjRequest(_message.Message):
+    __slots__ = ("workerid", "objref", "timeout_s")
+    WORKERID_FIELD_NUMBER: _ClassVar[int]
+    OBJREF_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    workerid: int
+    objref: bytes
+    timeout_s: float
+    def __init__(self, workerid: _Optional[int] = ..., objref: _Optional[bytes] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class PushObjRequest(_message.Message):
+    __slots__ = ("workerid", "obj")
+    WORKERID_FIELD_NUMBER: _ClassVar[int]
+    OBJ_FIELD_NUMBER: _ClassVar[int]
+    workerid: int
+    obj: _types_pb2.ObjectData
+    def __init__(self, workerid: _Optional[int] = ..., obj: _Optional[_Union[_types_pb2.ObjectData, _Mapping]] = ...) -> None: ...
+
+class PushObjReply(_message.Message):
+    __slots__ = ("objref",)
+    OBJREF_FIELD_NUMBER: _ClassVar[int]
+    objref: bytes
+    def __init__(self, objref: _Optional[bytes] = ...) -> None: ...
+
+class ObjReadyRequest(_message.Message):
+    __slots__ = ("objref", "objstoreid", "segment")
+    OBJREF_FIELD_NUMBER: _ClassVar[int]
+    OBJSTOREID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    objref: bytes
+    objstoreid: int
+    segment: _types_pb2.Segment
+    def __init__(self, objref: _Optional[bytes] = ..., objstoreid: _Optional[int] = ..., segment: _Optional[_Union[_types_pb2.Segment, _Mapping]] = ...) -> None: ...
+
+class WorkerReadyRequest(_message.Message):
+    __slots__ = ("workerid",)
+    WORKERID_FIELD_NUMBER: _ClassVar[int]
+    workerid: int
+    def __init__(self, workerid: _Optional[int] = ...) -> None: ...
+
+class ChangeCountRequest(_message.Message):
+    __slots__ = ("objref",)
+    OBJREF_FIELD_NUMBER: _ClassVar[int]
+    objref: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, objref: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class SchedulerDebugInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FnTableEntry(_message.Message):
+    __slots__ = ("workerid", "num_return_vals")
+    WORKERID_FIELD_NUMBER: _ClassVar[int]
+    NUM_RETURN_VALS_FIELD_NUMBER: _ClassVar[int]
+    workerid: _containers.RepeatedScalarFieldContainer[int]
+    num_return_vals: int
+    def __init__(self, workerid: _Optional[_Iterable[int]] = ..., num_return_vals: _Optional[int] = ...) -> None: ...
+
+class WorkerInfo(_message.Message):
+    __slots__ = ("workerid", "pid", "node_id", "state", "running")
+    WORKERID_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    workerid: int
+    pid: int
+    node_id: int
+    state: str
+    running: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, workerid: _Optional[int] = ..., pid: _Optional[int] = ..., node_id: _Optional[int] = ..., state: _Optional[str] = ..., running: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class ObjectInfo(_message.Message):
+    __slots__ = ("objref", "state", "refcount", "size", "in_shared_memory")
+    OBJREF_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REFCOUNT_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    IN_SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    objref: bytes
+    state: str
+    refcount: int
+    size: int
+    in_shared_memory: bool
+    def __init__(self, objref: _Optional[bytes] = ..., state: _Optional[str] = ..., refcount: _Optional[int] = ..., size: _Optional[int] = ..., in_shared_memory: _Optional[bool] = ...) -> None: ...
+
+class SchedulerDebugInfoReply(_message.Message):
+    __slots__ = ("task", "avail_worker", "function_table", "workers", "objects", "total_resources", "available_resources")
+    class FunctionTableEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: FnTableEntry
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[FnTableEntry, _Mapping]] = ...) -> None: ...
+    class TotalResourcesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class AvailableResourcesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    AVAIL_WORKER_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_TABLE_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    task: _containers.RepeatedCompositeFieldContainer[_types_pb2.Call]
+    avail_worker: _containers.RepeatedScalarFieldContainer[int]
+    function_table: _containers.MessageMap[str, FnTableEntry]
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerInfo]
+    objects: _containers.RepeatedCompositeFieldContainer[ObjectInfo]
+    total_resources: _containers.ScalarMap[str, float]
+    available_resources: _containers.ScalarMap[str, float]
+    def __init__(self, task: _Optional[_Iterable[_Union[_types_pb2.Call, _Mapping]]] = ..., avail_worker: _Optional[_Iterable[int]] = ..., function_table: _Optional[_Mapping[str, FnTableEntry]] = ..., workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., objects: _Optional[_Iterable[_Union[ObjectInfo, _Mapping]]] = ..., total_resources: _Optional[_Mapping[str, float]] = ..., available_resources: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class DeliverObjRequest(_message.Message):
+    __slots__ = ("objstore_address", "objref")
+    OBJSTORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    OBJREF_FIELD_NUMBER: _ClassVar[int]
+    objstore_address: str
+    objref: bytes
+    def __init__(self, objstore_address: _Optional[str] = ..., objref: _Optional[bytes] = ...) -> None: ...
+
+class ObjChunk(_message.Message):
+    __slots__ = ("objref", "totalsize", "data")
+    OBJREF_FIELD_NUMBER: _ClassVar[int]
+    TOTALSIZE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    objref: bytes
+    totalsize: int
+    data: bytes
+    def __init__(self, objref: _Optional[bytes] = ..., totalsize: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class ObjStoreDebugInfoRequest(_message.Message):
+    __slots__ = ("objref",)
+    OBJREF_FIELD_NUMBER: _ClassVar[int]
+    objref: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, objref: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class ObjStoreDebugInfoReply(_message.Message):
+    __slots__ = ("objref", "segment", "capacity", "used")
+    OBJREF_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    objref: _containers.RepeatedScalarFieldContainer[bytes]
+    segment: _containers.RepeatedCompositeFieldContainer[_types_pb2.Segment]
+    capacity: int
+    used: int
+    def __init__(self, objref: _Optional[_Iterable[bytes]] = ..., segment: _Optional[_Iterable[_Union[_types_pb2.Segment, _Mapping]]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ...) -> None: ...
+
+class InvokeCallRequest(_message.Message):
+    __slots__ = ("call", "resolved", "gpu_ids", "attempt")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    RESOLVED_FIELD_NUMBER: _ClassVar[int]
+    GPU_IDS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    call: _types_pb2.Call
+    resolved: _containers.RepeatedCompositeFieldContainer[_types_pb2.ObjectData]
+    gpu_ids: _containers.RepeatedScalarFieldContainer[int]
+    attempt: int
+    def __init__(self, call: _Optional[_Union[_types_pb2.Call, _Mapping]] = ..., resolved: _Optional[_Iterable[_Union[_types_pb2.ObjectData, _Mapping]]] = ..., gpu_ids: _Optional[_Iterable[int]] = ..., attempt: _Optional[int] = ...) -> None: ...
+
+class InvokeCallReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("kind", "pid", "workerid", "cwd", "sys_path")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    WORKERID_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
+    SYS_PATH_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    pid: int
+    workerid: int
+    cwd: str
+    sys_path: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, kind: _Optional[str] = ..., pid: _Optional[int] = ..., workerid: _Optional[int] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class HelloReply(_message.Message):
+    __slots__ = ("session_id", "node_id", "node_resources", "store_capacity", "session_dir", "cwd", "sys_path", "inline_threshold")
+    class NodeResourcesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    STORE_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    SESSION_DIR_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
+    SYS_PATH_FIELD_NUMBER: _ClassVar[int]
+    INLINE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    session_id: bytes
+    node_id: int
+    node_resources: _containers.ScalarMap[str, float]
+    store_capacity: int
+    session_dir: str
+    cwd: str
+    sys_path: _containers.RepeatedScalarFieldContainer[str]
+    inline_threshold: int
+    def __init__(self, session_id: _Optional[bytes] = ..., node_id: _Optional[int] = ..., node_resources: _Optional[_Mapping[str, float]] = ..., store_capacity: _Optional[int] = ..., session_dir: _Optional[str] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., inline_threshold: _Optional[int] = ...) -> None: ...
+
+class Submit(_message.Message):
+    __slots__ = ("calls",)
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    calls: _containers.RepeatedCompositeFieldContainer[_types_pb2.Call]
+    def __init__(self, calls: _Optional[_Iterable[_Union[_types_pb2.Call, _Mapping]]] = ...) -> None: ...
+
+class Objects(_message.Message):
+    __slots__ = ("objects",)
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    objects: _containers.RepeatedCompositeFieldContainer[_types_pb2.ObjectData]
+    def __init__(self, objects: _Optional[_Iterable[_Union[_types_pb2.ObjectData, _Mapping]]] = ...) -> None: ...
+
+class Subscribe(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, ids: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class RefDelta(_message.Message):
+    __slots__ = ("incr", "decr")
+    INCR_FIELD_NUMBER: _ClassVar[int]
+    DECR_FIELD_NUMBER: _ClassVar[int]
+    incr: _containers.RepeatedScalarFieldContainer[bytes]
+    decr: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, incr: _Optional[_Iterable[bytes]] = ..., decr: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class CancelRequest(_message.Message):
+    __slots__ = ("object_id", "force")
+    OBJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    object_id: bytes
+    force: bool
+    def __init__(self, object_id: _Optional[bytes] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class Execute(_message.Message):
+    __slots__ = ("invoke",)
+    INVOKE_FIELD_NUMBER: _ClassVar[int]
+    invoke: InvokeCallRequest
+    def __init__(self, invoke: _Optional[_Union[InvokeCallRequest, _Mapping]] = ...) -> None: ...
+
+class TaskDone(_message.Message):
+    __slots__ = ("task_id", "returns", "user_error", "cancelled")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    RETURNS_FIELD_NUMBER: _ClassVar[int]
+    USER_ERROR_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    task_id: bytes
+    returns: _containers.RepeatedCompositeFieldContainer[_types_pb2.ObjectData]
+    user_error: bool
+    cancelled: bool
+    def __init__(self, task_id: _Optional[bytes] = ..., returns: _Optional[_Iterable[_Union[_types_pb2.ObjectData, _Mapping]]] = ..., user_error: _Optional[bool] = ..., cancelled: _Optional[bool] = ...) -> None: ...
+
+class ReturnTasks(_message.Message):
+    __slots__ = ("task_ids",)
+    TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    task_ids: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, task_ids: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class Blocked(_message.Message):
+    __slots__ = ("blocked",)
+    BLOCKED_FIELD_NUMBER: _ClassVar[int]
+    blocked: bool
+    def __init__(self, blocked: _Optional[bool] = ...) -> None: ...
+
+class CancelTask(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: bytes
+    def __init__(self, task_id: _Optional[bytes] = ...) -> None: ...
+
+class Request(_message.Message):
+    __slots__ = ("req_id", "create_segment", "query")
+    REQ_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATE_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    req_id: int
+    create_segment: CreateSegment
+    query: str
+    def __init__(self, req_id: _Optional[int] = ..., create_segment: _Optional[_Union[CreateSegment, _Mapping]] = ..., query: _Optional[str] = ...) -> None: ...
+
+class CreateSegment(_message.Message):
+    __slots__ = ("object_id", "size")
+    OBJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    object_id: bytes
+    size: int
+    def __init__(self, object_id: _Optional[bytes] = ..., size: _Optional[int] = ...) -> None: ...
+
+class Reply(_message.Message):
+    __slots__ = ("req_id", "error", "error_kind", "segment", "resources", "debug")
+    class ResourcesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    REQ_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ERROR_KIND_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    DEBUG_FIELD_NUMBER: _ClassVar[int]
+    req_id: int
+    error: str
+    error_kind: str
+    segment: _types_pb2.Segment
+    resources: _containers.ScalarMap[str, float]
+    debug: SchedulerDebugInfoReply
+    def __init__(self, req_id: _Optional[int] = ..., error: _Optional[str] = ..., error_kind: _Optional[str] = ..., segment: _Optional[_Union[_types_pb2.Segment, _Mapping]] = ..., resources: _Optional[_Mapping[str, float]] = ..., debug: _Optional[_Union[SchedulerDebugInfoReply, _Mapping]] = ...) -> None: ...

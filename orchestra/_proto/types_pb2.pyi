@@ -1,0 +1,70 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Segment(_message.Message):
+    __slots__ = ("name", "size", "node_id")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    size: int
+    node_id: int
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., node_id: _Optional[int] = ...) -> None: ...
+
+class Value(_message.Message):
+    __slots__ = ("ref", "inline")
+    REF_FIELD_NUMBER: _ClassVar[int]
+    INLINE_FIELD_NUMBER: _ClassVar[int]
+    ref: bytes
+    inline: bytes
+    def __init__(self, ref: _Optional[bytes] = ..., inline: _Optional[bytes] = ...) -> None: ...
+
+class ObjectData(_message.Message):
+    __slots__ = ("object_id", "inline", "segment", "error", "contained")
+    OBJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    INLINE_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    CONTAINED_FIELD_NUMBER: _ClassVar[int]
+    object_id: bytes
+    inline: bytes
+    segment: Segment
+    error: bytes
+    contained: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, object_id: _Optional[bytes] = ..., inline: _Optional[bytes] = ..., segment: _Optional[_Union[Segment, _Mapping]] = ..., error: _Optional[bytes] = ..., contained: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class Call(_message.Message):
+    __slots__ = ("task_id", "function_id", "args", "kwarg_names", "num_returns", "resources", "max_retries", "name", "nested", "retry_exceptions")
+    class ResourcesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_ID_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    KWARG_NAMES_FIELD_NUMBER: _ClassVar[int]
+    NUM_RETURNS_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    MAX_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NESTED_FIELD_NUMBER: _ClassVar[int]
+    RETRY_EXCEPTIONS_FIELD_NUMBER: _ClassVar[int]
+    task_id: bytes
+    function_id: bytes
+    args: _containers.RepeatedCompositeFieldContainer[Value]
+    kwarg_names: _containers.RepeatedScalarFieldContainer[str]
+    num_returns: int
+    resources: _containers.ScalarMap[str, float]
+    max_retries: int
+    name: str
+    nested: _containers.RepeatedScalarFieldContainer[bytes]
+    retry_exceptions: bool
+    def __init__(self, task_id: _Optional[bytes] = ..., function_id: _Optional[bytes] = ..., args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., kwarg_names: _Optional[_Iterable[str]] = ..., num_returns: _Optional[int] = ..., resources: _Optional[_Mapping[str, float]] = ..., max_retries: _Optional[int] = ..., name: _Optional[str] = ..., nested: _Optional[_Iterable[bytes]] = ..., retry_exceptions: _Optional[bool] = ...) -> None: ...
