@@ -1,0 +1,18 @@
+"""orchestra: tasks and objects on a local cluster of worker processes.
+
+The public API; everything else lives in private modules.
+"""
+from . import exceptions
+from ._api import remote
+from ._object_ref import ObjectRef
+from ._remote_function import RemoteFunction
+from ._session import (available_resources, cancel, cluster_resources, get, get_gpu_ids, init,
+                       is_initialized, put, shutdown, wait)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "remote", "RemoteFunction", "get", "put", "wait",
+    "cancel", "get_gpu_ids", "cluster_resources", "available_resources", "ObjectRef",
+    "exceptions",
+]

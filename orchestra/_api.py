@@ -1,0 +1,28 @@
+"""The @remote decorator."""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+from ._remote_function import RemoteFunction
+
+
+def remote(*args: Any, **options: Any) -> Any:
+    """Make a function a remote function: ``@remote`` or ``@remote(num_cpus=2, ...)``."""
+    if len(args) == 1 and not options and callable(args[0]):
+        return _make(args[0], {})
+    if args:
+        raise TypeError("@orchestra.remote takes keyword options only, e.g. "
+                        "@orchestra.remote(num_cpus=2)")
+
+    def decorator(fn: Callable[..., Any]) -> Any:
+        return _make(fn, options)
+    return decorator
+
+
+def _make(obj: Any, options: dict[str, Any]) -> Any:
+    if inspect.isclass(obj):
+        raise NotImplementedError(
+            f"@orchestra.remote on class {obj.__name__}: actors are not supported by this "
+            "version of orchestra; use a remote function, or keep state in the driver")
+    return RemoteFunction(obj, options)

@@ -1,0 +1,427 @@
+"""Core client: one process's connection to the scheduler (driver or worker).
+
+    user thread --submit/put/refs--> send(): [pending increments][frame][pending decrements]
+                                        |   one sendall on the unix socket, under a lock
+    reader thread <--frames-- head: Objects (results pushed to their owner, or to
+        subscribers) land in ``_results``; Replies wake their requester; worker frames
+        (Execute, CancelTask, ...) go to ``on_frame``.
+
+Reference counts: ``add_ref``/``remove_ref`` keep this process's count per object id.
+A first ref is announced (increment) before the next frame, a last ref dropped
+(decrement) after it: a hold the scheduler must see is never outrun by the release that
+follows it. Refs made by submit and put are counted by the scheduler when it sees the
+Submit/put, so they are not announced.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import select
+import socket
+import threading
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+from . import _ids, _wire
+from ._object_ref import ObjectRef
+from . import _pb as pb
+from ._serialization import Serialized, deserialize, serialize
+from ._store import map_segment, write_segment
+from .exceptions import GetTimeoutError, ObjectStoreFullError, OrchestraError
+
+_FLUSH_INTERVAL_S = 0.02
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(tag: bytes, payload: bytes) -> bytes:
+    """A length-delimited protobuf field: messages concatenate into valid encodings."""
+    return tag + _varint(len(payload)) + payload
+
+
+class ConnectionLost(OrchestraError):
+    """The connection to the cluster's head process is gone."""
+
+
+class CoreClient:
+    def __init__(self, sock_path: str, hello: Any, *, connect_timeout_s: float = 30.0,
+                 on_frame: Callable[[int, Any], None] | None = None,
+                 on_lost: Callable[[], None] | None = None) -> None:
+        self.sock = _connect(sock_path, connect_timeout_s)
+        self.on_frame = on_frame
+        self.on_lost = on_lost
+        self.on_block: Callable[[bool], None] | None = None
+        self._send_lock = threading.Lock()
+        self._ref_lock = threading.RLock()   # re-entered when GC runs __del__ inside it
+        self._local: dict[bytes, int] = {}
+        self._incr: list[bytes] = []
+        self._decr: list[bytes] = []
+        self._results: dict[bytes, Any] = {}
+        self._maps: dict[bytes, memoryview] = {}
+        self._owned: set[bytes] = set()       # returns of my tasks: pushed to me when sealed
+        self._subscribed: set[bytes] = set()
+        self._cond = threading.Condition()
+        self._replies: dict[int, list[Any]] = {}
+        self._req_ids = itertools.count(1)
+        self._registered: set[bytes] = set()
+        self.lost: str | None = None
+        self._closing = False
+        self.sock.sendall(_wire.encode(_wire.HELLO, hello))
+        self.info = self._read_hello(connect_timeout_s)
+        self.inline_threshold = self.info.inline_threshold or 100 * 1024
+        self._reader = threading.Thread(target=self._read_loop, name="orchestra-reader", daemon=True)
+        self._reader.start()
+
+    def _read_hello(self, timeout_s: float) -> Any:
+        self.sock.settimeout(timeout_s)
+        dec = _wire.FrameDecoder()
+        try:
+            while True:
+                data = self.sock.recv(65536)
+                if not data:
+                    raise ConnectionLost("the head closed the connection during the handshake")
+                frames = dec.feed(data)
+                for i, (kind, msg) in enumerate(frames):
+                    if kind == _wire.HELLO_REPLY:
+                        self.sock.settimeout(None)
+                        self._leftover = dec
+                        self._early_frames = frames[i + 1:]   # sent right after the reply
+                        return msg
+        except socket.timeout as exc:
+            raise ConnectionLost(f"the head did not answer within {timeout_s:g} s") from exc
+
+    # ------------------------------------------------------------------ sending
+    def send_raw(self, frame: bytes) -> None:
+        """Send one encoded frame, with the pending reference changes around it."""
+        with self._send_lock:
+            pre = post = b""
+            if self._incr or self._decr:
+                with self._ref_lock:
+                    incr, self._incr = self._incr, []
+                    decr, self._decr = self._decr, []
+                if incr:
+                    pre = _wire.encode(_wire.REF_DELTA, pb.RefDelta(incr=incr))
+                if decr:
+                    post = _wire.encode(_wire.REF_DELTA, pb.RefDelta(decr=decr))
+            try:
+                self.sock.sendall(pre + frame + post if (pre or post) else frame)
+            except OSError as exc:
+                raise ConnectionLost(f"lost the connection to the cluster: {exc}") from exc
+
+    def send(self, kind: int, msg: Any) -> None:
+        self.send_raw(_wire.encode(kind, msg))
+
+    def flush_refs(self) -> None:
+        if (self._incr or self._decr) and self.lost is None:
+            try:
+                self.send_raw(b"")
+            except ConnectionLost:
+                pass
+
+    def request(self, req: Any, timeout_s: float = 60.0) -> Any:
+        rid = next(self._req_ids)
+        req.req_id = rid
+        slot: list[Any] = [threading.Event(), None]
+        self._replies[rid] = slot
+        self.send(_wire.REQUEST, req)
+        if not slot[0].wait(timeout_s):
+            self._replies.pop(rid, None)
+            raise GetTimeoutError(f"the head did not answer a request within {timeout_s:g} s")
+        reply = slot[1]
+        if reply is None:
+            raise ConnectionLost(self.lost or "lost the connection to the cluster")
+        if reply.error:
+            if reply.error_kind == "ObjectStoreFullError":
+                raise ObjectStoreFullError(reply.error)
+            raise OrchestraError(reply.error)
+        return reply
+
+    # ------------------------------------------------------------------ refs
+    def add_ref(self, oid: bytes, counted: bool) -> None:
+        with self._ref_lock:
+            n = self._local.get(oid, 0)
+            self._local[oid] = n + 1
+            if n == 0 and not counted:
+                self._incr.append(oid)
+
+    def remove_ref(self, oid: bytes) -> None:
+        with self._ref_lock:
+            n = self._local.get(oid, 0) - 1
+            if n > 0:
+                self._local[oid] = n
+                return
+            self._local.pop(oid, None)
+            self._results.pop(oid, None)
+            self._maps.pop(oid, None)
+            self._owned.discard(oid)
+            self._subscribed.discard(oid)
+            if self.lost is None:
+                self._decr.append(oid)
+
+    def local_ref_count(self) -> int:
+        return len(self._local)
+
+    # ------------------------------------------------------------------ tasks
+    def register_function(self, function_id: bytes, req_bytes: bytes) -> None:
+        if function_id not in self._registered:
+            self.send_raw(req_bytes)
+            self._registered.add(function_id)
+
+    def submit(self, template: bytes, num_returns: int, args: Sequence[Any],
+               kwargs: dict[str, Any]) -> list[ObjectRef]:
+        """Submit one task. ``template`` is a serialized Call with the per-function fields."""
+        tid = _ids.next_task_id()
+        parts = [template, b"\x0a\x0c", tid]
+        keep: list[ObjectRef] = []     # puts made for large args live until the Submit is sent
+        nested: list[bytes] = []
+        for value in itertools.chain(args, kwargs.values()):
+            parts.append(_field(b"\x1a", self._arg_value(value, keep, nested)))
+        for name in kwargs:
+            parts.append(_field(b"\x22", name.encode()))
+        for oid in nested:
+            parts.append(_field(b"\x4a", oid))
+        call = b"".join(parts)
+        submit = _field(b"\x0a", call)
+        frame = (len(submit) + 1).to_bytes(4, "little") + bytes((_wire.SUBMIT,)) + submit
+        refs = [ObjectRef(tid + i.to_bytes(4, "big"), self, counted=True) for i in range(num_returns)]
+        with self._ref_lock:
+            for r in refs:
+                self._owned.add(r._id)
+        self.send_raw(frame)
+        del keep
+        return refs
+
+    def _arg_value(self, value: Any, keep: list[ObjectRef], nested: list[bytes]) -> bytes:
+        if type(value) is ObjectRef:
+            return _field(b"\x0a", value._id)
+        ser = serialize(value)
+        if ser.size > self.inline_threshold:
+            ref = self._put_serialized(ser)
+            keep.append(ref)
+            return _field(b"\x0a", ref._id)
+        nested.extend(ser.contained)
+        return _field(b"\x12", ser.to_bytes())
+
+    # ------------------------------------------------------------------ objects
+    def put(self, value: Any) -> ObjectRef:
+        if isinstance(value, ObjectRef):
+            raise TypeError("put() of an ObjectRef: pass the ref itself where it is needed, "
+                            "or put() its value (orchestra.get(ref)) instead")
+        return self._put_serialized(serialize(value))
+
+    def _put_serialized(self, ser: Serialized) -> ObjectRef:
+        oid = _ids.object_id(_ids.next_task_id(), 0)
+        data = self.make_object_data(oid, ser)
+        ref = ObjectRef(oid, self, counted=True)
+        with self._ref_lock:
+            self._results[oid] = data
+        self.send(_wire.OBJECTS, pb.Objects(objects=[data]))
+        return ref
+
+    def make_object_data(self, oid: bytes, ser: Serialized) -> Any:
+        """ObjectData for a sealed value: inline when small, else written to a segment."""
+        if ser.size <= self.inline_threshold:
+            return pb.ObjectData(object_id=oid, inline=ser.to_bytes(), contained=ser.contained)
+        reply = self.request(pb.Request(create_segment=pb.CreateSegment(object_id=oid, size=ser.size)))
+        write_segment(reply.segment, ser)
+        return pb.ObjectData(object_id=oid, segment=reply.segment, contained=ser.contained)
+
+    def get_one(self, ref: ObjectRef, timeout: float | None) -> Any:
+        oid = ref._id
+        data = self._results.get(oid)
+        if data is None:
+            self._wait([oid], 1, timeout)
+            data = self._results.get(oid)
+            if data is None:
+                raise ConnectionLost(self.lost or f"object {oid.hex()} vanished while waited for")
+        return self._value(oid, data)
+
+    def get_many(self, refs: Sequence[ObjectRef], timeout: float | None) -> list[Any]:
+        ids = [r._id for r in refs]
+        results = self._results
+        if any(oid not in results for oid in ids):
+            self._wait(ids, len(ids), timeout)
+        return [self._value(oid, results[oid]) for oid in ids]
+
+    def wait(self, refs: Sequence[ObjectRef], num_returns: int,
+             timeout: float | None) -> tuple[list[ObjectRef], list[ObjectRef]]:
+        ids = [r._id for r in refs]
+        self._wait(ids, num_returns, timeout, raise_timeout=False)
+        ready, not_ready = [], []
+        results = self._results
+        for r in refs:
+            if r._id in results and len(ready) < num_returns:
+                ready.append(r)
+            else:
+                not_ready.append(r)
+        return ready, not_ready
+
+    def _wait(self, ids: Sequence[bytes], k: int, timeout: float | None,
+              raise_timeout: bool = True) -> None:
+        results = self._results
+        self._subscribe_missing(ids)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        blocked = False
+        try:
+            with self._cond:
+                while True:
+                    if sum(1 for oid in ids if oid in results) >= k:
+                        return
+                    if self.lost is not None:
+                        raise ConnectionLost(self.lost)
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        if raise_timeout:
+                            raise GetTimeoutError(
+                                f"get() timed out after {timeout:g} s with "
+                                f"{sum(1 for oid in ids if oid not in results)} of {len(ids)} "
+                                "objects not ready; the tasks keep running. Call get() again "
+                                "later or raise the timeout.")
+                        return
+                    if not blocked and self.on_block is not None:
+                        blocked = True
+                        self._cond.release()
+                        try:
+                            self.on_block(True)
+                        finally:
+                            self._cond.acquire()
+                        continue
+                    self._cond.wait(remaining)
+        finally:
+            if blocked and self.on_block is not None:
+                self.on_block(False)
+
+    def _subscribe_missing(self, ids: Iterable[bytes]) -> None:
+        results = self._results
+        want = []
+        with self._ref_lock:
+            for oid in ids:
+                if oid not in results and oid not in self._owned and oid not in self._subscribed:
+                    self._subscribed.add(oid)
+                    want.append(oid)
+        if want:
+            self.send(_wire.SUBSCRIBE, pb.Subscribe(ids=want))
+
+    def _value(self, oid: bytes, data: Any) -> Any:
+        kind = data.WhichOneof("data")
+        if kind == "inline":
+            return deserialize(data.inline)
+        if kind == "segment":
+            view = self._maps.get(oid)
+            if view is None:
+                view = map_segment(data.segment)
+                with self._ref_lock:
+                    if oid in self._local:
+                        self._maps[oid] = view
+            return deserialize(view)
+        raise pickle.loads(data.error)
+
+    # ------------------------------------------------------------------ reading
+    def _read_loop(self) -> None:
+        # poll() for the flush timeout: a socket timeout would make the shared file
+        # description non-blocking for the writers too.
+        sock = self.sock
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        timeout_ms = int(_FLUSH_INTERVAL_S * 1000)
+        dec = self._leftover
+        frames = self._early_frames
+        try:
+            while True:
+                if frames:
+                    self._dispatch(frames)
+                if not poller.poll(timeout_ms):
+                    frames = []
+                    self.flush_refs()
+                    continue
+                data = sock.recv(1 << 20)
+                if not data:
+                    break
+                frames = dec.feed(data)
+        except (OSError, ValueError):
+            pass
+        finally:
+            self._connection_lost()
+
+    def _dispatch(self, frames: list[tuple[int, Any]]) -> None:
+        got_objects = False
+        for kind, msg in frames:
+            if kind == _wire.OBJECTS:
+                with self._ref_lock:
+                    local, results = self._local, self._results
+                    for d in msg.objects:
+                        oid = d.object_id
+                        if oid in local:
+                            results[oid] = d
+                        self._owned.discard(oid)
+                got_objects = True
+            elif kind == _wire.REPLY:
+                slot = self._replies.pop(msg.req_id, None)
+                if slot is not None:
+                    slot[1] = msg
+                    slot[0].set()
+            elif self.on_frame is not None:
+                self.on_frame(kind, msg)
+        if got_objects:
+            with self._cond:
+                self._cond.notify_all()
+        if self._decr:
+            self.flush_refs()
+
+    def _connection_lost(self) -> None:
+        if self.lost is None:
+            self.lost = ("the connection to the cluster's head process closed" if self._closing
+                         else "lost the connection to the cluster: its head process exited")
+        with self._cond:
+            self._cond.notify_all()
+        for slot in list(self._replies.values()):
+            slot[0].set()
+        if self.on_lost is not None and not self._closing:
+            self.on_lost()
+
+    def close(self) -> None:
+        self._closing = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        if self._reader is not threading.current_thread():
+            self._reader.join(timeout=2)
+
+
+def _connect(path: str, timeout_s: float) -> socket.socket:
+    deadline = time.monotonic() + timeout_s
+    delay = 0.002
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(path)
+            return s
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            s.close()
+            if time.monotonic() > deadline:
+                raise ConnectionLost(
+                    f"could not connect to the head at {path} within {timeout_s:g} s: {exc}") from exc
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+

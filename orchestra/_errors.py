@@ -1,0 +1,58 @@
+"""Error objects: the pickled exception an object stands for when its task failed.
+
+The scheduler decides *that* a task failed (crash, cancel, lost argument, infeasible
+request); this module words the error so that it names the cause and the remedy.
+"""
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+from ._serialization import dumps_exception
+from .exceptions import (InfeasibleResourcesError, ObjectLostError, TaskCancelledError,
+                         WorkerCrashedError)
+
+
+def describe_exit(returncode: int | None) -> str:
+    """'exit code 3' / 'signal SIGSEGV' / 'an unknown cause', with the likely reason."""
+    if returncode is None:
+        return "an unknown cause (its connection closed)"
+    if returncode >= 0:
+        return f"exit code {returncode} (the task or a library called exit)"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    hint = {
+        "SIGSEGV": "a crash in native code",
+        "SIGBUS": "a crash in native code or shared memory exhausted",
+        "SIGABRT": "an abort in native code",
+        "SIGKILL": "killed from outside, or by the OOM killer when memory ran out",
+        "SIGTERM": "terminated from outside",
+    }.get(name, "killed by a signal")
+    return f"signal {name} ({hint})"
+
+
+def make_error(kind: str, **d: Any) -> bytes:
+    name = d.get("name") or "?"
+    exc: BaseException
+    if kind == "crashed":
+        exc = WorkerCrashedError(
+            f"the worker (pid={d.get('pid')}) running task {name}() died of {d.get('reason')}; "
+            f"attempts made: {d.get('attempts')}. Retries are set by max_retries= in "
+            "@orchestra.remote or .options().")
+    elif kind == "cancelled":
+        exc = TaskCancelledError(f"task {name}() was cancelled by orchestra.cancel()")
+    elif kind == "lost":
+        oid = d.get("object_id", b"")
+        exc = ObjectLostError(
+            f"object {oid.hex()} is not in the cluster: it was freed when its last ref was "
+            "dropped, or it belongs to another session. Keep an ObjectRef alive for as "
+            "long as its value is needed.")
+    elif kind == "infeasible":
+        res = ", ".join(f"{k}={v:g}" for k, v in sorted(d.get("resources", {}).items()))
+        exc = InfeasibleResourcesError(
+            f"task {name}() asks for {res}, which no node of the cluster has")
+    else:
+        exc = RuntimeError(f"task {name}() failed: {kind}")
+    return dumps_exception(exc)

@@ -1,0 +1,387 @@
+"""Head process: scheduler state + this node's object store + its worker pool, on uvloop.
+
+    driver/worker --frames--> Conn.data_received -> Head.handle -> SchedulerState (and
+    ObjectStore) -> instructions in state.out -> Head.carry_out: frames queued per
+    connection, workers started/killed, segments freed -> one write per connection.
+
+Owns: every worker process of this node (WorkerPool), every shared-memory segment of
+this node (ObjectStore), the session's socket files. Fate-shares with the driver that
+started it: when that driver's connection closes (exit, crash, SIGKILL), the head kills
+its workers, unlinks its segments and exits. The parent-death signal covers a driver
+that dies before it connects.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from . import _wire
+from ._errors import describe_exit, make_error
+from ._procutil import die_with_parent
+from . import _pb as pb
+from ._scheduler import (FREE_SEGMENT, KILL_WORKER, PUSH, SEND, START_WORKER, STOP_WORKER,
+                         SchedulerState, WorkerState)
+from ._store import ObjectStore
+from .exceptions import ObjectStoreFullError
+
+NODE_ID = 0
+_REAP_POLL_S = 0.01
+_REAP_LIMIT_S = 2.0
+
+
+class Conn(asyncio.Protocol):
+    __slots__ = ("head", "conn_id", "transport", "decoder", "wbuf", "hello")
+
+    def __init__(self, head: Head, conn_id: int) -> None:
+        self.head = head
+        self.conn_id = conn_id
+        self.transport: Any = None
+        self.decoder = _wire.FrameDecoder()
+        self.wbuf: list[bytes] = []
+        self.hello: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.head.conns[self.conn_id] = self
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.decoder.feed(data)
+        except _wire.ProtocolError as exc:
+            print(f"orchestra head: dropping a connection that sent a bad frame: {exc}",
+                  file=sys.stderr)
+            self.transport.close()
+            return
+        self.head.handle(self, frames)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.head.conn_lost(self)
+
+
+class WorkerPool:
+    """Starts, watches and kills the worker processes of one node."""
+
+    def __init__(self, sock_path: str, cwd: str, env: dict[str, str]) -> None:
+        self.sock_path = sock_path
+        self.cwd = cwd
+        self.env = env
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    def start(self, worker_id: int) -> None:
+        self.procs[worker_id] = subprocess.Popen(
+            [sys.executable, "-m", "orchestra._worker", self.sock_path, str(worker_id)],
+            stdin=subprocess.DEVNULL, cwd=self.cwd if os.path.isdir(self.cwd) else None,
+            env=self.env, close_fds=True)
+
+    def kill(self, worker_id: int) -> None:
+        p = self.procs.get(worker_id)
+        if p is not None and p.poll() is None:
+            try:
+                p.kill()
+            except ProcessLookupError:
+                pass
+
+    def kill_all(self, timeout_s: float = 2.0) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                try:
+                    p.kill()
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + timeout_s
+        for p in self.procs.values():
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+
+
+class Head:
+    def __init__(self, cfg: dict[str, Any], loop: asyncio.AbstractEventLoop) -> None:
+        self.cfg = cfg
+        self.loop = loop
+        self.session_dir = cfg["session_dir"]
+        self.sock_path = os.path.join(self.session_dir, "head.sock")
+        self.state = SchedulerState(pipeline_depth=cfg.get("pipeline_depth", 2),
+                                    error_factory=make_error)
+        self.store = ObjectStore(NODE_ID, cfg["session_id"], int(cfg["object_store_memory"]))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in cfg.get("sys_path", []) if p)
+        self.pool = WorkerPool(self.sock_path, cfg.get("cwd", "/"), env)
+        self.conns: dict[int, Conn] = {}
+        self.dirty: set[Conn] = set()
+        self._next_conn = 1
+        self.primary: int | None = None
+        self.stopping = False
+        self.server: Any = None
+        self.exit_reasons: dict[int, str] = {}
+
+    async def start(self) -> None:
+        self.server = await self.loop.create_unix_server(self._new_conn, self.sock_path)
+        os.chmod(self.sock_path, 0o600)
+        res = {k: float(v) for k, v in self.cfg["resources"].items()}
+        self.state.add_node(NODE_ID, res, num_workers=int(self.cfg["num_workers"]),
+                            max_workers=int(self.cfg.get("max_workers", 0)) or
+                            4 * max(int(res.get("CPU", 1)), 1) + 32)
+        self.carry_out()
+        self.loop.call_later(self.cfg.get("driver_connect_timeout_s", 60), self._check_driver)
+        self.loop.call_later(0.5, self._watch_pool)
+
+    def _new_conn(self) -> Conn:
+        c = Conn(self, self._next_conn)
+        self._next_conn += 1
+        return c
+
+    # ------------------------------------------------------------------ frames
+    def handle(self, conn: Conn, frames: list[tuple[int, Any]]) -> None:
+        state = self.state
+        cid = conn.conn_id
+        for kind, msg in frames:
+            if kind == _wire.SUBMIT:
+                for call in msg.calls:
+                    state.submit(cid, call)
+            elif kind == _wire.TASK_DONE:
+                for d in msg.returns:
+                    if d.WhichOneof("data") == "segment":
+                        self.store.seal(d.segment.name)
+                state.task_done(cid, msg)
+            elif kind == _wire.REF_DELTA:
+                state.ref_delta(cid, msg.incr, msg.decr)
+            elif kind == _wire.OBJECTS:
+                for d in msg.objects:
+                    if d.WhichOneof("data") == "segment":
+                        self.store.seal(d.segment.name)
+                    state.put(cid, d)
+            elif kind == _wire.SUBSCRIBE:
+                state.subscribe(cid, msg.ids)
+            elif kind == _wire.FUNCTION:
+                state.register_function(msg)
+            elif kind == _wire.BLOCKED:
+                state.blocked(cid, msg.blocked)
+            elif kind == _wire.RETURN_TASKS:
+                state.return_tasks(cid, msg.task_ids)
+            elif kind == _wire.CANCEL:
+                state.cancel(msg.object_id, msg.force)
+            elif kind == _wire.REQUEST:
+                self._request(conn, msg)
+            elif kind == _wire.HELLO:
+                self._hello(conn, msg)
+            elif kind == _wire.SHUTDOWN:
+                self.loop.call_soon(self.shutdown, "the driver called shutdown()")
+        self.carry_out()
+
+    def _hello(self, conn: Conn, hello: Any) -> None:
+        conn.hello = hello
+        if hello.kind == "driver" and self.primary is None:
+            self.primary = conn.conn_id
+        try:
+            self.state.client_connected(conn.conn_id, hello)
+        except ValueError as exc:
+            print(f"orchestra head: refusing a connection: {exc}", file=sys.stderr)
+            conn.transport.close()
+            return
+        reply = pb.HelloReply(
+            session_id=self.cfg["session_id"].encode(), node_id=NODE_ID,
+            node_resources=self.state.nodes[NODE_ID].resources.total,
+            store_capacity=self.store.capacity, session_dir=self.session_dir,
+            cwd=self.cfg.get("cwd", ""), sys_path=self.cfg.get("sys_path", []),
+            inline_threshold=int(self.cfg.get("inline_threshold", 100 * 1024)))
+        self._queue(conn, _wire.encode(_wire.HELLO_REPLY, reply))
+
+    def _request(self, conn: Conn, req: Any) -> None:
+        reply = pb.Reply(req_id=req.req_id)
+        body = req.WhichOneof("body")
+        if body == "create_segment":
+            cs = req.create_segment
+            try:
+                reply.segment.CopyFrom(self.store.create(conn.conn_id, cs.object_id, cs.size))
+            except ObjectStoreFullError as exc:
+                reply.error, reply.error_kind = str(exc), "ObjectStoreFullError"
+        elif body == "query":
+            q = req.query
+            if q == "cluster_resources":
+                reply.resources.update(self.state.total_resources())
+            elif q == "available_resources":
+                reply.resources.update(self.state.available_resources())
+            elif q == "debug":
+                reply.debug.CopyFrom(self.debug_info())
+            else:
+                reply.error = f"unknown query {q!r}"
+        self._queue(conn, _wire.encode(_wire.REPLY, reply))
+
+    def debug_info(self) -> Any:
+        st = self.state
+        info = pb.SchedulerDebugInfoReply(
+            total_resources=st.total_resources(), available_resources=st.available_resources())
+        for t in st.tasks.values():
+            info.task.append(t.call)
+        for w in st.workers.values():
+            info.workers.append(pb.WorkerInfo(
+                workerid=w.worker_id, pid=w.pid, node_id=w.node_id, state=w.state.value,
+                running=[t.call.task_id for t in w.queue]))
+            if w.state is WorkerState.IDLE:
+                info.avail_worker.append(w.worker_id)
+        for oid, o in st.objects.items():
+            info.objects.append(pb.ObjectInfo(
+                objref=oid, state="ready" if o.data is not None else "pending",
+                refcount=o.count, size=o.size,
+                in_shared_memory=o.data is not None and o.data.WhichOneof("data") == "segment"))
+        for fid, f in st.functions.items():
+            info.function_table[f.fnname].num_return_vals = f.num_return_vals
+        return info
+
+    # ------------------------------------------------------------------ instructions
+    def _queue(self, conn: Conn, data: bytes) -> None:
+        conn.wbuf.append(data)
+        self.dirty.add(conn)
+
+    def carry_out(self) -> None:
+        out = self.state.out
+        pushes: dict[int, Any] = {}
+        if out:
+            self.state.out = []
+            conns = self.conns
+            for ins in out:
+                op = ins[0]
+                if op == PUSH:
+                    msg = pushes.get(ins[1])
+                    if msg is None:
+                        msg = pushes[ins[1]] = pb.Objects()
+                    msg.objects.append(ins[2])
+                elif op == SEND:
+                    c = conns.get(ins[1])
+                    if c is not None:
+                        c.wbuf.append(_wire.encode(ins[2], ins[3]))
+                        self.dirty.add(c)
+                elif op == FREE_SEGMENT:
+                    self.store.free(ins[2])
+                elif op == START_WORKER:
+                    self._start_worker(ins[2])
+                elif op == KILL_WORKER:
+                    self.exit_reasons[ins[1]] = ins[2]
+                    self.pool.kill(ins[1])
+                elif op == STOP_WORKER:
+                    self.pool.kill(ins[1])
+            for cid, msg in pushes.items():
+                c = conns.get(cid)
+                if c is not None:
+                    c.wbuf.append(_wire.encode(_wire.OBJECTS, msg))
+                    self.dirty.add(c)
+        if self.dirty:
+            for c in self.dirty:
+                if c.wbuf:
+                    c.transport.write(b"".join(c.wbuf) if len(c.wbuf) > 1 else c.wbuf[0])
+                    c.wbuf = []
+            self.dirty.clear()
+
+    def _start_worker(self, worker_id: int) -> None:
+        if self.stopping:
+            return
+        try:
+            self.pool.start(worker_id)
+        except OSError as exc:
+            print(f"orchestra head: could not start a worker: {exc}", file=sys.stderr)
+            self.state.worker_failed_to_start(worker_id, str(exc))
+
+    # ------------------------------------------------------------------ failures
+    def conn_lost(self, conn: Conn) -> None:
+        self.conns.pop(conn.conn_id, None)
+        self.dirty.discard(conn)
+        if self.stopping:
+            return
+        self.store.drop_writer(conn.conn_id)
+        if conn.conn_id == self.primary:
+            self.shutdown("the driver disconnected")
+            return
+        client = self.state.clients.get(conn.conn_id)
+        if client is not None and client.worker is not None:
+            self._reap(conn.conn_id, client.worker.worker_id, time.monotonic())
+        else:
+            self.state.client_disconnected(conn.conn_id)
+            self.carry_out()
+
+    def _reap(self, conn_id: int, worker_id: int, since: float) -> None:
+        """Wait (without blocking the loop) for a worker's exit status, then report it."""
+        p = self.pool.procs.get(worker_id)
+        rc = p.poll() if p is not None else None
+        if rc is None and p is not None and time.monotonic() - since < _REAP_LIMIT_S:
+            self.loop.call_later(_REAP_POLL_S, self._reap, conn_id, worker_id, since)
+            return
+        if rc is None and p is not None:
+            self.pool.kill(worker_id)   # closed its socket but lives on: broken
+        self.pool.procs.pop(worker_id, None)
+        reason = self.exit_reasons.pop(worker_id, None) or describe_exit(rc)
+        self.state.client_disconnected(conn_id, reason)
+        self.carry_out()
+
+    def _watch_pool(self) -> None:
+        """Notice workers that exited before they connected."""
+        if self.stopping:
+            return
+        for wid, p in list(self.pool.procs.items()):
+            w = self.state.workers.get(wid)
+            if p.poll() is not None and (w is None or w.state is WorkerState.STARTING):
+                self.pool.procs.pop(wid, None)
+                if w is not None:
+                    print(f"orchestra head: worker {wid} exited with {describe_exit(p.returncode)} "
+                          "before it connected", file=sys.stderr)
+                    self.state.worker_failed_to_start(wid, describe_exit(p.returncode))
+        self.carry_out()
+        self.loop.call_later(0.5, self._watch_pool)
+
+    def _check_driver(self) -> None:
+        if self.primary is None:
+            self.shutdown("no driver connected in time")
+
+    def shutdown(self, reason: str) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        if self.server is not None:
+            self.server.close()
+        self.pool.kill_all()
+        self.store.close()
+        for c in list(self.conns.values()):
+            c.transport.abort()
+        for name in ("head.sock",):
+            try:
+                os.unlink(os.path.join(self.session_dir, name))
+            except FileNotFoundError:
+                pass
+        self.loop.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    with open(argv[0]) as f:
+        cfg = json.load(f)
+    die_with_parent(signal.SIGTERM)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C belongs to the driver
+    import uvloop
+    loop = uvloop.new_event_loop()
+    asyncio.set_event_loop(loop)
+    head = Head(cfg, loop)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        loop.add_signal_handler(sig, head.shutdown, f"signal {sig.name}")
+    try:
+        loop.run_until_complete(head.start())
+    except Exception as exc:
+        print(f"orchestra head: failed to start: {exc}", file=sys.stderr)
+        head.shutdown("start failed")
+        raise SystemExit(1) from exc
+    try:
+        loop.run_forever()
+    finally:
+        if not head.stopping:
+            head.shutdown("loop ended")
+        loop.close()
+
+
+if __name__ == "__main__":
+    main()

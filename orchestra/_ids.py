@@ -1,0 +1,37 @@
+"""Ids minted by each process without asking anyone.
+
+task id   = 8-byte process prefix + 4-byte counter           (12 bytes)
+object id = task id + 4-byte return index, big endian        (16 bytes)
+A put's object id uses a task id of its own with index 0. The prefix is random per
+process (and re-drawn after fork), so ids from different processes never collide.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+
+TASK_ID_LEN = 12
+OBJECT_ID_LEN = 16
+
+_prefix = os.urandom(8)
+_pid = os.getpid()
+_counter = itertools.count(1)
+
+
+def next_task_id() -> bytes:
+    global _prefix, _pid, _counter
+    if os.getpid() != _pid:  # forked child: a fresh prefix, or ids would repeat the parent's
+        _prefix, _pid, _counter = os.urandom(8), os.getpid(), itertools.count(1)
+    return _prefix + next(_counter).to_bytes(4, "big")
+
+
+def object_id(task_id: bytes, index: int) -> bytes:
+    return task_id + index.to_bytes(4, "big")
+
+
+def task_of(object_id_: bytes) -> bytes:
+    return object_id_[:TASK_ID_LEN]
+
+
+def return_index(object_id_: bytes) -> int:
+    return int.from_bytes(object_id_[TASK_ID_LEN:], "big")

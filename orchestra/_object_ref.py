@@ -1,0 +1,60 @@
+"""ObjectRef: a handle to an object in the cluster, counted while it lives.
+
+Each process counts its own refs (CoreClient.add_ref / remove_ref) and tells the
+scheduler only when its count of an id goes 0 -> 1 or 1 -> 0. Pickling a ref records
+its id in the value being serialized, so the object that contains it keeps it alive.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ._serialization import note_contained_ref
+
+
+class ObjectRef:
+    """A reference to a value that a task returns or ``put`` stored."""
+
+    __slots__ = ("_id", "_client", "__weakref__")
+
+    def __init__(self, object_id: bytes, client: Any, counted: bool = False) -> None:
+        self._id = object_id
+        self._client = client
+        client.add_ref(object_id, counted)
+
+    def __del__(self) -> None:
+        client = self._client
+        if client is not None:
+            client.remove_ref(self._id)
+
+    def binary(self) -> bytes:
+        return self._id
+
+    def hex(self) -> str:
+        return self._id.hex()
+
+    def __repr__(self) -> str:
+        return f"ObjectRef({self._id.hex()})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ObjectRef) and other._id == self._id
+
+    def __hash__(self) -> int:
+        return hash(self._id)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        note_contained_ref(self._id)
+        return (_rebuild_ref, (self._id,))
+
+    def __await__(self) -> Any:
+        """``await ref`` inside async code: get() on a thread, the loop keeps running."""
+        import asyncio
+
+        from ._context import current_client
+        client = current_client()
+        return asyncio.get_running_loop().run_in_executor(
+            None, client.get_one, self, None).__await__()
+
+
+def _rebuild_ref(object_id: bytes) -> ObjectRef:
+    from ._context import current_client
+    return ObjectRef(object_id, current_client())

@@ -1,0 +1,105 @@
+"""@orchestra.remote on functions: RemoteFunction, its options, and .remote().
+
+The function is pickled once per process and registered with the scheduler once
+(RegisterFunction); each call then sends a Call that names it by id. The per-function
+fields of the Call are serialized once into a template, and each call appends only its
+task id and arguments (protobuf messages concatenate).
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Callable
+
+from . import _context, _wire
+from . import _pb as pb
+from ._proto import types_pb2
+from ._resources import check_feasible, make_request
+from ._serialization import dumps_function
+
+DEFAULT_MAX_RETRIES = 3
+
+TASK_OPTIONS = frozenset({"num_returns", "num_cpus", "num_gpus", "resources", "max_retries",
+                          "retry_exceptions", "name"})
+
+
+def validate_options(opts: dict[str, Any], allowed: frozenset[str], what: str) -> dict[str, Any]:
+    unknown = set(opts) - allowed
+    if unknown:
+        raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))} for {what}; "
+                        f"valid options: {', '.join(sorted(allowed))}")
+    nr = opts.get("num_returns", 1)
+    if isinstance(nr, bool) or not isinstance(nr, int) or nr < 0:
+        raise ValueError(f"num_returns must be an int >= 0, got {nr!r}")
+    mr = opts.get("max_retries", DEFAULT_MAX_RETRIES)
+    if isinstance(mr, bool) or not isinstance(mr, int) or mr < -1:
+        raise ValueError(f"max_retries must be an int >= 0, or -1 for no limit; got {mr!r}")
+    make_request(opts.get("num_cpus"), opts.get("num_gpus"), opts.get("resources"))
+    return opts
+
+
+class RemoteFunction:
+    """A function that runs as a task: ``f.remote(*args)`` returns ObjectRef(s)."""
+
+    def __init__(self, fn: Callable[..., Any], options: dict[str, Any],
+                 function_id: bytes | None = None) -> None:
+        if not callable(fn):
+            raise TypeError(f"@orchestra.remote needs a function or class, got {fn!r}")
+        self._fn = fn
+        self._options = validate_options(dict(options), TASK_OPTIONS, f"{_name(fn)}()")
+        self._function_id = function_id or os.urandom(16)
+        self._name = _name(fn)
+        self._num_returns = int(self._options.get("num_returns", 1))
+        self._resources = make_request(self._options.get("num_cpus"), self._options.get("num_gpus"),
+                                       self._options.get("resources"))
+        self._client: Any = None
+        self._template = b""
+        self._register_frame = b""
+        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"remote function {self._name}() cannot be called directly: use "
+                        f"{self._fn.__name__}.remote(...) to run it as a task, and "
+                        "orchestra.get() on the ref it returns")
+
+    def options(self, **options: Any) -> RemoteFunction:
+        """A copy with some options changed (same function, registered once)."""
+        merged = {**self._options, **options}
+        return RemoteFunction(self._fn, merged, self._function_id)
+
+    def _bind(self, client: Any) -> None:
+        check_feasible(self._resources, [dict(client.info.node_resources)], f"task {self._name}()")
+        opts = self._options
+        call = types_pb2.Call(
+            function_id=self._function_id, num_returns=self._num_returns,
+            resources=self._resources, max_retries=opts.get("max_retries", DEFAULT_MAX_RETRIES),
+            name=self._name, retry_exceptions=bool(opts.get("retry_exceptions", False)))
+        self._template = call.SerializeToString()
+        reg = pb.RegisterFunctionRequest(function_id=self._function_id, fnname=self._name,
+                                         num_return_vals=self._num_returns,
+                                         pickled=dumps_function(self._fn))
+        self._register_frame = _wire.encode(_wire.FUNCTION, reg)
+        self._client = client
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        client = _context.current_client()
+        if client is not self._client:
+            self._bind(client)
+        client.register_function(self._function_id, self._register_frame)
+        refs = client.submit(self._template, self._num_returns, args, kwargs)
+        if self._num_returns == 1:
+            return refs[0]
+        if self._num_returns == 0:
+            return None
+        return refs
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RemoteFunction, (self._fn, self._options, self._function_id))
+
+    def __repr__(self) -> str:
+        return f"<RemoteFunction {self._name}>"
+
+
+def _name(fn: Any) -> str:
+    mod = getattr(fn, "__module__", None) or "?"
+    return f"{mod}.{getattr(fn, '__qualname__', repr(fn))}"

@@ -1,0 +1,121 @@
+"""Resource requests: validation, shapes, and per-node accounting (no I/O).
+
+A request maps resource names to amounts: "CPU", "GPU" and custom names. A node holds
+totals and what is free; GPUs also have ids, handed to the task that holds them.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from .exceptions import InfeasibleResourcesError
+
+CPU = "CPU"
+GPU = "GPU"
+_EPS = 1e-9
+
+
+def make_request(num_cpus: float | None, num_gpus: float | None,
+                 resources: Mapping[str, float] | None, *, default_cpus: float = 1.0) -> dict[str, float]:
+    """Validate a task's resource options into one request dict."""
+    req: dict[str, float] = {}
+    cpus = default_cpus if num_cpus is None else num_cpus
+    for name, amount in ((CPU, cpus), (GPU, num_gpus or 0)):
+        _check_amount(name, amount)
+        if amount:
+            req[name] = float(amount)
+    for name, amount in (resources or {}).items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"resource names must be non-empty strings, got {name!r}")
+        if name in (CPU, GPU):
+            raise ValueError(f"use num_cpus= / num_gpus= for {name}, not resources={{{name!r}: ...}}")
+        _check_amount(name, amount)
+        if amount:
+            req[name] = float(amount)
+    gpus = req.get(GPU, 0.0)
+    if gpus > 1 and not float(gpus).is_integer():
+        raise ValueError(f"num_gpus={gpus}: above 1, GPUs must be whole numbers")
+    return req
+
+
+def _check_amount(name: str, amount: object) -> None:
+    if isinstance(amount, bool) or not isinstance(amount, (int, float)):
+        raise TypeError(f"resource {name} must be a number, got {type(amount).__name__} {amount!r}")
+    if amount < 0 or not math.isfinite(amount):
+        raise ValueError(f"resource {name} must be a finite number >= 0, got {amount!r}")
+
+
+def shape_key(req: Mapping[str, float]) -> tuple[tuple[str, float], ...]:
+    return tuple(sorted(req.items()))
+
+
+def check_feasible(req: Mapping[str, float], node_totals: list[Mapping[str, float]],
+                   what: str) -> None:
+    """Raise InfeasibleResourcesError when no node can ever hold ``req``."""
+    for totals in node_totals:
+        if all(totals.get(k, 0.0) + _EPS >= v for k, v in req.items()):
+            return
+    have = "; ".join(", ".join(f"{k}={v:g}" for k, v in sorted(t.items())) or "nothing"
+                     for t in node_totals) or "no nodes"
+    ask = ", ".join(f"{k}={v:g}" for k, v in sorted(req.items()))
+    raise InfeasibleResourcesError(
+        f"{what} asks for {ask}, but no node of the cluster has that much (nodes have: {have}). "
+        "Lower the request in .options(...) or start the cluster with more, e.g. "
+        "orchestra.init(num_cpus=..., num_gpus=..., resources={...}).")
+
+
+class NodeResources:
+    """Totals and free amounts of one node, with GPU ids."""
+
+    __slots__ = ("total", "free", "gpu_free")
+
+    def __init__(self, total: Mapping[str, float]) -> None:
+        self.total = {k: float(v) for k, v in total.items() if v}
+        self.free = dict(self.total)
+        self.gpu_free = [1.0] * int(self.total.get(GPU, 0))
+
+    def fits(self, req: Mapping[str, float]) -> bool:
+        free = self.free
+        for k, v in req.items():
+            if free.get(k, 0.0) + _EPS < v:
+                return False
+        if GPU in req:
+            return self._pick_gpus(req[GPU]) is not None
+        return True
+
+    def feasible(self, req: Mapping[str, float]) -> bool:
+        return all(self.total.get(k, 0.0) + _EPS >= v for k, v in req.items())
+
+    def _pick_gpus(self, amount: float) -> list[int] | None:
+        if amount >= 1:
+            ids = [i for i, f in enumerate(self.gpu_free) if f >= 1 - _EPS][: int(amount)]
+            return ids if len(ids) == int(amount) else None
+        for i, f in enumerate(self.gpu_free):  # a fraction shares one GPU
+            if f + _EPS >= amount:
+                return [i]
+        return None
+
+    def acquire(self, req: Mapping[str, float]) -> list[int]:
+        """Take ``req`` (must fit); returns the GPU ids given."""
+        gpus: list[int] = []
+        if GPU in req:
+            picked = self._pick_gpus(req[GPU])
+            assert picked is not None
+            gpus = picked
+            share = req[GPU] if req[GPU] < 1 else 1.0
+            for i in gpus:
+                self.gpu_free[i] -= share
+        free = self.free
+        for k, v in req.items():
+            free[k] = free.get(k, 0.0) - v
+        return gpus
+
+    def release(self, req: Mapping[str, float], gpus: list[int]) -> None:
+        free = self.free
+        for k, v in req.items():
+            free[k] = free.get(k, 0.0) + v
+        if gpus:
+            share = req.get(GPU, 1.0)
+            share = share if share < 1 else 1.0
+            for i in gpus:
+                self.gpu_free[i] = min(1.0, self.gpu_free[i] + share)

@@ -1,0 +1,600 @@
+"""Scheduler state: tasks, objects, workers, resources and reference counts. No I/O.
+
+Events come in as method calls (``submit``, ``task_done``, ``worker_died``, ...); the
+decisions go out as instructions appended to ``self.out``, which the head process
+(orchestra/_head.py) carries out: send a frame, start or kill a worker, free a segment.
+Unit tests drive this class directly.
+
+    client --Submit--> [WAITING deps] --deps sealed--> [READY queue per resource shape]
+        --lease/pipeline--> worker queue [DISPATCHED] --TaskDone--> returns sealed
+                                                    \\-- worker died --> retry or fail
+
+Objects: PENDING (a task will produce it) -> READY (data inline, in a segment, or an
+error) -> freed when its count drops to zero. The count is the number of processes
+holding a ref (each tells 0->1 / 1->0), plus queued tasks using it as an argument, plus
+sealed objects that contain it.
+"""
+from __future__ import annotations
+
+import collections
+import enum
+from typing import Any, Callable, Iterable
+
+from . import _ids
+from . import _pb as pb
+from ._resources import NodeResources, shape_key
+from ._wire import CANCEL_TASK, EXECUTE, FUNCTION
+
+# Instructions for the I/O layer (tuples: cheap on the hot path).
+SEND = "send"              # (SEND, conn_id, kind, message)
+PUSH = "push"              # (PUSH, conn_id, ObjectData): coalesced into one Objects frame
+START_WORKER = "start"     # (START_WORKER, node_id, worker_id)
+KILL_WORKER = "kill"       # (KILL_WORKER, worker_id, reason)
+STOP_WORKER = "stop"       # (STOP_WORKER, worker_id): idle and surplus, ask it to exit
+FREE_SEGMENT = "free_seg"  # (FREE_SEGMENT, node_id, name)
+
+
+class TaskState(enum.Enum):
+    WAITING = "waiting"        # some argument not sealed yet
+    READY = "ready"            # queued for a worker
+    DISPATCHED = "dispatched"  # in a worker's queue (first in queue = running)
+    DONE = "done"
+
+
+class WorkerState(enum.Enum):
+    STARTING = "starting"
+    IDLE = "idle"
+    LEASED = "leased"
+    BLOCKED = "blocked"        # running task waits in get(); its CPU is lent back
+    DEAD = "dead"
+
+
+_TASK_TRANSITIONS = {
+    TaskState.WAITING: {TaskState.READY, TaskState.DONE},
+    TaskState.READY: {TaskState.DISPATCHED, TaskState.DONE},
+    TaskState.DISPATCHED: {TaskState.READY, TaskState.DONE},
+    TaskState.DONE: set(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    pass
+
+
+class Task:
+    __slots__ = ("call", "owner", "state", "deps", "worker", "retries_left", "cancelled",
+                 "shape", "resources", "attempt", "arg_ids", "return_ids", "force_cancel")
+
+    def __init__(self, call: Any, owner: int) -> None:
+        self.call = call
+        self.owner = owner
+        self.state = TaskState.WAITING
+        self.deps: set[bytes] = set()
+        self.worker: Worker | None = None
+        self.retries_left = call.max_retries
+        self.cancelled = False
+        self.force_cancel = False
+        self.resources = dict(call.resources)
+        self.shape = shape_key(self.resources)
+        self.attempt = 0
+        self.arg_ids: list[bytes] = []
+        tid = call.task_id
+        self.return_ids = [tid + i.to_bytes(4, "big") for i in range(call.num_returns)]
+
+    def move(self, new: TaskState) -> None:
+        if new not in _TASK_TRANSITIONS[self.state]:
+            raise IllegalTransition(f"task {self.call.name} {self.state.value} -> {new.value}")
+        self.state = new
+
+
+class Worker:
+    __slots__ = ("worker_id", "node_id", "pid", "conn", "state", "queue", "lease",
+                 "gpu_ids", "functions", "lease_shape")
+
+    def __init__(self, worker_id: int, node_id: int) -> None:
+        self.worker_id = worker_id
+        self.node_id = node_id
+        self.pid = 0
+        self.conn = -1
+        self.state = WorkerState.STARTING
+        self.queue: collections.deque[Task] = collections.deque()
+        self.lease: dict[str, float] = {}
+        self.lease_shape: tuple[tuple[str, float], ...] = ()
+        self.gpu_ids: list[int] = []
+        self.functions: set[bytes] = set()
+
+
+class Obj:
+    __slots__ = ("data", "count", "subscribers", "waiting_tasks", "owner", "size")
+
+    def __init__(self, owner: int) -> None:
+        self.data: Any = None          # pb.ObjectData once sealed
+        self.count = 0
+        self.subscribers: list[int] = []
+        self.waiting_tasks: list[Task] = []
+        self.owner = owner
+        self.size = 0
+
+
+class Client:
+    __slots__ = ("conn", "kind", "pid", "holds", "worker")
+
+    def __init__(self, conn: int, kind: str, pid: int) -> None:
+        self.conn = conn
+        self.kind = kind
+        self.pid = pid
+        self.holds: collections.Counter[bytes] = collections.Counter()
+        self.worker: Worker | None = None
+
+
+class Node:
+    __slots__ = ("node_id", "resources", "max_workers", "num_cpus")
+
+    def __init__(self, node_id: int, resources: dict[str, float], max_workers: int) -> None:
+        self.node_id = node_id
+        self.resources = NodeResources(resources)
+        self.num_cpus = int(resources.get("CPU", 0))
+        self.max_workers = max_workers
+
+
+class SchedulerState:
+    """All scheduling decisions of the cluster."""
+
+    def __init__(self, *, pipeline_depth: int = 2,
+                 error_factory: Callable[..., bytes] | None = None) -> None:
+        self.out: list[tuple[Any, ...]] = []
+        self.nodes: dict[int, Node] = {}
+        self.workers: dict[int, Worker] = {}
+        self.clients: dict[int, Client] = {}
+        self.tasks: dict[bytes, Task] = {}
+        self.objects: dict[bytes, Obj] = {}
+        self.functions: dict[bytes, Any] = {}   # function id -> RegisterFunctionRequest
+        self.ready: dict[tuple[tuple[str, float], ...], collections.deque[Task]] = {}
+        self.pipeline_depth = pipeline_depth
+        self._next_worker_id = 1
+        # Builds the pickled error for an object: (kind, **details) -> bytes. The head
+        # passes orchestra._errors.make_error; tests may pass their own.
+        self._error = error_factory or _default_error
+
+    # ------------------------------------------------------------------ nodes, workers
+    def add_node(self, node_id: int, resources: dict[str, float], *, num_workers: int,
+                 max_workers: int) -> None:
+        self.nodes[node_id] = Node(node_id, resources, max_workers)
+        for _ in range(num_workers):
+            self._start_worker(node_id)
+
+    def _start_worker(self, node_id: int) -> Worker:
+        w = Worker(self._next_worker_id, node_id)
+        self._next_worker_id += 1
+        self.workers[w.worker_id] = w
+        self.out.append((START_WORKER, node_id, w.worker_id))
+        return w
+
+    def client_connected(self, conn: int, hello: Any) -> Client:
+        c = Client(conn, hello.kind, hello.pid)
+        self.clients[conn] = c
+        if hello.kind == "worker":
+            w = self.workers.get(hello.workerid)
+            if w is None or w.state is not WorkerState.STARTING:
+                raise ValueError(f"unknown or duplicate worker id {hello.workerid}")
+            w.conn, w.pid, w.state = conn, hello.pid, WorkerState.IDLE
+            c.worker = w
+            self.schedule()
+        return c
+
+    def client_disconnected(self, conn: int, exit_reason: str = "") -> None:
+        c = self.clients.pop(conn, None)
+        if c is None:
+            return
+        if c.worker is not None:
+            self.worker_died(c.worker.worker_id, exit_reason or "its connection closed")
+        for oid, n in c.holds.items():
+            self._decr(oid, n)
+        c.holds.clear()
+
+    def worker_failed_to_start(self, worker_id: int, reason: str) -> None:
+        w = self.workers.get(worker_id)
+        if w is not None and w.state is WorkerState.STARTING:
+            w.state = WorkerState.DEAD
+            del self.workers[worker_id]
+
+    def worker_died(self, worker_id: int, reason: str) -> None:
+        """The worker's process is gone: retry or fail what it was running."""
+        w = self.workers.pop(worker_id, None)
+        if w is None or w.state is WorkerState.DEAD:
+            return
+        was_starting = w.state is WorkerState.STARTING
+        self._release_lease(w)
+        w.state = WorkerState.DEAD
+        queue = list(w.queue)
+        w.queue.clear()
+        for i, t in enumerate(queue):
+            t.worker = None
+            if i == 0:  # the running task
+                if t.cancelled:
+                    self._fail_task(t, self._error("cancelled", name=t.call.name))
+                elif t.retries_left != 0:
+                    t.retries_left -= 1 if t.retries_left > 0 else 0
+                    t.move(TaskState.READY)
+                    self._enqueue_ready(t, front=True)
+                else:
+                    self._fail_task(t, self._error("crashed", name=t.call.name, pid=w.pid,
+                                                   reason=reason, attempts=t.attempt))
+            else:  # never started there: schedule again, no retry spent
+                t.move(TaskState.READY)
+                self._enqueue_ready(t, front=True)
+        node = self.nodes.get(w.node_id)
+        if node is not None and not was_starting:
+            # Keep the pool at its size: replace the dead worker.
+            alive = sum(1 for x in self.workers.values() if x.node_id == w.node_id)
+            if alive < max(node.num_cpus, 1):
+                self._start_worker(w.node_id)
+        self.schedule()
+
+    # ------------------------------------------------------------------ functions
+    def register_function(self, req: Any) -> None:
+        self.functions.setdefault(req.function_id, req)
+
+    # ------------------------------------------------------------------ tasks
+    def submit(self, conn: int, call: Any) -> None:
+        t = Task(call, conn)
+        self.tasks[call.task_id] = t
+        client = self.clients.get(conn)
+        objects = self.objects
+        for rid in t.return_ids:
+            o = Obj(conn)
+            o.count = 1      # the submitter holds the returned refs (implied, no RefDelta)
+            objects[rid] = o
+            if client is not None:
+                client.holds[rid] += 1
+        for v in call.args:
+            if v.WhichOneof("kind") == "ref":
+                oid = v.ref
+                t.arg_ids.append(oid)
+                o = objects.get(oid)
+                if o is None:
+                    self._fail_task(t, self._error("lost", object_id=oid, name=call.name))
+                    return
+                o.count += 1
+                if o.data is None:
+                    t.deps.add(oid)
+                    o.waiting_tasks.append(t)
+        for oid in call.nested:
+            o = objects.get(oid)
+            if o is not None:
+                o.count += 1
+                t.arg_ids.append(oid)
+        infeasible = not any(n.resources.feasible(t.resources) for n in self.nodes.values())
+        if infeasible:
+            self._fail_task(t, self._error("infeasible", name=call.name, resources=t.resources))
+            return
+        if not t.deps:
+            self._deps_met(t)
+        else:
+            # An argument that already failed fails the task without running it.
+            for oid in t.arg_ids:
+                o = objects.get(oid)
+                if o is not None and o.data is not None and o.data.WhichOneof("data") == "error":
+                    self._fail_task(t, o.data.error)
+                    return
+
+    def _deps_met(self, t: Task) -> None:
+        for oid in t.arg_ids:
+            o = self.objects.get(oid)
+            if o is not None and o.data is not None and o.data.WhichOneof("data") == "error":
+                self._fail_task(t, o.data.error)
+                return
+        t.move(TaskState.READY)
+        self._enqueue_ready(t)
+        self.schedule()
+
+    def _enqueue_ready(self, t: Task, front: bool = False) -> None:
+        q = self.ready.get(t.shape)
+        if q is None:
+            q = self.ready[t.shape] = collections.deque()
+        if front:
+            q.appendleft(t)
+        else:
+            q.append(t)
+
+    def schedule(self) -> None:
+        """Give ready tasks to workers: idle workers first, then pipelining on leases."""
+        for shape, q in self.ready.items():
+            while q:
+                t = q[0]
+                w = self._pick_worker(t)
+                if w is None:
+                    break
+                q.popleft()
+                self._dispatch(t, w)
+
+    def _pick_worker(self, t: Task) -> Worker | None:
+        req = t.resources
+        candidates = []
+        for w in self.workers.values():
+            st = w.state
+            if st is WorkerState.IDLE:
+                node = self.nodes[w.node_id]
+                if node.resources.fits(req):
+                    w.lease = req
+                    w.lease_shape = t.shape
+                    w.gpu_ids = node.resources.acquire(req)
+                    w.state = WorkerState.LEASED
+                    return w
+            elif st is WorkerState.LEASED and w.lease_shape == t.shape:
+                candidates.append(w)
+        best = None
+        for w in candidates:
+            if len(w.queue) < self.pipeline_depth and (best is None or len(w.queue) < len(best.queue)):
+                best = w
+        if best is None:
+            self._maybe_grow(t)
+        return best
+
+    def _maybe_grow(self, t: Task) -> None:
+        """Start a worker when a ready task fits a node that has no idle or starting one."""
+        for node in self.nodes.values():
+            if not node.resources.fits(t.resources):
+                continue
+            mine = [w for w in self.workers.values() if w.node_id == node.node_id]
+            if any(w.state in (WorkerState.STARTING, WorkerState.IDLE) for w in mine):
+                return
+            if len(mine) < node.max_workers:
+                self._start_worker(node.node_id)
+            return
+
+    def _dispatch(self, t: Task, w: Worker) -> None:
+        t.move(TaskState.DISPATCHED)
+        t.worker = w
+        t.attempt += 1
+        w.queue.append(t)
+        call = t.call
+        fid = call.function_id
+        if fid not in w.functions:
+            fn = self.functions.get(fid)
+            if fn is not None:
+                self.out.append((SEND, w.conn, FUNCTION, fn))
+                w.functions.add(fid)
+        inv = pb.InvokeCallRequest(call=call, gpu_ids=w.gpu_ids, attempt=t.attempt)
+        objects = self.objects
+        resolved = inv.resolved
+        for v in call.args:
+            if v.WhichOneof("kind") == "ref":
+                resolved.append(objects[v.ref].data)
+        self.out.append((SEND, w.conn, EXECUTE, pb.Execute(invoke=inv)))
+
+    def _release_lease(self, w: Worker) -> None:
+        if w.lease:
+            node = self.nodes.get(w.node_id)
+            if node is not None:
+                lease = w.lease
+                if w.state is WorkerState.BLOCKED:  # its CPU was already lent back
+                    lease = {k: v for k, v in lease.items() if k != "CPU"}
+                node.resources.release(lease, w.gpu_ids)
+        w.lease = {}
+        w.lease_shape = ()
+        w.gpu_ids = []
+
+    def task_done(self, conn: int, msg: Any) -> None:
+        c = self.clients.get(conn)
+        w = c.worker if c is not None else None
+        t = self.tasks.get(msg.task_id)
+        if w is not None and t is not None and t in w.queue:
+            w.queue.remove(t)
+            t.worker = None
+        if t is None or t.state is TaskState.DONE:
+            self._after_worker_step(w)
+            return
+        if msg.user_error and t.call.retry_exceptions and t.retries_left != 0 and not t.cancelled:
+            t.retries_left -= 1 if t.retries_left > 0 else 0
+            t.move(TaskState.READY)
+            self._enqueue_ready(t, front=True)
+            self._after_worker_step(w)
+            return
+        if msg.cancelled:
+            self._fail_task(t, self._error("cancelled", name=t.call.name))
+        else:
+            t.move(TaskState.DONE)
+            self._finish_task(t)
+            for data in msg.returns:
+                self._seal(data.object_id, data)
+        self._after_worker_step(w)
+
+    def _after_worker_step(self, w: Worker | None) -> None:
+        if w is not None and not w.queue and w.state is WorkerState.LEASED:
+            self._release_lease(w)
+            w.state = WorkerState.IDLE
+            node = self.nodes[w.node_id]
+            idle = [x for x in self.workers.values()
+                    if x.node_id == w.node_id and x.state is WorkerState.IDLE]
+            if len(self.workers) > max(node.num_cpus, 1) and len(idle) > 1 and not self._has_ready():
+                # Surplus from lending CPUs to blocked tasks: shrink back to the pool size.
+                w.state = WorkerState.DEAD
+                del self.workers[w.worker_id]
+                self.out.append((STOP_WORKER, w.worker_id))
+        self.schedule()
+
+    def _has_ready(self) -> bool:
+        return any(self.ready.values())
+
+    def _finish_task(self, t: Task) -> None:
+        """Release what the task held; it will not run again."""
+        self.tasks.pop(t.call.task_id, None)
+        for oid in t.arg_ids:
+            self._decr(oid)
+        t.arg_ids = []
+
+    def _fail_task(self, t: Task, error: bytes) -> None:
+        if t.state is TaskState.READY:
+            q = self.ready.get(t.shape)
+            if q is not None and t in q:
+                q.remove(t)
+        for oid in t.deps:
+            o = self.objects.get(oid)
+            if o is not None and t in o.waiting_tasks:
+                o.waiting_tasks.remove(t)
+        t.deps.clear()
+        t.state = TaskState.DONE
+        self._finish_task(t)
+        for rid in t.return_ids:
+            self._seal(rid, pb.ObjectData(object_id=rid, error=error))
+
+    def blocked(self, conn: int, is_blocked: bool) -> None:
+        c = self.clients.get(conn)
+        w = c.worker if c is not None else None
+        if w is None:
+            return
+        node = self.nodes[w.node_id]
+        cpu = w.lease.get("CPU", 0.0)
+        if is_blocked and w.state is WorkerState.LEASED:
+            w.state = WorkerState.BLOCKED
+            if cpu:
+                node.resources.release({"CPU": cpu}, [])
+            self.schedule()
+        elif not is_blocked and w.state is WorkerState.BLOCKED:
+            w.state = WorkerState.LEASED
+            if cpu:  # may go below zero for a moment: the task runs on, as in Ray
+                node.resources.free["CPU"] = node.resources.free.get("CPU", 0.0) - cpu
+
+    def return_tasks(self, conn: int, task_ids: Iterable[bytes]) -> None:
+        """A worker hands back queued tasks it did not start (it blocked, or is exiting)."""
+        c = self.clients.get(conn)
+        w = c.worker if c is not None else None
+        for tid in reversed(list(task_ids)):
+            t = self.tasks.get(tid)
+            if t is None or t.state is not TaskState.DISPATCHED:
+                continue
+            if w is not None and t in w.queue:
+                w.queue.remove(t)
+            t.worker = None
+            t.attempt -= 1
+            t.move(TaskState.READY)
+            self._enqueue_ready(t, front=True)
+        self._after_worker_step(w)
+
+    def cancel(self, object_id: bytes, force: bool) -> None:
+        t = self.tasks.get(_ids.task_of(object_id))
+        if t is None or t.state is TaskState.DONE:
+            return  # finished (or a put): nothing to do
+        t.cancelled = True
+        if t.state in (TaskState.WAITING, TaskState.READY):
+            self._fail_task(t, self._error("cancelled", name=t.call.name))
+            return
+        w = t.worker
+        if w is None:
+            return
+        if force and w.queue and w.queue[0] is t:
+            self.out.append((KILL_WORKER, w.worker_id, "cancelled with force=True"))
+        else:
+            self.out.append((SEND, w.conn, CANCEL_TASK, pb.CancelTask(task_id=t.call.task_id)))
+
+    # ------------------------------------------------------------------ objects
+    def put(self, conn: int, data: Any) -> None:
+        oid = data.object_id
+        o = self.objects.get(oid)
+        if o is None:
+            o = self.objects[oid] = Obj(conn)
+            o.count = 1
+            c = self.clients.get(conn)
+            if c is not None:
+                c.holds[oid] += 1
+        self._seal(oid, data)
+
+    def _seal(self, oid: bytes, data: Any) -> None:
+        o = self.objects.get(oid)
+        if o is None or o.data is not None:
+            if data.WhichOneof("data") == "segment":  # nobody wants it any more
+                self.out.append((FREE_SEGMENT, data.segment.node_id, data.segment.name))
+            return
+        o.data = data
+        kind = data.WhichOneof("data")
+        if kind == "segment":
+            o.size = data.segment.size
+        elif kind == "inline":
+            o.size = len(data.inline)
+        for cid in data.contained:
+            co = self.objects.get(cid)
+            if co is not None:
+                co.count += 1
+        if o.count <= 0:
+            self._free(oid, o)
+            return
+        out = self.out
+        if o.owner in self.clients:
+            out.append((PUSH, o.owner, data))
+        for sub in o.subscribers:
+            if sub != o.owner and sub in self.clients:
+                out.append((PUSH, sub, data))
+        o.subscribers = []
+        if o.waiting_tasks:
+            waiting, o.waiting_tasks = o.waiting_tasks, []
+            for t in waiting:
+                t.deps.discard(oid)
+                if not t.deps and t.state is TaskState.WAITING:
+                    self._deps_met(t)
+
+    def subscribe(self, conn: int, ids: Iterable[bytes]) -> None:
+        for oid in ids:
+            o = self.objects.get(oid)
+            if o is None:
+                self.out.append((PUSH, conn, pb.ObjectData(
+                    object_id=oid, error=self._error("lost", object_id=oid, name=""))))
+            elif o.data is not None:
+                self.out.append((PUSH, conn, o.data))
+            elif conn not in o.subscribers:
+                o.subscribers.append(conn)
+
+    def ref_delta(self, conn: int, incr: Iterable[bytes], decr: Iterable[bytes]) -> None:
+        c = self.clients.get(conn)
+        objects = self.objects
+        for oid in incr:   # increments first: a batch never frees what it also takes
+            o = objects.get(oid)
+            if o is not None:
+                o.count += 1
+                if c is not None:
+                    c.holds[oid] += 1
+        for oid in decr:
+            if c is not None:
+                n = c.holds.get(oid, 0)
+                if n <= 0:
+                    continue
+                if n == 1:
+                    del c.holds[oid]
+                else:
+                    c.holds[oid] = n - 1
+            self._decr(oid)
+
+    def _decr(self, oid: bytes, n: int = 1) -> None:
+        o = self.objects.get(oid)
+        if o is None:
+            return
+        o.count -= n
+        if o.count <= 0 and o.data is not None:
+            self._free(oid, o)
+
+    def _free(self, oid: bytes, o: Obj) -> None:
+        del self.objects[oid]
+        data = o.data
+        if data.WhichOneof("data") == "segment":
+            self.out.append((FREE_SEGMENT, data.segment.node_id, data.segment.name))
+        for cid in data.contained:
+            self._decr(cid)
+
+    # ------------------------------------------------------------------ queries
+    def total_resources(self) -> dict[str, float]:
+        total: dict[str, float] = {}
+        for n in self.nodes.values():
+            for k, v in n.resources.total.items():
+                total[k] = total.get(k, 0.0) + v
+        return total
+
+    def available_resources(self) -> dict[str, float]:
+        avail: dict[str, float] = {}
+        for n in self.nodes.values():
+            for k, v in n.resources.free.items():
+                avail[k] = avail.get(k, 0.0) + max(v, 0.0)
+        return avail
+
+
+def _default_error(kind: str, **details: Any) -> bytes:
+    return repr((kind, sorted(details.items()))).encode()

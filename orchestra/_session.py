@@ -1,0 +1,300 @@
+"""init() / shutdown() and the public calls that need the session.
+
+init() starts a local cluster: a session directory (mode 0700, holding the head's unix
+socket), the head process (scheduler + object store + worker pool, see _head.py), and
+a CoreClient connection from this driver. The session is an explicit object; the module
+only remembers the current one between init() and shutdown().
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Sequence
+
+from . import _context, _wire
+from ._client import ConnectionLost, CoreClient
+from ._object_ref import ObjectRef
+from . import _pb as pb
+from ._resources import make_request
+from ._store import sweep_stale_segments
+from .exceptions import OrchestraError
+
+SESSION_PREFIX = "orchestra-session-"
+_HEAD_EXIT_TIMEOUT_S = 5.0
+
+
+class Session:
+    def __init__(self, client: CoreClient, session_dir: str, head: subprocess.Popen[bytes] | None) -> None:
+        self.client = client
+        self.session_dir = session_dir
+        self.head = head
+
+    def stop(self) -> None:
+        client = self.client
+        if self.head is not None:
+            if client.lost is None:
+                try:
+                    client.send(_wire.SHUTDOWN, pb.AckReply())
+                except ConnectionLost:
+                    pass
+            try:
+                self.head.wait(_HEAD_EXIT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.head.kill()
+                self.head.wait(_HEAD_EXIT_TIMEOUT_S)
+        client.close()
+        if self.head is not None:
+            shutil.rmtree(self.session_dir, ignore_errors=True)
+            sweep_stale_segments()
+
+
+_session: Session | None = None
+
+
+def _default_store_memory() -> int:
+    """30% of RAM, bounded by what /dev/shm can hold."""
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        ram = 8 << 30
+    want = int(ram * 0.3)
+    try:
+        st = os.statvfs("/dev/shm")
+        shm_free = st.f_bavail * st.f_frsize
+    except OSError:
+        shm_free = want
+    return max(64 << 20, min(want, int(shm_free * 0.9)))
+
+
+def _sweep_stale_sessions() -> None:
+    """Remove session directories and segments that crashed sessions left behind."""
+    sweep_stale_segments()
+    tmp = tempfile.gettempdir()
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(SESSION_PREFIX):
+            continue
+        path = os.path.join(tmp, name)
+        try:
+            with open(os.path.join(path, "head.pid")) as f:
+                pid = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:
+            pass
+
+
+def init(address: str | None = None, *, num_cpus: int | None = None,
+         num_gpus: int | None = None, resources: dict[str, float] | None = None,
+         object_store_memory: int | None = None, ignore_reinit_error: bool = False,
+         _system_config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Start a local cluster (or connect to one) and make it this process's session."""
+    global _session
+    if _session is not None:
+        if ignore_reinit_error:
+            return _info(_session)
+        raise RuntimeError("orchestra.init() was already called in this process: call "
+                           "orchestra.shutdown() first, or pass ignore_reinit_error=True")
+    if _context.client_or_none() is not None:
+        raise RuntimeError("orchestra.init() inside a task: the task is already connected "
+                           "to its cluster; call remote functions directly")
+    if address is not None:
+        _session = _connect(address)
+        _context.set_client(_session.client)
+        return _info(_session)
+    if num_cpus is not None and (isinstance(num_cpus, bool) or not isinstance(num_cpus, int)):
+        raise TypeError(f"num_cpus must be an int, got {num_cpus!r}")
+    if num_gpus is not None and (isinstance(num_gpus, bool) or not isinstance(num_gpus, int)):
+        raise TypeError(f"num_gpus must be an int, got {num_gpus!r}")
+    cpus = (os.cpu_count() or 1) if num_cpus is None else num_cpus
+    req = make_request(cpus, num_gpus or 0, resources, default_cpus=0)
+    if object_store_memory is None:
+        store = _default_store_memory()
+    elif isinstance(object_store_memory, bool) or not isinstance(object_store_memory, int) \
+            or object_store_memory <= 0:
+        raise ValueError(f"object_store_memory must be a positive number of bytes, got "
+                         f"{object_store_memory!r}")
+    else:
+        store = object_store_memory
+    _sweep_stale_sessions()
+    session_dir = tempfile.mkdtemp(prefix=SESSION_PREFIX)   # mode 0700: only this user
+    cfg = {
+        "session_dir": session_dir,
+        "session_id": os.path.basename(session_dir)[len(SESSION_PREFIX):],
+        "resources": req,
+        "num_workers": max(int(cpus), 1),
+        "object_store_memory": store,
+        "cwd": os.getcwd(),
+        "sys_path": [os.path.abspath(p) if p else os.getcwd() for p in sys.path],
+        **(_system_config or {}),
+    }
+    cfg_path = os.path.join(session_dir, "config.json")
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+    head = subprocess.Popen([sys.executable, "-m", "orchestra._head", cfg_path],
+                            stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+    with open(os.path.join(session_dir, "head.pid"), "w") as f:
+        f.write(str(head.pid))
+    sock = os.path.join(session_dir, "head.sock")
+    try:
+        client = _connect_client(sock, head)
+    except BaseException:
+        head.kill()
+        head.wait()
+        shutil.rmtree(session_dir, ignore_errors=True)
+        raise
+    _session = Session(client, session_dir, head)
+    _context.set_client(client)
+    atexit.register(_shutdown_at_exit)
+    return _info(_session)
+
+
+def _hello() -> Any:
+    return pb.Hello(kind="driver", pid=os.getpid(), cwd=os.getcwd(), sys_path=sys.path)
+
+
+def _connect_client(sock: str, head: subprocess.Popen[bytes]) -> CoreClient:
+    deadline = time.monotonic() + 30
+    while not os.path.exists(sock):
+        if head.poll() is not None:
+            raise OrchestraError(f"the head process exited with code {head.returncode} while "
+                                 "starting; its error is printed above")
+        if time.monotonic() > deadline:
+            raise OrchestraError("the head process did not start within 30 s")
+        time.sleep(0.002)
+    return CoreClient(sock, _hello())
+
+
+def _connect(address: str) -> Session:
+    sock = address
+    if os.path.isdir(address):
+        sock = os.path.join(address, "head.sock")
+    if not os.path.exists(sock):
+        raise ValueError(f"address {address!r} is not a running orchestra session: give the "
+                         "session directory or its head.sock (see orchestra.init()'s return value)")
+    return Session(CoreClient(sock, _hello()), os.path.dirname(sock), None)
+
+
+def _info(s: Session) -> dict[str, Any]:
+    return {"session_dir": s.session_dir, "address": os.path.join(s.session_dir, "head.sock"),
+            "node_resources": dict(s.client.info.node_resources),
+            "object_store_memory": s.client.info.store_capacity}
+
+
+def shutdown() -> None:
+    """Stop the cluster this driver started (every process and segment), or disconnect."""
+    global _session
+    s = _session
+    if s is None:
+        return
+    _session = None
+    _context.set_client(None)
+    s.stop()
+
+
+def _shutdown_at_exit() -> None:
+    try:
+        shutdown()
+    except Exception as exc:  # noqa: BLE001 - interpreter exit: report, never raise
+        print(f"orchestra: error during shutdown at exit: {exc}", file=sys.stderr)
+
+
+def is_initialized() -> bool:
+    return _session is not None
+
+
+# ---------------------------------------------------------------- calls on the session
+
+def _client() -> CoreClient:
+    return _context.current_client()  # type: ignore[no-any-return]
+
+
+def _check_timeout(timeout: float | None) -> None:
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or timeout < 0):
+        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
+
+
+def get(refs: ObjectRef | Sequence[ObjectRef], *, timeout: float | None = None) -> Any:
+    """The value of a ref, or the values of a list of refs (in order)."""
+    _check_timeout(timeout)
+    if isinstance(refs, ObjectRef):
+        return _client().get_one(refs, timeout)
+    if isinstance(refs, (list, tuple)):
+        for r in refs:
+            if not isinstance(r, ObjectRef):
+                raise TypeError(f"get() takes an ObjectRef or a list of ObjectRefs; the list "
+                                f"holds a {type(r).__name__} {r!r}")
+        return _client().get_many(refs, timeout)
+    raise TypeError(f"get() takes an ObjectRef or a list of ObjectRefs, not a "
+                    f"{type(refs).__name__}; f.remote(...) and orchestra.put(...) return refs")
+
+
+def put(value: Any) -> ObjectRef:
+    """Store ``value`` in the cluster; large values go to shared memory once."""
+    return _client().put(value)
+
+
+def wait(refs: Sequence[ObjectRef], *, num_returns: int = 1,
+         timeout: float | None = None) -> tuple[list[ObjectRef], list[ObjectRef]]:
+    """(ready, not_ready): the first ``num_returns`` refs ready, in input order."""
+    if isinstance(refs, ObjectRef) or not isinstance(refs, (list, tuple)):
+        raise TypeError(f"wait() takes a list of ObjectRefs, not a {type(refs).__name__}")
+    for r in refs:
+        if not isinstance(r, ObjectRef):
+            raise TypeError(f"wait() takes a list of ObjectRefs; it holds a {type(r).__name__}")
+    if len({r.binary() for r in refs}) != len(refs):
+        raise ValueError("wait() got the same ObjectRef twice; pass each ref once")
+    if isinstance(num_returns, bool) or not isinstance(num_returns, int):
+        raise TypeError(f"num_returns must be an int, got {num_returns!r}")
+    if num_returns < 1 or num_returns > len(refs):
+        if not refs and num_returns >= 0:
+            return [], []
+        raise ValueError(f"num_returns must be between 1 and len(refs)={len(refs)}, got {num_returns}")
+    _check_timeout(timeout)
+    return _client().wait(list(refs), num_returns, timeout)
+
+
+def cancel(ref: ObjectRef, *, force: bool = False) -> None:
+    """Stop the task behind ``ref``: queued, waiting for arguments, or running."""
+    if not isinstance(ref, ObjectRef):
+        raise TypeError(f"cancel() takes an ObjectRef, not a {type(ref).__name__}")
+    _client().send(_wire.CANCEL, pb.CancelRequest(object_id=ref.binary(), force=bool(force)))
+
+
+def _query(q: str) -> dict[str, float]:
+    reply = _client().request(pb.Request(query=q), timeout_s=30)
+    return dict(reply.resources)
+
+
+def cluster_resources() -> dict[str, float]:
+    """Total resources of the cluster."""
+    return _query("cluster_resources")
+
+
+def available_resources() -> dict[str, float]:
+    """Resources not held by running tasks at this moment."""
+    return _query("available_resources")
+
+
+def debug_info() -> Any:
+    """SchedulerDebugInfoReply: tasks, workers, objects and resources (for tests and tools)."""
+    return _client().request(pb.Request(query="debug"), timeout_s=30).debug
+
+
+def get_gpu_ids() -> list[int]:
+    """GPU ids given to the current task (empty in the driver and in non-GPU tasks)."""
+    return _context.gpu_ids()

@@ -1,0 +1,84 @@
+"""Frames on unix sockets: the task and result path between the processes of a node.
+
+A frame is ``[u32 little-endian length of what follows][u8 kind][protobuf message]``.
+The messages are those of protos/orchestra/_proto/orchestra.proto; this table gives
+each its kind byte. Senders coalesce every frame that is ready into one write;
+receivers parse every complete frame of one read (FrameDecoder).
+"""
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from . import _pb as pb
+
+_LEN = struct.Struct("<I")
+
+HELLO = 1
+HELLO_REPLY = 2
+FUNCTION = 3       # RegisterFunctionRequest
+SUBMIT = 4         # Submit
+OBJECTS = 5        # Objects: put (client -> head) or push (head -> client)
+SUBSCRIBE = 6
+REF_DELTA = 7
+CANCEL = 8         # CancelRequest
+EXECUTE = 9        # Execute (head -> worker)
+TASK_DONE = 10
+RETURN_TASKS = 11
+BLOCKED = 12
+CANCEL_TASK = 13   # head -> worker
+REQUEST = 14
+REPLY = 15
+SHUTDOWN = 16      # AckReply: driver asks the head to stop the cluster
+
+MESSAGES: dict[int, Any] = {
+    HELLO: pb.Hello, HELLO_REPLY: pb.HelloReply, FUNCTION: pb.RegisterFunctionRequest,
+    SUBMIT: pb.Submit, OBJECTS: pb.Objects, SUBSCRIBE: pb.Subscribe,
+    REF_DELTA: pb.RefDelta, CANCEL: pb.CancelRequest, EXECUTE: pb.Execute,
+    TASK_DONE: pb.TaskDone, RETURN_TASKS: pb.ReturnTasks, BLOCKED: pb.Blocked,
+    CANCEL_TASK: pb.CancelTask, REQUEST: pb.Request, REPLY: pb.Reply,
+    SHUTDOWN: pb.AckReply,
+}
+
+MAX_FRAME = 1 << 31
+
+
+def encode(kind: int, msg: Any) -> bytes:
+    body = msg.SerializeToString()
+    return _LEN.pack(len(body) + 1) + bytes((kind,)) + body
+
+
+class ProtocolError(Exception):
+    """The peer sent something that is not an orchestra frame."""
+
+
+class FrameDecoder:
+    """Accumulates bytes and yields complete ``(kind, message)`` frames."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[tuple[int, Any]]:
+        buf = self._buf
+        buf += data
+        out = []
+        pos = 0
+        end = len(buf)
+        unpack = _LEN.unpack_from
+        while end - pos >= 4:
+            (n,) = unpack(buf, pos)
+            if n == 0 or n > MAX_FRAME:
+                raise ProtocolError(f"bad frame length {n}")
+            if end - pos - 4 < n:
+                break
+            kind = buf[pos + 4]
+            cls = MESSAGES.get(kind)
+            if cls is None:
+                raise ProtocolError(f"unknown frame kind {kind}")
+            out.append((kind, cls.FromString(bytes(buf[pos + 5: pos + 4 + n]))))
+            pos += 4 + n
+        if pos:
+            del buf[:pos]
+        return out

@@ -1,0 +1,219 @@
+"""Worker process: runs tasks the scheduler sends, one at a time, in its main thread.
+
+    reader thread <- Execute frames -> local queue (the scheduler pipelines a few)
+    main thread: pop -> load function (cached) -> decode args -> run -> encode returns
+                 -> TaskDone (results inline, or written to a segment first)
+
+A task that blocks in get()/wait() hands its queued tasks back and lends its CPU
+(Blocked frame), so nested tasks cannot deadlock on a full pool. Cancel: the reader
+thread signals the main thread (SIGUSR1), which raises inside the task; a signal
+also interrupts time.sleep and blocking I/O. The worker exits when its connection to
+the head closes, and dies with the head (PR_SET_PDEATHSIG).
+"""
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import sys
+import threading
+import traceback
+from typing import Any
+
+import cloudpickle
+
+from . import _context, _wire
+from ._client import CoreClient
+from ._procutil import die_with_parent
+from . import _pb as pb
+from ._serialization import deserialize, dumps_exception, serialize
+from ._store import map_segment
+from .exceptions import TaskError
+
+
+class _Cancelled(BaseException):
+    """Raised inside a running task by orchestra.cancel (not an Exception: `except
+    Exception` in user code must not swallow it)."""
+
+
+class WorkerRuntime:
+    def __init__(self, sock_path: str, worker_id: int) -> None:
+        self.queue: collections.deque[Any] = collections.deque()
+        self.cond = threading.Condition()
+        self.functions: dict[bytes, Any] = {}
+        self.loaded: dict[bytes, Any] = {}
+        self.running: bytes | None = None
+        self.cancel_target: bytes | None = None
+        self.blocked = False
+        self.main_ident = threading.get_ident()
+        hello = pb.Hello(kind="worker", pid=os.getpid(), workerid=worker_id)
+        self.client = CoreClient(sock_path, hello, on_frame=self._on_frame,
+                                 on_lost=lambda: os._exit(1))
+        info = self.client.info
+        if info.cwd and os.path.isdir(info.cwd):
+            os.chdir(info.cwd)
+        for p in info.sys_path:
+            if p not in sys.path:
+                sys.path.append(p)
+        _context.set_client(self.client)
+        self.client.on_block = self._on_block
+        signal.signal(signal.SIGUSR1, self._on_cancel_signal)
+
+    # ------------------------------------------------------------ reader thread side
+    def _on_frame(self, kind: int, msg: Any) -> None:
+        if kind == _wire.EXECUTE:
+            with self.cond:
+                if not self.blocked:
+                    self.queue.append(msg.invoke)
+                    self.cond.notify()
+                    return
+            self.client.send(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=[msg.invoke.call.task_id]))
+        elif kind == _wire.FUNCTION:
+            self.functions[msg.function_id] = msg
+        elif kind == _wire.CANCEL_TASK:
+            self._cancel(msg.task_id)
+        elif kind == _wire.SHUTDOWN:
+            os._exit(0)
+
+    def _cancel(self, task_id: bytes) -> None:
+        with self.cond:
+            if self.running == task_id:
+                self.cancel_target = task_id
+                signal.pthread_kill(self.main_ident, signal.SIGUSR1)
+                return
+            for inv in self.queue:
+                if inv.call.task_id == task_id:
+                    self.queue.remove(inv)
+                    break
+            else:
+                return
+        self.client.send(_wire.TASK_DONE, pb.TaskDone(task_id=task_id, cancelled=True))
+
+    # ------------------------------------------------------------ main thread side
+    def _on_cancel_signal(self, signum: int, frame: Any) -> None:
+        target = self.cancel_target
+        if target is not None and target == self.running:
+            self.cancel_target = None
+            raise _Cancelled()
+
+    def _on_block(self, blocked: bool) -> None:
+        if blocked:
+            with self.cond:
+                self.blocked = True
+                queued = [inv.call.task_id for inv in self.queue]
+                self.queue.clear()
+            if queued:
+                self.client.send(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=queued))
+            self.client.send(_wire.BLOCKED, pb.Blocked(blocked=True))
+        else:
+            with self.cond:
+                self.blocked = False
+            self.client.send(_wire.BLOCKED, pb.Blocked(blocked=False))
+
+    def run(self) -> None:
+        cond, queue = self.cond, self.queue
+        while True:
+            with cond:
+                while not queue:
+                    cond.wait()
+                inv = queue.popleft()
+                self.running = inv.call.task_id
+            try:
+                done = self._execute(inv)
+            except _Cancelled:
+                done = pb.TaskDone(task_id=inv.call.task_id, cancelled=True)
+            self.running = None
+            self.cancel_target = None
+            self.client.send(_wire.TASK_DONE, done)
+
+    def _function(self, fid: bytes) -> Any:
+        fn = self.loaded.get(fid)
+        if fn is None:
+            req = self.functions.get(fid)
+            if req is None:
+                raise RuntimeError("the scheduler sent a task before its function")
+            fn = self.loaded[fid] = cloudpickle.loads(req.pickled)
+        return fn
+
+    def _execute(self, inv: Any) -> Any:
+        call = inv.call
+        tid = call.task_id
+        n = call.num_returns
+        oids = [tid + i.to_bytes(4, "big") for i in range(n)]
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, inv.gpu_ids))
+        _context.set_gpu_ids(list(inv.gpu_ids))
+        try:
+            fn = self._function(call.function_id)
+            args = self._decode_args(call, inv.resolved)
+            nk = len(call.kwarg_names)
+            if nk:
+                kwargs = dict(zip(call.kwarg_names, args[-nk:]))
+                args = args[:-nk]
+                result = fn(*args, **kwargs)
+            else:
+                result = fn(*args)
+            del args
+            if n == 1:
+                values = [result]
+            else:
+                values = _split_returns(result, n, call.name)
+            del result
+            make = self.client.make_object_data
+            returns = [make(oid, serialize(v)) for oid, v in zip(oids, values)]
+            return pb.TaskDone(task_id=tid, returns=returns)
+        except _Cancelled:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - every failure of user code is reported
+            err = TaskError.wrap(call.name, traceback.format_exc(), exc, os.getpid())
+            blob = dumps_exception(err)
+            return pb.TaskDone(task_id=tid, user_error=True,
+                               returns=[pb.ObjectData(object_id=o, error=blob) for o in oids])
+
+    def _decode_args(self, call: Any, resolved: Any) -> list[Any]:
+        out = []
+        it = iter(resolved)
+        for v in call.args:
+            if v.WhichOneof("kind") == "inline":
+                out.append(deserialize(v.inline))
+            else:
+                data = next(it)
+                kind = data.WhichOneof("data")
+                if kind == "inline":
+                    out.append(deserialize(data.inline))
+                elif kind == "segment":
+                    out.append(deserialize(map_segment(data.segment)))
+                else:
+                    raise _load_error(data.error)
+        return out
+
+
+def _load_error(blob: bytes) -> BaseException:
+    import pickle
+    exc: BaseException = pickle.loads(blob)
+    return exc
+
+
+def _split_returns(result: Any, n: int, name: str) -> list[Any]:
+    try:
+        values = list(result)
+    except TypeError:
+        raise ValueError(f"{name}() has num_returns={n} but returned a {type(result).__name__}, "
+                         f"not a sequence of {n} values") from None
+    if len(values) != n:
+        raise ValueError(f"{name}() has num_returns={n} but returned {len(values)} values")
+    return values
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    sock_path, worker_id = argv[0], int(argv[1])
+    die_with_parent()
+    # Ctrl-C in the driver's terminal reaches the whole process group: the driver
+    # handles it; a worker must not die of it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    runtime = WorkerRuntime(sock_path, worker_id)
+    runtime.run()
+
+
+if __name__ == "__main__":
+    main()

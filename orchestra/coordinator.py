@@ -1,0 +1,131 @@
+"""Standalone coordinator: ``python -m orchestra.coordinator --num-nodes N --port P``.
+
+Starts one ``orchestra._coordinator.Coordinator`` (XLA's ``DistributedRuntimeService``),
+prints its bound ``host:port`` as the only line on stdout (so a launcher can read it, e.g.
+with ``--port 0``), logs to stderr, and serves until SIGINT or SIGTERM. This process owns the
+server and stops it on the way out; signal handlers are installed in ``main()`` only and
+restored before it returns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+
+from orchestra._coordinator import (
+    DEFAULT_ENUMERATE_TIMEOUT_S,
+    DEFAULT_HEARTBEAT_INTERVAL_S,
+    DEFAULT_MAX_MISSING_HEARTBEATS,
+    DEFAULT_SHUTDOWN_TIMEOUT_S,
+    Coordinator,
+    is_loopback_host,
+)
+
+__all__ = ["main"]
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m orchestra.coordinator",
+        description="Serve XLA's DistributedRuntimeService for a gang of nodes.",
+    )
+    parser.add_argument(
+        "--num-nodes", type=int, required=True, help="nodes in the group"
+    )
+    parser.add_argument(
+        "--port", type=int, required=True, help="TCP port; 0 picks a free one"
+    )
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default loopback); the coordinator has no authentication",
+    )
+    parser.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=DEFAULT_HEARTBEAT_INTERVAL_S,
+        metavar="S",
+    )
+    parser.add_argument(
+        "--max-missing-heartbeats",
+        type=int,
+        default=DEFAULT_MAX_MISSING_HEARTBEATS,
+        metavar="K",
+    )
+    parser.add_argument(
+        "--enumerate-timeout",
+        type=float,
+        default=DEFAULT_ENUMERATE_TIMEOUT_S,
+        metavar="S",
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+        metavar="S",
+    )
+    args = parser.parse_args(argv)
+    if args.num_nodes < 1:
+        parser.error(f"--num-nodes must be at least 1, got {args.num_nodes}")
+    if args.heartbeat_interval <= 0 or args.max_missing_heartbeats < 1:
+        parser.error(
+            "--heartbeat-interval must be > 0 and --max-missing-heartbeats >= 1"
+        )
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if not is_loopback_host(args.host):
+        print(
+            f"WARNING: the coordinator listens on {args.host}, beyond loopback, and has no "
+            "authentication: anyone who can reach the port can join the group and read or "
+            "write its key-value store. Bind to 127.0.0.1 or restrict the port with a firewall.",
+            file=sys.stderr,
+            flush=True,
+        )
+    coordinator = Coordinator(
+        args.num_nodes,
+        host=args.host,
+        port=args.port,
+        heartbeat_interval_s=args.heartbeat_interval,
+        max_missing_heartbeats=args.max_missing_heartbeats,
+        enumerate_timeout_s=args.enumerate_timeout,
+        shutdown_timeout_s=args.shutdown_timeout,
+    )
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {
+        sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        address = coordinator.start()
+        print(address, flush=True)
+        print(
+            f"orchestra coordinator for {args.num_nodes} nodes listening on {address}; "
+            "SIGINT or SIGTERM stops it",
+            file=sys.stderr,
+            flush=True,
+        )
+        # A short wait in a loop keeps the main thread returning to the interpreter, where
+        # signal handlers run.
+        while not stop.wait(0.5):
+            pass
+    finally:
+        coordinator.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

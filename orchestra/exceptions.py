@@ -1,0 +1,113 @@
+"""Public errors of orchestra.
+
+Every error names its cause and what to do about it. ``TaskError`` is raised at ``get``
+for an exception in user code; it is also an instance of the original exception class
+(``except ValueError`` catches a ``ValueError`` raised remotely), carries the original
+message and the remote traceback, and keeps the original exception as ``cause``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+class OrchestraError(Exception):
+    """Base class of every orchestra error."""
+
+
+class TaskError(OrchestraError):
+    """User code in a task raised; the remote traceback is in the message.
+
+    Instances made by ``TaskError.wrap`` are also instances of the original exception
+    class, so callers can catch the type they expect.
+    """
+
+    def __init__(self, function_name: str = "", traceback_str: str = "",
+                 cause: BaseException | None = None, pid: int = 0) -> None:
+        self.function_name = function_name
+        self.traceback_str = traceback_str
+        self.cause = cause
+        self.pid = pid
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        cause = self.cause
+        what = f"{type(cause).__name__}: {cause}" if cause is not None else "an exception"
+        return (f"task {self.function_name}() raised {what} (worker pid={self.pid})\n\n"
+                f"Remote traceback:\n{self.traceback_str}")
+
+    def __str__(self) -> str:
+        return self._message()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_task_error, (self.function_name, self.traceback_str, self.cause, self.pid))
+
+    @classmethod
+    def wrap(cls, function_name: str, traceback_str: str, cause: BaseException,
+             pid: int) -> TaskError:
+        """A TaskError that is also an instance of ``type(cause)``."""
+        return _rebuild_task_error(function_name, traceback_str, cause, pid)
+
+
+_dual_classes: dict[type, type] = {}
+
+
+def _rebuild_task_error(function_name: str, traceback_str: str,
+                        cause: BaseException | None, pid: int) -> TaskError:
+    base = type(cause) if cause is not None else None
+    if base is None or isinstance(cause, TaskError) or not _can_subclass(base):
+        return TaskError(function_name, traceback_str, cause, pid)
+    dual = _dual_classes.get(base)
+    if dual is None:
+        # Multiple inheritance from the user's class: `except ValueError` keeps working.
+        # __init__/__str__ come from TaskError, so exception classes whose constructor
+        # takes other arguments still build.
+        dual = type(f"TaskError({base.__name__})", (TaskError, base),
+                    {"__init__": TaskError.__init__, "__str__": TaskError.__str__,
+                     "__reduce__": TaskError.__reduce__, "__module__": __name__})
+        _dual_classes[base] = dual
+    err = dual.__new__(dual)
+    TaskError.__init__(err, function_name, traceback_str, cause, pid)
+    if cause is not None:
+        err.args = (str(err),)
+    return err  # type: ignore[no-any-return]
+
+
+def _can_subclass(base: type) -> bool:
+    if not issubclass(base, Exception):
+        return False  # KeyboardInterrupt / SystemExit are not wrapped as their own type
+    try:
+        type("_probe", (TaskError, base), {})
+    except TypeError:  # layout conflicts (some C extension exceptions)
+        return False
+    return True
+
+
+class GetTimeoutError(OrchestraError, TimeoutError):
+    """``get`` or ``wait`` ran past its timeout; the task keeps running."""
+
+
+class WorkerCrashedError(OrchestraError):
+    """The worker process running the task died (exit, signal, OOM killer)."""
+
+
+class TaskCancelledError(OrchestraError):
+    """The task was cancelled with ``orchestra.cancel`` before it finished."""
+
+
+class ObjectLostError(OrchestraError):
+    """The object's data is gone (its store died, or it was freed) and cannot be rebuilt."""
+
+
+class ObjectStoreFullError(OrchestraError, MemoryError):
+    """The object store cannot hold the object; the message gives the sizes."""
+
+
+class InfeasibleResourcesError(OrchestraError, ValueError):
+    """The task asks for resources that no node of the cluster has."""
+
+
+__all__ = [
+    "OrchestraError", "TaskError", "GetTimeoutError", "WorkerCrashedError",
+    "TaskCancelledError", "ObjectLostError", "ObjectStoreFullError",
+    "InfeasibleResourcesError",
+]
