@@ -69,6 +69,7 @@ class CoreClient:
         self._owned: set[bytes] = set()       # returns of my tasks: pushed to me when sealed
         self._subscribed: set[bytes] = set()
         self._cond = threading.Condition()
+        self._read_lock = threading.Lock()   # held by the one thread reading the socket
         self._replies: dict[int, list[Any]] = {}
         self._req_ids = itertools.count(1)
         self._registered: set[bytes] = set()
@@ -77,7 +78,15 @@ class CoreClient:
         self.sock.sendall(_wire.encode(_wire.HELLO, hello))
         self.info = self._read_hello(connect_timeout_s)
         self.inline_threshold = self.info.inline_threshold or 100 * 1024
-        self._reader = threading.Thread(target=self._read_loop, name="orchestra-reader", daemon=True)
+        self._poller = select.poll()
+        self._poller.register(self.sock.fileno(), select.POLLIN)
+        # One reused buffer: recv(1 MiB) would allocate (and fault in) 1 MiB per read.
+        self._buf = bytearray(1 << 18)
+        self._view = memoryview(self._buf)
+        self._stop = threading.Event()
+        if self._early_frames:
+            self._dispatch(self._early_frames)
+        self._reader = threading.Thread(target=self._background, name="orchestra-reader", daemon=True)
         self._reader.start()
 
     def _read_hello(self, timeout_s: float) -> Any:
@@ -129,15 +138,13 @@ class CoreClient:
     def request(self, req: Any, timeout_s: float = 60.0) -> Any:
         rid = next(self._req_ids)
         req.req_id = rid
-        slot: list[Any] = [threading.Event(), None]
+        slot: list[Any] = [None]
         self._replies[rid] = slot
         self.send(_wire.REQUEST, req)
-        if not slot[0].wait(timeout_s):
+        if not self.wait_until(lambda: slot[0] is not None, time.monotonic() + timeout_s):
             self._replies.pop(rid, None)
             raise GetTimeoutError(f"the head did not answer a request within {timeout_s:g} s")
-        reply = slot[1]
-        if reply is None:
-            raise ConnectionLost(self.lost or "lost the connection to the cluster")
+        reply = slot[0]
         if reply.error:
             if reply.error_kind == "ObjectStoreFullError":
                 raise ObjectStoreFullError(reply.error)
@@ -269,35 +276,71 @@ class CoreClient:
         results = self._results
         self._subscribe_missing(ids)
         deadline = None if timeout is None else time.monotonic() + timeout
+        n = len(ids)
+        if k >= n:
+            pos = [0]
+
+            def ready() -> bool:  # all of them: advance a cursor, O(n) over the whole wait
+                i = pos[0]
+                while i < n and ids[i] in results:
+                    i += 1
+                pos[0] = i
+                return i >= n
+        else:
+            def ready() -> bool:
+                return sum(1 for oid in ids if oid in results) >= k
+        if ready():
+            return
         blocked = False
+        if self.on_block is not None:
+            blocked = True
+            self.on_block(True)
         try:
-            with self._cond:
-                while True:
-                    if sum(1 for oid in ids if oid in results) >= k:
-                        return
-                    if self.lost is not None:
-                        raise ConnectionLost(self.lost)
-                    remaining = None if deadline is None else deadline - time.monotonic()
-                    if remaining is not None and remaining <= 0:
-                        if raise_timeout:
-                            raise GetTimeoutError(
-                                f"get() timed out after {timeout:g} s with "
-                                f"{sum(1 for oid in ids if oid not in results)} of {len(ids)} "
-                                "objects not ready; the tasks keep running. Call get() again "
-                                "later or raise the timeout.")
-                        return
-                    if not blocked and self.on_block is not None:
-                        blocked = True
-                        self._cond.release()
-                        try:
-                            self.on_block(True)
-                        finally:
-                            self._cond.acquire()
-                        continue
-                    self._cond.wait(remaining)
+            if not self.wait_until(ready, deadline) and raise_timeout:
+                raise GetTimeoutError(
+                    f"get() timed out after {timeout:g} s with "
+                    f"{sum(1 for oid in ids if oid not in results)} of {n} objects not ready; "
+                    "the tasks keep running. Call get() again later or raise the timeout.")
         finally:
             if blocked and self.on_block is not None:
                 self.on_block(False)
+
+    def wait_until(self, pred: Callable[[], bool], deadline: float | None) -> bool:
+        """Return once ``pred()`` holds (True) or at ``deadline`` (False).
+
+        The waiting thread reads the socket itself when no other thread does (no hand-off
+        between threads on the latency path); otherwise it sleeps until the reader
+        dispatches something or gives up reading.
+        """
+        cond = self._cond
+        while True:
+            if self._read_lock.acquire(False):
+                try:
+                    while not pred():
+                        if self.lost is not None:
+                            raise ConnectionLost(self.lost)
+                        if deadline is None:
+                            wait_ms = 1000
+                        else:
+                            remaining = deadline - time.monotonic()
+                            if remaining <= 0:
+                                return False
+                            wait_ms = min(1000, max(1, int(remaining * 1000) + 1))
+                        self._read_once(wait_ms)
+                    return True
+                finally:
+                    self._read_lock.release()
+                    with cond:
+                        cond.notify_all()   # another waiter may take over reading
+            with cond:
+                if pred():
+                    return True
+                if self.lost is not None:
+                    raise ConnectionLost(self.lost)
+                remaining = 0.005 if deadline is None else min(0.005, deadline - time.monotonic())
+                if remaining <= 0:
+                    return False
+                cond.wait(remaining)
 
     def _subscribe_missing(self, ids: Iterable[bytes]) -> None:
         results = self._results
@@ -325,34 +368,40 @@ class CoreClient:
         raise pickle.loads(data.error)
 
     # ------------------------------------------------------------------ reading
-    def _read_loop(self) -> None:
-        # poll() for the flush timeout: a socket timeout would make the shared file
-        # description non-blocking for the writers too.
-        sock = self.sock
-        poller = select.poll()
-        poller.register(sock.fileno(), select.POLLIN)
-        timeout_ms = int(_FLUSH_INTERVAL_S * 1000)
-        dec = self._leftover
-        frames = self._early_frames
+    def _read_once(self, timeout_ms: int) -> bool:
+        """Read and dispatch what arrives within ``timeout_ms``; caller holds the read lock."""
+        if self.lost is not None or not self._poller.poll(timeout_ms):
+            return False
         try:
-            while True:
-                if frames:
-                    self._dispatch(frames)
-                if not poller.poll(timeout_ms):
-                    frames = []
-                    self.flush_refs()
-                    continue
-                data = sock.recv(1 << 20)
-                if not data:
-                    break
-                frames = dec.feed(data)
-        except (OSError, ValueError):
-            pass
-        finally:
+            n = self.sock.recv_into(self._buf)
+        except OSError:
+            n = 0
+        if not n:
             self._connection_lost()
+            return False
+        self._dispatch(self._leftover.feed(self._view[:n]))
+        return True
+
+    def _background(self) -> None:
+        """Every few ms: read what no waiting thread has read, and flush ref changes.
+
+        It never blocks while holding the read lock, so a thread that starts waiting
+        becomes the reader at once.
+        """
+        while not self._stop.wait(_FLUSH_INTERVAL_S):
+            if self._read_lock.acquire(False):
+                try:
+                    for _ in range(64):
+                        if not self._read_once(0):
+                            break
+                finally:
+                    self._read_lock.release()
+            if self.lost is not None:
+                return
+            self.flush_refs()
 
     def _dispatch(self, frames: list[tuple[int, Any]]) -> None:
-        got_objects = False
+        wake = False
         for kind, msg in frames:
             if kind == _wire.OBJECTS:
                 with self._ref_lock:
@@ -362,15 +411,16 @@ class CoreClient:
                         if oid in local:
                             results[oid] = d
                         self._owned.discard(oid)
-                got_objects = True
+                wake = True
             elif kind == _wire.REPLY:
                 slot = self._replies.pop(msg.req_id, None)
                 if slot is not None:
-                    slot[1] = msg
-                    slot[0].set()
+                    slot[0] = msg
+                wake = True
             elif self.on_frame is not None:
                 self.on_frame(kind, msg)
-        if got_objects:
+                wake = True
+        if wake:
             with self._cond:
                 self._cond.notify_all()
         if self._decr:
@@ -382,13 +432,12 @@ class CoreClient:
                          else "lost the connection to the cluster: its head process exited")
         with self._cond:
             self._cond.notify_all()
-        for slot in list(self._replies.values()):
-            slot[0].set()
         if self.on_lost is not None and not self._closing:
             self.on_lost()
 
     def close(self) -> None:
         self._closing = True
+        self._stop.set()
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:

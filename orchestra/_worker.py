@@ -65,7 +65,6 @@ class WorkerRuntime:
             with self.cond:
                 if not self.blocked:
                     self.queue.append(msg.invoke)
-                    self.cond.notify()
                     return
             self.client.send(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=[msg.invoke.call.task_id]))
         elif kind == _wire.FUNCTION:
@@ -112,10 +111,18 @@ class WorkerRuntime:
 
     def run(self) -> None:
         cond, queue = self.cond, self.queue
+
+        def has_task() -> bool:
+            return bool(queue)
+
         while True:
+            if not queue:
+                # Idle: this thread reads the socket itself, so a task starts without a
+                # hand-off from the reader thread.
+                self.client.wait_until(has_task, None)
             with cond:
-                while not queue:
-                    cond.wait()
+                if not queue:
+                    continue
                 inv = queue.popleft()
                 self.running = inv.call.task_id
             try:

@@ -1,0 +1,31 @@
+"""The ``orchestra`` command: ``orchestra microbenchmark ...``, ``orchestra coordinator ...``."""
+from __future__ import annotations
+
+import sys
+
+_USAGE = """usage: orchestra COMMAND [ARGS]
+
+commands:
+  microbenchmark   measure the hot path (add --compare ray to run Ray side by side)
+  coordinator      run an XLA DistributedRuntimeService coordinator
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_USAGE)
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "microbenchmark":
+        from .microbenchmark import main as bench
+        return bench(rest)
+    if cmd == "coordinator":
+        from .coordinator import main as coord
+        return coord(rest) or 0
+    print(f"orchestra: unknown command {cmd!r}\n\n{_USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,371 @@
+"""orchestra microbenchmark: the hot path measured the way users feel it.
+
+    orchestra microbenchmark [--quick] [--json FILE] [--compare ray] [--ray-python PATH]
+
+Each workload runs for a bounded count and time and prints one row. ``--compare ray``
+runs the same file under a Python that has Ray (this environment, or --ray-python /
+$ORCHESTRA_RAY_PYTHON, e.g. a separate venv) in the same run and prints ratios; the
+workloads that multiprocessing.Pool can do are measured too. Numbers only: nothing here
+asserts a speed.
+
+This file must run standalone under a Python without orchestra (for Ray), so it
+imports the framework under test by name and nothing else from orchestra.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+MiB = 1 << 20
+
+
+# ---------------------------------------------------------------- process memory
+
+def _children(pid: int) -> list[int]:
+    kids: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        kids.setdefault(ppid, []).append(int(name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for c in kids.get(p, []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _mem(pid: int) -> tuple[int, int]:
+    rss = pss = 0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Rss:"):
+                    rss = int(line.split()[1]) * 1024
+                elif line.startswith("Pss:"):
+                    pss = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return rss, pss
+
+
+def cluster_memory() -> dict[str, float]:
+    pids = [os.getpid()] + _children(os.getpid())
+    rss = pss = 0
+    for p in pids:
+        r, s = _mem(p)
+        rss += r
+        pss += s
+    return {"rss_mb": rss / MiB, "pss_mb": pss / MiB, "processes": len(pids)}
+
+
+# ---------------------------------------------------------------- helpers
+
+def _lat(fn: Callable[[], Any], n: int, budget_s: float) -> dict[str, float]:
+    fn()
+    samples = []
+    end = time.perf_counter() + budget_s
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t)
+        if time.perf_counter() > end:
+            break
+    samples.sort()
+    return {"median_us": statistics.median(samples) * 1e6,
+            "p99_us": samples[min(len(samples) - 1, int(len(samples) * 0.99))] * 1e6,
+            "n": len(samples)}
+
+
+def _rate(fn: Callable[[int], Any], n: int) -> float:
+    t = time.perf_counter()
+    fn(n)
+    return n / (time.perf_counter() - t)
+
+
+# ---------------------------------------------------------------- the workloads
+
+def run_framework(name: str, quick: bool) -> dict[str, Any]:
+    import numpy as np
+    fw = importlib.import_module(name)
+    scale = 0.02 if quick else 1.0
+    big = (8 if quick else 512) * MiB
+    res: dict[str, Any] = {"framework": name, "version": getattr(fw, "__version__", "?")}
+
+    t = time.perf_counter()
+    if name == "ray":
+        fw.init(num_cpus=os.cpu_count(), object_store_memory=big * 3 + 256 * MiB,
+                include_dashboard=False, log_to_driver=False)
+    else:
+        fw.init(num_cpus=os.cpu_count(), object_store_memory=big * 3 + 256 * MiB)
+    res["init_s"] = time.perf_counter() - t
+
+    @fw.remote
+    def noop() -> None:
+        return None
+
+    @fw.remote
+    def first() -> int:
+        return 1
+
+    t = time.perf_counter()
+    fw.get(first.remote())
+    res["first_task_s"] = time.perf_counter() - t
+
+    @fw.remote
+    def size_of(a: Any) -> int:
+        return int(a.nbytes)
+
+    @fw.remote
+    def checksum(a: Any) -> float:
+        return float(a[:: 4096].sum())
+
+    @fw.remote
+    def nested(k: int) -> int:
+        return sum(fw.get([first.remote() for _ in range(k)]))
+
+    lat = _lat(lambda: fw.get(noop.remote()), max(50, int(5000 * scale)), 10)
+    res["noop_latency_median_us"] = lat["median_us"]
+    res["noop_latency_p99_us"] = lat["p99_us"]
+    n = max(100, int(10000 * scale))
+    res["noop_tasks_per_s"] = _rate(lambda k: fw.get([noop.remote() for _ in range(k)]), n)
+
+    arr = np.ones(MiB // 8)
+    n = max(20, int(1000 * scale))
+    res["arg_1mb_tasks_per_s"] = _rate(lambda k: fw.get([size_of.remote(arr) for _ in range(k)]), n)
+
+    n = max(4, int(200 * scale))
+    res["nested_10_tasks_per_s"] = _rate(lambda k: fw.get([nested.remote(10) for _ in range(k)]), n) * 10
+
+    n = max(100, int(20000 * scale))
+    res["put_small_per_s"] = _rate(lambda k: [fw.put(i) for i in range(k)], n)
+    ref = fw.put(1)
+    res["get_small_per_s"] = _rate(lambda k: [fw.get(ref) for _ in range(k)], n)
+
+    refs = [noop.remote() for _ in range(1000 if not quick else 100)]
+    fw.get(refs)
+    res["wait_1000_refs_us"] = _lat(lambda: fw.wait(refs, num_returns=len(refs)), 50, 5)["median_us"]
+    del refs
+
+    try:
+        res.update(_actor_workloads(fw, scale))
+    except NotImplementedError as exc:
+        res["actors"] = f"not supported: {str(exc)[:60]}"
+
+    gc.collect()
+    time.sleep(0.5)
+    res.update({f"idle_{k}": v for k, v in cluster_memory().items()})
+
+    data = np.random.default_rng(0).random(big // 8)
+    t = time.perf_counter()
+    big_ref = fw.put(data)
+    dt = time.perf_counter() - t
+    res["put_large_gb_per_s"] = big / dt / 1e9
+    res["get_large_us"] = _lat(lambda: fw.get(big_ref), 20, 5)["median_us"]
+    t = time.perf_counter()
+    fw.get(checksum.remote(big_ref))
+    res["task_read_large_ms"] = (time.perf_counter() - t) * 1e3
+    del big_ref, data
+
+    t = time.perf_counter()
+    fw.shutdown()
+    res["shutdown_s"] = time.perf_counter() - t
+    return res
+
+
+def _actor_workloads(fw: Any, scale: float) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+
+    class Counter:
+        def __init__(self) -> None:
+            self.n = 0
+
+        def inc(self) -> int:
+            self.n += 1
+            return self.n
+
+    class AsyncCounter:
+        def __init__(self) -> None:
+            self.n = 0
+
+        async def inc(self) -> int:
+            self.n += 1
+            return self.n
+
+    for label, cls in (("actor", Counter), ("async_actor", AsyncCounter)):
+        a = fw.remote(cls).remote()
+        lat = _lat(lambda: fw.get(a.inc.remote()), max(50, int(3000 * scale)), 10)
+        out[f"{label}_call_latency_median_us"] = lat["median_us"]
+        n = max(100, int(5000 * scale))
+        out[f"{label}_calls_per_s"] = _rate(lambda k: fw.get([a.inc.remote() for _ in range(k)]), n)
+    return out
+
+
+def run_pool(quick: bool) -> dict[str, Any]:
+    import multiprocessing as mp
+
+    import numpy as np
+    scale = 0.02 if quick else 1.0
+    res: dict[str, Any] = {"framework": "multiprocessing.Pool"}
+    t = time.perf_counter()
+    pool = mp.get_context("forkserver").Pool(os.cpu_count())
+    pool.apply(_pool_noop)
+    res["init_s"] = time.perf_counter() - t
+    lat = _lat(lambda: pool.apply_async(_pool_noop).get(), max(50, int(5000 * scale)), 10)
+    res["noop_latency_median_us"] = lat["median_us"]
+    res["noop_latency_p99_us"] = lat["p99_us"]
+    n = max(100, int(10000 * scale))
+    res["noop_tasks_per_s"] = _rate(
+        lambda k: [r.get() for r in [pool.apply_async(_pool_noop) for _ in range(k)]], n)
+    arr = np.ones(MiB // 8)
+    n = max(20, int(1000 * scale))
+    res["arg_1mb_tasks_per_s"] = _rate(
+        lambda k: [r.get() for r in [pool.apply_async(_pool_nbytes, (arr,)) for _ in range(k)]], n)
+    t = time.perf_counter()
+    pool.terminate()
+    pool.join()
+    res["shutdown_s"] = time.perf_counter() - t
+    return res
+
+
+def _pool_noop() -> None:
+    return None
+
+
+def _pool_nbytes(a: Any) -> int:
+    return int(a.nbytes)
+
+
+# ---------------------------------------------------------------- report
+
+ROWS = [
+    ("init_s", "init (s)", False), ("first_task_s", "first task (s)", False),
+    ("shutdown_s", "shutdown (s)", False),
+    ("noop_latency_median_us", "no-op task latency, median (us)", False),
+    ("noop_latency_p99_us", "no-op task latency, p99 (us)", False),
+    ("noop_tasks_per_s", "no-op tasks/s (10k submitted, then get)", True),
+    ("arg_1mb_tasks_per_s", "tasks/s with a 1 MB numpy argument", True),
+    ("nested_10_tasks_per_s", "nested: subtasks/s (tasks submitting 10 each)", True),
+    ("actor_call_latency_median_us", "actor call latency, median (us)", False),
+    ("actor_calls_per_s", "actor calls/s (5k, then get)", True),
+    ("async_actor_call_latency_median_us", "async actor call latency, median (us)", False),
+    ("async_actor_calls_per_s", "async actor calls/s", True),
+    ("put_small_per_s", "put small values/s", True),
+    ("get_small_per_s", "get small values/s", True),
+    ("put_large_gb_per_s", "put 512 MiB array (GB/s)", True),
+    ("get_large_us", "get 512 MiB array (us)", False),
+    ("task_read_large_ms", "task reading the 512 MiB object (ms)", False),
+    ("wait_1000_refs_us", "wait on 1000 ready refs (us)", False),
+    ("idle_rss_mb", "idle memory, RSS of all processes (MB)", False),
+    ("idle_pss_mb", "idle memory, PSS of all processes (MB)", False),
+    ("idle_processes", "processes", False),
+]
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:,.3f}" if v < 10 else f"{v:,.0f}"
+    return str(v) if v is not None else "-"
+
+
+def report(results: list[dict[str, Any]]) -> str:
+    names = [r["framework"] for r in results]
+    header = ["workload"] + names
+    base = results[0]
+    if len(results) > 1:
+        header += [f"orchestra vs {n}" for n in names[1:]]
+    lines = [header]
+    for key, label, higher_better in ROWS:
+        vals = [r.get(key) for r in results]
+        if all(v is None for v in vals):
+            continue
+        row = [label] + [_fmt(v) for v in vals]
+        for other in results[1:]:
+            a, b = base.get(key), other.get(key)
+            if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a and b:
+                ratio = a / b if higher_better else b / a
+                row.append(f"{ratio:.2f}x {'better' if ratio >= 1 else 'worse'}")
+            else:
+                row.append("-")
+        lines.append(row)
+    widths = [max(len(r[i]) for r in lines) for i in range(len(header))]
+    out = []
+    for j, r in enumerate(lines):
+        out.append("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)))
+        if j == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def _run_child(python: str, framework: str, quick: bool) -> dict[str, Any]:
+    if framework == "ray":  # a Python without orchestra: run this file by path
+        cmd = [python, os.path.abspath(__file__)]
+    else:
+        cmd = [python, "-m", "orchestra.microbenchmark"]
+    cmd += ["--framework", framework, "--child"]
+    if quick:
+        cmd.append("--quick")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)  # type: ignore[no-any-return]
+    raise RuntimeError(f"{framework} benchmark failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def _find_ray_python(explicit: str | None) -> str | None:
+    for cand in (explicit, os.environ.get("ORCHESTRA_RAY_PYTHON"), sys.executable):
+        if cand and subprocess.run([cand, "-c", "import ray"], capture_output=True).returncode == 0:
+            return cand
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="orchestra microbenchmark", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny counts (a smoke test)")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--compare", choices=["ray"], action="append", default=[])
+    p.add_argument("--ray-python", help="a Python interpreter that can import ray")
+    p.add_argument("--no-pool", action="store_true", help="skip multiprocessing.Pool")
+    p.add_argument("--framework", default="orchestra", help=argparse.SUPPRESS)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ns = p.parse_args(argv)
+    if ns.child:
+        res = run_pool(ns.quick) if ns.framework == "pool" else run_framework(ns.framework, ns.quick)
+        print(json.dumps(res))
+        return 0
+    # Each framework in its own process: nothing of one warms or slows the other.
+    results = [_run_child(sys.executable, "orchestra", ns.quick)]
+    if "ray" in ns.compare:
+        py = _find_ray_python(ns.ray_python)
+        if py is None:
+            print("--compare ray: no Python with ray found; pass --ray-python or set "
+                  "ORCHESTRA_RAY_PYTHON (e.g. a venv with `pip install ray`)", file=sys.stderr)
+            return 2
+        results.append(_run_child(py, "ray", ns.quick))
+    if not ns.no_pool:
+        results.append(_run_child(sys.executable, "pool", ns.quick))
+    print(f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
+    print(report(results))
+    if ns.json:
+        with open(ns.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
