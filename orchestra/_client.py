@@ -21,6 +21,7 @@ import select
 import socket
 import threading
 import time
+import weakref
 from typing import Any, Callable, Iterable, Sequence
 
 from . import _ids, _wire
@@ -64,6 +65,8 @@ class CoreClient:
         self._local: dict[bytes, int] = {}
         self._incr: list[bytes] = []
         self._decr: list[bytes] = []
+        self._pin: list[str] = []      # segments mapped here (sent with increments)
+        self._unpin: list[str] = []    # segments whose last view died (sent with decrements)
         self._results: dict[bytes, Any] = {}
         self._maps: dict[bytes, memoryview] = {}
         self._owned: set[bytes] = set()       # returns of my tasks: pushed to me when sealed
@@ -112,14 +115,16 @@ class CoreClient:
         """Send one encoded frame, with the pending reference changes around it."""
         with self._send_lock:
             pre = post = b""
-            if self._incr or self._decr:
+            if self._incr or self._decr or self._pin or self._unpin:
                 with self._ref_lock:
                     incr, self._incr = self._incr, []
                     decr, self._decr = self._decr, []
-                if incr:
-                    pre = _wire.encode(_wire.REF_DELTA, pb.RefDelta(incr=incr))
-                if decr:
-                    post = _wire.encode(_wire.REF_DELTA, pb.RefDelta(decr=decr))
+                    pin, self._pin = self._pin, []
+                    unpin, self._unpin = self._unpin, []
+                if incr or pin:
+                    pre = _wire.encode(_wire.REF_DELTA, pb.RefDelta(incr=incr, pin=pin))
+                if decr or unpin:
+                    post = _wire.encode(_wire.REF_DELTA, pb.RefDelta(decr=decr, unpin=unpin))
             try:
                 self.sock.sendall(pre + frame + post if (pre or post) else frame)
             except OSError as exc:
@@ -129,7 +134,7 @@ class CoreClient:
         self.send_raw(_wire.encode(kind, msg))
 
     def flush_refs(self) -> None:
-        if (self._incr or self._decr) and self.lost is None:
+        if (self._incr or self._decr or self._pin or self._unpin) and self.lost is None:
             try:
                 self.send_raw(b"")
             except ConnectionLost:
@@ -360,12 +365,26 @@ class CoreClient:
         if kind == "segment":
             view = self._maps.get(oid)
             if view is None:
-                view = map_segment(data.segment)
+                view = self.map_segment(data.segment)
                 with self._ref_lock:
                     if oid in self._local:
                         self._maps[oid] = view
             return deserialize(view)
         raise pickle.loads(data.error)
+
+    def map_segment(self, segment: Any) -> memoryview:
+        """Map a sealed segment read-only and pin it until the last view of it is gone."""
+        mm, view = map_segment(segment)
+        name = segment.name
+        with self._ref_lock:
+            self._pin.append(name)
+        weakref.finalize(mm, self._unmapped, name)
+        return view
+
+    def _unmapped(self, name: str) -> None:
+        with self._ref_lock:
+            if self.lost is None:
+                self._unpin.append(name)
 
     # ------------------------------------------------------------------ reading
     def _read_once(self, timeout_ms: int) -> bool:
@@ -423,7 +442,7 @@ class CoreClient:
         if wake:
             with self._cond:
                 self._cond.notify_all()
-        if self._decr:
+        if self._decr or self._unpin:
             self.flush_refs()
 
     def _connection_lost(self) -> None:

@@ -110,7 +110,10 @@ class Head:
         self.sock_path = os.path.join(self.session_dir, "head.sock")
         self.state = SchedulerState(pipeline_depth=cfg.get("pipeline_depth", 2),
                                     error_factory=make_error)
-        self.store = ObjectStore(NODE_ID, cfg["session_id"], int(cfg["object_store_memory"]))
+        capacity = int(cfg["object_store_memory"])
+        self.store = ObjectStore(NODE_ID, cfg["session_id"], capacity,
+                                 pool_limit=cfg.get("pool_bytes"),
+                                 warm_bytes=int(cfg.get("warm_bytes", min(capacity // 2, 1 << 30))))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in cfg.get("sys_path", []) if p)
         self.pool = WorkerPool(self.sock_path, cfg.get("cwd", "/"), env)
@@ -132,6 +135,9 @@ class Head:
         self.carry_out()
         self.loop.call_later(self.cfg.get("driver_connect_timeout_s", 60), self._check_driver)
         self.loop.call_later(0.5, self._watch_pool)
+        # Warm shared memory for the first large put, off init()'s path.
+        self.loop.call_later(self.cfg.get("warm_delay_s", 1.0), self.store.warm,
+                             self.loop.call_soon_threadsafe)
 
     def _new_conn(self) -> Conn:
         c = Conn(self, self._next_conn)
@@ -152,7 +158,11 @@ class Head:
                         self.store.seal(d.segment.name)
                 state.task_done(cid, msg)
             elif kind == _wire.REF_DELTA:
+                if msg.pin:
+                    self.store.pin(cid, msg.pin)
                 state.ref_delta(cid, msg.incr, msg.decr)
+                if msg.unpin:
+                    self.store.unpin(cid, msg.unpin)
             elif kind == _wire.OBJECTS:
                 for d in msg.objects:
                     if d.WhichOneof("data") == "segment":
@@ -295,7 +305,7 @@ class Head:
         self.dirty.discard(conn)
         if self.stopping:
             return
-        self.store.drop_writer(conn.conn_id)
+        self.store.drop_conn(conn.conn_id)
         if conn.conn_id == self.primary:
             self.shutdown("the driver disconnected")
             return
@@ -334,6 +344,9 @@ class Head:
                     self.state.worker_failed_to_start(wid, describe_exit(p.returncode))
         self.carry_out()
         self.loop.call_later(0.5, self._watch_pool)
+        # Warm shared memory for the first large put, off init()'s path.
+        self.loop.call_later(self.cfg.get("warm_delay_s", 1.0), self.store.warm,
+                             self.loop.call_soon_threadsafe)
 
     def _check_driver(self) -> None:
         if self.primary is None:

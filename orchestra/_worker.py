@@ -27,7 +27,6 @@ from ._client import CoreClient
 from ._procutil import die_with_parent
 from . import _pb as pb
 from ._serialization import deserialize, dumps_exception, serialize
-from ._store import map_segment
 from .exceptions import TaskError
 
 
@@ -188,7 +187,7 @@ class WorkerRuntime:
                 if kind == "inline":
                     out.append(deserialize(data.inline))
                 elif kind == "segment":
-                    out.append(deserialize(map_segment(data.segment)))
+                    out.append(deserialize(self.client.map_segment(data.segment)))
                 else:
                     raise _load_error(data.error)
         return out

@@ -308,12 +308,16 @@ class Subscribe(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class RefDelta(_message.Message):
-    __slots__ = ("incr", "decr")
+    __slots__ = ("incr", "decr", "pin", "unpin")
     INCR_FIELD_NUMBER: _ClassVar[int]
     DECR_FIELD_NUMBER: _ClassVar[int]
+    PIN_FIELD_NUMBER: _ClassVar[int]
+    UNPIN_FIELD_NUMBER: _ClassVar[int]
     incr: _containers.RepeatedScalarFieldContainer[bytes]
     decr: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, incr: _Optional[_Iterable[bytes]] = ..., decr: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    pin: _containers.RepeatedScalarFieldContainer[str]
+    unpin: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, incr: _Optional[_Iterable[bytes]] = ..., decr: _Optional[_Iterable[bytes]] = ..., pin: _Optional[_Iterable[str]] = ..., unpin: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
     __slots__ = ("object_id", "force")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1corchestra/_proto/types.proto\x12\torchestra\"6\n\x07Segment\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0f\n\x07node_id\x18\x03 \x01(\x04\"0\n\x05Value\x12\r\n\x03ref\x18\x01 \x01(\x0cH\x00\x12\x10\n\x06inline\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"\x84\x01\n\nObjectData\x12\x11\n\tobject_id\x18\x01 \x01(\x0c\x12\x10\n\x06inline\x18\x02 \x01(\x0cH\x00\x12%\n\x07segment\x18\x03 \x01(\x0b\x32\x12.orchestra.SegmentH\x00\x12\x0f\n\x05\x65rror\x18\x04 \x01(\x0cH\x00\x12\x11\n\tcontained\x18\x05 \x03(\x0c\x42\x06\n\x04\x64\x61ta\"\xa8\x02\n\x04\x43\x61ll\x12\x0f\n\x07task_id\x18\x01 \x01(\x0c\x12\x13\n\x0b\x66unction_id\x18\x02 \x01(\x0c\x12\x1e\n\x04\x61rgs\x18\x03 \x03(\x0b\x32\x10.orchestra.Value\x12\x13\n\x0bkwarg_names\x18\x04 \x03(\t\x12\x13\n\x0bnum_returns\x18\x05 \x01(\r\x12\x31\n\tresources\x18\x06 \x03(\x0b\x32\x1e.orchestra.Call.ResourcesEntry\x12\x13\n\x0bmax_retries\x18\x07 \x01(\x05\x12\x0c\n\x04name\x18\x08 \x01(\t\x12\x0e\n\x06nested\x18\t \x03(\x0c\x12\x18\n\x10retry_exceptions\x18\n \x01(\x08\x1a\x30\n\x0eResourcesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1corchestra/_proto/types.proto\x12\torchestra\"X\n\x07Segment\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0f\n\x07node_id\x18\x03 \x01(\x04\x12\x10\n\x08\x63\x61pacity\x18\x04 \x01(\x04\x12\x0e\n\x06reused\x18\x05 \x01(\x08\"0\n\x05Value\x12\r\n\x03ref\x18\x01 \x01(\x0cH\x00\x12\x10\n\x06inline\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"\x84\x01\n\nObjectData\x12\x11\n\tobject_id\x18\x01 \x01(\x0c\x12\x10\n\x06inline\x18\x02 \x01(\x0cH\x00\x12%\n\x07segment\x18\x03 \x01(\x0b\x32\x12.orchestra.SegmentH\x00\x12\x0f\n\x05\x65rror\x18\x04 \x01(\x0cH\x00\x12\x11\n\tcontained\x18\x05 \x03(\x0c\x42\x06\n\x04\x64\x61ta\"\xa8\x02\n\x04\x43\x61ll\x12\x0f\n\x07task_id\x18\x01 \x01(\x0c\x12\x13\n\x0b\x66unction_id\x18\x02 \x01(\x0c\x12\x1e\n\x04\x61rgs\x18\x03 \x03(\x0b\x32\x10.orchestra.Value\x12\x13\n\x0bkwarg_names\x18\x04 \x03(\t\x12\x13\n\x0bnum_returns\x18\x05 \x01(\r\x12\x31\n\tresources\x18\x06 \x03(\x0b\x32\x1e.orchestra.Call.ResourcesEntry\x12\x13\n\x0bmax_retries\x18\x07 \x01(\x05\x12\x0c\n\x04name\x18\x08 \x01(\t\x12\x0e\n\x06nested\x18\t \x03(\x0c\x12\x18\n\x10retry_exceptions\x18\n \x01(\x08\x1a\x30\n\x0eResourcesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,13 +34,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CALL_RESOURCESENTRY']._loaded_options = None
   _globals['_CALL_RESOURCESENTRY']._serialized_options = b'8\001'
   _globals['_SEGMENT']._serialized_start=43
-  _globals['_SEGMENT']._serialized_end=97
-  _globals['_VALUE']._serialized_start=99
-  _globals['_VALUE']._serialized_end=147
-  _globals['_OBJECTDATA']._serialized_start=150
-  _globals['_OBJECTDATA']._serialized_end=282
-  _globals['_CALL']._serialized_start=285
-  _globals['_CALL']._serialized_end=581
-  _globals['_CALL_RESOURCESENTRY']._serialized_start=533
-  _globals['_CALL_RESOURCESENTRY']._serialized_end=581
+  _globals['_SEGMENT']._serialized_end=131
+  _globals['_VALUE']._serialized_start=133
+  _globals['_VALUE']._serialized_end=181
+  _globals['_OBJECTDATA']._serialized_start=184
+  _globals['_OBJECTDATA']._serialized_end=316
+  _globals['_CALL']._serialized_start=319
+  _globals['_CALL']._serialized_end=615
+  _globals['_CALL_RESOURCESENTRY']._serialized_start=567
+  _globals['_CALL_RESOURCESENTRY']._serialized_end=615
 # @@protoc_insertion_point(module_scope)
