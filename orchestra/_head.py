@@ -4,6 +4,9 @@
     ObjectStore) -> instructions in state.out -> Head.carry_out: frames queued per
     connection, workers started/killed, segments freed -> one write per connection.
 
+The gRPC control plane (Scheduler and ObjStore services, _grpc_service.py) runs on a
+thread pool and hands each RPC to the loop thread; nothing else touches the state.
+
 Owns: every worker process of this node (WorkerPool), every shared-memory segment of
 this node (ObjectStore), the session's socket files. Fate-shares with the driver that
 started it: when that driver's connection closes (exit, crash, SIGKILL), the head kills
@@ -18,11 +21,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
-from . import _wire
+from . import _grpc_service, _wire
 from ._errors import describe_exit, make_error
+from ._grpc_service import GRPC_CONN
 from ._procutil import die_with_parent
 from . import _pb as pb
 from ._scheduler import (FREE_SEGMENT, KILL_WORKER, PUSH, SEND, START_WORKER, STOP_WORKER,
@@ -125,6 +130,8 @@ class Head:
         self.server: Any = None
         self.exit_reasons: dict[int, str] = {}
         self.last_activity = time.monotonic()
+        self.grpc_server: Any = None
+        self.watchers: dict[bytes, list[Any]] = {}   # RequestObj futures (gRPC threads wait)
 
     async def start(self) -> None:
         self.server = await self.loop.create_unix_server(self._new_conn, self.sock_path)
@@ -133,12 +140,35 @@ class Head:
         self.state.add_node(NODE_ID, res, num_workers=int(self.cfg["num_workers"]),
                             max_workers=int(self.cfg.get("max_workers", 0)) or
                             4 * max(int(res.get("CPU", 1)), 1) + 32)
+        self.state.client_connected(GRPC_CONN, pb.Hello(kind="grpc"))
         self.carry_out()
         self.loop.call_later(self.cfg.get("driver_connect_timeout_s", 60), self._check_driver)
+        if self.cfg.get("grpc", True):
+            # Control plane: importing grpc costs ~0.1 s, so it starts after init() returns.
+            self.loop.call_later(self.cfg.get("grpc_delay_s", 0.5), self._start_grpc)
         self.loop.call_later(0.5, self._watch_pool)
         # Warm shared memory for the first large put, off init()'s path, while idle.
         self.loop.call_later(self.cfg.get("warm_delay_s", 0.5), self.store.warm,
                              self.loop.call_soon_threadsafe, self._idle)
+
+    def _start_grpc(self) -> None:
+        def run() -> None:
+            try:
+                server = _grpc_service.start(self, os.path.join(self.session_dir, "grpc.sock"))
+            except Exception as exc:  # noqa: BLE001 - the frame path works without it
+                print(f"orchestra head: gRPC control plane not started: {exc}", file=sys.stderr)
+                return
+            if self.stopping:
+                server.stop(0)
+            else:
+                self.grpc_server = server
+        if not self.stopping:
+            threading.Thread(target=run, name="orchestra-grpc-start", daemon=True).start()
+
+    def watch_object(self, oid: bytes, fut: Any) -> None:
+        """Resolve ``fut`` with the object's data once sealed (for RequestObj)."""
+        self.watchers.setdefault(oid, []).append(fut)
+        self.state.subscribe(GRPC_CONN, [oid])
 
     def _idle(self) -> bool:
         """No task queued or running, and no frame for a while (read from another thread)."""
@@ -285,6 +315,12 @@ class Head:
                 elif op == STOP_WORKER:
                     self.pool.kill(ins[1])
             for cid, msg in pushes.items():
+                if cid == GRPC_CONN:
+                    for d in msg.objects:
+                        for fut in self.watchers.pop(d.object_id, []):
+                            if not fut.done():
+                                fut.set_result(d)
+                    continue
                 c = conns.get(cid)
                 if c is not None:
                     c.wbuf.append(_wire.encode(_wire.OBJECTS, msg))
@@ -364,11 +400,13 @@ class Head:
         self.stopping = True
         if self.server is not None:
             self.server.close()
+        if self.grpc_server is not None:
+            self.grpc_server.stop(0)
         self.pool.kill_all()
         self.store.close()
         for c in list(self.conns.values()):
             c.transport.abort()
-        for name in ("head.sock",):
+        for name in ("head.sock", "grpc.sock"):
             try:
                 os.unlink(os.path.join(self.session_dir, name))
             except FileNotFoundError:
