@@ -6,8 +6,18 @@ from . import exceptions
 from ._api import remote
 from ._object_ref import ObjectRef
 from ._remote_function import RemoteFunction
-from ._session import (available_resources, cancel, cluster_resources, get, get_gpu_ids, init,
-                       is_initialized, put, shutdown, wait)
+from ._session import (
+    available_resources,
+    cancel,
+    cluster_resources,
+    get,
+    get_gpu_ids,
+    init,
+    is_initialized,
+    put,
+    shutdown,
+    wait,
+)
 
 __version__ = "0.1.0"
 

@@ -22,11 +22,12 @@ import socket
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from . import _ids, _wire
-from ._object_ref import ObjectRef
 from . import _pb as pb
+from ._object_ref import ObjectRef
 from ._serialization import Serialized, deserialize, serialize
 from ._store import map_segment, write_segment
 from .exceptions import GetTimeoutError, ObjectStoreFullError, OrchestraError
@@ -107,7 +108,7 @@ class CoreClient:
                         self._leftover = dec
                         self._early_frames = frames[i + 1:]   # sent right after the reply
                         return msg
-        except socket.timeout as exc:
+        except TimeoutError as exc:
             raise ConnectionLost(f"the head did not answer within {timeout_s:g} s") from exc
 
     # ------------------------------------------------------------------ sending
@@ -267,7 +268,8 @@ class CoreClient:
              timeout: float | None) -> tuple[list[ObjectRef], list[ObjectRef]]:
         ids = [r._id for r in refs]
         self._wait(ids, num_returns, timeout, raise_timeout=False)
-        ready, not_ready = [], []
+        ready: list[ObjectRef] = []
+        not_ready: list[ObjectRef] = []
         results = self._results
         for r in refs:
             if r._id in results and len(ready) < num_returns:

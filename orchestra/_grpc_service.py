@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from . import _pb as pb
 
@@ -28,7 +29,8 @@ def start(head: Any, path: str) -> Any:
 
     from ._proto import orchestra_pb2_grpc as rpc
 
-    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="orchestra-grpc"))
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="orchestra-grpc")
+    server = grpc.server(pool)
     rpc.add_SchedulerServicer_to_server(_Scheduler(head), server)
     rpc.add_ObjStoreServicer_to_server(_ObjStore(head), server)
     server.add_insecure_port(f"unix:{path}")

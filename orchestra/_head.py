@@ -26,12 +26,20 @@ import time
 from typing import Any
 
 from . import _grpc_service, _wire
+from . import _pb as pb
 from ._errors import describe_exit, make_error
 from ._grpc_service import GRPC_CONN
 from ._procutil import die_with_parent
-from . import _pb as pb
-from ._scheduler import (FREE_SEGMENT, KILL_WORKER, PUSH, SEND, START_WORKER, STOP_WORKER,
-                         SchedulerState, WorkerState)
+from ._scheduler import (
+    FREE_SEGMENT,
+    KILL_WORKER,
+    PUSH,
+    SEND,
+    START_WORKER,
+    STOP_WORKER,
+    SchedulerState,
+    WorkerState,
+)
 from ._store import ObjectStore
 from .exceptions import ObjectStoreFullError
 
@@ -121,7 +129,10 @@ class Head:
                                  warm_bytes=int(cfg.get("warm_bytes", min(capacity // 2, 1 << 30))))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in cfg.get("sys_path", []) if p)
-        self.pool = WorkerPool(self.sock_path, cfg.get("cwd", "/"), env)
+        # Workers start in the session directory, not the driver's cwd: `python -m` puts
+        # the cwd first on sys.path, and an orchestra/ folder there (a checkout) would win
+        # over the driver's orchestra. They chdir to the driver's cwd once connected.
+        self.pool = WorkerPool(self.sock_path, self.session_dir, env)
         self.conns: dict[int, Conn] = {}
         self.dirty: set[Conn] = set()
         self._next_conn = 1
@@ -148,8 +159,7 @@ class Head:
             self.loop.call_later(self.cfg.get("grpc_delay_s", 0.5), self._start_grpc)
         self.loop.call_later(0.5, self._watch_pool)
         # Warm shared memory for the first large put, off init()'s path, while idle.
-        self.loop.call_later(self.cfg.get("warm_delay_s", 0.5), self.store.warm,
-                             self.loop.call_soon_threadsafe, self._idle)
+        self.loop.call_later(self.cfg.get("warm_delay_s", 0.5), self._warm)
 
     def _start_grpc(self) -> None:
         def run() -> None:
@@ -169,6 +179,9 @@ class Head:
         """Resolve ``fut`` with the object's data once sealed (for RequestObj)."""
         self.watchers.setdefault(oid, []).append(fut)
         self.state.subscribe(GRPC_CONN, [oid])
+
+    def _warm(self) -> None:
+        self.store.warm(self.loop.call_soon_threadsafe, self._idle)
 
     def _idle(self) -> bool:
         """No task queued or running, and no frame for a while (read from another thread)."""
@@ -278,7 +291,7 @@ class Head:
                 objref=oid, state="ready" if o.data is not None else "pending",
                 refcount=o.count, size=o.size,
                 in_shared_memory=o.data is not None and o.data.WhichOneof("data") == "segment"))
-        for fid, f in st.functions.items():
+        for f in st.functions.values():
             info.function_table[f.fnname].num_return_vals = f.num_return_vals
         return info
 
@@ -386,9 +399,6 @@ class Head:
                     self.state.worker_failed_to_start(wid, describe_exit(p.returncode))
         self.carry_out()
         self.loop.call_later(0.5, self._watch_pool)
-        # Warm shared memory for the first large put, off init()'s path, while idle.
-        self.loop.call_later(self.cfg.get("warm_delay_s", 0.5), self.store.warm,
-                             self.loop.call_soon_threadsafe, self._idle)
 
     def _check_driver(self) -> None:
         if self.primary is None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from . import _context, _wire
 from . import _pb as pb
@@ -55,7 +56,7 @@ class RemoteFunction:
         self._client: Any = None
         self._template = b""
         self._register_frame = b""
-        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+        functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"remote function {self._name}() cannot be called directly: use "

@@ -6,7 +6,7 @@ totals and what is free; GPUs also have ids, handed to the task that holds them.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 from .exceptions import InfeasibleResourcesError
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import collections
 import enum
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from . import _ids
 from . import _pb as pb
@@ -251,18 +252,18 @@ class SchedulerState:
             if v.WhichOneof("kind") == "ref":
                 oid = v.ref
                 t.arg_ids.append(oid)
-                o = objects.get(oid)
-                if o is None:
+                arg = objects.get(oid)
+                if arg is None:
                     self._fail_task(t, self._error("lost", object_id=oid, name=call.name))
                     return
-                o.count += 1
-                if o.data is None:
+                arg.count += 1
+                if arg.data is None:
                     t.deps.add(oid)
-                    o.waiting_tasks.append(t)
+                    arg.waiting_tasks.append(t)
         for oid in call.nested:
-            o = objects.get(oid)
-            if o is not None:
-                o.count += 1
+            inner = objects.get(oid)
+            if inner is not None:
+                inner.count += 1
                 t.arg_ids.append(oid)
         infeasible = not any(n.resources.feasible(t.resources) for n in self.nodes.values())
         if infeasible:
@@ -273,9 +274,9 @@ class SchedulerState:
         else:
             # An argument that already failed fails the task without running it.
             for oid in t.arg_ids:
-                o = objects.get(oid)
-                if o is not None and o.data is not None and o.data.WhichOneof("data") == "error":
-                    self._fail_task(t, o.data.error)
+                dep = objects.get(oid)
+                if dep is not None and dep.data is not None and dep.data.WhichOneof("data") == "error":
+                    self._fail_task(t, dep.data.error)
                     return
 
     def _deps_met(self, t: Task) -> None:
@@ -299,7 +300,7 @@ class SchedulerState:
 
     def schedule(self) -> None:
         """Give ready tasks to workers: idle workers first, then pipelining on leases."""
-        for shape, q in self.ready.items():
+        for q in self.ready.values():
             while q:
                 t = q[0]
                 w = self._pick_worker(t)
@@ -323,6 +324,12 @@ class SchedulerState:
                     return w
             elif st is WorkerState.LEASED and w.lease_shape == t.shape:
                 candidates.append(w)
+        if any(n.resources.fits(req) for n in self.nodes.values()):
+            # Resources are free, only a worker is missing (starting, or replacing a dead
+            # one): wait for it. Pipelining now could queue the task behind a long-running
+            # one for as long as that runs, with a CPU idle.
+            self._maybe_grow(t)
+            return None
         best = None
         for w in candidates:
             if len(w.queue) < self.pipeline_depth and (best is None or len(w.queue) < len(best.queue)):

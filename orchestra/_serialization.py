@@ -89,7 +89,7 @@ class Serialized:
         pos = _align(_HEADER.size + _ENTRY.size * n)
         _HEADER.pack_into(dest, 0, MAGIC, n, len(self.pickled))
         dest[pos: pos + len(self.pickled)] = self.pickled
-        for i, (b, pos) in enumerate(zip(self.buffers, self.offsets)):
+        for i, (b, pos) in enumerate(zip(self.buffers, self.offsets, strict=True)):
             _ENTRY.pack_into(dest, _HEADER.size + _ENTRY.size * i, pos, b.nbytes)
             dest[pos: pos + b.nbytes] = b
 

@@ -15,15 +15,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from . import _context, _wire
+from . import _pb as pb
 from ._client import ConnectionLost, CoreClient
 from ._object_ref import ObjectRef
-from . import _pb as pb
 from ._resources import make_request
 from ._store import sweep_stale_segments
-from .exceptions import OrchestraError
+from .exceptions import ObjectLostError, OrchestraError
 
 SESSION_PREFIX = "orchestra-session-"
 _HEAD_EXIT_TIMEOUT_S = 5.0
@@ -144,8 +145,13 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     cfg_path = os.path.join(session_dir, "config.json")
     with open(cfg_path, "w") as f:
         json.dump(cfg, f)
+    # cwd = the session directory: `-m` puts the cwd first on sys.path, and the head must
+    # import the driver's orchestra, not an orchestra/ folder that happens to be here.
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(cfg["sys_path"])
     head = subprocess.Popen([sys.executable, "-m", "orchestra._head", cfg_path],
-                            stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+                            stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+                            cwd=session_dir, env=env)
     with open(os.path.join(session_dir, "head.pid"), "w") as f:
         f.write(str(head.pid))
     sock = os.path.join(session_dir, "head.sock")
@@ -219,7 +225,7 @@ def is_initialized() -> bool:
 # ---------------------------------------------------------------- calls on the session
 
 def _client() -> CoreClient:
-    return _context.current_client()  # type: ignore[no-any-return]
+    return _context.current_client()
 
 
 def _check_timeout(timeout: float | None) -> None:
@@ -231,16 +237,28 @@ def _check_timeout(timeout: float | None) -> None:
 def get(refs: ObjectRef | Sequence[ObjectRef], *, timeout: float | None = None) -> Any:
     """The value of a ref, or the values of a list of refs (in order)."""
     _check_timeout(timeout)
+    client = _client()
     if isinstance(refs, ObjectRef):
-        return _client().get_one(refs, timeout)
+        _check_session(refs, client)
+        return client.get_one(refs, timeout)
     if isinstance(refs, (list, tuple)):
         for r in refs:
             if not isinstance(r, ObjectRef):
                 raise TypeError(f"get() takes an ObjectRef or a list of ObjectRefs; the list "
                                 f"holds a {type(r).__name__} {r!r}")
-        return _client().get_many(refs, timeout)
+            _check_session(r, client)
+        return client.get_many(refs, timeout)
     raise TypeError(f"get() takes an ObjectRef or a list of ObjectRefs, not a "
                     f"{type(refs).__name__}; f.remote(...) and orchestra.put(...) return refs")
+
+
+def _check_session(ref: ObjectRef, client: Any) -> None:
+    # A ref made before shutdown() names an object the new session never had: its
+    # value was never pushed here, and get() waited forever (or until its timeout).
+    if ref._client is not client:
+        raise ObjectLostError(
+            f"{ref!r} belongs to a session that was shut down; refs do not outlive "
+            "orchestra.shutdown(). Put the value again, or re-run its task, in this session.")
 
 
 def put(value: Any) -> ObjectRef:
@@ -256,6 +274,9 @@ def wait(refs: Sequence[ObjectRef], *, num_returns: int = 1,
     for r in refs:
         if not isinstance(r, ObjectRef):
             raise TypeError(f"wait() takes a list of ObjectRefs; it holds a {type(r).__name__}")
+    client = _client() if refs else None
+    for r in refs:
+        _check_session(r, client)
     if len({r.binary() for r in refs}) != len(refs):
         raise ValueError("wait() got the same ObjectRef twice; pass each ref once")
     if isinstance(num_returns, bool) or not isinstance(num_returns, int):

@@ -25,7 +25,8 @@ import mmap
 import os
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ._proto import types_pb2
 from .exceptions import ObjectStoreFullError

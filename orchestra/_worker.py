@@ -23,9 +23,9 @@ from typing import Any
 import cloudpickle
 
 from . import _context, _wire
+from . import _pb as pb
 from ._client import CoreClient
 from ._procutil import die_with_parent
-from . import _pb as pb
 from ._serialization import deserialize, dumps_exception, serialize
 from .exceptions import TaskError
 
@@ -100,9 +100,12 @@ class WorkerRuntime:
                 self.blocked = True
                 queued = [inv.call.task_id for inv in self.queue]
                 self.queue.clear()
+            # Blocked before the returned tasks: while this worker still counts as
+            # leased, the scheduler pipelines returned tasks straight back to it (and
+            # they bounce once more) instead of giving them to another worker.
+            self.client.send(_wire.BLOCKED, pb.Blocked(blocked=True))
             if queued:
                 self.client.send(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=queued))
-            self.client.send(_wire.BLOCKED, pb.Blocked(blocked=True))
         else:
             with self.cond:
                 self.blocked = False
@@ -153,7 +156,7 @@ class WorkerRuntime:
             args = self._decode_args(call, inv.resolved)
             nk = len(call.kwarg_names)
             if nk:
-                kwargs = dict(zip(call.kwarg_names, args[-nk:]))
+                kwargs = dict(zip(call.kwarg_names, args[-nk:], strict=True))
                 args = args[:-nk]
                 result = fn(*args, **kwargs)
             else:
@@ -165,12 +168,17 @@ class WorkerRuntime:
                 values = _split_returns(result, n, call.name)
             del result
             make = self.client.make_object_data
-            returns = [make(oid, serialize(v)) for oid, v in zip(oids, values)]
+            returns = [make(oid, serialize(v)) for oid, v in zip(oids, values, strict=True)]
             return pb.TaskDone(task_id=tid, returns=returns)
         except _Cancelled:
             raise
         except BaseException as exc:  # noqa: BLE001 - every failure of user code is reported
-            err = TaskError.wrap(call.name, traceback.format_exc(), exc, os.getpid())
+            tb = traceback.format_exc()
+            try:
+                err = TaskError.wrap(call.name, tb, exc, os.getpid())
+            except Exception:  # noqa: BLE001 - a class wrap() cannot build must not kill
+                # the worker (it was then reported as a crash): keep the text and traceback.
+                err = TaskError(call.name, tb, None, os.getpid())
             blob = dumps_exception(err)
             return pb.TaskDone(task_id=tid, user_error=True,
                                returns=[pb.ObjectData(object_id=o, error=blob) for o in oids])

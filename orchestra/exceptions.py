@@ -7,7 +7,7 @@ message and the remote traceback, and keeps the original exception as ``cause``.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 
 class OrchestraError(Exception):
@@ -27,7 +27,10 @@ class TaskError(OrchestraError):
         self.traceback_str = traceback_str
         self.cause = cause
         self.pid = pid
-        super().__init__(self._message())
+        # Not super(): in a TaskError(CustomError) class made by wrap(), the next
+        # __init__ in the MRO is the user's, and one that takes other arguments raised
+        # TypeError here, in the worker's error path (the worker died of it).
+        Exception.__init__(self, self._message())
 
     def _message(self) -> str:
         cause = self.cause
@@ -48,7 +51,7 @@ class TaskError(OrchestraError):
         return _rebuild_task_error(function_name, traceback_str, cause, pid)
 
 
-_dual_classes: dict[type, type] = {}
+_dual_classes: dict[type, type[TaskError]] = {}
 
 
 def _rebuild_task_error(function_name: str, traceback_str: str,
@@ -61,15 +64,22 @@ def _rebuild_task_error(function_name: str, traceback_str: str,
         # Multiple inheritance from the user's class: `except ValueError` keeps working.
         # __init__/__str__ come from TaskError, so exception classes whose constructor
         # takes other arguments still build.
-        dual = type(f"TaskError({base.__name__})", (TaskError, base),
-                    {"__init__": TaskError.__init__, "__str__": TaskError.__str__,
-                     "__reduce__": TaskError.__reduce__, "__module__": __name__})
+        dual = cast("type[TaskError]", type(
+            f"TaskError({base.__name__})", (TaskError, base),
+            {"__init__": TaskError.__init__, "__str__": TaskError.__str__,
+             "__reduce__": TaskError.__reduce__, "__module__": __name__}))
         _dual_classes[base] = dual
-    err = dual.__new__(dual)
+    try:
+        err = dual.__new__(dual)
+    except TypeError:
+        # MemoryError (so ObjectStoreFullError too) has a __new__ of its own that refuses
+        # this class: "MemoryError.__new__(TaskError(MemoryError)) is not safe". The
+        # wrap then failed in the worker and the task's error was lost.
+        err = Exception.__new__(dual)
     TaskError.__init__(err, function_name, traceback_str, cause, pid)
     if cause is not None:
         err.args = (str(err),)
-    return err  # type: ignore[no-any-return]
+    return err
 
 
 def _can_subclass(base: type) -> bool:

@@ -22,7 +22,8 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 MiB = 1 << 20
 
@@ -156,10 +157,7 @@ def run_framework(name: str, quick: bool) -> dict[str, Any]:
     ref = fw.put(1)
     res["get_small_per_s"] = _rate(lambda k: [fw.get(ref) for _ in range(k)], n)
 
-    refs = [noop.remote() for _ in range(1000 if not quick else 100)]
-    fw.get(refs)
-    res["wait_1000_refs_us"] = _lat(lambda: fw.wait(refs, num_returns=len(refs)), 50, 5)["median_us"]
-    del refs
+    res["wait_1000_refs_us"] = _wait_all(fw, [noop.remote() for _ in range(1000 if not quick else 100)])
 
     try:
         res.update(_actor_workloads(fw, scale))
@@ -170,21 +168,31 @@ def run_framework(name: str, quick: bool) -> dict[str, Any]:
     time.sleep(0.5)
     res.update({f"idle_{k}": v for k, v in cluster_memory().items()})
 
-    data = np.random.default_rng(0).random(big // 8)
-    t = time.perf_counter()
-    big_ref = fw.put(data)
-    dt = time.perf_counter() - t
-    res["put_large_gb_per_s"] = big / dt / 1e9
-    res["get_large_us"] = _lat(lambda: fw.get(big_ref), 20, 5)["median_us"]
-    t = time.perf_counter()
-    fw.get(checksum.remote(big_ref))
-    res["task_read_large_ms"] = (time.perf_counter() - t) * 1e3
-    del big_ref, data
+    res.update(_large_object(fw, big, checksum))
 
     t = time.perf_counter()
     fw.shutdown()
     res["shutdown_s"] = time.perf_counter() - t
     return res
+
+
+def _wait_all(fw: Any, refs: list[Any]) -> float:
+    fw.get(refs)
+    return _lat(lambda: fw.wait(refs, num_returns=len(refs)), 50, 5)["median_us"]
+
+
+def _large_object(fw: Any, big: int, checksum: Any) -> dict[str, float]:
+    import numpy as np
+    data = np.random.default_rng(0).random(big // 8)
+    out = {}
+    t = time.perf_counter()
+    ref = fw.put(data)
+    out["put_large_gb_per_s"] = big / (time.perf_counter() - t) / 1e9
+    out["get_large_us"] = _lat(lambda: fw.get(ref), 20, 5)["median_us"]
+    t = time.perf_counter()
+    fw.get(checksum.remote(ref))
+    out["task_read_large_ms"] = (time.perf_counter() - t) * 1e3
+    return out
 
 
 def _actor_workloads(fw: Any, scale: float) -> dict[str, Any]:
@@ -208,10 +216,16 @@ def _actor_workloads(fw: Any, scale: float) -> dict[str, Any]:
 
     for label, cls in (("actor", Counter), ("async_actor", AsyncCounter)):
         a = fw.remote(cls).remote()
-        lat = _lat(lambda: fw.get(a.inc.remote()), max(50, int(3000 * scale)), 10)
+        def call(a: Any = a) -> Any:
+            return fw.get(a.inc.remote())
+
+        def many(k: int, a: Any = a) -> Any:
+            return fw.get([a.inc.remote() for _ in range(k)])
+
+        lat = _lat(call, max(50, int(3000 * scale)), 10)
         out[f"{label}_call_latency_median_us"] = lat["median_us"]
         n = max(100, int(5000 * scale))
-        out[f"{label}_calls_per_s"] = _rate(lambda k: fw.get([a.inc.remote() for _ in range(k)]), n)
+        out[f"{label}_calls_per_s"] = _rate(many, n)
     return out
 
 
@@ -322,7 +336,7 @@ def _run_child(python: str, framework: str, quick: bool) -> dict[str, Any]:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("{"):
-            return json.loads(line)  # type: ignore[no-any-return]
+            return dict(json.loads(line))
     raise RuntimeError(f"{framework} benchmark failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
 
 

@@ -35,8 +35,8 @@ def main() -> int:
     ns = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         files = generate(pathlib.Path(tmp))
-        stale = [f for f in files
-                 if not (ROOT / f).exists() or not filecmp.cmp(pathlib.Path(tmp) / f, ROOT / f, shallow=False)]
+        stale = [f for f in files if not (ROOT / f).exists()
+                 or not filecmp.cmp(pathlib.Path(tmp) / f, ROOT / f, shallow=False)]
         if ns.check:
             if stale:
                 print("stale generated code:", *map(str, stale), sep="\n  ")

@@ -1,0 +1,89 @@
+"""Probes of a running cluster: its processes, objects and shared-memory segments.
+
+Used by tests/conftest.py and by tests that check what a cluster leaves behind.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import orchestra
+from orchestra import _session
+
+SHM_DIR = "/dev/shm"
+
+
+def pid_gone(pid: int) -> bool:
+    """True when the process no longer runs. A zombie counts as gone: PID 1 in this
+    sandbox need not reap orphans, and a zombie holds no memory and no segment."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``predicate`` until it holds; fail naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not true within {timeout:g} s")
+        time.sleep(0.01)
+
+
+class Cluster:
+    """Probes of the running cluster: its processes, objects and segments."""
+
+    def __init__(self, info: dict[str, Any]) -> None:
+        self.info = info
+        self.session_dir: str = info["session_dir"]
+        with open(os.path.join(self.session_dir, "head.pid")) as f:
+            self.head_pid = int(f.read().strip())
+
+    @property
+    def segment_prefix(self) -> str:
+        return f"orch-{self.head_pid}-"
+
+    def segments(self) -> list[str]:
+        return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(self.segment_prefix))
+
+    def segment_bytes(self) -> int:
+        """Bytes of shared memory this cluster's segments hold (live and pooled)."""
+        total = 0
+        for name in self.segments():
+            try:
+                total += os.stat(os.path.join(SHM_DIR, name)).st_blocks * 512
+            except FileNotFoundError:
+                pass
+        return total
+
+    def debug(self) -> Any:
+        return _session.debug_info()
+
+    def worker_pids(self) -> list[int]:
+        return [w.pid for w in self.debug().workers if w.pid]
+
+    def objects(self) -> dict[bytes, Any]:
+        return {o.objref: o for o in self.debug().objects}
+
+    def wait_idle_workers(self, n: int, timeout: float = 30.0) -> None:
+        def ready() -> bool:
+            return sum(1 for w in self.debug().workers if w.state == "idle") >= n
+        wait_until(ready, timeout, f"{n} idle workers")
+
+    def wait_freed(self, oid: bytes, timeout: float = 10.0) -> None:
+        wait_until(lambda: oid not in self.objects(), timeout, f"object {oid.hex()} freed")
+
+    def wait_quiescent(self, timeout: float = 10.0) -> None:
+        """Every resource free again: no task of the last test still runs."""
+        total = orchestra.cluster_resources()
+        wait_until(lambda: orchestra.available_resources() == total, timeout,
+                   "all resources free (a task of the test still runs)")
+
+

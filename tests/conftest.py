@@ -1,0 +1,110 @@
+"""Fixtures: the shared cluster, and clusters of a test's own (probes: tests/_probes.py).
+
+orchestra holds one session per process. ``cluster`` hands out one shared cluster
+(started on first use, kept between tests: init costs ~0.3 s); ``start_cluster`` stops
+it and starts one with the test's own arguments, for tests that kill processes or need
+special init arguments; the next ``cluster`` user starts the shared one again. Every
+cluster is shut down in teardown.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import orchestra
+from _probes import Cluster
+
+SHARED_INIT: dict[str, Any] = {
+    "num_cpus": 2, "num_gpus": 2, "resources": {"widget": 1},
+    "object_store_memory": 512 << 20,
+}
+
+
+class _Shared:
+    cluster: Cluster | None = None
+    gates: list[Any] = []   # opened at teardown, so no gated task outlives its test
+
+
+def _open_gates() -> None:
+    gates, _Shared.gates = _Shared.gates, []
+    for g in gates:
+        g.open()
+
+
+def _stop_shared() -> None:
+    if _Shared.cluster is not None:
+        _Shared.cluster = None
+        orchestra.shutdown()
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    """The shared cluster: num_cpus=2, num_gpus=2 (ids only), resources widget=1."""
+    if _Shared.cluster is None:
+        if orchestra.is_initialized():  # a test's own cluster left running: never reuse it
+            orchestra.shutdown()
+        c = Cluster(orchestra.init(**SHARED_INIT))
+        _Shared.cluster = c
+        # The pool starts with init; waiting for it keeps tests that expect two tasks
+        # to run side by side from pipelining both onto the first worker.
+        c.wait_idle_workers(SHARED_INIT["num_cpus"])
+    c = _Shared.cluster
+    yield c
+    _open_gates()
+    try:
+        c.wait_quiescent()
+    except BaseException:
+        _stop_shared()  # the next test gets a fresh cluster, not this one's leftovers
+        raise
+
+
+@pytest.fixture
+def start_cluster() -> Iterator[Callable[..., Cluster]]:
+    """Start a cluster of the test's own: ``start_cluster(num_cpus=1, ...)``."""
+    _stop_shared()
+    started: list[Cluster] = []
+
+    def start(**init_args: Any) -> Cluster:
+        c = Cluster(orchestra.init(**init_args))
+        started.append(c)
+        num_workers = max(int(init_args.get("num_cpus") or os.cpu_count() or 1), 1)
+        c.wait_idle_workers(num_workers)
+        return c
+
+    yield start
+    _open_gates()
+    orchestra.shutdown()
+
+
+@pytest.fixture
+def gates(tmp_path: Any) -> Iterator[Callable[[str], Any]]:
+    """``gates("name")``: a Gate in the test's tmp_path, opened at teardown."""
+    from _helpers import Gate  # tests/integration is on sys.path once its tests are collected
+
+    def make(name: str = "gate") -> Any:
+        g = Gate(tmp_path, name)
+        _Shared.gates.append(g)
+        return g
+
+    yield make
+    _open_gates()
+
+
+@pytest.fixture
+def no_cluster() -> Iterator[None]:
+    """No session in this process."""
+    _stop_shared()
+    if orchestra.is_initialized():
+        orchestra.shutdown()
+    yield
+    orchestra.shutdown()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shutdown_at_end() -> Iterator[None]:
+    yield
+    _Shared.cluster = None
+    orchestra.shutdown()

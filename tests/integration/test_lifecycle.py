@@ -1,0 +1,256 @@
+"""Session lifecycle on a real local cluster: init, shutdown, what workers inherit from
+the driver, and what a dead driver leaves behind (nothing)."""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import _helpers as h
+import orchestra
+from _probes import SHM_DIR, pid_gone, wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+T = 30
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _segments_of(head_pid: int) -> list[str]:
+    return [n for n in os.listdir(SHM_DIR) if n.startswith(f"orch-{head_pid}-")]
+
+
+# ------------------------------------------------------------------ init / shutdown
+
+def test_init_returns_the_session_and_its_resources(no_cluster):
+    info = orchestra.init(num_cpus=1, num_gpus=1, resources={"widget": 2},
+                          object_store_memory=64 << 20)
+    assert orchestra.is_initialized()
+    assert os.path.isdir(info["session_dir"])
+    assert info["node_resources"] == {"CPU": 1.0, "GPU": 1.0, "widget": 2.0}
+    assert info["object_store_memory"] == 64 << 20
+
+
+def test_init_twice_raises_unless_told_to_ignore_it(start_cluster):
+    start_cluster(num_cpus=1)
+    with pytest.raises(RuntimeError, match="shutdown"):
+        orchestra.init(num_cpus=1)
+    info = orchestra.init(num_cpus=1, ignore_reinit_error=True)
+    assert os.path.isdir(info["session_dir"])
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    ({"num_cpus": 1.5}, TypeError),
+    ({"num_gpus": "2"}, TypeError),
+    ({"object_store_memory": 0}, ValueError),
+    ({"resources": {"CPU": 2}}, ValueError),
+])
+def test_init_rejects_bad_arguments(no_cluster, kwargs, error):
+    with pytest.raises(error):
+        orchestra.init(**kwargs)
+    assert not orchestra.is_initialized()
+
+
+def test_calls_before_init_raise_naming_init(no_cluster):
+    for call in (lambda: orchestra.put(1), lambda: h.identity.remote(1),
+                 orchestra.available_resources):
+        with pytest.raises(RuntimeError, match=r"orchestra\.init\(\)"):
+            call()
+
+
+def test_shutdown_without_init_and_twice_does_nothing(no_cluster):
+    orchestra.shutdown()
+    orchestra.init(num_cpus=1)
+    orchestra.shutdown()
+    orchestra.shutdown()
+    assert not orchestra.is_initialized()
+
+
+def test_init_inside_a_task_raises(cluster):
+    @orchestra.remote(max_retries=0)
+    def nested_init() -> None:
+        orchestra.init(num_cpus=1)
+
+    with pytest.raises(RuntimeError, match="inside a task"):
+        orchestra.get(nested_init.remote(), timeout=T)
+
+
+def test_shutdown_stops_every_process_and_removes_every_segment(start_cluster, gates):
+    c = start_cluster(num_cpus=2)
+    gate = gates()
+    running = h.gated.remote(gate)   # a worker busy in a task is stopped too
+    gate.wait_started()
+    kept = [orchestra.put(np.ones(1 << 20)) for _ in range(3)]
+    pids = [c.head_pid, *c.worker_pids()]
+    assert len(pids) == 3 and c.segments()
+    start = time.monotonic()
+    orchestra.shutdown()
+    wait_until(lambda: all(pid_gone(p) for p in pids) and not _segments_of(c.head_pid),
+               2.0 - (time.monotonic() - start), f"processes {pids} gone, segments removed")
+    assert not orchestra.is_initialized()
+    del running, kept
+
+
+def test_a_new_cluster_starts_after_shutdown(start_cluster):
+    start_cluster(num_cpus=1)
+    assert orchestra.get(h.add.remote(1, 1), timeout=T) == 2
+    orchestra.shutdown()
+    start_cluster(num_cpus=1)
+    assert orchestra.get(h.add.remote(2, 2), timeout=T) == 4
+
+
+def test_refs_of_a_finished_session_do_not_work_in_the_next(start_cluster):
+    start_cluster(num_cpus=1)
+    old = orchestra.put("old")
+    orchestra.shutdown()
+    start_cluster(num_cpus=1)
+    start = time.monotonic()
+    with pytest.raises(orchestra.exceptions.ObjectLostError, match="shut down"):
+        orchestra.get(old, timeout=5)
+    with pytest.raises(orchestra.exceptions.ObjectLostError):
+        orchestra.wait([old], timeout=5)
+    assert time.monotonic() - start < 1
+
+
+# ------------------------------------------------------------------ a dead driver
+
+_DRIVER = textwrap.dedent("""
+    import json, sys, time
+    import numpy as np
+    import orchestra
+    from orchestra import _session
+    info = orchestra.init(num_cpus=2)
+    ref = orchestra.put(np.ones(4 << 20))
+    deadline = time.monotonic() + 30
+    while sum(1 for w in _session.debug_info().workers if w.pid) < 2:
+        assert time.monotonic() < deadline, "workers did not start"
+        time.sleep(0.01)
+    with open(info["session_dir"] + "/head.pid") as f:
+        head = int(f.read())
+    workers = [w.pid for w in _session.debug_info().workers if w.pid]
+    print(json.dumps({"session_dir": info["session_dir"], "head": head,
+                      "workers": workers}), flush=True)
+    if sys.argv[1] == "block":
+        sys.stdin.read()   # until killed
+""")
+
+
+def _start_driver(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], dict]:
+    script = tmp_path / "driver.py"
+    script.write_text(_DRIVER)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, str(script), mode], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env)
+    ready, _, _ = select.select([proc.stdout], [], [], T)
+    if not ready:
+        proc.kill()
+        proc.wait()
+        pytest.fail("the driver did not report its session in time")
+    line = proc.stdout.readline()
+    assert line, f"the driver exited early with code {proc.wait()}"
+    return proc, json.loads(line)
+
+
+def _assert_nothing_left(info: dict, timeout: float) -> None:
+    pids = [info["head"], *info["workers"]]
+    assert len(pids) == 3
+    wait_until(lambda: all(pid_gone(p) for p in pids) and not _segments_of(info["head"]),
+               timeout, f"processes {pids} gone and their segments removed")
+
+
+def test_killing_the_driver_with_sigkill_leaves_no_process_and_no_segment(no_cluster, tmp_path):
+    proc, info = _start_driver(tmp_path, "block")
+    assert _segments_of(info["head"])
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(T)
+    _assert_nothing_left(info, 10.0)
+
+
+def test_a_driver_that_exits_without_shutdown_leaves_nothing(no_cluster, tmp_path):
+    proc, info = _start_driver(tmp_path, "exit")
+    assert proc.wait(T) == 0
+    _assert_nothing_left(info, 10.0)
+
+
+def test_a_stale_session_directory_is_swept_by_the_next_init(no_cluster, tmp_path):
+    proc, info = _start_driver(tmp_path, "block")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(T)
+    _assert_nothing_left(info, 10.0)
+    # The head may stay a zombie until PID 1 reaps it; the sweep needs it fully gone.
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{info['head']}"):
+        if time.monotonic() > deadline:
+            pytest.skip("PID 1 here does not reap orphaned processes")
+        time.sleep(0.01)
+    orchestra.init(num_cpus=1)
+    assert not os.path.exists(info["session_dir"])
+
+
+# ------------------------------------------------------------------ what workers inherit
+
+def test_workers_see_the_drivers_working_directory_and_sys_path(cluster):
+    env = orchestra.get(h.environment.remote(), timeout=T)
+    assert env["cwd"] == os.getcwd()
+    missing = [p for p in sys.path if p and os.path.isdir(p) and p not in env["sys_path"]]
+    assert missing == []
+
+
+_USERLIB = textwrap.dedent('''
+    import os
+    import sys
+
+    import orchestra
+
+    with open("data.txt") as f:   # relative: the worker must run in the driver's cwd
+        DATA = f.read()
+
+
+    class Point:
+        def __init__(self, x):
+            self.x = x
+
+
+    @orchestra.remote
+    def where():
+        return {"cwd": os.getcwd(), "data": DATA, "imported": __name__ in sys.modules,
+                "point": Point(3)}
+
+
+    @orchestra.remote(max_retries=0)
+    def fail():
+        raise ValueError("raised in userlib")
+''')
+
+
+def test_functions_defined_in_the_users_modules_import_in_workers(start_cluster, tmp_path,
+                                                                  monkeypatch):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "orchestra_userlib.py").write_text(_USERLIB)
+    (tmp_path / "data.txt").write_text("payload")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(lib))
+    monkeypatch.delitem(sys.modules, "orchestra_userlib", raising=False)
+    import orchestra_userlib as userlib
+    start_cluster(num_cpus=1)
+    got = orchestra.get(userlib.where.remote(), timeout=T)
+    assert got["cwd"] == str(tmp_path)
+    assert got["data"] == "payload"
+    assert got["imported"]   # the worker imported the module, not a copy of the function
+    assert isinstance(got["point"], userlib.Point) and got["point"].x == 3
+    with pytest.raises(ValueError) as info:
+        orchestra.get(userlib.fail.remote(), timeout=T)
+    tb = info.value.traceback_str
+    assert "orchestra_userlib.py" in tb and 'raise ValueError("raised in userlib")' in tb
+    monkeypatch.delitem(sys.modules, "orchestra_userlib")
+

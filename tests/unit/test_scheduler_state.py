@@ -1,0 +1,659 @@
+"""SchedulerState: every scheduling decision, driven directly (no processes, no sockets).
+
+Events go in as method calls; the decisions come out as instruction tuples in
+``state.out`` (SEND, PUSH, START_WORKER, KILL_WORKER, STOP_WORKER, FREE_SEGMENT), which
+these tests read the way orchestra/_head.py carries them out.
+"""
+from __future__ import annotations
+
+import itertools
+import pickle
+from typing import Any
+
+import pytest
+
+from orchestra import _pb as pb
+from orchestra import _wire
+from orchestra._proto import types_pb2
+from orchestra._scheduler import (
+    _TASK_TRANSITIONS,
+    FREE_SEGMENT,
+    KILL_WORKER,
+    PUSH,
+    SEND,
+    START_WORKER,
+    STOP_WORKER,
+    IllegalTransition,
+    SchedulerState,
+    Task,
+    TaskState,
+    WorkerState,
+)
+
+pytestmark = pytest.mark.timeout(10)
+
+DRIVER = 1
+NODE = 0
+_ids = itertools.count(1)
+
+
+def worker_conn(worker_id: int) -> int:
+    return 100 + worker_id
+
+
+def new_id() -> bytes:
+    return next(_ids).to_bytes(12, "big")
+
+
+def ref(oid: bytes) -> Any:
+    return types_pb2.Value(ref=oid)
+
+
+def inline(value: Any) -> Any:
+    return types_pb2.Value(inline=pickle.dumps(value))
+
+
+def make_call(name: str = "f", args: tuple[Any, ...] = (), *, cpus: float = 1.0,
+              resources: dict[str, float] | None = None, max_retries: int = 0,
+              num_returns: int = 1, nested: tuple[bytes, ...] = (),
+              retry_exceptions: bool = False) -> Any:
+    res = dict(resources or {})
+    if cpus:
+        res["CPU"] = cpus
+    return types_pb2.Call(task_id=new_id(), function_id=b"F" * 16, args=list(args),
+                          num_returns=num_returns, resources=res, max_retries=max_retries,
+                          name=name, nested=list(nested), retry_exceptions=retry_exceptions)
+
+
+def rid(call: Any, i: int = 0) -> bytes:
+    """Object id of return ``i`` of ``call``."""
+    return call.task_id + i.to_bytes(4, "big")
+
+
+def inline_data(oid: bytes, value: Any = "v", contained: tuple[bytes, ...] = ()) -> Any:
+    return pb.ObjectData(object_id=oid, inline=pickle.dumps(value), contained=list(contained))
+
+
+def segment_data(oid: bytes, name: str, contained: tuple[bytes, ...] = ()) -> Any:
+    return pb.ObjectData(object_id=oid, segment=pb.Segment(name=name, size=1 << 20, node_id=NODE),
+                         contained=list(contained))
+
+
+class Cluster:
+    """A SchedulerState with one node, a driver, and workers that connect on demand."""
+
+    def __init__(self, cpus: float = 2, *, gpus: float = 0, custom: dict[str, float] | None = None,
+                 workers: int | None = None, max_workers: int = 8, pipeline_depth: int = 2,
+                 connect: bool = True) -> None:
+        self.s = SchedulerState(pipeline_depth=pipeline_depth)
+        res = {"CPU": float(cpus), "GPU": float(gpus), **(custom or {})}
+        self.s.add_node(NODE, res, num_workers=int(cpus) if workers is None else workers,
+                        max_workers=max_workers)
+        self.s.client_connected(DRIVER, pb.Hello(kind="driver", pid=1))
+        self.pool = self.started()
+        if connect:
+            for wid in self.pool:
+                self.connect(wid)
+        self.take()
+
+    def started(self, out: list[Any] | None = None) -> list[int]:
+        out = self.s.out if out is None else out
+        return [ins[2] for ins in out if ins[0] == START_WORKER]
+
+    def connect(self, worker_id: int) -> None:
+        self.s.client_connected(worker_conn(worker_id),
+                                pb.Hello(kind="worker", pid=1000 + worker_id, workerid=worker_id))
+
+    def take(self) -> list[Any]:
+        out, self.s.out = self.s.out, []
+        return out
+
+    def submit(self, call: Any, conn: int = DRIVER) -> Any:
+        self.s.submit(conn, call)
+        return call
+
+    def done(self, worker_id: int, call: Any, value: Any = "v", **flags: Any) -> None:
+        returns = [inline_data(rid(call, i), value) for i in range(call.num_returns)]
+        if flags.get("cancelled"):
+            returns = []
+        self.s.task_done(worker_conn(worker_id), pb.TaskDone(task_id=call.task_id,
+                                                              returns=returns, **flags))
+
+    def worker(self, worker_id: int) -> Any:
+        return self.s.workers[worker_id]
+
+    def available(self) -> dict[str, float]:
+        return self.s.available_resources()
+
+
+def executes(out: list[Any]) -> list[tuple[int, Any]]:
+    """(worker id, InvokeCallRequest) of every Execute sent."""
+    return [(ins[1] - 100, ins[3].invoke) for ins in out if ins[0] == SEND and ins[2] == _wire.EXECUTE]
+
+
+def executed(out: list[Any]) -> list[tuple[int, bytes]]:
+    return [(w, inv.call.task_id) for w, inv in executes(out)]
+
+
+def pushes(out: list[Any], conn: int = DRIVER) -> dict[bytes, Any]:
+    return {ins[2].object_id: ins[2] for ins in out if ins[0] == PUSH and ins[1] == conn}
+
+
+def error_of(out: list[Any], oid: bytes) -> bytes:
+    data = pushes(out)[oid]
+    assert data.WhichOneof("data") == "error"
+    return data.error
+
+
+def freed_segments(out: list[Any]) -> list[str]:
+    return [ins[2] for ins in out if ins[0] == FREE_SEGMENT]
+
+
+# ------------------------------------------------------------------ dependencies
+
+def test_a_task_with_a_pending_argument_waits_then_runs_with_its_value():
+    c = Cluster(cpus=2)
+    producer = c.submit(make_call("producer"))
+    consumer = c.submit(make_call("consumer", (ref(rid(producer)),)))
+    out = c.take()
+    assert executed(out) == [(1, producer.task_id)]
+    assert c.s.tasks[consumer.task_id].state is TaskState.WAITING
+    c.done(1, producer, "value")
+    out = c.take()
+    [(wid, inv)] = executes(out)
+    assert inv.call.task_id == consumer.task_id
+    assert [pickle.loads(d.inline) for d in inv.resolved] == ["value"]
+    assert rid(producer) in pushes(out)   # the owner gets the result too
+
+
+def test_a_task_whose_arguments_exist_runs_at_once():
+    c = Cluster(cpus=1)
+    oid = new_id() + bytes(4)
+    c.s.put(DRIVER, inline_data(oid, 5))
+    call = c.submit(make_call("f", (ref(oid), inline(1))))
+    [(_, inv)] = executes(c.take())
+    assert inv.call.task_id == call.task_id and len(inv.resolved) == 1
+
+
+def test_a_task_waits_for_every_argument():
+    c = Cluster(cpus=3)
+    a, b = c.submit(make_call("a")), c.submit(make_call("b"))
+    consumer = c.submit(make_call("c", (ref(rid(a)), ref(rid(b)))))
+    c.take()
+    c.done(1, a)
+    assert consumer.task_id not in {t for _, t in executed(c.take())}
+    c.done(2, b)
+    assert consumer.task_id in {t for _, t in executed(c.take())}
+
+
+def test_an_argument_that_failed_fails_the_task_without_running_it():
+    c = Cluster(cpus=1)
+    failing = c.submit(make_call("failing"))
+    later = c.submit(make_call("later", (ref(rid(failing)),)))
+    c.take()
+    error = pb.ObjectData(object_id=rid(failing), error=b"boom")
+    c.s.task_done(worker_conn(1), pb.TaskDone(task_id=failing.task_id, returns=[error],
+                                              user_error=True))
+    out = c.take()
+    assert executed(out) == []
+    assert error_of(out, rid(later)) == b"boom"
+    # Submitted after the failure: fails at submit.
+    after = c.submit(make_call("after", (ref(rid(failing)),)))
+    out = c.take()
+    assert executed(out) == [] and error_of(out, rid(after)) == b"boom"
+
+
+def test_a_ref_to_an_unknown_object_fails_the_task_as_lost():
+    c = Cluster(cpus=1)
+    call = c.submit(make_call("f", (ref(b"?" * 16),)))
+    out = c.take()
+    assert executed(out) == [] and b"lost" in error_of(out, rid(call))
+
+
+# ------------------------------------------------------------------ resources
+
+def test_cpus_gate_concurrency():
+    c = Cluster(cpus=2, pipeline_depth=1)
+    calls = [c.submit(make_call(f"t{i}")) for i in range(4)]
+    out = c.take()
+    assert executed(out) == [(1, calls[0].task_id), (2, calls[1].task_id)]
+    assert c.started(out) == []   # no free CPU: no worker started for the rest
+    assert c.available()["CPU"] == 0
+    c.done(1, calls[0])
+    assert executed(c.take()) == [(1, calls[2].task_id)]
+
+
+def test_a_task_needing_every_cpu_runs_alone():
+    c = Cluster(cpus=2)
+    small = c.submit(make_call("small"))
+    big = c.submit(make_call("big", cpus=2))
+    assert executed(c.take()) == [(1, small.task_id)]
+    c.done(1, small)
+    assert executed(c.take()) == [(1, big.task_id)]
+    assert c.available()["CPU"] == 0
+
+
+def test_a_custom_resource_gates_concurrency():
+    c = Cluster(cpus=4, custom={"widget": 1}, pipeline_depth=1)
+    a = c.submit(make_call("a", resources={"widget": 1}))
+    b = c.submit(make_call("b", resources={"widget": 1}))
+    assert executed(c.take()) == [(1, a.task_id)]
+    assert c.available() == {"CPU": 3.0, "widget": 0.0}
+    c.done(1, a)
+    assert executed(c.take()) == [(1, b.task_id)]
+
+
+def test_gpu_ids_are_handed_to_each_task():
+    c = Cluster(cpus=2, gpus=2)
+    a = c.submit(make_call("a", resources={"GPU": 1}))
+    b = c.submit(make_call("b", resources={"GPU": 1}))
+    both = c.submit(make_call("both", resources={"GPU": 2}))
+    out = executes(c.take())
+    assert [(inv.call.task_id, list(inv.gpu_ids)) for _, inv in out] == [
+        (a.task_id, [0]), (b.task_id, [1])]
+    assert c.available()["GPU"] == 0
+    c.done(1, a)
+    c.done(2, b)
+    [(_, inv)] = executes(c.take())
+    assert inv.call.task_id == both.task_id and list(inv.gpu_ids) == [0, 1]
+
+
+def test_a_non_gpu_task_gets_no_gpu_ids():
+    c = Cluster(cpus=1, gpus=2)
+    c.submit(make_call("cpu only"))
+    [(_, inv)] = executes(c.take())
+    assert list(inv.gpu_ids) == []
+
+
+def test_available_resources_never_show_a_negative_amount():
+    c = Cluster(cpus=1, max_workers=4)
+    outer = c.submit(make_call("outer"))
+    c.take()
+    c.s.blocked(worker_conn(1), True)          # lends its CPU ...
+    inner = c.submit(make_call("inner"))
+    [new] = c.started(c.take())
+    c.connect(new)
+    assert executed(c.take()) == [(new, inner.task_id)]
+    c.s.blocked(worker_conn(1), False)         # ... takes it back while inner runs
+    assert c.available()["CPU"] == 0.0
+    assert outer.task_id in c.s.tasks
+
+
+def test_an_infeasible_request_fails_at_once():
+    c = Cluster(cpus=2)
+    call = c.submit(make_call("f", resources={"GPU": 1}))
+    out = c.take()
+    assert executed(out) == [] and c.started(out) == []
+    assert b"infeasible" in error_of(out, rid(call))
+    assert call.task_id not in c.s.tasks
+
+
+# ------------------------------------------------------------------ pipelining
+
+def test_ready_tasks_are_pipelined_to_a_lease_of_the_same_shape():
+    c = Cluster(cpus=1, pipeline_depth=2)
+    calls = [c.submit(make_call(f"t{i}")) for i in range(3)]
+    other_shape = c.submit(make_call("half", cpus=0.5))
+    out = c.take()
+    # The first runs, the second waits in the worker's own queue, the rest in the scheduler.
+    assert executed(out) == [(1, calls[0].task_id), (1, calls[1].task_id)]
+    assert c.s.tasks[calls[2].task_id].state is TaskState.READY
+    assert c.s.tasks[other_shape.task_id].state is TaskState.READY
+    c.done(1, calls[0])
+    assert executed(c.take()) == [(1, calls[2].task_id)]
+
+
+def test_a_task_is_not_pipelined_while_a_cpu_is_free():
+    # The second worker is still starting: the task waits for it rather than queueing
+    # behind a task that may run for a long time.
+    c = Cluster(cpus=2, connect=False)
+    first, second = c.pool
+    c.connect(first)
+    c.take()
+    a = c.submit(make_call("long"))
+    b = c.submit(make_call("short"))
+    assert executed(c.take()) == [(first, a.task_id)]
+    c.connect(second)
+    assert executed(c.take()) == [(second, b.task_id)]
+
+
+# ------------------------------------------------------------------ blocked workers
+
+@pytest.mark.parametrize("order", ["blocked-then-returned", "returned-then-blocked"])
+def test_a_blocked_worker_lends_its_cpu_and_its_queued_tasks_run_elsewhere(order):
+    c = Cluster(cpus=1, max_workers=4)
+    outer = c.submit(make_call("outer"))
+    queued = c.submit(make_call("queued"))
+    assert executed(c.take()) == [(1, outer.task_id), (1, queued.task_id)]
+    conn = worker_conn(1)
+    if order == "blocked-then-returned":
+        c.s.blocked(conn, True)
+        c.s.return_tasks(conn, [queued.task_id])
+    else:
+        c.s.return_tasks(conn, [queued.task_id])
+        bounced = [t for w, t in executed(c.s.out) if w == 1]
+        c.s.blocked(conn, True)
+        c.s.return_tasks(conn, bounced)    # a blocked worker returns what reaches it
+    assert c.worker(1).state is WorkerState.BLOCKED
+    assert c.available()["CPU"] == 1.0
+    out = c.take()
+    [new] = c.started(out)
+    c.connect(new)
+    assert executed(c.take()) == [(new, queued.task_id)]
+    assert c.s.tasks[queued.task_id].attempt == 1   # returned unstarted: not an attempt
+    c.done(new, queued)
+    c.s.blocked(conn, False)
+    c.done(1, outer)
+    assert c.available()["CPU"] == 1.0
+    # The extra worker was only lent: one of the two idle workers is stopped.
+    stopped = [ins[1] for ins in c.take() if ins[0] == STOP_WORKER]
+    assert len(stopped) == 1 and len(c.s.workers) == 1
+
+
+def test_nested_blocking_grows_the_pool_until_max_workers():
+    c = Cluster(cpus=1, max_workers=3)
+    chain = [c.submit(make_call("level0"))]
+    running = {1}
+    for level in range(1, 4):
+        conn = worker_conn(max(running))
+        c.s.blocked(conn, True)
+        chain.append(c.submit(make_call(f"level{level}")))
+        new = c.started(c.take())
+        if len(c.s.workers) > 3 or not new:
+            break
+        c.connect(new[0])
+        running.add(new[0])
+        c.take()
+    assert len(c.s.workers) == 3       # max_workers bounds the growth
+    assert c.s.tasks[chain[-1].task_id].state is TaskState.READY
+
+
+# ------------------------------------------------------------------ worker death
+
+def test_worker_death_retries_the_running_task_then_fails_it():
+    c = Cluster(cpus=2)
+    call = c.submit(make_call("flaky", max_retries=1))
+    assert executed(c.take()) == [(1, call.task_id)]
+    c.s.worker_died(1, "signal SIGKILL")
+    out = c.take()
+    assert executed(out) == [(2, call.task_id)]     # retried on the idle worker
+    assert len(c.started(out)) == 1                  # the dead one is replaced
+    c.s.worker_died(2, "exit code 3")
+    out = c.take()
+    error = error_of(out, rid(call))
+    assert b"crashed" in error and b"exit code 3" in error
+    assert call.task_id not in c.s.tasks
+
+
+def test_unlimited_retries_keep_retrying():
+    c = Cluster(cpus=1)
+    call = c.submit(make_call("flaky", max_retries=-1))
+    wid = 1
+    for _ in range(5):
+        assert executed(c.take()) == [(wid, call.task_id)]
+        c.s.worker_died(wid, "signal SIGSEGV")
+        [wid] = c.started(c.s.out)
+        c.connect(wid)
+    assert c.s.tasks[call.task_id].state is TaskState.DISPATCHED
+
+
+def test_tasks_queued_on_a_dead_worker_run_again_without_spending_a_retry():
+    c = Cluster(cpus=1)
+    running = c.submit(make_call("running"))
+    queued = c.submit(make_call("queued"))
+    c.take()
+    c.s.worker_died(1, "signal SIGKILL")
+    out = c.take()
+    assert b"crashed" in error_of(out, rid(running))
+    [new] = c.started(out)
+    c.connect(new)
+    assert executed(c.take()) == [(new, queued.task_id)]
+
+
+def test_a_worker_that_disconnects_is_treated_as_dead():
+    c = Cluster(cpus=1)
+    call = c.submit(make_call("f"))
+    c.take()
+    c.s.client_disconnected(worker_conn(1), "exit code 1")
+    assert b"exit code 1" in error_of(c.take(), rid(call))
+
+
+def test_retry_exceptions_reruns_a_task_that_raised():
+    c = Cluster(cpus=1)
+    call = c.submit(make_call("f", max_retries=1, retry_exceptions=True))
+    c.take()
+    error = pb.ObjectData(object_id=rid(call), error=b"raised")
+    c.s.task_done(worker_conn(1), pb.TaskDone(task_id=call.task_id, returns=[error],
+                                              user_error=True))
+    assert executed(c.take()) == [(1, call.task_id)]
+    c.s.task_done(worker_conn(1), pb.TaskDone(task_id=call.task_id, returns=[error],
+                                              user_error=True))
+    assert error_of(c.take(), rid(call)) == b"raised"
+
+
+# ------------------------------------------------------------------ cancel
+
+def test_cancel_a_task_waiting_for_its_arguments():
+    c = Cluster(cpus=2)
+    producer = c.submit(make_call("producer"))
+    waiting = c.submit(make_call("waiting", (ref(rid(producer)),)))
+    c.take()
+    c.s.cancel(rid(waiting), force=False)
+    assert b"cancelled" in error_of(c.take(), rid(waiting))
+    assert c.s.objects[rid(producer)].waiting_tasks == []
+    c.done(1, producer)
+    assert executed(c.take()) == []
+
+
+def test_cancel_a_task_in_the_ready_queue():
+    c = Cluster(cpus=1, pipeline_depth=1)
+    c.submit(make_call("running"))
+    ready = c.submit(make_call("ready"))
+    c.take()
+    c.s.cancel(rid(ready), force=True)   # not running: nothing to kill
+    out = c.take()
+    assert b"cancelled" in error_of(out, rid(ready))
+    assert not any(ins[0] == KILL_WORKER for ins in out)
+    assert not any(c.s.ready.values())
+
+
+def test_cancel_a_running_task_asks_its_worker():
+    c = Cluster(cpus=1)
+    call = c.submit(make_call("running"))
+    c.take()
+    c.s.cancel(rid(call), force=False)
+    [ins] = c.take()
+    assert ins[:3] == (SEND, worker_conn(1), _wire.CANCEL_TASK)
+    assert ins[3].task_id == call.task_id
+    c.done(1, call, cancelled=True)
+    assert b"cancelled" in error_of(c.take(), rid(call))
+    assert c.worker(1).state is WorkerState.IDLE
+
+
+def test_cancel_with_force_kills_the_worker_and_does_not_retry():
+    c = Cluster(cpus=1)
+    call = c.submit(make_call("running", max_retries=3))
+    c.take()
+    c.s.cancel(rid(call), force=True)
+    assert c.take() == [(KILL_WORKER, 1, "cancelled with force=True")]
+    c.s.worker_died(1, "cancelled with force=True")
+    out = c.take()
+    assert b"cancelled" in error_of(out, rid(call))
+    assert executed(out) == []
+
+
+def test_cancel_with_force_of_a_pipelined_task_does_not_kill_the_worker():
+    c = Cluster(cpus=1)
+    c.submit(make_call("running"))
+    pipelined = c.submit(make_call("pipelined"))
+    c.take()
+    c.s.cancel(rid(pipelined), force=True)
+    [ins] = c.take()
+    assert ins[:3] == (SEND, worker_conn(1), _wire.CANCEL_TASK)
+
+
+def test_cancelling_a_finished_task_does_nothing():
+    c = Cluster(cpus=1)
+    call = c.submit(make_call("f"))
+    c.take()
+    c.done(1, call, "result")
+    c.take()
+    c.s.cancel(rid(call), force=True)
+    assert c.take() == []
+    assert pickle.loads(c.s.objects[rid(call)].data.inline) == "result"
+
+
+def test_a_result_that_arrives_after_a_cancel_is_kept():
+    c = Cluster(cpus=1)
+    call = c.submit(make_call("f"))
+    c.take()
+    c.s.cancel(rid(call), force=False)
+    c.done(1, call, "finished first")      # the task ended before the cancel reached it
+    assert pickle.loads(pushes(c.take())[rid(call)].inline) == "finished first"
+
+
+# ------------------------------------------------------------------ reference counts
+
+def test_increments_apply_before_decrements_in_one_batch():
+    c = Cluster(cpus=1)
+    oid = new_id() + bytes(4)
+    c.s.put(DRIVER, segment_data(oid, "seg-a"))
+    c.s.ref_delta(DRIVER, incr=[oid], decr=[oid])
+    assert oid in c.s.objects and freed_segments(c.take()) == []
+    c.s.ref_delta(DRIVER, incr=[], decr=[oid])
+    assert oid not in c.s.objects and freed_segments(c.take()) == ["seg-a"]
+
+
+def test_freeing_a_segment_object_frees_its_segment():
+    c = Cluster(cpus=1)
+    oid = new_id() + bytes(4)
+    c.s.put(DRIVER, segment_data(oid, "seg-b"))
+    c.take()
+    c.s.ref_delta(DRIVER, incr=[], decr=[oid])
+    assert c.take() == [(FREE_SEGMENT, NODE, "seg-b")]
+    assert oid not in c.s.objects
+
+
+def test_freeing_an_inline_object_frees_no_segment():
+    c = Cluster(cpus=1)
+    oid = new_id() + bytes(4)
+    c.s.put(DRIVER, inline_data(oid))
+    c.s.ref_delta(DRIVER, incr=[], decr=[oid])
+    assert oid not in c.s.objects and freed_segments(c.take()) == []
+
+
+def test_a_decrement_the_client_does_not_hold_is_ignored():
+    c = Cluster(cpus=1)
+    oid = new_id() + bytes(4)
+    c.s.put(DRIVER, inline_data(oid))
+    c.s.ref_delta(worker_conn(1), incr=[], decr=[oid])   # a worker that never held it
+    assert oid in c.s.objects
+
+
+def test_refs_contained_in_an_object_keep_the_inner_objects_alive():
+    c = Cluster(cpus=1)
+    inner, outer = new_id() + bytes(4), new_id() + bytes(4)
+    c.s.put(DRIVER, segment_data(inner, "seg-inner"))
+    c.s.put(DRIVER, inline_data(outer, contained=(inner,)))
+    c.s.ref_delta(DRIVER, incr=[], decr=[inner])
+    assert inner in c.s.objects and freed_segments(c.take()) == []
+    c.s.ref_delta(DRIVER, incr=[], decr=[outer])
+    assert outer not in c.s.objects and inner not in c.s.objects
+    assert freed_segments(c.take()) == ["seg-inner"]
+
+
+def test_a_queued_task_keeps_its_arguments_alive():
+    c = Cluster(cpus=1, pipeline_depth=1)
+    blocker = c.submit(make_call("blocker"))
+    arg, nested = new_id() + bytes(4), new_id() + bytes(4)
+    c.s.put(DRIVER, segment_data(arg, "seg-arg"))
+    c.s.put(DRIVER, segment_data(nested, "seg-nested"))
+    queued = c.submit(make_call("queued", (ref(arg), inline([1])), nested=(nested,)))
+    c.take()
+    c.s.ref_delta(DRIVER, incr=[], decr=[arg, nested])
+    assert arg in c.s.objects and nested in c.s.objects
+    c.done(1, blocker)
+    assert executed(c.take()) == [(1, queued.task_id)]
+    c.done(1, queued)
+    assert sorted(freed_segments(c.take())) == ["seg-arg", "seg-nested"]
+
+
+def test_a_result_nobody_holds_is_freed_when_it_is_sealed():
+    c = Cluster(cpus=1)
+    call = c.submit(make_call("f"))
+    c.take()
+    c.s.ref_delta(DRIVER, incr=[], decr=[rid(call)])
+    assert rid(call) in c.s.objects          # pending: freed at seal
+    c.s.task_done(worker_conn(1), pb.TaskDone(task_id=call.task_id,
+                                              returns=[segment_data(rid(call), "seg-r")]))
+    out = c.take()
+    assert rid(call) not in c.s.objects
+    assert freed_segments(out) == ["seg-r"] and rid(call) not in pushes(out)
+
+
+def test_a_disconnected_client_drops_every_ref_it_held():
+    c = Cluster(cpus=1)
+    other = 7
+    c.s.client_connected(other, pb.Hello(kind="driver", pid=2))
+    oid = new_id() + bytes(4)
+    c.s.put(other, segment_data(oid, "seg-other"))
+    c.s.ref_delta(DRIVER, incr=[oid], decr=[])
+    c.s.client_disconnected(other)
+    assert oid in c.s.objects
+    c.s.ref_delta(DRIVER, incr=[], decr=[oid])
+    assert freed_segments(c.take()) == ["seg-other"]
+
+
+# ------------------------------------------------------------------ subscribe
+
+def test_subscribing_to_an_unknown_object_gets_a_lost_error():
+    c = Cluster(cpus=1)
+    c.s.subscribe(DRIVER, [b"?" * 16])
+    assert b"lost" in error_of(c.take(), b"?" * 16)
+
+
+def test_a_subscriber_gets_the_object_when_it_is_sealed():
+    c = Cluster(cpus=1)
+    other = 7
+    c.s.client_connected(other, pb.Hello(kind="driver", pid=2))
+    call = c.submit(make_call("f"))
+    c.take()
+    c.s.subscribe(other, [rid(call)])
+    assert pushes(c.take(), other) == {}
+    c.done(1, call)
+    assert rid(call) in pushes(c.take(), other)
+
+
+# ------------------------------------------------------------------ task states
+
+ALL_STATES = list(TaskState)
+
+
+@pytest.mark.parametrize("old, new", [
+    (a, b) for a in ALL_STATES for b in ALL_STATES if b not in _TASK_TRANSITIONS[a]
+], ids=lambda s: s.value)
+def test_an_illegal_task_transition_raises(old, new):
+    t = Task(make_call("f"), DRIVER)
+    t.state = old
+    with pytest.raises(IllegalTransition, match=f"{old.value} -> {new.value}"):
+        t.move(new)
+
+
+@pytest.mark.parametrize("old, new", [
+    (a, b) for a in ALL_STATES for b in _TASK_TRANSITIONS[a]
+], ids=lambda s: s.value)
+def test_a_legal_task_transition_moves(old, new):
+    t = Task(make_call("f"), DRIVER)
+    t.state = old
+    t.move(new)
+    assert t.state is new
+
+
+def test_a_finished_task_cannot_run_again():
+    c = Cluster(cpus=1)
+    call = c.submit(make_call("f"))
+    t = c.s.tasks[call.task_id]
+    c.done(1, call)
+    assert t.state is TaskState.DONE
+    with pytest.raises(IllegalTransition):
+        t.move(TaskState.READY)

@@ -1,0 +1,381 @@
+"""Serialization: values to bytes and back, out-of-band buffers, refs collected while
+pickling, and TaskError (no processes, no sockets)."""
+from __future__ import annotations
+
+import importlib
+import mmap
+import pickle
+import sys
+import threading
+import traceback
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from orchestra import _context
+from orchestra._object_ref import ObjectRef
+from orchestra._serialization import Serialized, deserialize, dumps_exception, dumps_function, serialize
+from orchestra.exceptions import InfeasibleResourcesError, ObjectStoreFullError, OrchestraError, TaskError
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def round_trip(value: Any) -> Any:
+    return deserialize(serialize(value).to_bytes())
+
+
+def read_only_copy(ser: Serialized) -> memoryview:
+    """The layout in a read-only shared map, as a reader of a segment sees it."""
+    mm = mmap.mmap(-1, max(ser.size, 1))
+    ser.write_into(memoryview(mm))
+    ro = mmap.mmap(-1, max(ser.size, 1))
+    ro.write(mm[:])
+    return memoryview(ro).toreadonly()
+
+
+class Point:
+    def __init__(self, x: int, y: int) -> None:
+        self.x, self.y = x, y
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Point) and (self.x, self.y) == (other.x, other.y)
+
+
+# ------------------------------------------------------------------ round trips
+
+@pytest.mark.parametrize("value", [
+    None, True, 0, -1, 2**100, 1.5, float("inf"), "", "text", "ünïcode", b"", b"\x00" * 10,
+    [], [1, 2], (1,), {"a": [1, {"b": (2, 3)}]}, {1, 2}, frozenset({3}), complex(1, -1),
+    list(range(1000)), {"deep": [[[[[1]]]]]}, Point(1, 2), bytearray(b"abc"),
+], ids=repr)
+def test_plain_values_round_trip(value):
+    got = round_trip(value)
+    assert got == value and type(got) is type(value)
+
+
+def test_a_function_round_trips():
+    offset = 10
+    fn = round_trip(lambda x: x + offset)
+    assert fn(1) == 11
+
+
+def test_plain_values_carry_no_buffers_and_no_refs():
+    ser = serialize({"k": [1, 2, "x"]})
+    assert ser.buffers == [] and ser.contained == []
+    assert ser.size == len(ser.to_bytes())
+
+
+def test_a_numpy_array_travels_out_of_band():
+    arr = np.arange(100_000, dtype=np.float64)
+    ser = serialize(arr)
+    assert len(ser.buffers) == 1 and ser.buffers[0].nbytes == arr.nbytes
+    assert len(ser.pickled) < 1000            # the data is not in the pickle stream
+    assert ser.size >= arr.nbytes
+    got = deserialize(ser.to_bytes())
+    np.testing.assert_array_equal(got, arr)
+
+
+def test_a_numpy_array_read_from_shared_memory_is_a_read_only_view():
+    arr = np.arange(100_000, dtype=np.int32).reshape(100, 1000)
+    view = read_only_copy(serialize(arr))
+    got = deserialize(view)
+    np.testing.assert_array_equal(got, arr)
+    assert not got.flags.writeable
+    base = got
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    assert isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
+
+
+def test_out_of_band_buffers_are_64_byte_aligned():
+    ser = serialize([np.ones(7, dtype=np.uint8), np.ones(1000, dtype=np.float64)])
+    view = read_only_copy(ser)
+    a, b = deserialize(view)
+    for arr in (a, b):
+        assert arr.__array_interface__["data"][0] % 64 == 0
+
+
+def test_a_non_contiguous_array_round_trips():
+    arr = np.arange(10_000).reshape(100, 100)[:, ::3]
+    np.testing.assert_array_equal(round_trip(arr), arr)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8", "complex128", "bool", "datetime64[ns]"])
+def test_numpy_dtypes_round_trip(dtype):
+    arr = np.zeros(1000, dtype=dtype)
+    got = round_trip(arr)
+    assert got.dtype == arr.dtype
+    np.testing.assert_array_equal(got, arr)
+
+
+def test_a_pandas_dataframe_round_trips_with_its_columns_out_of_band():
+    df = pd.DataFrame({"i": np.arange(50_000), "f": np.linspace(0, 1, 50_000),
+                       "s": ["a", "b"] * 25_000,
+                       "c": pd.Categorical(["x", "y"] * 25_000)},
+                      index=pd.RangeIndex(50_000, name="row"))
+    ser = serialize(df)
+    assert sum(b.nbytes for b in ser.buffers) >= df["i"].to_numpy().nbytes
+    got = deserialize(read_only_copy(ser))
+    pd.testing.assert_frame_equal(got, df)
+
+
+def test_a_pyarrow_table_round_trips_with_its_buffers_out_of_band():
+    table = pa.table({"n": pa.array(np.arange(100_000)), "s": pa.array(["x"] * 100_000),
+                      "l": pa.array([[1, 2]] * 100_000)})
+    ser = serialize(table)
+    assert sum(b.nbytes for b in ser.buffers) >= 100_000 * 8
+    view = read_only_copy(ser)
+    got = deserialize(view)
+    assert got.equals(table)
+    data = got.column("n").chunk(0).buffers()[1]
+    start = np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0]
+    assert start <= data.address < start + len(view)   # a view of the map, not a copy
+
+
+# ------------------------------------------------------------------ refs inside values
+
+class FakeClient:
+    """Stands in for CoreClient: counts refs the way ObjectRef asks it to."""
+
+    def __init__(self) -> None:
+        self.counts: dict[bytes, int] = {}
+
+    def add_ref(self, oid: bytes, counted: bool) -> None:
+        self.counts[oid] = self.counts.get(oid, 0) + 1
+
+    def remove_ref(self, oid: bytes) -> None:
+        self.counts[oid] -= 1
+
+
+@pytest.fixture
+def client(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
+    fake = FakeClient()
+    monkeypatch.setattr(_context, "_client", fake)
+    return fake
+
+
+def test_refs_pickled_inside_a_value_are_collected(client):
+    a, b, c = (ObjectRef(bytes([i]) * 16, client) for i in (1, 2, 3))
+    ser = serialize({"list": [a, (b,)], "obj": Point(c, 0)})
+    assert ser.contained == [a.binary(), b.binary(), c.binary()]
+
+
+def test_a_value_without_refs_collects_none(client):
+    assert serialize(Point(1, 2)).contained == []
+
+
+def test_collection_of_nested_serializations_stays_apart(client):
+    inner_ref, outer_ref = ObjectRef(b"i" * 16, client), ObjectRef(b"o" * 16, client)
+    seen: list[list[bytes]] = []
+
+    class SerializesOnPickle:
+        def __reduce__(self):
+            seen.append(serialize([inner_ref]).contained)
+            return (list, ())
+
+    ser = serialize([outer_ref, SerializesOnPickle()])
+    assert seen == [[inner_ref.binary()]]
+    assert ser.contained == [outer_ref.binary()]
+
+
+def test_refs_come_back_as_refs_counted_in_this_process(client):
+    ref = ObjectRef(b"r" * 16, client)
+    data = serialize([ref]).to_bytes()
+    [got] = deserialize(data)
+    assert isinstance(got, ObjectRef) and got == ref
+    assert client.counts[ref.binary()] == 2
+
+
+def test_collection_is_per_thread(client):
+    results: dict[str, list[bytes]] = {}
+    barrier = threading.Barrier(2)
+
+    class Slow:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __reduce__(self):
+            barrier.wait(5)
+            return (str, (self.name,))
+
+    def work(name: str) -> None:
+        ref = ObjectRef(name.encode() * 16, client)
+        results[name] = serialize([ref, Slow(name)]).contained
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert results == {"a": [b"a" * 16], "b": [b"b" * 16]}
+
+
+# ------------------------------------------------------------------ what cannot be pickled
+
+@pytest.mark.parametrize("value, named", [
+    (threading.Lock(), "lock"),
+    ([1, threading.Lock()], "list"),
+    ({"gen": (i for i in range(3))}, "dict"),
+])
+def test_an_unpicklable_value_raises_type_error_naming_it(value, named):
+    with pytest.raises(TypeError, match=named) as info:
+        serialize(value)
+    assert "cloudpickle" in str(info.value)           # the cause
+    assert "inside the task" in str(info.value)       # the remedy
+
+
+def test_the_type_error_for_a_huge_value_is_short():
+    with pytest.raises(TypeError) as info:
+        serialize([threading.Lock()] + list(range(100_000)))
+    assert len(str(info.value)) < 1000
+
+
+def test_an_unpicklable_function_raises_type_error_naming_it():
+    lock = threading.Lock()
+
+    def uses_lock() -> None:
+        with lock:
+            pass
+
+    with pytest.raises(TypeError, match="uses_lock"):
+        dumps_function(uses_lock)
+
+
+def test_a_function_of_an_importable_module_is_pickled_by_name():
+    blob = dumps_function(traceback.format_exc)
+    assert len(blob) < 500
+    assert pickle.loads(blob) is traceback.format_exc
+
+
+_USER_MODULE = """
+import orchestra
+
+@orchestra.remote
+def triple(x):
+    return 3 * x
+"""
+_USER_MODULE_NAME = "orchestra_unit_usermod"
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A user's module on sys.path holding a @remote function."""
+    (tmp_path / f"{_USER_MODULE_NAME}.py").write_text(_USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, _USER_MODULE_NAME, raising=False)
+    module = importlib.import_module(_USER_MODULE_NAME)
+    yield module
+    sys.modules.pop(_USER_MODULE_NAME, None)
+
+
+def test_a_remote_function_of_a_module_is_pickled_by_name(user_module):
+    fn = user_module.triple._fn
+    assert pickle.loads(dumps_function(fn)) is fn   # the module's own: file, lines, globals
+
+
+def test_a_function_whose_module_cannot_be_imported_loads_by_value(user_module, monkeypatch,
+                                                                   tmp_path):
+    blob = dumps_function(user_module.triple._fn)
+    monkeypatch.delitem(sys.modules, _USER_MODULE_NAME)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])
+    loaded = pickle.loads(blob)
+    assert loaded(2) == 6 and _USER_MODULE_NAME not in sys.modules
+
+
+# ------------------------------------------------------------------ TaskError
+
+def _raised(exc: BaseException) -> tuple[BaseException, str]:
+    try:
+        raise exc
+    except BaseException as caught:  # noqa: BLE001 - the test wants every kind
+        return caught, traceback.format_exc()
+
+
+class TwoArgError(Exception):
+    def __init__(self, code: int, detail: str) -> None:
+        super().__init__(code, detail)
+        self.code = code
+
+
+@pytest.mark.parametrize("exc", [
+    ValueError("bad value"), KeyError("missing"), ZeroDivisionError("zero"),
+    FileNotFoundError(2, "no such file"), MemoryError("oom"), TwoArgError(7, "detail"),
+    ObjectStoreFullError("store full"), InfeasibleResourcesError("too much"),
+], ids=lambda e: type(e).__name__)
+def test_task_error_wrap_is_an_instance_of_the_original_class(exc):
+    cause, tb = _raised(exc)
+    err = TaskError.wrap("mod.fn", tb, cause, 4121)
+    assert isinstance(err, TaskError) and isinstance(err, type(exc))
+    assert err.cause is cause and err.pid == 4121 and err.function_name == "mod.fn"
+    assert str(exc) in str(err) and tb in str(err)
+    assert "mod.fn" in str(err) and "pid=4121" in str(err)
+
+
+def test_task_error_wrap_can_be_caught_as_the_original_class():
+    cause, tb = _raised(ValueError("caught by type"))
+    with pytest.raises(ValueError, match="caught by type"):
+        raise TaskError.wrap("fn", tb, cause, 1)
+
+
+@pytest.mark.parametrize("exc", [
+    ValueError("bad value"), TwoArgError(7, "detail"), MemoryError("oom"),
+    FileNotFoundError(2, "no such file"),
+], ids=lambda e: type(e).__name__)
+def test_task_error_pickles_and_keeps_class_message_and_traceback(exc):
+    cause, tb = _raised(exc)
+    err = TaskError.wrap("mod.fn", tb, cause, 4121)
+    back = pickle.loads(dumps_exception(err))
+    assert isinstance(back, TaskError) and isinstance(back, type(exc))
+    assert str(back) == str(err)
+    assert back.traceback_str == tb and back.pid == 4121 and back.function_name == "mod.fn"
+    assert type(back.cause) is type(exc) and str(back.cause) == str(exc)
+
+
+def test_a_task_error_class_is_made_once_per_exception_class():
+    a = TaskError.wrap("f", "", ValueError("a"), 1)
+    b = TaskError.wrap("g", "", ValueError("b"), 2)
+    assert type(a) is type(b)
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt(), SystemExit(3)], ids=repr)
+def test_base_exceptions_are_wrapped_as_a_plain_task_error(exc):
+    err = TaskError.wrap("fn", "tb", exc, 1)
+    assert type(err) is TaskError and err.cause is exc
+
+
+def test_wrapping_a_task_error_does_not_nest_classes():
+    inner = TaskError.wrap("inner", "tb1", ValueError("x"), 1)
+    outer = TaskError.wrap("outer", "tb2", inner, 2)
+    assert type(outer) is TaskError and outer.cause is inner
+
+
+def test_an_exception_pickle_cannot_rebuild_falls_back_to_its_text():
+    class Unrebuildable(Exception):
+        def __init__(self, a: int, b: int) -> None:
+            super().__init__(f"{a}/{b}")
+
+    cause, tb = _raised(Unrebuildable(1, 2))
+    err = TaskError.wrap("fn", tb, cause, 1)
+    back = pickle.loads(dumps_exception(err))
+    assert isinstance(back, TaskError)
+    assert "Unrebuildable: 1/2" in str(back) and back.traceback_str == tb
+
+
+def test_dumps_exception_of_an_unpicklable_plain_exception_keeps_its_text():
+    class Holds(Exception):
+        pass
+
+    exc = Holds("with a lock")
+    exc.lock = threading.Lock()
+    back = pickle.loads(dumps_exception(exc))
+    assert isinstance(back, RuntimeError) and "with a lock" in str(back)
+
+
+def test_orchestra_errors_share_one_base():
+    for cls in (TaskError, ObjectStoreFullError, InfeasibleResourcesError):
+        assert issubclass(cls, OrchestraError)
+    assert issubclass(ObjectStoreFullError, MemoryError)
+    assert issubclass(InfeasibleResourcesError, ValueError)
