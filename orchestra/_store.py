@@ -202,7 +202,7 @@ class ObjectStore:
             self.free(seg.name)
 
     # ------------------------------------------------------------------ warm reserve
-    def warm(self, schedule: Callable[[Callable[[], None]], None],
+    def warm(self, schedule: Callable[[Callable[[], None]], object],
              idle: Callable[[], bool]) -> None:
         """Allocate ``warm_bytes`` of pooled segments on a thread, only while ``idle()``.
 
