@@ -1,8 +1,9 @@
-"""orchestra: tasks and objects on a local cluster of worker processes.
+"""orchestra: tasks, actors and objects on a local cluster of worker processes.
 
 The public API; everything else lives in private modules.
 """
 from . import exceptions
+from ._actor import ActorClass, ActorHandle, get_actor, kill
 from ._api import remote
 from ._object_ref import ObjectRef
 from ._remote_function import RemoteFunction
@@ -24,5 +25,5 @@ __version__ = "0.1.0"
 __all__ = [
     "init", "shutdown", "is_initialized", "remote", "RemoteFunction", "get", "put", "wait",
     "cancel", "get_gpu_ids", "cluster_resources", "available_resources", "ObjectRef",
-    "exceptions",
+    "exceptions", "ActorClass", "ActorHandle", "get_actor", "kill",
 ]

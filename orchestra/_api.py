@@ -1,10 +1,11 @@
-"""The @remote decorator."""
+"""The @remote decorator: functions become RemoteFunctions, classes ActorClasses."""
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
 from typing import Any
 
+from ._actor import ActorClass
 from ._remote_function import RemoteFunction
 
 
@@ -23,7 +24,5 @@ def remote(*args: Any, **options: Any) -> Any:
 
 def _make(obj: Any, options: dict[str, Any]) -> Any:
     if inspect.isclass(obj):
-        raise NotImplementedError(
-            f"@orchestra.remote on class {obj.__name__}: actors are not supported by this "
-            "version of orchestra; use a remote function, or keep state in the driver")
+        return ActorClass(obj, options)
     return RemoteFunction(obj, options)

@@ -77,6 +77,8 @@ class CoreClient:
         self._replies: dict[int, list[Any]] = {}
         self._req_ids = itertools.count(1)
         self._registered: set[bytes] = set()
+        self.templates: dict[Any, bytes] = {}   # serialized Call templates of actor methods
+        self._keep_until_sent: list[ObjectRef] = []
         self.lost: str | None = None
         self._closing = False
         self.sock.sendall(_wire.encode(_wire.HELLO, hello))
@@ -147,6 +149,7 @@ class CoreClient:
         slot: list[Any] = [None]
         self._replies[rid] = slot
         self.send(_wire.REQUEST, req)
+        self._keep_until_sent = []
         if not self.wait_until(lambda: slot[0] is not None, time.monotonic() + timeout_s):
             self._replies.pop(rid, None)
             raise GetTimeoutError(f"the head did not answer a request within {timeout_s:g} s")
@@ -188,12 +191,9 @@ class CoreClient:
             self.send_raw(req_bytes)
             self._registered.add(function_id)
 
-    def submit(self, template: bytes, num_returns: int, args: Sequence[Any],
-               kwargs: dict[str, Any]) -> list[ObjectRef]:
-        """Submit one task. ``template`` is a serialized Call with the per-function fields."""
-        tid = _ids.next_task_id()
+    def _encode_call(self, template: bytes, tid: bytes, args: Sequence[Any], kwargs: dict[str, Any],
+                     keep: list[ObjectRef]) -> bytes:
         parts = [template, b"\x0a\x0c", tid]
-        keep: list[ObjectRef] = []     # puts made for large args live until the Submit is sent
         nested: list[bytes] = []
         for value in itertools.chain(args, kwargs.values()):
             parts.append(_field(b"\x1a", self._arg_value(value, keep, nested)))
@@ -201,8 +201,14 @@ class CoreClient:
             parts.append(_field(b"\x22", name.encode()))
         for oid in nested:
             parts.append(_field(b"\x4a", oid))
-        call = b"".join(parts)
-        submit = _field(b"\x0a", call)
+        return b"".join(parts)
+
+    def submit(self, template: bytes, num_returns: int, args: Sequence[Any],
+               kwargs: dict[str, Any]) -> list[ObjectRef]:
+        """Submit one task. ``template`` is a serialized Call with the per-function fields."""
+        tid = _ids.next_task_id()
+        keep: list[ObjectRef] = []     # puts made for large args live until the Submit is sent
+        submit = _field(b"\x0a", self._encode_call(template, tid, args, kwargs, keep))
         frame = (len(submit) + 1).to_bytes(4, "little") + bytes((_wire.SUBMIT,)) + submit
         refs = [ObjectRef(tid + i.to_bytes(4, "big"), self, counted=True) for i in range(num_returns)]
         with self._ref_lock:
@@ -211,6 +217,16 @@ class CoreClient:
         self.send_raw(frame)
         del keep
         return refs
+
+    def build_call(self, tid: bytes, function_id: bytes, args: Sequence[Any], kwargs: dict[str, Any],
+                   *, num_returns: int, resources: dict[str, float], name: str) -> Any:
+        """A parsed Call (for requests that carry one, like actor creation)."""
+        template = pb.Call(function_id=function_id, num_returns=num_returns, resources=resources,
+                           name=name).SerializeToString()
+        keep: list[ObjectRef] = []
+        call = pb.Call.FromString(self._encode_call(template, tid, args, kwargs, keep))
+        self._keep_until_sent = keep   # large args stay alive until the request is sent
+        return call
 
     def _arg_value(self, value: Any, keep: list[ObjectRef], nested: list[bytes]) -> bytes:
         if type(value) is ObjectRef:

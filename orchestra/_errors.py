@@ -9,7 +9,8 @@ import signal
 from typing import Any
 
 from ._serialization import dumps_exception
-from .exceptions import InfeasibleResourcesError, ObjectLostError, TaskCancelledError, WorkerCrashedError
+from .exceptions import (ActorDiedError, InfeasibleResourcesError, ObjectLostError,
+                         TaskCancelledError, WorkerCrashedError)
 
 
 def describe_exit(returncode: int | None) -> str:
@@ -48,6 +49,10 @@ def make_error(kind: str, **d: Any) -> bytes:
             f"object {oid.hex()} is not in the cluster: it was freed when its last ref was "
             "dropped, or it belongs to another session. Keep an ObjectRef alive for as "
             "long as its value is needed.")
+    elif kind == "actor_dead":
+        exc = ActorDiedError(f"actor {name} is dead: {d.get('reason')}. Calls to it fail; "
+                             "start a new one, or give it max_restarts= to have it restarted "
+                             "after a crash.")
     elif kind == "infeasible":
         res = ", ".join(f"{k}={v:g}" for k, v in sorted(d.get("resources", {}).items()))
         exc = InfeasibleResourcesError(

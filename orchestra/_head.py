@@ -262,6 +262,18 @@ class Head:
                 reply.segment.CopyFrom(self.store.create(conn.conn_id, cs.object_id, cs.size))
             except ObjectStoreFullError as exc:
                 reply.error, reply.error_kind = str(exc), "ObjectStoreFullError"
+        elif body == "create_actor":
+            try:
+                self.state.create_actor(conn.conn_id, req.create_actor)
+            except ValueError as exc:
+                reply.error, reply.error_kind = str(exc), "ValueError"
+        elif body == "kill_actor":
+            self.state.actor_table.kill(req.kill_actor.actor_id, req.kill_actor.no_restart)
+        elif body == "get_actor":
+            try:
+                reply.actor.CopyFrom(self.state.actor_table.get(req.get_actor))
+            except ValueError as exc:
+                reply.error, reply.error_kind = str(exc), "ValueError"
         elif body == "query":
             q = req.query
             if q == "cluster_resources":

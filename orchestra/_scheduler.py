@@ -23,6 +23,7 @@ from typing import Any
 
 from . import _ids
 from . import _pb as pb
+from ._actor_state import ActorTable
 from ._resources import NodeResources, shape_key
 from ._wire import CANCEL_TASK, EXECUTE, FUNCTION
 
@@ -90,7 +91,7 @@ class Task:
 
 class Worker:
     __slots__ = ("worker_id", "node_id", "pid", "conn", "state", "queue", "lease",
-                 "gpu_ids", "functions", "lease_shape")
+                 "gpu_ids", "functions", "lease_shape", "actor")
 
     def __init__(self, worker_id: int, node_id: int) -> None:
         self.worker_id = worker_id
@@ -103,6 +104,7 @@ class Worker:
         self.lease_shape: tuple[tuple[str, float], ...] = ()
         self.gpu_ids: list[int] = []
         self.functions: set[bytes] = set()
+        self.actor: Any = None   # _actor_state.Actor of a dedicated worker
 
 
 class Obj:
@@ -156,6 +158,7 @@ class SchedulerState:
         # Builds the pickled error for an object: (kind, **details) -> bytes. The head
         # passes orchestra._errors.make_error; tests may pass their own.
         self._error = error_factory or _default_error
+        self.actor_table = ActorTable(self)
 
     # ------------------------------------------------------------------ nodes, workers
     def add_node(self, node_id: int, resources: dict[str, float], *, num_workers: int,
@@ -180,6 +183,8 @@ class SchedulerState:
                 raise ValueError(f"unknown or duplicate worker id {hello.workerid}")
             w.conn, w.pid, w.state = conn, hello.pid, WorkerState.IDLE
             c.worker = w
+            if w.actor is not None:
+                self.actor_table.worker_connected(w)
             self.schedule()
         return c
 
@@ -207,6 +212,10 @@ class SchedulerState:
         was_starting = w.state is WorkerState.STARTING
         self._release_lease(w)
         w.state = WorkerState.DEAD
+        if w.actor is not None:   # a dedicated worker: the actor restarts or dies
+            self.actor_table.worker_died(w, reason)
+            self.schedule()
+            return
         queue = list(w.queue)
         w.queue.clear()
         for i, t in enumerate(queue):
@@ -227,27 +236,53 @@ class SchedulerState:
         node = self.nodes.get(w.node_id)
         if node is not None and not was_starting:
             # Keep the pool at its size: replace the dead worker.
-            alive = sum(1 for x in self.workers.values() if x.node_id == w.node_id)
-            if alive < max(node.num_cpus, 1):
+            if len(self._pool(w.node_id)) < max(node.num_cpus, 1):
                 self._start_worker(w.node_id)
         self.schedule()
+
+    def _pool(self, node_id: int) -> list[Worker]:
+        """The node's task workers (dedicated actor workers do not count)."""
+        return [w for w in self.workers.values() if w.node_id == node_id and w.actor is None]
 
     # ------------------------------------------------------------------ functions
     def register_function(self, req: Any) -> None:
         self.functions.setdefault(req.function_id, req)
 
     # ------------------------------------------------------------------ tasks
+    def new_object(self, conn: int, oid: bytes) -> Obj:
+        """A pending object held by ``conn`` (implied hold: no RefDelta for it)."""
+        o = Obj(conn)
+        o.count = 1
+        self.objects[oid] = o
+        client = self.clients.get(conn)
+        if client is not None:
+            client.holds[oid] += 1
+        return o
+
     def submit(self, conn: int, call: Any) -> None:
         t = Task(call, conn)
         self.tasks[call.task_id] = t
-        client = self.clients.get(conn)
-        objects = self.objects
         for rid in t.return_ids:
-            o = Obj(conn)
-            o.count = 1      # the submitter holds the returned refs (implied, no RefDelta)
-            objects[rid] = o
-            if client is not None:
-                client.holds[rid] += 1
+            self.new_object(conn, rid)
+        if self._hold_args(t):
+            if call.actor_id:
+                self.actor_table.submit_call(t)
+            elif not t.deps:
+                self._deps_met(t)
+
+    def create_actor(self, conn: int, call: Any) -> None:
+        """Raises ValueError when the actor's name is taken."""
+        t = Task(call, conn)
+        self.actor_table.create(conn, call, t)
+        self.tasks[call.task_id] = t
+        if self._hold_args(t) and not t.deps:
+            self.actor_table.creation_deps_met(t)
+
+    def _hold_args(self, t: Task) -> bool:
+        """The task holds its arguments; False when it already failed (lost or failed
+        argument, infeasible request)."""
+        call = t.call
+        objects = self.objects
         for v in call.args:
             if v.WhichOneof("kind") == "ref":
                 oid = v.ref
@@ -255,7 +290,7 @@ class SchedulerState:
                 arg = objects.get(oid)
                 if arg is None:
                     self._fail_task(t, self._error("lost", object_id=oid, name=call.name))
-                    return
+                    return False
                 arg.count += 1
                 if arg.data is None:
                     t.deps.add(oid)
@@ -268,16 +303,15 @@ class SchedulerState:
         infeasible = not any(n.resources.feasible(t.resources) for n in self.nodes.values())
         if infeasible:
             self._fail_task(t, self._error("infeasible", name=call.name, resources=t.resources))
-            return
-        if not t.deps:
-            self._deps_met(t)
-        else:
+            return False
+        if t.deps:
             # An argument that already failed fails the task without running it.
             for oid in t.arg_ids:
                 dep = objects.get(oid)
                 if dep is not None and dep.data is not None and dep.data.WhichOneof("data") == "error":
                     self._fail_task(t, dep.data.error)
-                    return
+                    return False
+        return True
 
     def _deps_met(self, t: Task) -> None:
         for oid in t.arg_ids:
@@ -285,6 +319,12 @@ class SchedulerState:
             if o is not None and o.data is not None and o.data.WhichOneof("data") == "error":
                 self._fail_task(t, o.data.error)
                 return
+        if t.call.actor_id:
+            self.actor_table.call_deps_met(t)
+            return
+        if t.call.HasField("actor"):
+            self.actor_table.creation_deps_met(t)
+            return
         t.move(TaskState.READY)
         self._enqueue_ready(t)
         self.schedule()
@@ -300,6 +340,7 @@ class SchedulerState:
 
     def schedule(self) -> None:
         """Give ready tasks to workers: idle workers first, then pipelining on leases."""
+        self.actor_table.place_pending()
         for q in self.ready.values():
             while q:
                 t = q[0]
@@ -343,7 +384,7 @@ class SchedulerState:
         for node in self.nodes.values():
             if not node.resources.fits(t.resources):
                 continue
-            mine = [w for w in self.workers.values() if w.node_id == node.node_id]
+            mine = self._pool(node.node_id)
             if any(w.state in (WorkerState.STARTING, WorkerState.IDLE) for w in mine):
                 return
             if len(mine) < node.max_workers:
@@ -389,6 +430,13 @@ class SchedulerState:
         if w is not None and t is not None and t in w.queue:
             w.queue.remove(t)
             t.worker = None
+        if w is not None and w.actor is not None and msg.task_id == w.actor.creation.call.task_id:
+            creation = w.actor.creation
+            if creation in w.queue:
+                w.queue.remove(creation)
+            self.tasks.pop(msg.task_id, None)   # it keeps its arguments for restarts
+            self.actor_table.creation_done(w, msg)
+            return
         if t is None or t.state is TaskState.DONE:
             self._after_worker_step(w)
             return
@@ -408,13 +456,17 @@ class SchedulerState:
         self._after_worker_step(w)
 
     def _after_worker_step(self, w: Worker | None) -> None:
+        if w is not None and w.actor is not None:
+            self.actor_table.call_done(w)
+            return
         if w is not None and not w.queue and w.state is WorkerState.LEASED:
             self._release_lease(w)
             w.state = WorkerState.IDLE
             node = self.nodes[w.node_id]
             idle = [x for x in self.workers.values()
                     if x.node_id == w.node_id and x.state is WorkerState.IDLE]
-            if len(self.workers) > max(node.num_cpus, 1) and len(idle) > 1 and not self._has_ready():
+            if len(self._pool(w.node_id)) > max(node.num_cpus, 1) and len(idle) > 1 \
+                    and not self._has_ready():
                 # Surplus from lending CPUs to blocked tasks: shrink back to the pool size.
                 w.state = WorkerState.DEAD
                 del self.workers[w.worker_id]
@@ -432,6 +484,8 @@ class SchedulerState:
         t.arg_ids = []
 
     def _fail_task(self, t: Task, error: bytes) -> None:
+        if t.call.actor_id:
+            self.actor_table.remove_call(t)
         if t.state is TaskState.READY:
             q = self.ready.get(t.shape)
             if q is not None and t in q:
@@ -449,7 +503,7 @@ class SchedulerState:
     def blocked(self, conn: int, is_blocked: bool) -> None:
         c = self.clients.get(conn)
         w = c.worker if c is not None else None
-        if w is None:
+        if w is None or w.actor is not None:
             return
         node = self.nodes[w.node_id]
         cpu = w.lease.get("CPU", 0.0)
@@ -581,6 +635,9 @@ class SchedulerState:
 
     def _free(self, oid: bytes, o: Obj) -> None:
         del self.objects[oid]
+        if oid in self.actor_table.actors:   # the last handle of an actor is gone
+            self.actor_table.handles_gone(oid)
+            return
         data = o.data
         if data.WhichOneof("data") == "segment":
             self.out.append((FREE_SEGMENT, data.segment.node_id, data.segment.name))

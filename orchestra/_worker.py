@@ -27,7 +27,7 @@ from . import _pb as pb
 from ._client import CoreClient
 from ._procutil import die_with_parent
 from ._serialization import deserialize, dumps_exception, serialize
-from .exceptions import TaskError
+from .exceptions import ActorDiedError, TaskError
 
 
 class _Cancelled(BaseException):
@@ -44,6 +44,7 @@ class WorkerRuntime:
         self.running: bytes | None = None
         self.cancel_target: bytes | None = None
         self.blocked = False
+        self.actor: ActorRuntime | None = None
         self.main_ident = threading.get_ident()
         hello = pb.Hello(kind="worker", pid=os.getpid(), workerid=worker_id)
         self.client = CoreClient(sock_path, hello, on_frame=self._on_frame,
@@ -127,6 +128,10 @@ class WorkerRuntime:
                     continue
                 inv = queue.popleft()
                 self.running = inv.call.task_id
+            if self.actor is not None and self.actor.concurrent and inv.call.actor_id:
+                self.running = None
+                self.actor.submit(inv)     # runs on the actor's threads or event loop
+                continue
             try:
                 done = self._execute(inv)
             except _Cancelled:
@@ -147,41 +152,77 @@ class WorkerRuntime:
     def _execute(self, inv: Any) -> Any:
         call = inv.call
         tid = call.task_id
-        n = call.num_returns
-        oids = [tid + i.to_bytes(4, "big") for i in range(n)]
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, inv.gpu_ids))
         _context.set_gpu_ids(list(inv.gpu_ids))
         try:
-            fn = self._function(call.function_id)
-            args = self._decode_args(call, inv.resolved)
-            nk = len(call.kwarg_names)
-            if nk:
-                kwargs = dict(zip(call.kwarg_names, args[-nk:], strict=True))
-                args = args[:-nk]
-                result = fn(*args, **kwargs)
-            else:
-                result = fn(*args)
-            del args
-            if n == 1:
-                values = [result]
-            else:
-                values = _split_returns(result, n, call.name)
-            del result
-            make = self.client.make_object_data
-            returns = [make(oid, serialize(v)) for oid, v in zip(oids, values, strict=True)]
-            return pb.TaskDone(task_id=tid, returns=returns)
+            fn, args, kwargs = self.prepare(inv)
+            result = fn(*args, **kwargs)
+            del args, kwargs
+            if call.HasField("actor"):
+                self.become_actor(call.actor, result)
+                return pb.TaskDone(task_id=tid)
+            return self.finish(inv, result)
         except _Cancelled:
             raise
         except BaseException as exc:  # noqa: BLE001 - every failure of user code is reported
-            tb = traceback.format_exc()
-            try:
-                err = TaskError.wrap(call.name, tb, exc, os.getpid())
-            except Exception:  # noqa: BLE001 - a class wrap() cannot build must not kill
-                # the worker (it was then reported as a crash): keep the text and traceback.
-                err = TaskError(call.name, tb, None, os.getpid())
+            return self.failed(inv, exc)
+
+    def prepare(self, inv: Any) -> tuple[Any, list[Any], dict[str, Any]]:
+        """The callable and decoded arguments of a task, constructor or actor method."""
+        call = inv.call
+        if call.actor_id:
+            assert self.actor is not None, "an actor call reached a worker with no actor"
+            fn = getattr(self.actor.instance, call.method)
+        else:
+            fn = self._function(call.function_id)
+        args = self._decode_args(call, inv.resolved)
+        nk = len(call.kwarg_names)
+        kwargs: dict[str, Any] = {}
+        if nk:
+            kwargs = dict(zip(call.kwarg_names, args[-nk:], strict=True))
+            args = args[:-nk]
+        return fn, args, kwargs
+
+    def finish(self, inv: Any, result: Any) -> Any:
+        call = inv.call
+        tid = call.task_id
+        n = call.num_returns
+        values = [result] if n == 1 else _split_returns(result, n, call.name)
+        del result
+        make = self.client.make_object_data
+        oids = [tid + i.to_bytes(4, "big") for i in range(n)]
+        returns = [make(oid, serialize(v)) for oid, v in zip(oids, values, strict=True)]
+        return pb.TaskDone(task_id=tid, returns=returns)
+
+    def failed(self, inv: Any, exc: BaseException) -> Any:
+        """TaskDone carrying the error of user code (an ActorDiedError for a constructor)."""
+        call = inv.call
+        tid = call.task_id
+        oids = [tid + i.to_bytes(4, "big") for i in range(call.num_returns)]
+        # Called inside the except block that caught exc: format_exc() is its traceback.
+        tb = traceback.format_exc()
+        try:
+            err = TaskError.wrap(call.name, tb, exc, os.getpid())
+        except Exception:  # noqa: BLE001 - a class wrap() cannot build must not kill
+            # the worker (it was then reported as a crash): keep the text and traceback.
+            err = TaskError(call.name, tb, None, os.getpid())
+        if call.HasField("actor"):
+            died = ActorDiedError(
+                f"actor {call.actor.class_name} failed in its constructor: "
+                f"{type(exc).__name__}: {exc}\n\nRemote traceback:\n{tb}")
+            died.__cause__ = exc
+            oids = [call.actor.actor_id]
+            blob = dumps_exception(died)
+        else:
             blob = dumps_exception(err)
-            return pb.TaskDone(task_id=tid, user_error=True,
-                               returns=[pb.ObjectData(object_id=o, error=blob) for o in oids])
+        return pb.TaskDone(task_id=tid, user_error=True,
+                           returns=[pb.ObjectData(object_id=o, error=blob) for o in oids])
+
+    def become_actor(self, spec: Any, instance: Any) -> None:
+        """This worker now serves one actor for life."""
+        self.actor = ActorRuntime(self, spec, instance)
+        # Calls queued behind a blocking get() belong to this actor: never hand them back.
+        self.client.on_block = None
 
     def _decode_args(self, call: Any, resolved: Any) -> list[Any]:
         out = []
@@ -199,6 +240,65 @@ class WorkerRuntime:
                 else:
                     raise _load_error(data.error)
         return out
+
+
+class ActorRuntime:
+    """The actor this worker serves: its instance and how its calls run.
+
+    max_concurrency=1 sync actors run calls one at a time in the main thread (in order,
+    cancellable). max_concurrency=n>1 runs them on n threads; async actors run them as
+    coroutines on one uvloop event loop, at most max_concurrency at once.
+    """
+
+    def __init__(self, worker: WorkerRuntime, spec: Any, instance: Any) -> None:
+        self.worker = worker
+        self.spec = spec
+        self.instance = instance
+        self.concurrent = spec.is_async or spec.max_concurrency > 1
+        self.pool: Any = None
+        self.loop: Any = None
+        self.sem: Any = None
+        if spec.is_async:
+            import asyncio
+
+            import uvloop
+            self.loop = uvloop.new_event_loop()
+            self.sem = asyncio.Semaphore(spec.max_concurrency)
+            threading.Thread(target=self.loop.run_forever, name="orchestra-actor-loop",
+                             daemon=True).start()
+        elif spec.max_concurrency > 1:
+            from concurrent.futures import ThreadPoolExecutor
+            self.pool = ThreadPoolExecutor(spec.max_concurrency, thread_name_prefix="orchestra-actor")
+
+    def submit(self, inv: Any) -> None:
+        if self.loop is not None:
+            import asyncio
+            asyncio.run_coroutine_threadsafe(self._run_async(inv), self.loop)
+        else:
+            self.pool.submit(self._run_threaded, inv)
+
+    def _run_threaded(self, inv: Any) -> None:
+        w = self.worker
+        try:
+            fn, args, kwargs = w.prepare(inv)
+            done = w.finish(inv, fn(*args, **kwargs))
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller
+            done = w.failed(inv, exc)
+        w.client.send(_wire.TASK_DONE, done)
+
+    async def _run_async(self, inv: Any) -> None:
+        import inspect
+        w = self.worker
+        async with self.sem:
+            try:
+                fn, args, kwargs = w.prepare(inv)
+                result = fn(*args, **kwargs)
+                if inspect.isawaitable(result):
+                    result = await result
+                done = w.finish(inv, result)
+            except BaseException as exc:  # noqa: BLE001 - reported to the caller
+                done = w.failed(inv, exc)
+        w.client.send(_wire.TASK_DONE, done)
 
 
 def _load_error(blob: bytes) -> BaseException:

@@ -112,6 +112,24 @@ class ObjectStoreFullError(OrchestraError, MemoryError):
     """The object store cannot hold the object; the message gives the sizes."""
 
 
+class ActorDiedError(OrchestraError):
+    """The actor is dead: killed, its process died, or its constructor raised.
+
+    When the constructor raised, that exception is ``__cause__`` and its message and
+    remote traceback are in this error's text.
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exceptions pickle their args only; keep the cause across processes.
+        return (_rebuild_actor_died, (str(self), self.__cause__))
+
+
+def _rebuild_actor_died(message: str, cause: BaseException | None) -> ActorDiedError:
+    err = ActorDiedError(message)
+    err.__cause__ = cause
+    return err
+
+
 class InfeasibleResourcesError(OrchestraError, ValueError):
     """The task asks for resources that no node of the cluster has."""
 
@@ -119,5 +137,5 @@ class InfeasibleResourcesError(OrchestraError, ValueError):
 __all__ = [
     "OrchestraError", "TaskError", "GetTimeoutError", "WorkerCrashedError",
     "TaskCancelledError", "ObjectLostError", "ObjectStoreFullError",
-    "InfeasibleResourcesError",
+    "InfeasibleResourcesError", "ActorDiedError",
 ]

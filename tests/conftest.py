@@ -1,10 +1,10 @@
 """Fixtures: the shared cluster, and clusters of a test's own (probes: tests/_probes.py).
 
 orchestra holds one session per process. ``cluster`` hands out one shared cluster
-(started on first use, kept between tests: init costs ~0.3 s); ``start_cluster`` stops
-it and starts one with the test's own arguments, for tests that kill processes or need
-special init arguments; the next ``cluster`` user starts the shared one again. Every
-cluster is shut down in teardown.
+(started on first use, kept while consecutive tests ask for it: init costs ~0.3 s); it
+is stopped before any test that does not ask for it. ``start_cluster`` starts one with
+the test's own arguments, for tests that kill processes or need special init arguments.
+Every cluster is shut down in teardown.
 """
 from __future__ import annotations
 
@@ -40,6 +40,14 @@ def _stop_shared() -> None:
         orchestra.shutdown()
 
 
+@pytest.fixture(autouse=True)
+def _shared_cluster_only_where_asked(request: pytest.FixtureRequest) -> None:
+    """Stop the shared cluster before a test that does not ask for it: such a test may
+    call orchestra.init() itself, and a session per process is all there is."""
+    if "cluster" not in request.fixturenames:
+        _stop_shared()
+
+
 @pytest.fixture
 def cluster() -> Iterator[Cluster]:
     """The shared cluster: num_cpus=2, num_gpus=2 (ids only), resources widget=1."""
@@ -65,11 +73,10 @@ def cluster() -> Iterator[Cluster]:
 def start_cluster() -> Iterator[Callable[..., Cluster]]:
     """Start a cluster of the test's own: ``start_cluster(num_cpus=1, ...)``."""
     _stop_shared()
-    started: list[Cluster] = []
+    orchestra.shutdown()   # a session some other test left behind
 
     def start(**init_args: Any) -> Cluster:
         c = Cluster(orchestra.init(**init_args))
-        started.append(c)
         num_workers = max(int(init_args.get("num_cpus") or os.cpu_count() or 1), 1)
         c.wait_idle_workers(num_workers)
         return c

@@ -364,14 +364,28 @@ class CancelTask(_message.Message):
     def __init__(self, task_id: _Optional[bytes] = ...) -> None: ...
 
 class Request(_message.Message):
-    __slots__ = ("req_id", "create_segment", "query")
+    __slots__ = ("req_id", "create_segment", "query", "create_actor", "kill_actor", "get_actor")
     REQ_ID_FIELD_NUMBER: _ClassVar[int]
     CREATE_SEGMENT_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
+    CREATE_ACTOR_FIELD_NUMBER: _ClassVar[int]
+    KILL_ACTOR_FIELD_NUMBER: _ClassVar[int]
+    GET_ACTOR_FIELD_NUMBER: _ClassVar[int]
     req_id: int
     create_segment: CreateSegment
     query: str
-    def __init__(self, req_id: _Optional[int] = ..., create_segment: _Optional[_Union[CreateSegment, _Mapping]] = ..., query: _Optional[str] = ...) -> None: ...
+    create_actor: _types_pb2.Call
+    kill_actor: KillActor
+    get_actor: str
+    def __init__(self, req_id: _Optional[int] = ..., create_segment: _Optional[_Union[CreateSegment, _Mapping]] = ..., query: _Optional[str] = ..., create_actor: _Optional[_Union[_types_pb2.Call, _Mapping]] = ..., kill_actor: _Optional[_Union[KillActor, _Mapping]] = ..., get_actor: _Optional[str] = ...) -> None: ...
+
+class KillActor(_message.Message):
+    __slots__ = ("actor_id", "no_restart")
+    ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    NO_RESTART_FIELD_NUMBER: _ClassVar[int]
+    actor_id: bytes
+    no_restart: bool
+    def __init__(self, actor_id: _Optional[bytes] = ..., no_restart: _Optional[bool] = ...) -> None: ...
 
 class CreateSegment(_message.Message):
     __slots__ = ("object_id", "size")
@@ -382,7 +396,7 @@ class CreateSegment(_message.Message):
     def __init__(self, object_id: _Optional[bytes] = ..., size: _Optional[int] = ...) -> None: ...
 
 class Reply(_message.Message):
-    __slots__ = ("req_id", "error", "error_kind", "segment", "resources", "debug")
+    __slots__ = ("req_id", "error", "error_kind", "segment", "resources", "debug", "actor")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -396,10 +410,12 @@ class Reply(_message.Message):
     SEGMENT_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     DEBUG_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
     req_id: int
     error: str
     error_kind: str
     segment: _types_pb2.Segment
     resources: _containers.ScalarMap[str, float]
     debug: SchedulerDebugInfoReply
-    def __init__(self, req_id: _Optional[int] = ..., error: _Optional[str] = ..., error_kind: _Optional[str] = ..., segment: _Optional[_Union[_types_pb2.Segment, _Mapping]] = ..., resources: _Optional[_Mapping[str, float]] = ..., debug: _Optional[_Union[SchedulerDebugInfoReply, _Mapping]] = ...) -> None: ...
+    actor: _types_pb2.ActorSpec
+    def __init__(self, req_id: _Optional[int] = ..., error: _Optional[str] = ..., error_kind: _Optional[str] = ..., segment: _Optional[_Union[_types_pb2.Segment, _Mapping]] = ..., resources: _Optional[_Mapping[str, float]] = ..., debug: _Optional[_Union[SchedulerDebugInfoReply, _Mapping]] = ..., actor: _Optional[_Union[_types_pb2.ActorSpec, _Mapping]] = ...) -> None: ...

@@ -43,7 +43,7 @@ class ObjectData(_message.Message):
     def __init__(self, object_id: _Optional[bytes] = ..., inline: _Optional[bytes] = ..., segment: _Optional[_Union[Segment, _Mapping]] = ..., error: _Optional[bytes] = ..., contained: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Call(_message.Message):
-    __slots__ = ("task_id", "function_id", "args", "kwarg_names", "num_returns", "resources", "max_retries", "name", "nested", "retry_exceptions")
+    __slots__ = ("task_id", "function_id", "args", "kwarg_names", "num_returns", "resources", "max_retries", "name", "nested", "retry_exceptions", "actor", "actor_id", "method")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,9 @@ class Call(_message.Message):
     NAME_FIELD_NUMBER: _ClassVar[int]
     NESTED_FIELD_NUMBER: _ClassVar[int]
     RETRY_EXCEPTIONS_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
     task_id: bytes
     function_id: bytes
     args: _containers.RepeatedCompositeFieldContainer[Value]
@@ -71,4 +74,25 @@ class Call(_message.Message):
     name: str
     nested: _containers.RepeatedScalarFieldContainer[bytes]
     retry_exceptions: bool
-    def __init__(self, task_id: _Optional[bytes] = ..., function_id: _Optional[bytes] = ..., args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., kwarg_names: _Optional[_Iterable[str]] = ..., num_returns: _Optional[int] = ..., resources: _Optional[_Mapping[str, float]] = ..., max_retries: _Optional[int] = ..., name: _Optional[str] = ..., nested: _Optional[_Iterable[bytes]] = ..., retry_exceptions: _Optional[bool] = ...) -> None: ...
+    actor: ActorSpec
+    actor_id: bytes
+    method: str
+    def __init__(self, task_id: _Optional[bytes] = ..., function_id: _Optional[bytes] = ..., args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., kwarg_names: _Optional[_Iterable[str]] = ..., num_returns: _Optional[int] = ..., resources: _Optional[_Mapping[str, float]] = ..., max_retries: _Optional[int] = ..., name: _Optional[str] = ..., nested: _Optional[_Iterable[bytes]] = ..., retry_exceptions: _Optional[bool] = ..., actor: _Optional[_Union[ActorSpec, _Mapping]] = ..., actor_id: _Optional[bytes] = ..., method: _Optional[str] = ...) -> None: ...
+
+class ActorSpec(_message.Message):
+    __slots__ = ("actor_id", "name", "max_restarts", "max_concurrency", "is_async", "methods", "class_name")
+    ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    IS_ASYNC_FIELD_NUMBER: _ClassVar[int]
+    METHODS_FIELD_NUMBER: _ClassVar[int]
+    CLASS_NAME_FIELD_NUMBER: _ClassVar[int]
+    actor_id: bytes
+    name: str
+    max_restarts: int
+    max_concurrency: int
+    is_async: bool
+    methods: _containers.RepeatedScalarFieldContainer[str]
+    class_name: str
+    def __init__(self, actor_id: _Optional[bytes] = ..., name: _Optional[str] = ..., max_restarts: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., is_async: _Optional[bool] = ..., methods: _Optional[_Iterable[str]] = ..., class_name: _Optional[str] = ...) -> None: ...

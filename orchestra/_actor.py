@@ -1,0 +1,211 @@
+"""@orchestra.remote on classes: ActorClass, ActorHandle, ActorMethod, get_actor, kill.
+
+    Counter.remote(*args) --Request(create_actor)--> head: reserve resources, start a
+        dedicated worker, run the constructor there --> ActorHandle
+    handle.inc.remote(x) --Submit(Call with actor_id, method)--> head --> the actor's
+        worker, in the order the head received them (so each caller's order holds)
+
+A handle holds a counted pseudo-ref whose id is the actor id: pickling a handle into a
+task, an actor or an object keeps the actor alive like any ObjectRef; when the last
+handle anywhere is gone, an unnamed actor is stopped and its resources return.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from . import _context, _ids, _wire
+from . import _pb as pb
+from ._object_ref import ObjectRef
+from ._resources import check_feasible, make_request
+from ._serialization import dumps_function
+from .exceptions import OrchestraError
+
+ACTOR_OPTIONS = frozenset({"num_cpus", "num_gpus", "resources", "max_restarts", "max_concurrency",
+                           "name"})
+DEFAULT_ASYNC_CONCURRENCY = 1000
+
+
+def _public_methods(cls: type) -> tuple[list[str], bool]:
+    names, is_async = [], False
+    for name, member in inspect.getmembers(cls):
+        if name.startswith("__") or not callable(member):
+            continue
+        names.append(name)
+        if inspect.iscoroutinefunction(member) or inspect.isasyncgenfunction(member):
+            is_async = True
+    return names, is_async
+
+
+def _validate(opts: dict[str, Any], cls_name: str) -> dict[str, Any]:
+    unknown = set(opts) - ACTOR_OPTIONS
+    if unknown:
+        raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))} for actor class {cls_name}; "
+                        f"valid options: {', '.join(sorted(ACTOR_OPTIONS))}")
+    mr = opts.get("max_restarts", 0)
+    if isinstance(mr, bool) or not isinstance(mr, int) or mr < -1:
+        raise ValueError(f"max_restarts must be an int >= 0, or -1 for no limit; got {mr!r}")
+    mc = opts.get("max_concurrency")
+    if mc is not None and (isinstance(mc, bool) or not isinstance(mc, int) or mc < 1):
+        raise ValueError(f"max_concurrency must be an int >= 1, got {mc!r}")
+    name = opts.get("name")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    # Actors hold no CPU unless asked (as in Ray): many can live on few cores.
+    make_request(opts.get("num_cpus"), opts.get("num_gpus"), opts.get("resources"), default_cpus=0)
+    return opts
+
+
+class ActorClass:
+    """A class whose instances live in their own worker process: ``Cls.remote(...)``."""
+
+    def __init__(self, cls: type, options: dict[str, Any], function_id: bytes | None = None) -> None:
+        self._cls = cls
+        self._options = _validate(dict(options), cls.__name__)
+        self._function_id = function_id or _ids.next_task_id() + b"\0" * 4
+        self._methods, self._is_async = _public_methods(cls)
+        self._resources = make_request(options.get("num_cpus"), options.get("num_gpus"),
+                                       options.get("resources"), default_cpus=0)
+        self._client: Any = None
+        self._register_frame = b""
+        self.__name__ = cls.__name__
+        self.__qualname__ = cls.__qualname__
+        self.__doc__ = cls.__doc__
+        self.__module__ = cls.__module__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"actor class {self._cls.__name__} cannot be instantiated directly: use "
+                        f"{self._cls.__name__}.remote(...) to start an actor")
+
+    def options(self, **options: Any) -> ActorClass:
+        return ActorClass(self._cls, {**self._options, **options}, self._function_id)
+
+    def remote(self, *args: Any, **kwargs: Any) -> ActorHandle:
+        client = _context.current_client()
+        if client is not self._client:
+            check_feasible(self._resources, [dict(client.info.node_resources)],
+                           f"actor {self._cls.__name__}")
+            reg = pb.RegisterFunctionRequest(function_id=self._function_id, fnname=self._cls.__qualname__,
+                                             pickled=dumps_function(self._cls))
+            self._register_frame = _wire.encode(_wire.FUNCTION, reg)
+            self._client = client
+        client.register_function(self._function_id, self._register_frame)
+        opts = self._options
+        tid = _ids.next_task_id()
+        actor_id = tid + b"\xff\xff\xff\xff"
+        concurrency = opts.get("max_concurrency") or (DEFAULT_ASYNC_CONCURRENCY if self._is_async else 1)
+        spec = pb.ActorSpec(actor_id=actor_id, name=opts.get("name") or "",
+                            max_restarts=opts.get("max_restarts", 0), max_concurrency=concurrency,
+                            is_async=self._is_async, methods=self._methods,
+                            class_name=self._cls.__qualname__)
+        call = client.build_call(tid, self._function_id, args, kwargs, num_returns=0,
+                                 resources=self._resources, name=f"{self._cls.__qualname__}.__init__")
+        call.actor.CopyFrom(spec)
+        try:
+            client.request(pb.Request(create_actor=call))
+        except OrchestraError as exc:
+            if "already taken" in str(exc):
+                raise ValueError(str(exc)) from None
+            raise
+        return ActorHandle(spec, client, counted=True)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ActorClass, (self._cls, self._options, self._function_id))
+
+    def __repr__(self) -> str:
+        return f"<ActorClass {self._cls.__qualname__}>"
+
+
+class ActorHandle:
+    """A reference to a running actor; ``handle.method.remote(...)`` calls it."""
+
+    def __init__(self, spec: Any, client: Any, counted: bool = False) -> None:
+        self._spec = spec
+        self._actor_id = spec.actor_id
+        self._methods = frozenset(spec.methods)
+        self._token = ObjectRef(spec.actor_id, client, counted=counted)
+
+    def __getattr__(self, name: str) -> ActorMethod:
+        if name.startswith("_") and name not in self.__dict__.get("_methods", ()):
+            raise AttributeError(name)
+        if name not in self._methods:
+            raise AttributeError(f"actor {self._spec.class_name} has no method {name!r}; "
+                                 f"its methods: {', '.join(sorted(self._methods)) or 'none'}")
+        return ActorMethod(self, name, 1)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The token pickles as a ref contained in whatever holds the handle.
+        return (_rebuild_handle, (self._spec.SerializeToString(), self._token))
+
+    def __repr__(self) -> str:
+        return f"ActorHandle({self._spec.class_name}, {self._actor_id.hex()})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ActorHandle) and other._actor_id == self._actor_id
+
+    def __hash__(self) -> int:
+        return hash(self._actor_id)
+
+
+def _rebuild_handle(spec_bytes: bytes, token: ObjectRef) -> ActorHandle:
+    h = ActorHandle.__new__(ActorHandle)
+    spec = pb.ActorSpec.FromString(spec_bytes)
+    h._spec = spec
+    h._actor_id = spec.actor_id
+    h._methods = frozenset(spec.methods)
+    h._token = token
+    return h
+
+
+class ActorMethod:
+    __slots__ = ("_handle", "_name", "_num_returns")
+
+    def __init__(self, handle: ActorHandle, name: str, num_returns: int) -> None:
+        self._handle = handle
+        self._name = name
+        self._num_returns = num_returns
+
+    def options(self, *, num_returns: int = 1) -> ActorMethod:
+        if isinstance(num_returns, bool) or not isinstance(num_returns, int) or num_returns < 0:
+            raise ValueError(f"num_returns must be an int >= 0, got {num_returns!r}")
+        return ActorMethod(self._handle, self._name, num_returns)
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        client = _context.current_client()
+        h = self._handle
+        key = (h._actor_id, self._name, self._num_returns)
+        template = client.templates.get(key)
+        if template is None:
+            template = pb.Call(num_returns=self._num_returns, max_retries=0, actor_id=h._actor_id,
+                               method=self._name,
+                               name=f"{h._spec.class_name}.{self._name}").SerializeToString()
+            client.templates[key] = template
+        refs = client.submit(template, self._num_returns, args, kwargs)
+        if self._num_returns == 1:
+            return refs[0]
+        return None if self._num_returns == 0 else refs
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"actor method {self._name}() cannot be called directly: use "
+                        f"handle.{self._name}.remote(...)")
+
+
+def get_actor(name: str) -> ActorHandle:
+    """The handle of the named actor; ValueError if no live actor has that name."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"get_actor() takes an actor name (str), got {name!r}")
+    client = _context.current_client()
+    try:
+        reply = client.request(pb.Request(get_actor=name))
+    except OrchestraError as exc:
+        raise ValueError(str(exc)) from None
+    return ActorHandle(reply.actor, client)
+
+
+def kill(handle: ActorHandle, *, no_restart: bool = True) -> None:
+    """Stop the actor now. Pending and later calls raise ActorDiedError; with
+    ``no_restart=False`` an actor with restarts left starts again instead."""
+    if not isinstance(handle, ActorHandle):
+        raise TypeError(f"kill() takes an ActorHandle, got {type(handle).__name__}")
+    _context.current_client().request(pb.Request(
+        kill_actor=pb.KillActor(actor_id=handle._actor_id, no_restart=bool(no_restart))))

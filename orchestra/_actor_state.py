@@ -1,0 +1,242 @@
+"""Actors in the scheduler: placement, call order, death, restarts, names. No I/O.
+
+    create_actor -> PENDING (waiting for resources) -> STARTING (dedicated worker starts,
+    constructor runs) -> ALIVE -> (process died, restarts left) RESTARTING -> ALIVE
+                                -> (killed, crashed for good, constructor raised,
+                                    last handle gone) DEAD
+
+Calls queue per actor in the order the head receives them (one connection per caller,
+so each caller's order holds) and go to the actor's worker as soon as their arguments
+exist and the actor is alive; the worker runs them one at a time, or up to
+max_concurrency at once. A call in flight when the process dies fails with
+ActorDiedError; later calls reach the restarted instance.
+
+The actor id is also a pseudo-object that every handle holds: when its count drops to
+zero an unnamed actor finishes the calls it has and is stopped.
+"""
+from __future__ import annotations
+
+import collections
+import enum
+from typing import TYPE_CHECKING, Any
+
+from . import _pb as pb
+
+if TYPE_CHECKING:
+    from ._scheduler import SchedulerState, Task, Worker
+
+ACTOR_SHAPE = (("__actor__", 1.0),)   # a lease shape no task has: no task is pipelined there
+
+
+class ActorState(enum.Enum):
+    PENDING = "pending"
+    STARTING = "starting"
+    ALIVE = "alive"
+    RESTARTING = "restarting"
+    DEAD = "dead"
+
+
+class Actor:
+    __slots__ = ("spec", "creation", "state", "worker", "restarts", "queue", "death", "no_restart",
+                 "draining", "owner")
+
+    def __init__(self, spec: Any, creation: Task, owner: int) -> None:
+        self.spec = spec
+        self.creation = creation
+        self.state = ActorState.PENDING
+        self.worker: Worker | None = None
+        self.restarts = 0
+        self.queue: collections.deque[Task] = collections.deque()
+        self.death: bytes | None = None       # pickled ActorDiedError once dead
+        self.no_restart = False
+        self.draining = False
+        self.owner = owner
+
+
+class ActorTable:
+    def __init__(self, state: SchedulerState) -> None:
+        self.s = state
+        self.actors: dict[bytes, Actor] = {}
+        self.names: dict[str, bytes] = {}
+        self.pending: list[Actor] = []
+
+    # ------------------------------------------------------------------ creation
+    def create(self, conn: int, call: Any, task: Task) -> None:
+        """Raises ValueError for a taken name (the head answers the request with it)."""
+        spec = call.actor
+        if spec.name and spec.name in self.names:
+            raise ValueError(f"an actor named {spec.name!r} already taken: names are unique "
+                             "among live actors; pick another, or get_actor() the existing one")
+        a = Actor(spec, task, conn)
+        self.actors[spec.actor_id] = a
+        if spec.name:
+            self.names[spec.name] = spec.actor_id
+        s = self.s
+        token = s.new_object(conn, spec.actor_id)   # the handle's pseudo-object
+        token.data = pb.ObjectData(object_id=spec.actor_id, inline=b"")
+
+    def creation_deps_met(self, task: Task) -> None:
+        a = self.actors.get(task.call.actor.actor_id)
+        if a is None or a.state is ActorState.DEAD:
+            return
+        if not self._place(a):
+            self.pending.append(a)
+
+    def _place(self, a: Actor) -> bool:
+        s = self.s
+        req = a.creation.resources
+        for node in s.nodes.values():
+            if node.resources.fits(req):
+                w = s._start_worker(node.node_id)
+                w.actor = a
+                w.lease = dict(req)
+                w.lease_shape = ACTOR_SHAPE
+                w.gpu_ids = node.resources.acquire(req)
+                a.worker = w
+                a.state = ActorState.STARTING if a.restarts == 0 else ActorState.RESTARTING
+                return True
+        return False
+
+    def place_pending(self) -> None:
+        if self.pending:
+            waiting, self.pending = self.pending, []
+            for a in waiting:
+                if a.state is not ActorState.DEAD and not self._place(a):
+                    self.pending.append(a)
+
+    def worker_connected(self, w: Worker) -> None:
+        """The dedicated worker is up: run the constructor there."""
+        from ._scheduler import TaskState, WorkerState
+        a = w.actor
+        assert a is not None
+        w.state = WorkerState.LEASED
+        t = a.creation
+        t.state = TaskState.READY
+        self.s._dispatch(t, w)
+
+    # ------------------------------------------------------------------ calls
+    def submit_call(self, t: Task) -> None:
+        a = self.actors.get(t.call.actor_id)
+        if a is None or a.state is ActorState.DEAD:
+            self.s._fail_task(t, a.death if a is not None and a.death else self.s._error(
+                "actor_dead", name=t.call.name, reason="no such actor in this cluster"))
+            return
+        a.queue.append(t)
+        if not t.deps:
+            self.pump(a)
+
+    def call_deps_met(self, t: Task) -> None:
+        a = self.actors.get(t.call.actor_id)
+        if a is not None:
+            self.pump(a)
+
+    def pump(self, a: Actor) -> None:
+        """Send the calls at the head of the queue whose arguments exist, in order."""
+        from ._scheduler import TaskState
+        if a.state is not ActorState.ALIVE or a.worker is None:
+            return
+        q = a.queue
+        while q and not q[0].deps:
+            t = q.popleft()
+            if t.state is TaskState.DONE:
+                continue
+            t.state = TaskState.READY
+            self.s._dispatch(t, a.worker)
+
+    def remove_call(self, t: Task) -> None:
+        a = self.actors.get(t.call.actor_id)
+        if a is not None and t in a.queue:
+            a.queue.remove(t)
+
+    def creation_done(self, w: Worker, msg: Any) -> None:
+        a = w.actor
+        if a is None:
+            return
+        if msg.user_error:   # the constructor raised: dead for good, with its error
+            blob = msg.returns[0].error if msg.returns else self.s._error(
+                "actor_dead", name=a.spec.class_name, reason="its constructor failed")
+            a.no_restart = True
+            self._die(a, blob)
+            self.s.out.append(("kill", w.worker_id, "the actor's constructor raised"))
+            return
+        a.state = ActorState.ALIVE
+        self.pump(a)
+
+    def call_done(self, w: Worker) -> None:
+        a = w.actor
+        if a is not None and a.draining and not a.queue and not w.queue:
+            self._stop(a, "no handle to it is left")
+
+    # ------------------------------------------------------------------ death
+    def worker_died(self, w: Worker, reason: str) -> None:
+        from ._scheduler import TaskState
+        a = w.actor
+        if a is None or a.worker is not w:
+            return
+        a.worker = None
+        inflight = [t for t in w.queue if t is not a.creation]
+        w.queue.clear()
+        name = a.spec.class_name
+        for t in inflight:
+            t.worker = None
+            self.s._fail_task(t, self.s._error(
+                "actor_dead", name=t.call.name,
+                reason=f"the actor {name} died while this call ran ({reason})"))
+        if a.state is ActorState.DEAD:
+            return
+        limit = a.spec.max_restarts
+        if not a.no_restart and not a.draining and (limit < 0 or a.restarts < limit):
+            a.restarts += 1
+            a.creation.state = TaskState.READY
+            if not self._place(a):
+                a.state = ActorState.RESTARTING
+                self.pending.append(a)
+            return
+        why = reason if a.no_restart else f"{reason}; restarts used: {a.restarts} of {limit}"
+        self._die(a, self.s._error("actor_dead", name=name, reason=why))
+
+    def _die(self, a: Actor, blob: bytes) -> None:
+        a.state = ActorState.DEAD
+        a.death = blob
+        if a.spec.name and self.names.get(a.spec.name) == a.spec.actor_id:
+            del self.names[a.spec.name]
+        queued, a.queue = list(a.queue), collections.deque()
+        for t in queued:
+            self.s._fail_task(t, blob)
+        if a in self.pending:
+            self.pending.remove(a)
+        self.s._finish_task(a.creation)   # release the constructor's arguments
+
+    def _stop(self, a: Actor, reason: str) -> None:
+        a.no_restart = True
+        w = a.worker
+        self._die(a, self.s._error("actor_dead", name=a.spec.class_name, reason=reason))
+        if w is not None:
+            self.s.out.append(("kill", w.worker_id, reason))
+
+    def kill(self, actor_id: bytes, no_restart: bool) -> None:
+        a = self.actors.get(actor_id)
+        if a is None or a.state is ActorState.DEAD:
+            return
+        a.no_restart = no_restart
+        if a.worker is not None:
+            self.s.out.append(("kill", a.worker.worker_id, "killed by orchestra.kill()"))
+        elif no_restart or a.state is ActorState.PENDING:
+            self._die(a, self.s._error("actor_dead", name=a.spec.class_name,
+                                       reason="killed by orchestra.kill() before it started"))
+
+    def handles_gone(self, actor_id: bytes) -> None:
+        a = self.actors.get(actor_id)
+        if a is None or a.spec.name or a.state is ActorState.DEAD:
+            return   # named actors live until kill() or shutdown
+        a.draining = True
+        if not a.queue and (a.worker is None or not [t for t in a.worker.queue
+                                                      if t is not a.creation]):
+            self._stop(a, "no handle to it is left")
+
+    def get(self, name: str) -> Any:
+        aid = self.names.get(name)
+        if aid is None:
+            raise ValueError(f"no live actor is named {name!r}; named actors are created with "
+                             "Cls.options(name=...).remote()")
+        return self.actors[aid].spec
