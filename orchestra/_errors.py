@@ -9,8 +9,13 @@ import signal
 from typing import Any
 
 from ._serialization import dumps_exception
-from .exceptions import (ActorDiedError, InfeasibleResourcesError, ObjectLostError,
-                         TaskCancelledError, WorkerCrashedError)
+from .exceptions import (
+    ActorDiedError,
+    InfeasibleResourcesError,
+    ObjectLostError,
+    TaskCancelledError,
+    WorkerCrashedError,
+)
 
 
 def describe_exit(returncode: int | None) -> str:

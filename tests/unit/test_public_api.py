@@ -29,12 +29,13 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTED_API = [
     "init", "shutdown", "is_initialized", "remote", "RemoteFunction", "get", "put", "wait",
     "cancel", "get_gpu_ids", "cluster_resources", "available_resources", "ObjectRef",
-    "exceptions",
+    "exceptions", "ActorClass", "ActorHandle", "get_actor", "kill",
 ]
 
 DOCUMENTED_ERRORS = [
     "OrchestraError", "TaskError", "GetTimeoutError", "WorkerCrashedError",
-    "TaskCancelledError", "ObjectLostError", "ObjectStoreFullError",
+    "TaskCancelledError", "ObjectLostError", "ObjectStoreFullError", "InfeasibleResourcesError",
+    "ActorDiedError",
 ]
 
 
