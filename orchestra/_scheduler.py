@@ -37,6 +37,10 @@ FREE_SEGMENT = "free_seg"  # (FREE_SEGMENT, node_id, name)
 
 
 class TaskState(enum.Enum):
+    # Members are singletons: identity hashing is exact, and C-fast (Enum.__hash__ is
+    # Python code, and transitions are looked up per task).
+    __hash__ = object.__hash__
+
     WAITING = "waiting"        # some argument not sealed yet
     READY = "ready"            # queued for a worker
     DISPATCHED = "dispatched"  # in a worker's queue (first in queue = running)
@@ -44,6 +48,8 @@ class TaskState(enum.Enum):
 
 
 class WorkerState(enum.Enum):
+    __hash__ = object.__hash__
+
     STARTING = "starting"
     IDLE = "idle"
     LEASED = "leased"
