@@ -220,6 +220,13 @@ class ActorTable:
             return
         a.no_restart = no_restart
         if a.worker is not None:
+            # Hold later calls in the queue (pump sends only to ALIVE actors) until the
+            # death is seen: sent on to the doomed worker they failed as "in flight",
+            # even with no_restart=False and the restarted instance moments away
+            # (test_calls_made_right_after_kill_with_no_restart_false_reach_the_new_instance).
+            # worker_died then restarts the actor, or _die fails the queue.
+            if a.state is ActorState.ALIVE:
+                a.state = ActorState.RESTARTING
             self.s.out.append(("kill", a.worker.worker_id, "killed by orchestra.kill()"))
         elif no_restart or a.state is ActorState.PENDING:
             self._die(a, self.s._error("actor_dead", name=a.spec.class_name,

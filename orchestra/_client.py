@@ -259,6 +259,9 @@ class CoreClient:
         """ObjectData for a sealed value: inline when small, else written to a segment."""
         if ser.size <= self.inline_threshold:
             return pb.ObjectData(object_id=oid, inline=ser.to_bytes(), contained=ser.contained)
+        # Drops that came before this put must reach the store before it judges the room
+        # (the decrements otherwise travel after the frame, see send_raw).
+        self.flush_refs()
         reply = self.request(pb.Request(create_segment=pb.CreateSegment(object_id=oid, size=ser.size)))
         write_segment(reply.segment, ser)
         return pb.ObjectData(object_id=oid, segment=reply.segment, contained=ser.contained)

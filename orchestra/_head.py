@@ -257,6 +257,9 @@ class Head:
         reply = pb.Reply(req_id=req.req_id)
         body = req.WhichOneof("body")
         if body == "create_segment":
+            # Frees decided earlier in this batch of frames must happen before the store
+            # judges the room (they wait in state.out until carry_out otherwise).
+            self.carry_out()
             cs = req.create_segment
             try:
                 reply.segment.CopyFrom(self.store.create(conn.conn_id, cs.object_id, cs.size))

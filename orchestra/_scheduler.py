@@ -25,7 +25,7 @@ from . import _ids
 from . import _pb as pb
 from ._actor_state import ActorTable
 from ._resources import NodeResources, shape_key
-from ._wire import CANCEL_TASK, EXECUTE, FUNCTION
+from ._wire import CANCEL_TASK, EXECUTE, FUNCTION, STEAL
 
 # Instructions for the I/O layer (tuples: cheap on the hot path).
 SEND = "send"              # (SEND, conn_id, kind, message)
@@ -478,6 +478,17 @@ class SchedulerState:
                 del self.workers[w.worker_id]
                 self.out.append((STOP_WORKER, w.worker_id))
         self.schedule()
+        if w is not None and w.state is WorkerState.IDLE and not self._has_ready():
+            self._steal_for(w)
+
+    def _steal_for(self, idle: Worker) -> None:
+        """A worker is idle and nothing is ready: take back tasks pipelined behind a
+        running one elsewhere, so a quick task never waits for a long one ahead of it."""
+        for v in self.workers.values():
+            if v.node_id == idle.node_id and v.state is WorkerState.LEASED and v.actor is None \
+                    and len(v.queue) > 1:
+                ids = [t.call.task_id for t in list(v.queue)[1:]]
+                self.out.append((SEND, v.conn, STEAL, pb.ReturnTasks(task_ids=ids)))
 
     def _has_ready(self) -> bool:
         return any(self.ready.values())

@@ -30,6 +30,7 @@ CANCEL_TASK = 13   # head -> worker
 REQUEST = 14
 REPLY = 15
 SHUTDOWN = 16      # AckReply: driver asks the head to stop the cluster
+STEAL = 17         # ReturnTasks, head -> worker: hand back these queued tasks if not started
 
 MESSAGES: dict[int, Any] = {
     HELLO: pb.Hello, HELLO_REPLY: pb.HelloReply, FUNCTION: pb.RegisterFunctionRequest,
@@ -37,7 +38,7 @@ MESSAGES: dict[int, Any] = {
     REF_DELTA: pb.RefDelta, CANCEL: pb.CancelRequest, EXECUTE: pb.Execute,
     TASK_DONE: pb.TaskDone, RETURN_TASKS: pb.ReturnTasks, BLOCKED: pb.Blocked,
     CANCEL_TASK: pb.CancelTask, REQUEST: pb.Request, REPLY: pb.Reply,
-    SHUTDOWN: pb.AckReply,
+    SHUTDOWN: pb.AckReply, STEAL: pb.ReturnTasks,
 }
 
 MAX_FRAME = 1 << 31

@@ -71,8 +71,21 @@ class WorkerRuntime:
             self.functions[msg.function_id] = msg
         elif kind == _wire.CANCEL_TASK:
             self._cancel(msg.task_id)
+        elif kind == _wire.STEAL:
+            self._give_back(set(msg.task_ids))
         elif kind == _wire.SHUTDOWN:
             os._exit(0)
+
+    def _give_back(self, wanted: set[bytes]) -> None:
+        """Another worker went idle: return the asked-for tasks that have not started."""
+        with self.cond:
+            if self.actor is not None:
+                return
+            back = [inv for inv in self.queue if inv.call.task_id in wanted]
+            for inv in back:
+                self.queue.remove(inv)
+        if back:
+            self.client.send(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=[i.call.task_id for i in back]))
 
     def _cancel(self, task_id: bytes) -> None:
         with self.cond:

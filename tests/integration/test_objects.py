@@ -291,10 +291,6 @@ def test_a_full_store_raises_object_store_full_error_until_refs_are_dropped(star
     assert orchestra.get(again, timeout=T).sum() == (20 << 20) // 8
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "orchestra/_client.py CoreClient.send_raw sends pending decrements after the frame, "
-    "also after a put's create_segment request: the store judges the new put before the "
-    "drop that preceded it, and refuses it when only the dropped object's room is left"))
 def test_a_put_right_after_dropping_the_only_large_object_finds_its_room(start_cluster):
     start_cluster(num_cpus=1, object_store_memory=32 << 20)
     value = np.ones((20 << 20) // 8)

@@ -112,12 +112,6 @@ def test_recursion_deeper_than_the_number_of_cpus_completes(start_cluster):
     assert orchestra.get(h.recurse.remote(6), timeout=60) == 6
 
 
-@pytest.mark.xfail(strict=True, raises=GetTimeoutError, reason=(
-    "head-of-line blocking: orchestra/_scheduler.py _pick_worker pipelines a ready task "
-    "into the queue of a busy worker (pipeline_depth=2) when no CPU is free; when another "
-    "worker then goes idle nothing takes the task back, so it waits for as long as the "
-    "task ahead of it runs. Fixing it needs a way to ask a worker to return queued tasks "
-    "(a frame in orchestra/_wire.py, handled in _head.py and _worker.py)"))
 def test_a_quick_task_does_not_wait_behind_a_long_one_while_a_worker_is_idle(cluster, gates):
     gate = gates()
     h.gated.remote(gate)
