@@ -2,9 +2,9 @@
 death (a crash matrix), restarts and handle-counted lifetime.
 
 The actor classes live in this module: workers import it by name (``test_actors``), as
-they import ``_helpers``. Every actor here holds no CPU (the default), so tests that keep
-one alive do not starve the tasks of the 2-CPU shared cluster; the fixture's teardown
-waits for all resources to be free, so a test's actors must be gone when it returns.
+they import ``_helpers``. Most actors here hold no CPU (the default), so they do not starve
+the tasks of the 2-CPU shared cluster; the fixture's teardown waits for all resources to
+be free, so a test kills the actors that reserve some (the others go with their handles).
 """
 from __future__ import annotations
 
@@ -116,6 +116,13 @@ class Sleeper:
     def get_peak(self) -> int:
         return self.peak
 
+    def fail(self, message: str) -> None:
+        self.peak += 100
+        raise ValueError(message)
+
+    def pid(self) -> int:
+        return os.getpid()
+
 
 @orchestra.remote
 class AsyncSleeper:
@@ -132,6 +139,13 @@ class AsyncSleeper:
 
     async def get_peak(self) -> int:
         return self.peak
+
+    async def fail(self, message: str) -> None:
+        self.peak += 100
+        raise ValueError(message)
+
+    async def pid(self) -> int:
+        return os.getpid()
 
 
 @orchestra.remote(num_gpus=1)
@@ -208,8 +222,8 @@ def test_options_give_an_actor_class_with_those_options(cluster):
         assert avail("CPU") == 1 and avail("GPU") == 1
         get(a.get_peak.remote())   # constructed: its start-up is not timed
         start = time.monotonic()
-        get([a.sleep.remote(0.4), a.sleep.remote(0.4)])
-        assert time.monotonic() - start < 0.8   # max_concurrency=2: side by side
+        get([a.sleep.remote(0.6), a.sleep.remote(0.6)])
+        assert time.monotonic() - start < 1.1   # max_concurrency=2: side by side
     finally:
         orchestra.kill(a)
     wait_until(lambda: avail("CPU") == 2 and avail("GPU") == 2, 10, "resources returned")
@@ -463,6 +477,22 @@ def test_every_pending_and_later_call_of_a_dead_actor_raises_actor_died_error(cl
     wait_until(lambda: pid_gone(pid), 10, f"actor pid {pid} gone")
 
 
+@pytest.mark.parametrize("kind", ["threaded", "async"])
+def test_calls_in_flight_on_a_concurrent_actor_fail_when_its_process_dies(cluster, kind):
+    # A thread to spare for get_peak while four calls sleep.
+    cls = Sleeper.options(max_concurrency=5) if kind == "threaded" else AsyncSleeper
+    a = cls.remote()
+    pid = get(a.pid.remote())
+    in_flight = [a.sleep.remote(h.DEADLINE_S) for _ in range(4)]
+    wait_until(lambda: get(a.get_peak.remote()) >= 3, 10, "the calls running")
+    os.kill(pid, signal.SIGKILL)
+    for ref in in_flight:
+        with pytest.raises(ActorDiedError):
+            get(ref)
+    with pytest.raises(ActorDiedError):
+        get(a.get_peak.remote())
+
+
 def test_a_constructor_that_raised_fails_every_call_with_its_exception_as_cause(cluster, gates):
     gate = gates("constructor")
     a = FailingConstructor.remote(gate)
@@ -487,13 +517,15 @@ def test_a_constructor_that_raised_fails_every_call_with_its_exception_as_cause(
 # ------------------------------------------------------------------ restarts
 
 def crash_while_running(actor: Any, gate: h.Gate) -> None:
-    """SIGKILL the actor while a call runs there; that call fails with ActorDiedError."""
+    """SIGKILL the actor while a call runs there and two wait behind it: the calls in
+    flight fail with ActorDiedError."""
     pid = get(actor.pid.remote())
-    in_flight = actor.block.remote(gate)
+    in_flight = [actor.block.remote(gate), actor.inc.remote(), actor.inc.remote()]
     gate.wait_started()
     os.kill(pid, signal.SIGKILL)
-    with pytest.raises(ActorDiedError):
-        get(in_flight)
+    for ref in in_flight:
+        with pytest.raises(ActorDiedError):
+            get(ref)
 
 
 def test_a_crashed_actor_restarts_with_fresh_state_up_to_max_restarts(cluster, gates):
@@ -518,7 +550,7 @@ def test_an_actor_without_max_restarts_is_dead_after_one_crash(cluster, gates):
 
 
 def test_kill_with_no_restart_false_lets_the_actor_restart(cluster):
-    a = Counter.options(max_restarts=1).remote()
+    a = Counter.options(max_restarts=2).remote()
     assert get(a.inc.remote(5)) == 5
     pid = get(a.pid.remote())
     orchestra.kill(a, no_restart=False)
@@ -526,8 +558,8 @@ def test_kill_with_no_restart_false_lets_the_actor_restart(cluster):
     # Later calls reach the restarted instance.
     assert get(a.inc.remote()) == 1
     assert get(a.pid.remote()) != pid
-    orchestra.kill(a)
-    with pytest.raises(ActorDiedError):
+    orchestra.kill(a)   # no_restart=True by default: dead for good with a restart left
+    with pytest.raises(ActorDiedError, match="killed by orchestra.kill"):
         get(a.inc.remote())
 
 
@@ -562,6 +594,20 @@ def test_an_actor_handed_to_a_task_lives_while_the_task_holds_its_handle(cluster
     wait_until(lambda: pid_gone(pid), 5, f"actor pid {pid} gone")
 
 
+def test_an_actor_whose_handles_are_gone_finishes_the_calls_it_has(cluster, gates):
+    gate = gates()
+    a = Counter.remote(3)
+    pid = get(a.pid.remote())
+    running = a.block.remote(gate)
+    queued = a.inc.remote()
+    gate.wait_started()
+    del a
+    gc.collect()
+    gate.open()
+    assert get([running, queued]) == [3, 4]
+    wait_until(lambda: pid_gone(pid), 5, f"actor pid {pid} gone")
+
+
 def test_a_named_actor_lives_on_without_handles_until_killed(cluster):
     named = Counter.options(name="keeper").remote()
     unnamed = Counter.remote()
@@ -591,8 +637,18 @@ def test_a_method_exception_raises_task_error_and_the_actor_lives_on(cluster):
     with pytest.raises(TaskError) as info:
         get(a.fail.remote("bad input"))
     assert isinstance(info.value, ValueError)
-    assert "bad input" in str(info.value)
+    assert "bad input" in str(info.value) and "Counter.fail" in str(info.value)
     assert get(a.value.remote()) == 101   # the state it had, including the failed call's change
+
+
+@pytest.mark.parametrize("kind", ["threaded", "async"])
+def test_a_method_exception_in_a_concurrent_actor_raises_task_error(cluster, kind):
+    cls = Sleeper.options(max_concurrency=2) if kind == "threaded" else AsyncSleeper
+    a = cls.remote()
+    with pytest.raises(TaskError) as info:
+        get(a.fail.remote("bad input"))
+    assert isinstance(info.value, ValueError) and "bad input" in str(info.value)
+    assert get(a.get_peak.remote()) == 100
 
 
 # ------------------------------------------------------------------ many actors

@@ -54,7 +54,7 @@ def value(pattern: str, text: str) -> str:
 
 
 def test_there_are_examples() -> None:
-    assert {"monte_carlo_pi.py", "zero_copy_pipeline.py"} <= set(SCRIPTS)
+    assert {"monte_carlo_pi.py", "zero_copy_pipeline.py", "parameter_server.py"} <= set(SCRIPTS)
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -86,6 +86,28 @@ def test_zero_copy_pipeline_matches_numpy_and_copies_nothing(tmp_path: Path) -> 
                         rel_tol=1e-9)
     assert "zero-copy view: True, read-only: True" in out
     assert "zero-copy in every task: True" in out
+
+
+def test_parameter_server_moves_the_weights_to_the_target(tmp_path: Path) -> None:
+    dim, workers, rounds = 100_000, 3, 4   # 800 KB of weights: they go through shared memory
+    out = run_script([str(EXAMPLES / "parameter_server.py"), "--dim", str(dim), "--workers",
+                      str(workers), "--rounds", str(rounds), "--num-cpus", "2"], tmp_path)
+    target_norm = float(np.linalg.norm(np.linspace(-1.0, 1.0, dim)))   # the example's target
+    norm = float(value(r"^final weights: norm ([0-9.]+)", out))
+    distance = float(value(r"distance ([0-9.e+-]+)\)", out))
+    # Each round shrinks the distance at least 3-fold (lr 0.3, at most 3 stale pushes).
+    assert distance < 0.05 * target_norm
+    assert abs(norm - target_norm) < 0.05 * target_norm
+    assert f"{workers * rounds} updates from {workers} workers in {rounds} rounds" in out
+    assert re.search(r"^time: [0-9.]+ s$", out, re.MULTILINE)
+
+
+def test_gang_allreduce_sums_over_four_members(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    out = run_script([str(EXAMPLES / "gang_allreduce.py"), "--members", "4", "--num-cpus", "1",
+                      "--timeout", "100"], tmp_path)
+    assert "all_reduce over 4 members: sum = 10, count = 4" in out
+    assert "every member agrees: True" in out
 
 
 _WHERE_IS_ORCHESTRA = textwrap.dedent("""
