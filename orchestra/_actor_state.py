@@ -38,7 +38,7 @@ class ActorState(enum.Enum):
 
 class Actor:
     __slots__ = ("spec", "creation", "state", "worker", "restarts", "queue", "death", "no_restart",
-                 "draining", "owner")
+                 "draining", "owner", "killing")
 
     def __init__(self, spec: Any, creation: Task, owner: int) -> None:
         self.spec = spec
@@ -51,6 +51,7 @@ class Actor:
         self.no_restart = False
         self.draining = False
         self.owner = owner
+        self.killing = False    # a kill was sent to its worker, whose death is not seen yet
 
 
 class ActorTable:
@@ -159,6 +160,8 @@ class ActorTable:
             self._die(a, blob)
             self.s.out.append(("kill", w.worker_id, "the actor's constructor raised"))
             return
+        if a.killing:   # killed while its constructor ran: calls wait for the death
+            return
         a.state = ActorState.ALIVE
         self.pump(a)
 
@@ -174,6 +177,7 @@ class ActorTable:
         if a is None or a.worker is not w:
             return
         a.worker = None
+        a.killing = False
         inflight = [t for t in w.queue if t is not a.creation]
         w.queue.clear()
         name = a.spec.class_name
@@ -195,11 +199,14 @@ class ActorTable:
         why = reason if a.no_restart else f"{reason}; restarts used: {a.restarts} of {limit}"
         self._die(a, self.s._error("actor_dead", name=name, reason=why))
 
+    def _release_name(self, a: Actor) -> None:
+        if a.spec.name and self.names.get(a.spec.name) == a.spec.actor_id:
+            del self.names[a.spec.name]
+
     def _die(self, a: Actor, blob: bytes) -> None:
         a.state = ActorState.DEAD
         a.death = blob
-        if a.spec.name and self.names.get(a.spec.name) == a.spec.actor_id:
-            del self.names[a.spec.name]
+        self._release_name(a)
         queued, a.queue = list(a.queue), collections.deque()
         for t in queued:
             self.s._fail_task(t, blob)
@@ -227,6 +234,9 @@ class ActorTable:
             # worker_died then restarts the actor, or _die fails the queue.
             if a.state is ActorState.ALIVE:
                 a.state = ActorState.RESTARTING
+            a.killing = True
+            if no_restart:
+                self._release_name(a)   # get_actor() fails as soon as kill() returns
             self.s.out.append(("kill", a.worker.worker_id, "killed by orchestra.kill()"))
         elif no_restart or a.state is ActorState.PENDING:
             self._die(a, self.s._error("actor_dead", name=a.spec.class_name,
