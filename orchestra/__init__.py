@@ -5,6 +5,9 @@ The public API; everything else lives in private modules.
 from . import exceptions
 from ._actor import ActorClass, ActorHandle, get_actor, kill
 from ._api import remote
+from ._gang import Gang, gang
+from ._gang_errors import GangAbortedError, GangError, GangMemberDiedError, GangTimeoutError
+from ._gang_member import GangContext, GangDevice, gang_context
 from ._object_ref import ObjectRef
 from ._remote_function import RemoteFunction
 from ._session import (
@@ -26,4 +29,6 @@ __all__ = [
     "init", "shutdown", "is_initialized", "remote", "RemoteFunction", "get", "put", "wait",
     "cancel", "get_gpu_ids", "cluster_resources", "available_resources", "ObjectRef",
     "exceptions", "ActorClass", "ActorHandle", "get_actor", "kill",
+    "gang", "Gang", "gang_context", "GangContext", "GangDevice", "GangError",
+    "GangAbortedError", "GangTimeoutError", "GangMemberDiedError",
 ]

@@ -163,6 +163,9 @@ class CoordinatorState:
         self._shutdown_done = False
         self._kv: dict[bytes, bytes] = {}
         self._abort_reason: str | None = None
+        # Nodes blamed for the abort (went silent, or restarted mid-session): lets the owner
+        # of the coordinator name the dead member without parsing the reason text.
+        self._failed_nodes: frozenset[int] = frozenset()
 
     # ----------------------------------------------------------------- introspection
 
@@ -170,6 +173,12 @@ class CoordinatorState:
     def aborted_reason(self) -> str | None:
         with self._cond:
             return self._abort_reason
+
+    @property
+    def failed_nodes(self) -> frozenset[int]:
+        """Node ids blamed for the abort (missed heartbeats, restarted); empty otherwise."""
+        with self._cond:
+            return self._failed_nodes
 
     @property
     def session_started(self) -> bool:
@@ -222,7 +231,8 @@ class CoordinatorState:
                 self._abort_locked(
                     f"node {node_id} connected again from a new client (client_id={client_id:#x}, "
                     f"was {previous:#x}) after the session started: that node restarted; "
-                    "restart the whole group"
+                    "restart the whole group",
+                    failed=(node_id,),
                 )
                 self._raise_if_aborted()
             self._clients[node_id] = client_id
@@ -386,7 +396,8 @@ class CoordinatorState:
                 f"{_fmt_nodes(silent)} missed heartbeats: silent for {max(silent.values()):.3g} s, "
                 f"more than {self.heartbeat_timeout_s:.3g} s (heartbeat interval "
                 f"{self.heartbeat_interval_s:.3g} s x {self.max_missing_heartbeats}); the process "
-                "died, hung or lost its network; the group is aborted, restart every node"
+                "died, hung or lost its network; the group is aborted, restart every node",
+                failed=silent,
             )
             return self._abort_reason
 
@@ -404,9 +415,10 @@ class CoordinatorState:
         if self._abort_reason is not None:
             raise CoordinatorStateError(Status.ABORTED, self._abort_reason)
 
-    def _abort_locked(self, reason: str) -> None:
+    def _abort_locked(self, reason: str, failed: Iterable[int] = ()) -> None:
         if self._abort_reason is None:
             self._abort_reason = reason
+            self._failed_nodes = frozenset(failed)
         self._cond.notify_all()
 
     def _check_session_locked(self, session_id: int) -> None:

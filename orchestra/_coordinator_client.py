@@ -123,6 +123,11 @@ class CoordinatorClient:
             raise CoordinatorError("not connected: call connect() first")
         return self._session_id
 
+    @property
+    def aborted_error(self) -> CoordinatorAbortedError | None:
+        """The abort this client saw (an RPC or a heartbeat got ABORTED), else None; sticky."""
+        return self._abort_error
+
     def connect(self) -> int:
         """Join the Connect barrier; returns the session id and starts heartbeating."""
         import grpc

@@ -236,6 +236,8 @@ class SchedulerState:
                 else:
                     self._fail_task(t, self._error("crashed", name=t.call.name, pid=w.pid,
                                                    reason=reason, attempts=t.attempt))
+            elif t.cancelled:   # cancelled while queued there: see return_tasks
+                self._fail_task(t, self._error("cancelled", name=t.call.name))
             else:  # never started there: schedule again, no retry spent
                 t.move(TaskState.READY)
                 self._enqueue_ready(t, front=True)
@@ -546,6 +548,11 @@ class SchedulerState:
                 w.queue.remove(t)
             t.worker = None
             t.attempt -= 1
+            if t.cancelled:
+                # The worker handed it back before our CancelTask reached it, and then
+                # ignored the cancel for a task it no longer had: re-queued, it ran.
+                self._fail_task(t, self._error("cancelled", name=t.call.name))
+                continue
             t.move(TaskState.READY)
             self._enqueue_ready(t, front=True)
         self._after_worker_step(w)

@@ -21,6 +21,7 @@ from typing import Any
 from . import _context, _wire
 from . import _pb as pb
 from ._client import ConnectionLost, CoreClient
+from ._gpus import detect_num_gpus
 from ._object_ref import ObjectRef
 from ._resources import make_request
 from ._store import sweep_stale_segments
@@ -121,7 +122,9 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     if num_gpus is not None and (isinstance(num_gpus, bool) or not isinstance(num_gpus, int)):
         raise TypeError(f"num_gpus must be an int, got {num_gpus!r}")
     cpus = (os.cpu_count() or 1) if num_cpus is None else num_cpus
-    req = make_request(cpus, num_gpus or 0, resources, default_cpus=0)
+    # None: the GPUs this machine has (CUDA_VISIBLE_DEVICES, else nvidia-smi; 0 without).
+    gpus = detect_num_gpus() if num_gpus is None else num_gpus
+    req = make_request(cpus, gpus, resources, default_cpus=0)
     if object_store_memory is None:
         store = _default_store_memory()
     elif isinstance(object_store_memory, bool) or not isinstance(object_store_memory, int) \
@@ -208,7 +211,11 @@ def shutdown() -> None:
         return
     _session = None
     _context.set_client(None)
-    s.stop()
+    try:
+        s.stop()
+    finally:
+        from ._gang import stop_coordinators
+        stop_coordinators()   # gangs' coordinators, after their members are gone
 
 
 def _shutdown_at_exit() -> None:

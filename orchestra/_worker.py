@@ -46,6 +46,10 @@ class WorkerRuntime:
         self.blocked = False
         self.actor: ActorRuntime | None = None
         self.main_ident = threading.get_ident()
+        # Orchestra's GPU ids index the devices the driver could see: with
+        # CUDA_VISIBLE_DEVICES=2,3 in the driver's environment, id 0 is device 2.
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        self.physical_gpus = [d.strip() for d in visible.split(",") if d.strip()]
         hello = pb.Hello(kind="worker", pid=os.getpid(), workerid=worker_id)
         self.client = CoreClient(sock_path, hello, on_frame=self._on_frame,
                                  on_lost=lambda: os._exit(1))
@@ -145,11 +149,18 @@ class WorkerRuntime:
                 self.running = None
                 self.actor.submit(inv)     # runs on the actor's threads or event loop
                 continue
+            done = None
             try:
                 done = self._execute(inv)
+                with cond:   # _cancel signals only while this task runs
+                    self.running = None
             except _Cancelled:
-                done = pb.TaskDone(task_id=inv.call.task_id, cancelled=True)
-            self.running = None
+                # Also a cancel that lands after the task returned, before `running` is
+                # cleared: it escaped run() and killed the worker. The result stands.
+                with cond:
+                    self.running = None
+                if done is None:
+                    done = pb.TaskDone(task_id=inv.call.task_id, cancelled=True)
             self.cancel_target = None
             self.client.send(_wire.TASK_DONE, done)
 
@@ -165,8 +176,12 @@ class WorkerRuntime:
     def _execute(self, inv: Any) -> Any:
         call = inv.call
         tid = call.task_id
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, inv.gpu_ids))
-        _context.set_gpu_ids(list(inv.gpu_ids))
+        ids = [self.physical_gpus[i] if i < len(self.physical_gpus) else str(i) for i in inv.gpu_ids]
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
+        # get_gpu_ids() gives the device numbers CUDA_VISIBLE_DEVICES names (orchestra's
+        # own id where the driver's environment names devices by UUID).
+        _context.set_gpu_ids([int(p) if p.isdigit() else i
+                              for p, i in zip(ids, inv.gpu_ids, strict=True)])
         try:
             fn, args, kwargs = self.prepare(inv)
             result = fn(*args, **kwargs)

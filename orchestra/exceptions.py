@@ -56,8 +56,13 @@ _dual_classes: dict[type, type[TaskError]] = {}
 
 def _rebuild_task_error(function_name: str, traceback_str: str,
                         cause: BaseException | None, pid: int) -> TaskError:
-    base = type(cause) if cause is not None else None
-    if base is None or isinstance(cause, TaskError) or not _can_subclass(base):
+    # A task that let a nested task's TaskError escape: the class to keep is that of the
+    # innermost cause, or `except ValueError` missed a ValueError raised two tasks down.
+    root = cause
+    while isinstance(root, TaskError) and root.cause is not None:
+        root = root.cause
+    base = type(root) if root is not None else None
+    if base is None or isinstance(root, TaskError) or not _can_subclass(base):
         return TaskError(function_name, traceback_str, cause, pid)
     dual = _dual_classes.get(base)
     if dual is None:

@@ -94,6 +94,17 @@ def test_an_error_propagates_to_a_task_submitted_before_the_failure(cluster, gat
     assert not os.path.exists(marker)
 
 
+def test_an_error_a_task_lets_escape_from_its_subtask_keeps_the_original_class(cluster):
+    @orchestra.remote(max_retries=0)
+    def outer() -> None:
+        orchestra.get(h.raise_value_error.remote("two tasks down"), timeout=T)
+
+    with pytest.raises(ValueError, match="two tasks down") as info:
+        orchestra.get(outer.remote(), timeout=T)
+    assert isinstance(info.value, TaskError)
+    assert "outer" in str(info.value) and "raise_value_error" in str(info.value)
+
+
 def test_a_task_that_raises_is_not_retried_by_default(cluster, tmp_path):
     marker = str(tmp_path / "attempt")
 

@@ -22,7 +22,8 @@ from _probes import SHM_DIR, pid_gone, wait_until
 pytestmark = pytest.mark.timeout(60)
 
 T = 30
-REPO = Path(__file__).resolve().parents[2]
+# The orchestra this test imports (the source tree, or the installed wheel under tox).
+ORCHESTRA_ROOT = str(Path(orchestra.__file__).resolve().parents[1])
 
 
 def _segments_of(head_pid: int) -> list[str]:
@@ -147,7 +148,7 @@ _DRIVER = textwrap.dedent("""
 def _start_driver(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], dict]:
     script = tmp_path / "driver.py"
     script.write_text(_DRIVER)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": ORCHESTRA_ROOT}
     proc = subprocess.Popen([sys.executable, str(script), mode], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, env=env)
     ready, _, _ = select.select([proc.stdout], [], [], T)
@@ -163,8 +164,16 @@ def _start_driver(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], dic
 def _assert_nothing_left(info: dict, timeout: float) -> None:
     pids = [info["head"], *info["workers"]]
     assert len(pids) == 3
-    wait_until(lambda: all(pid_gone(p) for p in pids) and not _segments_of(info["head"]),
-               timeout, f"processes {pids} gone and their segments removed")
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [p for p in pids if not pid_gone(p)]
+        segments = _segments_of(info["head"])
+        if not alive and not segments:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"after {timeout:g} s: processes alive {alive} (head {info['head']}), "
+                        f"segments left {segments}")
+        time.sleep(0.01)
 
 
 def test_killing_the_driver_with_sigkill_leaves_no_process_and_no_segment(no_cluster, tmp_path):

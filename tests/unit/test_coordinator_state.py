@@ -275,6 +275,32 @@ def test_silent_node_aborts_the_group_and_abort_is_sticky() -> None:
         assert "node 1 missed heartbeats" in excinfo.value.message
 
 
+def test_the_abort_names_the_nodes_it_blames() -> None:
+    clock = FakeClock()
+    state = make_state(3, clock=clock)
+    connect_all(state)
+    assert state.failed_nodes == frozenset()
+    clock.now += 2.0
+    state.heartbeat(SESSION, 1)
+    clock.now += 1.5  # nodes 0 and 2 silent 3.5 s > 3 s; node 1 1.5 s
+    assert state.check_heartbeats() is not None
+    assert state.failed_nodes == frozenset({0, 2})
+    clock.now += 10.0  # the first abort stays: node 1 going silent later is not blamed
+    state.check_heartbeats()
+    assert state.failed_nodes == frozenset({0, 2})
+
+
+def test_a_node_that_restarts_is_blamed_and_a_stop_blames_nobody() -> None:
+    state = make_state(2)
+    connect_all(state)
+    with pytest.raises(CoordinatorStateError):
+        state.connect(1, 999, PROTOCOL_VERSION, 0.0)
+    assert state.failed_nodes == frozenset({1})
+    stopped = make_state(2)
+    stopped.abort("the coordinator was stopped")
+    assert stopped.failed_nodes == frozenset()
+
+
 def test_heartbeats_are_not_checked_before_the_connect_barrier() -> None:
     clock = FakeClock()
     state = make_state(2, clock=clock)

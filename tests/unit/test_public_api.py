@@ -30,6 +30,8 @@ DOCUMENTED_API = [
     "init", "shutdown", "is_initialized", "remote", "RemoteFunction", "get", "put", "wait",
     "cancel", "get_gpu_ids", "cluster_resources", "available_resources", "ObjectRef",
     "exceptions", "ActorClass", "ActorHandle", "get_actor", "kill",
+    "gang", "Gang", "gang_context", "GangContext", "GangDevice", "GangError",
+    "GangAbortedError", "GangTimeoutError", "GangMemberDiedError",
 ]
 
 DOCUMENTED_ERRORS = [

@@ -492,6 +492,40 @@ def test_cancel_with_force_of_a_pipelined_task_does_not_kill_the_worker():
     assert ins[:3] == (SEND, worker_conn(1), _wire.CANCEL_TASK)
 
 
+@pytest.mark.parametrize("how", ["returned", "worker-died"])
+def test_a_cancelled_task_handed_back_unstarted_is_not_run(how):
+    # The cancel and the hand-back (a steal, a block, or the worker's death) cross: the
+    # worker no longer has the task when the CancelTask reaches it, and says nothing.
+    c = Cluster(cpus=1)
+    c.submit(make_call("running"))
+    pipelined = c.submit(make_call("pipelined"))
+    c.take()
+    c.s.cancel(rid(pipelined), force=False)
+    c.take()
+    if how == "returned":
+        c.s.return_tasks(worker_conn(1), [pipelined.task_id])
+    else:
+        c.s.worker_died(1, "signal SIGKILL")
+        c.connect(c.started(c.s.out)[0])
+    out = c.take()
+    assert pipelined.task_id not in {t for _, t in executed(out)}
+    assert b"cancelled" in error_of(out, rid(pipelined))
+
+
+def test_an_idle_worker_takes_back_tasks_pipelined_behind_a_running_one():
+    c = Cluster(cpus=2)
+    long = c.submit(make_call("long"))
+    short = c.submit(make_call("short"))
+    behind = c.submit(make_call("behind"))   # no CPU free: pipelined
+    out = c.take()
+    assert executed(out) == [(1, long.task_id), (2, short.task_id), (1, behind.task_id)]
+    c.done(2, short)
+    [steal] = [ins for ins in c.take() if ins[0] == SEND and ins[2] == _wire.STEAL]
+    assert steal[1] == worker_conn(1) and list(steal[3].task_ids) == [behind.task_id]
+    c.s.return_tasks(worker_conn(1), [behind.task_id])
+    assert executed(c.take()) == [(2, behind.task_id)]
+
+
 def test_cancelling_a_finished_task_does_nothing():
     c = Cluster(cpus=1)
     call = c.submit(make_call("f"))

@@ -346,10 +346,19 @@ def test_base_exceptions_are_wrapped_as_a_plain_task_error(exc):
     assert type(err) is TaskError and err.cause is exc
 
 
-def test_wrapping_a_task_error_does_not_nest_classes():
+def test_a_task_error_escaping_an_outer_task_keeps_the_innermost_class():
     inner = TaskError.wrap("inner", "tb1", ValueError("x"), 1)
     outer = TaskError.wrap("outer", "tb2", inner, 2)
-    assert type(outer) is TaskError and outer.cause is inner
+    assert type(outer) is type(inner)          # TaskError(ValueError): no class nesting
+    assert isinstance(outer, ValueError) and outer.cause is inner
+    assert "tb1" in str(outer) and "tb2" in str(outer)
+    back = pickle.loads(dumps_exception(outer))
+    assert isinstance(back, ValueError) and isinstance(back.cause, ValueError)
+
+
+def test_a_plain_task_error_escaping_an_outer_task_stays_plain():
+    inner = TaskError("inner", "tb1", None, 1)
+    assert type(TaskError.wrap("outer", "tb2", inner, 2)) is TaskError
 
 
 def test_an_exception_pickle_cannot_rebuild_falls_back_to_its_text():
