@@ -373,10 +373,11 @@ class SchedulerState:
                     return w
             elif st is WorkerState.LEASED and w.lease_shape == t.shape:
                 candidates.append(w)
-        if any(n.resources.fits(req) for n in self.nodes.values()):
+        if req and any(n.resources.fits(req) for n in self.nodes.values()):
             # Resources are free, only a worker is missing (starting, or replacing a dead
             # one): wait for it. Pipelining now could queue the task behind a long-running
-            # one for as long as that runs, with a CPU idle.
+            # one for as long as that runs, with a CPU idle. (A task that holds nothing
+            # always "fits": it pipelines, or it would start workers up to max_workers.)
             self._maybe_grow(t)
             return None
         best = None

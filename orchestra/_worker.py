@@ -6,8 +6,9 @@
 
 A task that blocks in get()/wait() hands its queued tasks back and lends its CPU
 (Blocked frame), so nested tasks cannot deadlock on a full pool. Cancel: the reader
-thread signals the main thread (SIGUSR1), which raises inside the task; a signal
-also interrupts time.sleep and blocking I/O. The worker exits when its connection to
+thread signals the main thread (SIGUSR1), which raises inside the task (deferred
+while the main thread is in the client's socket code); a signal also interrupts
+time.sleep and blocking I/O. The worker exits when its connection to
 the head closes, and dies with the head (PR_SET_PDEATHSIG).
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ import signal
 import sys
 import threading
 import traceback
+import weakref
 from typing import Any
 
 import cloudpickle
@@ -61,6 +63,14 @@ class WorkerRuntime:
                 sys.path.append(p)
         _context.set_client(self.client)
         self.client.on_block = self._on_block
+        # A cancel raises in the main thread wherever it is (SIGUSR1). Inside the client's
+        # socket code it cut a frame in half (the head then waited for the rest of it,
+        # and the task never finished) or lost frames already read: there it is deferred
+        # until the main thread leaves that code.
+        self._in_socket_code = 0
+        self._cancel_deferred = False
+        for name in ("send_raw", "_read_once"):
+            setattr(self.client, name, self._guard(getattr(self.client, name)))
         signal.signal(signal.SIGUSR1, self._on_cancel_signal)
 
     # ------------------------------------------------------------ reader thread side
@@ -108,9 +118,39 @@ class WorkerRuntime:
     # ------------------------------------------------------------ main thread side
     def _on_cancel_signal(self, signum: int, frame: Any) -> None:
         target = self.cancel_target
-        if target is not None and target == self.running:
-            self.cancel_target = None
-            raise _Cancelled()
+        if target is None or target != self.running:
+            return
+        if self._in_socket_code:
+            self._cancel_deferred = True   # raised by _guard on the way out
+            return
+        if _in_finalizer(frame):
+            # Raised in __del__ or a weakref callback, it is printed and dropped, and the
+            # cancel lost: ask again in a moment.
+            threading.Timer(0.005, self._resignal, (target,)).start()
+            return
+        self.cancel_target = None
+        raise _Cancelled()
+
+    def _resignal(self, target: bytes) -> None:
+        if self.cancel_target == target and self.running == target:
+            signal.pthread_kill(self.main_ident, signal.SIGUSR1)
+
+    def _guard(self, fn: Any) -> Any:
+        """``fn`` (client socket code) with a cancel of the main thread deferred past it."""
+        main = self.main_ident
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() != main:
+                return fn(*args, **kwargs)
+            self._in_socket_code += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._in_socket_code -= 1
+                if not self._in_socket_code and self._cancel_deferred:
+                    self._cancel_deferred = False
+                    self._on_cancel_signal(signal.SIGUSR1, sys._getframe())
+        return guarded
 
     def _on_block(self, blocked: bool) -> None:
         if blocked:
@@ -120,10 +160,12 @@ class WorkerRuntime:
                 self.queue.clear()
             # Blocked before the returned tasks: while this worker still counts as
             # leased, the scheduler pipelines returned tasks straight back to it (and
-            # they bounce once more) instead of giving them to another worker.
-            self.client.send(_wire.BLOCKED, pb.Blocked(blocked=True))
+            # they bounce once more) instead of giving them to another worker. One
+            # write: a cancel between the two lost the tasks taken off the queue.
+            frames = _wire.encode(_wire.BLOCKED, pb.Blocked(blocked=True))
             if queued:
-                self.client.send(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=queued))
+                frames += _wire.encode(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=queued))
+            self.client.send_raw(frames)
         else:
             with self.cond:
                 self.blocked = False
@@ -162,6 +204,8 @@ class WorkerRuntime:
                 if done is None:
                     done = pb.TaskDone(task_id=inv.call.task_id, cancelled=True)
             self.cancel_target = None
+            if self.blocked:   # a cancel landed in get()'s bookkeeping, past its unblock
+                self._on_block(False)
             self.client.send(_wire.TASK_DONE, done)
 
     def _function(self, fid: bytes) -> Any:
@@ -327,6 +371,16 @@ class ActorRuntime:
             except BaseException as exc:  # noqa: BLE001 - reported to the caller
                 done = w.failed(inv, exc)
         w.client.send(_wire.TASK_DONE, done)
+
+
+def _in_finalizer(frame: Any) -> bool:
+    """Whether ``frame`` runs inside __del__ or a weakref callback."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "__del__" or code.co_filename == weakref.__file__:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _load_error(blob: bytes) -> BaseException:

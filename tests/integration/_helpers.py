@@ -231,6 +231,30 @@ def uninterruptible_sleep(gate: Gate) -> str:
     return "not cancelled"
 
 
+@orchestra.remote
+def ignore(*args: Any) -> None:
+    return None
+
+
+@orchestra.remote(max_retries=0)
+def submit_large_calls(gate: Gate) -> str:
+    """Submits calls of 3.6 MB (40 inline arguments) until cancelled: its main thread is
+    mostly inside the client's sendall when the cancel comes."""
+    payload = b"x" * 90_000
+    refs = []
+    deadline = time.monotonic() + DEADLINE_S
+    sent = 0
+    while time.monotonic() < deadline:
+        refs.append(ignore.remote(*([payload] * 40)))
+        del refs[:-5]
+        sent += 1
+        if sent == 3:   # sending steadily now: tell the driver (and who we are)
+            with open(gate.started + ".tmp", "w") as f:
+                f.write(str(os.getpid()))
+            os.rename(gate.started + ".tmp", gate.started)
+    return "not cancelled"
+
+
 # ------------------------------------------------------------------ nested
 
 @orchestra.remote

@@ -251,6 +251,23 @@ def test_cancelled_task_error_is_an_orchestra_error(cluster, gates):
         orchestra.get(ref, timeout=T)
 
 
+@pytest.mark.timeout(90)
+def test_cancel_a_task_while_it_sends_keeps_its_worker_and_the_cluster_working(start_cluster,
+                                                                                gates):
+    # The cancel lands inside the client's sendall: raised there, it cut a frame in half,
+    # the head waited for the rest, and the task never finished.
+    start_cluster(num_cpus=2)
+    for i in range(3):
+        gate = gates(f"sender{i}")
+        ref = h.submit_large_calls.remote(gate)
+        gate.wait_started()
+        pid = int(open(gate.started).read())
+        orchestra.cancel(ref)
+        _assert_cancelled(ref)
+        assert not pid_gone(pid)
+        assert orchestra.get(h.add.remote(i, 1), timeout=T) == i + 1
+
+
 def test_cancel_with_force_kills_the_worker(start_cluster, gates):
     c = start_cluster(num_cpus=1)
     gate = gates()

@@ -317,6 +317,17 @@ def test_a_task_is_not_pipelined_while_a_cpu_is_free():
     assert executed(c.take()) == [(second, b.task_id)]
 
 
+def test_tasks_that_hold_nothing_pipeline_instead_of_starting_workers():
+    # They always "fit": waiting for a new worker each time would grow the pool to
+    # max_workers under a stream of them.
+    c = Cluster(cpus=1, max_workers=8)
+    a = c.submit(make_call("a", cpus=0))
+    b = c.submit(make_call("b", cpus=0))
+    out = c.take()
+    assert executed(out) == [(1, a.task_id), (1, b.task_id)]
+    assert c.started(out) == []
+
+
 # ------------------------------------------------------------------ blocked workers
 
 @pytest.mark.parametrize("order", ["blocked-then-returned", "returned-then-blocked"])
