@@ -15,7 +15,6 @@ Submit/put, so they are not announced.
 from __future__ import annotations
 
 import itertools
-import os
 import pickle
 import select
 import socket
@@ -502,15 +501,3 @@ def _connect(path: str, timeout_s: float) -> socket.socket:
                     f"could not connect to the head at {path} within {timeout_s:g} s: {exc}") from exc
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-

@@ -444,6 +444,9 @@ def main(argv: list[str] | None = None) -> None:
     with open(argv[0]) as f:
         cfg = json.load(f)
     die_with_parent(signal.SIGTERM)
+    # Everything the head creates (sockets, segments) is for this user only; set before
+    # any socket exists, so none is ever reachable by others, not even for a moment.
+    os.umask(0o077)
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C belongs to the driver
     import uvloop
     loop = uvloop.new_event_loop()

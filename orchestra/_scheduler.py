@@ -36,6 +36,9 @@ STOP_WORKER = "stop"       # (STOP_WORKER, worker_id): idle and surplus, ask it 
 FREE_SEGMENT = "free_seg"  # (FREE_SEGMENT, node_id, name)
 
 
+_MAX_START_FAILURES = 3
+
+
 class TaskState(enum.Enum):
     # Members are singletons: identity hashing is exact, and C-fast (Enum.__hash__ is
     # Python code, and transitions are looked up per task).
@@ -165,6 +168,7 @@ class SchedulerState:
         # passes orchestra._errors.make_error; tests may pass their own.
         self._error = error_factory or _default_error
         self.actor_table = ActorTable(self)
+        self.start_failures = 0   # consecutive worker processes that died before connecting
 
     # ------------------------------------------------------------------ nodes, workers
     def add_node(self, node_id: int, resources: dict[str, float], *, num_workers: int,
@@ -189,6 +193,7 @@ class SchedulerState:
                 raise ValueError(f"unknown or duplicate worker id {hello.workerid}")
             w.conn, w.pid, w.state = conn, hello.pid, WorkerState.IDLE
             c.worker = w
+            self.start_failures = 0
             if w.actor is not None:
                 self.actor_table.worker_connected(w)
             self.schedule()
@@ -206,9 +211,23 @@ class SchedulerState:
 
     def worker_failed_to_start(self, worker_id: int, reason: str) -> None:
         w = self.workers.get(worker_id)
-        if w is not None and w.state is WorkerState.STARTING:
-            w.state = WorkerState.DEAD
-            del self.workers[worker_id]
+        if w is None or w.state is not WorkerState.STARTING:
+            return
+        w.state = WorkerState.DEAD
+        del self.workers[worker_id]
+        if w.actor is not None:
+            self.actor_table.worker_died(w, f"its worker process failed to start ({reason})")
+        self.start_failures += 1
+        if self.start_failures >= _MAX_START_FAILURES:
+            # A broken environment (the worker cannot even import): fail what waits for
+            # a worker instead of retrying forever.
+            err = self._error("crashed", name="", pid=0, attempts=0,
+                              reason=f"worker processes fail to start: {reason}")
+            for q in self.ready.values():
+                while q:
+                    self._fail_task(q[0], err)
+            return
+        self.schedule()
 
     def worker_died(self, worker_id: int, reason: str) -> None:
         """The worker's process is gone: retry or fail what it was running."""
@@ -584,9 +603,9 @@ class SchedulerState:
             c = self.clients.get(conn)
             if c is not None:
                 c.holds[oid] += 1
-        self._seal(oid, data)
+        self._seal(oid, data, push_owner=False)   # the writer has the data already
 
-    def _seal(self, oid: bytes, data: Any) -> None:
+    def _seal(self, oid: bytes, data: Any, push_owner: bool = True) -> None:
         o = self.objects.get(oid)
         if o is None or o.data is not None:
             if data.WhichOneof("data") == "segment":  # nobody wants it any more
@@ -606,7 +625,7 @@ class SchedulerState:
             self._free(oid, o)
             return
         out = self.out
-        if o.owner in self.clients:
+        if push_owner and o.owner in self.clients:
             out.append((PUSH, o.owner, data))
         for sub in o.subscribers:
             if sub != o.owner and sub in self.clients:

@@ -24,7 +24,7 @@ from ._client import ConnectionLost, CoreClient
 from ._gpus import detect_num_gpus
 from ._object_ref import ObjectRef
 from ._resources import make_request
-from ._store import sweep_stale_segments
+from ._store import pid_alive, sweep_stale_segments
 from .exceptions import ObjectLostError, OrchestraError
 
 SESSION_PREFIX = "orchestra-session-"
@@ -91,12 +91,8 @@ def _sweep_stale_sessions() -> None:
                 pid = int(f.read().strip())
         except (OSError, ValueError):
             continue
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not pid_alive(pid):
             shutil.rmtree(path, ignore_errors=True)
-        except PermissionError:
-            pass
 
 
 def init(address: str | None = None, *, num_cpus: int | None = None,
