@@ -74,7 +74,8 @@ class IllegalTransition(RuntimeError):
 
 class Task:
     __slots__ = ("call", "owner", "state", "deps", "worker", "retries_left", "cancelled",
-                 "shape", "resources", "attempt", "arg_ids", "return_ids", "force_cancel")
+                 "shape", "resources", "attempt", "arg_ids", "return_ids", "force_cancel",
+                 "depth", "qkey")
 
     def __init__(self, call: Any, owner: int) -> None:
         self.call = call
@@ -87,6 +88,8 @@ class Task:
         self.force_cancel = False
         self.resources = dict(call.resources)
         self.shape = shape_key(self.resources)
+        self.depth = 0          # 0: submitted by a driver; n+1: by a task of depth n
+        self.qkey = (0, self.shape)
         self.attempt = 0
         self.arg_ids: list[bytes] = []
         tid = call.task_id
@@ -161,7 +164,10 @@ class SchedulerState:
         self.tasks: dict[bytes, Task] = {}
         self.objects: dict[bytes, Obj] = {}
         self.functions: dict[bytes, Any] = {}   # function id -> RegisterFunctionRequest
-        self.ready: dict[tuple[tuple[str, float], ...], collections.deque[Task]] = {}
+        # Ready tasks by (-depth, resource shape): deeper tasks first, so the subtasks of
+        # tasks blocked in get() run before more of their parents start (which would
+        # block too, until no worker is left for anyone: a deadlock).
+        self.ready: dict[tuple[int, tuple[tuple[str, float], ...]], collections.deque[Task]] = {}
         self.pipeline_depth = pipeline_depth
         self._next_worker_id = 1
         # Builds the pickled error for an object: (kind, **details) -> bytes. The head
@@ -288,6 +294,10 @@ class SchedulerState:
 
     def submit(self, conn: int, call: Any) -> None:
         t = Task(call, conn)
+        c = self.clients.get(conn)
+        if c is not None and c.worker is not None and c.worker.queue:
+            t.depth = c.worker.queue[0].depth + 1
+            t.qkey = (-t.depth, t.shape)
         self.tasks[call.task_id] = t
         for rid in t.return_ids:
             self.new_object(conn, rid)
@@ -357,9 +367,10 @@ class SchedulerState:
         self.schedule()
 
     def _enqueue_ready(self, t: Task, front: bool = False) -> None:
-        q = self.ready.get(t.shape)
+        q = self.ready.get(t.qkey)
         if q is None:
-            q = self.ready[t.shape] = collections.deque()
+            q = self.ready[t.qkey] = collections.deque()
+            self.ready = dict(sorted(self.ready.items()))   # deepest first
         if front:
             q.appendleft(t)
         else:
@@ -526,7 +537,7 @@ class SchedulerState:
         if t.call.actor_id:
             self.actor_table.remove_call(t)
         if t.state is TaskState.READY:
-            q = self.ready.get(t.shape)
+            q = self.ready.get(t.qkey)
             if q is not None and t in q:
                 q.remove(t)
         for oid in t.deps:
