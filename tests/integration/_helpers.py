@@ -299,3 +299,9 @@ def array_info(a: Any) -> dict[str, Any]:
 def make_array(n: int) -> Any:
     import numpy as np
     return np.arange(n, dtype=np.int64)
+
+
+@orchestra.remote
+def fan_out(k: int) -> int:
+    """Submit k subtasks and wait for them all."""
+    return sum(orchestra.get([identity.remote(1) for _ in range(k)], timeout=DEADLINE_S))

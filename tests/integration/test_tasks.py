@@ -107,6 +107,14 @@ def test_a_task_blocked_in_get_lends_its_cpu_to_its_subtask(cluster):
 
 
 @pytest.mark.timeout(90)
+def test_many_parents_blocked_in_get_do_not_starve_their_subtasks(start_cluster):
+    # More parents than the pool can ever grow to: subtasks must run before more
+    # parents start, or every worker ends up blocked in get() (a deadlock).
+    start_cluster(num_cpus=2)
+    assert orchestra.get([h.fan_out.remote(5) for _ in range(150)], timeout=60) == [5] * 150
+
+
+@pytest.mark.timeout(90)
 def test_recursion_deeper_than_the_number_of_cpus_completes(start_cluster):
     start_cluster(num_cpus=2)
     assert orchestra.get(h.recurse.remote(6), timeout=60) == 6
