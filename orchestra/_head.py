@@ -121,7 +121,10 @@ class Head:
         self.loop = loop
         self.session_dir = cfg["session_dir"]
         self.sock_path = os.path.join(self.session_dir, "head.sock")
-        self.state = SchedulerState(pipeline_depth=cfg.get("pipeline_depth", 2),
+        # Up to 8 tasks queued per busy worker: 5.3k -> 7k no-op tasks/s on 2 cores (8 -> 16
+        # adds ~10% more). An idle worker takes queued tasks back (STEAL), so a long
+        # task never holds up the ones pipelined behind it for long.
+        self.state = SchedulerState(pipeline_depth=cfg.get("pipeline_depth", 8),
                                     error_factory=make_error)
         capacity = int(cfg["object_store_memory"])
         self.store = ObjectStore(NODE_ID, cfg["session_id"], capacity,
