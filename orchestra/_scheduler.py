@@ -175,11 +175,13 @@ class SchedulerState:
         self._error = error_factory or _default_error
         self.actor_table = ActorTable(self)
         self.start_failures = 0   # consecutive worker processes that died before connecting
+        self._feasible: dict[tuple[tuple[str, float], ...], bool] = {}
 
     # ------------------------------------------------------------------ nodes, workers
     def add_node(self, node_id: int, resources: dict[str, float], *, num_workers: int,
                  max_workers: int) -> None:
         self.nodes[node_id] = Node(node_id, resources, max_workers)
+        self._feasible.clear()
         for _ in range(num_workers):
             self._start_worker(node_id)
 
@@ -337,8 +339,11 @@ class SchedulerState:
             if inner is not None:
                 inner.count += 1
                 t.arg_ids.append(oid)
-        infeasible = not any(n.resources.feasible(t.resources) for n in self.nodes.values())
-        if infeasible:
+        feasible = self._feasible.get(t.shape)
+        if feasible is None:   # once per resource shape: it only changes with the nodes
+            feasible = self._feasible[t.shape] = any(
+                n.resources.feasible(t.resources) for n in self.nodes.values())
+        if not feasible:
             self._fail_task(t, self._error("infeasible", name=call.name, resources=t.resources))
             return False
         if t.deps:
