@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -18,6 +17,7 @@ from typing import IO, Any
 import grpc
 import pytest
 
+from _threads import Background
 from orchestra._coordinator import PROTOCOL_VERSION, Coordinator
 from orchestra._coordinator_client import (
     CoordinatorAbortedError,
@@ -32,28 +32,6 @@ pytestmark = pytest.mark.timeout(30)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 Stub = Any  # xla_pb2_grpc.DistributedRuntimeServiceStub (generated, untyped)
 
-
-class Background:
-    """Runs a call in a thread and hands back its result or the exception it raised."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
-        self.thread.start()
-
-    def _run(self, fn: Callable[[], Any]) -> None:
-        try:
-            self.result = fn()
-        except BaseException as err:  # noqa: BLE001 (re-raised in the test thread by join())
-            self.error = err
-
-    def join(self, timeout: float = 10.0) -> Any:
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "background call did not return"
-        if self.error is not None:
-            raise self.error
-        return self.result
 
 
 @pytest.fixture

@@ -5,14 +5,13 @@ Concurrent nodes are threads calling the state directly; liveness uses an inject
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import pytest
 
+from _threads import Background
 from orchestra._coordinator import (
     PROTOCOL_VERSION,
     CoordinatorState,
@@ -41,28 +40,6 @@ def make_state(num_nodes: int = 2, **kwargs: Any) -> CoordinatorState:
     kwargs.setdefault("max_missing_heartbeats", 3)
     return CoordinatorState(num_nodes, session_id=SESSION, **kwargs)
 
-
-class Background:
-    """Runs a call in a thread and hands back its result or the exception it raised."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
-        self.thread.start()
-
-    def _run(self, fn: Callable[[], Any]) -> None:
-        try:
-            self.result = fn()
-        except BaseException as err:  # noqa: BLE001 (re-raised in the test thread by join())
-            self.error = err
-
-    def join(self, timeout: float = 5.0) -> Any:
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "background call did not return"
-        if self.error is not None:
-            raise self.error
-        return self.result
 
 
 def connect_all(state: CoordinatorState, timeout_s: float = 5.0) -> int:
