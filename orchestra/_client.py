@@ -106,7 +106,7 @@ class CoreClient:
                 for i, (kind, msg) in enumerate(frames):
                     if kind == _wire.HELLO_REPLY:
                         self.sock.settimeout(None)
-                        self._leftover = dec
+                        self._decoder = dec
                         self._early_frames = frames[i + 1:]   # sent right after the reply
                         return msg
         except TimeoutError as exc:
@@ -180,9 +180,6 @@ class CoreClient:
             self._subscribed.discard(oid)
             if self.lost is None:
                 self._decr.append(oid)
-
-    def local_ref_count(self) -> int:
-        return len(self._local)
 
     # ------------------------------------------------------------------ tasks
     def register_function(self, function_id: bytes, req_bytes: bytes) -> None:
@@ -418,7 +415,7 @@ class CoreClient:
         if not n:
             self._connection_lost()
             return False
-        self._dispatch(self._leftover.feed(self._view[:n]))
+        self._dispatch(self._decoder.feed(self._view[:n]))
         return True
 
     def _background(self) -> None:

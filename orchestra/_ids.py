@@ -11,7 +11,6 @@ import itertools
 import os
 
 TASK_ID_LEN = 12
-OBJECT_ID_LEN = 16
 
 _prefix = os.urandom(8)
 _pid = os.getpid()
@@ -31,7 +30,3 @@ def object_id(task_id: bytes, index: int) -> bytes:
 
 def task_of(object_id_: bytes) -> bytes:
     return object_id_[:TASK_ID_LEN]
-
-
-def return_index(object_id_: bytes) -> int:
-    return int.from_bytes(object_id_[TASK_ID_LEN:], "big")

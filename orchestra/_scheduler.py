@@ -74,7 +74,7 @@ class IllegalTransition(RuntimeError):
 
 class Task:
     __slots__ = ("call", "owner", "state", "deps", "worker", "retries_left", "cancelled",
-                 "shape", "resources", "attempt", "arg_ids", "return_ids", "force_cancel",
+                 "shape", "resources", "attempt", "arg_ids", "return_ids",
                  "depth", "qkey")
 
     def __init__(self, call: Any, owner: int) -> None:
@@ -85,7 +85,6 @@ class Task:
         self.worker: Worker | None = None
         self.retries_left = call.max_retries
         self.cancelled = False
-        self.force_cancel = False
         self.resources = dict(call.resources)
         self.shape = shape_key(self.resources)
         self.depth = 0          # 0: submitted by a driver; n+1: by a task of depth n

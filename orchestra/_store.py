@@ -249,10 +249,6 @@ class ObjectStore:
         except OSError:
             pass
 
-    def stats(self) -> dict[str, int]:
-        live = sum(1 for s in self.segs.values() if s.state in ("writing", "sealed", "retired"))
-        return {"used": self.used, "pooled": self.pooled, "live_segments": live,
-                "capacity": self.capacity}
 
 
 def _allocate(name: str, cap: int, idle: Callable[[], bool]) -> bool:
