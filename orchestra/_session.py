@@ -274,13 +274,15 @@ def wait(refs: Sequence[ObjectRef], *, num_returns: int = 1,
     """(ready, not_ready): the first ``num_returns`` refs ready, in input order."""
     if isinstance(refs, ObjectRef) or not isinstance(refs, (list, tuple)):
         raise TypeError(f"wait() takes a list of ObjectRefs, not a {type(refs).__name__}")
-    for r in refs:
+    client = _client() if refs else None
+    ids = set()
+    for r in refs:   # one pass: wait() over thousands of refs is on users' hot paths
         if not isinstance(r, ObjectRef):
             raise TypeError(f"wait() takes a list of ObjectRefs; it holds a {type(r).__name__}")
-    client = _client() if refs else None
-    for r in refs:
-        _check_session(r, client)
-    if len({r.binary() for r in refs}) != len(refs):
+        if r._client is not client:
+            _check_session(r, client)
+        ids.add(r._id)
+    if len(ids) != len(refs):
         raise ValueError("wait() got the same ObjectRef twice; pass each ref once")
     if isinstance(num_returns, bool) or not isinstance(num_returns, int):
         raise TypeError(f"num_returns must be an int, got {num_returns!r}")
