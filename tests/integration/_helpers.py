@@ -305,3 +305,9 @@ def make_array(n: int) -> Any:
 def fan_out(k: int) -> int:
     """Submit k subtasks and wait for them all."""
     return sum(orchestra.get([identity.remote(1) for _ in range(k)], timeout=DEADLINE_S))
+
+
+@orchestra.remote
+def sleep_then(seconds: float, value: Any) -> Any:
+    time.sleep(seconds)
+    return value

@@ -263,3 +263,70 @@ def test_functions_defined_in_the_users_modules_import_in_workers(start_cluster,
     assert "orchestra_userlib.py" in tb and 'raise ValueError("raised in userlib")' in tb
     monkeypatch.delitem(sys.modules, "orchestra_userlib")
 
+
+
+# ------------------------------------------------------------------ repeated sessions, Ctrl-C
+
+def _driver_resources() -> tuple[int, int]:
+    import threading
+    return len(os.listdir("/proc/self/fd")), threading.active_count()
+
+
+@pytest.mark.timeout(120)
+def test_twenty_init_shutdown_cycles_leak_no_fd_thread_or_segment(no_cluster):
+    orchestra.init(num_cpus=1)
+    orchestra.get(h.identity.remote(1), timeout=T)
+    orchestra.shutdown()
+    fds, threads = _driver_resources()
+    shm_before = {n for n in os.listdir(SHM_DIR) if n.startswith("orch-")}
+    for i in range(20):
+        orchestra.init(num_cpus=1)
+        ref = orchestra.put(np.ones(1 << 18))   # a segment each time
+        assert orchestra.get(h.identity.remote(i), timeout=T) == i
+        del ref
+        orchestra.shutdown()
+    fds_after, threads_after = _driver_resources()
+    assert fds_after <= fds, f"file descriptors grew from {fds} to {fds_after}"
+    # Daemon threads of the last client may take a moment to finish.
+    wait_until(lambda: _driver_resources()[1] <= threads, 5,
+               f"the driver's threads back to {threads} (now {_driver_resources()[1]})")
+    shm_after = {n for n in os.listdir(SHM_DIR) if n.startswith("orch-")}
+    assert shm_after <= shm_before, f"segments left: {sorted(shm_after - shm_before)}"
+
+
+_CTRL_C_DRIVER = """
+import sys, time
+sys.path[:0] = {paths!r}
+import orchestra
+import _helpers as h
+orchestra.init(num_cpus=1)
+ref = h.sleep_then.remote(30, "late")
+print("waiting", flush=True)
+t = time.monotonic()
+try:
+    orchestra.get(ref, timeout=60)
+except KeyboardInterrupt:
+    print("interrupted after %.2f s" % (time.monotonic() - t), flush=True)
+print("next", orchestra.get(h.identity.options(num_cpus=0).remote(7), timeout=30), flush=True)
+orchestra.shutdown()
+print("done", flush=True)
+"""
+
+
+def test_ctrl_c_in_get_interrupts_it_promptly_and_the_cluster_stays_usable(no_cluster):
+    here = str(Path(__file__).resolve().parent)
+    script = _CTRL_C_DRIVER.format(paths=[ORCHESTRA_ROOT, here])
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "waiting"
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=T)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = out.splitlines()
+    assert lines[0].startswith("interrupted after ")
+    assert float(lines[0].split()[2]) < 5.0
+    assert lines[1:] == ["next 7", "done"]
