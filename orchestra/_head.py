@@ -16,6 +16,7 @@ that dies before it connects.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import _grpc_service, _wire
@@ -78,29 +80,63 @@ class Conn(asyncio.Protocol):
 
 
 class WorkerPool:
-    """Starts, watches and kills the worker processes of one node."""
+    """Starts, watches and kills the worker processes of one node.
 
-    def __init__(self, sock_path: str, cwd: str, env: dict[str, str]) -> None:
+    Processes start on a thread of their own: a fork+exec costs the caller ~10-50 ms
+    (more with many starting at once), which would stall every connection of the head
+    (200 actors created in a row held the loop for seconds).
+    """
+
+    def __init__(self, sock_path: str, cwd: str, env: dict[str, str],
+                 on_failed: Callable[[int, str], None]) -> None:
         self.sock_path = sock_path
         self.cwd = cwd
         self.env = env
+        self.on_failed = on_failed        # called on the spawning thread
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.lock = threading.Lock()
+        self.kill_requested: set[int] = set()
+        self.closed = False
+        self.spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="orchestra-spawn")
 
     def start(self, worker_id: int) -> None:
-        self.procs[worker_id] = subprocess.Popen(
-            [sys.executable, "-m", "orchestra._worker", self.sock_path, str(worker_id)],
-            stdin=subprocess.DEVNULL, cwd=self.cwd if os.path.isdir(self.cwd) else None,
-            env=self.env, close_fds=True)
+        self.spawner.submit(self._spawn, worker_id)
+
+    def _spawn(self, worker_id: int) -> None:
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "orchestra._worker", self.sock_path, str(worker_id)],
+                stdin=subprocess.DEVNULL, cwd=self.cwd if os.path.isdir(self.cwd) else None,
+                env=self.env, close_fds=True)
+        except OSError as exc:
+            self.on_failed(worker_id, str(exc))
+            return
+        with self.lock:
+            self.procs[worker_id] = proc
+            doomed = self.closed or worker_id in self.kill_requested
+        if doomed:
+            proc.kill()
+
+    def snapshot(self) -> list[tuple[int, subprocess.Popen[bytes]]]:
+        with self.lock:
+            return list(self.procs.items())
 
     def kill(self, worker_id: int) -> None:
-        p = self.procs.get(worker_id)
-        if p is not None and p.poll() is None:
+        with self.lock:
+            p = self.procs.get(worker_id)
+            if p is None:   # still starting: killed as soon as it exists
+                self.kill_requested.add(worker_id)
+                return
+        if p.poll() is None:
             try:
                 p.kill()
             except ProcessLookupError:
                 pass
 
     def kill_all(self, timeout_s: float = 2.0) -> None:
+        with self.lock:
+            self.closed = True
+        self.spawner.shutdown(wait=True, cancel_futures=True)
         for p in self.procs.values():
             if p.poll() is None:
                 try:
@@ -135,7 +171,7 @@ class Head:
         # Workers start in the session directory, not the driver's cwd: `python -m` puts
         # the cwd first on sys.path, and an orchestra/ folder there (a checkout) would win
         # over the driver's orchestra. They chdir to the driver's cwd once connected.
-        self.pool = WorkerPool(self.sock_path, self.session_dir, env)
+        self.pool = WorkerPool(self.sock_path, self.session_dir, env, self._spawn_failed)
         self.conns: dict[int, Conn] = {}
         self.dirty: set[Conn] = set()
         self._next_conn = 1
@@ -364,13 +400,16 @@ class Head:
             self.dirty.clear()
 
     def _start_worker(self, worker_id: int) -> None:
-        if self.stopping:
-            return
-        try:
+        if not self.stopping:
             self.pool.start(worker_id)
-        except OSError as exc:
-            print(f"orchestra head: could not start a worker: {exc}", file=sys.stderr)
-            self.state.worker_failed_to_start(worker_id, str(exc))
+
+    def _spawn_failed(self, worker_id: int, reason: str) -> None:
+        """On the spawning thread: hand the failure to the loop thread."""
+        def report() -> None:
+            print(f"orchestra head: could not start a worker: {reason}", file=sys.stderr)
+            self.state.worker_failed_to_start(worker_id, reason)
+            self.carry_out()
+        self.loop.call_soon_threadsafe(report)
 
     # ------------------------------------------------------------------ failures
     def conn_lost(self, conn: Conn) -> None:
@@ -407,7 +446,7 @@ class Head:
         """Notice workers that exited before they connected."""
         if self.stopping:
             return
-        for wid, p in list(self.pool.procs.items()):
+        for wid, p in self.pool.snapshot():
             w = self.state.workers.get(wid)
             if p.poll() is not None and (w is None or w.state is WorkerState.STARTING):
                 self.pool.procs.pop(wid, None)
