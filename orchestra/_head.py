@@ -79,6 +79,104 @@ class Conn(asyncio.Protocol):
         self.head.conn_lost(self)
 
 
+class ForkedWorker:
+    """A worker forked by the zygote, with the part of Popen's interface the pool uses."""
+
+    def __init__(self) -> None:
+        self.pid = 0                        # known once the zygote answers
+        self.returncode: int | None = None
+        self.exited = threading.Event()
+        self.kill_on_pid = False            # killed before its pid was known
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def kill(self) -> None:
+        if not self.pid:
+            self.kill_on_pid = True
+            return
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if not self.exited.wait(timeout):
+            raise subprocess.TimeoutExpired("worker", timeout or 0)
+        return self.returncode
+
+
+class Zygote:
+    """The fork server (orchestra/_zygote.py) and the thread reading its replies."""
+
+    def __init__(self, sock_path: str, cwd: str, env: dict[str, str]) -> None:
+        req_r, self.req_w = os.pipe()
+        self.rep_r, rep_w = os.pipe()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestra._zygote", sock_path, str(req_r), str(rep_w)],
+            stdin=subprocess.DEVNULL, cwd=cwd, env=env, pass_fds=(req_r, rep_w))
+        os.close(req_r)
+        os.close(rep_w)
+        self.children: dict[int, ForkedWorker] = {}   # worker id -> child
+        self.by_pid: dict[int, ForkedWorker] = {}
+        self.lock = threading.Lock()
+        self.alive = True
+        threading.Thread(target=self._read, name="orchestra-zygote", daemon=True).start()
+
+    def spawn(self, worker_id: int) -> ForkedWorker:
+        child = ForkedWorker()
+        with self.lock:
+            self.children[worker_id] = child
+        os.write(self.req_w, f"spawn {worker_id}\n".encode())
+        return child
+
+    def _read(self) -> None:
+        buf = b""
+        while True:
+            try:
+                data = os.read(self.rep_r, 4096)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            buf += data
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                parts = line.split()
+                with self.lock:
+                    if parts[0] == b"pid":
+                        child = self.children.pop(int(parts[1]), None)
+                        if child is not None:
+                            child.pid = int(parts[2])
+                            self.by_pid[child.pid] = child
+                            if child.kill_on_pid:
+                                child.kill()
+                    elif parts[0] == b"exit":
+                        child = self.by_pid.pop(int(parts[1]), None)
+                        if child is not None:
+                            child.returncode = int(parts[2])
+                            child.exited.set()
+        # The zygote is gone, and its workers with it (parent-death signal).
+        self.alive = False
+        with self.lock:
+            for child in list(self.children.values()) + list(self.by_pid.values()):
+                if child.returncode is None:
+                    child.returncode = -signal.SIGKILL
+                child.exited.set()
+
+    def close(self) -> None:
+        try:
+            os.close(self.req_w)
+        except OSError:
+            pass
+        self.proc.kill()
+        try:
+            self.proc.wait(2)
+        except subprocess.TimeoutExpired:
+            pass
+
+
 class WorkerPool:
     """Starts, watches and kills the worker processes of one node.
 
@@ -93,21 +191,38 @@ class WorkerPool:
         self.cwd = cwd
         self.env = env
         self.on_failed = on_failed        # called on the spawning thread
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.procs: dict[int, Any] = {}   # Popen, or ForkedWorker from the zygote
         self.lock = threading.Lock()
         self.kill_requested: set[int] = set()
         self.closed = False
         self.spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="orchestra-spawn")
+        self.zygote: Zygote | None = None
 
     def start(self, worker_id: int) -> None:
         self.spawner.submit(self._spawn, worker_id)
 
-    def _spawn(self, worker_id: int) -> None:
+    def start_zygote(self) -> None:
+        """Fork workers from a pre-imported process from now on (see _zygote.py)."""
+        self.spawner.submit(self._start_zygote)
+
+    def _start_zygote(self) -> None:
         try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "orchestra._worker", self.sock_path, str(worker_id)],
-                stdin=subprocess.DEVNULL, cwd=self.cwd if os.path.isdir(self.cwd) else None,
-                env=self.env, close_fds=True)
+            self.zygote = Zygote(self.sock_path, self.cwd, self.env)
+        except OSError as exc:
+            print(f"orchestra head: no worker fork server ({exc}); starting workers with exec",
+                  file=sys.stderr)
+
+    def _spawn(self, worker_id: int) -> None:
+        proc: Any
+        try:
+            z = self.zygote
+            if z is not None and z.alive and not self.closed:
+                proc = z.spawn(worker_id)
+            else:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "orchestra._worker", self.sock_path, str(worker_id)],
+                    stdin=subprocess.DEVNULL, cwd=self.cwd if os.path.isdir(self.cwd) else None,
+                    env=self.env, close_fds=True)
         except OSError as exc:
             self.on_failed(worker_id, str(exc))
             return
@@ -117,7 +232,7 @@ class WorkerPool:
         if doomed:
             proc.kill()
 
-    def snapshot(self) -> list[tuple[int, subprocess.Popen[bytes]]]:
+    def snapshot(self) -> list[tuple[int, Any]]:
         with self.lock:
             return list(self.procs.items())
 
@@ -145,10 +260,14 @@ class WorkerPool:
                     pass
         deadline = time.monotonic() + timeout_s
         for p in self.procs.values():
+            if not p.pid:
+                continue   # not forked yet: dies with the zygote below
             try:
                 p.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
+        if self.zygote is not None:
+            self.zygote.close()   # its remaining children die with it
 
 
 class Head:
@@ -186,6 +305,8 @@ class Head:
     async def start(self) -> None:
         self.server = await self.loop.create_unix_server(self._new_conn, self.sock_path)
         os.chmod(self.sock_path, 0o600)
+        if self.cfg.get("zygote", True):
+            self.pool.start_zygote()
         res = {k: float(v) for k, v in self.cfg["resources"].items()}
         self.state.add_node(NODE_ID, res, num_workers=int(self.cfg["num_workers"]),
                             max_workers=int(self.cfg.get("max_workers", 0)) or
