@@ -139,8 +139,44 @@ class InfeasibleResourcesError(OrchestraError, ValueError):
     """The task asks for resources that no node of the cluster has."""
 
 
+class GangError(OrchestraError):
+    """A gang could not form, or a gang call failed; the message names cause and remedy."""
+
+
+class GangAbortedError(GangError):
+    """Raised inside a member: the gang's coordinator aborted the gang (a member died or hung).
+
+    The gang cannot continue (its ranks and communicators include the dead member): shut it
+    down and start a new one.
+    """
+
+
+class GangTimeoutError(GangError, TimeoutError):
+    """A gang key, barrier or rendezvous value did not arrive within its timeout."""
+
+
+class GangMemberDiedError(GangError):
+    """Raised in the driver: members of the gang died; ``members`` are their indices.
+
+    ``actors`` holds their ``ActorHandle`` s, in the same order, and ``reason`` the
+    coordinator's account of the abort.
+    """
+
+    def __init__(self, message: str, members: tuple[int, ...] = (), actors: tuple[Any, ...] = (),
+                 reason: str = "") -> None:
+        super().__init__(message)
+        self.members = members
+        self.actors = actors
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exceptions pickle their args only; keep the fields across processes.
+        return (type(self), (str(self), self.members, self.actors, self.reason))
+
+
 __all__ = [
     "OrchestraError", "TaskError", "GetTimeoutError", "WorkerCrashedError",
     "TaskCancelledError", "ObjectLostError", "ObjectStoreFullError",
-    "InfeasibleResourcesError", "ActorDiedError",
+    "InfeasibleResourcesError", "ActorDiedError", "GangError", "GangAbortedError",
+    "GangTimeoutError", "GangMemberDiedError",
 ]
