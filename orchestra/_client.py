@@ -55,7 +55,13 @@ class ConnectionLost(OrchestraError):
 class CoreClient:
     def __init__(self, sock_path: str, hello: Any, *, connect_timeout_s: float = 30.0,
                  on_frame: Callable[[int, Any], None] | None = None,
-                 on_lost: Callable[[], None] | None = None) -> None:
+                 on_lost: Callable[[], None] | None = None,
+                 socket_guard: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None) -> None:
+        if socket_guard is not None:
+            # The owner wraps every method that reads or writes the socket (a worker
+            # defers its cancel signal past them: raised inside, it cut frames in half).
+            self.send_raw = socket_guard(self.send_raw)          # type: ignore[method-assign]
+            self._read_once = socket_guard(self._read_once)      # type: ignore[method-assign]
         self.sock = _connect(sock_path, connect_timeout_s)
         self.on_frame = on_frame
         self.on_lost = on_lost

@@ -52,9 +52,15 @@ class WorkerRuntime:
         # CUDA_VISIBLE_DEVICES=2,3 in the driver's environment, id 0 is device 2.
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
         self.physical_gpus = [d.strip() for d in visible.split(",") if d.strip()]
+        # A cancel raises in the main thread wherever it is (SIGUSR1). Inside the client's
+        # socket code it cut a frame in half (the head then waited for the rest of it,
+        # and the task never finished) or lost frames already read: there it is deferred
+        # until the main thread leaves that code (socket_guard=self._guard).
+        self._in_socket_code = 0
+        self._cancel_deferred = False
         hello = pb.Hello(kind="worker", pid=os.getpid(), workerid=worker_id)
         self.client = CoreClient(sock_path, hello, on_frame=self._on_frame,
-                                 on_lost=lambda: os._exit(1))
+                                 on_lost=lambda: os._exit(1), socket_guard=self._guard)
         info = self.client.info
         if info.cwd and os.path.isdir(info.cwd):
             os.chdir(info.cwd)
@@ -63,14 +69,6 @@ class WorkerRuntime:
                 sys.path.append(p)
         _context.set_client(self.client)
         self.client.on_block = self._on_block
-        # A cancel raises in the main thread wherever it is (SIGUSR1). Inside the client's
-        # socket code it cut a frame in half (the head then waited for the rest of it,
-        # and the task never finished) or lost frames already read: there it is deferred
-        # until the main thread leaves that code.
-        self._in_socket_code = 0
-        self._cancel_deferred = False
-        for name in ("send_raw", "_read_once"):
-            setattr(self.client, name, self._guard(getattr(self.client, name)))
         signal.signal(signal.SIGUSR1, self._on_cancel_signal)
 
     # ------------------------------------------------------------ reader thread side
