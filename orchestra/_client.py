@@ -15,6 +15,7 @@ Submit/put, so they are not announced.
 from __future__ import annotations
 
 import itertools
+import mmap
 import pickle
 import select
 import socket
@@ -29,7 +30,7 @@ from . import _pb as pb
 from ._object_ref import ObjectRef
 from ._serialization import Serialized, deserialize, serialize
 from ._store import map_segment, write_segment
-from .exceptions import GetTimeoutError, ObjectStoreFullError, OrchestraError
+from .exceptions import GetTimeoutError, ObjectLostError, ObjectStoreFullError, OrchestraError
 
 _FLUSH_INTERVAL_S = 0.02
 
@@ -74,7 +75,9 @@ class CoreClient:
         self._pin: list[str] = []      # segments mapped here (sent with increments)
         self._unpin: list[str] = []    # segments whose last view died (sent with decrements)
         self._results: dict[bytes, Any] = {}
-        self._maps: dict[bytes, memoryview] = {}
+        # Maps of objects read here, while any view of them lives (a weak cache: once the
+        # values read are gone the map is unpinned, and the store may spill the object).
+        self._maps: dict[bytes, weakref.ref[mmap.mmap]] = {}
         self._owned: set[bytes] = set()       # returns of my tasks: pushed to me when sealed
         self._subscribed: set[bytes] = set()
         self._cond = threading.Condition()
@@ -162,6 +165,8 @@ class CoreClient:
         if reply.error:
             if reply.error_kind == "ObjectStoreFullError":
                 raise ObjectStoreFullError(reply.error)
+            if reply.error_kind == "ObjectLostError":
+                raise ObjectLostError(reply.error)
             raise OrchestraError(reply.error)
         return reply
 
@@ -386,22 +391,41 @@ class CoreClient:
         if kind == "inline":
             return deserialize(data.inline)
         if kind == "segment":
-            view = self._maps.get(oid)
-            if view is None:
-                view = self.map_segment(data.segment)
+            cached = self._maps.get(oid)
+            mm = cached() if cached is not None else None
+            if mm is not None:
+                view = memoryview(mm)[: data.segment.size]
+            else:
+                view = self.map_object(data)
                 with self._ref_lock:
                     if oid in self._local:
-                        self._maps[oid] = view
+                        self._maps[oid] = weakref.ref(view.obj)  # type: ignore[arg-type]
             return deserialize(view)
         raise pickle.loads(data.error)
 
+    def map_object(self, data: Any) -> memoryview:
+        """Map a large object read-only, wherever it is now: a reader may have learnt
+        its segment just before the store spilled it to disk; then ask the head."""
+        for _ in range(8):
+            try:
+                return self.map_segment(data.segment)
+            except FileNotFoundError:
+                oid = data.object_id
+                data = self.request(pb.Request(locate=oid)).object
+                with self._ref_lock:
+                    if oid in self._results:
+                        self._results[oid] = data
+        raise ObjectLostError(f"object {data.object_id.hex()} kept moving while being read")
+
     def map_segment(self, segment: Any) -> memoryview:
-        """Map a sealed segment read-only and pin it until the last view of it is gone."""
+        """Map a sealed segment read-only and pin it until the last view of it is gone
+        (a spill file needs no pin: removing it does not disturb a map)."""
         mm, view = map_segment(segment)
-        name = segment.name
-        with self._ref_lock:
-            self._pin.append(name)
-        weakref.finalize(mm, self._unmapped, name)
+        if not segment.path:
+            name = segment.name
+            with self._ref_lock:
+                self._pin.append(name)
+            weakref.finalize(mm, self._unmapped, name)
         return view
 
     def _unmapped(self, name: str) -> None:

@@ -16,6 +16,7 @@ that dies before it connects.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import json
 import os
@@ -42,7 +43,7 @@ from ._scheduler import (
     SchedulerState,
     WorkerState,
 )
-from ._store import ObjectStore
+from ._store import ObjectStore, SpillNeeded, spill_file
 from .exceptions import ObjectStoreFullError
 
 NODE_ID = 0
@@ -284,7 +285,11 @@ class Head:
         capacity = int(cfg["object_store_memory"])
         self.store = ObjectStore(NODE_ID, cfg["session_id"], capacity,
                                  pool_limit=cfg.get("pool_bytes"),
-                                 warm_bytes=int(cfg.get("warm_bytes", min(capacity // 2, 1 << 30))))
+                                 warm_bytes=int(cfg.get("warm_bytes", min(capacity // 2, 1 << 30))),
+                                 spill_dir=cfg.get("spill_dir"))
+        # create_segment requests that wait for a spill to make their room, in order;
+        # None while no spill runs.
+        self._creates_waiting: collections.deque[tuple[Conn, Any]] | None = None
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in cfg.get("sys_path", []) if p)
         # Workers start in the session directory, not the driver's cwd: `python -m` puts
@@ -420,11 +425,18 @@ class Head:
             # Frees decided earlier in this batch of frames must happen before the store
             # judges the room (they wait in state.out until carry_out otherwise).
             self.carry_out()
-            cs = req.create_segment
-            try:
-                reply.segment.CopyFrom(self.store.create(conn.conn_id, cs.object_id, cs.size))
-            except ObjectStoreFullError as exc:
-                reply.error, reply.error_kind = str(exc), "ObjectStoreFullError"
+            if self._creates_waiting is not None:
+                self._creates_waiting.append((conn, req))
+            elif not self._create_segment(conn, req, spill=True):
+                self._creates_waiting = collections.deque([(conn, req)])
+            return
+        elif body == "locate":
+            o = self.state.objects.get(req.locate)
+            if o is None or o.data is None:
+                reply.error = f"object {req.locate.hex()} was freed while it was being read"
+                reply.error_kind = "ObjectLostError"
+            else:
+                reply.object.CopyFrom(o.data)
         elif body == "create_actor":
             try:
                 self.state.create_actor(conn.conn_id, req.create_actor)
@@ -449,6 +461,62 @@ class Head:
                 reply.error = f"unknown query {q!r}"
         self._queue(conn, _wire.encode(_wire.REPLY, reply))
 
+    # ------------------------------------------------------------------ spilling
+    def _create_segment(self, conn: Conn, req: Any, *, spill: bool) -> bool:
+        """Answer a create_segment request; False when it waits for a spill."""
+        reply = pb.Reply(req_id=req.req_id)
+        cs = req.create_segment
+        try:
+            reply.segment.CopyFrom(self.store.create(conn.conn_id, cs.object_id, cs.size,
+                                                     spill=spill))
+        except SpillNeeded as need:
+            try:
+                jobs = self.store.begin_spill(need.names)
+            except OSError as exc:
+                self.store.spill_error = f"{self.store.spill_dir}: {exc.strerror}"
+                return self._create_segment(conn, req, spill=False)
+            self._start_spill(jobs)
+            return False
+        except ObjectStoreFullError as exc:
+            reply.error, reply.error_kind = str(exc), "ObjectStoreFullError"
+        self._queue(conn, _wire.encode(_wire.REPLY, reply))
+        return True
+
+    def _start_spill(self, jobs: list[tuple[str, bytes, str, str, int]]) -> None:
+        """Copy segments to disk on a thread: a 100 MiB object takes ~50 ms to write, the
+        event loop goes on serving tasks meanwhile."""
+        def work() -> None:
+            done = [(name, oid, dst, spill_file(src, dst, size))
+                    for name, oid, src, dst, size in jobs]
+            try:
+                self.loop.call_soon_threadsafe(self._spilled, done)
+            except RuntimeError:   # the loop closed: shutdown removes the files
+                pass
+        threading.Thread(target=work, name="orchestra-spill", daemon=True).start()
+
+    def _spilled(self, done: list[tuple[str, bytes, str, str]]) -> None:
+        if self.stopping:
+            return
+        failed = False
+        for name, oid, path, error in done:
+            seg = self.store.end_spill(name, path, error)
+            failed = failed or bool(error)
+            if seg is not None and not self.state.relocate(oid, seg):
+                self.store.free(path)
+        waiting, self._creates_waiting = self._creates_waiting, None
+        # A failed spill is not tried again for the requests that waited on it: they get
+        # ObjectStoreFullError naming why, instead of a loop of failing spills.
+        while waiting:
+            conn, req = waiting[0]
+            if conn.conn_id not in self.conns:
+                waiting.popleft()
+                continue
+            if not self._create_segment(conn, req, spill=not failed):
+                self._creates_waiting = waiting   # the request stays first in line
+                break
+            waiting.popleft()
+        self.carry_out()
+
     def debug_info(self) -> Any:
         st = self.state
         info = pb.SchedulerDebugInfoReply(
@@ -465,7 +533,10 @@ class Head:
             info.objects.append(pb.ObjectInfo(
                 objref=oid, state="ready" if o.data is not None else "pending",
                 refcount=o.count, size=o.size,
-                in_shared_memory=o.data is not None and o.data.WhichOneof("data") == "segment"))
+                in_shared_memory=o.data is not None and o.data.WhichOneof("data") == "segment"
+                and not o.data.segment.path,
+                spilled=o.data is not None and o.data.WhichOneof("data") == "segment"
+                and bool(o.data.segment.path)))
         for f in st.functions.values():
             info.function_table[f.fnname].num_return_vals = f.num_return_vals
         return info

@@ -624,7 +624,8 @@ class SchedulerState:
         o = self.objects.get(oid)
         if o is None or o.data is not None:
             if data.WhichOneof("data") == "segment":  # nobody wants it any more
-                self.out.append((FREE_SEGMENT, data.segment.node_id, data.segment.name))
+                self.out.append((FREE_SEGMENT, data.segment.node_id,
+                                 data.segment.path or data.segment.name))
             return
         o.data = data
         kind = data.WhichOneof("data")
@@ -652,6 +653,19 @@ class SchedulerState:
                 t.deps.discard(oid)
                 if not t.deps and t.state is TaskState.WAITING:
                     self._deps_met(t)
+
+    def relocate(self, oid: bytes, segment: Any) -> bool:
+        """The store spilled the object's segment to a file: point the object at it.
+        False when the object is gone or no longer in that segment."""
+        o = self.objects.get(oid)
+        if o is None:
+            return False
+        data = o.data
+        if data is None or data.WhichOneof("data") != "segment" or data.segment.path \
+                or data.segment.name != segment.name:
+            return False
+        o.data = pb.ObjectData(object_id=oid, segment=segment, contained=data.contained)
+        return True
 
     def subscribe(self, conn: int, ids: Iterable[bytes]) -> None:
         for oid in ids:
@@ -698,8 +712,9 @@ class SchedulerState:
             self.actor_table.handles_gone(oid)
             return
         data = o.data
-        if data.WhichOneof("data") == "segment":
-            self.out.append((FREE_SEGMENT, data.segment.node_id, data.segment.name))
+        if data.WhichOneof("data") == "segment":   # the store's key: file path or name
+            self.out.append((FREE_SEGMENT, data.segment.node_id,
+                             data.segment.path or data.segment.name))
         for cid in data.contained:
             self._decr(cid)
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +25,7 @@ from ._client import ConnectionLost, CoreClient
 from ._gpus import detect_num_gpus
 from ._object_ref import ObjectRef
 from ._resources import make_request
-from ._store import pid_alive, sweep_stale_segments
+from ._store import SHM_DIR, pid_alive, sweep_stale_segments
 from .exceptions import ObjectLostError, OrchestraError
 
 SESSION_PREFIX = "orchestra-session-"
@@ -59,19 +60,55 @@ class Session:
 _session: Session | None = None
 
 
-def _default_store_memory() -> int:
-    """30% of RAM, bounded by what /dev/shm can hold."""
+_GiB = 1 << 30
+_shm_warned = False
+
+
+def _shm_free() -> int | None:
     try:
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        ram = 8 << 30
-    want = int(ram * 0.3)
-    try:
-        st = os.statvfs("/dev/shm")
-        shm_free = st.f_bavail * st.f_frsize
+        st = os.statvfs(SHM_DIR)
     except OSError:
-        shm_free = want
-    return max(64 << 20, min(want, int(shm_free * 0.9)))
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _ram() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 * _GiB
+
+
+def store_memory(asked: int | None, ram: int, shm_free: int | None) -> tuple[int, str]:
+    """The object store's size, and a warning when /dev/shm cannot hold what it should.
+
+    Default: 30% of RAM, bounded by 90% of what /dev/shm has free. A /dev/shm smaller
+    than that and than 2 GiB (containers mount 64 MiB by default) is said once: the
+    store shrinks to fit it and what does not fit spills to disk, which is slower.
+    """
+    if shm_free is None:
+        return (asked if asked is not None else max(64 << 20, int(ram * 0.3))), ""
+    fits = int(shm_free * 0.9)
+    if asked is not None:
+        if asked <= shm_free:
+            return asked, ""
+        return asked, (f"object_store_memory={_fmt(asked)} is more than the {_fmt(shm_free)} "
+                       f"free in {SHM_DIR}: puts fail with ObjectStoreFullError once "
+                       f"{SHM_DIR} is full. Pass a smaller object_store_memory or free "
+                       f"{SHM_DIR}.")
+    want = max(64 << 20, int(ram * 0.3))
+    if fits >= want or fits >= 2 * _GiB:
+        return min(want, fits), ""
+    size = max(fits, 16 << 20)
+    return size, (f"{SHM_DIR} has only {_fmt(shm_free)} free (containers mount 64 MiB by "
+                  f"default), so the object store gets {_fmt(size)} instead of "
+                  f"{_fmt(want)}; objects beyond that spill to disk, which is slower. Give "
+                  f"the machine more shared memory (docker run --shm-size=8g) or pass "
+                  f"object_store_memory=... to orchestra.init().")
+
+
+def _fmt(n: float) -> str:
+    return f"{n / _GiB:.1f} GiB" if n >= _GiB else f"{n / (1 << 20):.0f} MiB"
 
 
 def _sweep_stale_sessions() -> None:
@@ -97,7 +134,8 @@ def _sweep_stale_sessions() -> None:
 
 def init(address: str | None = None, *, num_cpus: int | None = None,
          num_gpus: int | None = None, resources: dict[str, float] | None = None,
-         object_store_memory: int | None = None, ignore_reinit_error: bool = False,
+         object_store_memory: int | None = None, spill_dir: str | os.PathLike[str] | None = None,
+         ignore_reinit_error: bool = False,
          _system_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """Start a local cluster (or connect to one) and make it this process's session."""
     global _session
@@ -121,19 +159,33 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     # None: the GPUs this machine has (CUDA_VISIBLE_DEVICES, else nvidia-smi; 0 without).
     gpus = detect_num_gpus() if num_gpus is None else num_gpus
     req = make_request(cpus, gpus, resources, default_cpus=0)
-    if object_store_memory is None:
-        store = _default_store_memory()
-    elif isinstance(object_store_memory, bool) or not isinstance(object_store_memory, int) \
-            or object_store_memory <= 0:
+    if object_store_memory is not None and (
+            isinstance(object_store_memory, bool) or not isinstance(object_store_memory, int)
+            or object_store_memory <= 0):
         raise ValueError(f"object_store_memory must be a positive number of bytes, got "
                          f"{object_store_memory!r}")
-    else:
-        store = object_store_memory
+    if spill_dir is not None:
+        spill_dir = os.path.abspath(os.fspath(spill_dir))
+        if not os.path.isdir(spill_dir):
+            raise ValueError(f"spill_dir {spill_dir!r} is not a directory: create it first, "
+                             "or leave spill_dir out to spill under the session's directory")
+        if not os.access(spill_dir, os.W_OK | os.X_OK):
+            raise ValueError(f"spill_dir {spill_dir!r} is not writable by this user")
+    store, warning = store_memory(object_store_memory, _ram(), _shm_free())
+    global _shm_warned
+    if warning and not _shm_warned:
+        _shm_warned = True
+        warnings.warn(f"orchestra: {warning}", RuntimeWarning, stacklevel=2)
     _sweep_stale_sessions()
     session_dir = tempfile.mkdtemp(prefix=SESSION_PREFIX)   # mode 0700: only this user
+    session_id = os.path.basename(session_dir)[len(SESSION_PREFIX):]
     cfg = {
         "session_dir": session_dir,
-        "session_id": os.path.basename(session_dir)[len(SESSION_PREFIX):],
+        "session_id": session_id,
+        # Spill files live in a directory of their own, removed at shutdown (and with the
+        # session directory by the next init() when the session crashed).
+        "spill_dir": os.path.join(session_dir, "spill") if spill_dir is None
+        else os.path.join(spill_dir, f"orchestra-spill-{session_id}"),
         "resources": req,
         "num_workers": max(int(cpus), 1),
         "object_store_memory": store,

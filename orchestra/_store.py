@@ -17,12 +17,23 @@ resource tracker would unlink segments it did not create (gh-82300).
 
 Segments are named ``orch-<head pid>-<session>-<n>`` so that a later session can tell
 (by the pid) which ones a crashed session left behind, and remove them.
+
+Spilling: when live objects leave no room for a new one, create() names the least
+recently used sealed segments that nobody maps (SpillNeeded); the head copies them to
+files of the spill directory on a thread (spill_file), then end_spill() records each
+file and frees its segment, and the head points the object at the file. Readers map a
+spilled object's file read-only like a segment (page cache, still zero-copy). A
+segment that was spilled is unlinked, never pooled: its name is never handed out
+again, so a reader that learnt the old name finds it gone (FileNotFoundError) and asks
+the head where the object is now instead of reading another object's bytes.
 """
 from __future__ import annotations
 
 import collections
+import itertools
 import mmap
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -55,20 +66,36 @@ def _fmt(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+class SpillNeeded(Exception):
+    """create() can make room only once these segments are spilled to disk."""
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__(names)
+        self.names = names
+
+
 class _Seg:
-    __slots__ = ("name", "capacity", "state", "pins", "writer")
+    __slots__ = ("name", "capacity", "state", "pins", "writer", "object_id", "size",
+                 "last_use", "no_pool")
 
     def __init__(self, name: str, capacity: int, state: str, writer: int) -> None:
         self.name = name
         self.capacity = capacity
-        self.state = state        # writing / sealed / retired (freed, still mapped) / pooled
+        # writing / sealed / spilling / spill-cancelled (freed while spilling) /
+        # retired (freed, still mapped) / pooled
+        self.state = state
         self.pins = 0
         self.writer = writer
+        self.object_id = b""
+        self.size = 0
+        self.last_use = 0
+        self.no_pool = False      # spilled: unlink when released, never reuse the name
 
 
 class ObjectStore:
     def __init__(self, node_id: int, session: str, capacity: int, *,
-                 pool_limit: int | None = None, warm_bytes: int = 0) -> None:
+                 pool_limit: int | None = None, warm_bytes: int = 0,
+                 spill_dir: str | None = None) -> None:
         self.node_id = node_id
         self.capacity = capacity
         self.prefix = f"{PREFIX}{os.getpid()}-{session}-"
@@ -83,14 +110,25 @@ class ObjectStore:
         self.conn_pins: dict[int, collections.Counter[str]] = {}
         self._n = 0
         self._warming = False
+        self._clock = itertools.count(1)
+        # Spilling: None turns it off. The directory is made at the first spill and
+        # removed by close().
+        self.spill_dir = spill_dir
+        self.files: dict[str, int] = {}     # spill file path -> bytes
+        self.spilled_bytes = 0
+        self.spill_error = ""               # why the last spill failed, for the error text
 
     # ------------------------------------------------------------------ allocation
     def _new_name(self) -> str:
         self._n += 1
         return f"{self.prefix}{self._n}"
 
-    def create(self, conn: int, object_id: bytes, size: int) -> Any:
-        """Reserve room for ``size`` bytes; returns the Segment the writer fills."""
+    def create(self, conn: int, object_id: bytes, size: int, *, spill: bool = True) -> Any:
+        """Reserve room for ``size`` bytes; returns the Segment the writer fills.
+
+        Raises SpillNeeded when spilling some objects to disk would make the room (the
+        caller spills them and asks again), ObjectStoreFullError when nothing can.
+        """
         cap = size_class(max(size, 1))
         if cap > self.capacity:
             raise ObjectStoreFullError(
@@ -98,23 +136,54 @@ class ObjectStore:
                 f"{_fmt(self.capacity)} (object_store_memory). Start the cluster with a larger "
                 "orchestra.init(object_store_memory=...) or send smaller pieces.")
         if self.used + cap > self.capacity:
-            raise ObjectStoreFullError(
-                f"the object store is full: {_fmt(self.used)} of {_fmt(self.capacity)} held by "
-                f"live objects, {_fmt(size)} more needed. Drop ObjectRefs you no longer need, "
-                "or start with a larger object_store_memory.")
+            need = self.used + cap - self.capacity
+            victims = self._spill_victims(need) if spill else None
+            if victims:
+                raise SpillNeeded(victims)
+            raise ObjectStoreFullError(self._full_message(size, need, spill))
         name = self._take_pooled(cap)
         reused = name is not None
         if name is None:
             self._evict_pool(self.used + self.pooled + cap - self.capacity)
             name = self._new_name()
-            self.segs[name] = _Seg(name, cap, "writing", conn)
+            seg = self.segs[name] = _Seg(name, cap, "writing", conn)
         else:
             seg = self.segs[name]
             seg.state, seg.writer = "writing", conn
             cap = seg.capacity
+        seg.object_id, seg.size, seg.last_use = object_id, size, next(self._clock)
         self.used += cap
         return types_pb2.Segment(name=name, size=size, node_id=self.node_id, capacity=cap,
                                  reused=reused)
+
+    def _full_message(self, size: int, need: int, spill: bool) -> str:
+        busy = sum(s.capacity for s in self.segs.values()
+                   if s.state in ("writing", "retired") or (s.state == "sealed" and s.pins))
+        text = (f"the object store is full: {_fmt(self.used)} of {_fmt(self.capacity)} held by "
+                f"live objects, {_fmt(size)} more needed")
+        if self.spill_dir is None:
+            reason = "spilling to disk is off"
+        elif not spill and self.spill_error:
+            reason = f"spilling to disk failed ({self.spill_error})"
+        else:
+            reason = (f"{_fmt(busy)} of them are in use (mapped by readers or being written) "
+                      f"and cannot be spilled to disk, {_fmt(need)} would have to be")
+        return (f"{text}; {reason}. Drop ObjectRefs and values read from them that you no "
+                "longer need, or start with a larger object_store_memory.")
+
+    def _spill_victims(self, need: int) -> list[str] | None:
+        """Least recently used sealed segments nobody maps, ``need`` bytes' worth."""
+        if self.spill_dir is None:
+            return None
+        spillable = sorted((s for s in self.segs.values() if s.state == "sealed" and not s.pins),
+                           key=lambda s: s.last_use)
+        names, room = [], 0
+        for seg in spillable:
+            if room >= need:
+                break
+            names.append(seg.name)
+            room += seg.capacity
+        return names if room >= need else None
 
     def _take_pooled(self, cap: int) -> str | None:
         # Exact class first, else the smallest larger class up to 2x (bounded waste).
@@ -145,9 +214,17 @@ class ObjectStore:
         return True
 
     def free(self, name: str) -> None:
-        """The object in ``name`` is gone: pool the segment once nobody maps it."""
+        """The object in ``name`` (a segment name or a spill file path) is gone: pool
+        the segment once nobody maps it, remove the file."""
+        if name in self.files:
+            self.spilled_bytes -= self.files.pop(name)
+            _unlink_path(name)
+            return
         seg = self.segs.get(name)
-        if seg is None or seg.state in ("pooled", "retired"):
+        if seg is None or seg.state in ("pooled", "retired", "spill-cancelled"):
+            return
+        if seg.state == "spilling":
+            seg.state = "spill-cancelled"   # end_spill() removes the file
             return
         if seg.pins > 0:
             seg.state = "retired"
@@ -156,7 +233,7 @@ class ObjectStore:
 
     def _release(self, seg: _Seg) -> None:
         self.used -= seg.capacity
-        if self.pooled + seg.capacity <= self.pool_limit and \
+        if not seg.no_pool and self.pooled + seg.capacity <= self.pool_limit and \
                 self.used + self.pooled + seg.capacity <= self.capacity:
             seg.state = "pooled"
             self.pool.setdefault(seg.capacity, collections.deque()).append(seg.name)
@@ -172,6 +249,7 @@ class ObjectStore:
             seg = self.segs.get(name)
             if seg is not None:
                 seg.pins += 1
+                seg.last_use = next(self._clock)
                 pins[name] += 1
 
     def unpin(self, conn: int, names: Any) -> None:
@@ -200,6 +278,41 @@ class ObjectStore:
         for seg in [s for s in self.segs.values() if s.state == "writing" and s.writer == conn]:
             seg.state = "sealed"
             self.free(seg.name)
+
+    # ------------------------------------------------------------------ spilling
+    def begin_spill(self, names: list[str]) -> list[tuple[str, bytes, str, str, int]]:
+        """Mark the segments as being spilled; returns (name, object id, source,
+        destination, size) for spill_file(), which runs off the event loop."""
+        assert self.spill_dir is not None
+        os.makedirs(self.spill_dir, mode=0o700, exist_ok=True)
+        jobs = []
+        for name in names:
+            seg = self.segs[name]
+            seg.state = "spilling"
+            jobs.append((name, seg.object_id, os.path.join(SHM_DIR, name),
+                         os.path.join(self.spill_dir, name), seg.size))
+        return jobs
+
+    def end_spill(self, name: str, path: str, error: str) -> Any:
+        """A spill_file() finished: the Segment that now locates the object, or None
+        when the object was freed meanwhile or the copy failed."""
+        seg = self.segs.get(name)
+        state = seg.state if seg is not None else ""
+        if seg is not None and state in ("spilling", "spill-cancelled"):
+            seg.state = "sealed"
+        if error:
+            self.spill_error = error
+        if error or seg is None or state != "spilling":
+            _unlink_path(path)
+            if state == "spill-cancelled":
+                self.free(name)
+            return None
+        self.spill_error = ""
+        self.files[path] = seg.size
+        self.spilled_bytes += seg.size
+        seg.state, seg.no_pool = "sealed", True
+        self.free(name)
+        return types_pb2.Segment(name=name, size=seg.size, node_id=self.node_id, path=path)
 
     # ------------------------------------------------------------------ warm reserve
     def warm(self, schedule: Callable[[Callable[[], None]], object],
@@ -242,6 +355,12 @@ class ObjectStore:
         self.segs.clear()
         self.pool.clear()
         self.used = self.pooled = 0
+        for path in self.files:
+            _unlink_path(path)
+        self.files.clear()
+        self.spilled_bytes = 0
+        if self.spill_dir is not None:
+            shutil.rmtree(self.spill_dir, ignore_errors=True)
         try:
             for name in os.listdir(SHM_DIR):
                 if name.startswith(self.prefix):
@@ -276,10 +395,40 @@ def _allocate(name: str, cap: int, idle: Callable[[], bool]) -> bool:
 
 
 def _unlink(name: str) -> None:
+    _unlink_path(os.path.join(SHM_DIR, name))
+
+
+def _unlink_path(path: str) -> None:
     try:
-        os.unlink(os.path.join(SHM_DIR, name))
+        os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def spill_file(src: str, dst: str, size: int) -> str:
+    """Copy a sealed segment to its spill file in the kernel; "" or why it failed."""
+    try:
+        fin = os.open(src, os.O_RDONLY)
+    except OSError as exc:
+        return f"{src}: {exc.strerror}"
+    try:
+        fout = os.open(dst, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except OSError as exc:
+        os.close(fin)
+        return f"{dst}: {exc.strerror}"
+    try:
+        off = 0
+        while off < size:
+            n = os.sendfile(fout, fin, off, min(size - off, 1 << 30))
+            if n <= 0:
+                return f"{dst}: short copy ({off} of {size} bytes)"
+            off += n
+        return ""
+    except OSError as exc:
+        return f"{dst}: {exc.strerror}"
+    finally:
+        os.close(fin)
+        os.close(fout)
 
 
 def sweep_stale_segments() -> int:
@@ -354,8 +503,9 @@ def write_segment(segment: Any, ser: Any) -> None:
 
 
 def map_segment(segment: Any) -> tuple[mmap.mmap, memoryview]:
-    """A read-only map of a sealed segment; it lives as long as views of it."""
-    fd = os.open(os.path.join(SHM_DIR, segment.name), os.O_RDONLY)
+    """A read-only map of a sealed segment or spill file; it lives as long as views
+    of it. FileNotFoundError: the object moved (spilled), ask the head where to."""
+    fd = os.open(segment.path or os.path.join(SHM_DIR, segment.name), os.O_RDONLY)
     try:
         mm = mmap.mmap(fd, max(segment.size, 1), mmap.MAP_SHARED, mmap.PROT_READ)
     finally:

@@ -306,7 +306,7 @@ class WorkerRuntime:
                 if kind == "inline":
                     out.append(deserialize(data.inline))
                 elif kind == "segment":
-                    out.append(deserialize(self.client.map_segment(data.segment)))
+                    out.append(deserialize(self.client.map_object(data)))
                 else:
                     raise _load_error(data.error)
         return out

@@ -66,6 +66,19 @@ class Cluster:
     def debug(self) -> Any:
         return _session.debug_info()
 
+    def store(self) -> Any:
+        """The object store's figures (ObjStoreDebugInfoReply), asked over gRPC."""
+        import grpc
+
+        from orchestra import _pb as pb
+        from orchestra._proto import orchestra_pb2_grpc as rpc
+        with grpc.insecure_channel(f"unix:{os.path.join(self.session_dir, 'grpc.sock')}") as ch:
+            return rpc.ObjStoreStub(ch).ObjStoreDebugInfo(pb.ObjStoreDebugInfoRequest(), timeout=10)
+
+    def spill_files(self) -> list[str]:
+        spill = os.path.join(self.session_dir, "spill")
+        return sorted(os.listdir(spill)) if os.path.isdir(spill) else []
+
     def worker_pids(self) -> list[int]:
         return [w.pid for w in self.debug().workers if w.pid]
 

@@ -144,18 +144,20 @@ class WorkerInfo(_message.Message):
     def __init__(self, workerid: _Optional[int] = ..., pid: _Optional[int] = ..., node_id: _Optional[int] = ..., state: _Optional[str] = ..., running: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class ObjectInfo(_message.Message):
-    __slots__ = ("objref", "state", "refcount", "size", "in_shared_memory")
+    __slots__ = ("objref", "state", "refcount", "size", "in_shared_memory", "spilled")
     OBJREF_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REFCOUNT_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     IN_SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    SPILLED_FIELD_NUMBER: _ClassVar[int]
     objref: bytes
     state: str
     refcount: int
     size: int
     in_shared_memory: bool
-    def __init__(self, objref: _Optional[bytes] = ..., state: _Optional[str] = ..., refcount: _Optional[int] = ..., size: _Optional[int] = ..., in_shared_memory: _Optional[bool] = ...) -> None: ...
+    spilled: bool
+    def __init__(self, objref: _Optional[bytes] = ..., state: _Optional[str] = ..., refcount: _Optional[int] = ..., size: _Optional[int] = ..., in_shared_memory: _Optional[bool] = ..., spilled: _Optional[bool] = ...) -> None: ...
 
 class SchedulerDebugInfoReply(_message.Message):
     __slots__ = ("task", "avail_worker", "function_table", "workers", "objects", "total_resources", "available_resources")
@@ -221,16 +223,22 @@ class ObjStoreDebugInfoRequest(_message.Message):
     def __init__(self, objref: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class ObjStoreDebugInfoReply(_message.Message):
-    __slots__ = ("objref", "segment", "capacity", "used")
+    __slots__ = ("objref", "segment", "capacity", "used", "spilled_bytes", "spilled_objects", "pooled")
     OBJREF_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     USED_FIELD_NUMBER: _ClassVar[int]
+    SPILLED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SPILLED_OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    POOLED_FIELD_NUMBER: _ClassVar[int]
     objref: _containers.RepeatedScalarFieldContainer[bytes]
     segment: _containers.RepeatedCompositeFieldContainer[_types_pb2.Segment]
     capacity: int
     used: int
-    def __init__(self, objref: _Optional[_Iterable[bytes]] = ..., segment: _Optional[_Iterable[_Union[_types_pb2.Segment, _Mapping]]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ...) -> None: ...
+    spilled_bytes: int
+    spilled_objects: int
+    pooled: int
+    def __init__(self, objref: _Optional[_Iterable[bytes]] = ..., segment: _Optional[_Iterable[_Union[_types_pb2.Segment, _Mapping]]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., spilled_bytes: _Optional[int] = ..., spilled_objects: _Optional[int] = ..., pooled: _Optional[int] = ...) -> None: ...
 
 class InvokeCallRequest(_message.Message):
     __slots__ = ("call", "resolved", "gpu_ids", "attempt")
@@ -364,20 +372,22 @@ class CancelTask(_message.Message):
     def __init__(self, task_id: _Optional[bytes] = ...) -> None: ...
 
 class Request(_message.Message):
-    __slots__ = ("req_id", "create_segment", "query", "create_actor", "kill_actor", "get_actor")
+    __slots__ = ("req_id", "create_segment", "query", "create_actor", "kill_actor", "get_actor", "locate")
     REQ_ID_FIELD_NUMBER: _ClassVar[int]
     CREATE_SEGMENT_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     CREATE_ACTOR_FIELD_NUMBER: _ClassVar[int]
     KILL_ACTOR_FIELD_NUMBER: _ClassVar[int]
     GET_ACTOR_FIELD_NUMBER: _ClassVar[int]
+    LOCATE_FIELD_NUMBER: _ClassVar[int]
     req_id: int
     create_segment: CreateSegment
     query: str
     create_actor: _types_pb2.Call
     kill_actor: KillActor
     get_actor: str
-    def __init__(self, req_id: _Optional[int] = ..., create_segment: _Optional[_Union[CreateSegment, _Mapping]] = ..., query: _Optional[str] = ..., create_actor: _Optional[_Union[_types_pb2.Call, _Mapping]] = ..., kill_actor: _Optional[_Union[KillActor, _Mapping]] = ..., get_actor: _Optional[str] = ...) -> None: ...
+    locate: bytes
+    def __init__(self, req_id: _Optional[int] = ..., create_segment: _Optional[_Union[CreateSegment, _Mapping]] = ..., query: _Optional[str] = ..., create_actor: _Optional[_Union[_types_pb2.Call, _Mapping]] = ..., kill_actor: _Optional[_Union[KillActor, _Mapping]] = ..., get_actor: _Optional[str] = ..., locate: _Optional[bytes] = ...) -> None: ...
 
 class KillActor(_message.Message):
     __slots__ = ("actor_id", "no_restart")
@@ -396,7 +406,7 @@ class CreateSegment(_message.Message):
     def __init__(self, object_id: _Optional[bytes] = ..., size: _Optional[int] = ...) -> None: ...
 
 class Reply(_message.Message):
-    __slots__ = ("req_id", "error", "error_kind", "segment", "resources", "debug", "actor")
+    __slots__ = ("req_id", "error", "error_kind", "segment", "resources", "debug", "actor", "object")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -411,6 +421,7 @@ class Reply(_message.Message):
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     DEBUG_FIELD_NUMBER: _ClassVar[int]
     ACTOR_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_FIELD_NUMBER: _ClassVar[int]
     req_id: int
     error: str
     error_kind: str
@@ -418,4 +429,5 @@ class Reply(_message.Message):
     resources: _containers.ScalarMap[str, float]
     debug: SchedulerDebugInfoReply
     actor: _types_pb2.ActorSpec
-    def __init__(self, req_id: _Optional[int] = ..., error: _Optional[str] = ..., error_kind: _Optional[str] = ..., segment: _Optional[_Union[_types_pb2.Segment, _Mapping]] = ..., resources: _Optional[_Mapping[str, float]] = ..., debug: _Optional[_Union[SchedulerDebugInfoReply, _Mapping]] = ..., actor: _Optional[_Union[_types_pb2.ActorSpec, _Mapping]] = ...) -> None: ...
+    object: _types_pb2.ObjectData
+    def __init__(self, req_id: _Optional[int] = ..., error: _Optional[str] = ..., error_kind: _Optional[str] = ..., segment: _Optional[_Union[_types_pb2.Segment, _Mapping]] = ..., resources: _Optional[_Mapping[str, float]] = ..., debug: _Optional[_Union[SchedulerDebugInfoReply, _Mapping]] = ..., actor: _Optional[_Union[_types_pb2.ActorSpec, _Mapping]] = ..., object: _Optional[_Union[_types_pb2.ObjectData, _Mapping]] = ...) -> None: ...

@@ -279,13 +279,16 @@ def test_a_value_larger_than_the_store_raises_object_store_full_error(start_clus
     assert isinstance(info.value, MemoryError)
 
 
-def test_a_full_store_raises_object_store_full_error_until_refs_are_dropped(start_cluster):
+def test_a_store_full_of_objects_in_use_raises_object_store_full_error_until_dropped(start_cluster):
+    # A value read from the store maps its segment: it cannot be spilled to disk.
     c = start_cluster(num_cpus=1, object_store_memory=32 << 20)
     first = orchestra.put(np.ones((20 << 20) // 8))
-    with pytest.raises(ObjectStoreFullError, match=r"full: .* of 32\.0 MiB .* 20\.0 MiB more needed"):
+    in_use = orchestra.get(first, timeout=T)
+    with pytest.raises(ObjectStoreFullError,
+                       match=r"full: .* of 32\.0 MiB .* 20\.0 MiB more needed; .* in use"):
         orchestra.put(np.ones((20 << 20) // 8))
     oid = _oid(first)
-    del first
+    del first, in_use
     c.wait_freed(oid)
     again = orchestra.put(np.ones((20 << 20) // 8))
     assert orchestra.get(again, timeout=T).sum() == (20 << 20) // 8
