@@ -29,7 +29,7 @@ from . import _ids, _wire
 from . import _pb as pb
 from ._object_ref import ObjectRef
 from ._serialization import Serialized, deserialize, serialize
-from ._store import map_segment, write_segment
+from ._store import map_ahead, map_segment, open_segment, write_into
 from .exceptions import GetTimeoutError, ObjectLostError, ObjectStoreFullError, OrchestraError
 
 _FLUSH_INTERVAL_S = 0.02
@@ -78,6 +78,11 @@ class CoreClient:
         # Maps of objects read here, while any view of them lives (a weak cache: once the
         # values read are gone the map is unpinned, and the store may spill the object).
         self._maps: dict[bytes, weakref.ref[mmap.mmap]] = {}
+        # Read-write maps of the segments this process filled, kept for when the store
+        # hands one back: mapping 512 MiB costs ~100 ms (page tables, then unmap), the
+        # copy itself ~50 ms. The head says when a segment is unlinked (DROP_MAPS).
+        self._wmaps: dict[str, mmap.mmap] = {}
+        self._mapping_ahead: dict[str, bool] = {}   # name -> still wanted
         self._owned: set[bytes] = set()       # returns of my tasks: pushed to me when sealed
         self._subscribed: set[bytes] = set()
         self._cond = threading.Condition()
@@ -270,8 +275,45 @@ class CoreClient:
         # (the decrements otherwise travel after the frame, see send_raw).
         self.flush_refs()
         reply = self.request(pb.Request(create_segment=pb.CreateSegment(object_id=oid, size=ser.size)))
-        write_segment(reply.segment, ser)
-        return pb.ObjectData(object_id=oid, segment=reply.segment, contained=ser.contained)
+        seg = reply.segment
+        with self._ref_lock:
+            mm = self._wmaps.pop(seg.name, None) if seg.reused else None
+        if mm is None or len(mm) < ser.size:
+            mm = open_segment(seg)
+        write_into(mm, ser)
+        with self._ref_lock:
+            if self.lost is None:
+                self._wmaps[seg.name] = mm
+        return pb.ObjectData(object_id=oid, segment=seg, contained=ser.contained)
+
+    def _drop_maps(self, names: Iterable[str]) -> None:
+        with self._ref_lock:
+            maps = []
+            for n in names:
+                maps.append(self._wmaps.pop(n, None))
+                if n in self._mapping_ahead:
+                    self._mapping_ahead[n] = False   # unlinked before its map was made
+        for mm in maps:
+            if mm is not None:
+                mm.close()
+
+    def _map_ahead(self, names: Sequence[str]) -> None:
+        with self._ref_lock:
+            for n in names:
+                self._mapping_ahead[n] = True
+
+        def work() -> None:
+            for n in names:
+                mm = map_ahead(n)
+                with self._ref_lock:
+                    keep = self._mapping_ahead.pop(n, False) and self.lost is None \
+                        and not self._closing and n not in self._wmaps
+                    if keep and mm is not None:
+                        self._wmaps[n] = mm
+                        continue
+                if mm is not None:
+                    mm.close()
+        threading.Thread(target=work, name="orchestra-map-ahead", daemon=True).start()
 
     def get_one(self, ref: ObjectRef, timeout: float | None) -> Any:
         oid = ref._id
@@ -478,6 +520,10 @@ class CoreClient:
                             results[oid] = d
                         self._owned.discard(oid)
                 wake = True
+            elif kind == _wire.DROP_MAPS:
+                self._drop_maps(msg.names)
+            elif kind == _wire.MAP_AHEAD:
+                self._map_ahead(list(msg.names))
             elif kind == _wire.REPLY:
                 slot = self._replies.pop(msg.req_id, None)
                 if slot is not None:
@@ -493,6 +539,7 @@ class CoreClient:
             self.flush_refs()
 
     def _connection_lost(self) -> None:
+        self._drop_maps(list(self._wmaps))
         if self.lost is None:
             self.lost = ("the connection to the cluster's head process closed" if self._closing
                          else "lost the connection to the cluster: its head process exited")
@@ -511,6 +558,7 @@ class CoreClient:
         self.sock.close()
         if self._reader is not threading.current_thread():
             self._reader.join(timeout=2)
+        self._drop_maps(list(self._wmaps))   # they would keep the segments' memory
 
 
 def _connect(path: str, timeout_s: float) -> socket.socket:

@@ -346,7 +346,25 @@ class Head:
         self.state.subscribe(GRPC_CONN, [oid])
 
     def _warm(self) -> None:
-        self.store.warm(self.loop.call_soon_threadsafe, self._idle)
+        def schedule(done: Callable[[], None]) -> None:
+            def run() -> None:
+                done()
+                self._map_ahead()
+            self.loop.call_soon_threadsafe(run)
+        self.store.warm(schedule, self._idle)
+
+    def _map_ahead(self) -> None:
+        """Have the driver map the warm reserve while idle (see SegmentNames)."""
+        names, self.store.warmed = self.store.warmed, []
+        conn = self.conns.get(self.primary) if self.primary is not None else None
+        if conn is None or not names or self.stopping:
+            return
+        for name in names:
+            seg = self.store.segs.get(name)
+            if seg is not None:
+                seg.rw.add(conn.conn_id)
+        self._queue(conn, _wire.encode(_wire.MAP_AHEAD, pb.SegmentNames(names=names)))
+        self.carry_out()
 
     def _idle(self) -> bool:
         """No task queued or running, and no frame for a while (read from another thread)."""
@@ -584,12 +602,25 @@ class Head:
                 if c is not None:
                     c.wbuf.append(_wire.encode(_wire.OBJECTS, msg))
                     self.dirty.add(c)
+        if self.store.dropped:
+            self._send_dropped()
         if self.dirty:
             for c in self.dirty:
                 if c.wbuf:
                     c.transport.write(b"".join(c.wbuf) if len(c.wbuf) > 1 else c.wbuf[0])
                     c.wbuf = []
             self.dirty.clear()
+
+    def _send_dropped(self) -> None:
+        """Tell writers to close their maps of segments the store unlinked."""
+        names: dict[int, list[str]] = {}
+        for cid, name in self.store.dropped:
+            names.setdefault(cid, []).append(name)
+        self.store.dropped = []
+        for cid, ns in names.items():
+            c = self.conns.get(cid)
+            if c is not None:
+                self._queue(c, _wire.encode(_wire.DROP_MAPS, pb.SegmentNames(names=ns)))
 
     def _start_worker(self, worker_id: int) -> None:
         if not self.stopping:

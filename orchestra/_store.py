@@ -76,7 +76,7 @@ class SpillNeeded(Exception):
 
 class _Seg:
     __slots__ = ("name", "capacity", "state", "pins", "writer", "object_id", "size",
-                 "last_use", "no_pool")
+                 "last_use", "no_pool", "rw")
 
     def __init__(self, name: str, capacity: int, state: str, writer: int) -> None:
         self.name = name
@@ -90,6 +90,7 @@ class _Seg:
         self.size = 0
         self.last_use = 0
         self.no_pool = False      # spilled: unlink when released, never reuse the name
+        self.rw: set[int] = set()  # connections that keep a read-write map of it
 
 
 class ObjectStore:
@@ -117,6 +118,10 @@ class ObjectStore:
         self.files: dict[str, int] = {}     # spill file path -> bytes
         self.spilled_bytes = 0
         self.spill_error = ""               # why the last spill failed, for the error text
+        # (connection, segment name) of read-write maps writers must close: the segment
+        # was unlinked, and a map would keep its memory. The head sends them (DropMaps).
+        self.dropped: list[tuple[int, str]] = []
+        self.warmed: list[str] = []         # warm reserve segments made since last asked
 
     # ------------------------------------------------------------------ allocation
     def _new_name(self) -> str:
@@ -153,6 +158,7 @@ class ObjectStore:
             cap = seg.capacity
         seg.object_id, seg.size, seg.last_use = object_id, size, next(self._clock)
         self.used += cap
+        seg.rw.add(conn)   # the writer keeps its map (see DropMaps)
         return types_pb2.Segment(name=name, size=size, node_id=self.node_id, capacity=cap,
                                  reused=reused)
 
@@ -203,8 +209,7 @@ class ObjectStore:
                 name = q.pop()
                 self.pooled -= c
                 need -= c
-                self.segs.pop(name, None)
-                _unlink(name)
+                self._remove(name)
 
     def seal(self, name: str) -> bool:
         seg = self.segs.get(name)
@@ -239,8 +244,13 @@ class ObjectStore:
             self.pool.setdefault(seg.capacity, collections.deque()).append(seg.name)
             self.pooled += seg.capacity
         else:
-            del self.segs[seg.name]
-            _unlink(seg.name)
+            self._remove(seg.name)
+
+    def _remove(self, name: str) -> None:
+        seg = self.segs.pop(name, None)
+        if seg is not None:
+            self.dropped.extend((conn, name) for conn in seg.rw)
+        _unlink(name)
 
     # ------------------------------------------------------------------ readers
     def pin(self, conn: int, names: Any) -> None:
@@ -275,6 +285,8 @@ class ObjectStore:
         for name, n in self.conn_pins.pop(conn, {}).items():
             for _ in range(n):
                 self._unpin_one(name)
+        for seg in self.segs.values():
+            seg.rw.discard(conn)
         for seg in [s for s in self.segs.values() if s.state == "writing" and s.writer == conn]:
             seg.state = "sealed"
             self.free(seg.name)
@@ -346,6 +358,7 @@ class ObjectStore:
         self.segs[name] = _Seg(name, cap, "pooled", -1)
         self.pool.setdefault(cap, collections.deque()).append(name)
         self.pooled += cap
+        self.warmed.append(name)
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:
@@ -469,17 +482,17 @@ def pid_alive(pid: int) -> bool:
 # ---------------------------------------------------------------- writer / reader side
 
 
-def write_segment(segment: Any, ser: Any) -> None:
-    """Copy ``ser`` (Serialized) into the segment the store handed out."""
+def open_segment(segment: Any) -> mmap.mmap:
+    """A read-write map of the whole segment the store handed out, pages mapped."""
     path = os.path.join(SHM_DIR, segment.name)
     size = max(segment.size, 1)
+    cap = max(segment.capacity, size)
     if segment.reused:
         fd = os.open(path, os.O_RDWR)
     else:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
         if not segment.reused:
-            cap = max(segment.capacity, size)
             os.ftruncate(fd, cap)
             try:
                 # Allocate now: a full /dev/shm then fails here with ENOSPC instead of
@@ -491,15 +504,54 @@ def write_segment(segment: Any, ser: Any) -> None:
                     "Free shared memory, or lower object_store_memory so the store fits "
                     "in /dev/shm.") from exc
         # MAP_POPULATE: map every page in one call instead of one fault per page.
-        with mmap.mmap(fd, size, mmap.MAP_SHARED | _POPULATE,
-                       mmap.PROT_READ | mmap.PROT_WRITE) as mm:
-            view = memoryview(mm)
-            try:
-                ser.write_into(view)
-            finally:
-                view.release()
+        return mmap.mmap(fd, cap, mmap.MAP_SHARED | _POPULATE,
+                         mmap.PROT_READ | mmap.PROT_WRITE)
     finally:
         os.close(fd)
+
+
+def map_ahead(name: str) -> mmap.mmap | None:
+    """A read-write map of an existing segment with its pages mapped, the GIL released
+    meanwhile (a populating mmap() holds it for ~0.1 s per 512 MiB); None if gone."""
+    try:
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+    except OSError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        if size <= 0:
+            return None
+        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    _populate_write(mm)
+    return mm
+
+
+_MADV_POPULATE_WRITE = 23   # Linux 5.14
+
+
+def _populate_write(mm: mmap.mmap) -> None:
+    import ctypes
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    anchor = ctypes.c_char.from_buffer(mm)
+    addr = ctypes.addressof(anchor)
+    del anchor   # the export must be gone before the map may close
+    madvise(addr, len(mm), _MADV_POPULATE_WRITE)   # older kernels: EINVAL, pages fault later
+
+
+def write_into(mm: mmap.mmap, ser: Any) -> None:
+    view = memoryview(mm)
+    try:
+        ser.write_into(view)
+    finally:
+        view.release()
 
 
 def map_segment(segment: Any) -> tuple[mmap.mmap, memoryview]:

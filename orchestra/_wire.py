@@ -31,6 +31,8 @@ REQUEST = 14
 REPLY = 15
 SHUTDOWN = 16      # AckReply: driver asks the head to stop the cluster
 STEAL = 17         # ReturnTasks, head -> worker: hand back these queued tasks if not started
+DROP_MAPS = 18     # SegmentNames, head -> writer
+MAP_AHEAD = 19     # SegmentNames, head -> driver
 
 MESSAGES: dict[int, Any] = {
     HELLO: pb.Hello, HELLO_REPLY: pb.HelloReply, FUNCTION: pb.RegisterFunctionRequest,
@@ -38,7 +40,7 @@ MESSAGES: dict[int, Any] = {
     REF_DELTA: pb.RefDelta, CANCEL: pb.CancelRequest, EXECUTE: pb.Execute,
     TASK_DONE: pb.TaskDone, RETURN_TASKS: pb.ReturnTasks, BLOCKED: pb.Blocked,
     CANCEL_TASK: pb.CancelTask, REQUEST: pb.Request, REPLY: pb.Reply,
-    SHUTDOWN: pb.AckReply, STEAL: pb.ReturnTasks,
+    SHUTDOWN: pb.AckReply, STEAL: pb.ReturnTasks, DROP_MAPS: pb.SegmentNames, MAP_AHEAD: pb.SegmentNames,
 }
 
 MAX_FRAME = 1 << 31

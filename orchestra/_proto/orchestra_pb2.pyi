@@ -315,6 +315,12 @@ class Subscribe(_message.Message):
     ids: _containers.RepeatedScalarFieldContainer[bytes]
     def __init__(self, ids: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
+class SegmentNames(_message.Message):
+    __slots__ = ("names",)
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, names: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class RefDelta(_message.Message):
     __slots__ = ("incr", "decr", "pin", "unpin")
     INCR_FIELD_NUMBER: _ClassVar[int]

@@ -304,6 +304,25 @@ def test_a_put_right_after_dropping_the_only_large_object_finds_its_room(start_c
     assert orchestra.get(ref, timeout=T).sum() == value.size
 
 
+def _maps_of_removed_segments() -> list[str]:
+    with open("/proc/self/maps") as f:
+        return [line for line in f if "/dev/shm/orch-" in line and "(deleted)" in line]
+
+
+def test_a_writer_closes_its_maps_of_segments_the_store_removed(start_cluster):
+    # A writer keeps the map of each segment it filled (the next put into it is a plain
+    # memcpy); a map of a removed segment would keep its memory alive.
+    start_cluster(num_cpus=1, object_store_memory=64 << 20)
+    for n in (8, 20, 40):   # each size evicts the pooled segments of the one before
+        ref = orchestra.put(np.ones((n << 20) // 8))
+        assert orchestra.get(ref, timeout=T).sum() == (n << 20) // 8
+        del ref
+    kept = [orchestra.put(np.full((20 << 20) // 8, i)) for i in range(4)]   # spills one
+    assert [orchestra.get(r, timeout=T)[0] for r in kept] == [0, 1, 2, 3]
+    wait_until(lambda: not _maps_of_removed_segments(), 10,
+               "the driver closed its maps of removed segments")
+
+
 def test_a_task_result_too_large_for_the_store_raises_at_get(start_cluster):
     start_cluster(num_cpus=1, object_store_memory=32 << 20)
     with pytest.raises(ObjectStoreFullError):
