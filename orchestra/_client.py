@@ -334,8 +334,12 @@ class CoreClient:
 
     def wait(self, refs: Sequence[ObjectRef], num_returns: int,
              timeout: float | None) -> tuple[list[ObjectRef], list[ObjectRef]]:
-        ids = [r._id for r in refs]
-        self._wait(ids, num_returns, timeout, raise_timeout=False)
+        results = self._results
+        if num_returns == len(refs):   # all of them: one pass when they are all ready
+            done = [r for r in refs if r._id in results]
+            if len(done) == num_returns:
+                return done, []
+        self._wait([r._id for r in refs], num_returns, timeout, raise_timeout=False)
         ready: list[ObjectRef] = []
         not_ready: list[ObjectRef] = []
         results = self._results

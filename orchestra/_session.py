@@ -327,15 +327,16 @@ def wait(refs: Sequence[ObjectRef], *, num_returns: int = 1,
     if isinstance(refs, ObjectRef) or not isinstance(refs, (list, tuple)):
         raise TypeError(f"wait() takes a list of ObjectRefs, not a {type(refs).__name__}")
     client = _client() if refs else None
-    ids = set()
-    for r in refs:   # one pass: wait() over thousands of refs is on users' hot paths
-        if not isinstance(r, ObjectRef):
-            raise TypeError(f"wait() takes a list of ObjectRefs; it holds a {type(r).__name__}")
-        if r._client is not client:
-            _check_session(r, client)
-        ids.add(r._id)
+    # One comprehension: wait() over thousands of refs is on users' hot paths. A ref of
+    # another class or session is left out, and the slow pass below names it.
+    ids = {r._id for r in refs if r.__class__ is ObjectRef and r._client is client}
     if len(ids) != len(refs):
-        raise ValueError("wait() got the same ObjectRef twice; pass each ref once")
+        for r in refs:
+            if not isinstance(r, ObjectRef):
+                raise TypeError(f"wait() takes a list of ObjectRefs; it holds a {type(r).__name__}")
+            _check_session(r, client)
+        if len({r._id for r in refs}) != len(refs):
+            raise ValueError("wait() got the same ObjectRef twice; pass each ref once")
     if isinstance(num_returns, bool) or not isinstance(num_returns, int):
         raise TypeError(f"num_returns must be an int, got {num_returns!r}")
     if num_returns < 1 or num_returns > len(refs):
