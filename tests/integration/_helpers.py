@@ -211,6 +211,24 @@ def sleep_loop(gate: Gate) -> str:
 
 
 @orchestra.remote(max_retries=0)
+def one_long_sleep(gate: Gate) -> str:
+    touch(gate.started)
+    time.sleep(DEADLINE_S)
+    return "not cancelled"
+
+
+@orchestra.remote(max_retries=0)
+def blocked_in_io(gate: Gate) -> str:
+    """Blocks reading a socket nobody writes to."""
+    import socket
+    a, b = socket.socketpair()
+    with a, b:
+        touch(gate.started)
+        a.recv(1)
+    return "not cancelled"
+
+
+@orchestra.remote(max_retries=0)
 def busy_loop(gate: Gate) -> str:
     touch(gate.started)
     deadline = time.monotonic() + DEADLINE_S

@@ -227,7 +227,7 @@ def test_cancel_a_queued_task(cluster, gates, tmp_path, where):
     assert not os.path.exists(marker)
 
 
-@pytest.mark.parametrize("task", ["sleep_loop", "busy_loop"])
+@pytest.mark.parametrize("task", ["sleep_loop", "one_long_sleep", "blocked_in_io", "busy_loop"])
 def test_cancel_a_running_task(cluster, gates, task):
     gate = gates()
     ref = getattr(h, task).remote(gate)
