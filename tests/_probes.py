@@ -72,7 +72,9 @@ class Cluster:
 
         from orchestra import _pb as pb
         from orchestra._proto import orchestra_pb2_grpc as rpc
-        with grpc.insecure_channel(f"unix:{os.path.join(self.session_dir, 'grpc.sock')}") as ch:
+        path = os.path.join(self.session_dir, "grpc.sock")
+        wait_until(lambda: os.path.exists(path), 20, "the head serves gRPC")   # started after init
+        with grpc.insecure_channel(f"unix:{path}") as ch:
             return rpc.ObjStoreStub(ch).ObjStoreDebugInfo(pb.ObjStoreDebugInfoRequest(), timeout=10)
 
     def spill_files(self) -> list[str]:
