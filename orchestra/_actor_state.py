@@ -183,9 +183,10 @@ class ActorTable:
         name = a.spec.class_name
         for t in inflight:
             t.worker = None
+            # Named for the actor (not "actor Counter.inc is dead") and its process.
             self.s._fail_task(t, self.s._error(
-                "actor_dead", name=t.call.name,
-                reason=f"the actor {name} died while this call ran ({reason})"))
+                "actor_dead", name=name,
+                reason=f"its process (pid={w.pid}) died while running {t.call.name}() ({reason})"))
         if a.state is ActorState.DEAD:
             return
         limit = a.spec.max_restarts

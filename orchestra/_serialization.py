@@ -15,6 +15,7 @@ of shared memory, with no copy. The map stays alive while any of them lives.
 """
 from __future__ import annotations
 
+import os
 import pickle
 import struct
 import threading
@@ -23,6 +24,8 @@ from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
+
+from .exceptions import DeserializationError
 
 MAGIC = b"ORCB"
 ALIGN = 64
@@ -142,17 +145,38 @@ def note_contained_ref(object_id: bytes) -> None:
 
 
 def deserialize(data: bytes | memoryview) -> Any:
-    """Inverse of Serialized.to_bytes / write_into."""
+    """Inverse of Serialized.to_bytes / write_into; raises DeserializationError naming
+    the cause (a class this process cannot import, a __reduce__ or __setstate__ that
+    raised) with the original error as __cause__."""
     view = memoryview(data)
-    if view[:4] != MAGIC:
-        return pickle.loads(view)
-    _, n, pickle_len = _HEADER.unpack_from(view, 0)
-    start = _align(_HEADER.size + _ENTRY.size * n)
-    bufs = []
-    for i in range(n):
-        off, length = _ENTRY.unpack_from(view, _HEADER.size + _ENTRY.size * i)
-        bufs.append(view[off: off + length])
-    return pickle.loads(view[start: start + pickle_len], buffers=bufs)
+    try:
+        if view[:4] != MAGIC:
+            return pickle.loads(view)
+        _, n, pickle_len = _HEADER.unpack_from(view, 0)
+        start = _align(_HEADER.size + _ENTRY.size * n)
+        bufs = []
+        for i in range(n):
+            off, length = _ENTRY.unpack_from(view, _HEADER.size + _ENTRY.size * i)
+            bufs.append(view[off: off + length])
+        return pickle.loads(view[start: start + pickle_len], buffers=bufs)
+    except Exception as exc:
+        # Bare, the user's error (RuntimeError from a __reduce__, ModuleNotFoundError)
+        # reached get() with nothing saying that a result failed to unpickle, or where.
+        raise deserialization_error(exc, "a value", "this process") from exc
+
+
+def deserialization_error(exc: BaseException, what: str, where: str) -> DeserializationError:
+    """The DeserializationError for ``exc``, raised while unpickling ``what`` in ``where``."""
+    origin = ""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if f.filename != __file__ and not f.filename.startswith("<frozen")]
+    if frames:
+        origin = f" (raised in {frames[-1].name}() at {frames[-1].filename}:{frames[-1].lineno})"
+    return DeserializationError(
+        f"could not deserialize {what} in {where} (pid={os.getpid()}): {type(exc).__name__}: "
+        f"{exc}{origin}. Unpickling imports the module of each class in the value and runs "
+        "its __reduce__/__setstate__ in the process that reads it: define the classes in a "
+        "module that process can import, and make their unpickling work there.")
 
 
 def dumps_function(fn: Callable[..., Any]) -> bytes:

@@ -28,8 +28,8 @@ from . import _context, _wire
 from . import _pb as pb
 from ._client import CoreClient
 from ._procutil import die_with_parent
-from ._serialization import deserialize, dumps_exception, serialize
-from .exceptions import ActorDiedError, TaskError
+from ._serialization import deserialization_error, deserialize, dumps_exception, serialize
+from .exceptions import ActorDiedError, DeserializationError, TaskError
 
 
 class _Cancelled(BaseException):
@@ -271,15 +271,22 @@ class WorkerRuntime:
         oids = [tid + i.to_bytes(4, "big") for i in range(call.num_returns)]
         # Called inside the except block that caught exc: format_exc() is its traceback.
         tb = traceback.format_exc()
-        try:
-            err = TaskError.wrap(call.name, tb, exc, os.getpid())
-        except Exception:  # noqa: BLE001 - a class wrap() cannot build must not kill
-            # the worker (it was then reported as a crash): keep the text and traceback.
-            err = TaskError(call.name, tb, None, os.getpid())
+        err: BaseException
+        if isinstance(exc, _ArgumentError):
+            # The task never ran: its error is the DeserializationError itself (the
+            # traceback of the unpickling is in its text), not a TaskError "raised" by
+            # code that did not run.
+            exc = err = exc.error
+            detail = f"{type(exc).__name__}: {exc}"
+        else:
+            detail = f"{type(exc).__name__}: {exc}\n\nRemote traceback:\n{tb}"
+            try:
+                err = TaskError.wrap(call.name, tb, exc, os.getpid())
+            except Exception:  # noqa: BLE001 - a class wrap() cannot build must not kill
+                # the worker (it was then reported as a crash): keep the text and traceback.
+                err = TaskError(call.name, tb, None, os.getpid())
         if call.HasField("actor"):
-            died = ActorDiedError(
-                f"actor {call.actor.class_name} failed in its constructor: "
-                f"{type(exc).__name__}: {exc}\n\nRemote traceback:\n{tb}")
+            died = ActorDiedError(f"actor {call.actor.class_name} failed in its constructor: {detail}")
             died.__cause__ = exc
             oids = [call.actor.actor_id]
             blob = dumps_exception(died)
@@ -295,7 +302,17 @@ class WorkerRuntime:
         self.client.on_block = None
 
     def _decode_args(self, call: Any, resolved: Any) -> list[Any]:
-        out = []
+        out: list[Any] = []
+        try:
+            failed = self._decode_into(out, call, resolved)
+        except DeserializationError as exc:
+            raise _ArgumentError(_argument_error(call, len(out), exc)) from exc
+        if failed is not None:
+            raise failed   # a dependency's error, as it is (it may be a DeserializationError)
+        return out
+
+    def _decode_into(self, out: list[Any], call: Any, resolved: Any) -> BaseException | None:
+        """Append the decoded arguments to ``out``; the error of a failed dependency."""
         it = iter(resolved)
         for v in call.args:
             if v.WhichOneof("kind") == "inline":
@@ -308,8 +325,8 @@ class WorkerRuntime:
                 elif kind == "segment":
                     out.append(deserialize(self.client.map_object(data)))
                 else:
-                    raise _load_error(data.error)
-        return out
+                    return _load_error(data.error)
+        return None
 
 
 class ActorRuntime:
@@ -379,6 +396,26 @@ def _in_finalizer(frame: Any) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+class _ArgumentError(Exception):
+    """An argument of the task could not be deserialized in this worker."""
+
+    def __init__(self, error: DeserializationError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _argument_error(call: Any, i: int, exc: DeserializationError) -> DeserializationError:
+    """The error of a task whose argument ``i`` (in the Call's order) did not unpickle:
+    which argument of which task, why, and the traceback of the unpickling."""
+    cause = exc.__cause__ or exc
+    nk = len(call.kwarg_names)
+    first_kw = len(call.args) - nk
+    what = f"kwargs[{call.kwarg_names[i - first_kw]!r}]" if i >= first_kw else f"args[{i}]"
+    tb = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
+    err = deserialization_error(cause, f"{what} of task {call.name}()", "its worker")
+    return DeserializationError(f"{err}\n\nRemote traceback:\n{tb}")
 
 
 def _load_error(blob: bytes) -> BaseException:

@@ -135,6 +135,16 @@ def _rebuild_actor_died(message: str, cause: BaseException | None) -> ActorDiedE
     return err
 
 
+class DeserializationError(OrchestraError):
+    """A value could not be rebuilt (unpickled) in the process that read it.
+
+    Raised at ``get`` for a result this process cannot unpickle, and for a task whose
+    worker cannot unpickle one of its arguments (the task does not run). The message
+    names the value, the process and the original error, with its traceback; where the
+    error happened in this process it is also ``__cause__``.
+    """
+
+
 class InfeasibleResourcesError(OrchestraError, ValueError):
     """The task asks for resources that no node of the cluster has."""
 
@@ -177,6 +187,6 @@ class GangMemberDiedError(GangError):
 __all__ = [
     "OrchestraError", "TaskError", "GetTimeoutError", "WorkerCrashedError",
     "TaskCancelledError", "ObjectLostError", "ObjectStoreFullError",
-    "InfeasibleResourcesError", "ActorDiedError", "GangError", "GangAbortedError",
-    "GangTimeoutError", "GangMemberDiedError",
+    "InfeasibleResourcesError", "ActorDiedError", "DeserializationError", "GangError",
+    "GangAbortedError", "GangTimeoutError", "GangMemberDiedError",
 ]

@@ -18,7 +18,13 @@ import pytest
 from orchestra import _context
 from orchestra._object_ref import ObjectRef
 from orchestra._serialization import Serialized, deserialize, dumps_exception, dumps_function, serialize
-from orchestra.exceptions import InfeasibleResourcesError, ObjectStoreFullError, OrchestraError, TaskError
+from orchestra.exceptions import (
+    DeserializationError,
+    InfeasibleResourcesError,
+    ObjectStoreFullError,
+    OrchestraError,
+    TaskError,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -231,6 +237,33 @@ def test_the_type_error_for_a_huge_value_is_short():
     with pytest.raises(TypeError) as info:
         serialize([threading.Lock()] + list(range(100_000)))
     assert len(str(info.value)) < 1000
+
+
+def _refuse() -> None:
+    raise RuntimeError("refused to unpickle")
+
+
+class RefusesToUnpickle:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_refuse, ())
+
+
+def test_a_value_that_cannot_be_unpickled_raises_deserialization_error_naming_the_cause():
+    data = serialize(RefusesToUnpickle()).to_bytes()
+    with pytest.raises(DeserializationError) as info:
+        deserialize(data)
+    message = str(info.value)
+    assert "RuntimeError: refused to unpickle" in message           # the cause
+    assert "raised in _refuse()" in message and __file__ in message   # where
+    assert "import" in message                                      # the remedy
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_a_value_of_a_module_that_cannot_be_imported_raises_deserialization_error():
+    # Same length: pickle frames the strings it holds.
+    data = pickle.dumps(Point(1, 2)).replace(b"test_serialization", b"no_such_module_xyz")
+    with pytest.raises(DeserializationError, match="No module named 'no_such_module_xyz'"):
+        deserialize(data)
 
 
 def test_an_unpicklable_function_raises_type_error_naming_it():
