@@ -37,6 +37,7 @@ class Session:
         self.client = client
         self.session_dir = session_dir
         self.head = head
+        self.spill_dir = ""   # when outside session_dir: removed here too if the head was not
 
     def stop(self) -> None:
         client = self.client
@@ -54,6 +55,8 @@ class Session:
         client.close()
         if self.head is not None:
             shutil.rmtree(self.session_dir, ignore_errors=True)
+            if self.spill_dir:
+                shutil.rmtree(self.spill_dir, ignore_errors=True)
             sweep_stale_segments()
 
 
@@ -214,6 +217,7 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
         shutil.rmtree(session_dir, ignore_errors=True)
         raise
     _session = Session(client, session_dir, head)
+    _session.spill_dir = cfg["spill_dir"]
     _context.set_client(client)
     atexit.register(_shutdown_at_exit)
     return _info(_session)
@@ -252,23 +256,61 @@ def _info(s: Session) -> dict[str, Any]:
 
 
 def shutdown() -> None:
-    """Stop the cluster this driver started (every process and segment), or disconnect."""
+    """Stop the cluster this driver started (every process and segment), or disconnect.
+
+    Ctrl-C does not cut the cleanup short: the first one stops waiting for the head (it
+    is killed; its workers die with it and the segments are swept here), later ones are
+    ignored, and the Ctrl-C reaches the program's own handler (KeyboardInterrupt by
+    default) once, after everything is gone.
+    """
+    import signal
+    import threading
+
     global _session
     s = _session
     if s is None:
         return
+    # A KeyboardInterrupt raised in the head's wait abandoned the cleanup: the head, its
+    # zygote and workers, the segments and the session directory all stayed
+    # (test_ctrl_c_during_shutdown_cuts_its_wait_short_and_leaves_nothing). Installed
+    # before the session is marked gone: from then on every Ctrl-C is absorbed.
+    presses = 0
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        nonlocal presses
+        presses += 1
+        if presses == 1 and s.head is not None and s.head.returncode is None:
+            s.head.kill()   # stop() reaps it, then removes what it would have removed
+
+    # Only the main thread may set handlers; a program that ignores SIGINT keeps ignoring
+    # it; None: a handler set outside Python, which could not be put back.
+    previous: Any = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.getsignal(signal.SIGINT)
+        if previous is signal.SIG_IGN:
+            previous = None
+        if previous is not None:
+            signal.signal(signal.SIGINT, on_sigint)
     _session = None
     _context.set_client(None)
     try:
         s.stop()
     finally:
-        from ._gang import stop_coordinators
-        stop_coordinators()   # gangs' coordinators, after their members are gone
+        try:
+            from ._gang import stop_coordinators
+            stop_coordinators()   # gangs' coordinators, after their members are gone
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+    if presses:
+        signal.raise_signal(signal.SIGINT)   # the Ctrl-C, deferred to its own handler
 
 
 def _shutdown_at_exit() -> None:
     try:
         shutdown()
+    except KeyboardInterrupt:
+        pass   # Ctrl-C while exiting: the cleanup finished anyway (see shutdown())
     except Exception as exc:  # noqa: BLE001 - interpreter exit: report, never raise
         print(f"orchestra: error during shutdown at exit: {exc}", file=sys.stderr)
 

@@ -330,3 +330,111 @@ def test_ctrl_c_in_get_interrupts_it_promptly_and_the_cluster_stays_usable(no_cl
     assert lines[0].startswith("interrupted after ")
     assert float(lines[0].split()[2]) < 5.0
     assert lines[1:] == ["next 7", "done"]
+
+
+_SHUTDOWN_DRIVER = """
+import json, signal, sys, threading, time
+sys.path[:0] = {paths!r}
+import numpy as np
+import orchestra
+import _helpers as h
+
+
+@orchestra.remote
+class Idle:
+    def ping(self):
+        return "pong"
+
+
+info = orchestra.init(num_cpus=2)
+kept = orchestra.put(np.ones(4 << 20))   # a segment
+gate = h.Gate(sys.argv[1])
+running = h.gated.remote(gate)           # a worker busy in a task
+actors = [Idle.remote() for _ in range(3)]
+assert orchestra.get([a.ping.remote() for a in actors], timeout=30) == ["pong"] * 3
+gate.wait_started()
+with open(info["session_dir"] + "/head.pid") as f:
+    head = int(f.read())
+print(json.dumps({{"session_dir": info["session_dir"], "head": head}}), flush=True)
+sys.stdin.readline()                     # the test has paused the head: go
+
+
+def say_when_shutdown_started():
+    deadline = time.monotonic() + 30
+    while orchestra.is_initialized() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    print("in shutdown", flush=True)
+
+
+threading.Thread(target=say_when_shutdown_started, daemon=True).start()
+t = time.monotonic()
+try:
+    orchestra.shutdown()
+    outcome = "returned"
+except KeyboardInterrupt:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # a press that comes after shutdown
+    outcome = "interrupted"
+print("%s after %.2f s" % (outcome, time.monotonic() - t), flush=True)
+"""
+
+
+def _readline(proc: subprocess.Popen[str], what: str) -> str:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], T)
+    if not ready:
+        pytest.fail(f"the driver did not report {what} within {T} s")
+    line = proc.stdout.readline()
+    assert line, f"the driver exited (code {proc.wait(T)}) before reporting {what}"
+    return line.strip()
+
+
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_during_shutdown_cuts_its_wait_short_and_leaves_nothing(no_cluster, tmp_path,
+                                                                       presses):
+    # The head is paused (SIGSTOP), so shutdown() waits for it (up to 5 s) and the
+    # Ctrl-Cs land inside shutdown for sure; a healthy head exits within ~0.1 s. A
+    # KeyboardInterrupt raised there used to abandon the cleanup: the paused head, its
+    # zygote and workers, the segments and the session directory all stayed.
+    from orchestra.microbenchmark import _children
+    here = str(Path(__file__).resolve().parent)
+    script = _SHUTDOWN_DRIVER.format(paths=[ORCHESTRA_ROOT, here])
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        info = json.loads(_readline(proc, "its session"))
+        head = info["head"]
+        pids = [head, *_children(head)]   # the zygote, 2 pool workers, 3 actors
+        assert len(pids) >= 7 and _segments_of(head) and os.path.isdir(info["session_dir"])
+        os.kill(head, signal.SIGSTOP)
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert _readline(proc, "that shutdown started") == "in shutdown"
+        proc.send_signal(signal.SIGINT)
+        if presses == 2:
+            # The first Ctrl-C was handled once the head is killed; the second, sent at
+            # once, lands while shutdown reaps the head and cleans up after it.
+            deadline = time.monotonic() + 10
+            while not pid_gone(head):
+                assert time.monotonic() < deadline, "the first Ctrl-C stops waiting for the head"
+                time.sleep(0.001)
+            proc.send_signal(signal.SIGINT)
+        # One KeyboardInterrupt, raised once everything is cleaned up; well before the
+        # 5 s that shutdown would have waited for the paused head. (Not communicate():
+        # processes left behind hold the driver's stdout open.)
+        line = _readline(proc, "how shutdown ended")
+        assert proc.wait(T) == 0
+        assert line.startswith("interrupted after "), line
+        assert float(line.split()[2]) < 3.0
+        wait_until(lambda: all(pid_gone(p) for p in pids), 10,
+                   f"every process of the session ({pids}) gone")
+        assert _segments_of(head) == []
+        assert not os.path.exists(info["session_dir"])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for p in pids:   # a failed run must not leave a paused head behind
+            if not pid_gone(p):
+                os.kill(p, signal.SIGKILL)
