@@ -657,3 +657,23 @@ def test_twenty_actors_alive_at_once(cluster):
     actors = [Counter.remote(i) for i in range(20)]
     assert get([a.inc.remote() for a in actors]) == [i + 1 for i in range(20)]
     assert len(set(get([a.pid.remote() for a in actors]))) == 20
+
+
+@pytest.mark.load
+@pytest.mark.timeout(120)
+def test_two_hundred_actors_alive_at_once_answer_and_go_away(cluster):
+    from orchestra.microbenchmark import _children, _mem
+    n = 200
+    start = time.monotonic()
+    actors = [Counter.remote(i) for i in range(n)]
+    assert get([a.inc.remote() for a in actors]) == [i + 1 for i in range(n)]
+    elapsed = time.monotonic() - start
+    pids = get([a.pid.remote() for a in actors])
+    assert len(set(pids)) == n
+    procs = [cluster.head_pid, *_children(cluster.head_pid)]   # head, zygote, workers, actors
+    rss, pss = (sum(m) for m in zip(*(_mem(p) for p in procs), strict=True))
+    print(f"\n{n} actors: created and answered in {elapsed:.2f} s; {len(procs)} processes "
+          f"hold {pss / (1 << 30):.2f} GiB PSS, {rss / (1 << 30):.2f} GiB RSS")
+    del actors
+    gc.collect()
+    wait_until(lambda: all(pid_gone(p) for p in pids), 30, f"the {n} actor processes gone")

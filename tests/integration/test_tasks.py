@@ -249,3 +249,43 @@ def test_get_timeout_zero_returns_a_ready_value(cluster):
 def test_get_rejects_a_bad_timeout(cluster, timeout):
     with pytest.raises(ValueError, match="timeout"):
         orchestra.get(orchestra.put(1), timeout=timeout)
+
+
+# ------------------------------------------------------------------ load
+
+MiB = 1 << 20
+
+
+def _peak_rss(pid: int) -> int:
+    """The process's peak resident set (VmHWM), in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM in /proc/{pid}/status")
+
+
+def _reset_peak_rss(pid: int) -> None:
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")   # VmHWM starts over from the current RSS
+
+
+@pytest.mark.load
+@pytest.mark.timeout(240)
+def test_a_hundred_thousand_queued_tasks_complete_in_bounded_memory(start_cluster):
+    # A cluster of its own: a fresh head, and a small store, so that the head's peak is
+    # that of the queue and not of the store's warm reserve (shared memory counts in RSS).
+    c = start_cluster(num_cpus=2, object_store_memory=128 * MiB)
+    n = 100_000
+    for pid in (os.getpid(), c.head_pid):   # the driver is pytest: its peak so far is not ours
+        _reset_peak_rss(pid)
+    start = time.monotonic()
+    refs = [h.identity.remote(i) for i in range(n)]   # all queued before any get
+    submitted = time.monotonic() - start
+    assert orchestra.get(refs, timeout=180) == list(range(n))
+    elapsed = time.monotonic() - start
+    driver, head = _peak_rss(os.getpid()), _peak_rss(c.head_pid)
+    print(f"\n{n:,} queued tasks: submitted in {submitted:.1f} s, all done in {elapsed:.1f} s "
+          f"({n / elapsed:,.0f} tasks/s); peak RSS: driver {driver / MiB:.0f} MiB, "
+          f"head {head / MiB:.0f} MiB")
+    assert driver < 1024 * MiB and head < 1024 * MiB
