@@ -12,6 +12,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import cloudpickle
+
 from . import _context, _wire
 from . import _pb as pb
 from ._proto import types_pb2
@@ -35,8 +37,21 @@ def validate_options(opts: dict[str, Any], allowed: frozenset[str], what: str) -
     mr = opts.get("max_retries", DEFAULT_MAX_RETRIES)
     if isinstance(mr, bool) or not isinstance(mr, int) or mr < -1:
         raise ValueError(f"max_retries must be an int >= 0, or -1 for no limit; got {mr!r}")
+    retry_on(opts.get("retry_exceptions", False))
     make_request(opts.get("num_cpus"), opts.get("num_gpus"), opts.get("resources"))
     return opts
+
+
+def retry_on(value: Any) -> bytes:
+    """retry_exceptions: True / False, or a list of exception classes to re-run on.
+    Returns those classes pickled for the worker (b"" for a bool)."""
+    if isinstance(value, bool):
+        return b""
+    if isinstance(value, (list, tuple)) and value and all(
+            isinstance(c, type) and issubclass(c, BaseException) for c in value):
+        return cloudpickle.dumps(tuple(value), protocol=5)
+    raise ValueError(f"retry_exceptions must be True, False or a list of exception classes, "
+                     f"got {value!r}")
 
 
 class RemoteFunction:
@@ -74,7 +89,8 @@ class RemoteFunction:
         call = types_pb2.Call(
             function_id=self._function_id, num_returns=self._num_returns,
             resources=self._resources, max_retries=opts.get("max_retries", DEFAULT_MAX_RETRIES),
-            name=self._name, retry_exceptions=bool(opts.get("retry_exceptions", False)))
+            name=self._name, retry_exceptions=bool(opts.get("retry_exceptions", False)),
+            retry_on=retry_on(opts.get("retry_exceptions", False)))
         self._template = call.SerializeToString()
         reg = pb.RegisterFunctionRequest(function_id=self._function_id, fnname=self._name,
                                          num_return_vals=self._num_returns,

@@ -483,7 +483,8 @@ class SchedulerState:
         if t is None or t.state is TaskState.DONE:
             self._after_worker_step(w)
             return
-        if msg.user_error and t.call.retry_exceptions and t.retries_left != 0 and not t.cancelled:
+        if msg.user_error and t.call.retry_exceptions and not msg.not_retryable \
+                and t.retries_left != 0 and not t.cancelled:
             t.retries_left -= 1 if t.retries_left > 0 else 0
             t.move(TaskState.READY)
             self._enqueue_ready(t, front=True)

@@ -14,6 +14,7 @@ the head closes, and dies with the head (PR_SET_PDEATHSIG).
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import signal
 import sys
@@ -292,7 +293,11 @@ class WorkerRuntime:
             blob = dumps_exception(died)
         else:
             blob = dumps_exception(err)
-        return pb.TaskDone(task_id=tid, user_error=True,
+        not_retryable = False
+        if call.retry_exceptions:
+            not_retryable = isinstance(exc, DeserializationError) or (
+                bool(call.retry_on) and not isinstance(exc, _retry_classes(call.retry_on)))
+        return pb.TaskDone(task_id=tid, user_error=True, not_retryable=not_retryable,
                            returns=[pb.ObjectData(object_id=o, error=blob) for o in oids])
 
     def become_actor(self, spec: Any, instance: Any) -> None:
@@ -396,6 +401,14 @@ def _in_finalizer(frame: Any) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+@functools.lru_cache(maxsize=64)
+def _retry_classes(pickled: bytes) -> tuple[type[BaseException], ...]:
+    try:
+        return tuple(cloudpickle.loads(pickled))
+    except Exception:  # noqa: BLE001 - classes this worker cannot import: retry nothing
+        return ()
 
 
 class _ArgumentError(Exception):

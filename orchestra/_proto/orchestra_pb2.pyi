@@ -348,16 +348,18 @@ class Execute(_message.Message):
     def __init__(self, invoke: _Optional[_Union[InvokeCallRequest, _Mapping]] = ...) -> None: ...
 
 class TaskDone(_message.Message):
-    __slots__ = ("task_id", "returns", "user_error", "cancelled")
+    __slots__ = ("task_id", "returns", "user_error", "cancelled", "not_retryable")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     RETURNS_FIELD_NUMBER: _ClassVar[int]
     USER_ERROR_FIELD_NUMBER: _ClassVar[int]
     CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    NOT_RETRYABLE_FIELD_NUMBER: _ClassVar[int]
     task_id: bytes
     returns: _containers.RepeatedCompositeFieldContainer[_types_pb2.ObjectData]
     user_error: bool
     cancelled: bool
-    def __init__(self, task_id: _Optional[bytes] = ..., returns: _Optional[_Iterable[_Union[_types_pb2.ObjectData, _Mapping]]] = ..., user_error: _Optional[bool] = ..., cancelled: _Optional[bool] = ...) -> None: ...
+    not_retryable: bool
+    def __init__(self, task_id: _Optional[bytes] = ..., returns: _Optional[_Iterable[_Union[_types_pb2.ObjectData, _Mapping]]] = ..., user_error: _Optional[bool] = ..., cancelled: _Optional[bool] = ..., not_retryable: _Optional[bool] = ...) -> None: ...
 
 class ReturnTasks(_message.Message):
     __slots__ = ("task_ids",)

@@ -134,6 +134,28 @@ def test_retry_exceptions_reruns_a_task_that_raised(cluster, tmp_path):
     assert orchestra.get(fail_twice.remote(marker), timeout=T) == 3
 
 
+@pytest.mark.parametrize("raised, attempts", [(ValueError, 3), (KeyError, 1)])
+def test_retry_exceptions_with_classes_reruns_only_those(cluster, tmp_path, raised, attempts):
+    marker = str(tmp_path / "attempt")
+
+    @orchestra.remote(max_retries=2, retry_exceptions=[ValueError, TimeoutError])
+    def fail_and_count(path: str, kind: type[Exception]) -> None:
+        with open(path, "a") as f:
+            f.write("x")
+        raise kind("always")
+
+    with pytest.raises(TaskError) as info:
+        orchestra.get(fail_and_count.remote(marker, raised), timeout=T)
+    assert isinstance(info.value, raised)
+    assert open(marker).read() == "x" * attempts
+
+
+@pytest.mark.parametrize("bad", ["yes", [ValueError, "KeyError"], [], [int]])
+def test_retry_exceptions_rejects_what_is_not_a_bool_or_exception_classes(cluster, bad):
+    with pytest.raises(ValueError, match="retry_exceptions must be True, False or a list"):
+        h.add.options(retry_exceptions=bad)
+
+
 # ------------------------------------------------------------------ worker crashes
 
 @pytest.mark.parametrize("how, cause", [
