@@ -75,9 +75,11 @@ class CoreClient:
         self._pin: list[str] = []      # segments mapped here (sent with increments)
         self._unpin: list[str] = []    # segments whose last view died (sent with decrements)
         self._results: dict[bytes, Any] = {}
-        # Maps of objects read here, while any view of them lives (a weak cache: once the
-        # values read are gone the map is unpinned, and the store may spill the object).
-        self._maps: dict[bytes, weakref.ref[mmap.mmap]] = {}
+        # Maps of objects read here, kept while the ref lives (a second get is ~15 us, a
+        # new map of 512 MiB ~80 us): (map, segment name). The store asks for them back
+        # (RELEASE_MAPS) when it needs to spill their objects; views still held keep
+        # their map alive and pinned.
+        self._maps: dict[bytes, tuple[mmap.mmap, str]] = {}
         # Read-write maps of the segments this process filled, kept for when the store
         # hands one back: mapping 512 MiB costs ~100 ms (page tables, then unmap), the
         # copy itself ~50 ms. The head says when a segment is unlinked (DROP_MAPS).
@@ -297,6 +299,14 @@ class CoreClient:
             if mm is not None:
                 mm.close()
 
+    def _release_maps(self, names: Iterable[str]) -> None:
+        """The store wants to spill these segments: forget the maps kept for later gets
+        (a map still viewed by a value stays, and so does its pin)."""
+        wanted = set(names)
+        with self._ref_lock:
+            for oid in [o for o, (_, name) in self._maps.items() if name in wanted]:
+                del self._maps[oid]
+
     def _map_ahead(self, names: Sequence[str]) -> None:
         with self._ref_lock:
             for n in names:
@@ -438,14 +448,14 @@ class CoreClient:
             return deserialize(data.inline)
         if kind == "segment":
             cached = self._maps.get(oid)
-            mm = cached() if cached is not None else None
-            if mm is not None:
-                view = memoryview(mm)[: data.segment.size]
+            if cached is not None:
+                view = memoryview(cached[0])[: data.segment.size]
             else:
                 view = self.map_object(data)
+                seg = self._results.get(oid, data).segment   # where map_object found it
                 with self._ref_lock:
                     if oid in self._local:
-                        self._maps[oid] = weakref.ref(view.obj)  # type: ignore[arg-type]
+                        self._maps[oid] = (view.obj, seg.name)  # type: ignore[assignment]
             return deserialize(view)
         raise pickle.loads(data.error)
 
@@ -526,6 +536,8 @@ class CoreClient:
                 wake = True
             elif kind == _wire.DROP_MAPS:
                 self._drop_maps(msg.names)
+            elif kind == _wire.RELEASE_MAPS:
+                self._release_maps(msg.names)
             elif kind == _wire.MAP_AHEAD:
                 self._map_ahead(list(msg.names))
             elif kind == _wire.REPLY:

@@ -43,7 +43,7 @@ from ._scheduler import (
     SchedulerState,
     WorkerState,
 )
-from ._store import ObjectStore, SpillNeeded, spill_file
+from ._store import ObjectStore, ReleaseNeeded, SpillNeeded, spill_file
 from .exceptions import ObjectStoreFullError
 
 NODE_ID = 0
@@ -480,13 +480,22 @@ class Head:
         self._queue(conn, _wire.encode(_wire.REPLY, reply))
 
     # ------------------------------------------------------------------ spilling
-    def _create_segment(self, conn: Conn, req: Any, *, spill: bool) -> bool:
-        """Answer a create_segment request; False when it waits for a spill."""
+    def _create_segment(self, conn: Conn, req: Any, *, spill: bool, release: bool = True) -> bool:
+        """Answer a create_segment request; False when it waits for a spill, or for
+        readers to let go of maps they keep."""
         reply = pb.Reply(req_id=req.req_id)
         cs = req.create_segment
         try:
             reply.segment.CopyFrom(self.store.create(conn.conn_id, cs.object_id, cs.size,
-                                                     spill=spill))
+                                                     spill=spill, release=release))
+        except ReleaseNeeded as rel:
+            for cid, names in rel.held.items():
+                c = self.conns.get(cid)
+                if c is not None:
+                    self._queue(c, _wire.encode(_wire.RELEASE_MAPS, pb.SegmentNames(names=names)))
+            # Their unpins arrive within a round trip; then spill what they let go.
+            self.loop.call_later(0.05, self._drain_creates, True, False)
+            return False
         except SpillNeeded as need:
             try:
                 jobs = self.store.begin_spill(need.names)
@@ -521,18 +530,26 @@ class Head:
             failed = failed or bool(error)
             if seg is not None and not self.state.relocate(oid, seg):
                 self.store.free(path)
-        waiting, self._creates_waiting = self._creates_waiting, None
         # A failed spill is not tried again for the requests that waited on it: they get
         # ObjectStoreFullError naming why, instead of a loop of failing spills.
+        self._drain_creates(not failed, True)
+
+    def _drain_creates(self, spill: bool, release: bool) -> None:
+        """Answer the create requests that waited, in order, until one waits again.
+        release=False: the first one already asked readers to let go of their maps."""
+        if self.stopping or self._creates_waiting is None:
+            return
+        waiting, self._creates_waiting = self._creates_waiting, None
         while waiting:
             conn, req = waiting[0]
             if conn.conn_id not in self.conns:
                 waiting.popleft()
                 continue
-            if not self._create_segment(conn, req, spill=not failed):
+            if not self._create_segment(conn, req, spill=spill, release=release):
                 self._creates_waiting = waiting   # the request stays first in line
                 break
             waiting.popleft()
+            release = True
         self.carry_out()
 
     def debug_info(self) -> Any:

@@ -74,6 +74,15 @@ class SpillNeeded(Exception):
         self.names = names
 
 
+class ReleaseNeeded(Exception):
+    """create() could make room by spilling objects that readers map only to make a
+    later get fast: ask them to let go (RELEASE_MAPS), then try again."""
+
+    def __init__(self, held: dict[int, list[str]]) -> None:
+        super().__init__(held)
+        self.held = held
+
+
 class _Seg:
     __slots__ = ("name", "capacity", "state", "pins", "writer", "object_id", "size",
                  "last_use", "no_pool", "rw")
@@ -128,7 +137,8 @@ class ObjectStore:
         self._n += 1
         return f"{self.prefix}{self._n}"
 
-    def create(self, conn: int, object_id: bytes, size: int, *, spill: bool = True) -> Any:
+    def create(self, conn: int, object_id: bytes, size: int, *, spill: bool = True,
+               release: bool = True) -> Any:
         """Reserve room for ``size`` bytes; returns the Segment the writer fills.
 
         Raises SpillNeeded when spilling some objects to disk would make the room (the
@@ -145,6 +155,9 @@ class ObjectStore:
             victims = self._spill_victims(need) if spill else None
             if victims:
                 raise SpillNeeded(victims)
+            held = self._held_by_readers(need) if spill and release else None
+            if held:
+                raise ReleaseNeeded(held)
             raise ObjectStoreFullError(self._full_message(size, need, spill))
         name = self._take_pooled(cap)
         reused = name is not None
@@ -176,6 +189,28 @@ class ObjectStore:
                       f"and cannot be spilled to disk, {_fmt(need)} would have to be")
         return (f"{text}; {reason}. Drop ObjectRefs and values read from them that you no "
                 "longer need, or start with a larger object_store_memory.")
+
+    def _held_by_readers(self, need: int) -> dict[int, list[str]] | None:
+        """Readers' maps of the least recently used sealed segments that would make the
+        room, by connection; None when even those would not."""
+        if self.spill_dir is None:
+            return None
+        names, room = [], 0
+        for seg in sorted((s for s in self.segs.values() if s.state == "sealed"),
+                          key=lambda s: s.last_use):
+            if room >= need:
+                break
+            room += seg.capacity
+            if seg.pins:
+                names.append(seg.name)
+        if room < need or not names:
+            return None
+        held: dict[int, list[str]] = {}
+        for conn, pins in self.conn_pins.items():
+            mine = [n for n in names if pins.get(n)]
+            if mine:
+                held[conn] = mine
+        return held or None
 
     def _spill_victims(self, need: int) -> list[str] | None:
         """Least recently used sealed segments nobody maps, ``need`` bytes' worth."""

@@ -33,6 +33,7 @@ SHUTDOWN = 16      # AckReply: driver asks the head to stop the cluster
 STEAL = 17         # ReturnTasks, head -> worker: hand back these queued tasks if not started
 DROP_MAPS = 18     # SegmentNames, head -> writer
 MAP_AHEAD = 19     # SegmentNames, head -> driver
+RELEASE_MAPS = 20  # SegmentNames, head -> reader: forget maps kept for later gets
 
 MESSAGES: dict[int, Any] = {
     HELLO: pb.Hello, HELLO_REPLY: pb.HelloReply, FUNCTION: pb.RegisterFunctionRequest,
@@ -40,7 +41,8 @@ MESSAGES: dict[int, Any] = {
     REF_DELTA: pb.RefDelta, CANCEL: pb.CancelRequest, EXECUTE: pb.Execute,
     TASK_DONE: pb.TaskDone, RETURN_TASKS: pb.ReturnTasks, BLOCKED: pb.Blocked,
     CANCEL_TASK: pb.CancelTask, REQUEST: pb.Request, REPLY: pb.Reply,
-    SHUTDOWN: pb.AckReply, STEAL: pb.ReturnTasks, DROP_MAPS: pb.SegmentNames, MAP_AHEAD: pb.SegmentNames,
+    SHUTDOWN: pb.AckReply, STEAL: pb.ReturnTasks, DROP_MAPS: pb.SegmentNames,
+    MAP_AHEAD: pb.SegmentNames, RELEASE_MAPS: pb.SegmentNames,
 }
 
 MAX_FRAME = 1 << 31

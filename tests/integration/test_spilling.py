@@ -79,6 +79,17 @@ def test_the_least_recently_used_object_spills_first(start_cluster):
     assert _intact(orchestra.get(second, timeout=T), 1)
 
 
+def test_objects_read_before_still_spill_once_their_values_are_gone(start_cluster):
+    # The driver keeps the map of each object it read, for a fast second get; the store
+    # asks for it back when it needs the room.
+    c = start_cluster(num_cpus=1, object_store_memory=STORE)   # room for three pieces
+    refs = [orchestra.put(_piece(i)) for i in range(3)]
+    assert [_intact(orchestra.get(r, timeout=T), i) for i, r in enumerate(refs)] == [True] * 3
+    fourth = orchestra.put(_piece(3))
+    assert _spilled(c, [*refs, fourth]) == [True, False, False, False]
+    assert [_intact(orchestra.get(r, timeout=T), i) for i, r in enumerate(refs)] == [True] * 3
+
+
 def test_objects_in_use_are_not_spilled_and_a_full_store_says_so(start_cluster):
     c = start_cluster(num_cpus=1, object_store_memory=STORE)
     refs = [orchestra.put(_piece(i)) for i in range(STORE // PIECE - 1)]
