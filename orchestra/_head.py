@@ -111,14 +111,18 @@ class ForkedWorker:
 class Zygote:
     """The fork server (orchestra/_zygote.py) and the thread reading its replies."""
 
-    def __init__(self, sock_path: str, cwd: str, env: dict[str, str]) -> None:
-        req_r, self.req_w = os.pipe()
-        self.rep_r, rep_w = os.pipe()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestra._zygote", sock_path, str(req_r), str(rep_w)],
-            stdin=subprocess.DEVNULL, cwd=cwd, env=env, pass_fds=(req_r, rep_w))
-        os.close(req_r)
-        os.close(rep_w)
+    def __init__(self, sock_path: str, cwd: str, env: dict[str, str],
+                 started: tuple[Any, int, int] | None = None) -> None:
+        if started is not None:   # started by the head's bootstrap (see BOOTSTRAP)
+            self.proc, self.req_w, self.rep_r = started
+        else:
+            req_r, self.req_w = os.pipe()
+            self.rep_r, rep_w = os.pipe()
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "orchestra._zygote", sock_path, str(req_r), str(rep_w)],
+                stdin=subprocess.DEVNULL, cwd=cwd, env=env, pass_fds=(req_r, rep_w))
+            os.close(req_r)
+            os.close(rep_w)
         self.children: dict[int, ForkedWorker] = {}   # worker id -> child
         self.by_pid: dict[int, ForkedWorker] = {}
         self.lock = threading.Lock()
@@ -202,13 +206,13 @@ class WorkerPool:
     def start(self, worker_id: int) -> None:
         self.spawner.submit(self._spawn, worker_id)
 
-    def start_zygote(self) -> None:
+    def start_zygote(self, started: tuple[Any, int, int] | None = None) -> None:
         """Fork workers from a pre-imported process from now on (see _zygote.py)."""
-        self.spawner.submit(self._start_zygote)
+        self.spawner.submit(self._start_zygote, started)
 
-    def _start_zygote(self) -> None:
+    def _start_zygote(self, started: tuple[Any, int, int] | None) -> None:
         try:
-            self.zygote = Zygote(self.sock_path, self.cwd, self.env)
+            self.zygote = Zygote(self.sock_path, self.cwd, self.env, started)
         except OSError as exc:
             print(f"orchestra head: no worker fork server ({exc}); starting workers with exec",
                   file=sys.stderr)
@@ -272,7 +276,9 @@ class WorkerPool:
 
 
 class Head:
-    def __init__(self, cfg: dict[str, Any], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, cfg: dict[str, Any], loop: asyncio.AbstractEventLoop,
+                 zygote: tuple[Any, int, int] | None = None) -> None:
+        self._zygote_started = zygote
         self.cfg = cfg
         self.loop = loop
         self.session_dir = cfg["session_dir"]
@@ -310,8 +316,8 @@ class Head:
     async def start(self) -> None:
         self.server = await self.loop.create_unix_server(self._new_conn, self.sock_path)
         os.chmod(self.sock_path, 0o600)
-        if self.cfg.get("zygote", True):
-            self.pool.start_zygote()
+        if self._zygote_started is not None or self.cfg.get("zygote", True):
+            self.pool.start_zygote(self._zygote_started)
         res = {k: float(v) for k, v in self.cfg["resources"].items()}
         self.state.add_node(NODE_ID, res, num_workers=int(self.cfg["num_workers"]),
                             max_workers=int(self.cfg.get("max_workers", 0)) or
@@ -721,7 +727,7 @@ class Head:
         self.loop.stop()
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, zygote: tuple[Any, int, int] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     with open(argv[0]) as f:
         cfg = json.load(f)
@@ -733,7 +739,7 @@ def main(argv: list[str] | None = None) -> None:
     import uvloop
     loop = uvloop.new_event_loop()
     asyncio.set_event_loop(loop)
-    head = Head(cfg, loop)
+    head = Head(cfg, loop, zygote)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, head.shutdown, f"signal {sig.name}")
     try:

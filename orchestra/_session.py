@@ -21,6 +21,7 @@ from typing import Any
 
 from . import _context, _wire
 from . import _pb as pb
+from ._bootstrap import BOOTSTRAP as HEAD_BOOTSTRAP
 from ._client import ConnectionLost, CoreClient
 from ._gpus import detect_num_gpus
 from ._object_ref import ObjectRef
@@ -199,16 +200,19 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     cfg_path = os.path.join(session_dir, "config.json")
     with open(cfg_path, "w") as f:
         json.dump(cfg, f)
-    # cwd = the session directory: `-m` puts the cwd first on sys.path, and the head must
-    # import the driver's orchestra, not an orchestra/ folder that happens to be here.
+    # cwd = the session directory: `-m` and `-c` put the cwd first on sys.path, and the
+    # head must import the driver's orchestra, not an orchestra/ folder that happens to
+    # be here. The head starts with its bootstrap, which starts the fork server first.
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(cfg["sys_path"])
-    head = subprocess.Popen([sys.executable, "-m", "orchestra._head", cfg_path],
+    sock = os.path.join(session_dir, "head.sock")
+    cmd = ([sys.executable, "-c", HEAD_BOOTSTRAP, cfg_path, sock] if cfg.get("zygote", True)
+           else [sys.executable, "-m", "orchestra._head", cfg_path])
+    head = subprocess.Popen(cmd,
                             stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True,
                             cwd=session_dir, env=env)
     with open(os.path.join(session_dir, "head.pid"), "w") as f:
         f.write(str(head.pid))
-    sock = os.path.join(session_dir, "head.sock")
     try:
         client = _connect_client(sock, head)
     except BaseException:
