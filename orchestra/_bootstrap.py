@@ -17,7 +17,7 @@ try:
         [sys.executable, "-m", "orchestra._zygote", sys.argv[2], str(req_r), str(rep_w)],
         stdin=subprocess.DEVNULL, pass_fds=(req_r, rep_w)), req_w, rep_r)
 except OSError:
-    started = None   # the head tries again, then falls back to starting workers by exec
+    started = None   # the head starts workers by exec instead
 os.close(req_r)
 os.close(rep_w)
 from orchestra import _head

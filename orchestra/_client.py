@@ -352,7 +352,6 @@ class CoreClient:
         self._wait([r._id for r in refs], num_returns, timeout, raise_timeout=False)
         ready: list[ObjectRef] = []
         not_ready: list[ObjectRef] = []
-        results = self._results
         for r in refs:
             if r._id in results and len(ready) < num_returns:
                 ready.append(r)
@@ -451,20 +450,20 @@ class CoreClient:
             if cached is not None:
                 view = memoryview(cached[0])[: data.segment.size]
             else:
-                view = self.map_object(data)
-                seg = self._results.get(oid, data).segment   # where map_object found it
+                view, seg = self.map_object(data)
                 with self._ref_lock:
                     if oid in self._local:
                         self._maps[oid] = (view.obj, seg.name)  # type: ignore[assignment]
             return deserialize(view)
         raise pickle.loads(data.error)
 
-    def map_object(self, data: Any) -> memoryview:
+    def map_object(self, data: Any) -> tuple[memoryview, Any]:
         """Map a large object read-only, wherever it is now: a reader may have learnt
-        its segment just before the store spilled it to disk; then ask the head."""
+        its segment just before the store spilled it to disk; then ask the head.
+        Returns the view and the Segment it maps."""
         for _ in range(8):
             try:
-                return self.map_segment(data.segment)
+                return self.map_segment(data.segment), data.segment
             except FileNotFoundError:
                 oid = data.object_id
                 data = self.request(pb.Request(locate=oid)).object

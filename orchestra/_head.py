@@ -111,18 +111,10 @@ class ForkedWorker:
 class Zygote:
     """The fork server (orchestra/_zygote.py) and the thread reading its replies."""
 
-    def __init__(self, sock_path: str, cwd: str, env: dict[str, str],
-                 started: tuple[Any, int, int] | None = None) -> None:
-        if started is not None:   # started by the head's bootstrap (see BOOTSTRAP)
-            self.proc, self.req_w, self.rep_r = started
-        else:
-            req_r, self.req_w = os.pipe()
-            self.rep_r, rep_w = os.pipe()
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "orchestra._zygote", sock_path, str(req_r), str(rep_w)],
-                stdin=subprocess.DEVNULL, cwd=cwd, env=env, pass_fds=(req_r, rep_w))
-            os.close(req_r)
-            os.close(rep_w)
+    def __init__(self, proc: subprocess.Popen[bytes], req_w: int, rep_r: int) -> None:
+        # Started by the head's bootstrap (orchestra/_bootstrap.py) before the head's
+        # imports; req_w / rep_r: the head's ends of its request and reply pipes.
+        self.proc, self.req_w, self.rep_r = proc, req_w, rep_r
         self.children: dict[int, ForkedWorker] = {}   # worker id -> child
         self.by_pid: dict[int, ForkedWorker] = {}
         self.lock = threading.Lock()
@@ -206,16 +198,9 @@ class WorkerPool:
     def start(self, worker_id: int) -> None:
         self.spawner.submit(self._spawn, worker_id)
 
-    def start_zygote(self, started: tuple[Any, int, int] | None = None) -> None:
-        """Fork workers from a pre-imported process from now on (see _zygote.py)."""
-        self.spawner.submit(self._start_zygote, started)
-
-    def _start_zygote(self, started: tuple[Any, int, int] | None) -> None:
-        try:
-            self.zygote = Zygote(self.sock_path, self.cwd, self.env, started)
-        except OSError as exc:
-            print(f"orchestra head: no worker fork server ({exc}); starting workers with exec",
-                  file=sys.stderr)
+    def adopt_zygote(self, zygote: Zygote) -> None:
+        """Fork workers from this pre-imported process from now on (see _zygote.py)."""
+        self.zygote = zygote
 
     def _spawn(self, worker_id: int) -> None:
         proc: Any
@@ -316,8 +301,8 @@ class Head:
     async def start(self) -> None:
         self.server = await self.loop.create_unix_server(self._new_conn, self.sock_path)
         os.chmod(self.sock_path, 0o600)
-        if self._zygote_started is not None or self.cfg.get("zygote", True):
-            self.pool.start_zygote(self._zygote_started)
+        if self._zygote_started is not None:
+            self.pool.adopt_zygote(Zygote(*self._zygote_started))
         res = {k: float(v) for k, v in self.cfg["resources"].items()}
         self.state.add_node(NODE_ID, res, num_workers=int(self.cfg["num_workers"]),
                             max_workers=int(self.cfg.get("max_workers", 0)) or
@@ -352,15 +337,12 @@ class Head:
         self.state.subscribe(GRPC_CONN, [oid])
 
     def _warm(self) -> None:
-        def schedule(done: Callable[[], None]) -> None:
-            def run() -> None:
-                done()
-                self._map_ahead()
-            self.loop.call_soon_threadsafe(run)
-        self.store.warm(schedule, self._idle)
+        self.store.warm(lambda done: self.loop.call_soon_threadsafe(self._map_ahead, done),
+                        self._idle)
 
-    def _map_ahead(self) -> None:
-        """Have the driver map the warm reserve while idle (see SegmentNames)."""
+    def _map_ahead(self, warmed: Callable[[], None]) -> None:
+        """Record the warm reserve, and have the driver map it while idle (SegmentNames)."""
+        warmed()
         names, self.store.warmed = self.store.warmed, []
         conn = self.conns.get(self.primary) if self.primary is not None else None
         if conn is None or not names or self.stopping:
@@ -571,13 +553,12 @@ class Head:
             if w.state is WorkerState.IDLE:
                 info.avail_worker.append(w.worker_id)
         for oid, o in st.objects.items():
+            large = o.data is not None and o.data.WhichOneof("data") == "segment"
             info.objects.append(pb.ObjectInfo(
                 objref=oid, state="ready" if o.data is not None else "pending",
                 refcount=o.count, size=o.size,
-                in_shared_memory=o.data is not None and o.data.WhichOneof("data") == "segment"
-                and not o.data.segment.path,
-                spilled=o.data is not None and o.data.WhichOneof("data") == "segment"
-                and bool(o.data.segment.path)))
+                in_shared_memory=large and not o.data.segment.path,
+                spilled=large and bool(o.data.segment.path)))
         for f in st.functions.values():
             info.function_table[f.fnname].num_return_vals = f.num_return_vals
         return info

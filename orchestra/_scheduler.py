@@ -625,8 +625,7 @@ class SchedulerState:
         o = self.objects.get(oid)
         if o is None or o.data is not None:
             if data.WhichOneof("data") == "segment":  # nobody wants it any more
-                self.out.append((FREE_SEGMENT, data.segment.node_id,
-                                 data.segment.path or data.segment.name))
+                self._free_segment(data.segment)
             return
         o.data = data
         kind = data.WhichOneof("data")
@@ -654,6 +653,10 @@ class SchedulerState:
                 t.deps.discard(oid)
                 if not t.deps and t.state is TaskState.WAITING:
                     self._deps_met(t)
+
+    def _free_segment(self, segment: Any) -> None:
+        # The store's key: the spill file's path, or the shared-memory segment's name.
+        self.out.append((FREE_SEGMENT, segment.node_id, segment.path or segment.name))
 
     def relocate(self, oid: bytes, segment: Any) -> bool:
         """The store spilled the object's segment to a file: point the object at it.
@@ -713,9 +716,8 @@ class SchedulerState:
             self.actor_table.handles_gone(oid)
             return
         data = o.data
-        if data.WhichOneof("data") == "segment":   # the store's key: file path or name
-            self.out.append((FREE_SEGMENT, data.segment.node_id,
-                             data.segment.path or data.segment.name))
+        if data.WhichOneof("data") == "segment":
+            self._free_segment(data.segment)
         for cid in data.contained:
             self._decr(cid)
 

@@ -190,41 +190,37 @@ class ObjectStore:
         return (f"{text}; {reason}. Drop ObjectRefs and values read from them that you no "
                 "longer need, or start with a larger object_store_memory.")
 
-    def _held_by_readers(self, need: int) -> dict[int, list[str]] | None:
-        """Readers' maps of the least recently used sealed segments that would make the
-        room, by connection; None when even those would not."""
+    def _least_recently_used(self, need: int, *, mapped: bool) -> list[_Seg] | None:
+        """Sealed segments, least recently used first, ``need`` bytes' worth; those
+        that readers map too when ``mapped``. None when they cannot make the room."""
         if self.spill_dir is None:
             return None
-        names, room = [], 0
-        for seg in sorted((s for s in self.segs.values() if s.state == "sealed"),
+        chosen, room = [], 0
+        for seg in sorted((s for s in self.segs.values()
+                           if s.state == "sealed" and (mapped or not s.pins)),
                           key=lambda s: s.last_use):
             if room >= need:
                 break
+            chosen.append(seg)
             room += seg.capacity
-            if seg.pins:
-                names.append(seg.name)
-        if room < need or not names:
-            return None
+        return chosen if room >= need else None
+
+    def _spill_victims(self, need: int) -> list[str] | None:
+        """Segments nobody maps that spilled would make the room."""
+        segs = self._least_recently_used(need, mapped=False)
+        return [s.name for s in segs] if segs else None
+
+    def _held_by_readers(self, need: int) -> dict[int, list[str]] | None:
+        """The readers' maps to let go of, by connection, so that spilling makes the
+        room; None when even that would not."""
+        segs = self._least_recently_used(need, mapped=True)
+        names = {s.name for s in segs or () if s.pins}
         held: dict[int, list[str]] = {}
         for conn, pins in self.conn_pins.items():
-            mine = [n for n in names if pins.get(n)]
+            mine = [n for n in pins if n in names]
             if mine:
                 held[conn] = mine
         return held or None
-
-    def _spill_victims(self, need: int) -> list[str] | None:
-        """Least recently used sealed segments nobody maps, ``need`` bytes' worth."""
-        if self.spill_dir is None:
-            return None
-        spillable = sorted((s for s in self.segs.values() if s.state == "sealed" and not s.pins),
-                           key=lambda s: s.last_use)
-        names, room = [], 0
-        for seg in spillable:
-            if room >= need:
-                break
-            names.append(seg.name)
-            room += seg.capacity
-        return names if room >= need else None
 
     def _take_pooled(self, cap: int) -> str | None:
         # Exact class first, else the smallest larger class up to 2x (bounded waste).
@@ -357,7 +353,7 @@ class ObjectStore:
         self.spill_error = ""
         self.files[path] = seg.size
         self.spilled_bytes += seg.size
-        seg.state, seg.no_pool = "sealed", True
+        seg.no_pool = True
         self.free(name)
         return types_pb2.Segment(name=name, size=seg.size, node_id=self.node_id, path=path)
 

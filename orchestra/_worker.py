@@ -328,7 +328,7 @@ class WorkerRuntime:
                 if kind == "inline":
                     out.append(deserialize(data.inline))
                 elif kind == "segment":
-                    out.append(deserialize(self.client.map_object(data)))
+                    out.append(deserialize(self.client.map_object(data)[0]))
                 else:
                     return _load_error(data.error)
         return None
