@@ -11,9 +11,11 @@ import atexit
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Sequence
@@ -267,9 +269,6 @@ def shutdown() -> None:
     ignored, and the Ctrl-C reaches the program's own handler (KeyboardInterrupt by
     default) once, after everything is gone.
     """
-    import signal
-    import threading
-
     global _session
     s = _session
     if s is None:
