@@ -3,7 +3,10 @@
     Counter.remote(*args) --Request(create_actor)--> head: reserve resources, start a
         dedicated worker, run the constructor there --> ActorHandle
     handle.inc.remote(x) --Submit(Call with actor_id, method)--> head --> the actor's
-        worker, in the order the head received them (so each caller's order holds)
+        worker, in the order the head received them (so each caller's order holds);
+        once the head has sent the caller's calls there and given it the address of the
+        actor's process, later calls go straight to that process and their answers
+        straight back (CoreClient.submit_actor, _Lane in _client.py)
 
 A handle holds a counted pseudo-ref whose id is the actor id: pickling a handle into a
 task, an actor or an object keeps the actor alive like any ObjectRef; when the last
@@ -180,7 +183,8 @@ class ActorMethod:
                                method=self._name,
                                name=f"{h._spec.class_name}.{self._name}").SerializeToString()
             client.templates[key] = template
-        refs = client.submit(template, self._num_returns, args, kwargs)
+        refs = client.submit_actor(h._actor_id, h._token, template, self._num_returns, args, kwargs,
+                                   f"{h._spec.class_name}.{self._name}")
         if self._num_returns == 1:
             return refs[0]
         return None if self._num_returns == 0 else refs
@@ -207,5 +211,7 @@ def kill(handle: ActorHandle, *, no_restart: bool = True) -> None:
     ``no_restart=False`` an actor with restarts left starts again instead."""
     if not isinstance(handle, ActorHandle):
         raise TypeError(f"kill() takes an ActorHandle, got {type(handle).__name__}")
-    _context.current_client().request(pb.Request(
+    client = _context.current_client()
+    client.retire_lane(handle._actor_id)
+    client.request(pb.Request(
         kill_actor=pb.KillActor(actor_id=handle._actor_id, no_restart=bool(no_restart))))

@@ -21,6 +21,7 @@ import enum
 from typing import TYPE_CHECKING, Any
 
 from . import _pb as pb
+from ._wire import ACTOR_ADDRESS
 
 if TYPE_CHECKING:
     from ._scheduler import SchedulerState, Task, Worker
@@ -38,7 +39,7 @@ class ActorState(enum.Enum):
 
 class Actor:
     __slots__ = ("spec", "creation", "state", "worker", "restarts", "queue", "death", "no_restart",
-                 "draining", "owner", "killing")
+                 "draining", "owner", "killing", "handled")
 
     def __init__(self, spec: Any, creation: Task, owner: int) -> None:
         self.spec = spec
@@ -52,6 +53,9 @@ class Actor:
         self.draining = False
         self.owner = owner
         self.killing = False    # a kill was sent to its worker, whose death is not seen yet
+        # Calls of each connection that left the queue (sent to the worker, or failed),
+        # over the actor's life: told to callers with its address (ActorAddress).
+        self.handled: dict[int, int] = {}
 
 
 class ActorTable:
@@ -137,17 +141,41 @@ class ActorTable:
         if a.state is not ActorState.ALIVE or a.worker is None:
             return
         q = a.queue
+        callers: set[int] = set()
         while q and not q[0].deps:
             t = q.popleft()
+            a.handled[t.owner] = a.handled.get(t.owner, 0) + 1
             if t.state is TaskState.DONE:
                 continue
             t.state = TaskState.READY
             self.s._dispatch(t, a.worker)
+            callers.add(t.owner)
+        if callers:
+            self._tell_address(a, callers)
+
+    def _tell_address(self, a: Actor, callers: set[int]) -> None:
+        """Give callers the socket of the actor's process once their calls through the
+        head are all sent there: their later calls go straight to it (written after the
+        Executes, so a straight call never overtakes one sent through the head)."""
+        from ._scheduler import LATE_SEND
+        s = self.s
+        w = a.worker
+        if s.actor_socket is None or w is None:
+            return
+        path = s.actor_socket(w.worker_id)
+        waiting = {t.owner for t in a.queue}
+        for conn in callers - waiting:
+            c = s.clients.get(conn)
+            if c is not None and c.kind in ("driver", "worker"):
+                s.out.append((LATE_SEND, conn, ACTOR_ADDRESS, pb.ActorAddress(
+                    actor_id=a.spec.actor_id, worker_id=w.worker_id, path=path,
+                    dispatched=a.handled.get(conn, 0))))
 
     def remove_call(self, t: Task) -> None:
         a = self.actors.get(t.call.actor_id)
         if a is not None and t in a.queue:
             a.queue.remove(t)
+            a.handled[t.owner] = a.handled.get(t.owner, 0) + 1
 
     def creation_done(self, w: Worker, msg: Any) -> None:
         a = w.actor

@@ -14,6 +14,7 @@ Submit/put, so they are not announced.
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import mmap
 import pickle
@@ -27,6 +28,7 @@ from typing import Any
 
 from . import _ids, _wire
 from . import _pb as pb
+from ._errors import make_error
 from ._object_ref import ObjectRef
 from ._serialization import Serialized, deserialize, serialize
 from ._store import map_ahead, map_segment, open_segment, write_into
@@ -96,9 +98,25 @@ class CoreClient:
         self._keep_until_sent: list[ObjectRef] = []
         self.lost: str | None = None
         self._closing = False
+        # Calls sent straight to actors' processes (see _Lane): one lane per actor called,
+        # connections to those processes (and, in an actor's worker, from its callers)
+        # by file descriptor. Results of straight calls that only this process knows
+        # (_unregistered) are told to the head once their refs leave it (_escape);
+        # those told while still running have their data forwarded on arrival (_forward).
+        self._lanes: dict[bytes, _Lane] = {}
+        self._call_lane: dict[bytes, _Lane] = {}   # task id -> lane, until answered
+        self._waiting_lanes: set[_Lane] = set()    # lanes whose first call waits for an argument
+        self._peers: dict[int, _Peer] = {}
+        self._to_close: list[_Peer] = []
+        self._listener: socket.socket | None = None
+        self.on_peer_frame: Callable[[_Peer, int, Any], None] | None = None
+        self._unregistered: set[bytes] = set()
+        self._forward: set[bytes] = set()
+        self._fd = self.sock.fileno()
         self.sock.sendall(_wire.encode(_wire.HELLO, hello))
         self.info = self._read_hello(connect_timeout_s)
         self.inline_threshold = self.info.inline_threshold or 100 * 1024
+        self.conn_id = self.info.conn_id
         self._poller = select.poll()
         self._poller.register(self.sock.fileno(), select.POLLIN)
         # One reused buffer: recv(1 MiB) would allocate (and fault in) 1 MiB per read.
@@ -196,7 +214,13 @@ class CoreClient:
             self._maps.pop(oid, None)
             self._owned.discard(oid)
             self._subscribed.discard(oid)
-            if self.lost is None:
+            if oid in self._lanes:   # the last handle of an actor here: close its lane
+                lane = self._lanes.pop(oid)
+                if lane.peer is not None:
+                    self._to_close.append(lane.peer)
+            if oid in self._unregistered:   # the head never knew it
+                self._unregistered.discard(oid)
+            elif self.lost is None:
                 self._decr.append(oid)
 
     # ------------------------------------------------------------------ tasks
@@ -206,49 +230,390 @@ class CoreClient:
             self._registered.add(function_id)
 
     def _encode_call(self, template: bytes, tid: bytes, args: Sequence[Any], kwargs: dict[str, Any],
-                     keep: list[ObjectRef]) -> bytes:
+                     refs: list[ObjectRef], hold: list[ObjectRef] | None = None) -> bytes:
+        """A serialized Call; ``refs`` gets the ref arguments in order (with the puts
+        made for large values), which must live until the call is sent; ``hold`` gets
+        refs to those pickled inside the arguments."""
         parts = [template, b"\x0a\x0c", tid]
         nested: list[bytes] = []
         for value in itertools.chain(args, kwargs.values()):
-            parts.append(_field(b"\x1a", self._arg_value(value, keep, nested)))
+            parts.append(_field(b"\x1a", self._arg_value(value, refs, nested)))
         for name in kwargs:
             parts.append(_field(b"\x22", name.encode()))
         for oid in nested:
             parts.append(_field(b"\x4a", oid))
+        if nested:
+            self._escape(nested)
+            if hold is not None:
+                hold.extend(ObjectRef(oid, self) for oid in nested)
         return b"".join(parts)
 
     def submit(self, template: bytes, num_returns: int, args: Sequence[Any],
                kwargs: dict[str, Any]) -> list[ObjectRef]:
         """Submit one task. ``template`` is a serialized Call with the per-function fields."""
         tid = _ids.next_task_id()
-        keep: list[ObjectRef] = []     # puts made for large args live until the Submit is sent
-        submit = _field(b"\x0a", self._encode_call(template, tid, args, kwargs, keep))
-        frame = (len(submit) + 1).to_bytes(4, "little") + bytes((_wire.SUBMIT,)) + submit
-        refs = [ObjectRef(tid + i.to_bytes(4, "big"), self, counted=True) for i in range(num_returns)]
+        refs: list[ObjectRef] = []     # puts made for large args live until the Submit is sent
+        call = self._encode_call(template, tid, args, kwargs, refs)
+        out = [ObjectRef(tid + i.to_bytes(4, "big"), self, counted=True) for i in range(num_returns)]
         with self._ref_lock:
-            for r in refs:
+            for r in out:
                 self._owned.add(r._id)
-        self.send_raw(frame)
-        del keep
-        return refs
+        self._send_submit(call, refs)
+        del refs
+        return out
+
+    def _send_submit(self, call: bytes, refs: Sequence[ObjectRef]) -> None:
+        if self._unregistered:
+            self._escape([r._id for r in refs])
+        submit = _field(b"\x0a", call)
+        self.send_raw((len(submit) + 1).to_bytes(4, "little") + bytes((_wire.SUBMIT,)) + submit)
+
+    # ------------------------------------------------------------------ actor calls
+    def submit_actor(self, actor_id: bytes, token: ObjectRef, template: bytes, num_returns: int,
+                     args: Sequence[Any], kwargs: dict[str, Any], name: str) -> list[ObjectRef]:
+        """Call an actor: straight to its process once the head gave its address and
+        every call sent through the head before is there; through the head otherwise."""
+        lane = self._lanes.get(actor_id)
+        if lane is None:
+            with self._ref_lock:
+                lane = self._lanes.setdefault(actor_id, _Lane(actor_id))
+        tid = _ids.next_task_id()
+        refs: list[ObjectRef] = []
+        # Refs pickled in the arguments live here until the actor answers: the actor
+        # counts those it keeps before answering (see WorkerRuntime.send_done).
+        hold: list[ObjectRef] = []
+        call = self._encode_call(template, tid, args, kwargs, refs, hold)
+        rids = [tid + i.to_bytes(4, "big") for i in range(num_returns)]
+        out = [ObjectRef(rid, self, counted=True) for rid in rids]
+        with lane.lock:
+            if lane.peer is None or lane.dispatched < lane.via_head:
+                lane.via_head += 1
+                with self._ref_lock:
+                    self._owned.update(rids)
+                self._send_submit(call, refs)
+                return out
+            with self._ref_lock:
+                self._owned.update(rids)
+                self._unregistered.update(rids)
+            lane.queue.append(_Call(tid, call, refs, token, rids, name, hold))
+            self._call_lane[tid] = lane
+            self._pump_lane(lane)
+        return out
+
+    def _pump_lane(self, lane: _Lane) -> None:
+        """Send the lane's queued calls in order while their ref arguments are here
+        (the caller holds lane.lock)."""
+        peer = lane.peer
+        if peer is None:
+            return
+        results = self._results
+        frames: list[bytes] = []
+        missing: list[bytes] = []
+        q = lane.queue
+        while q:
+            c = q[0]
+            resolved = []
+            for r in c.args:
+                d = results.get(r._id)
+                if d is None:
+                    missing.append(r._id)
+                    break
+                resolved.append(d)
+            if missing:
+                break
+            q.popleft()
+            c.peer = peer
+            lane.inflight[c.tid] = c
+            inv = [_field(b"\x0a", c.call)]
+            for d in resolved:
+                inv.append(_field(b"\x12", d.SerializeToString()))
+            inv.append(b"\x20\x01\x28")
+            inv.append(_varint(self.conn_id))
+            body = _field(b"\x0a", b"".join(inv))
+            frames.append((len(body) + 1).to_bytes(4, "little") + bytes((_wire.EXECUTE,)) + body)
+        if q:
+            self._waiting_lanes.add(lane)
+        else:
+            self._waiting_lanes.discard(lane)
+        if frames:
+            peer.send(frames[0] if len(frames) == 1 else b"".join(frames))
+        if missing:
+            self._subscribe_missing(missing)
+
+    def _pump_waiting(self) -> None:
+        for lane in list(self._waiting_lanes):
+            with lane.lock:
+                self._pump_lane(lane)
+
+    def _direct_done(self, c: _Call, msg: Any, forward: list[Any]) -> None:
+        """An actor answered a call sent straight to it."""
+        with self._ref_lock:
+            local = self._local
+            if msg.owner:
+                # Answered through the head (in shared memory, or holding refs): the head
+                # holds the returns for this process and pushes them here.
+                for rid in c.rids:
+                    self._unregistered.discard(rid)
+                    self._forward.discard(rid)
+                    if rid not in local and self.lost is None:
+                        self._decr.append(rid)
+                return
+            if msg.cancelled:
+                err = make_error("cancelled", name=c.name)
+                returns = [pb.ObjectData(object_id=rid, error=err) for rid in c.rids]
+            else:
+                returns = msg.returns
+            results = self._results
+            for d in returns:
+                oid = d.object_id
+                if oid in self._forward:   # the head holds it for this process: send the data
+                    self._forward.discard(oid)
+                    forward.append(d)
+                elif oid not in local:
+                    self._unregistered.discard(oid)
+                if oid in local:
+                    results[oid] = d
+                self._owned.discard(oid)
+
+    def _escape(self, ids: Iterable[bytes]) -> None:
+        """These refs leave this process (an argument through the head, or pickled in a
+        value): results of straight calls that only this process knows are told to the
+        head first, with their data, or as pending when their call still runs."""
+        if not self._unregistered:
+            return
+        puts: list[Any] = []
+        pending: list[bytes] = []
+        with self._ref_lock:
+            for oid in ids:
+                if oid in self._unregistered:
+                    self._unregistered.discard(oid)
+                    d = self._results.get(oid)
+                    if d is not None:
+                        puts.append(d)
+                    else:
+                        pending.append(oid)
+                        self._forward.add(oid)
+        frames = b""
+        if pending:
+            frames += _wire.encode(_wire.REF_DELTA, pb.RefDelta(pending=pending))
+        if puts:
+            frames += _wire.encode(_wire.OBJECTS, pb.Objects(objects=puts))
+        if frames:
+            self.send_raw(frames)
+
+    def retire_lane(self, actor_id: bytes) -> None:
+        """The actor is being killed: later calls go through the head (which holds them
+        for a restarted instance); calls in flight end with the process."""
+        lane = self._lanes.get(actor_id)
+        if lane is None:
+            return
+        with lane.lock:
+            if lane.peer is not None:
+                lane.stale.add(lane.peer.worker_id)
+                lane.peer = None
+            self._requeue_through_head(lane)
+
+    def _requeue_through_head(self, lane: _Lane) -> None:
+        """Send the lane's unsent calls through the head, in order (holds lane.lock)."""
+        queued = list(lane.queue)
+        lane.queue.clear()
+        self._waiting_lanes.discard(lane)
+        for c in queued:
+            lane.via_head += 1
+            self._call_lane.pop(c.tid, None)
+            with self._ref_lock:
+                for rid in c.rids:   # the head counts them for this process from the Submit
+                    self._unregistered.discard(rid)
+                    self._forward.discard(rid)
+                    if rid not in self._local and self.lost is None:
+                        self._decr.append(rid)
+            self._send_submit(c.call, c.args)
+
+    def cancel(self, object_id: bytes, force: bool) -> None:
+        tid = _ids.task_of(object_id)
+        lane = self._call_lane.get(tid)
+        if lane is not None:
+            with lane.lock:
+                c = lane.inflight.get(tid)
+                if c is not None and c.peer is not None:
+                    c.peer.send(_wire.encode(_wire.CANCEL_TASK, pb.CancelTask(task_id=tid)))
+                    return
+                for c in lane.queue:
+                    if c.tid == tid:
+                        lane.queue.remove(c)
+                        self._call_lane.pop(tid, None)
+                        self._direct_done(c, pb.TaskDone(task_id=tid, cancelled=True), [])
+                        with self._cond:
+                            self._cond.notify_all()
+                        return
+        self.send(_wire.CANCEL, pb.CancelRequest(object_id=object_id, force=force))
+
+    # ------------------------------------------------------------------ peers
+    def listen(self, path: str) -> None:
+        """Take calls sent straight to this process (an actor's worker) at ``path``."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(path)
+        sock.listen(128)
+        sock.setblocking(False)
+        self._listener = sock
+        self._poller.register(sock.fileno(), select.POLLIN)
+
+    def _add_peer(self, sock: socket.socket, lane: _Lane | None, worker_id: int) -> _Peer:
+        peer = _Peer(sock, lane, worker_id)
+        self._peers[peer.fd] = peer
+        self._poller.register(peer.fd, select.POLLIN)
+        return peer
+
+    def _actor_address(self, msg: Any) -> None:
+        lane = self._lanes.get(msg.actor_id)
+        if lane is None:
+            return
+        with lane.lock:
+            if msg.worker_id in lane.stale:
+                return
+            lane.dispatched = max(lane.dispatched, msg.dispatched)
+            if lane.peer is not None:
+                if lane.peer.worker_id == msg.worker_id:
+                    return
+                lane.stale.add(lane.peer.worker_id)   # a restarted instance: the old one ends
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(msg.path)
+            except OSError:
+                sock.close()
+                lane.stale.add(msg.worker_id)
+                lane.peer = None
+                return
+            lane.peer = self._add_peer(sock, lane, msg.worker_id)
+
+    def _read_peer(self, fd: int) -> None:
+        listener = self._listener
+        if listener is not None and fd == listener.fileno():
+            while True:
+                try:
+                    sock, _ = listener.accept()
+                except OSError:
+                    return
+                sock.setblocking(True)
+                self._add_peer(sock, None, 0)
+        peer = self._peers.get(fd)
+        if peer is None:
+            try:
+                self._poller.unregister(fd)
+            except (KeyError, ValueError):
+                pass
+            return
+        try:
+            n = peer.sock.recv_into(self._buf)
+        except OSError:
+            n = 0
+        if not n:
+            self._peer_lost(peer)
+            return
+        try:
+            frames = peer.decoder.feed(self._view[:n])
+        except _wire.ProtocolError:
+            self._peer_lost(peer)
+            return
+        self._dispatch_peer(peer, frames)
+
+    def _dispatch_peer(self, peer: _Peer, frames: list[tuple[int, Any]]) -> None:
+        lane = peer.lane
+        if lane is None:   # this is an actor's worker: calls from a caller
+            if self.on_peer_frame is not None:
+                for kind, msg in frames:
+                    self.on_peer_frame(peer, kind, msg)
+            with self._cond:
+                self._cond.notify_all()
+            return
+        forward: list[Any] = []
+        answered: list[_Call] = []
+        with lane.lock:
+            for kind, msg in frames:
+                if kind != _wire.TASK_DONE:
+                    continue
+                c = lane.inflight.pop(msg.task_id, None)
+                if c is None:
+                    continue
+                self._call_lane.pop(msg.task_id, None)
+                answered.append(c)
+                self._direct_done(c, msg, forward)
+        with self._cond:
+            self._cond.notify_all()
+        if forward:
+            self.send(_wire.OBJECTS, pb.Objects(objects=forward))
+        del answered   # their argument refs and the actor's token may go now
+        if self._waiting_lanes:
+            self._pump_waiting()
+
+    def _peer_lost(self, peer: _Peer) -> None:
+        """A connection to (or from) an actor's process closed."""
+        self._close_peer(peer)
+        lane = peer.lane
+        if lane is None:
+            return   # a caller left: answers to it go through the head
+        with lane.lock:
+            lane.stale.add(peer.worker_id)
+            if lane.peer is peer:
+                lane.peer = None
+            lost = [c for c in lane.inflight.values() if c.peer is peer]
+            for c in lost:
+                del lane.inflight[c.tid]
+                self._call_lane.pop(c.tid, None)
+            if lost:
+                with self._ref_lock:
+                    for c in lost:
+                        for rid in c.rids:   # the head counts them for this process now
+                            self._unregistered.discard(rid)
+                            self._forward.discard(rid)
+                            if rid not in self._local and self.lost is None:
+                                self._decr.append(rid)
+                if self.lost is None:
+                    try:
+                        self.send(_wire.ADOPT, pb.AdoptCalls(
+                            actor_id=lane.actor_id, worker_id=peer.worker_id,
+                            calls=[pb.Call.FromString(c.call) for c in lost]))
+                    except ConnectionLost:
+                        pass
+            if lane.peer is None and lane.queue and self.lost is None:
+                try:
+                    self._requeue_through_head(lane)
+                except ConnectionLost:
+                    pass
+        del lost
+
+    def _close_peer(self, peer: _Peer) -> None:
+        if self._peers.pop(peer.fd, None) is not None:
+            try:
+                self._poller.unregister(peer.fd)
+            except (KeyError, ValueError):
+                pass
+        peer.close()
+
+    def _close_peers(self) -> None:
+        closing, self._to_close = self._to_close, []
+        for peer in closing:
+            self._close_peer(peer)
 
     def build_call(self, tid: bytes, function_id: bytes, args: Sequence[Any], kwargs: dict[str, Any],
                    *, num_returns: int, resources: dict[str, float], name: str) -> Any:
         """A parsed Call (for requests that carry one, like actor creation)."""
         template = pb.Call(function_id=function_id, num_returns=num_returns, resources=resources,
                            name=name).SerializeToString()
-        keep: list[ObjectRef] = []
-        call = pb.Call.FromString(self._encode_call(template, tid, args, kwargs, keep))
-        self._keep_until_sent = keep   # large args stay alive until the request is sent
+        refs: list[ObjectRef] = []
+        call = pb.Call.FromString(self._encode_call(template, tid, args, kwargs, refs))
+        self._escape([r._id for r in refs])
+        self._keep_until_sent = refs   # large args stay alive until the request is sent
         return call
 
-    def _arg_value(self, value: Any, keep: list[ObjectRef], nested: list[bytes]) -> bytes:
+    def _arg_value(self, value: Any, refs: list[ObjectRef], nested: list[bytes]) -> bytes:
         if type(value) is ObjectRef:
+            refs.append(value)
             return _field(b"\x0a", value._id)
         ser = serialize(value)
         if ser.size > self.inline_threshold:
             ref = self._put_serialized(ser)
-            keep.append(ref)
+            refs.append(ref)
             return _field(b"\x0a", ref._id)
         nested.extend(ser.contained)
         return _field(b"\x12", ser.to_bytes())
@@ -271,6 +636,8 @@ class CoreClient:
 
     def make_object_data(self, oid: bytes, ser: Serialized) -> Any:
         """ObjectData for a sealed value: inline when small, else written to a segment."""
+        if ser.contained:
+            self._escape(ser.contained)
         if ser.size <= self.inline_threshold:
             return pb.ObjectData(object_id=oid, inline=ser.to_bytes(), contained=ser.contained)
         # Drops that came before this put must reach the store before it judges the room
@@ -491,16 +858,27 @@ class CoreClient:
     # ------------------------------------------------------------------ reading
     def _read_once(self, timeout_ms: int) -> bool:
         """Read and dispatch what arrives within ``timeout_ms``; caller holds the read lock."""
-        if self.lost is not None or not self._poller.poll(timeout_ms):
+        if self.lost is not None:
             return False
-        try:
-            n = self.sock.recv_into(self._buf)
-        except OSError:
-            n = 0
-        if not n:
-            self._connection_lost()
+        if self._to_close:
+            self._close_peers()
+        events = self._poller.poll(timeout_ms)
+        if not events:
             return False
-        self._dispatch(self._decoder.feed(self._view[:n]))
+        if len(events) > 1:   # the head's frames first: an Execute it sent before an
+            events.sort(key=lambda e: e[0] != self._fd)   # ActorAddress precedes straight calls
+        for fd, _ in events:
+            if fd != self._fd:
+                self._read_peer(fd)
+                continue
+            try:
+                n = self.sock.recv_into(self._buf)
+            except OSError:
+                n = 0
+            if not n:
+                self._connection_lost()
+                return False
+            self._dispatch(self._decoder.feed(self._view[:n]))
         return True
 
     def _background(self) -> None:
@@ -539,6 +917,8 @@ class CoreClient:
                 self._release_maps(msg.names)
             elif kind == _wire.MAP_AHEAD:
                 self._map_ahead(list(msg.names))
+            elif kind == _wire.ACTOR_ADDRESS:
+                self._actor_address(msg)
             elif kind == _wire.REPLY:
                 slot = self._replies.pop(msg.req_id, None)
                 if slot is not None:
@@ -550,6 +930,8 @@ class CoreClient:
         if wake:
             with self._cond:
                 self._cond.notify_all()
+            if self._waiting_lanes:
+                self._pump_waiting()
         if self._decr or self._unpin:
             self.flush_refs()
 
@@ -573,7 +955,79 @@ class CoreClient:
         self.sock.close()
         if self._reader is not threading.current_thread():
             self._reader.join(timeout=2)
+        for peer in list(self._peers.values()):
+            peer.close()
+        if self._listener is not None:
+            self._listener.close()
         self._drop_maps(list(self._wmaps))   # they would keep the segments' memory
+
+
+class _Peer:
+    """A connection between a caller and an actor's process (calls one way, answers
+    the other). ``lane`` is set on the caller's side."""
+
+    __slots__ = ("sock", "fd", "decoder", "lane", "worker_id", "lock")
+
+    def __init__(self, sock: socket.socket, lane: _Lane | None, worker_id: int) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.decoder = _wire.FrameDecoder()
+        self.lane = lane
+        self.worker_id = worker_id
+        self.lock = threading.Lock()
+
+    def send(self, data: bytes) -> bool:
+        """False when the connection is gone (its reader finds out and cleans up)."""
+        with self.lock:
+            try:
+                self.sock.sendall(data)
+                return True
+            except OSError:
+                return False
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class _Call:
+    """A call sent (or to be sent) straight to an actor; its refs live until answered."""
+
+    __slots__ = ("tid", "call", "args", "token", "rids", "name", "peer", "hold")
+
+    def __init__(self, tid: bytes, call: bytes, args: list[ObjectRef], token: ObjectRef,
+                 rids: list[bytes], name: str, hold: list[ObjectRef]) -> None:
+        self.tid = tid
+        self.call = call          # serialized Call
+        self.args = args          # ref arguments, in order: their data goes with the call
+        self.token = token        # the actor's handle token: the actor lives while answering
+        self.hold = hold          # refs pickled inside the arguments
+        self.rids = rids
+        self.name = name
+        self.peer: _Peer | None = None
+
+
+class _Lane:
+    """One caller's calls to one actor. Through the head until the head gives the
+    address of the actor's process (ActorAddress) and has sent it every call this
+    caller made through it (``dispatched`` >= ``via_head``); then straight there, in
+    order, each once its ref arguments are here. When that connection closes, the calls
+    it left unanswered go to the head (AdoptCalls), and later ones through the head."""
+
+    __slots__ = ("actor_id", "lock", "peer", "via_head", "dispatched", "stale", "queue",
+                 "inflight", "__weakref__")
+
+    def __init__(self, actor_id: bytes) -> None:
+        self.actor_id = actor_id
+        self.lock = threading.Lock()
+        self.peer: _Peer | None = None
+        self.via_head = 0
+        self.dispatched = 0
+        self.stale: set[int] = set()   # worker ids of processes not to call any more
+        self.queue: collections.deque[_Call] = collections.deque()
+        self.inflight: dict[bytes, _Call] = {}
 
 
 def _connect(path: str, timeout_s: float) -> socket.socket:

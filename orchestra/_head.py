@@ -36,6 +36,7 @@ from ._procutil import die_with_parent
 from ._scheduler import (
     FREE_SEGMENT,
     KILL_WORKER,
+    LATE_SEND,
     PUSH,
     SEND,
     START_WORKER,
@@ -273,6 +274,8 @@ class Head:
         # task never holds up the ones pipelined behind it for long.
         self.state = SchedulerState(pipeline_depth=cfg.get("pipeline_depth", 8),
                                     error_factory=make_error)
+        if cfg.get("direct_actor_calls", True):
+            self.state.actor_socket = self.actor_socket
         capacity = int(cfg["object_store_memory"])
         self.store = ObjectStore(NODE_ID, cfg["session_id"], capacity,
                                  pool_limit=cfg.get("pool_bytes"),
@@ -358,6 +361,10 @@ class Head:
         """No task queued or running, and no frame for a while (read from another thread)."""
         return not self.state.tasks and time.monotonic() - self.last_activity > 0.3
 
+    def actor_socket(self, worker_id: int) -> str:
+        """Where an actor's worker listens for calls sent straight to it (_worker.py)."""
+        return os.path.join(self.session_dir, f"actor-{worker_id}.sock")
+
     def _new_conn(self) -> Conn:
         c = Conn(self, self._next_conn)
         self._next_conn += 1
@@ -380,6 +387,8 @@ class Head:
             elif kind == _wire.REF_DELTA:
                 if msg.pin:
                     self.store.pin(cid, msg.pin)
+                if msg.pending:
+                    state.register_pending(cid, msg.pending)
                 state.ref_delta(cid, msg.incr, msg.decr)
                 if msg.unpin:
                     self.store.unpin(cid, msg.unpin)
@@ -398,6 +407,8 @@ class Head:
                 state.return_tasks(cid, msg.task_ids)
             elif kind == _wire.CANCEL:
                 state.cancel(msg.object_id, msg.force)
+            elif kind == _wire.ADOPT:
+                state.adopt_calls(cid, msg)
             elif kind == _wire.REQUEST:
                 self._request(conn, msg)
             elif kind == _wire.HELLO:
@@ -421,7 +432,8 @@ class Head:
             node_resources=self.state.nodes[NODE_ID].resources.total,
             store_capacity=self.store.capacity, session_dir=self.session_dir,
             cwd=self.cfg.get("cwd", ""), sys_path=self.cfg.get("sys_path", []),
-            inline_threshold=int(self.cfg.get("inline_threshold", 100 * 1024)))
+            inline_threshold=int(self.cfg.get("inline_threshold", 100 * 1024)),
+            conn_id=conn.conn_id)
         self._queue(conn, _wire.encode(_wire.HELLO_REPLY, reply))
 
     def _request(self, conn: Conn, req: Any) -> None:
@@ -571,6 +583,7 @@ class Head:
     def carry_out(self) -> None:
         out = self.state.out
         pushes: dict[int, Any] = {}
+        late: list[tuple[Conn, bytes]] = []
         if out:
             self.state.out = []
             conns = self.conns
@@ -586,6 +599,10 @@ class Head:
                     if c is not None:
                         c.wbuf.append(_wire.encode(ins[2], ins[3]))
                         self.dirty.add(c)
+                elif op == LATE_SEND:
+                    c = conns.get(ins[1])
+                    if c is not None:
+                        late.append((c, _wire.encode(ins[2], ins[3])))
                 elif op == FREE_SEGMENT:
                     self.store.free(ins[2])
                 elif op == START_WORKER:
@@ -614,6 +631,8 @@ class Head:
                     c.transport.write(b"".join(c.wbuf) if len(c.wbuf) > 1 else c.wbuf[0])
                     c.wbuf = []
             self.dirty.clear()
+        for c, data in late:
+            c.transport.write(data)
 
     def _send_dropped(self) -> None:
         """Tell writers to close their maps of segments the store unlinked."""

@@ -34,6 +34,7 @@ START_WORKER = "start"     # (START_WORKER, node_id, worker_id)
 KILL_WORKER = "kill"       # (KILL_WORKER, worker_id, reason)
 STOP_WORKER = "stop"       # (STOP_WORKER, worker_id): idle and surplus, ask it to exit
 FREE_SEGMENT = "free_seg"  # (FREE_SEGMENT, node_id, name)
+LATE_SEND = "late"         # (LATE_SEND, conn_id, kind, message): written after every other frame
 
 
 _MAX_START_FAILURES = 3
@@ -175,6 +176,12 @@ class SchedulerState:
         self.actor_table = ActorTable(self)
         self.start_failures = 0   # consecutive worker processes that died before connecting
         self._feasible: dict[tuple[tuple[str, float], ...], bool] = {}
+        # Why recent workers died (worker id -> (pid, reason)): calls a caller sent straight
+        # to an actor's process may be handed over (adopt_calls) after its death is seen.
+        self.dead_workers: dict[int, tuple[int, str]] = {}
+        # Where an actor's process listens for calls sent straight to it (worker id ->
+        # socket path); None: callers always go through the head.
+        self.actor_socket: Callable[[int], str] | None = None
 
     # ------------------------------------------------------------------ nodes, workers
     def add_node(self, node_id: int, resources: dict[str, float], *, num_workers: int,
@@ -242,6 +249,9 @@ class SchedulerState:
         if w is None or w.state is WorkerState.DEAD:
             return
         was_starting = w.state is WorkerState.STARTING
+        self.dead_workers[worker_id] = (w.pid, reason)
+        if len(self.dead_workers) > 1024:
+            del self.dead_workers[next(iter(self.dead_workers))]
         self._release_lease(w)
         w.state = WorkerState.DEAD
         if w.actor is not None:   # a dedicated worker: the actor restarts or dies
@@ -480,6 +490,11 @@ class SchedulerState:
             self.tasks.pop(msg.task_id, None)   # it keeps its arguments for restarts
             self.actor_table.creation_done(w, msg)
             return
+        if t is None and msg.owner:
+            # A call its caller sent straight to this actor, answered through the head (a
+            # result in shared memory or holding refs): the caller owns the returns.
+            for data in msg.returns:
+                self.put_for(msg.owner, data)
         if t is None or t.state is TaskState.DONE:
             self._after_worker_step(w)
             return
@@ -620,6 +635,54 @@ class SchedulerState:
             if c is not None:
                 c.holds[oid] += 1
         self._seal(oid, data, push_owner=False)   # the writer has the data already
+
+    def put_for(self, conn: int, data: Any) -> None:
+        """An object of ``conn`` made elsewhere (an actor answering a call sent straight
+        to it): held for ``conn`` and pushed to it."""
+        oid = data.object_id
+        if conn not in self.clients:
+            if data.WhichOneof("data") == "segment":
+                self._free_segment(data.segment)
+            return
+        if oid not in self.objects:
+            self.new_object(conn, oid)
+        self._seal(oid, data)
+
+    def register_pending(self, conn: int, ids: Iterable[bytes]) -> None:
+        """Results of calls ``conn`` sent straight to an actor, not answered yet, whose
+        refs leave that process: held for it until it forwards their data (put)."""
+        for oid in ids:
+            if oid not in self.objects:
+                self.new_object(conn, oid)
+
+    def adopt_calls(self, conn: int, msg: Any) -> None:
+        """Calls ``conn`` sent straight to an actor's process, unanswered when their
+        connection closed: failed as calls in flight when that process died, or ended
+        when the process still answers them (through the head)."""
+        w = self.workers.get(msg.worker_id)
+        alive = w is not None and w.actor is not None and w.state is not WorkerState.DEAD
+        a = self.actor_table.actors.get(msg.actor_id)
+        name = a.spec.class_name if a is not None else "?"
+        for call in msg.calls:
+            t = Task(call, conn)
+            if call.num_returns and all(
+                    (o := self.objects.get(r)) is not None and o.data is not None for r in t.return_ids):
+                continue   # answered through the head already
+            self.tasks[call.task_id] = t
+            for rid in t.return_ids:
+                if rid not in self.objects:
+                    self.new_object(conn, rid)
+            if alive:
+                assert w is not None
+                t.state = TaskState.DISPATCHED
+                t.worker = w
+                t.attempt = 1
+                w.queue.append(t)
+                continue
+            pid, reason = self.dead_workers.get(msg.worker_id, (0, "its connection closed"))
+            self._fail_task(t, self._error(
+                "actor_dead", name=name,
+                reason=f"its process (pid={pid}) died while running {call.name}() ({reason})"))
 
     def _seal(self, oid: bytes, data: Any, push_owner: bool = True) -> None:
         o = self.objects.get(oid)

@@ -396,7 +396,7 @@ def cancel(ref: ObjectRef, *, force: bool = False) -> None:
     """Stop the task behind ``ref``: queued, waiting for arguments, or running."""
     if not isinstance(ref, ObjectRef):
         raise TypeError(f"cancel() takes an ObjectRef, not a {type(ref).__name__}")
-    _client().send(_wire.CANCEL, pb.CancelRequest(object_id=ref.binary(), force=bool(force)))
+    _client().cancel(ref.binary(), bool(force))
 
 
 def _query(q: str) -> dict[str, float]:

@@ -48,6 +48,10 @@ class WorkerRuntime:
         self.cancel_target: bytes | None = None
         self.blocked = False
         self.actor: ActorRuntime | None = None
+        self.worker_id = worker_id
+        # Calls a caller sent straight to this actor: task id -> (its connection, the
+        # caller's connection id at the head), until answered.
+        self.reply_to: dict[bytes, tuple[Any, int]] = {}
         self.main_ident = threading.get_ident()
         # Orchestra's GPU ids index the devices the driver could see: with
         # CUDA_VISIBLE_DEVICES=2,3 in the driver's environment, id 0 is device 2.
@@ -70,6 +74,7 @@ class WorkerRuntime:
                 sys.path.append(p)
         _context.set_client(self.client)
         self.client.on_block = self._on_block
+        self.client.on_peer_frame = self._on_peer_frame
         signal.signal(signal.SIGUSR1, self._on_cancel_signal)
 
     # ------------------------------------------------------------ reader thread side
@@ -88,6 +93,41 @@ class WorkerRuntime:
             self._give_back(set(msg.task_ids))
         elif kind == _wire.SHUTDOWN:
             os._exit(0)
+
+    def _on_peer_frame(self, peer: Any, kind: int, msg: Any) -> None:
+        """A frame from a caller connected straight to this actor."""
+        if kind == _wire.EXECUTE:
+            inv = msg.invoke
+            with self.cond:
+                self.reply_to[inv.call.task_id] = (peer, inv.owner)
+                self.queue.append(inv)
+        elif kind == _wire.CANCEL_TASK:
+            self._cancel(msg.task_id)
+
+    def send_done(self, done: Any) -> None:
+        """Answer a call: to the head, or straight to the caller that sent it here. A
+        result the caller cannot hold alone (in shared memory, or holding refs) goes
+        through the head, which makes it the caller's object; the caller then hears
+        only that the call ended."""
+        route = self.reply_to.pop(done.task_id, None)
+        client = self.client
+        if route is None:
+            client.send(_wire.TASK_DONE, done)
+            return
+        peer, owner = route
+        if any(d.contained or d.WhichOneof("data") == "segment" for d in done.returns):
+            done.owner = owner
+            client.send(_wire.TASK_DONE, done)
+            frame = _wire.encode(_wire.TASK_DONE, pb.TaskDone(task_id=done.task_id, owner=owner))
+        else:
+            # Refs this process took or dropped reach the head before the caller can act
+            # on the answer (a caller dropping an argument after it must not free what
+            # the actor kept).
+            client.flush_refs()
+            frame = _wire.encode(_wire.TASK_DONE, done)
+        if not peer.send(frame) and not done.owner:
+            done.owner = owner   # the caller is gone or handed the call to the head
+            client.send(_wire.TASK_DONE, done)
 
     def _give_back(self, wanted: set[bytes]) -> None:
         """Another worker went idle: return the asked-for tasks that have not started."""
@@ -112,7 +152,7 @@ class WorkerRuntime:
                     break
             else:
                 return
-        self.client.send(_wire.TASK_DONE, pb.TaskDone(task_id=task_id, cancelled=True))
+        self.send_done(pb.TaskDone(task_id=task_id, cancelled=True))
 
     # ------------------------------------------------------------ main thread side
     def _on_cancel_signal(self, signum: int, frame: Any) -> None:
@@ -205,7 +245,7 @@ class WorkerRuntime:
             self.cancel_target = None
             if self.blocked:   # a cancel landed in get()'s bookkeeping, past its unblock
                 self._on_block(False)
-            self.client.send(_wire.TASK_DONE, done)
+            self.send_done(done)
 
     def _function(self, fid: bytes) -> Any:
         fn = self.loaded.get(fid)
@@ -219,18 +259,21 @@ class WorkerRuntime:
     def _execute(self, inv: Any) -> Any:
         call = inv.call
         tid = call.task_id
-        ids = [self.physical_gpus[i] if i < len(self.physical_gpus) else str(i) for i in inv.gpu_ids]
+        # An actor holds the GPUs given to its constructor for life (a call sent straight
+        # here by its caller names none).
+        gpu_ids = self.actor.gpu_ids if self.actor is not None else list(inv.gpu_ids)
+        ids = [self.physical_gpus[i] if i < len(self.physical_gpus) else str(i) for i in gpu_ids]
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
         # get_gpu_ids() gives the device numbers CUDA_VISIBLE_DEVICES names (orchestra's
         # own id where the driver's environment names devices by UUID).
         _context.set_gpu_ids([int(p) if p.isdigit() else i
-                              for p, i in zip(ids, inv.gpu_ids, strict=True)])
+                              for p, i in zip(ids, gpu_ids, strict=True)])
         try:
             fn, args, kwargs = self.prepare(inv)
             result = fn(*args, **kwargs)
             del args, kwargs
             if call.HasField("actor"):
-                self.become_actor(call.actor, result)
+                self.become_actor(call.actor, result, list(inv.gpu_ids))
                 return pb.TaskDone(task_id=tid)
             return self.finish(inv, result)
         except _Cancelled:
@@ -300,11 +343,19 @@ class WorkerRuntime:
         return pb.TaskDone(task_id=tid, user_error=True, not_retryable=not_retryable,
                            returns=[pb.ObjectData(object_id=o, error=blob) for o in oids])
 
-    def become_actor(self, spec: Any, instance: Any) -> None:
+    def become_actor(self, spec: Any, instance: Any, gpu_ids: list[int]) -> None:
         """This worker now serves one actor for life."""
-        self.actor = ActorRuntime(self, spec, instance)
+        self.actor = ActorRuntime(self, spec, instance, gpu_ids)
         # Calls queued behind a blocking get() belong to this actor: never hand them back.
         self.client.on_block = None
+        # Callers send their calls straight here once the head gives them this address
+        # (Head.actor_socket); listening before the constructor's answer means the head
+        # never gives an address nobody listens at.
+        path = os.path.join(self.client.info.session_dir, f"actor-{self.worker_id}.sock")
+        try:
+            self.client.listen(path)
+        except OSError as exc:   # callers stay on the head's path
+            print(f"orchestra worker: not taking calls at {path}: {exc}", file=sys.stderr)
 
     def _decode_args(self, call: Any, resolved: Any) -> list[Any]:
         out: list[Any] = []
@@ -342,8 +393,9 @@ class ActorRuntime:
     coroutines on one uvloop event loop, at most max_concurrency at once.
     """
 
-    def __init__(self, worker: WorkerRuntime, spec: Any, instance: Any) -> None:
+    def __init__(self, worker: WorkerRuntime, spec: Any, instance: Any, gpu_ids: list[int]) -> None:
         self.worker = worker
+        self.gpu_ids = gpu_ids
         self.spec = spec
         self.instance = instance
         self.concurrent = spec.is_async or spec.max_concurrency > 1
@@ -376,7 +428,7 @@ class ActorRuntime:
             done = w.finish(inv, fn(*args, **kwargs))
         except BaseException as exc:  # noqa: BLE001 - reported to the caller
             done = w.failed(inv, exc)
-        w.client.send(_wire.TASK_DONE, done)
+        w.send_done(done)
 
     async def _run_async(self, inv: Any) -> None:
         import inspect
@@ -390,7 +442,7 @@ class ActorRuntime:
                 done = w.finish(inv, result)
             except BaseException as exc:  # noqa: BLE001 - reported to the caller
                 done = w.failed(inv, exc)
-        w.client.send(_wire.TASK_DONE, done)
+        w.send_done(done)
 
 
 def _in_finalizer(frame: Any) -> bool:

@@ -241,16 +241,18 @@ class ObjStoreDebugInfoReply(_message.Message):
     def __init__(self, objref: _Optional[_Iterable[bytes]] = ..., segment: _Optional[_Iterable[_Union[_types_pb2.Segment, _Mapping]]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., spilled_bytes: _Optional[int] = ..., spilled_objects: _Optional[int] = ..., pooled: _Optional[int] = ...) -> None: ...
 
 class InvokeCallRequest(_message.Message):
-    __slots__ = ("call", "resolved", "gpu_ids", "attempt")
+    __slots__ = ("call", "resolved", "gpu_ids", "attempt", "owner")
     CALL_FIELD_NUMBER: _ClassVar[int]
     RESOLVED_FIELD_NUMBER: _ClassVar[int]
     GPU_IDS_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     call: _types_pb2.Call
     resolved: _containers.RepeatedCompositeFieldContainer[_types_pb2.ObjectData]
     gpu_ids: _containers.RepeatedScalarFieldContainer[int]
     attempt: int
-    def __init__(self, call: _Optional[_Union[_types_pb2.Call, _Mapping]] = ..., resolved: _Optional[_Iterable[_Union[_types_pb2.ObjectData, _Mapping]]] = ..., gpu_ids: _Optional[_Iterable[int]] = ..., attempt: _Optional[int] = ...) -> None: ...
+    owner: int
+    def __init__(self, call: _Optional[_Union[_types_pb2.Call, _Mapping]] = ..., resolved: _Optional[_Iterable[_Union[_types_pb2.ObjectData, _Mapping]]] = ..., gpu_ids: _Optional[_Iterable[int]] = ..., attempt: _Optional[int] = ..., owner: _Optional[int] = ...) -> None: ...
 
 class InvokeCallReply(_message.Message):
     __slots__ = ()
@@ -271,7 +273,7 @@ class Hello(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., pid: _Optional[int] = ..., workerid: _Optional[int] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("session_id", "node_id", "node_resources", "store_capacity", "session_dir", "cwd", "sys_path", "inline_threshold")
+    __slots__ = ("session_id", "node_id", "node_resources", "store_capacity", "session_dir", "cwd", "sys_path", "inline_threshold", "conn_id")
     class NodeResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -287,6 +289,7 @@ class HelloReply(_message.Message):
     CWD_FIELD_NUMBER: _ClassVar[int]
     SYS_PATH_FIELD_NUMBER: _ClassVar[int]
     INLINE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    CONN_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: bytes
     node_id: int
     node_resources: _containers.ScalarMap[str, float]
@@ -295,7 +298,8 @@ class HelloReply(_message.Message):
     cwd: str
     sys_path: _containers.RepeatedScalarFieldContainer[str]
     inline_threshold: int
-    def __init__(self, session_id: _Optional[bytes] = ..., node_id: _Optional[int] = ..., node_resources: _Optional[_Mapping[str, float]] = ..., store_capacity: _Optional[int] = ..., session_dir: _Optional[str] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., inline_threshold: _Optional[int] = ...) -> None: ...
+    conn_id: int
+    def __init__(self, session_id: _Optional[bytes] = ..., node_id: _Optional[int] = ..., node_resources: _Optional[_Mapping[str, float]] = ..., store_capacity: _Optional[int] = ..., session_dir: _Optional[str] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., inline_threshold: _Optional[int] = ..., conn_id: _Optional[int] = ...) -> None: ...
 
 class Submit(_message.Message):
     __slots__ = ("calls",)
@@ -322,16 +326,18 @@ class SegmentNames(_message.Message):
     def __init__(self, names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RefDelta(_message.Message):
-    __slots__ = ("incr", "decr", "pin", "unpin")
+    __slots__ = ("incr", "decr", "pin", "unpin", "pending")
     INCR_FIELD_NUMBER: _ClassVar[int]
     DECR_FIELD_NUMBER: _ClassVar[int]
     PIN_FIELD_NUMBER: _ClassVar[int]
     UNPIN_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
     incr: _containers.RepeatedScalarFieldContainer[bytes]
     decr: _containers.RepeatedScalarFieldContainer[bytes]
     pin: _containers.RepeatedScalarFieldContainer[str]
     unpin: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, incr: _Optional[_Iterable[bytes]] = ..., decr: _Optional[_Iterable[bytes]] = ..., pin: _Optional[_Iterable[str]] = ..., unpin: _Optional[_Iterable[str]] = ...) -> None: ...
+    pending: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, incr: _Optional[_Iterable[bytes]] = ..., decr: _Optional[_Iterable[bytes]] = ..., pin: _Optional[_Iterable[str]] = ..., unpin: _Optional[_Iterable[str]] = ..., pending: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
     __slots__ = ("object_id", "force")
@@ -348,18 +354,42 @@ class Execute(_message.Message):
     def __init__(self, invoke: _Optional[_Union[InvokeCallRequest, _Mapping]] = ...) -> None: ...
 
 class TaskDone(_message.Message):
-    __slots__ = ("task_id", "returns", "user_error", "cancelled", "not_retryable")
+    __slots__ = ("task_id", "returns", "user_error", "cancelled", "not_retryable", "owner")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     RETURNS_FIELD_NUMBER: _ClassVar[int]
     USER_ERROR_FIELD_NUMBER: _ClassVar[int]
     CANCELLED_FIELD_NUMBER: _ClassVar[int]
     NOT_RETRYABLE_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     task_id: bytes
     returns: _containers.RepeatedCompositeFieldContainer[_types_pb2.ObjectData]
     user_error: bool
     cancelled: bool
     not_retryable: bool
-    def __init__(self, task_id: _Optional[bytes] = ..., returns: _Optional[_Iterable[_Union[_types_pb2.ObjectData, _Mapping]]] = ..., user_error: _Optional[bool] = ..., cancelled: _Optional[bool] = ..., not_retryable: _Optional[bool] = ...) -> None: ...
+    owner: int
+    def __init__(self, task_id: _Optional[bytes] = ..., returns: _Optional[_Iterable[_Union[_types_pb2.ObjectData, _Mapping]]] = ..., user_error: _Optional[bool] = ..., cancelled: _Optional[bool] = ..., not_retryable: _Optional[bool] = ..., owner: _Optional[int] = ...) -> None: ...
+
+class ActorAddress(_message.Message):
+    __slots__ = ("actor_id", "worker_id", "path", "dispatched")
+    ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    DISPATCHED_FIELD_NUMBER: _ClassVar[int]
+    actor_id: bytes
+    worker_id: int
+    path: str
+    dispatched: int
+    def __init__(self, actor_id: _Optional[bytes] = ..., worker_id: _Optional[int] = ..., path: _Optional[str] = ..., dispatched: _Optional[int] = ...) -> None: ...
+
+class AdoptCalls(_message.Message):
+    __slots__ = ("actor_id", "worker_id", "calls")
+    ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    actor_id: bytes
+    worker_id: int
+    calls: _containers.RepeatedCompositeFieldContainer[_types_pb2.Call]
+    def __init__(self, actor_id: _Optional[bytes] = ..., worker_id: _Optional[int] = ..., calls: _Optional[_Iterable[_Union[_types_pb2.Call, _Mapping]]] = ...) -> None: ...
 
 class ReturnTasks(_message.Message):
     __slots__ = ("task_ids",)
