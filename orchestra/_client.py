@@ -112,6 +112,19 @@ class CoreClient:
         self.on_peer_frame: Callable[[_Peer, int, Any], None] | None = None
         self._unregistered: set[bytes] = set()
         self._forward: set[bytes] = set()
+        # Results of straight calls answered through the head, until the head pushes
+        # them: a drop waits for that (id -> dropped), as the head may not hold it yet.
+        self._via_head: dict[bytes, bool] = {}
+        self._pushed_early: set[bytes] = set()   # ... or pushed before the actor's answer came
+        # Straight calls answered whose arguments stay held until the actor's counts of
+        # them reached the head (RELEASE_CALL): task id -> call.
+        self._releasing: dict[bytes, _Call] = {}
+        self._released_early: set[bytes] = set()   # told before the answer came
+        # Frames that create objects (puts, registrations) sent / known handled by the
+        # head: refs inside a straight call's arguments must exist there before the
+        # actor counts them.
+        self._put_seq = 0
+        self._synced_seq = 0
         self._fd = self.sock.fileno()
         self.sock.sendall(_wire.encode(_wire.HELLO, hello))
         self.info = self._read_hello(connect_timeout_s)
@@ -169,11 +182,16 @@ class CoreClient:
     def send(self, kind: int, msg: Any) -> None:
         self.send_raw(_wire.encode(kind, msg))
 
-    def flush_refs(self) -> None:
+    def flush_refs(self, wait: bool = False) -> None:
+        """Send pending reference changes. ``wait``: also wait for those another thread
+        took and is sending (an answer sent on another connection must not overtake them)."""
         if (self._incr or self._decr or self._pin or self._unpin) and self.lost is None:
             try:
                 self.send_raw(b"")
             except ConnectionLost:
+                pass
+        elif wait:
+            with self._send_lock:
                 pass
 
     def request(self, req: Any, timeout_s: float = 60.0) -> Any:
@@ -181,12 +199,14 @@ class CoreClient:
         req.req_id = rid
         slot: list[Any] = [None]
         self._replies[rid] = slot
+        seq = self._put_seq
         self.send(_wire.REQUEST, req)
         self._keep_until_sent = []
         if not self.wait_until(lambda: slot[0] is not None, time.monotonic() + timeout_s):
             self._replies.pop(rid, None)
             raise GetTimeoutError(f"the head did not answer a request within {timeout_s:g} s")
         reply = slot[0]
+        self._synced_seq = max(self._synced_seq, seq)
         if reply.error:
             if reply.error_kind == "ObjectStoreFullError":
                 raise ObjectStoreFullError(reply.error)
@@ -220,6 +240,8 @@ class CoreClient:
                     self._to_close.append(lane.peer)
             if oid in self._unregistered:   # the head never knew it
                 self._unregistered.discard(oid)
+            elif oid in self._via_head:
+                self._via_head[oid] = True
             elif self.lost is None:
                 self._decr.append(oid)
 
@@ -285,6 +307,8 @@ class CoreClient:
         call = self._encode_call(template, tid, args, kwargs, refs, hold)
         rids = [tid + i.to_bytes(4, "big") for i in range(num_returns)]
         out = [ObjectRef(rid, self, counted=True) for rid in rids]
+        if hold and self._put_seq > self._synced_seq and lane.peer is not None:
+            self.request(pb.Request(query="sync"))   # the head knows every ref in the arguments
         with lane.lock:
             if lane.peer is None or lane.dispatched < lane.via_head:
                 lane.via_head += 1
@@ -323,6 +347,7 @@ class CoreClient:
                 break
             q.popleft()
             c.peer = peer
+            c.release = bool(c.hold) or any(d.WhichOneof("data") == "segment" for d in resolved)
             lane.inflight[c.tid] = c
             inv = [_field(b"\x0a", c.call)]
             for d in resolved:
@@ -354,9 +379,14 @@ class CoreClient:
                 # holds the returns for this process and pushes them here.
                 for rid in c.rids:
                     self._unregistered.discard(rid)
-                    self._forward.discard(rid)
-                    if rid not in local and self.lost is None:
-                        self._decr.append(rid)
+                    if rid in self._forward:   # registered from here: drops are in order
+                        self._forward.discard(rid)
+                    elif rid in self._pushed_early:   # the head holds it already
+                        self._pushed_early.discard(rid)
+                        if rid not in local and self.lost is None:
+                            self._decr.append(rid)
+                    else:
+                        self._via_head[rid] = rid not in local
                 return
             if msg.cancelled:
                 err = make_error("cancelled", name=c.name)
@@ -400,6 +430,7 @@ class CoreClient:
             frames += _wire.encode(_wire.OBJECTS, pb.Objects(objects=puts))
         if frames:
             self.send_raw(frames)
+            self._put_seq += 1
 
     def retire_lane(self, actor_id: bytes) -> None:
         """The actor is being killed: later calls go through the head (which holds them
@@ -536,7 +567,11 @@ class CoreClient:
                 if c is None:
                     continue
                 self._call_lane.pop(msg.task_id, None)
-                answered.append(c)
+                if c.release and c.tid not in self._released_early:
+                    self._releasing[c.tid] = c
+                else:
+                    self._released_early.discard(c.tid)
+                    answered.append(c)
                 self._direct_done(c, msg, forward)
         with self._cond:
             self._cond.notify_all()
@@ -552,6 +587,10 @@ class CoreClient:
         lane = peer.lane
         if lane is None:
             return   # a caller left: answers to it go through the head
+        # The process is gone: what it kept of arguments went with it.
+        released = [t for t, c in list(self._releasing.items()) if c.peer is peer]
+        for t in released:
+            self._releasing.pop(t, None)
         with lane.lock:
             lane.stale.add(peer.worker_id)
             if lane.peer is peer:
@@ -563,9 +602,11 @@ class CoreClient:
             if lost:
                 with self._ref_lock:
                     for c in lost:
+                        self._released_early.discard(c.tid)
                         for rid in c.rids:   # the head counts them for this process now
                             self._unregistered.discard(rid)
                             self._forward.discard(rid)
+                            self._pushed_early.discard(rid)
                             if rid not in self._local and self.lost is None:
                                 self._decr.append(rid)
                 if self.lost is None:
@@ -632,6 +673,7 @@ class CoreClient:
         with self._ref_lock:
             self._results[oid] = data
         self.send(_wire.OBJECTS, pb.Objects(objects=[data]))
+        self._put_seq += 1
         return ref
 
     def make_object_data(self, oid: bytes, ser: Serialized) -> Any:
@@ -910,6 +952,11 @@ class CoreClient:
                         if oid in local:
                             results[oid] = d
                         self._owned.discard(oid)
+                        if self._via_head and oid in self._via_head:
+                            if self._via_head.pop(oid) and self.lost is None:
+                                self._decr.append(oid)   # dropped before the head held it
+                        elif self._call_lane and oid[:-4] in self._call_lane:
+                            self._pushed_early.add(oid)
                 wake = True
             elif kind == _wire.DROP_MAPS:
                 self._drop_maps(msg.names)
@@ -919,6 +966,9 @@ class CoreClient:
                 self._map_ahead(list(msg.names))
             elif kind == _wire.ACTOR_ADDRESS:
                 self._actor_address(msg)
+            elif kind == _wire.RELEASE_CALL:
+                if self._releasing.pop(msg.task_id, None) is None and msg.task_id in self._call_lane:
+                    self._released_early.add(msg.task_id)
             elif kind == _wire.REPLY:
                 slot = self._replies.pop(msg.req_id, None)
                 if slot is not None:
@@ -995,7 +1045,7 @@ class _Peer:
 class _Call:
     """A call sent (or to be sent) straight to an actor; its refs live until answered."""
 
-    __slots__ = ("tid", "call", "args", "token", "rids", "name", "peer", "hold")
+    __slots__ = ("tid", "call", "args", "token", "rids", "name", "peer", "hold", "release")
 
     def __init__(self, tid: bytes, call: bytes, args: list[ObjectRef], token: ObjectRef,
                  rids: list[bytes], name: str, hold: list[ObjectRef]) -> None:
@@ -1004,6 +1054,7 @@ class _Call:
         self.args = args          # ref arguments, in order: their data goes with the call
         self.token = token        # the actor's handle token: the actor lives while answering
         self.hold = hold          # refs pickled inside the arguments
+        self.release = False      # held until the actor says it counted them (RELEASE_CALL)
         self.rids = rids
         self.name = name
         self.peer: _Peer | None = None

@@ -409,6 +409,10 @@ class Head:
                 state.cancel(msg.object_id, msg.force)
             elif kind == _wire.ADOPT:
                 state.adopt_calls(cid, msg)
+            elif kind == _wire.RELEASE_CALL:   # ordered after the actor's own ref changes
+                caller = self.conns.get(msg.owner)
+                if caller is not None:
+                    self._queue(caller, _wire.encode(_wire.RELEASE_CALL, pb.TaskDone(task_id=msg.task_id)))
             elif kind == _wire.REQUEST:
                 self._request(conn, msg)
             elif kind == _wire.HELLO:
@@ -475,6 +479,8 @@ class Head:
                 reply.resources.update(self.state.available_resources())
             elif q == "debug":
                 reply.debug.CopyFrom(self.debug_info())
+            elif q == "sync":
+                pass   # the reply says every frame sent before the request was handled
             else:
                 reply.error = f"unknown query {q!r}"
         self._queue(conn, _wire.encode(_wire.REPLY, reply))

@@ -36,6 +36,8 @@ MAP_AHEAD = 19     # SegmentNames, head -> driver
 RELEASE_MAPS = 20  # SegmentNames, head -> reader: forget maps kept for later gets
 ACTOR_ADDRESS = 21  # head -> caller: the actor's process takes calls straight at this socket
 ADOPT = 22         # AdoptCalls, caller -> head: calls left unanswered by a closed actor connection
+RELEASE_CALL = 23  # TaskDone, actor -> head -> caller: the actor counted what it keeps of a
+                   # straight call's arguments; the caller may drop them
 
 MESSAGES: dict[int, Any] = {
     HELLO: pb.Hello, HELLO_REPLY: pb.HelloReply, FUNCTION: pb.RegisterFunctionRequest,
@@ -45,7 +47,7 @@ MESSAGES: dict[int, Any] = {
     CANCEL_TASK: pb.CancelTask, REQUEST: pb.Request, REPLY: pb.Reply,
     SHUTDOWN: pb.AckReply, STEAL: pb.ReturnTasks, DROP_MAPS: pb.SegmentNames,
     MAP_AHEAD: pb.SegmentNames, RELEASE_MAPS: pb.SegmentNames,
-    ACTOR_ADDRESS: pb.ActorAddress, ADOPT: pb.AdoptCalls,
+    ACTOR_ADDRESS: pb.ActorAddress, ADOPT: pb.AdoptCalls, RELEASE_CALL: pb.TaskDone,
 }
 
 MAX_FRAME = 1 << 31

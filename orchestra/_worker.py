@@ -50,8 +50,9 @@ class WorkerRuntime:
         self.actor: ActorRuntime | None = None
         self.worker_id = worker_id
         # Calls a caller sent straight to this actor: task id -> (its connection, the
-        # caller's connection id at the head), until answered.
-        self.reply_to: dict[bytes, tuple[Any, int]] = {}
+        # caller's connection id at the head, whether the caller holds arguments for it
+        # until told), until answered.
+        self.reply_to: dict[bytes, tuple[Any, int, bool]] = {}
         self.main_ident = threading.get_ident()
         # Orchestra's GPU ids index the devices the driver could see: with
         # CUDA_VISIBLE_DEVICES=2,3 in the driver's environment, id 0 is device 2.
@@ -98,8 +99,9 @@ class WorkerRuntime:
         """A frame from a caller connected straight to this actor."""
         if kind == _wire.EXECUTE:
             inv = msg.invoke
+            held = bool(inv.call.nested) or any(d.WhichOneof("data") == "segment" for d in inv.resolved)
             with self.cond:
-                self.reply_to[inv.call.task_id] = (peer, inv.owner)
+                self.reply_to[inv.call.task_id] = (peer, inv.owner, held)
                 self.queue.append(inv)
         elif kind == _wire.CANCEL_TASK:
             self._cancel(msg.task_id)
@@ -114,20 +116,21 @@ class WorkerRuntime:
         if route is None:
             client.send(_wire.TASK_DONE, done)
             return
-        peer, owner = route
+        peer, owner, held = route
         if any(d.contained or d.WhichOneof("data") == "segment" for d in done.returns):
             done.owner = owner
             client.send(_wire.TASK_DONE, done)
             frame = _wire.encode(_wire.TASK_DONE, pb.TaskDone(task_id=done.task_id, owner=owner))
         else:
-            # Refs this process took or dropped reach the head before the caller can act
-            # on the answer (a caller dropping an argument after it must not free what
-            # the actor kept).
-            client.flush_refs()
             frame = _wire.encode(_wire.TASK_DONE, done)
         if not peer.send(frame) and not done.owner:
             done.owner = owner   # the caller is gone or handed the call to the head
             client.send(_wire.TASK_DONE, done)
+        if held:
+            # The caller keeps the call's arguments (refs inside them, objects in shared
+            # memory) until the head has this process's own counts and pins of them: sent
+            # before this frame on the same connection, so the head sees them first.
+            client.send(_wire.RELEASE_CALL, pb.TaskDone(task_id=done.task_id, owner=owner))
 
     def _give_back(self, wanted: set[bytes]) -> None:
         """Another worker went idle: return the asked-for tasks that have not started."""

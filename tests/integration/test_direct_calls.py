@@ -1,0 +1,225 @@
+"""Actor calls sent straight to the actor's process (CoreClient.submit_actor).
+
+A caller's first calls go through the head; once the head has sent them to the actor's
+process it gives the caller that process's socket, and later calls go there, with their
+answers straight back. These tests check what a user sees across that switch: order,
+results passed on to tasks, actors and puts, large and ref-holding results, death,
+restarts, cancel, calls from tasks, and that nothing is left behind.
+
+The actor classes live in this module: workers import it by name.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import _helpers as h
+import orchestra
+from _probes import wait_until
+from orchestra.exceptions import ActorDiedError, TaskCancelledError
+
+pytestmark = pytest.mark.timeout(60)
+
+T = 30
+
+
+def get(refs: Any) -> Any:
+    return orchestra.get(refs, timeout=T)
+
+
+@orchestra.remote
+class Keeper:
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self.kept: list[Any] = []
+
+    def append(self, item: Any) -> int:
+        self.items.append(item)
+        return len(self.items)
+
+    def items_so_far(self) -> list[Any]:
+        return list(self.items)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def block(self, gate: h.Gate, exit_after: bool = False) -> int:
+        h.touch(gate.started)
+        h.wait_for_file(gate.opened)
+        if exit_after:
+            os._exit(3)
+        return len(self.items)
+
+    def array(self, n: int) -> np.ndarray:
+        return np.arange(n, dtype=np.int64)
+
+    def boxed_put(self, value: Any) -> list[Any]:
+        return [orchestra.put(value)]
+
+    def keep(self, box: list[Any]) -> int:
+        self.kept.extend(box)   # refs inside an argument, kept past the call
+        return len(self.kept)
+
+    def read_kept(self) -> list[Any]:
+        return orchestra.get(self.kept)
+
+
+@orchestra.remote
+def call_many(actor: Any, n: int) -> list[int]:
+    return orchestra.get([actor.append.remote(i) for i in range(n)])
+
+
+def _head_sees(cluster: Any, name: str) -> bool:
+    return any(t.name == name for t in cluster.debug().task)
+
+
+def test_the_first_call_goes_through_the_head_and_later_ones_straight_to_the_actor(cluster, gates):
+    a = Keeper.remote()
+    first = gates("first")
+    ref = a.block.remote(first)
+    first.wait_started()
+    assert _head_sees(cluster, "Keeper.block")   # before the address is known: the head's
+    first.open()
+    assert get(ref) == 0
+    later = gates("later")
+    ref = a.block.remote(later)
+    later.wait_started()
+    assert not _head_sees(cluster, "Keeper.block")   # sent straight to the actor's process
+    later.open()
+    assert get(ref) == 0
+
+
+def test_calls_keep_their_order_across_the_switch_to_straight_calls(cluster):
+    a = Keeper.remote()
+    refs = []
+    for i in range(3000):
+        refs.append(a.append.remote(i))
+        if i % 500 == 0:
+            time.sleep(0.02)   # some calls wait at the head, some go straight
+    assert get(refs) == list(range(1, 3001))
+    assert get(a.items_so_far.remote()) == list(range(3000))
+
+
+def test_a_straight_result_passed_on_reaches_tasks_actors_and_puts(cluster):
+    a = Keeper.remote()
+    get(a.append.remote("x"))
+    assert get(h.identity.remote(a.append.remote("y"))) == 2          # a task's argument
+    assert get(h.get_nested.remote([a.append.remote("z")])) == [3]    # inside one
+    boxed = orchestra.put({"r": a.append.remote("w")})
+    assert get(get(boxed)["r"]) == 4                                   # inside a put
+    b = Keeper.remote()
+    assert get(b.append.remote(a.append.remote("v"))) == 1             # another actor
+    assert get(b.items_so_far.remote()) == [5]
+
+
+def test_a_straight_result_still_running_can_be_passed_on(cluster, gates):
+    a = Keeper.remote()
+    get(a.append.remote(0))
+    gate = gates()
+    running = a.block.remote(gate)
+    gate.wait_started()
+    as_arg = h.identity.remote(running)      # the head waits for it
+    in_put = orchestra.put([running])
+    del running
+    gate.open()
+    assert get(as_arg) == 1
+    assert get(get(in_put)[0]) == 1
+
+
+def test_large_and_ref_holding_results_of_straight_calls(cluster):
+    a = Keeper.remote()
+    get(a.append.remote(0))
+    n = 1 << 20   # 8 MiB: in shared memory
+    big = a.array.remote(n)
+    arr = get(big)
+    assert arr.shape == (n,) and int(arr[-1]) == n - 1 and not arr.flags.writeable
+    inner = get(a.boxed_put.remote("held"))[0]
+    assert get(inner) == "held"
+    assert get(h.identity.remote(big))[123] == 123   # a task reads it too
+
+
+def test_refs_inside_a_straight_calls_argument_live_on_in_the_actor(cluster):
+    a = Keeper.remote()
+    get(a.append.remote(0))
+    for i in range(20):
+        assert get(a.keep.remote([orchestra.put(i)])) == i + 1   # the driver drops its ref
+    assert get(a.read_kept.remote()) == list(range(20))
+
+
+def test_a_task_calls_an_actor_straight(cluster):
+    a = Keeper.remote()
+    assert get(call_many.remote(a, 500)) == list(range(1, 501))
+    assert get(a.items_so_far.remote()) == list(range(500))
+
+
+def test_straight_calls_in_flight_when_the_process_exits_fail_naming_the_exit(cluster, gates):
+    a = Keeper.remote()
+    pid = get(a.pid.remote())
+    gate = gates()
+    running = a.block.remote(gate, exit_after=True)
+    gate.wait_started()
+    queued = [a.append.remote(i) for i in range(3)]
+    gate.open()
+    with pytest.raises(ActorDiedError) as info:
+        get(running)
+    assert f"pid={pid}" in str(info.value) and "exit code 3" in str(info.value)
+    for ref in queued:
+        with pytest.raises(ActorDiedError):
+            get(ref)
+    with pytest.raises(ActorDiedError):
+        get(a.append.remote(9))
+
+
+def test_a_restarted_actor_takes_straight_calls_again(cluster, gates):
+    a = Keeper.options(max_restarts=1).remote()
+    old = get(a.pid.remote())
+    get(a.append.remote(0))
+    os.kill(old, signal.SIGKILL)
+
+    def restarted() -> bool:
+        try:
+            return get(a.pid.remote()) != old
+        except ActorDiedError:   # a call in flight at the death
+            return False
+    wait_until(restarted, 20, "the actor restarted")
+    assert get([a.append.remote(i) for i in range(100)]) == list(range(1, 101))   # fresh state
+    gate = gates()
+    ref = a.block.remote(gate)
+    gate.wait_started()
+    assert not _head_sees(cluster, "Keeper.block")
+    gate.open()
+    assert get(ref) == 100
+
+
+def test_cancel_of_a_straight_call_running_or_queued(cluster, gates):
+    a = Keeper.remote()
+    get(a.append.remote(0))
+    gate = gates()
+    running = a.block.remote(gate)
+    gate.wait_started()
+    queued = a.append.remote(1)
+    orchestra.cancel(queued)
+    orchestra.cancel(running)
+    for ref in (running, queued):
+        with pytest.raises(TaskCancelledError):
+            get(ref)
+    assert get(a.items_so_far.remote()) == [0]   # the actor lives on; the queued call never ran
+
+
+def test_results_of_straight_calls_dropped_unread_leave_nothing_behind(cluster):
+    a = Keeper.remote()
+    get(a.append.remote(0))
+    for _ in range(20):
+        a.array.remote(1 << 18)   # 2 MiB each, in shared memory, never read
+        a.boxed_put.remote("x")
+    get(a.append.remote(1))
+
+    def nothing_left() -> bool:
+        return not [o for o in cluster.objects().values() if o.size > 0]
+    wait_until(nothing_left, 10, "every dropped result freed")
+    wait_until(lambda: cluster.store().used == 0, 10, "the store empty")
