@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import itertools
 import mmap
+import os
 import pickle
 import select
 import socket
@@ -125,6 +126,9 @@ class CoreClient:
         # actor counts them.
         self._put_seq = 0
         self._synced_seq = 0
+        # Straight calls sent or taken since the last look: the head does not see them,
+        # and counts the cluster idle (it then warms memory, a core's work) unless told.
+        self._active = False
         self._fd = self.sock.fileno()
         self.sock.sendall(_wire.encode(_wire.HELLO, hello))
         self.info = self._read_hello(connect_timeout_s)
@@ -361,6 +365,7 @@ class CoreClient:
         else:
             self._waiting_lanes.discard(lane)
         if frames:
+            self._active = True
             peer.send(frames[0] if len(frames) == 1 else b"".join(frames))
         if missing:
             self._subscribe_missing(missing)
@@ -484,6 +489,7 @@ class CoreClient:
         """Take calls sent straight to this process (an actor's worker) at ``path``."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(path)
+        os.chmod(path, 0o600)   # this user only (cloudpickle is code execution)
         sock.listen(128)
         sock.setblocking(False)
         self._listener = sock
@@ -550,6 +556,7 @@ class CoreClient:
 
     def _dispatch_peer(self, peer: _Peer, frames: list[tuple[int, Any]]) -> None:
         lane = peer.lane
+        self._active = True
         if lane is None:   # this is an actor's worker: calls from a caller
             if self.on_peer_frame is not None:
                 for kind, msg in frames:
@@ -939,6 +946,12 @@ class CoreClient:
                     self._read_lock.release()
             if self.lost is not None:
                 return
+            if self._active:   # straight calls went by: tell the head the cluster is busy
+                self._active = False
+                try:
+                    self.send(_wire.REF_DELTA, pb.RefDelta())
+                except ConnectionLost:
+                    return
             self.flush_refs()
 
     def _dispatch(self, frames: list[tuple[int, Any]]) -> None:

@@ -690,6 +690,10 @@ class Head:
         if rc is None and p is not None:
             self.pool.kill(worker_id)   # closed its socket but lives on: broken
         self.pool.procs.pop(worker_id, None)
+        try:   # an actor's socket for calls sent straight to it
+            os.unlink(self.actor_socket(worker_id))
+        except FileNotFoundError:
+            pass
         reason = self.exit_reasons.pop(worker_id, None) or describe_exit(rc)
         self.state.client_disconnected(conn_id, reason)
         self.carry_out()
