@@ -160,9 +160,9 @@ class ActorTable:
         from ._scheduler import LATE_SEND
         s = self.s
         w = a.worker
-        if s.actor_socket is None or w is None:
+        if s.worker_socket is None or w is None:
             return
-        path = s.actor_socket(w.worker_id)
+        path = s.worker_socket(w.worker_id)
         waiting = {t.owner for t in a.queue}
         for conn in callers - waiting:
             c = s.clients.get(conn)

@@ -20,6 +20,7 @@ import mmap
 import os
 import pickle
 import select
+import signal
 import socket
 import threading
 import time
@@ -31,11 +32,15 @@ from . import _ids, _wire
 from . import _pb as pb
 from ._errors import make_error
 from ._object_ref import ObjectRef
+from ._resources import shape_key
 from ._serialization import Serialized, deserialize, serialize
 from ._store import map_ahead, map_segment, open_segment, write_into
 from .exceptions import GetTimeoutError, ObjectLostError, ObjectStoreFullError, OrchestraError
 
 _FLUSH_INTERVAL_S = 0.02
+_LEASE_DEPTH = 8       # tasks sent ahead to one lent worker
+_LEASE_IDLE_S = 0.05   # a lent worker with nothing to do for this long goes back
+_LEASE_ASK_S = 0.05    # at most one request for another lent worker per shape this often
 
 
 def _varint(n: int) -> bytes:
@@ -95,6 +100,7 @@ class CoreClient:
         self._replies: dict[int, list[Any]] = {}
         self._req_ids = itertools.count(1)
         self._registered: set[bytes] = set()
+        self._function_frames: dict[bytes, bytes] = {}
         self.templates: dict[Any, bytes] = {}   # serialized Call templates of actor methods
         self._keep_until_sent: list[ObjectRef] = []
         self.lost: str | None = None
@@ -105,7 +111,7 @@ class CoreClient:
         # (_unregistered) are told to the head once their refs leave it (_escape);
         # those told while still running have their data forwarded on arrival (_forward).
         self._lanes: dict[bytes, _Lane] = {}
-        self._call_lane: dict[bytes, _Lane] = {}   # task id -> lane, until answered
+        self._call_lane: dict[bytes, _Lane | _Lease] = {}   # task id -> lane/lease, until answered
         self._waiting_lanes: set[_Lane] = set()    # lanes whose first call waits for an argument
         self._peers: dict[int, _Peer] = {}
         self._to_close: list[_Peer] = []
@@ -129,6 +135,12 @@ class CoreClient:
         # Straight calls sent or taken since the last look: the head does not see them,
         # and counts the cluster idle (it then warms memory, a core's work) unless told.
         self._active = False
+        # Workers the head lent this driver (Lease), by resource shape, and the tasks
+        # of each shape waiting for room on them; one lock for all of it.
+        self._task_lock = threading.Lock()
+        self._task_lanes: dict[tuple[tuple[str, float], ...], list[_Lease]] = {}
+        self._task_queue: dict[tuple[tuple[str, float], ...], collections.deque[_Call]] = {}
+        self._lease_asked: dict[tuple[tuple[str, float], ...], float] = {}
         self._fd = self.sock.fileno()
         self.sock.sendall(_wire.encode(_wire.HELLO, hello))
         self.info = self._read_hello(connect_timeout_s)
@@ -199,6 +211,8 @@ class CoreClient:
                 pass
 
     def request(self, req: Any, timeout_s: float = 60.0) -> Any:
+        if self._task_lanes and req.WhichOneof("body") == "query" and req.query != "sync":
+            self.return_idle_leases()   # the head's answer counts lent workers as busy
         rid = next(self._req_ids)
         req.req_id = rid
         slot: list[Any] = [None]
@@ -254,6 +268,7 @@ class CoreClient:
         if function_id not in self._registered:
             self.send_raw(req_bytes)
             self._registered.add(function_id)
+            self._function_frames[function_id] = req_bytes   # for lent workers
 
     def _encode_call(self, template: bytes, tid: bytes, args: Sequence[Any], kwargs: dict[str, Any],
                      refs: list[ObjectRef], hold: list[ObjectRef] | None = None) -> bytes:
@@ -275,18 +290,240 @@ class CoreClient:
         return b"".join(parts)
 
     def submit(self, template: bytes, num_returns: int, args: Sequence[Any],
-               kwargs: dict[str, Any]) -> list[ObjectRef]:
-        """Submit one task. ``template`` is a serialized Call with the per-function fields."""
+               kwargs: dict[str, Any], shape: tuple[tuple[str, float], ...] | None = None,
+               name: str = "", function_id: bytes = b"") -> list[ObjectRef]:
+        """Submit one task. ``template`` is a serialized Call with the per-function fields.
+        ``shape``: its resource shape, when it may go straight to a worker lent to this
+        process (then it does, if one of that shape is lent and its arguments are here)."""
         tid = _ids.next_task_id()
         refs: list[ObjectRef] = []     # puts made for large args live until the Submit is sent
-        call = self._encode_call(template, tid, args, kwargs, refs)
-        out = [ObjectRef(tid + i.to_bytes(4, "big"), self, counted=True) for i in range(num_returns)]
+        hold: list[ObjectRef] | None = [] if shape is not None and self._task_lanes else None
+        call = self._encode_call(template, tid, args, kwargs, refs, hold)
+        rids = [tid + i.to_bytes(4, "big") for i in range(num_returns)]
+        out = [ObjectRef(rid, self, counted=True) for rid in rids]
+        if shape is not None and hold is not None and self._task_lanes.get(shape) \
+                and all(r._id in self._results for r in refs):
+            if hold and self._put_seq > self._synced_seq:
+                self.request(pb.Request(query="sync"))   # the head knows every ref in the arguments
+            with self._task_lock:
+                if self._task_lanes.get(shape):
+                    with self._ref_lock:
+                        self._owned.update(rids)
+                        self._unregistered.update(rids)
+                    c = _Call(tid, call, refs, None, rids, name, hold)
+                    c.fid = function_id
+                    self._task_queue[shape].append(c)
+                    self._pump_tasks(shape)
+                    return out
         with self._ref_lock:
-            for r in out:
-                self._owned.add(r._id)
+            self._owned.update(rids)
         self._send_submit(call, refs)
         del refs
         return out
+
+    # ------------------------------------------------------------------ leased workers
+    def _pump_tasks(self, shape: tuple[tuple[str, float], ...]) -> None:
+        """Send queued tasks of ``shape`` to the least busy lent workers; through the head
+        when none can take them (all given back or blocked). Holds _task_lock."""
+        q = self._task_queue.get(shape)
+        if not q:
+            return
+        leases = [le for le in self._task_lanes.get(shape, ()) if not le.revoked and not le.blocked]
+        sends: dict[_Lease, list[bytes]] = {}
+        now = time.monotonic()
+        while q and leases:
+            best = min(leases, key=lambda le: len(le.inflight))
+            if len(best.inflight) >= _LEASE_DEPTH:
+                break
+            c = q.popleft()
+            maybe = [self._results.get(r._id) for r in c.args]
+            if any(d is None for d in maybe):
+                self._resubmit(c)
+                continue
+            resolved: list[Any] = maybe
+            c.peer = best.peer
+            c.release = bool(c.hold) or any(d.WhichOneof("data") == "segment" for d in resolved)
+            best.inflight[c.tid] = c
+            best.idle_since = now
+            self._call_lane[c.tid] = best
+            frames = sends.setdefault(best, [])
+            if c.fid not in best.functions:   # the worker learns the function from here
+                best.functions.add(c.fid)
+                frames.append(self._function_frames[c.fid])
+            frames.append(self._execute_frame(c, resolved))
+        for lease, frames in sends.items():
+            self._active = True
+            lease.peer.send(frames[0] if len(frames) == 1 else b"".join(frames))
+        if q and not leases:
+            while q:
+                self._resubmit(q.popleft())
+        elif (q or any(len(le.inflight) > 1 for le in leases)) \
+                and now - self._lease_asked.get(shape, 0.0) > _LEASE_ASK_S:
+            # Tasks wait behind others: ask for another worker, if one is idle.
+            self._lease_asked[shape] = now
+            self.send(_wire.LEASE, pb.Lease(resources=dict(shape)))
+
+    def _execute_frame(self, c: _Call, resolved: list[Any]) -> bytes:
+        inv = [_field(b"\x0a", c.call)]
+        for d in resolved:
+            inv.append(_field(b"\x12", d.SerializeToString()))
+        inv.append(b"\x20\x01\x28")
+        inv.append(_varint(self.conn_id))
+        body = _field(b"\x0a", b"".join(inv))
+        return (len(body) + 1).to_bytes(4, "little") + bytes((_wire.EXECUTE,)) + body
+
+    def _resubmit(self, c: _Call) -> None:
+        """Send a call that was to go straight through the head instead."""
+        self._call_lane.pop(c.tid, None)
+        with self._ref_lock:
+            for rid in c.rids:   # the head counts them for this process from the Submit
+                self._unregistered.discard(rid)
+                self._forward.discard(rid)
+                if rid not in self._local and self.lost is None:
+                    self._decr.append(rid)
+        self._send_submit(c.call, c.args)
+
+    def _lease_granted(self, msg: Any) -> None:
+        shape = shape_key(msg.resources)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(msg.path)
+        except OSError:
+            sock.close()
+            self.send(_wire.LEASE_RETURN, pb.Lease(worker_id=msg.worker_id))
+            return
+        lease = _Lease(msg.worker_id, msg.pid, shape)
+        lease.peer = self._add_peer(sock, lease, msg.worker_id)
+        with self._task_lock:
+            self._task_lanes.setdefault(shape, []).append(lease)
+            self._task_queue.setdefault(shape, collections.deque())
+            self._pump_tasks(shape)
+            if not lease.inflight:
+                self._steal_for(lease)
+
+    def _lease_revoked(self, worker_id: int) -> None:
+        with self._task_lock:
+            for leases in self._task_lanes.values():
+                for lease in leases:
+                    if lease.worker_id == worker_id:
+                        lease.revoked = True
+                        if not lease.inflight:
+                            self._give_back_lease(lease)
+                        self._pump_tasks(lease.shape)
+                        return
+
+    def _give_back_lease(self, lease: _Lease) -> None:
+        """Holds _task_lock; the lease has no task unanswered."""
+        leases = self._task_lanes.get(lease.shape)
+        if leases is not None and lease in leases:
+            leases.remove(lease)
+            if not leases:
+                del self._task_lanes[lease.shape]
+        self._to_close.append(lease.peer)
+        if self.lost is None:
+            try:
+                self.send(_wire.LEASE_RETURN, pb.Lease(worker_id=lease.worker_id))
+            except ConnectionLost:
+                pass
+
+    def return_idle_leases(self, min_idle_s: float = 0.0) -> None:
+        """Give back lent workers with no task unanswered for ``min_idle_s``."""
+        if not self._task_lanes:
+            return
+        now = time.monotonic()
+        with self._task_lock:
+            for shape, leases in list(self._task_lanes.items()):
+                if self._task_queue.get(shape):
+                    continue
+                for lease in list(leases):
+                    if not lease.inflight and now - lease.idle_since >= min_idle_s:
+                        self._give_back_lease(lease)
+
+    def _steal_for(self, idle: _Lease) -> None:
+        """A lent worker has nothing left: take back tasks queued behind a running one
+        on another (a quick task never waits long behind a slow one). Holds _task_lock."""
+        for lease in self._task_lanes.get(idle.shape, ()):
+            if lease is not idle and len(lease.inflight) > 1 and not lease.stealing:
+                lease.stealing = True
+                ids = list(lease.inflight)[1:]
+                lease.peer.send(_wire.encode(_wire.STEAL, pb.ReturnTasks(task_ids=ids)))
+
+    def _dispatch_lease(self, lease: _Lease, frames: list[tuple[int, Any]]) -> None:
+        forward: list[Any] = []
+        answered: list[_Call] = []
+        with self._task_lock:
+            returned: list[_Call] = []
+            for kind, msg in frames:
+                if kind == _wire.TASK_DONE:
+                    c = lease.inflight.pop(msg.task_id, None)
+                    if c is None:
+                        continue
+                    self._call_lane.pop(msg.task_id, None)
+                    lease.blocked = False
+                    if c.release and c.tid not in self._released_early:
+                        self._releasing[c.tid] = c
+                    else:
+                        self._released_early.discard(c.tid)
+                        answered.append(c)
+                    self._direct_done(c, msg, forward)
+                elif kind == _wire.RETURN_TASKS:
+                    for tid in msg.task_ids:
+                        c = lease.inflight.pop(tid, None)
+                        if c is not None:
+                            self._call_lane.pop(tid, None)
+                            returned.append(c)
+                    if not lease.stealing:
+                        lease.blocked = True   # its running task waits in get()
+                    lease.stealing = False
+            lease.idle_since = time.monotonic()
+            q = self._task_queue.setdefault(lease.shape, collections.deque())
+            q.extendleft(reversed(returned))
+            self._pump_tasks(lease.shape)
+            if lease.revoked and not lease.inflight:
+                self._give_back_lease(lease)
+            elif not lease.inflight and not q:
+                self._steal_for(lease)
+        with self._cond:
+            self._cond.notify_all()
+        if forward:
+            self.send(_wire.OBJECTS, pb.Objects(objects=forward))
+        del answered
+
+    def _lease_lost(self, lease: _Lease) -> None:
+        """The lent worker's connection closed: the head retries or fails what it left
+        unanswered, as for any worker death."""
+        with self._task_lock:
+            leases = self._task_lanes.get(lease.shape)
+            if leases is not None and lease in leases:
+                leases.remove(lease)
+                if not leases:
+                    del self._task_lanes[lease.shape]
+            lost = list(lease.inflight.values())
+            lease.inflight.clear()
+            if lost and self.lost is None:
+                self._escape([r._id for c in lost for r in c.args] + [r._id for c in lost for r in c.hold])
+                with self._ref_lock:
+                    for c in lost:
+                        self._call_lane.pop(c.tid, None)
+                        self._released_early.discard(c.tid)
+                        for rid in c.rids:   # the head counts them for this process now
+                            self._unregistered.discard(rid)
+                            self._forward.discard(rid)
+                            self._pushed_early.discard(rid)
+                            if rid not in self._local:
+                                self._decr.append(rid)
+                try:
+                    self.send(_wire.ADOPT, pb.AdoptCalls(
+                        worker_id=lease.worker_id, calls=[pb.Call.FromString(c.call) for c in lost],
+                        cancelled=[c.tid for c in lost if c.cancelled]))
+                except ConnectionLost:
+                    pass
+            if self.lost is None:
+                try:
+                    self._pump_tasks(lease.shape)
+                except ConnectionLost:
+                    pass
+        del lost
 
     def _send_submit(self, call: bytes, refs: Sequence[ObjectRef]) -> None:
         if self._unregistered:
@@ -468,7 +705,11 @@ class CoreClient:
     def cancel(self, object_id: bytes, force: bool) -> None:
         tid = _ids.task_of(object_id)
         lane = self._call_lane.get(tid)
-        if lane is not None:
+        if isinstance(lane, _Lease) or (lane is None and self._task_lanes):
+            if self._cancel_leased(tid, force, lane):
+                return
+            lane = None
+        if isinstance(lane, _Lane):
             with lane.lock:
                 c = lane.inflight.get(tid)
                 if c is not None and c.peer is not None:
@@ -484,6 +725,30 @@ class CoreClient:
                         return
         self.send(_wire.CANCEL, pb.CancelRequest(object_id=object_id, force=force))
 
+    def _cancel_leased(self, tid: bytes, force: bool, lease: _Lease | None) -> bool:
+        with self._task_lock:
+            if lease is not None:
+                c = lease.inflight.get(tid)
+                if c is not None:
+                    if force and next(iter(lease.inflight)) == tid:
+                        c.cancelled = True   # the head fails it as cancelled (AdoptCalls)
+                        try:
+                            os.kill(lease.pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+                    else:
+                        lease.peer.send(_wire.encode(_wire.CANCEL_TASK, pb.CancelTask(task_id=tid)))
+                    return True
+            for q in self._task_queue.values():
+                for c in q:
+                    if c.tid == tid:
+                        q.remove(c)
+                        self._direct_done(c, pb.TaskDone(task_id=tid, cancelled=True), [])
+                        with self._cond:
+                            self._cond.notify_all()
+                        return True
+        return False
+
     # ------------------------------------------------------------------ peers
     def listen(self, path: str) -> None:
         """Take calls sent straight to this process (an actor's worker) at ``path``."""
@@ -495,7 +760,7 @@ class CoreClient:
         self._listener = sock
         self._poller.register(sock.fileno(), select.POLLIN)
 
-    def _add_peer(self, sock: socket.socket, lane: _Lane | None, worker_id: int) -> _Peer:
+    def _add_peer(self, sock: socket.socket, lane: _Lane | _Lease | None, worker_id: int) -> _Peer:
         peer = _Peer(sock, lane, worker_id)
         self._peers[peer.fd] = peer
         self._poller.register(peer.fd, select.POLLIN)
@@ -564,6 +829,11 @@ class CoreClient:
             with self._cond:
                 self._cond.notify_all()
             return
+        if isinstance(lane, _Lease):
+            self._dispatch_lease(lane, frames)
+            if self._waiting_lanes:
+                self._pump_waiting()
+            return
         forward: list[Any] = []
         answered: list[_Call] = []
         with lane.lock:
@@ -598,6 +868,9 @@ class CoreClient:
         released = [t for t, c in list(self._releasing.items()) if c.peer is peer]
         for t in released:
             self._releasing.pop(t, None)
+        if isinstance(lane, _Lease):
+            self._lease_lost(lane)
+            return
         with lane.lock:
             lane.stale.add(peer.worker_id)
             if lane.peer is peer:
@@ -946,6 +1219,11 @@ class CoreClient:
                     self._read_lock.release()
             if self.lost is not None:
                 return
+            if self._task_lanes:
+                try:
+                    self.return_idle_leases(_LEASE_IDLE_S)
+                except ConnectionLost:
+                    return
             if self._active:   # straight calls went by: tell the head the cluster is busy
                 self._active = False
                 try:
@@ -979,6 +1257,10 @@ class CoreClient:
                 self._map_ahead(list(msg.names))
             elif kind == _wire.ACTOR_ADDRESS:
                 self._actor_address(msg)
+            elif kind == _wire.LEASE:
+                self._lease_granted(msg)
+            elif kind == _wire.LEASE_REVOKE:
+                self._lease_revoked(msg.worker_id)
             elif kind == _wire.RELEASE_CALL:
                 if self._releasing.pop(msg.task_id, None) is None and msg.task_id in self._call_lane:
                     self._released_early.add(msg.task_id)
@@ -1031,7 +1313,7 @@ class _Peer:
 
     __slots__ = ("sock", "fd", "decoder", "lane", "worker_id", "lock")
 
-    def __init__(self, sock: socket.socket, lane: _Lane | None, worker_id: int) -> None:
+    def __init__(self, sock: socket.socket, lane: _Lane | _Lease | None, worker_id: int) -> None:
         self.sock = sock
         self.fd = sock.fileno()
         self.decoder = _wire.FrameDecoder()
@@ -1058,9 +1340,10 @@ class _Peer:
 class _Call:
     """A call sent (or to be sent) straight to an actor; its refs live until answered."""
 
-    __slots__ = ("tid", "call", "args", "token", "rids", "name", "peer", "hold", "release")
+    __slots__ = ("tid", "call", "args", "token", "rids", "name", "peer", "hold", "release",
+                 "cancelled", "fid")
 
-    def __init__(self, tid: bytes, call: bytes, args: list[ObjectRef], token: ObjectRef,
+    def __init__(self, tid: bytes, call: bytes, args: list[ObjectRef], token: ObjectRef | None,
                  rids: list[bytes], name: str, hold: list[ObjectRef]) -> None:
         self.tid = tid
         self.call = call          # serialized Call
@@ -1068,9 +1351,30 @@ class _Call:
         self.token = token        # the actor's handle token: the actor lives while answering
         self.hold = hold          # refs pickled inside the arguments
         self.release = False      # held until the actor says it counted them (RELEASE_CALL)
+        self.cancelled = False    # cancelled with force: its worker was killed
+        self.fid = b""            # a task's function id
         self.rids = rids
         self.name = name
         self.peer: _Peer | None = None
+
+
+class _Lease:
+    """A worker the head lent this driver for tasks of one resource shape."""
+
+    __slots__ = ("worker_id", "pid", "shape", "peer", "inflight", "revoked", "blocked",
+                 "stealing", "idle_since", "functions", "__weakref__")
+
+    def __init__(self, worker_id: int, pid: int, shape: tuple[tuple[str, float], ...]) -> None:
+        self.worker_id = worker_id
+        self.pid = pid
+        self.shape = shape
+        self.peer: Any = None
+        self.inflight: dict[bytes, _Call] = {}   # in the order sent: the first one runs
+        self.revoked = False      # the head wants it back
+        self.blocked = False      # its running task waits in get(): send nothing more
+        self.stealing = False     # a STEAL was sent, its answer not read yet
+        self.idle_since = time.monotonic()
+        self.functions: set[bytes] = set()   # sent to it from here
 
 
 class _Lane:

@@ -274,8 +274,9 @@ class Head:
         # task never holds up the ones pipelined behind it for long.
         self.state = SchedulerState(pipeline_depth=cfg.get("pipeline_depth", 8),
                                     error_factory=make_error)
-        if cfg.get("direct_actor_calls", True):
-            self.state.actor_socket = self.actor_socket
+        if cfg.get("direct_calls", True):
+            self.state.worker_socket = self.worker_socket
+            self.state.lending = bool(cfg.get("lend_workers", True))
         capacity = int(cfg["object_store_memory"])
         self.store = ObjectStore(NODE_ID, cfg["session_id"], capacity,
                                  pool_limit=cfg.get("pool_bytes"),
@@ -361,9 +362,9 @@ class Head:
         """No task queued or running, and no frame for a while (read from another thread)."""
         return not self.state.tasks and time.monotonic() - self.last_activity > 0.3
 
-    def actor_socket(self, worker_id: int) -> str:
-        """Where an actor's worker listens for calls sent straight to it (_worker.py)."""
-        return os.path.join(self.session_dir, f"actor-{worker_id}.sock")
+    def worker_socket(self, worker_id: int) -> str:
+        """Where a worker listens for calls sent straight to it (_worker.py)."""
+        return os.path.join(self.session_dir, f"worker-{worker_id}.sock")
 
     def _new_conn(self) -> Conn:
         c = Conn(self, self._next_conn)
@@ -409,6 +410,10 @@ class Head:
                 state.cancel(msg.object_id, msg.force)
             elif kind == _wire.ADOPT:
                 state.adopt_calls(cid, msg)
+            elif kind == _wire.LEASE_RETURN:
+                state.return_lease(cid, msg.worker_id)
+            elif kind == _wire.LEASE:   # a driver asks for one more lent worker
+                state.lend_idle(cid, dict(msg.resources))
             elif kind == _wire.RELEASE_CALL:   # ordered after the actor's own ref changes
                 caller = self.conns.get(msg.owner)
                 if caller is not None:
@@ -690,8 +695,8 @@ class Head:
         if rc is None and p is not None:
             self.pool.kill(worker_id)   # closed its socket but lives on: broken
         self.pool.procs.pop(worker_id, None)
-        try:   # an actor's socket for calls sent straight to it
-            os.unlink(self.actor_socket(worker_id))
+        try:   # its socket for calls sent straight to it
+            os.unlink(self.worker_socket(worker_id))
         except FileNotFoundError:
             pass
         reason = self.exit_reasons.pop(worker_id, None) or describe_exit(rc)

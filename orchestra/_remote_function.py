@@ -17,7 +17,7 @@ import cloudpickle
 from . import _context, _wire
 from . import _pb as pb
 from ._proto import types_pb2
-from ._resources import check_feasible, make_request
+from ._resources import check_feasible, make_request, shape_key
 from ._serialization import dumps_function
 
 DEFAULT_MAX_RETRIES = 3
@@ -70,6 +70,7 @@ class RemoteFunction:
                                        self._options.get("resources"))
         self._client: Any = None
         self._template = b""
+        self._direct_shape: tuple[tuple[str, float], ...] | None = None
         self._register_frame = b""
         functools.update_wrapper(self, fn)
 
@@ -92,6 +93,10 @@ class RemoteFunction:
             name=self._name, retry_exceptions=bool(opts.get("retry_exceptions", False)),
             retry_on=retry_on(opts.get("retry_exceptions", False)))
         self._template = call.SerializeToString()
+        # Tasks that may go straight to a worker lent to the driver: not those retried on
+        # exceptions (the head decides that), nor GPU ones (no GPU worker is lent).
+        self._direct_shape = None if opts.get("retry_exceptions") or self._resources.get("GPU") \
+            else shape_key(self._resources)
         reg = pb.RegisterFunctionRequest(function_id=self._function_id, fnname=self._name,
                                          num_return_vals=self._num_returns,
                                          pickled=dumps_function(self._fn))
@@ -103,7 +108,8 @@ class RemoteFunction:
         if client is not self._client:
             self._bind(client)
         client.register_function(self._function_id, self._register_frame)
-        refs = client.submit(self._template, self._num_returns, args, kwargs)
+        refs = client.submit(self._template, self._num_returns, args, kwargs, self._direct_shape,
+                             self._name, self._function_id)
         if self._num_returns == 1:
             return refs[0]
         if self._num_returns == 0:

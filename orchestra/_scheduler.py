@@ -25,7 +25,7 @@ from . import _ids
 from . import _pb as pb
 from ._actor_state import ActorTable
 from ._resources import NodeResources, shape_key
-from ._wire import CANCEL_TASK, EXECUTE, FUNCTION, STEAL
+from ._wire import CANCEL_TASK, EXECUTE, FUNCTION, LEASE, LEASE_REVOKE, STEAL
 
 # Instructions for the I/O layer (tuples: cheap on the hot path).
 SEND = "send"              # (SEND, conn_id, kind, message)
@@ -103,7 +103,7 @@ class Task:
 
 class Worker:
     __slots__ = ("worker_id", "node_id", "pid", "conn", "state", "queue", "lease",
-                 "gpu_ids", "functions", "lease_shape", "actor")
+                 "gpu_ids", "functions", "lease_shape", "actor", "lent_to", "revoking")
 
     def __init__(self, worker_id: int, node_id: int) -> None:
         self.worker_id = worker_id
@@ -117,6 +117,8 @@ class Worker:
         self.gpu_ids: list[int] = []
         self.functions: set[bytes] = set()
         self.actor: Any = None   # _actor_state.Actor of a dedicated worker
+        self.lent_to: int | None = None   # the driver connection it is lent to (Lease)
+        self.revoking = False
 
 
 class Obj:
@@ -178,10 +180,16 @@ class SchedulerState:
         self._feasible: dict[tuple[tuple[str, float], ...], bool] = {}
         # Why recent workers died (worker id -> (pid, reason)): calls a caller sent straight
         # to an actor's process may be handed over (adopt_calls) after its death is seen.
-        self.dead_workers: dict[int, tuple[int, str]] = {}
-        # Where an actor's process listens for calls sent straight to it (worker id ->
-        # socket path); None: callers always go through the head.
-        self.actor_socket: Callable[[int], str] | None = None
+        # Why recent workers died (worker id -> (pid, reason, whether a task the head
+        # sent was running)).
+        self.dead_workers: dict[int, tuple[int, str, bool]] = {}
+        # Where a worker listens for calls sent straight to it (worker id -> socket
+        # path); None: callers always go through the head.
+        self.worker_socket: Callable[[int], str] | None = None
+        # Lend idle workers to drivers for tasks (Lease); the workers lent now.
+        self.lending = False
+        self.lent: set[int] = set()
+        self._fresh: list[tuple[int, Worker]] = []   # idle workers taken by this schedule()
 
     # ------------------------------------------------------------------ nodes, workers
     def add_node(self, node_id: int, resources: dict[str, float], *, num_workers: int,
@@ -219,6 +227,10 @@ class SchedulerState:
             return
         if c.worker is not None:
             self.worker_died(c.worker.worker_id, exit_reason or "its connection closed")
+        for wid in list(self.lent):
+            w = self.workers.get(wid)
+            if w is not None and w.lent_to == conn:
+                self.return_lease(conn, wid)
         for oid, n in c.holds.items():
             self._decr(oid, n)
         c.holds.clear()
@@ -249,7 +261,8 @@ class SchedulerState:
         if w is None or w.state is WorkerState.DEAD:
             return
         was_starting = w.state is WorkerState.STARTING
-        self.dead_workers[worker_id] = (w.pid, reason)
+        self.dead_workers[worker_id] = (w.pid, reason, bool(w.queue) and w.actor is None)
+        self.lent.discard(worker_id)
         if len(self.dead_workers) > 1024:
             del self.dead_workers[next(iter(self.dead_workers))]
         self._release_lease(w)
@@ -393,14 +406,24 @@ class SchedulerState:
     def schedule(self) -> None:
         """Give ready tasks to workers: idle workers first, then pipelining on leases."""
         self.actor_table.place_pending()
+        waiting = False
         for q in self.ready.values():
             while q:
                 t = q[0]
                 w = self._pick_worker(t)
                 if w is None:
+                    waiting = True
                     break
                 q.popleft()
                 self._dispatch(t, w)
+        if self._fresh:
+            fresh, self._fresh = self._fresh, []
+            if not waiting:   # lend only what no waiting task needs
+                for owner, w in fresh:
+                    if w.state is WorkerState.LEASED and w.lent_to is None:
+                        self._lend(owner, w)
+        if waiting and self.lent:
+            self._revoke_leases()
 
     def _pick_worker(self, t: Task) -> Worker | None:
         req = t.resources
@@ -414,8 +437,10 @@ class SchedulerState:
                     w.lease_shape = t.shape
                     w.gpu_ids = node.resources.acquire(req)
                     w.state = WorkerState.LEASED
+                    if self.lending and w.actor is None and not t.call.retry_exceptions:
+                        self._fresh.append((t.owner, w))
                     return w
-            elif st is WorkerState.LEASED and w.lease_shape == t.shape:
+            elif st is WorkerState.LEASED and w.lease_shape == t.shape and w.lent_to is None:
                 candidates.append(w)
         if req and any(n.resources.fits(req) for n in self.nodes.values()):
             # Resources are free, only a worker is missing (starting, or replacing a dead
@@ -518,7 +543,7 @@ class SchedulerState:
         if w is not None and w.actor is not None:
             self.actor_table.call_done(w)
             return
-        if w is not None and not w.queue and w.state is WorkerState.LEASED:
+        if w is not None and not w.queue and w.state is WorkerState.LEASED and w.lent_to is None:
             self._release_lease(w)
             w.state = WorkerState.IDLE
             node = self.nodes[w.node_id]
@@ -539,7 +564,7 @@ class SchedulerState:
         running one elsewhere, so a quick task never waits for a long one ahead of it."""
         for v in self.workers.values():
             if v.node_id == idle.node_id and v.state is WorkerState.LEASED and v.actor is None \
-                    and len(v.queue) > 1:
+                    and len(v.queue) > 1 and v.lent_to is None:
                 ids = [t.call.task_id for t in list(v.queue)[1:]]
                 self.out.append((SEND, v.conn, STEAL, pb.ReturnTasks(task_ids=ids)))
 
@@ -659,6 +684,9 @@ class SchedulerState:
         """Calls ``conn`` sent straight to an actor's process, unanswered when their
         connection closed: failed as calls in flight when that process died, or ended
         when the process still answers them (through the head)."""
+        if not msg.actor_id:
+            self._adopt_tasks(conn, msg)
+            return
         w = self.workers.get(msg.worker_id)
         alive = w is not None and w.actor is not None and w.state is not WorkerState.DEAD
         a = self.actor_table.actors.get(msg.actor_id)
@@ -679,10 +707,104 @@ class SchedulerState:
                 t.attempt = 1
                 w.queue.append(t)
                 continue
-            pid, reason = self.dead_workers.get(msg.worker_id, (0, "its connection closed"))
+            pid, reason, _ = self.dead_workers.get(msg.worker_id, (0, "its connection closed", False))
             self._fail_task(t, self._error(
                 "actor_dead", name=name,
                 reason=f"its process (pid={pid}) died while running {call.name}() ({reason})"))
+
+    def _adopt_tasks(self, conn: int, msg: Any) -> None:
+        """Tasks a driver sent straight to a worker lent to it, unanswered when their
+        connection closed: as tasks queued there when it died (the first one running,
+        unless a task the head sent was) when the head has seen the death, or queued
+        there for the death to come."""
+        w = self.workers.get(msg.worker_id)
+        alive = w is not None and w.actor is None and w.state is not WorkerState.DEAD
+        cancelled = set(msg.cancelled)
+        pid, reason, head_running = self.dead_workers.get(msg.worker_id, (0, "its connection closed", False))
+        running = not head_running
+        for call in msg.calls:
+            t = Task(call, conn)
+            if call.num_returns and all(
+                    (o := self.objects.get(r)) is not None and o.data is not None for r in t.return_ids):
+                continue   # answered through the head already
+            self.tasks[call.task_id] = t
+            for rid in t.return_ids:
+                if rid not in self.objects:
+                    self.new_object(conn, rid)
+            if not self._hold_args(t):
+                continue
+            t.cancelled = call.task_id in cancelled
+            if t.deps:
+                continue   # waits for its arguments like any task
+            if alive:
+                assert w is not None
+                t.state = TaskState.DISPATCHED
+                t.worker = w
+                t.attempt = 1
+                w.queue.append(t)
+                continue
+            t.attempt = 1
+            if running and t.cancelled:
+                self._fail_task(t, self._error("cancelled", name=call.name))
+            elif running and t.retries_left == 0:
+                self._fail_task(t, self._error("crashed", name=call.name, pid=pid, reason=reason,
+                                               attempts=t.attempt))
+            else:
+                if running and t.retries_left > 0:
+                    t.retries_left -= 1
+                t.move(TaskState.READY)
+                self._enqueue_ready(t)
+            running = False
+        self.schedule()
+
+    # ------------------------------------------------------------------ leases
+    def _lend(self, conn: int, w: Worker) -> bool:
+        """Lend ``w`` (just taken idle for a task of ``conn``, or asked for) to that
+        driver: its later tasks of that shape go straight to the worker."""
+        c = self.clients.get(conn)
+        if c is None or c.kind != "driver" or w.gpu_ids or self.worker_socket is None:
+            return False
+        w.lent_to = conn
+        self.lent.add(w.worker_id)
+        self.out.append((LATE_SEND, conn, LEASE, pb.Lease(
+            worker_id=w.worker_id, path=self.worker_socket(w.worker_id), resources=w.lease,
+            pid=w.pid)))
+        return True
+
+    def lend_idle(self, conn: int, req: dict[str, float]) -> None:
+        """A driver whose lent workers are all busy asks for one more of this shape."""
+        if not self.lending or self._has_ready():
+            return
+        for w in self.workers.values():
+            if w.state is WorkerState.IDLE and w.actor is None:
+                node = self.nodes[w.node_id]
+                if node.resources.fits(req):
+                    w.lease = dict(req)
+                    w.lease_shape = shape_key(req)
+                    w.gpu_ids = node.resources.acquire(req)
+                    w.state = WorkerState.LEASED
+                    if not self._lend(conn, w):
+                        self._release_lease(w)
+                        w.state = WorkerState.IDLE
+                    return
+
+    def return_lease(self, conn: int, worker_id: int) -> None:
+        w = self.workers.get(worker_id)
+        if w is None or w.lent_to != conn:
+            return
+        w.lent_to = None
+        w.revoking = False
+        self.lent.discard(worker_id)
+        self._after_worker_step(w)
+
+    def _revoke_leases(self) -> None:
+        """Work waits that no worker takes: ask drivers for the workers lent to them."""
+        for wid in self.lent:
+            w = self.workers.get(wid)
+            if w is not None and not w.revoking and w.lent_to is not None:
+                w.revoking = True
+                # After any grant of this batch (LATE_SEND), or the driver would not know it.
+                self.out.append((LATE_SEND, w.lent_to, LEASE_REVOKE, pb.Lease(worker_id=wid)))
 
     def _seal(self, oid: bytes, data: Any, push_owner: bool = True) -> None:
         o = self.objects.get(oid)

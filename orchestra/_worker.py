@@ -76,6 +76,13 @@ class WorkerRuntime:
         _context.set_client(self.client)
         self.client.on_block = self._on_block
         self.client.on_peer_frame = self._on_peer_frame
+        # Callers send calls straight here once the head gives them this address: a
+        # driver this worker is lent to (Lease), or callers of the actor it becomes.
+        path = os.path.join(info.session_dir, f"worker-{worker_id}.sock")
+        try:
+            self.client.listen(path)
+        except OSError as exc:   # callers stay on the head's path
+            print(f"orchestra worker: not taking calls at {path}: {exc}", file=sys.stderr)
         signal.signal(signal.SIGUSR1, self._on_cancel_signal)
 
     # ------------------------------------------------------------ reader thread side
@@ -101,10 +108,25 @@ class WorkerRuntime:
             inv = msg.invoke
             held = bool(inv.call.nested) or any(d.WhichOneof("data") == "segment" for d in inv.resolved)
             with self.cond:
-                self.reply_to[inv.call.task_id] = (peer, inv.owner, held)
-                self.queue.append(inv)
+                if not self.blocked or self.actor is not None:
+                    self.reply_to[inv.call.task_id] = (peer, inv.owner, held)
+                    self.queue.append(inv)
+                    return
+            # Blocked in get(): hand it back to its sender, to run elsewhere.
+            peer.send(_wire.encode(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=[inv.call.task_id])))
         elif kind == _wire.CANCEL_TASK:
             self._cancel(msg.task_id)
+        elif kind == _wire.FUNCTION:
+            self.functions.setdefault(msg.function_id, msg)
+        elif kind == _wire.STEAL:   # always answered, so the sender knows what stays
+            wanted = set(msg.task_ids)
+            with self.cond:
+                back = [inv for inv in self.queue if inv.call.task_id in wanted]
+                for inv in back:
+                    self.queue.remove(inv)
+                    self.reply_to.pop(inv.call.task_id, None)
+            peer.send(_wire.encode(_wire.RETURN_TASKS, pb.ReturnTasks(
+                task_ids=[inv.call.task_id for inv in back])))
 
     def send_done(self, done: Any) -> None:
         """Answer a call: to the head, or straight to the caller that sent it here. A
@@ -140,8 +162,25 @@ class WorkerRuntime:
             back = [inv for inv in self.queue if inv.call.task_id in wanted]
             for inv in back:
                 self.queue.remove(inv)
-        if back:
-            self.client.send(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=[i.call.task_id for i in back]))
+        self._return([i.call.task_id for i in back])
+
+    def _return(self, task_ids: list[bytes], before: bytes = b"") -> None:
+        """Hand queued tasks back to whoever sent them: the head, or a driver that sent
+        them straight here (``before``: frames for the head that go first)."""
+        to_head: list[bytes] = []
+        to_peers: dict[Any, list[bytes]] = {}
+        for tid in task_ids:
+            route = self.reply_to.pop(tid, None)
+            if route is None:
+                to_head.append(tid)
+            else:
+                to_peers.setdefault(route[0], []).append(tid)
+        if to_head:
+            before += _wire.encode(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=to_head))
+        if before:
+            self.client.send_raw(before)
+        for peer, ids in to_peers.items():
+            peer.send(_wire.encode(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=ids)))
 
     def _cancel(self, task_id: bytes) -> None:
         with self.cond:
@@ -204,10 +243,7 @@ class WorkerRuntime:
             # leased, the scheduler pipelines returned tasks straight back to it (and
             # they bounce once more) instead of giving them to another worker. One
             # write: a cancel between the two lost the tasks taken off the queue.
-            frames = _wire.encode(_wire.BLOCKED, pb.Blocked(blocked=True))
-            if queued:
-                frames += _wire.encode(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=queued))
-            self.client.send_raw(frames)
+            self._return(queued, _wire.encode(_wire.BLOCKED, pb.Blocked(blocked=True)))
         else:
             with self.cond:
                 self.blocked = False
@@ -351,14 +387,7 @@ class WorkerRuntime:
         self.actor = ActorRuntime(self, spec, instance, gpu_ids)
         # Calls queued behind a blocking get() belong to this actor: never hand them back.
         self.client.on_block = None
-        # Callers send their calls straight here once the head gives them this address
-        # (Head.actor_socket); listening before the constructor's answer means the head
-        # never gives an address nobody listens at.
-        path = os.path.join(self.client.info.session_dir, f"actor-{self.worker_id}.sock")
-        try:
-            self.client.listen(path)
-        except OSError as exc:   # callers stay on the head's path
-            print(f"orchestra worker: not taking calls at {path}: {exc}", file=sys.stderr)
+
 
     def _decode_args(self, call: Any, resolved: Any) -> list[Any]:
         out: list[Any] = []

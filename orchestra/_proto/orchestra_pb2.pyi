@@ -382,14 +382,37 @@ class ActorAddress(_message.Message):
     def __init__(self, actor_id: _Optional[bytes] = ..., worker_id: _Optional[int] = ..., path: _Optional[str] = ..., dispatched: _Optional[int] = ...) -> None: ...
 
 class AdoptCalls(_message.Message):
-    __slots__ = ("actor_id", "worker_id", "calls")
+    __slots__ = ("actor_id", "worker_id", "calls", "cancelled")
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     CALLS_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
     actor_id: bytes
     worker_id: int
     calls: _containers.RepeatedCompositeFieldContainer[_types_pb2.Call]
-    def __init__(self, actor_id: _Optional[bytes] = ..., worker_id: _Optional[int] = ..., calls: _Optional[_Iterable[_Union[_types_pb2.Call, _Mapping]]] = ...) -> None: ...
+    cancelled: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, actor_id: _Optional[bytes] = ..., worker_id: _Optional[int] = ..., calls: _Optional[_Iterable[_Union[_types_pb2.Call, _Mapping]]] = ..., cancelled: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class Lease(_message.Message):
+    __slots__ = ("worker_id", "path", "gpu_ids", "resources", "pid")
+    class ResourcesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    GPU_IDS_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    path: str
+    gpu_ids: _containers.RepeatedScalarFieldContainer[int]
+    resources: _containers.ScalarMap[str, float]
+    pid: int
+    def __init__(self, worker_id: _Optional[int] = ..., path: _Optional[str] = ..., gpu_ids: _Optional[_Iterable[int]] = ..., resources: _Optional[_Mapping[str, float]] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class ReturnTasks(_message.Message):
     __slots__ = ("task_ids",)

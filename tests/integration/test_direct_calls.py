@@ -1,12 +1,15 @@
-"""Actor calls sent straight to the actor's process (CoreClient.submit_actor).
+"""Calls sent straight to a worker's process: actor calls (CoreClient.submit_actor) and
+the driver's tasks on workers the head lends it (Lease).
 
 A caller's first calls go through the head; once the head has sent them to the actor's
 process it gives the caller that process's socket, and later calls go there, with their
 answers straight back. These tests check what a user sees across that switch: order,
 results passed on to tasks, actors and puts, large and ref-holding results, death,
-restarts, cancel, calls from tasks, and that nothing is left behind.
+restarts, cancel, calls from tasks, and that nothing is left behind. For tasks: the same
+on lent workers, plus retries after a crash, stealing, lending back for nested tasks,
+and resources free as soon as the driver has nothing running.
 
-The actor classes live in this module: workers import it by name.
+The actor classes and functions live in this module: workers import it by name.
 """
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ import pytest
 import _helpers as h
 import orchestra
 from _probes import wait_until
-from orchestra.exceptions import ActorDiedError, TaskCancelledError
+from orchestra import _client
+from orchestra.exceptions import ActorDiedError, TaskCancelledError, WorkerCrashedError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -223,3 +227,100 @@ def test_results_of_straight_calls_dropped_unread_leave_nothing_behind(cluster):
         return not [o for o in cluster.objects().values() if o.size > 0]
     wait_until(nothing_left, 10, "every dropped result freed")
     wait_until(lambda: cluster.store().used == 0, 10, "the store empty")
+
+
+# ------------------------------------------------------------------ tasks on lent workers
+
+@orchestra.remote
+def exit_once(marker: str) -> int:
+    """Exits its worker the first time (no marker yet), returns its pid the second."""
+    if not os.path.exists(marker):
+        h.touch(marker)
+        os._exit(3)
+    return os.getpid()
+
+
+@orchestra.remote
+def sleep_then(seconds: float, value: Any) -> Any:
+    time.sleep(seconds)
+    return value
+
+
+@orchestra.remote
+def fan_out(n: int) -> int:
+    return sum(orchestra.get([h.identity.remote(i) for i in range(n)]))
+
+
+@pytest.fixture
+def keep_leases(monkeypatch):
+    """Lent workers stay lent while a test looks (they go back after 50 ms idle)."""
+    monkeypatch.setattr(_client, "_LEASE_IDLE_S", 30.0)
+
+
+def _lent(cluster: Any) -> None:
+    for i in range(3):   # the first through the head, which lends its worker
+        assert get(h.identity.remote(i)) == i
+
+
+def test_tasks_after_the_first_go_straight_to_a_lent_worker(cluster, gates, keep_leases):
+    _lent(cluster)
+    gate = gates()
+    ref = h.gated.remote(gate, "v")
+    gate.wait_started()
+    assert not _head_sees(cluster, "_helpers.gated")
+    gate.open()
+    assert get(ref) == "v"
+    assert get([h.add.remote(i, 1) for i in range(500)]) == list(range(1, 501))
+
+
+def test_resources_are_free_as_soon_as_the_driver_has_nothing_running(cluster):
+    total = orchestra.cluster_resources()
+    get([h.identity.remote(i) for i in range(200)])
+    assert orchestra.available_resources() == total   # lent workers went back for the query
+
+
+def test_a_lent_workers_crash_retries_its_task_elsewhere(cluster, tmp_path, keep_leases):
+    _lent(cluster)
+    marker = str(tmp_path / "crashed")
+    pid = get(exit_once.options(max_retries=1).remote(marker))
+    assert os.path.exists(marker) and pid > 0
+    assert get([h.add.remote(i, 1) for i in range(50)]) == list(range(1, 51))
+
+
+def test_a_lent_workers_crash_without_retries_fails_naming_the_exit(cluster, tmp_path, keep_leases):
+    _lent(cluster)
+    with pytest.raises(WorkerCrashedError) as info:
+        get(exit_once.options(max_retries=0).remote(str(tmp_path / "crashed")))
+    assert "exit code 3" in str(info.value)
+    assert get(h.identity.remote(5)) == 5
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_cancel_of_a_task_on_a_lent_worker(cluster, gates, keep_leases, force):
+    _lent(cluster)
+    gate = gates()
+    ref = h.gated.remote(gate)
+    gate.wait_started()
+    assert not _head_sees(cluster, "_helpers.gated")
+    orchestra.cancel(ref, force=force)
+    with pytest.raises(TaskCancelledError):
+        get(ref)
+    assert get([h.identity.remote(i) for i in range(20)]) == list(range(20))
+
+
+def test_a_quick_task_does_not_wait_behind_a_long_one_on_lent_workers(cluster, keep_leases):
+    _lent(cluster)
+    slow = sleep_then.remote(3.0, "slow")
+    quick = [sleep_then.remote(0.01, i) for i in range(6)]
+    start = time.monotonic()
+    assert get(quick) == list(range(6))
+    took = time.monotonic() - start
+    assert get(slow) == "slow"
+    assert took < 2.5, f"quick tasks waited {took:.1f} s behind the slow one"
+
+
+def test_tasks_that_fan_out_from_lent_workers_finish(cluster, keep_leases):
+    _lent(cluster)
+    # Each runs on a lent worker and blocks in get() on subtasks the head must place:
+    # lent CPUs come back and the head takes the lent workers back when it needs them.
+    assert get([fan_out.remote(5) for _ in range(8)]) == [10] * 8
