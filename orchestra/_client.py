@@ -341,6 +341,8 @@ class CoreClient:
                 self._resubmit(c)
                 continue
             resolved: list[Any] = maybe
+            if self._failed_argument(c, resolved):
+                continue
             c.peer = best.peer
             c.release = bool(c.hold) or any(d.WhichOneof("data") == "segment" for d in resolved)
             best.inflight[c.tid] = c
@@ -362,6 +364,22 @@ class CoreClient:
             # Tasks wait behind others: ask for another worker, if one is idle.
             self._lease_asked[shape] = now
             self.send(_wire.LEASE, pb.Lease(resources=dict(shape)))
+
+    def _failed_argument(self, c: _Call, resolved: list[Any]) -> bool:
+        """A call whose ref argument holds an error fails with that error, unsent (as
+        through the head: it does not run)."""
+        for d in resolved:
+            if d.WhichOneof("data") == "error":
+                self._call_lane.pop(c.tid, None)
+                forward: list[Any] = []
+                self._direct_done(c, pb.TaskDone(task_id=c.tid, returns=[
+                    pb.ObjectData(object_id=rid, error=d.error) for rid in c.rids]), forward)
+                if forward:
+                    self.send(_wire.OBJECTS, pb.Objects(objects=forward))
+                with self._cond:
+                    self._cond.notify_all()
+                return True
+        return False
 
     def _execute_frame(self, c: _Call, resolved: list[Any]) -> bytes:
         inv = [_field(b"\x0a", c.call)]
@@ -587,16 +605,12 @@ class CoreClient:
             if missing:
                 break
             q.popleft()
+            if self._failed_argument(c, resolved):
+                continue
             c.peer = peer
             c.release = bool(c.hold) or any(d.WhichOneof("data") == "segment" for d in resolved)
             lane.inflight[c.tid] = c
-            inv = [_field(b"\x0a", c.call)]
-            for d in resolved:
-                inv.append(_field(b"\x12", d.SerializeToString()))
-            inv.append(b"\x20\x01\x28")
-            inv.append(_varint(self.conn_id))
-            body = _field(b"\x0a", b"".join(inv))
-            frames.append((len(body) + 1).to_bytes(4, "little") + bytes((_wire.EXECUTE,)) + body)
+            frames.append(self._execute_frame(c, resolved))
         if q:
             self._waiting_lanes.add(lane)
         else:

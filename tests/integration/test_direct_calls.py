@@ -324,3 +324,25 @@ def test_tasks_that_fan_out_from_lent_workers_finish(cluster, keep_leases):
     # Each runs on a lent worker and blocks in get() on subtasks the head must place:
     # lent CPUs come back and the head takes the lent workers back when it needs them.
     assert get([fan_out.remote(5) for _ in range(8)]) == [10] * 8
+
+
+@orchestra.remote
+def boom() -> None:
+    raise ValueError("boom")
+
+
+def test_a_straight_call_whose_argument_failed_fails_with_its_error_without_running(
+        cluster, tmp_path, keep_leases):
+    _lent(cluster)
+    a = Keeper.remote()
+    get(a.append.remote(0))
+    bad = boom.remote()
+    with pytest.raises(ValueError, match="boom"):
+        get(bad)   # now here: the calls below go straight, with the error as their argument
+    marker = tmp_path / "ran"
+    with pytest.raises(ValueError, match="boom"):
+        get(h.touch_marker.remote(str(marker), bad))
+    with pytest.raises(ValueError, match="boom"):
+        get(a.append.remote(bad))
+    assert not marker.exists()
+    assert get(a.items_so_far.remote()) == [0]
