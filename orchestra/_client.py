@@ -519,7 +519,10 @@ class CoreClient:
             lost = list(lease.inflight.values())
             lease.inflight.clear()
             if lost and self.lost is None:
-                self._escape([r._id for c in lost for r in c.args] + [r._id for c in lost for r in c.hold])
+                try:
+                    self._escape([r._id for c in lost for r in (*c.args, *c.hold)])
+                except ConnectionLost:
+                    return
                 with self._ref_lock:
                     for c in lost:
                         self._call_lane.pop(c.tid, None)
