@@ -393,13 +393,21 @@ class CoreClient:
     def _resubmit(self, c: _Call) -> None:
         """Send a call that was to go straight through the head instead."""
         self._call_lane.pop(c.tid, None)
-        with self._ref_lock:
-            for rid in c.rids:   # the head counts them for this process from the Submit
-                self._unregistered.discard(rid)
-                self._forward.discard(rid)
-                if rid not in self._local and self.lost is None:
-                    self._decr.append(rid)
+        self._handed_to_head([c])   # the head counts its returns for this process from the Submit
         self._send_submit(c.call, c.args)
+
+    def _handed_to_head(self, calls: Iterable[_Call]) -> None:
+        """The head takes over these calls (resent, or adopted): it holds their returns
+        for this process from now on; those this process dropped already are let go."""
+        with self._ref_lock:
+            for c in calls:
+                self._released_early.discard(c.tid)
+                for rid in c.rids:
+                    self._unregistered.discard(rid)
+                    self._forward.discard(rid)
+                    self._pushed_early.discard(rid)
+                    if rid not in self._local and self.lost is None:
+                        self._decr.append(rid)
 
     def _lease_granted(self, msg: Any) -> None:
         shape = shape_key(msg.resources)
@@ -476,14 +484,8 @@ class CoreClient:
                     c = lease.inflight.pop(msg.task_id, None)
                     if c is None:
                         continue
-                    self._call_lane.pop(msg.task_id, None)
                     lease.blocked = False
-                    if c.release and c.tid not in self._released_early:
-                        self._releasing[c.tid] = c
-                    else:
-                        self._released_early.discard(c.tid)
-                        answered.append(c)
-                    self._direct_done(c, msg, forward)
+                    self._answered(c, msg, forward, answered)
                 elif kind == _wire.RETURN_TASKS:
                     for tid in msg.task_ids:
                         c = lease.inflight.pop(tid, None)
@@ -523,16 +525,9 @@ class CoreClient:
                     self._escape([r._id for c in lost for r in (*c.args, *c.hold)])
                 except ConnectionLost:
                     return
-                with self._ref_lock:
-                    for c in lost:
-                        self._call_lane.pop(c.tid, None)
-                        self._released_early.discard(c.tid)
-                        for rid in c.rids:   # the head counts them for this process now
-                            self._unregistered.discard(rid)
-                            self._forward.discard(rid)
-                            self._pushed_early.discard(rid)
-                            if rid not in self._local:
-                                self._decr.append(rid)
+                for c in lost:
+                    self._call_lane.pop(c.tid, None)
+                self._handed_to_head(lost)
                 try:
                     self.send(_wire.ADOPT, pb.AdoptCalls(
                         worker_id=lease.worker_id, calls=[pb.Call.FromString(c.call) for c in lost],
@@ -629,6 +624,17 @@ class CoreClient:
             with lane.lock:
                 self._pump_lane(lane)
 
+    def _answered(self, c: _Call, msg: Any, forward: list[Any], answered: list[_Call]) -> None:
+        """A straight call's answer came: deliver it; its arguments go with ``answered``,
+        or once the callee says it counted them (RELEASE_CALL)."""
+        self._call_lane.pop(c.tid, None)
+        if c.release and c.tid not in self._released_early:
+            self._releasing[c.tid] = c
+        else:
+            self._released_early.discard(c.tid)
+            answered.append(c)
+        self._direct_done(c, msg, forward)
+
     def _direct_done(self, c: _Call, msg: Any, forward: list[Any]) -> None:
         """An actor answered a call sent straight to it."""
         with self._ref_lock:
@@ -710,14 +716,7 @@ class CoreClient:
         self._waiting_lanes.discard(lane)
         for c in queued:
             lane.via_head += 1
-            self._call_lane.pop(c.tid, None)
-            with self._ref_lock:
-                for rid in c.rids:   # the head counts them for this process from the Submit
-                    self._unregistered.discard(rid)
-                    self._forward.discard(rid)
-                    if rid not in self._local and self.lost is None:
-                        self._decr.append(rid)
-            self._send_submit(c.call, c.args)
+            self._resubmit(c)
 
     def cancel(self, object_id: bytes, force: bool) -> None:
         tid = _ids.task_of(object_id)
@@ -860,13 +859,7 @@ class CoreClient:
                 c = lane.inflight.pop(msg.task_id, None)
                 if c is None:
                     continue
-                self._call_lane.pop(msg.task_id, None)
-                if c.release and c.tid not in self._released_early:
-                    self._releasing[c.tid] = c
-                else:
-                    self._released_early.discard(c.tid)
-                    answered.append(c)
-                self._direct_done(c, msg, forward)
+                self._answered(c, msg, forward, answered)
         with self._cond:
             self._cond.notify_all()
         if forward:
@@ -897,15 +890,7 @@ class CoreClient:
                 del lane.inflight[c.tid]
                 self._call_lane.pop(c.tid, None)
             if lost:
-                with self._ref_lock:
-                    for c in lost:
-                        self._released_early.discard(c.tid)
-                        for rid in c.rids:   # the head counts them for this process now
-                            self._unregistered.discard(rid)
-                            self._forward.discard(rid)
-                            self._pushed_early.discard(rid)
-                            if rid not in self._local and self.lost is None:
-                                self._decr.append(rid)
+                self._handed_to_head(lost)
                 if self.lost is None:
                     try:
                         self.send(_wire.ADOPT, pb.AdoptCalls(

@@ -692,25 +692,38 @@ class SchedulerState:
         a = self.actor_table.actors.get(msg.actor_id)
         name = a.spec.class_name if a is not None else "?"
         for call in msg.calls:
-            t = Task(call, conn)
-            if call.num_returns and all(
-                    (o := self.objects.get(r)) is not None and o.data is not None for r in t.return_ids):
-                continue   # answered through the head already
-            self.tasks[call.task_id] = t
-            for rid in t.return_ids:
-                if rid not in self.objects:
-                    self.new_object(conn, rid)
+            t = self._adopted(conn, call)
+            if t is None:
+                continue
             if alive:
                 assert w is not None
-                t.state = TaskState.DISPATCHED
-                t.worker = w
-                t.attempt = 1
-                w.queue.append(t)
+                self._queued_on(t, w)
                 continue
             pid, reason, _ = self.dead_workers.get(msg.worker_id, (0, "its connection closed", False))
             self._fail_task(t, self._error(
                 "actor_dead", name=name,
                 reason=f"its process (pid={pid}) died while running {call.name}() ({reason})"))
+
+    def _adopted(self, conn: int, call: Any) -> Task | None:
+        """The task of a call handed over by ``conn``, its returns held for ``conn``;
+        None when the worker answered it through the head already."""
+        t = Task(call, conn)
+        if call.num_returns and all(
+                (o := self.objects.get(r)) is not None and o.data is not None for r in t.return_ids):
+            return None
+        self.tasks[call.task_id] = t
+        for rid in t.return_ids:
+            if rid not in self.objects:
+                self.new_object(conn, rid)
+        return t
+
+    @staticmethod
+    def _queued_on(t: Task, w: Worker) -> None:
+        """A handed-over call, as sent to ``w`` (its death, or answer, ends it)."""
+        t.state = TaskState.DISPATCHED
+        t.worker = w
+        t.attempt = 1
+        w.queue.append(t)
 
     def _adopt_tasks(self, conn: int, msg: Any) -> None:
         """Tasks a driver sent straight to a worker lent to it, unanswered when their
@@ -723,25 +736,15 @@ class SchedulerState:
         pid, reason, head_running = self.dead_workers.get(msg.worker_id, (0, "its connection closed", False))
         running = not head_running
         for call in msg.calls:
-            t = Task(call, conn)
-            if call.num_returns and all(
-                    (o := self.objects.get(r)) is not None and o.data is not None for r in t.return_ids):
-                continue   # answered through the head already
-            self.tasks[call.task_id] = t
-            for rid in t.return_ids:
-                if rid not in self.objects:
-                    self.new_object(conn, rid)
-            if not self._hold_args(t):
+            t = self._adopted(conn, call)
+            if t is None or not self._hold_args(t):
                 continue
             t.cancelled = call.task_id in cancelled
             if t.deps:
                 continue   # waits for its arguments like any task
             if alive:
                 assert w is not None
-                t.state = TaskState.DISPATCHED
-                t.worker = w
-                t.attempt = 1
-                w.queue.append(t)
+                self._queued_on(t, w)
                 continue
             t.attempt = 1
             if running and t.cancelled:
