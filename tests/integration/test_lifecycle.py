@@ -313,10 +313,17 @@ print("done", flush=True)
 """
 
 
+def _ctrl_c_as_usual() -> None:
+    """In the child before exec: a test run started in the background (``cmd &`` in a
+    shell without job control) ignores SIGINT, and Python then keeps ignoring it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_in_get_interrupts_it_promptly_and_the_cluster_stays_usable(no_cluster):
     here = str(Path(__file__).resolve().parent)
     script = _CTRL_C_DRIVER.format(paths=[ORCHESTRA_ROOT, here])
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            preexec_fn=_ctrl_c_as_usual)
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "waiting"
@@ -398,7 +405,8 @@ def test_ctrl_c_during_shutdown_cuts_its_wait_short_and_leaves_nothing(no_cluste
     from orchestra.microbenchmark import _children
     here = str(Path(__file__).resolve().parent)
     script = _SHUTDOWN_DRIVER.format(paths=[ORCHESTRA_ROOT, here])
-    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], preexec_fn=_ctrl_c_as_usual,
+                            stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     pids: list[int] = []
     try:
