@@ -359,9 +359,15 @@ class CoreClient:
         if q and not leases:
             while q:
                 self._resubmit(q.popleft())
-        elif (q or any(len(le.inflight) > 1 for le in leases)) \
+        else:
+            self._ask_for_lease(shape, leases, now)
+
+    def _ask_for_lease(self, shape: tuple[tuple[str, float], ...], leases: list[_Lease],
+                       now: float) -> None:
+        """Tasks wait behind others: ask the head for another worker of ``shape``, if
+        one is idle (at most every _LEASE_ASK_S; the reader asks again while they wait)."""
+        if (self._task_queue.get(shape) or any(len(le.inflight) > 1 for le in leases)) \
                 and now - self._lease_asked.get(shape, 0.0) > _LEASE_ASK_S:
-            # Tasks wait behind others: ask for another worker, if one is idle.
             self._lease_asked[shape] = now
             self.send(_wire.LEASE, pb.Lease(resources=dict(shape)))
 
@@ -452,13 +458,16 @@ class CoreClient:
             except ConnectionLost:
                 pass
 
-    def return_idle_leases(self, min_idle_s: float = 0.0) -> None:
-        """Give back lent workers with no task unanswered for ``min_idle_s``."""
+    def return_idle_leases(self, min_idle_s: float = 0.0, ask: bool = False) -> None:
+        """Give back lent workers with no task unanswered for ``min_idle_s``; ``ask``:
+        and ask for more where tasks wait behind others."""
         if not self._task_lanes:
             return
         now = time.monotonic()
         with self._task_lock:
             for shape, leases in list(self._task_lanes.items()):
+                if ask:
+                    self._ask_for_lease(shape, leases, now)
                 if self._task_queue.get(shape):
                     continue
                 for lease in list(leases):
@@ -469,9 +478,11 @@ class CoreClient:
         """A lent worker has nothing left: take back tasks queued behind a running one
         on another (a quick task never waits long behind a slow one). Holds _task_lock."""
         for lease in self._task_lanes.get(idle.shape, ()):
-            if lease is not idle and len(lease.inflight) > 1 and not lease.stealing:
+            if lease is not idle and lease.inflight and not lease.stealing:
+                # All of them: the worker gives back only those not started (it may be
+                # running a task the head sent it before lending it).
                 lease.stealing = True
-                ids = list(lease.inflight)[1:]
+                ids = list(lease.inflight)
                 lease.peer.send(_wire.encode(_wire.STEAL, pb.ReturnTasks(task_ids=ids)))
 
     def _dispatch_lease(self, lease: _Lease, frames: list[tuple[int, Any]]) -> None:
@@ -1223,7 +1234,7 @@ class CoreClient:
                 return
             if self._task_lanes:
                 try:
-                    self.return_idle_leases(_LEASE_IDLE_S)
+                    self.return_idle_leases(_LEASE_IDLE_S, ask=True)
                 except ConnectionLost:
                     return
             if self._active:   # straight calls went by: tell the head the cluster is busy
