@@ -39,7 +39,7 @@ from .exceptions import GetTimeoutError, ObjectLostError, ObjectStoreFullError, 
 
 _FLUSH_INTERVAL_S = 0.02
 _LEASE_DEPTH = 8       # tasks sent ahead to one lent worker
-_LEASE_IDLE_S = 0.05   # a lent worker with nothing to do for this long goes back
+_LEASE_IDLE_S = 0.2    # a lent worker with nothing to do for this long goes back
 _LEASE_ASK_S = 0.05    # at most one request for another lent worker per shape this often
 
 
@@ -141,6 +141,7 @@ class CoreClient:
         self._task_lanes: dict[tuple[tuple[str, float], ...], list[_Lease]] = {}
         self._task_queue: dict[tuple[tuple[str, float], ...], collections.deque[_Call]] = {}
         self._lease_asked: dict[tuple[tuple[str, float], ...], float] = {}
+        self._leasing = False   # a worker was ever lent here
         self._fd = self.sock.fileno()
         self.sock.sendall(_wire.encode(_wire.HELLO, hello))
         self.info = self._read_hello(connect_timeout_s)
@@ -211,8 +212,11 @@ class CoreClient:
                 pass
 
     def request(self, req: Any, timeout_s: float = 60.0) -> Any:
-        if self._task_lanes and req.WhichOneof("body") == "query" and req.query != "sync":
-            self.return_idle_leases()   # the head's answer counts lent workers as busy
+        if req.WhichOneof("body") == "query" and req.query != "sync" and self._leasing:
+            # The head's answer counts lent workers as busy: give back the idle ones, with
+            # those whose grant is on its way here (read by the time the sync answers).
+            self.request(pb.Request(query="sync"))
+            self.return_idle_leases()
         rid = next(self._req_ids)
         req.req_id = rid
         slot: list[Any] = [None]
@@ -416,13 +420,17 @@ class CoreClient:
                         self._decr.append(rid)
 
     def _lease_granted(self, msg: Any) -> None:
+        self._leasing = True
         shape = shape_key(msg.resources)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(msg.path)
-        except OSError:
+        except OSError:   # the worker is gone (or the cluster stops): give it back
             sock.close()
-            self.send(_wire.LEASE_RETURN, pb.Lease(worker_id=msg.worker_id))
+            try:
+                self.send(_wire.LEASE_RETURN, pb.Lease(worker_id=msg.worker_id))
+            except ConnectionLost:
+                pass
             return
         lease = _Lease(msg.worker_id, msg.pid, shape)
         lease.peer = self._add_peer(sock, lease, msg.worker_id)
@@ -1228,6 +1236,8 @@ class CoreClient:
                     for _ in range(64):
                         if not self._read_once(0):
                             break
+                except ConnectionLost:   # a frame's answer found the head gone
+                    return
                 finally:
                     self._read_lock.release()
             if self.lost is not None:

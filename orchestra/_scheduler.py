@@ -416,6 +416,7 @@ class SchedulerState:
                     break
                 q.popleft()
                 self._dispatch(t, w)
+        waiting = waiting or bool(self.actor_table.pending)   # an actor waits for resources
         if self._fresh:
             fresh, self._fresh = self._fresh, []
             if not waiting:   # lend only what no waiting task needs
@@ -537,13 +538,17 @@ class SchedulerState:
             self._finish_task(t)
             for data in msg.returns:
                 self._seal(data.object_id, data)
-        self._after_worker_step(w)
+        self._after_worker_step(w, t)
 
-    def _after_worker_step(self, w: Worker | None) -> None:
+    def _after_worker_step(self, w: Worker | None, done: Task | None = None) -> None:
+        """``w`` ended a task (``done``, when it ran to its end)."""
         if w is not None and w.actor is not None:
             self.actor_table.call_done(w)
             return
         if w is not None and not w.queue and w.state is WorkerState.LEASED and w.lent_to is None:
+            if done is not None and self.lending and not done.call.retry_exceptions \
+                    and not self._work_waits() and self._lend(done.owner, w):
+                return   # the driver whose task it ran sends its next ones straight there
             self._release_lease(w)
             w.state = WorkerState.IDLE
             node = self.nodes[w.node_id]
@@ -570,6 +575,10 @@ class SchedulerState:
 
     def _has_ready(self) -> bool:
         return any(self.ready.values())
+
+    def _work_waits(self) -> bool:
+        """A task or an actor waits for a worker or resources."""
+        return self._has_ready() or bool(self.actor_table.pending)
 
     def _finish_task(self, t: Task) -> None:
         """Release what the task held; it will not run again."""
@@ -776,7 +785,7 @@ class SchedulerState:
 
     def lend_idle(self, conn: int, req: dict[str, float]) -> None:
         """A driver whose lent workers are all busy asks for one more of this shape."""
-        if not self.lending or self._has_ready():
+        if not self.lending or self._work_waits():
             return
         for w in self.workers.values():
             if w.state is WorkerState.IDLE and w.actor is None:
