@@ -41,6 +41,7 @@ _FLUSH_INTERVAL_S = 0.02
 _LEASE_DEPTH = 8       # tasks sent ahead to one lent worker
 _LEASE_IDLE_S = 0.2    # a lent worker with nothing to do for this long goes back
 _LEASE_ASK_S = 0.05    # at most one request for another lent worker per shape this often
+_LEASE_SLOW_S = 0.2    # tasks queued behind one running this long on a lent worker move on
 
 
 def _varint(n: int) -> bytes:
@@ -142,6 +143,7 @@ class CoreClient:
         self._task_queue: dict[tuple[tuple[str, float], ...], collections.deque[_Call]] = {}
         self._lease_asked: dict[tuple[tuple[str, float], ...], float] = {}
         self._leasing = False   # a worker was ever lent here
+        self._busy_tasks: dict[bytes, _Lease] = {}   # task sent by the head -> lent worker running it
         self._fd = self.sock.fileno()
         self.sock.sendall(_wire.encode(_wire.HELLO, hello))
         self.info = self._read_hello(connect_timeout_s)
@@ -336,8 +338,8 @@ class CoreClient:
         sends: dict[_Lease, list[bytes]] = {}
         now = time.monotonic()
         while q and leases:
-            best = min(leases, key=lambda le: len(le.inflight))
-            if len(best.inflight) >= _LEASE_DEPTH:
+            best = min(leases, key=_load)
+            if _load(best) >= _LEASE_DEPTH:
                 break
             c = q.popleft()
             maybe = [self._results.get(r._id) for r in c.args]
@@ -370,7 +372,7 @@ class CoreClient:
                        now: float) -> None:
         """Tasks wait behind others: ask the head for another worker of ``shape``, if
         one is idle (at most every _LEASE_ASK_S; the reader asks again while they wait)."""
-        if (self._task_queue.get(shape) or any(len(le.inflight) > 1 for le in leases)) \
+        if (self._task_queue.get(shape) or any(_load(le) > 1 for le in leases)) \
                 and now - self._lease_asked.get(shape, 0.0) > _LEASE_ASK_S:
             self._lease_asked[shape] = now
             self.send(_wire.LEASE, pb.Lease(resources=dict(shape)))
@@ -433,12 +435,15 @@ class CoreClient:
                 pass
             return
         lease = _Lease(msg.worker_id, msg.pid, shape)
+        if msg.busy_task:   # it runs that task of ours first: until its result comes
+            lease.busy = 1
+            self._busy_tasks[msg.busy_task] = lease
         lease.peer = self._add_peer(sock, lease, msg.worker_id)
         with self._task_lock:
             self._task_lanes.setdefault(shape, []).append(lease)
             self._task_queue.setdefault(shape, collections.deque())
             self._pump_tasks(shape)
-            if not lease.inflight:
+            if not _load(lease):
                 self._steal_for(lease)
 
     def _lease_revoked(self, worker_id: int) -> None:
@@ -449,6 +454,8 @@ class CoreClient:
                         lease.revoked = True
                         if not lease.inflight:
                             self._give_back_lease(lease)
+                        elif len(lease.inflight) > 1:
+                            self._take_back(lease)   # the head places them
                         self._pump_tasks(lease.shape)
                         return
 
@@ -476,11 +483,24 @@ class CoreClient:
             for shape, leases in list(self._task_lanes.items()):
                 if ask:
                     self._ask_for_lease(shape, leases, now)
-                if self._task_queue.get(shape):
-                    continue
+                    for lease in leases:
+                        if _load(lease) > 1 and lease.inflight and not lease.stealing \
+                                and now - lease.idle_since > _LEASE_SLOW_S:
+                            self._take_back(lease)   # queued behind a long task
+                if self._task_queue.get(shape) or any(
+                        le.stealing or _load(le) > 1 for le in leases):
+                    continue   # tasks of this shape wait: an idle lent worker is about to take them
                 for lease in list(leases):
                     if not lease.inflight and now - lease.idle_since >= min_idle_s:
                         self._give_back_lease(lease)
+
+    def _take_back(self, lease: _Lease) -> None:
+        """Ask a lent worker for the tasks it has not started, and send it no more until
+        its running task answers: they go to another lent worker, or through the head.
+        Holds _task_lock."""
+        lease.blocked = True
+        lease.stealing = True
+        lease.peer.send(_wire.encode(_wire.STEAL, pb.ReturnTasks(task_ids=list(lease.inflight))))
 
     def _steal_for(self, idle: _Lease) -> None:
         """A lent worker has nothing left: take back tasks queued behind a running one
@@ -504,6 +524,7 @@ class CoreClient:
                     if c is None:
                         continue
                     lease.blocked = False
+                    lease.busy = 0   # what the head sent it ran before this
                     self._answered(c, msg, forward, answered)
                 elif kind == _wire.RETURN_TASKS:
                     for tid in msg.task_ids:
@@ -1257,6 +1278,7 @@ class CoreClient:
 
     def _dispatch(self, frames: list[tuple[int, Any]]) -> None:
         wake = False
+        wake_leases: list[_Lease] = []
         for kind, msg in frames:
             if kind == _wire.OBJECTS:
                 with self._ref_lock:
@@ -1271,6 +1293,11 @@ class CoreClient:
                                 self._decr.append(oid)   # dropped before the head held it
                         elif self._call_lane and oid[:-4] in self._call_lane:
                             self._pushed_early.add(oid)
+                        if self._busy_tasks:
+                            busy = self._busy_tasks.pop(oid[:-4], None)
+                            if busy is not None:
+                                busy.busy = 0
+                                wake_leases.append(busy)
                 wake = True
             elif kind == _wire.DROP_MAPS:
                 self._drop_maps(msg.names)
@@ -1300,6 +1327,10 @@ class CoreClient:
                 self._cond.notify_all()
             if self._waiting_lanes:
                 self._pump_waiting()
+        if wake_leases:   # a lent worker ended what the head had sent it: room for more
+            with self._task_lock:
+                for shape in {le.shape for le in wake_leases}:
+                    self._pump_tasks(shape)
         if self._decr or self._unpin:
             self.flush_refs()
 
@@ -1385,7 +1416,7 @@ class _Lease:
     """A worker the head lent this driver for tasks of one resource shape."""
 
     __slots__ = ("worker_id", "pid", "shape", "peer", "inflight", "revoked", "blocked",
-                 "stealing", "idle_since", "functions", "__weakref__")
+                 "stealing", "idle_since", "functions", "busy", "__weakref__")
 
     def __init__(self, worker_id: int, pid: int, shape: tuple[tuple[str, float], ...]) -> None:
         self.worker_id = worker_id
@@ -1398,6 +1429,12 @@ class _Lease:
         self.stealing = False     # a STEAL was sent, its answer not read yet
         self.idle_since = time.monotonic()
         self.functions: set[bytes] = set()   # sent to it from here
+        self.busy = 0   # tasks the head sent it before lending it, not known to have ended
+
+
+def _load(lease: _Lease) -> int:
+    """Tasks on a lent worker: sent from here and unanswered, and those from the head."""
+    return len(lease.inflight) + lease.busy
 
 
 class _Lane:

@@ -421,7 +421,10 @@ class SchedulerState:
             fresh, self._fresh = self._fresh, []
             if not waiting:   # lend only what no waiting task needs
                 for owner, w in fresh:
-                    if w.state is WorkerState.LEASED and w.lent_to is None:
+                    # Only a worker with just that task: tasks pipelined behind it stay
+                    # where the head can move them to a worker that goes idle.
+                    if w.state is WorkerState.LEASED and w.lent_to is None and len(w.queue) == 1 \
+                            and w.queue[0].owner == owner:
                         self._lend(owner, w)
         if waiting and self.lent:
             self._revoke_leases()
@@ -780,7 +783,7 @@ class SchedulerState:
         self.lent.add(w.worker_id)
         self.out.append((LATE_SEND, conn, LEASE, pb.Lease(
             worker_id=w.worker_id, path=self.worker_socket(w.worker_id), resources=w.lease,
-            pid=w.pid)))
+            pid=w.pid, busy_task=w.queue[0].call.task_id if w.queue else b"")))
         return True
 
     def lend_idle(self, conn: int, req: dict[str, float]) -> None:

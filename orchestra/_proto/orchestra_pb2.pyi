@@ -394,7 +394,7 @@ class AdoptCalls(_message.Message):
     def __init__(self, actor_id: _Optional[bytes] = ..., worker_id: _Optional[int] = ..., calls: _Optional[_Iterable[_Union[_types_pb2.Call, _Mapping]]] = ..., cancelled: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("worker_id", "path", "gpu_ids", "resources", "pid")
+    __slots__ = ("worker_id", "path", "gpu_ids", "resources", "pid", "busy_task")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -407,12 +407,14 @@ class Lease(_message.Message):
     GPU_IDS_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    BUSY_TASK_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     path: str
     gpu_ids: _containers.RepeatedScalarFieldContainer[int]
     resources: _containers.ScalarMap[str, float]
     pid: int
-    def __init__(self, worker_id: _Optional[int] = ..., path: _Optional[str] = ..., gpu_ids: _Optional[_Iterable[int]] = ..., resources: _Optional[_Mapping[str, float]] = ..., pid: _Optional[int] = ...) -> None: ...
+    busy_task: bytes
+    def __init__(self, worker_id: _Optional[int] = ..., path: _Optional[str] = ..., gpu_ids: _Optional[_Iterable[int]] = ..., resources: _Optional[_Mapping[str, float]] = ..., pid: _Optional[int] = ..., busy_task: _Optional[bytes] = ...) -> None: ...
 
 class ReturnTasks(_message.Message):
     __slots__ = ("task_ids",)
