@@ -53,6 +53,7 @@ class WorkerRuntime:
         # caller's connection id at the head, whether the caller holds arguments for it
         # until told), until answered.
         self.reply_to: dict[bytes, tuple[Any, int, bool]] = {}
+        self.holding: dict[bytes, Any] = {}   # results holding refs, until answered
         self.main_ident = threading.get_ident()
         # Orchestra's GPU ids index the devices the driver could see: with
         # CUDA_VISIBLE_DEVICES=2,3 in the driver's environment, id 0 is device 2.
@@ -133,6 +134,12 @@ class WorkerRuntime:
         result the caller cannot hold alone (in shared memory, or holding refs) goes
         through the head, which makes it the caller's object; the caller then hears
         only that the call ended."""
+        try:
+            self._send_done(done)
+        finally:
+            self.holding.pop(done.task_id, None)
+
+    def _send_done(self, done: Any) -> None:
         route = self.reply_to.pop(done.task_id, None)
         client = self.client
         if route is None:
@@ -344,7 +351,13 @@ class WorkerRuntime:
         del result
         make = self.client.make_object_data
         oids = [tid + i.to_bytes(4, "big") for i in range(n)]
-        returns = [make(oid, serialize(v)) for oid, v in zip(oids, values, strict=True)]
+        sers = [serialize(v) for v in values]
+        returns = [make(oid, ser) for oid, ser in zip(oids, sers, strict=True)]
+        if any(ser.contained for ser in sers):
+            # Refs inside the results live until the answer is sent: dropped before, their
+            # release could reach the head first (the reader flushes every 20 ms) and free
+            # them before the answer counts them.
+            self.holding[tid] = values
         return pb.TaskDone(task_id=tid, returns=returns)
 
     def failed(self, inv: Any, exc: BaseException) -> Any:
