@@ -382,16 +382,21 @@ class CoreClient:
         through the head: it does not run)."""
         for d in resolved:
             if d.WhichOneof("data") == "error":
-                self._call_lane.pop(c.tid, None)
-                forward: list[Any] = []
-                self._direct_done(c, pb.TaskDone(task_id=c.tid, returns=[
-                    pb.ObjectData(object_id=rid, error=d.error) for rid in c.rids]), forward)
-                if forward:
-                    self.send(_wire.OBJECTS, pb.Objects(objects=forward))
-                with self._cond:
-                    self._cond.notify_all()
+                self._end_unsent(c, pb.TaskDone(task_id=c.tid, returns=[
+                    pb.ObjectData(object_id=rid, error=d.error) for rid in c.rids]))
                 return True
         return False
+
+    def _end_unsent(self, c: _Call, msg: Any) -> None:
+        """End a straight call here, unsent, with ``msg`` as its answer (cancelled, or
+        its argument's error)."""
+        self._call_lane.pop(c.tid, None)
+        forward: list[Any] = []
+        self._direct_done(c, msg, forward)
+        if forward:
+            self.send(_wire.OBJECTS, pb.Objects(objects=forward))
+        with self._cond:
+            self._cond.notify_all()
 
     def _execute_frame(self, c: _Call, resolved: list[Any]) -> bytes:
         inv = [_field(b"\x0a", c.call)]
@@ -774,10 +779,7 @@ class CoreClient:
                 for c in lane.queue:
                     if c.tid == tid:
                         lane.queue.remove(c)
-                        self._call_lane.pop(tid, None)
-                        self._direct_done(c, pb.TaskDone(task_id=tid, cancelled=True), [])
-                        with self._cond:
-                            self._cond.notify_all()
+                        self._end_unsent(c, pb.TaskDone(task_id=tid, cancelled=True))
                         return
         self.send(_wire.CANCEL, pb.CancelRequest(object_id=object_id, force=force))
 
@@ -799,9 +801,7 @@ class CoreClient:
                 for c in q:
                     if c.tid == tid:
                         q.remove(c)
-                        self._direct_done(c, pb.TaskDone(task_id=tid, cancelled=True), [])
-                        with self._cond:
-                            self._cond.notify_all()
+                        self._end_unsent(c, pb.TaskDone(task_id=tid, cancelled=True))
                         return True
         return False
 

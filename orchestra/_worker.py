@@ -120,14 +120,10 @@ class WorkerRuntime:
         elif kind == _wire.FUNCTION:
             self.functions.setdefault(msg.function_id, msg)
         elif kind == _wire.STEAL:   # always answered, so the sender knows what stays
-            wanted = set(msg.task_ids)
-            with self.cond:
-                back = [inv for inv in self.queue if inv.call.task_id in wanted]
-                for inv in back:
-                    self.queue.remove(inv)
-                    self.reply_to.pop(inv.call.task_id, None)
-            peer.send(_wire.encode(_wire.RETURN_TASKS, pb.ReturnTasks(
-                task_ids=[inv.call.task_id for inv in back])))
+            back = self._take_queued(set(msg.task_ids))
+            for tid in back:
+                self.reply_to.pop(tid, None)
+            peer.send(_wire.encode(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=back)))
 
     def send_done(self, done: Any) -> None:
         """Answer a call: to the head, or straight to the caller that sent it here. A
@@ -163,13 +159,16 @@ class WorkerRuntime:
 
     def _give_back(self, wanted: set[bytes]) -> None:
         """Another worker went idle: return the asked-for tasks that have not started."""
+        if self.actor is None:
+            self._return(self._take_queued(wanted))
+
+    def _take_queued(self, wanted: set[bytes]) -> list[bytes]:
+        """Take the queued (not started) tasks among ``wanted`` off the queue."""
         with self.cond:
-            if self.actor is not None:
-                return
             back = [inv for inv in self.queue if inv.call.task_id in wanted]
             for inv in back:
                 self.queue.remove(inv)
-        self._return([i.call.task_id for i in back])
+        return [inv.call.task_id for inv in back]
 
     def _return(self, task_ids: list[bytes], before: bytes = b"") -> None:
         """Hand queued tasks back to whoever sent them: the head, or a driver that sent
