@@ -28,12 +28,15 @@ def pid_gone(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll ``predicate`` until it holds; fail naming ``what`` after ``timeout`` s."""
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str,
+               explain: Callable[[], str] | None = None) -> None:
+    """Poll ``predicate`` until it holds; fail naming ``what`` after ``timeout`` s (and
+    what ``explain`` says of the state then)."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not true within {timeout:g} s")
+            detail = f"; {explain()}" if explain is not None else ""
+            pytest.fail(f"{what}: not true within {timeout:g} s{detail}")
         time.sleep(0.01)
 
 
