@@ -97,6 +97,7 @@ class CoreClient:
         self._owned: set[bytes] = set()       # returns of my tasks: pushed to me when sealed
         self._subscribed: set[bytes] = set()
         self._cond = threading.Condition()
+        self._sleepers = 0   # threads waiting on _cond (see _wake)
         self._read_lock = threading.Lock()   # held by the one thread reading the socket
         self._replies: dict[int, list[Any]] = {}
         self._req_ids = itertools.count(1)
@@ -318,8 +319,10 @@ class CoreClient:
                         self._unregistered.update(rids)
                     c = _Call(tid, call, refs, None, rids, name, hold)
                     c.fid = function_id
-                    self._task_queue[shape].append(c)
-                    self._pump_tasks(shape)
+                    q = self._task_queue[shape]
+                    q.append(c)
+                    if len(q) == 1:   # else the lent workers are full: an answer pumps
+                        self._pump_tasks(shape)
                     return out
         with self._ref_lock:
             self._owned.update(rids)
@@ -342,13 +345,15 @@ class CoreClient:
             if _load(best) >= _LEASE_DEPTH:
                 break
             c = q.popleft()
-            maybe = [self._results.get(r._id) for r in c.args]
-            if any(d is None for d in maybe):
-                self._resubmit(c)
-                continue
-            resolved: list[Any] = maybe
-            if self._failed_argument(c, resolved):
-                continue
+            resolved: list[Any] = []
+            if c.args:
+                maybe = [self._results.get(r._id) for r in c.args]
+                if any(d is None for d in maybe):
+                    self._resubmit(c)
+                    continue
+                resolved = maybe
+                if self._failed_argument(c, resolved):
+                    continue
             c.peer = best.peer
             c.release = bool(c.hold) or any(d.WhichOneof("data") == "segment" for d in resolved)
             best.inflight[c.tid] = c
@@ -372,8 +377,8 @@ class CoreClient:
                        now: float) -> None:
         """Tasks wait behind others: ask the head for another worker of ``shape``, if
         one is idle (at most every _LEASE_ASK_S; the reader asks again while they wait)."""
-        if (self._task_queue.get(shape) or any(_load(le) > 1 for le in leases)) \
-                and now - self._lease_asked.get(shape, 0.0) > _LEASE_ASK_S:
+        if now - self._lease_asked.get(shape, 0.0) > _LEASE_ASK_S \
+                and (self._task_queue.get(shape) or any(_load(le) > 1 for le in leases)):
             self._lease_asked[shape] = now
             self.send(_wire.LEASE, pb.Lease(resources=dict(shape)))
 
@@ -395,8 +400,7 @@ class CoreClient:
         self._direct_done(c, msg, forward)
         if forward:
             self.send(_wire.OBJECTS, pb.Objects(objects=forward))
-        with self._cond:
-            self._cond.notify_all()
+        self._wake()
 
     def _execute_frame(self, c: _Call, resolved: list[Any]) -> bytes:
         inv = [_field(b"\x0a", c.call)]
@@ -543,13 +547,13 @@ class CoreClient:
             lease.idle_since = time.monotonic()
             q = self._task_queue.setdefault(lease.shape, collections.deque())
             q.extendleft(reversed(returned))
-            self._pump_tasks(lease.shape)
+            if returned or _load(lease) <= _LEASE_DEPTH // 2:
+                self._pump_tasks(lease.shape)
             if lease.revoked and not lease.inflight:
                 self._give_back_lease(lease)
             elif not lease.inflight and not q:
                 self._steal_for(lease)
-        with self._cond:
-            self._cond.notify_all()
+        self._wake()
         if forward:
             self.send(_wire.OBJECTS, pb.Objects(objects=forward))
         del answered
@@ -882,8 +886,7 @@ class CoreClient:
             if self.on_peer_frame is not None:
                 for kind, msg in frames:
                     self.on_peer_frame(peer, kind, msg)
-            with self._cond:
-                self._cond.notify_all()
+            self._wake()
             return
         if isinstance(lane, _Lease):
             self._dispatch_lease(lane, frames)
@@ -900,8 +903,7 @@ class CoreClient:
                 if c is None:
                     continue
                 self._answered(c, msg, forward, answered)
-        with self._cond:
-            self._cond.notify_all()
+        self._wake()
         if forward:
             self.send(_wire.OBJECTS, pb.Objects(objects=forward))
         del answered   # their argument refs and the actor's token may go now
@@ -1149,17 +1151,27 @@ class CoreClient:
                     return True
                 finally:
                     self._read_lock.release()
-                    with cond:
-                        cond.notify_all()   # another waiter may take over reading
+                    self._wake()   # another waiter may take over reading
             with cond:
-                if pred():
-                    return True
-                if self.lost is not None:
-                    raise ConnectionLost(self.lost)
-                remaining = 0.005 if deadline is None else min(0.005, deadline - time.monotonic())
-                if remaining <= 0:
-                    return False
-                cond.wait(remaining)
+                # Counted before pred() is read: a change after that read wakes this one.
+                self._sleepers += 1
+                try:
+                    if pred():
+                        return True
+                    if self.lost is not None:
+                        raise ConnectionLost(self.lost)
+                    remaining = 0.005 if deadline is None else min(0.005, deadline - time.monotonic())
+                    if remaining <= 0:
+                        return False
+                    cond.wait(remaining)
+                finally:
+                    self._sleepers -= 1
+
+    def _wake(self) -> None:
+        """Wake the threads waiting in wait_until (that do not read): something came."""
+        if self._sleepers:
+            with self._cond:
+                self._cond.notify_all()
 
     def _subscribe_missing(self, ids: Iterable[bytes]) -> None:
         results = self._results
@@ -1323,8 +1335,7 @@ class CoreClient:
                 self.on_frame(kind, msg)
                 wake = True
         if wake:
-            with self._cond:
-                self._cond.notify_all()
+            self._wake()
             if self._waiting_lanes:
                 self._pump_waiting()
         if wake_leases:   # a lent worker ended what the head had sent it: room for more
@@ -1339,8 +1350,7 @@ class CoreClient:
         if self.lost is None:
             self.lost = ("the connection to the cluster's head process closed" if self._closing
                          else "lost the connection to the cluster: its head process exited")
-        with self._cond:
-            self._cond.notify_all()
+        self._wake()
         if self.on_lost is not None and not self._closing:
             self.on_lost()
 

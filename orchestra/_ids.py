@@ -13,14 +13,19 @@ import os
 TASK_ID_LEN = 12
 
 _prefix = os.urandom(8)
-_pid = os.getpid()
 _counter = itertools.count(1)
 
 
+def _reseed() -> None:
+    """A forked child draws a fresh prefix, or its ids would repeat the parent's."""
+    global _prefix, _counter
+    _prefix, _counter = os.urandom(8), itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_reseed)
+
+
 def next_task_id() -> bytes:
-    global _prefix, _pid, _counter
-    if os.getpid() != _pid:  # forked child: a fresh prefix, or ids would repeat the parent's
-        _prefix, _pid, _counter = os.urandom(8), os.getpid(), itertools.count(1)
     return _prefix + next(_counter).to_bytes(4, "big")
 
 

@@ -59,6 +59,8 @@ class WorkerRuntime:
         # CUDA_VISIBLE_DEVICES=2,3 in the driver's environment, id 0 is device 2.
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
         self.physical_gpus = [d.strip() for d in visible.split(",") if d.strip()]
+        self._gpu_ids: list[int] | None = None   # what the last task ran with (_set_gpus)
+        self._gpu_env = ""
         # A cancel raises in the main thread wherever it is (SIGUSR1). Inside the client's
         # socket code it cut a frame in half (the head then waited for the rest of it,
         # and the task never finished) or lost frames already read: there it is deferred
@@ -307,12 +309,8 @@ class WorkerRuntime:
         # An actor holds the GPUs given to its constructor for life (a call sent straight
         # here by its caller names none).
         gpu_ids = self.actor.gpu_ids if self.actor is not None else list(inv.gpu_ids)
-        ids = [self.physical_gpus[i] if i < len(self.physical_gpus) else str(i) for i in gpu_ids]
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
-        # get_gpu_ids() gives the device numbers CUDA_VISIBLE_DEVICES names (orchestra's
-        # own id where the driver's environment names devices by UUID).
-        _context.set_gpu_ids([int(p) if p.isdigit() else i
-                              for p, i in zip(ids, gpu_ids, strict=True)])
+        if gpu_ids != self._gpu_ids or os.environ.get("CUDA_VISIBLE_DEVICES") != self._gpu_env:
+            self._set_gpus(gpu_ids)   # else as the last task left them
         try:
             fn, args, kwargs = self.prepare(inv)
             result = fn(*args, **kwargs)
@@ -325,6 +323,15 @@ class WorkerRuntime:
             raise
         except BaseException as exc:  # noqa: BLE001 - every failure of user code is reported
             return self.failed(inv, exc)
+
+    def _set_gpus(self, gpu_ids: list[int]) -> None:
+        ids = [self.physical_gpus[i] if i < len(self.physical_gpus) else str(i) for i in gpu_ids]
+        self._gpu_ids, self._gpu_env = gpu_ids, ",".join(ids)
+        os.environ["CUDA_VISIBLE_DEVICES"] = self._gpu_env
+        # get_gpu_ids() gives the device numbers CUDA_VISIBLE_DEVICES names (orchestra's
+        # own id where the driver's environment names devices by UUID).
+        _context.set_gpu_ids([int(p) if p.isdigit() else i
+                              for p, i in zip(ids, gpu_ids, strict=True)])
 
     def prepare(self, inv: Any) -> tuple[Any, list[Any], dict[str, Any]]:
         """The callable and decoded arguments of a task, constructor or actor method."""
@@ -346,12 +353,16 @@ class WorkerRuntime:
         call = inv.call
         tid = call.task_id
         n = call.num_returns
-        values = [result] if n == 1 else _split_returns(result, n, call.name)
-        del result
         make = self.client.make_object_data
-        oids = [tid + i.to_bytes(4, "big") for i in range(n)]
-        sers = [serialize(v) for v in values]
-        returns = [make(oid, ser) for oid, ser in zip(oids, sers, strict=True)]
+        if n == 1:
+            values = [result]
+            sers = [serialize(result)]
+            returns = [make(tid + b"\0\0\0\0", sers[0])]
+        else:
+            values = _split_returns(result, n, call.name)
+            sers = [serialize(v) for v in values]
+            returns = [make(tid + i.to_bytes(4, "big"), ser) for i, ser in enumerate(sers)]
+        del result
         if any(ser.contained for ser in sers):
             # Refs inside the results live until the answer is sent: dropped before, their
             # release could reach the head first (the reader flushes every 20 ms) and free
