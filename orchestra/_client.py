@@ -282,6 +282,8 @@ class CoreClient:
         """A serialized Call; ``refs`` gets the ref arguments in order (with the puts
         made for large values), which must live until the call is sent; ``hold`` gets
         refs to those pickled inside the arguments."""
+        if not args and not kwargs:
+            return template + b"\x0a\x0c" + tid
         parts = [template, b"\x0a\x0c", tid]
         nested: list[bytes] = []
         for value in itertools.chain(args, kwargs.values()):
@@ -306,10 +308,14 @@ class CoreClient:
         refs: list[ObjectRef] = []     # puts made for large args live until the Submit is sent
         hold: list[ObjectRef] | None = [] if shape is not None and self._task_lanes else None
         call = self._encode_call(template, tid, args, kwargs, refs, hold)
-        rids = [tid + i.to_bytes(4, "big") for i in range(num_returns)]
-        out = [ObjectRef(rid, self, counted=True) for rid in rids]
+        if num_returns == 1:
+            rids = [tid + b"\0\0\0\0"]
+            out = [ObjectRef(rids[0], self, counted=True)]
+        else:
+            rids = [tid + i.to_bytes(4, "big") for i in range(num_returns)]
+            out = [ObjectRef(rid, self, counted=True) for rid in rids]
         if shape is not None and hold is not None and self._task_lanes.get(shape) \
-                and all(r._id in self._results for r in refs):
+                and (not refs or all(r._id in self._results for r in refs)):
             if hold and self._put_seq > self._synced_seq:
                 self.request(pb.Request(query="sync"))   # the head knows every ref in the arguments
             with self._task_lock:
@@ -1000,12 +1006,19 @@ class CoreClient:
         self._put_seq += 1
         return ref
 
-    def make_object_data(self, oid: bytes, ser: Serialized) -> Any:
-        """ObjectData for a sealed value: inline when small, else written to a segment."""
+    def make_object_data(self, oid: bytes, ser: Serialized, out: Any = None) -> Any:
+        """ObjectData for a sealed value: inline when small, else written to a segment.
+        ``out``: an ObjectData to fill (one added to a message), else a new one."""
         if ser.contained:
             self._escape(ser.contained)
         if ser.size <= self.inline_threshold:
-            return pb.ObjectData(object_id=oid, inline=ser.to_bytes(), contained=ser.contained)
+            if out is None:
+                return pb.ObjectData(object_id=oid, inline=ser.to_bytes(), contained=ser.contained)
+            out.object_id = oid
+            out.inline = ser.to_bytes()
+            if ser.contained:
+                out.contained.extend(ser.contained)
+            return out
         # Drops that came before this put must reach the store before it judges the room
         # (the decrements otherwise travel after the frame, see send_raw).
         self.flush_refs()
@@ -1019,7 +1032,12 @@ class CoreClient:
         with self._ref_lock:
             if self.lost is None:
                 self._wmaps[seg.name] = mm
-        return pb.ObjectData(object_id=oid, segment=seg, contained=ser.contained)
+        if out is None:
+            return pb.ObjectData(object_id=oid, segment=seg, contained=ser.contained)
+        out.object_id = oid
+        out.segment.CopyFrom(seg)
+        out.contained.extend(ser.contained)
+        return out
 
     def _drop_maps(self, names: Iterable[str]) -> None:
         with self._ref_lock:

@@ -54,6 +54,9 @@ class WorkerRuntime:
         # until told), until answered.
         self.reply_to: dict[bytes, tuple[Any, int, bool]] = {}
         self.holding: dict[bytes, Any] = {}   # results holding refs, until answered
+        # Tasks whose results are in shared memory or hold refs, until answered: a
+        # straight caller gets those through the head.
+        self.heavy: set[bytes] = set()
         self.main_ident = threading.get_ident()
         # Orchestra's GPU ids index the devices the driver could see: with
         # CUDA_VISIBLE_DEVICES=2,3 in the driver's environment, id 0 is device 2.
@@ -135,7 +138,10 @@ class WorkerRuntime:
         try:
             self._send_done(done)
         finally:
-            self.holding.pop(done.task_id, None)
+            if self.heavy:
+                self.heavy.discard(done.task_id)
+            if self.holding:
+                self.holding.pop(done.task_id, None)
 
     def _send_done(self, done: Any) -> None:
         route = self.reply_to.pop(done.task_id, None)
@@ -144,7 +150,7 @@ class WorkerRuntime:
             client.send(_wire.TASK_DONE, done)
             return
         peer, owner, held = route
-        if any(d.contained or d.WhichOneof("data") == "segment" for d in done.returns):
+        if done.task_id in self.heavy:
             done.owner = owner
             client.send(_wire.TASK_DONE, done)
             frame = _wire.encode(_wire.TASK_DONE, pb.TaskDone(task_id=done.task_id, owner=owner))
@@ -353,22 +359,23 @@ class WorkerRuntime:
         call = inv.call
         tid = call.task_id
         n = call.num_returns
-        make = self.client.make_object_data
-        if n == 1:
-            values = [result]
-            sers = [serialize(result)]
-            returns = [make(tid + b"\0\0\0\0", sers[0])]
-        else:
-            values = _split_returns(result, n, call.name)
-            sers = [serialize(v) for v in values]
-            returns = [make(tid + i.to_bytes(4, "big"), ser) for i, ser in enumerate(sers)]
+        values = [result] if n == 1 else _split_returns(result, n, call.name)
         del result
+        sers = [serialize(v) for v in values]
+        # Filled in place: a message passed to the constructor is copied.
+        done = pb.TaskDone(task_id=tid)
+        make, add = self.client.make_object_data, done.returns.add
+        threshold = self.client.inline_threshold
+        for i, ser in enumerate(sers):
+            make(tid + i.to_bytes(4, "big"), ser, add())
+            if ser.contained or ser.size > threshold:
+                self.heavy.add(tid)
         if any(ser.contained for ser in sers):
             # Refs inside the results live until the answer is sent: dropped before, their
             # release could reach the head first (the reader flushes every 20 ms) and free
             # them before the answer counts them.
             self.holding[tid] = values
-        return pb.TaskDone(task_id=tid, returns=returns)
+        return done
 
     def failed(self, inv: Any, exc: BaseException) -> Any:
         """TaskDone carrying the error of user code (an ActorDiedError for a constructor)."""
