@@ -163,6 +163,13 @@ class Zygote:
                     child.returncode = -signal.SIGKILL
                 child.exited.set()
 
+    def preload(self, modules: list[str]) -> None:
+        """Have the zygote import ``modules``: workers forked later start with them."""
+        try:
+            os.write(self.req_w, f"preload {' '.join(modules)}\n".encode())
+        except OSError:
+            pass
+
     def close(self) -> None:
         try:
             os.close(self.req_w)
@@ -320,6 +327,8 @@ class Head:
         self.loop.call_later(0.5, self._watch_pool)
         # Warm shared memory for the first large put, off init()'s path, while idle.
         self.loop.call_later(self.cfg.get("warm_delay_s", 0.5), self._warm)
+        if self.cfg.get("preload"):
+            self.loop.call_later(1.0, self._preload)
 
     def _start_grpc(self) -> None:
         def run() -> None:
@@ -343,6 +352,18 @@ class Head:
     def _warm(self) -> None:
         self.store.warm(lambda done: self.loop.call_soon_threadsafe(self._map_ahead, done),
                         self._idle)
+
+    def _preload(self) -> None:
+        """Once the cluster is idle: the zygote imports the heavy modules the driver uses
+        (numpy: ~0.15 s), so that a worker started later (replacing a dead one, or one an
+        actor took) does not import them in its first task."""
+        z = self.pool.zygote
+        if z is None or not z.alive or self.stopping:
+            return
+        if not self._idle():
+            self.loop.call_later(0.5, self._preload)
+            return
+        z.preload(list(self.cfg["preload"]))
 
     def _map_ahead(self, warmed: Callable[[], None]) -> None:
         """Record the warm reserve, and have the driver map it while idle (SegmentNames)."""

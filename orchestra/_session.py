@@ -33,6 +33,7 @@ from .exceptions import ObjectLostError, OrchestraError
 
 SESSION_PREFIX = "orchestra-session-"
 _HEAD_EXIT_TIMEOUT_S = 5.0
+_PRELOAD = ("numpy",)   # imported by the fork server when the driver has (see _zygote.py)
 
 
 class Session:
@@ -197,6 +198,9 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
         "object_store_memory": store,
         "cwd": os.getcwd(),
         "sys_path": [os.path.abspath(p) if p else os.getcwd() for p in sys.path],
+        # Heavy modules the driver has imported: the fork server imports them too once
+        # the cluster is idle, so that workers started later have them.
+        "preload": [m for m in _PRELOAD if m in sys.modules],
         **(_system_config or {}),
     }
     cfg_path = os.path.join(session_dir, "config.json")

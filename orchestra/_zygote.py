@@ -1,15 +1,17 @@
 """Worker fork server: one process with the worker's modules imported, forking workers.
 
     head --"spawn <worker id>\\n"--> zygote --fork--> worker (runs _worker.main)
+    head --"preload <module> ...\\n"--> zygote   (imports them: later workers have them)
     head <--"pid <worker id> <pid>\\n" / "exit <pid> <returncode>\\n"-- zygote
 
 Starting a worker with fork+exec costs ~0.2 s of CPU (the interpreter and orchestra's
 imports) and a private copy of every module; a fork of this process costs ~2 ms and
 shares the imported code copy-on-write. The zygote never creates a gRPC channel or a
-thread before forking (fork and gRPC do not mix). The requests and replies travel on
-two pipes passed as fds; stdin/stdout/stderr stay the driver's, for the workers' prints.
-The zygote dies with the head (parent-death signal, or EOF on the request pipe), and
-its workers die with it.
+thread of its own before forking (fork and gRPC do not mix); a preloaded numpy's BLAS
+pool stops its threads across a fork and starts them again in the child that uses it.
+The requests and replies travel on two pipes passed as fds; stdin/stdout/stderr stay
+the driver's, for the workers' prints. The zygote dies with the head (parent-death
+signal, or EOF on the request pipe), and its workers die with it.
 """
 from __future__ import annotations
 
@@ -51,6 +53,9 @@ def main(argv: list[str] | None = None) -> None:
         buf += data
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
+            if line.startswith(b"preload"):
+                _preload(line.decode().split()[1:])
+                continue
             worker_id = int(line.split()[1])
             pid = os.fork()
             if pid == 0:
@@ -63,6 +68,17 @@ def main(argv: list[str] | None = None) -> None:
                 finally:
                     os._exit(1)
             os.write(rep_fd, f"pid {worker_id} {pid}\n".encode())
+
+
+def _preload(modules: list[str]) -> None:
+    """Import what the driver uses (the head asks once the cluster is idle): workers
+    forked afterwards have it already, shared copy-on-write."""
+    import importlib
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a worker imports it itself when it needs it
+            pass
 
 
 def _reap(rep_fd: int) -> None:

@@ -214,6 +214,37 @@ def test_workers_see_the_drivers_working_directory_and_sys_path(cluster):
     assert missing == []
 
 
+def _has_numpy(pid: int) -> bool:
+    with open(f"/proc/{pid}/maps") as f:
+        return "_multiarray_umath" in f.read()
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+@orchestra.remote
+def _square_sum(n: int) -> float:
+    a = np.ones((n, n))
+    return float((a @ a).sum())
+
+
+def test_workers_started_later_have_the_drivers_numpy_already(start_cluster):
+    # This driver has numpy (the module imports it): once the cluster is idle the fork
+    # server imports it too, and a worker forked after that starts with it.
+    c = start_cluster(num_cpus=1)
+    (first,) = c.worker_pids()
+    assert not _has_numpy(first)   # forked at init, before the fork server imported it
+    server = _parent(first)
+    wait_until(lambda: _has_numpy(server), 20, "the fork server imported numpy")
+    os.kill(first, signal.SIGKILL)
+    wait_until(lambda: [p for p in c.worker_pids() if p != first], 20, "a new worker")
+    (second,) = [p for p in c.worker_pids() if p != first]
+    assert _parent(second) == server and _has_numpy(second)   # before any task ran there
+    assert orchestra.get(_square_sum.remote(200), timeout=T) == 200.0 ** 3   # BLAS threads work
+
+
 _USERLIB = textwrap.dedent('''
     import os
     import sys
