@@ -308,12 +308,8 @@ class CoreClient:
         refs: list[ObjectRef] = []     # puts made for large args live until the Submit is sent
         hold: list[ObjectRef] | None = [] if shape is not None and self._task_lanes else None
         call = self._encode_call(template, tid, args, kwargs, refs, hold)
-        if num_returns == 1:
-            rids = [tid + b"\0\0\0\0"]
-            out = [ObjectRef(rids[0], self, counted=True)]
-        else:
-            rids = [tid + i.to_bytes(4, "big") for i in range(num_returns)]
-            out = [ObjectRef(rid, self, counted=True) for rid in rids]
+        rids = [tid + i.to_bytes(4, "big") for i in range(num_returns)]
+        out = [ObjectRef(rid, self, counted=True) for rid in rids]
         if shape is not None and hold is not None and self._task_lanes.get(shape) \
                 and (not refs or all(r._id in self._results for r in refs)):
             if hold and self._put_seq > self._synced_seq:
@@ -1011,13 +1007,12 @@ class CoreClient:
         ``out``: an ObjectData to fill (one added to a message), else a new one."""
         if ser.contained:
             self._escape(ser.contained)
+        if out is None:
+            out = pb.ObjectData()
+        out.object_id = oid
+        out.contained.extend(ser.contained)
         if ser.size <= self.inline_threshold:
-            if out is None:
-                return pb.ObjectData(object_id=oid, inline=ser.to_bytes(), contained=ser.contained)
-            out.object_id = oid
             out.inline = ser.to_bytes()
-            if ser.contained:
-                out.contained.extend(ser.contained)
             return out
         # Drops that came before this put must reach the store before it judges the room
         # (the decrements otherwise travel after the frame, see send_raw).
@@ -1032,11 +1027,7 @@ class CoreClient:
         with self._ref_lock:
             if self.lost is None:
                 self._wmaps[seg.name] = mm
-        if out is None:
-            return pb.ObjectData(object_id=oid, segment=seg, contained=ser.contained)
-        out.object_id = oid
         out.segment.CopyFrom(seg)
-        out.contained.extend(ser.contained)
         return out
 
     def _drop_maps(self, names: Iterable[str]) -> None:

@@ -83,6 +83,17 @@ def _head_sees(cluster: Any, name: str) -> bool:
     return any(t.name == name for t in cluster.debug().task)
 
 
+def _blocked_straight_call(gates: Any) -> tuple[Any, Any, Any]:
+    """An actor with one call behind it (so later calls go straight) and a straight call
+    now running in it, held by a gate: (actor, gate, its ref)."""
+    a = Keeper.remote()
+    get(a.append.remote(0))
+    gate = gates()
+    running = a.block.remote(gate)
+    gate.wait_started()
+    return a, gate, running
+
+
 def test_the_first_call_goes_through_the_head_and_later_ones_straight_to_the_actor(cluster, gates):
     a = Keeper.remote()
     first = gates("first")
@@ -123,11 +134,7 @@ def test_a_straight_result_passed_on_reaches_tasks_actors_and_puts(cluster):
 
 
 def test_a_straight_result_still_running_can_be_passed_on(cluster, gates):
-    a = Keeper.remote()
-    get(a.append.remote(0))
-    gate = gates()
-    running = a.block.remote(gate)
-    gate.wait_started()
+    a, gate, running = _blocked_straight_call(gates)
     as_arg = h.identity.remote(running)      # the head waits for it
     in_put = orchestra.put([running])
     del running
@@ -202,11 +209,7 @@ def test_a_restarted_actor_takes_straight_calls_again(cluster, gates):
 
 
 def test_cancel_of_a_straight_call_running_or_queued(cluster, gates):
-    a = Keeper.remote()
-    get(a.append.remote(0))
-    gate = gates()
-    running = a.block.remote(gate)
-    gate.wait_started()
+    a, gate, running = _blocked_straight_call(gates)
     queued = a.append.remote(1)
     orchestra.cancel(queued)
     orchestra.cancel(running)
