@@ -22,8 +22,10 @@ import pickle
 import select
 import signal
 import socket
+import sys
 import threading
 import time
+import traceback
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -35,7 +37,17 @@ from ._object_ref import ObjectRef
 from ._resources import shape_key
 from ._serialization import Serialized, deserialize, serialize
 from ._store import map_ahead, map_segment, open_segment, write_into
-from .exceptions import GetTimeoutError, ObjectLostError, ObjectStoreFullError, OrchestraError
+from .exceptions import (
+    ClusterLostError,
+    GetTimeoutError,
+    ObjectLostError,
+    ObjectStoreFullError,
+    OrchestraError,
+)
+
+# Why every call fails once the head's connection is gone (ClusterLostError).
+_LOST = ("lost the connection to the cluster: its head process exited (it crashed or was "
+         "killed). This session is over: orchestra.init() starts a new cluster")
 
 _FLUSH_INTERVAL_S = 0.02
 _LEASE_DEPTH = 8       # tasks sent ahead to one lent worker
@@ -58,15 +70,12 @@ def _field(tag: bytes, payload: bytes) -> bytes:
     return tag + _varint(len(payload)) + payload
 
 
-class ConnectionLost(OrchestraError):
-    """The connection to the cluster's head process is gone."""
-
-
 class CoreClient:
     def __init__(self, sock_path: str, hello: Any, *, connect_timeout_s: float = 30.0,
                  on_frame: Callable[[int, Any], None] | None = None,
                  on_lost: Callable[[], None] | None = None,
-                 socket_guard: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None) -> None:
+                 socket_guard: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
+                 start: bool = True) -> None:
         if socket_guard is not None:
             # The owner wraps every method that reads or writes the socket (a worker
             # defers its cancel signal past them: raised inside, it cut frames in half).
@@ -147,6 +156,7 @@ class CoreClient:
         self._busy_tasks: dict[bytes, _Lease] = {}   # task sent by the head -> lent worker running it
         self._fd = self.sock.fileno()
         self.sock.sendall(_wire.encode(_wire.HELLO, hello))
+        self._early_frames: list[tuple[int, Any]] = []   # came with the handshake's reply
         self.info = self._read_hello(connect_timeout_s)
         self.inline_threshold = self.info.inline_threshold or 100 * 1024
         self.conn_id = self.info.conn_id
@@ -156,9 +166,18 @@ class CoreClient:
         self._buf = bytearray(1 << 18)
         self._view = memoryview(self._buf)
         self._stop = threading.Event()
-        if self._early_frames:
-            self._dispatch(self._early_frames)
         self._reader = threading.Thread(target=self._background, name="orchestra-reader", daemon=True)
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Dispatch what came with the handshake and start the reader thread. A worker
+        calls it once its handlers can run: a STEAL that reached its handler before the
+        worker held its client killed the reader thread, and the worker kept its CPU and
+        tasks without reading again."""
+        if self._early_frames:
+            frames, self._early_frames = self._early_frames, []
+            self._dispatch(frames)
         self._reader.start()
 
     def _read_hello(self, timeout_s: float) -> Any:
@@ -168,7 +187,7 @@ class CoreClient:
             while True:
                 data = self.sock.recv(65536)
                 if not data:
-                    raise ConnectionLost("the head closed the connection during the handshake")
+                    raise ClusterLostError("the head closed the connection during the handshake")
                 frames = dec.feed(data)
                 for i, (kind, msg) in enumerate(frames):
                     if kind == _wire.HELLO_REPLY:
@@ -177,7 +196,7 @@ class CoreClient:
                         self._early_frames = frames[i + 1:]   # sent right after the reply
                         return msg
         except TimeoutError as exc:
-            raise ConnectionLost(f"the head did not answer within {timeout_s:g} s") from exc
+            raise ClusterLostError(f"the head did not answer within {timeout_s:g} s") from exc
 
     # ------------------------------------------------------------------ sending
     def send_raw(self, frame: bytes) -> None:
@@ -197,7 +216,9 @@ class CoreClient:
             try:
                 self.sock.sendall(pre + frame + post if (pre or post) else frame)
             except OSError as exc:
-                raise ConnectionLost(f"lost the connection to the cluster: {exc}") from exc
+                if self.lost is None:
+                    self.lost = f"{_LOST} ({exc.strerror or exc})"
+                raise ClusterLostError(self.lost) from exc
 
     def send(self, kind: int, msg: Any) -> None:
         self.send_raw(_wire.encode(kind, msg))
@@ -208,7 +229,7 @@ class CoreClient:
         if (self._incr or self._decr or self._pin or self._unpin) and self.lost is None:
             try:
                 self.send_raw(b"")
-            except ConnectionLost:
+            except ClusterLostError:
                 pass
         elif wait:
             with self._send_lock:
@@ -442,7 +463,7 @@ class CoreClient:
             sock.close()
             try:
                 self.send(_wire.LEASE_RETURN, pb.Lease(worker_id=msg.worker_id))
-            except ConnectionLost:
+            except ClusterLostError:
                 pass
             return
         lease = _Lease(msg.worker_id, msg.pid, shape)
@@ -481,7 +502,7 @@ class CoreClient:
         if self.lost is None:
             try:
                 self.send(_wire.LEASE_RETURN, pb.Lease(worker_id=lease.worker_id))
-            except ConnectionLost:
+            except ClusterLostError:
                 pass
 
     def return_idle_leases(self, min_idle_s: float = 0.0, ask: bool = False) -> None:
@@ -574,7 +595,7 @@ class CoreClient:
             if lost and self.lost is None:
                 try:
                     self._escape([r._id for c in lost for r in (*c.args, *c.hold)])
-                except ConnectionLost:
+                except ClusterLostError:
                     return
                 for c in lost:
                     self._call_lane.pop(c.tid, None)
@@ -583,12 +604,12 @@ class CoreClient:
                     self.send(_wire.ADOPT, pb.AdoptCalls(
                         worker_id=lease.worker_id, calls=[pb.Call.FromString(c.call) for c in lost],
                         cancelled=[c.tid for c in lost if c.cancelled]))
-                except ConnectionLost:
+                except ClusterLostError:
                     pass
             if self.lost is None:
                 try:
                     self._pump_tasks(lease.shape)
-                except ConnectionLost:
+                except ClusterLostError:
                     pass
         del lost
 
@@ -940,12 +961,12 @@ class CoreClient:
                         self.send(_wire.ADOPT, pb.AdoptCalls(
                             actor_id=lane.actor_id, worker_id=peer.worker_id,
                             calls=[pb.Call.FromString(c.call) for c in lost]))
-                    except ConnectionLost:
+                    except ClusterLostError:
                         pass
             if lane.peer is None and lane.queue and self.lost is None:
                 try:
                     self._requeue_through_head(lane)
-                except ConnectionLost:
+                except ClusterLostError:
                     pass
         del lost
 
@@ -1074,7 +1095,7 @@ class CoreClient:
             self._wait([oid], 1, timeout)
             data = self._results.get(oid)
             if data is None:
-                raise ConnectionLost(self.lost or f"object {oid.hex()} vanished while waited for")
+                raise ClusterLostError(self.lost or f"object {oid.hex()} vanished while waited for")
         return self._value(oid, data)
 
     def get_many(self, refs: Sequence[ObjectRef], timeout: float | None) -> list[Any]:
@@ -1148,7 +1169,7 @@ class CoreClient:
                 try:
                     while not pred():
                         if self.lost is not None:
-                            raise ConnectionLost(self.lost)
+                            raise ClusterLostError(self.lost)
                         if deadline is None:
                             wait_ms = 1000
                         else:
@@ -1168,7 +1189,7 @@ class CoreClient:
                     if pred():
                         return True
                     if self.lost is not None:
-                        raise ConnectionLost(self.lost)
+                        raise ClusterLostError(self.lost)
                     remaining = 0.005 if deadline is None else min(0.005, deadline - time.monotonic())
                     if remaining <= 0:
                         return False
@@ -1252,18 +1273,24 @@ class CoreClient:
             return False
         if len(events) > 1:   # the head's frames first: an Execute it sent before an
             events.sort(key=lambda e: e[0] != self._fd)   # ActorAddress precedes straight calls
-        for fd, _ in events:
-            if fd != self._fd:
-                self._read_peer(fd)
-                continue
-            try:
-                n = self.sock.recv_into(self._buf)
-            except OSError:
-                n = 0
-            if not n:
-                self._connection_lost()
-                return False
-            self._dispatch(self._decoder.feed(self._view[:n]))
+        try:
+            for fd, _ in events:
+                if fd != self._fd:
+                    self._read_peer(fd)
+                    continue
+                try:
+                    n = self.sock.recv_into(self._buf)
+                except OSError:
+                    n = 0
+                if not n:
+                    self._connection_lost()
+                    return False
+                self._dispatch(self._decoder.feed(self._view[:n]))
+        except ClusterLostError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug of ours: fail loudly (_broken)
+            self._broken(exc)
+            raise ClusterLostError(self.lost) from exc
         return True
 
     def _background(self) -> None:
@@ -1272,13 +1299,21 @@ class CoreClient:
         It never blocks while holding the read lock, so a thread that starts waiting
         becomes the reader at once.
         """
+        try:
+            self._background_loop()
+        except ClusterLostError:
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug of ours: fail loudly (_broken)
+            self._broken(exc)
+
+    def _background_loop(self) -> None:
         while not self._stop.wait(_FLUSH_INTERVAL_S):
             if self._read_lock.acquire(False):
                 try:
                     for _ in range(64):
                         if not self._read_once(0):
                             break
-                except ConnectionLost:   # a frame's answer found the head gone
+                except ClusterLostError:   # a frame's answer found the head gone
                     return
                 finally:
                     self._read_lock.release()
@@ -1287,13 +1322,13 @@ class CoreClient:
             if self._task_lanes:
                 try:
                     self.return_idle_leases(_LEASE_IDLE_S, ask=True)
-                except ConnectionLost:
+                except ClusterLostError:
                     return
             if self._active:   # straight calls went by: tell the head the cluster is busy
                 self._active = False
                 try:
                     self.send(_wire.REF_DELTA, pb.RefDelta())
-                except ConnectionLost:
+                except ClusterLostError:
                     return
             self.flush_refs()
 
@@ -1358,7 +1393,29 @@ class CoreClient:
         self._drop_maps(list(self._wmaps))
         if self.lost is None:
             self.lost = ("the connection to the cluster's head process closed" if self._closing
-                         else "lost the connection to the cluster: its head process exited")
+                         else _LOST)
+        self._wake()
+        if self.on_lost is not None and not self._closing:
+            self.on_lost()
+
+    def _broken(self, exc: BaseException) -> None:
+        """An error in orchestra's own frame handling: this process cannot be trusted to
+        read its connection any more. Rather than live on without a reader (a worker that
+        kept its CPU and its tasks forever), close the connection: the head treats the
+        process as gone (for a worker, a crash: retries, WorkerCrashedError), a worker
+        exits (on_lost), and a driver's calls raise ClusterLostError."""
+        detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        print(f"orchestra: internal error while handling the cluster's frames in pid "
+              f"{os.getpid()}; its connection to the cluster is closed:\n{detail}",
+              file=sys.stderr, flush=True)
+        if self.lost is None:
+            self.lost = (f"orchestra failed while reading the cluster's frames "
+                         f"({type(exc).__name__}: {exc}) and closed the connection; the "
+                         "traceback is printed above: please report it")
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._wake()
         if self.on_lost is not None and not self._closing:
             self.on_lost()
@@ -1488,7 +1545,7 @@ def _connect(path: str, timeout_s: float) -> socket.socket:
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             s.close()
             if time.monotonic() > deadline:
-                raise ConnectionLost(
+                raise ClusterLostError(
                     f"could not connect to the head at {path} within {timeout_s:g} s: {exc}") from exc
             time.sleep(delay)
             delay = min(delay * 2, 0.05)

@@ -1,6 +1,7 @@
 """The connection of this process to its cluster, set by init() or by the worker main.
 
-Nothing is set at import; ``current_client`` raises a clear error before ``init``.
+Nothing is set at import; ``current_client`` raises a clear error before ``init``, and
+ClusterLostError once the cluster's head is gone.
 """
 from __future__ import annotations
 
@@ -15,9 +16,15 @@ def set_client(client: Any) -> None:
 
 
 def current_client() -> Any:
-    if _client is None:
-        raise RuntimeError("orchestra is not initialized: call orchestra.init() first")
-    return _client
+    client = _client
+    if client is None or client.lost is not None:
+        if client is None:
+            raise RuntimeError("orchestra is not initialized: call orchestra.init() first")
+        # The head died: every later call fails at once with the same error, also
+        # those that would otherwise go straight to a (dying) worker.
+        from .exceptions import ClusterLostError
+        raise ClusterLostError(client.lost)
+    return client
 
 
 def client_or_none() -> Any:

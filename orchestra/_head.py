@@ -10,8 +10,8 @@ thread pool and hands each RPC to the loop thread; nothing else touches the stat
 Owns: every worker process of this node (WorkerPool), every shared-memory segment of
 this node (ObjectStore), the session's socket files. Fate-shares with the driver that
 started it: when that driver's connection closes (exit, crash, SIGKILL), the head kills
-its workers, unlinks its segments and exits. The parent-death signal covers a driver
-that dies before it connects.
+its workers, unlinks its segments and exits. A watch on the driver process (a pidfd,
+see _procutil.watch_parent) covers a driver that dies before it connects.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from . import _grpc_service, _wire
 from . import _pb as pb
 from ._errors import describe_exit, make_error
 from ._grpc_service import GRPC_CONN
-from ._procutil import die_with_parent
+from ._procutil import watch_parent
 from ._scheduler import (
     FREE_SEGMENT,
     KILL_WORKER,
@@ -767,7 +767,6 @@ def main(argv: list[str] | None = None, zygote: tuple[Any, int, int] | None = No
     argv = sys.argv[1:] if argv is None else argv
     with open(argv[0]) as f:
         cfg = json.load(f)
-    die_with_parent(signal.SIGTERM)
     # Everything the head creates (sockets, segments) is for this user only; set before
     # any socket exists, so none is ever reachable by others, not even for a moment.
     os.umask(0o077)
@@ -778,6 +777,9 @@ def main(argv: list[str] | None = None, zygote: tuple[Any, int, int] | None = No
     head = Head(cfg, loop, zygote)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, head.shutdown, f"signal {sig.name}")
+    # The driver's connection closing is the usual sign it is gone; this covers a driver
+    # that dies before it connects.
+    watch_parent(loop, lambda: head.shutdown("the driver process exited"))
     try:
         loop.run_until_complete(head.start())
     except Exception as exc:

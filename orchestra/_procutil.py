@@ -5,6 +5,8 @@ import ctypes
 import os
 import signal
 import sys
+from collections.abc import Callable
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 
@@ -25,3 +27,40 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         return
     if os.getppid() != parent or parent == 1:
         os._exit(1)
+
+
+_PARENT_POLL_S = 0.5
+
+
+def watch_parent(loop: Any, on_exit: Callable[[], None]) -> None:
+    """Call ``on_exit`` on ``loop`` once the parent *process* exits.
+
+    Not PR_SET_PDEATHSIG: that signal follows the parent's thread, so a driver that
+    called init() from a thread that then ended lost its head ~1.5 s later, with the
+    whole cluster. A pidfd becomes readable when the process (every thread) is gone;
+    where there is none (Linux < 5.3), the parent pid is polled.
+    """
+    parent = os.getppid()
+    try:
+        fd: int | None = os.pidfd_open(parent)
+    except (AttributeError, OSError):
+        fd = None
+    if os.getppid() != parent or parent == 1:   # it died before the watch began
+        if fd is not None:
+            os.close(fd)
+        loop.call_soon(on_exit)
+        return
+    if fd is not None:
+        def readable() -> None:
+            loop.remove_reader(fd)
+            os.close(fd)
+            on_exit()
+        loop.add_reader(fd, readable)
+        return
+
+    def poll() -> None:
+        if os.getppid() != parent:
+            on_exit()
+        else:
+            loop.call_later(_PARENT_POLL_S, poll)
+    loop.call_later(_PARENT_POLL_S, poll)

@@ -24,12 +24,12 @@ from typing import Any
 from . import _context, _wire
 from . import _pb as pb
 from ._bootstrap import BOOTSTRAP as HEAD_BOOTSTRAP
-from ._client import ConnectionLost, CoreClient
+from ._client import CoreClient
 from ._gpus import detect_num_gpus
 from ._object_ref import ObjectRef
 from ._resources import make_request
 from ._store import SHM_DIR, pid_alive, sweep_stale_segments
-from .exceptions import ObjectLostError, OrchestraError
+from .exceptions import ClusterLostError, ObjectLostError, OrchestraError
 
 SESSION_PREFIX = "orchestra-session-"
 _HEAD_EXIT_TIMEOUT_S = 5.0
@@ -49,7 +49,7 @@ class Session:
             if client.lost is None:
                 try:
                     client.send(_wire.SHUTDOWN, pb.AckReply())
-                except ConnectionLost:
+                except ClusterLostError:
                     pass
             try:
                 self.head.wait(_HEAD_EXIT_TIMEOUT_S)
@@ -146,6 +146,8 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
          _system_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """Start a local cluster (or connect to one) and make it this process's session."""
     global _session
+    if _session is not None and _session.client.lost is not None:
+        _forget_lost_session()
     if _session is not None:
         if ignore_reinit_error:
             return _info(_session)
@@ -323,7 +325,19 @@ def _shutdown_at_exit() -> None:
 
 
 def is_initialized() -> bool:
-    return _session is not None
+    """True between init() and shutdown(), while the cluster's head is alive."""
+    return _session is not None and _session.client.lost is None
+
+
+def _forget_lost_session() -> None:
+    """The head died: clean up what it left (its session directory, segments) so that
+    init() can start a new cluster without a shutdown() first."""
+    global _session
+    s = _session
+    _session = None
+    _context.set_client(None)
+    if s is not None:
+        s.stop()
 
 
 # ---------------------------------------------------------------- calls on the session

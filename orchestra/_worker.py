@@ -71,8 +71,10 @@ class WorkerRuntime:
         self._in_socket_code = 0
         self._cancel_deferred = False
         hello = pb.Hello(kind="worker", pid=os.getpid(), workerid=worker_id)
+        # Started below, once every handler can run (see CoreClient.start).
         self.client = CoreClient(sock_path, hello, on_frame=self._on_frame,
-                                 on_lost=lambda: os._exit(1), socket_guard=self._guard)
+                                 on_lost=lambda: os._exit(1), socket_guard=self._guard,
+                                 start=False)
         info = self.client.info
         if info.cwd and os.path.isdir(info.cwd):
             os.chdir(info.cwd)
@@ -90,6 +92,7 @@ class WorkerRuntime:
         except OSError as exc:   # callers stay on the head's path
             print(f"orchestra worker: not taking calls at {path}: {exc}", file=sys.stderr)
         signal.signal(signal.SIGUSR1, self._on_cancel_signal)
+        self.client.start()
 
     # ------------------------------------------------------------ reader thread side
     def _on_frame(self, kind: int, msg: Any) -> None:

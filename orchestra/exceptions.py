@@ -97,6 +97,15 @@ def _can_subclass(base: type) -> bool:
     return True
 
 
+class ClusterLostError(OrchestraError, ConnectionError):
+    """The cluster's head process is gone (it crashed, or was killed).
+
+    Raised at once by every call blocked on the cluster and by every later one. The
+    session is over: ``is_initialized()`` is False, and ``init()`` starts a new cluster
+    (no ``shutdown()`` needed first). Refs of the lost session cannot be read again.
+    """
+
+
 class GetTimeoutError(OrchestraError, TimeoutError):
     """``get`` or ``wait`` ran past its timeout; the task keeps running."""
 
@@ -185,7 +194,7 @@ class GangMemberDiedError(GangError):
 
 
 __all__ = [
-    "OrchestraError", "TaskError", "GetTimeoutError", "WorkerCrashedError",
+    "OrchestraError", "TaskError", "ClusterLostError", "GetTimeoutError", "WorkerCrashedError",
     "TaskCancelledError", "ObjectLostError", "ObjectStoreFullError",
     "InfeasibleResourcesError", "ActorDiedError", "DeserializationError", "GangError",
     "GangAbortedError", "GangTimeoutError", "GangMemberDiedError",

@@ -37,7 +37,7 @@ DOCUMENTED_API = [
 DOCUMENTED_ERRORS = [
     "OrchestraError", "TaskError", "GetTimeoutError", "WorkerCrashedError",
     "TaskCancelledError", "ObjectLostError", "ObjectStoreFullError", "InfeasibleResourcesError",
-    "ActorDiedError", "DeserializationError",
+    "ActorDiedError", "DeserializationError", "ClusterLostError",
 ]
 
 

@@ -148,6 +148,7 @@ class FakeClient:
 
     def __init__(self) -> None:
         self.counts: dict[bytes, int] = {}
+        self.lost: str | None = None   # the cluster is alive
 
     def add_ref(self, oid: bytes, counted: bool) -> None:
         self.counts[oid] = self.counts.get(oid, 0) + 1

@@ -1,0 +1,123 @@
+"""Hardening: no silent hangs, the cluster's lifetime, and smaller defects.
+
+    failure                                  what the user gets
+    ---------------------------------------  ---------------------------------------------
+    a worker's frame handling raises         the worker exits: its task fails as a crash
+                                             (WorkerCrashedError), queued tasks run elsewhere
+    init() from a thread that then ends      the cluster lives as long as the driver process
+    the head dies                            every blocked and later call: ClusterLostError;
+                                             is_initialized() False; init() works again
+    many threads submit, nest, call, put     every ref becomes ready (stress)
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import _helpers as h
+import orchestra
+from _probes import pid_gone, wait_until
+from orchestra.exceptions import ClusterLostError, WorkerCrashedError
+
+T = 30
+
+
+# ------------------------------------------------------------------ no silent hangs
+
+@orchestra.remote(max_retries=0)
+def break_frame_handling(gate: h.Gate) -> int:
+    """Make this worker's next frame raise in orchestra's own handler, then wait."""
+    from orchestra import _context
+
+    def broken(*args: Any) -> None:
+        raise RuntimeError("a fault injected into the worker's frame handling")
+
+    client = _context.client_or_none()
+    client.on_frame = broken
+    client.on_peer_frame = broken
+    h.touch(gate.started)
+    h.wait_for_file(gate.opened, 30)
+    return os.getpid()
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_whose_frame_handling_raises_exits_and_its_tasks_run_elsewhere(start_cluster, gates):
+    start_cluster(num_cpus=1)
+    gate = gates("broken")
+    broken = break_frame_handling.remote(gate)
+    gate.wait_started()
+    # Sent to the only worker while its task runs (queued there, or straight to it): its
+    # reader thread meets the fault. It used to die there, the frame with it, and this
+    # task waited forever on a live worker that no longer read.
+    later = h.identity.remote(5)
+    assert orchestra.get(later, timeout=T) == 5
+    with pytest.raises(WorkerCrashedError, match="exit code 1"):
+        orchestra.get(broken, timeout=T)
+
+
+# ------------------------------------------------------------------ lifetime
+
+@pytest.mark.timeout(60)
+def test_a_cluster_started_from_a_thread_that_ends_lives_on(no_cluster):
+    infos: list[dict[str, Any]] = []
+    t = threading.Thread(target=lambda: infos.append(orchestra.init(num_cpus=1)))
+    t.start()
+    t.join(T)
+    assert infos, "init() in a thread did not return"
+    # The head's parent-death signal followed the thread: it died ~1.5 s after the
+    # thread ended, and the cluster with it.
+    time.sleep(3)
+    assert orchestra.is_initialized()
+    assert orchestra.get(h.identity.remote(7), timeout=T) == 7
+
+
+@pytest.mark.timeout(90)
+def test_when_the_head_dies_every_call_raises_cluster_lost_and_init_works_again(start_cluster, gates):
+    c = start_cluster(num_cpus=1)
+    gate = gates("held")
+    blocked = h.gated.remote(gate, "never")
+    gate.wait_started()
+    ref = orchestra.put(np.arange(10))
+    errors: list[BaseException] = []
+
+    def blocked_get() -> None:
+        try:
+            orchestra.get(blocked, timeout=60)
+        except BaseException as exc:  # noqa: BLE001 - inspected below
+            errors.append(exc)
+
+    waiter = threading.Thread(target=blocked_get)
+    waiter.start()
+    time.sleep(0.2)
+    killed = time.monotonic()
+    os.kill(c.head_pid, signal.SIGKILL)
+    waiter.join(10)
+    assert not waiter.is_alive(), "a get blocked when the head died did not return"
+    assert time.monotonic() - killed < 5
+    assert len(errors) == 1 and isinstance(errors[0], ClusterLostError), errors
+    assert "head process exited" in str(errors[0]) and "orchestra.init()" in str(errors[0])
+    # Every later call raises the same public error, at once.
+    calls = {
+        "get": lambda: orchestra.get(ref, timeout=5),
+        "put": lambda: orchestra.put(1),
+        "remote": lambda: h.identity.remote(1),
+        "wait": lambda: orchestra.wait([ref], timeout=5),
+        "cluster_resources": orchestra.cluster_resources,
+    }
+    for name, call in calls.items():
+        with pytest.raises(ClusterLostError):
+            call()
+            pytest.fail(f"{name}() after the head died did not raise")
+    assert not orchestra.is_initialized()
+    # A new cluster, no shutdown() first.
+    c2 = start_cluster(num_cpus=1)
+    assert c2.head_pid != c.head_pid
+    assert orchestra.get(h.identity.remote(3), timeout=T) == 3
+    assert not os.path.exists(c.session_dir), "the dead session's directory was left behind"
+    wait_until(lambda: pid_gone(c.head_pid), 10, "the killed head is gone")
