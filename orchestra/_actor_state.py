@@ -225,8 +225,11 @@ class ActorTable:
                 a.state = ActorState.RESTARTING
                 self.pending.append(a)
             return
-        why = reason if a.no_restart else f"{reason}; restarts used: {a.restarts} of {limit}"
-        self._die(a, self.s._error("actor_dead", name=name, reason=why))
+        if a.no_restart:
+            self._die(a, self.s._error("actor_dead", name=name, reason=reason))
+        else:
+            self._die(a, self.s._error("actor_dead", name=name, reason=reason,
+                                       restarts=a.restarts, max_restarts=limit))
 
     def _release_name(self, a: Actor) -> None:
         if a.spec.name and self.names.get(a.spec.name) == a.spec.actor_id:

@@ -1547,5 +1547,8 @@ def _connect(path: str, timeout_s: float) -> socket.socket:
             if time.monotonic() > deadline:
                 raise ClusterLostError(
                     f"could not connect to the head at {path} within {timeout_s:g} s: {exc}") from exc
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
+        except BaseException:   # PermissionError: another user's session
+            s.close()
+            raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)

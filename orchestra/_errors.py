@@ -55,9 +55,17 @@ def make_error(kind: str, **d: Any) -> bytes:
             "dropped, or it belongs to another session. Keep an ObjectRef alive for as "
             "long as its value is needed.")
     elif kind == "actor_dead":
-        exc = ActorDiedError(f"actor {name} is dead: {d.get('reason')}. Calls to it fail; "
-                             "start a new one, or give it max_restarts= to have it restarted "
-                             "after a crash.")
+        limit = d.get("max_restarts", 0)
+        if limit:
+            # It had restarts and used them all: advising max_restarts= misled.
+            exc = ActorDiedError(
+                f"actor {name} is dead: {d.get('reason')}. It was restarted "
+                f"{d.get('restarts')} times (max_restarts={limit}), all it may be. Calls to it "
+                "fail; start a new one, or allow more restarts (max_restarts=-1: no limit).")
+        else:
+            exc = ActorDiedError(f"actor {name} is dead: {d.get('reason')}. Calls to it fail; "
+                                 "start a new one, or give it max_restarts= to have it "
+                                 "restarted after a crash.")
     elif kind == "infeasible":
         res = ", ".join(f"{k}={v:g}" for k, v in sorted(d.get("resources", {}).items()))
         exc = InfeasibleResourcesError(

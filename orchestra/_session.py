@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
 import shutil
 import signal
@@ -255,10 +256,36 @@ def _connect(address: str) -> Session:
     sock = address
     if os.path.isdir(address):
         sock = os.path.join(address, "head.sock")
-    if not os.path.exists(sock):
+    try:
+        os.stat(sock)
+        client = CoreClient(sock, _hello())
+    except PermissionError as exc:
+        # The session directory is 0700 and its socket 0600: another user's session
+        # was reported as "not a running orchestra session", which sent users hunting
+        # for a dead cluster.
+        owner = _owner(os.path.dirname(sock))
+        raise PermissionError(
+            f"permission denied: the orchestra session at {address!r} belongs to {owner}, "
+            f"not to this user (uid {os.geteuid()}). Only the user who started a session can "
+            "connect to it (tasks run as that user); start a cluster of your own with "
+            "orchestra.init()") from exc
+    except FileNotFoundError:
         raise ValueError(f"address {address!r} is not a running orchestra session: give the "
-                         "session directory or its head.sock (see orchestra.init()'s return value)")
-    return Session(CoreClient(sock, _hello()), os.path.dirname(sock), None)
+                         "session directory or its head.sock (see orchestra.init()'s "
+                         "return value)") from None
+    return Session(client, os.path.dirname(sock), None)
+
+
+def _owner(path: str) -> str:
+    try:
+        uid = os.stat(path).st_uid
+    except OSError:
+        return "another user"
+    try:
+        import pwd
+        return f"user {pwd.getpwuid(uid).pw_name!r} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def _info(s: Session) -> dict[str, Any]:
@@ -346,15 +373,23 @@ def _client() -> CoreClient:
     return _context.current_client()
 
 
-def _check_timeout(timeout: float | None) -> None:
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                or timeout < 0):
+def _check_timeout(timeout: float | None) -> float | None:
+    """The timeout to wait with: None (no limit) for None or infinity."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
+    if math.isnan(timeout) or timeout < 0:
+        # NaN compares false with everything: it passed `< 0` and failed later with
+        # "cannot convert float NaN to integer".
+        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}; "
+                         "pass None to wait without a limit")
+    return None if math.isinf(timeout) else timeout
 
 
 def get(refs: ObjectRef | Sequence[ObjectRef], *, timeout: float | None = None) -> Any:
     """The value of a ref, or the values of a list of refs (in order)."""
-    _check_timeout(timeout)
+    timeout = _check_timeout(timeout)
     client = _client()
     if isinstance(refs, ObjectRef):
         _check_session(refs, client)
@@ -406,7 +441,7 @@ def wait(refs: Sequence[ObjectRef], *, num_returns: int = 1,
         if not refs and num_returns >= 0:
             return [], []
         raise ValueError(f"num_returns must be between 1 and len(refs)={len(refs)}, got {num_returns}")
-    _check_timeout(timeout)
+    timeout = _check_timeout(timeout)
     return _client().wait(list(refs), num_returns, timeout)
 
 

@@ -210,6 +210,8 @@ class WorkerRuntime:
                     self.queue.remove(inv)
                     break
             else:
+                if self.actor is not None and self.actor.concurrent:
+                    self.actor.cancel(task_id)   # a call on its threads or event loop
                 return
         self.send_done(pb.TaskDone(task_id=task_id, cancelled=True))
 
@@ -464,6 +466,11 @@ class ActorRuntime:
         self.spec = spec
         self.instance = instance
         self.concurrent = spec.is_async or spec.max_concurrency > 1
+        # Calls running on the threads or the loop (their asyncio futures), and those of
+        # them cancelled: answered as cancelled whatever they return.
+        self.lock = threading.Lock()
+        self.running: dict[bytes, Any] = {}
+        self.cancelled: set[bytes] = set()
         self.pool: Any = None
         self.loop: Any = None
         self.sem: Any = None
@@ -480,34 +487,81 @@ class ActorRuntime:
             self.pool = ThreadPoolExecutor(spec.max_concurrency, thread_name_prefix="orchestra-actor")
 
     def submit(self, inv: Any) -> None:
+        with self.lock:
+            self.running[inv.call.task_id] = None   # the asyncio task, once it starts
         if self.loop is not None:
             import asyncio
             asyncio.run_coroutine_threadsafe(self._run_async(inv), self.loop)
         else:
             self.pool.submit(self._run_threaded, inv)
 
+    def cancel(self, task_id: bytes) -> None:
+        """orchestra.cancel of a call running here: a coroutine gets CancelledError where
+        it awaits; a thread cannot be interrupted safely, so it runs on and what it
+        returns is dropped. Either way the caller's get raises TaskCancelledError."""
+        with self.lock:
+            if task_id not in self.running:
+                return   # answered already: the result stands
+            self.cancelled.add(task_id)
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self._cancel_on_loop, task_id)
+
+    def _cancel_on_loop(self, task_id: bytes) -> None:
+        # On the loop's thread, like the start of _run_async: a call cancelled before it
+        # started is caught there, one that started has its task here.
+        task = self.running.get(task_id)
+        if task is not None:
+            task.cancel()
+
+    def _was_cancelled(self, task_id: bytes) -> bool:
+        with self.lock:
+            return task_id in self.cancelled
+
+    def _ended(self, inv: Any, done: Any) -> None:
+        """Answer a call; None: it was cancelled (nothing of its result was stored)."""
+        tid = inv.call.task_id
+        with self.lock:
+            self.running.pop(tid, None)
+            self.cancelled.discard(tid)
+        self.worker.send_done(done if done is not None else pb.TaskDone(task_id=tid, cancelled=True))
+
     def _run_threaded(self, inv: Any) -> None:
         w = self.worker
+        tid = inv.call.task_id
         try:
             fn, args, kwargs = w.prepare(inv)
-            done = w.finish(inv, fn(*args, **kwargs))
+            result = fn(*args, **kwargs)
+            done = None if self._was_cancelled(tid) else w.finish(inv, result)
         except BaseException as exc:  # noqa: BLE001 - reported to the caller
-            done = w.failed(inv, exc)
-        w.send_done(done)
+            done = None if self._was_cancelled(tid) else w.failed(inv, exc)
+        self._ended(inv, done)
 
     async def _run_async(self, inv: Any) -> None:
+        import asyncio
         import inspect
         w = self.worker
-        async with self.sem:
-            try:
-                fn, args, kwargs = w.prepare(inv)
-                result = fn(*args, **kwargs)
-                if inspect.isawaitable(result):
-                    result = await result
-                done = w.finish(inv, result)
-            except BaseException as exc:  # noqa: BLE001 - reported to the caller
-                done = w.failed(inv, exc)
-        w.send_done(done)
+        tid = inv.call.task_id
+        done = None
+        with self.lock:
+            started = tid not in self.cancelled
+            if started:
+                self.running[tid] = asyncio.current_task()
+        try:
+            if started:
+                async with self.sem:
+                    try:
+                        fn, args, kwargs = w.prepare(inv)
+                        result = fn(*args, **kwargs)
+                        if inspect.isawaitable(result):
+                            result = await result
+                        if not self._was_cancelled(tid):
+                            done = w.finish(inv, result)
+                    except BaseException as exc:  # noqa: BLE001 - reported to the caller
+                        if not self._was_cancelled(tid):
+                            done = w.failed(inv, exc)
+        except asyncio.CancelledError:   # cancelled while waiting for its turn
+            pass
+        self._ended(inv, done)
 
 
 def _in_finalizer(frame: Any) -> bool:

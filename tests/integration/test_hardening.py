@@ -121,3 +121,123 @@ def test_when_the_head_dies_every_call_raises_cluster_lost_and_init_works_again(
     assert orchestra.get(h.identity.remote(3), timeout=T) == 3
     assert not os.path.exists(c.session_dir), "the dead session's directory was left behind"
     wait_until(lambda: pid_gone(c.head_pid), 10, "the killed head is gone")
+
+
+# ------------------------------------------------------------------ smaller defects
+
+@pytest.mark.parametrize("timeout", [float("nan"), -1.0])
+def test_get_and_wait_reject_a_timeout_that_is_not_a_duration(cluster, timeout):
+    ref = orchestra.put(1)
+    for call in (lambda: orchestra.get(ref, timeout=timeout),
+                 lambda: orchestra.wait([ref], timeout=timeout)):
+        with pytest.raises(ValueError, match="timeout must be None or a number of seconds"):
+            call()
+
+
+def test_an_infinite_timeout_waits_without_a_limit(cluster):
+    ref = h.identity.remote(4)
+    assert orchestra.get(ref, timeout=float("inf")) == 4
+    assert orchestra.wait([ref], timeout=float("inf")) == ([ref], [])
+
+
+def test_wait_for_more_refs_than_given_raises_naming_both(cluster):
+    refs = [orchestra.put(1)]
+    with pytest.raises(ValueError, match=r"between 1 and len\(refs\)=1, got 2"):
+        orchestra.wait(refs, num_returns=2)
+
+
+@pytest.mark.timeout(60)
+def test_connecting_to_another_users_session_says_permission_denied(cluster):
+    """A process of another uid (forked, then setuid) connects to this session."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to run a process as another user")
+    import warnings
+    r, w = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)   # fork with threads: the child
+        pid = os.fork()                                       # only stats and raises
+    if pid == 0:
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(_OTHER_UID)
+            os.setuid(_OTHER_UID)
+            from orchestra import _context, _session
+            _session._session = None
+            _context.set_client(None)
+            try:
+                orchestra.init(address=cluster.session_dir)
+                msg = "connected"
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                msg = f"{type(exc).__name__}: {exc}"
+            os.write(w, msg.encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        msg = f.read().decode()
+    os.waitpid(pid, 0)
+    assert msg.startswith("PermissionError: permission denied"), msg
+    assert "belongs to user 'root'" in msg and f"uid {_OTHER_UID}" in msg, msg
+
+
+_OTHER_UID = 54321   # no such user needed: a uid that owns nothing here
+
+
+@orchestra.remote
+class AsyncSleeper:
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    async def sleep(self, gate: h.Gate) -> str:
+        import asyncio
+        h.touch(gate.started)
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            self.seen.append("CancelledError")
+            raise
+        return "finished"
+
+    async def seen_so_far(self) -> list[str]:
+        return self.seen
+
+
+@orchestra.remote(max_concurrency=2)
+class ThreadedSleeper:
+    def sleep(self, gate: h.Gate) -> str:
+        h.touch(gate.started)
+        h.wait_for_file(gate.opened, 30)
+        return "finished"
+
+    def ping(self) -> str:
+        return "pong"
+
+
+@pytest.mark.timeout(60)
+def test_cancel_of_a_running_call_on_an_async_actor_cancels_its_coroutine(cluster, gates):
+    from orchestra.exceptions import TaskCancelledError
+    a = AsyncSleeper.remote()
+    gate = gates("async")
+    ref = a.sleep.remote(gate)
+    gate.wait_started()
+    orchestra.cancel(ref)
+    with pytest.raises(TaskCancelledError):
+        orchestra.get(ref, timeout=T)
+    assert orchestra.get(a.seen_so_far.remote(), timeout=T) == ["CancelledError"]
+    orchestra.kill(a)
+
+
+@pytest.mark.timeout(60)
+def test_cancel_of_a_running_call_on_a_threaded_actor_drops_its_result(cluster, gates):
+    from orchestra.exceptions import TaskCancelledError
+    a = ThreadedSleeper.remote()
+    gate = gates("threaded")
+    ref = a.sleep.remote(gate)
+    gate.wait_started()
+    orchestra.cancel(ref)
+    gate.open()
+    with pytest.raises(TaskCancelledError):
+        orchestra.get(ref, timeout=T)
+    assert orchestra.get(a.ping.remote(), timeout=T) == "pong"   # the actor serves on
+    orchestra.kill(a)
