@@ -7,7 +7,8 @@
     init() from a thread that then ends      the cluster lives as long as the driver process
     the head dies                            every blocked and later call: ClusterLostError;
                                              is_initialized() False; init() works again
-    many threads submit, nest, call, put     every ref becomes ready (stress)
+    many threads submit, nest, call, put     every ref becomes ready (stress, 60 s;
+                                             ORCHESTRA_STRESS_S sets the length)
 """
 from __future__ import annotations
 
@@ -59,6 +60,98 @@ def test_a_worker_whose_frame_handling_raises_exits_and_its_tasks_run_elsewhere(
     assert orchestra.get(later, timeout=T) == 5
     with pytest.raises(WorkerCrashedError, match="exit code 1"):
         orchestra.get(broken, timeout=T)
+
+
+@orchestra.remote
+class Accumulator:
+    def __init__(self) -> None:
+        self.total = 0
+
+    def add(self, k: int) -> int:
+        self.total += k
+        return k
+
+    def nested(self, n: int) -> int:
+        """An actor call that submits tasks and waits for them."""
+        return sum(orchestra.get([h.add.remote(i, 1) for i in range(n)], timeout=60))
+
+
+STRESS_S = float(os.environ.get("ORCHESTRA_STRESS_S", "60"))
+
+
+@pytest.mark.load
+@pytest.mark.timeout(STRESS_S + 150)
+def test_stress_threads_submitting_nesting_calling_and_putting_see_every_ref_ready(start_cluster):
+    """8 threads submit tasks, nested tasks and actor calls and wait on them, 3 threads
+    put and get, for STRESS_S seconds: every ref becomes ready with the right value."""
+    start_cluster(num_cpus=2)
+    actors = [Accumulator.remote(), Accumulator.remote()]
+    deadline = time.monotonic() + STRESS_S
+    errors: list[str] = []
+    rounds: dict[str, int] = {}
+
+    def check(name: str, what: str, got: Any, want: Any) -> None:
+        if got != want:
+            errors.append(f"{name}: {what} gave {got!r}, not {want!r}")
+
+    def submitter(i: int) -> None:
+        name = f"submitter-{i}"
+        n = 0
+        try:
+            while time.monotonic() < deadline and not errors:
+                kind = (n + i) % 4
+                if kind == 0:
+                    refs = [h.add.remote(j, i) for j in range(20)]
+                    check(name, "tasks", orchestra.get(refs, timeout=60), [j + i for j in range(20)])
+                elif kind == 1:
+                    refs = [h.submit_and_get.remote(4) for _ in range(3)]
+                    ready, rest = orchestra.wait(refs, num_returns=3, timeout=60)
+                    if rest:
+                        errors.append(f"{name}: {len(rest)} nested tasks not ready after 60 s")
+                    check(name, "nested", orchestra.get(ready, timeout=60), [[100, 101, 102, 103]] * 3)
+                elif kind == 2:
+                    a = actors[n % 2]
+                    refs = [a.add.remote(k) for k in range(10)]
+                    check(name, "actor calls", orchestra.get(refs, timeout=60), list(range(10)))
+                else:
+                    ref = actors[(n + 1) % 2].nested.remote(3)
+                    check(name, "nested actor call", orchestra.get(ref, timeout=60), 6)
+                n += 1
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(f"{name} after {n} rounds: {type(exc).__name__}: {exc}")
+        rounds[name] = n
+
+    def putter(i: int) -> None:
+        name = f"putter-{i}"
+        rng = np.random.default_rng(i)
+        n = 0
+        try:
+            while time.monotonic() < deadline and not errors:
+                size = int(rng.choice([10, 1000, 50_000, 300_000]))   # inline and shared memory
+                value = rng.integers(0, 1 << 30, size)
+                ref = orchestra.put(value)
+                if not np.array_equal(orchestra.get(ref, timeout=60), value):
+                    errors.append(f"{name}: get of a put array of {size} gave other values")
+                if n % 5 == 0:
+                    check(name, "a task reading a put", orchestra.get(h.array_sum.remote(ref), timeout=60),
+                          float(value.sum()))
+                n += 1
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(f"{name} after {n} rounds: {type(exc).__name__}: {exc}")
+        rounds[name] = n
+
+    threads = [threading.Thread(target=submitter, args=(i,)) for i in range(8)]
+    threads += [threading.Thread(target=putter, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(STRESS_S + 120)
+    assert not [t.name for t in threads if t.is_alive()], "threads still waiting on refs"
+    assert not errors, "\n".join(errors)
+    print(f"stress rounds in {STRESS_S:g} s: {rounds}")
+    assert all(n > 0 for n in rounds.values()), rounds
+    # The cluster is still whole: a trivial task runs.
+    assert orchestra.get(h.identity.remote("after"), timeout=T) == "after"
 
 
 # ------------------------------------------------------------------ lifetime
