@@ -96,6 +96,13 @@ class FailsInInit:
         return "passed"
 
 
+class Blocker:
+    """Holds GPU ids so that some members of a gang wait for resources: the gang stays forming."""
+
+    def ping(self) -> str:
+        return "pong"
+
+
 class TorchMember:
     def all_reduce(self, value: float) -> float:
         import torch
@@ -293,6 +300,92 @@ def test_named_or_restartable_actor_classes_are_refused(options, match):
     cls = orchestra.remote(Member).options(**options)
     with pytest.raises(ValueError, match=match):
         orchestra.gang(cls, 2)
+
+
+# ------------------------------------------------------------------ outsiders
+
+WRONG_TOKEN = "0" * 64
+
+
+def outsider_attempts(address: str, session_id: int, node: int) -> dict[str, str]:
+    """Every RPC of the coordinator sent by a local process that is not a member: once
+    without a token, once with a wrong one. Claims ``node``'s id and, for the strongest
+    attacker, the real session id. Returns ``{"<rpc>/<credentials>": status code name}``."""
+    import grpc
+
+    from orchestra._coordinator import PROTOCOL_VERSION
+    from orchestra._proto import xla_distributed_runtime_pb2 as xla_pb2
+    from orchestra._proto import xla_distributed_runtime_pb2_grpc as xla_pb2_grpc
+
+    calls: dict[str, tuple[str, Any]] = {
+        "Connect": ("Connect", xla_pb2.ConnectRequest(
+            protocol_version=PROTOCOL_VERSION, timeout_milliseconds=300, node_id=node,
+            client_id=0xBAD)),
+        "KeyValueGet": ("KeyValueGet", xla_pb2.KeyValueGetRequest(
+            session_id=session_id, key=b"gang/torch_master", timeout_milliseconds=0)),
+        "KeyValueSet": ("KeyValueSet", xla_pb2.KeyValueSetRequest(
+            session_id=session_id, key=b"gang/torch_master", value=b"10.6.6.6:666")),
+        "Heartbeat": ("Heartbeat", xla_pb2.HeartbeatRequest(session_id=session_id,
+                                                            node_id=node)),
+        "EnumerateDevices": ("EnumerateDevices", xla_pb2.EnumerateDevicesRequest(
+            session_id=session_id, local_topology=xla_pb2.LocalTopologyProto(node_id=node))),
+        "Shutdown": ("Shutdown", xla_pb2.ShutdownRequest(session_id=session_id,
+                                                         node_id=node)),
+    }
+    credentials: dict[str, Any] = {
+        "no token": None, "wrong token": (("authorization", f"Bearer {WRONG_TOKEN}"),)}
+    codes: dict[str, str] = {}
+    with grpc.insecure_channel(address) as channel:
+        stub = xla_pb2_grpc.DistributedRuntimeServiceStub(channel)
+        for name, (method, request) in calls.items():
+            for creds, metadata in credentials.items():
+                try:
+                    getattr(stub, method)(request, timeout=5, metadata=metadata)
+                    codes[f"{name}/{creds}"] = "OK"
+                except grpc.RpcError as err:
+                    codes[f"{name}/{creds}"] = err.code().name
+    return codes
+
+
+def test_an_outsider_can_neither_join_read_write_nor_abort_a_forming_or_running_gang(
+        gpu_cluster):
+    blocker = orchestra.remote(num_gpus=2)(Blocker).remote()
+    assert get(blocker.ping.remote()) == "pong"
+    with orchestra.gang(Member, 3, args=("t",), num_gpus=1, **FAST_HEARTBEAT) as g:
+        state = g._coordinator.state
+        # Forming: two members wait in Connect, the third waits for the blocker's GPUs.
+        wait_until(lambda: len(state.clients()) == 2, T, "two members in the Connect barrier")
+        waiting = state.clients()
+        (missing,) = set(range(3)) - set(waiting)
+        refused = outsider_attempts(g.address, g._coordinator.session_id, missing)
+        assert refused == {key: "UNAUTHENTICATED" for key in refused}
+        assert state.clients() == waiting and not state.session_started
+        # Running: the last member starts; an outsider claiming a healthy member gets nowhere.
+        orchestra.kill(blocker)
+        g.wait_ready(timeout_s=T)
+        refused = outsider_attempts(g.address, g._coordinator.session_id, 1)
+        assert refused == {key: "UNAUTHENTICATED" for key in refused}
+        time.sleep(2 * 0.2 * 5)   # past the heartbeat limit: no delayed abort either
+        torch_envs = [r["torch"] for r in get(g.call("rendezvous"))]
+        assert {e["MASTER_ADDR"] for e in torch_envs} == {"127.0.0.1"}
+        got = get(g.call("share", "nccl_id"))
+        assert len({values[0] for values in got}) == 1
+        g.check()                                   # healthy: no member is blamed
+        assert g.dead_members() == [] and state.aborted_reason is None
+
+
+def test_the_gang_secret_is_in_no_process_command_line(gpu_cluster):
+    with orchestra.gang(Member, 2, num_gpus=1) as g:
+        g.wait_ready(timeout_s=T)
+        token = g._coordinator.token
+        assert token
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except OSError:
+                continue   # gone meanwhile
+            assert token.encode() not in cmdline, f"pid {pid}"
 
 
 # ------------------------------------------------------------------ lifetime

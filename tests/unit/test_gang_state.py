@@ -192,7 +192,7 @@ class FakeClient:
 def context(client: FakeClient, member: int = 1, size: int = 4) -> GangContext:
     spec = GangSpec(address="127.0.0.1:5000", size=size, member=member, class_name="Trainer",
                     timeout_s=7.0, heartbeat_interval_s=1.0, max_missing_heartbeats=3,
-                    exit_on_abort=False)
+                    exit_on_abort=False, token="t0k3n")
     return GangContext(spec, client, layout(member, ["h"] * size), (), [member], "h")
 
 
