@@ -1,5 +1,6 @@
 """Gangs on a real local cluster: ranks, topology, rendezvous, the shared key-value store,
-death of a member (a crash matrix of how the others learn of it), lifetime, and a real
+death of a member (a crash matrix of how the others learn of it), outsiders (refused by the
+gang's coordinator), lifetime, and a real
 torch.distributed (gloo) all_reduce between members.
 
 The member classes live in this module: workers import it by name (``test_gang``). GPUs are
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 
 import orchestra
+from _outsider import outsider_attempts
 from _probes import Cluster, pid_gone, wait_until
 from orchestra import GangAbortedError, GangError, GangMemberDiedError, _session
 from orchestra.exceptions import ActorDiedError, InfeasibleResourcesError
@@ -303,49 +305,6 @@ def test_named_or_restartable_actor_classes_are_refused(options, match):
 
 
 # ------------------------------------------------------------------ outsiders
-
-WRONG_TOKEN = "0" * 64
-
-
-def outsider_attempts(address: str, session_id: int, node: int) -> dict[str, str]:
-    """Every RPC of the coordinator sent by a local process that is not a member: once
-    without a token, once with a wrong one. Claims ``node``'s id and, for the strongest
-    attacker, the real session id. Returns ``{"<rpc>/<credentials>": status code name}``."""
-    import grpc
-
-    from orchestra._coordinator import PROTOCOL_VERSION
-    from orchestra._proto import xla_distributed_runtime_pb2 as xla_pb2
-    from orchestra._proto import xla_distributed_runtime_pb2_grpc as xla_pb2_grpc
-
-    calls: dict[str, tuple[str, Any]] = {
-        "Connect": ("Connect", xla_pb2.ConnectRequest(
-            protocol_version=PROTOCOL_VERSION, timeout_milliseconds=300, node_id=node,
-            client_id=0xBAD)),
-        "KeyValueGet": ("KeyValueGet", xla_pb2.KeyValueGetRequest(
-            session_id=session_id, key=b"gang/torch_master", timeout_milliseconds=0)),
-        "KeyValueSet": ("KeyValueSet", xla_pb2.KeyValueSetRequest(
-            session_id=session_id, key=b"gang/torch_master", value=b"10.6.6.6:666")),
-        "Heartbeat": ("Heartbeat", xla_pb2.HeartbeatRequest(session_id=session_id,
-                                                            node_id=node)),
-        "EnumerateDevices": ("EnumerateDevices", xla_pb2.EnumerateDevicesRequest(
-            session_id=session_id, local_topology=xla_pb2.LocalTopologyProto(node_id=node))),
-        "Shutdown": ("Shutdown", xla_pb2.ShutdownRequest(session_id=session_id,
-                                                         node_id=node)),
-    }
-    credentials: dict[str, Any] = {
-        "no token": None, "wrong token": (("authorization", f"Bearer {WRONG_TOKEN}"),)}
-    codes: dict[str, str] = {}
-    with grpc.insecure_channel(address) as channel:
-        stub = xla_pb2_grpc.DistributedRuntimeServiceStub(channel)
-        for name, (method, request) in calls.items():
-            for creds, metadata in credentials.items():
-                try:
-                    getattr(stub, method)(request, timeout=5, metadata=metadata)
-                    codes[f"{name}/{creds}"] = "OK"
-                except grpc.RpcError as err:
-                    codes[f"{name}/{creds}"] = err.code().name
-    return codes
-
 
 def test_an_outsider_can_neither_join_read_write_nor_abort_a_forming_or_running_gang(
         gpu_cluster):
