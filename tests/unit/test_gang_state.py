@@ -196,6 +196,11 @@ def context(client: FakeClient, member: int = 1, size: int = 4) -> GangContext:
     return GangContext(spec, client, layout(member, ["h"] * size), (), [member], "h")
 
 
+def test_a_gang_spec_never_shows_its_token() -> None:
+    spec = context(FakeClient())._spec
+    assert spec.token == "t0k3n" and "t0k3n" not in repr(spec)
+
+
 def test_torch_env_reads_member_0s_address_and_gives_strings() -> None:
     client = FakeClient()
     client.kv["gang/torch_master"] = b"10.1.2.3:29500"
