@@ -82,14 +82,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="S",
     )
     args = parser.parse_args(argv)
-    token_from = "--token"
+    args.token_from = "--token"
     if args.token is None and TOKEN_ENV in os.environ:
-        args.token, token_from = os.environ[TOKEN_ENV], f"${TOKEN_ENV}"
+        args.token, args.token_from = os.environ[TOKEN_ENV], f"${TOKEN_ENV}"
     if args.token is not None:
         try:
             validate_token(args.token)
         except ValueError as err:
-            parser.error(f"{token_from}: {err}")
+            parser.error(f"{args.token_from}: {err}")
     if args.num_nodes < 1:
         parser.error(f"--num-nodes must be at least 1, got {args.num_nodes}")
     if args.heartbeat_interval <= 0 or args.max_missing_heartbeats < 1:
@@ -102,10 +102,17 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.token is not None and args.token_from == "--token":
+        print(
+            f"WARNING: --token puts the secret in this process's command line, which every "
+            f"local user can read (ps, /proc); pass it in ${TOKEN_ENV} instead.",
+            file=sys.stderr,
+            flush=True,
+        )
     if not is_loopback_host(args.host):
         if args.token is None:
             warning = (
-                "has no authentication: anyone who can reach the port can join the group and "
+                "and has no authentication: anyone who can reach the port can join the group and "
                 f"read or write its key-value store. Give a token (${TOKEN_ENV}), bind to "
                 "127.0.0.1, or restrict the port with a firewall."
             )

@@ -701,6 +701,7 @@ def test_entry_point_with_a_token_in_the_environment_refuses_clients_without_it(
         proc.kill()
     assert proc.returncode == 0, stderr
     assert TOKEN not in stderr  # the secret is never logged
+    assert "command line" not in stderr  # no warning about argv: the token is not in it
 
 
 def test_entry_point_token_flag_wins_over_the_environment(
@@ -716,9 +717,10 @@ def test_entry_point_token_flag_wins_over_the_environment(
         assert err.code() == grpc.StatusCode.UNAUTHENTICATED
         assert connect(make_stub(address), 0, metadata=MEMBER) != 0
         proc.terminate()
-        proc.communicate(timeout=10)
+        _, stderr = proc.communicate(timeout=10)
     finally:
         proc.kill()
+    assert f"pass it in ${TOKEN_ENV} instead" in stderr
 
 
 def test_entry_point_refuses_an_empty_token_instead_of_serving_without_one() -> None:
