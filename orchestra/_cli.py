@@ -7,7 +7,8 @@ _USAGE = """usage: orchestra COMMAND [ARGS]
 
 commands:
   microbenchmark   measure the hot path (add --compare ray to run Ray side by side)
-  coordinator      run an XLA DistributedRuntimeService coordinator
+  coordinator      run an XLA DistributedRuntimeService coordinator (with
+                   $ORCHESTRA_COORDINATOR_TOKEN set, it serves only clients sending it)
 """
 
 

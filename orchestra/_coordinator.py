@@ -43,8 +43,12 @@ Semantics (the contract the tests pin):
   fails with gRPC status NOT_FOUND (mirroring XLA's C++ service, which returns
   ``NotFound`` rather than ``found=false``). KeyValueSet overwrites.
 
-There is no authentication: anyone who reaches the port can join or read the store. It binds
-to loopback unless told otherwise (see ``orchestra.coordinator`` for the standalone server).
+Authentication: a coordinator started with ``token=`` serves only clients that send it as gRPC
+metadata; ``orchestra._coordinator_auth.TokenInterceptor`` refuses every other call with
+UNAUTHENTICATED before the servicer (and so the state) sees it. Without a token anyone who
+reaches the port can join or read the store, as with XLA's own service (whose client sends no
+token). It binds to loopback unless told otherwise (see ``orchestra.coordinator`` for the
+standalone server).
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ from typing import Any
 
 import grpc
 
+from orchestra._coordinator_auth import TokenInterceptor
 from orchestra._proto import xla_distributed_runtime_pb2 as xla_pb2
 from orchestra._proto import xla_distributed_runtime_pb2_grpc as xla_pb2_grpc
 
@@ -595,8 +600,10 @@ def is_loopback_host(host: str) -> bool:
 class Coordinator:
     """A running ``DistributedRuntimeService``: ``start()`` binds and returns ``host:port``.
 
-    Use as ``with Coordinator(2) as coord: ... coord.address``. ``stop()`` aborts every blocked
-    call (so no pool thread outlives the server), stops the server and the checker thread.
+    Use as ``with Coordinator(2, token=new_token()) as coord: ... coord.address``; with a
+    ``token``, only clients that send it are served (see ``_coordinator_auth``). ``stop()``
+    aborts every blocked call (so no pool thread outlives the server), stops the server and
+    the checker thread.
     """
 
     def __init__(
@@ -610,7 +617,12 @@ class Coordinator:
         enumerate_timeout_s: float = DEFAULT_ENUMERATE_TIMEOUT_S,
         shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
         max_workers: int | None = None,
+        token: str | None = None,
     ) -> None:
+        # Validated here, not in start(): a bad token is the caller's mistake, reported
+        # before anything binds.
+        self._interceptor = TokenInterceptor(token) if token is not None else None
+        self._token = token
         self._state = CoordinatorState(
             num_nodes,
             heartbeat_interval_s=heartbeat_interval_s,
@@ -639,6 +651,16 @@ class Coordinator:
         return self._state.session_id
 
     @property
+    def token(self) -> str | None:
+        """The secret clients must send (None: this coordinator accepts anyone)."""
+        return self._token
+
+    @property
+    def refused_calls(self) -> int:
+        """Calls refused for a missing or wrong token since start."""
+        return 0 if self._interceptor is None else self._interceptor.refused_calls
+
+    @property
     def address(self) -> str:
         if self._address is None:
             raise RuntimeError("the coordinator is not started; call start() first")
@@ -657,6 +679,7 @@ class Coordinator:
             # gRPC sets SO_REUSEPORT by default, so a second coordinator on a fixed port would
             # bind silently and split the nodes between two sessions; fail loudly instead.
             options=[("grpc.so_reuseport", 0)],
+            interceptors=[self._interceptor] if self._interceptor is not None else None,
         )
         xla_pb2_grpc.add_DistributedRuntimeServiceServicer_to_server(
             _Servicer(self._state, self._enumerate_timeout_s, self._shutdown_timeout_s),

@@ -8,6 +8,10 @@ Data flow::
                     shutdown--> one unary RPC each, every one with a deadline
     heartbeat thread (daemon, started by connect()) --Heartbeat every heartbeat_interval_s-->
 
+Every RPC, heartbeats included, carries the group's token as gRPC metadata when the client has
+one (``token=``); a coordinator started with a token refuses calls without it (UNAUTHENTICATED,
+raised as ``CoordinatorAuthError``, never retried).
+
 Ownership: the client owns its gRPC channel and its heartbeat thread; ``close()`` stops both.
 The first ABORTED status seen by any RPC (the coordinator declared the group dead, e.g. a node
 missed its heartbeats) is recorded; every later call raises ``CoordinatorAbortedError`` with
@@ -15,8 +19,9 @@ the server's message, which names the missing node. With ``exit_on_abort=True`` 
 thread instead prints the error to stderr and calls ``os._exit(1)``, as XLA's C++ client
 does, so a gang member never keeps running on a dead group.
 
-grpc and the generated protobuf modules are imported lazily, on first connect: importing
-this module (e.g. for its exception classes) stays cheap for worker start-up.
+grpc and the generated protobuf modules are imported lazily, when a client is made (grpc, for
+the token check) and on first connect: importing this module (e.g. for its exception classes)
+stays cheap for worker start-up.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CoordinatorAbortedError",
+    "CoordinatorAuthError",
     "CoordinatorClient",
     "CoordinatorError",
     "CoordinatorTimeoutError",
@@ -60,6 +66,10 @@ class CoordinatorAbortedError(CoordinatorError):
     """The coordinator aborted the group (a node vanished or restarted); restart every node."""
 
 
+class CoordinatorAuthError(CoordinatorError):
+    """The coordinator refused this client's token (none, or not the group's)."""
+
+
 class CoordinatorTimeoutError(CoordinatorError):
     """A barrier, key or the coordinator itself did not arrive within the timeout."""
 
@@ -77,7 +87,10 @@ def _timeout_ms(timeout_s: float) -> int:
 
 
 class CoordinatorClient:
-    """One node's connection to the coordinator at ``address`` (``host:port``)."""
+    """One node's connection to the coordinator at ``address`` (``host:port``).
+
+    ``token``: the group's secret, sent on every RPC; None for a coordinator without one.
+    """
 
     def __init__(
         self,
@@ -90,7 +103,10 @@ class CoordinatorClient:
         heartbeat_interval_s: float = 10.0,
         max_missing_heartbeats: int = 10,
         exit_on_abort: bool = False,
+        token: str | None = None,
     ) -> None:
+        from orchestra._coordinator_auth import token_metadata, validate_token
+
         if node_id < 0 or (num_nodes is not None and node_id >= num_nodes):
             raise ValueError(f"node_id {node_id} is outside [0, num_nodes={num_nodes})")
         if heartbeat_interval_s <= 0 or max_missing_heartbeats < 1:
@@ -105,6 +121,11 @@ class CoordinatorClient:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.max_missing_heartbeats = max_missing_heartbeats
         self.exit_on_abort = exit_on_abort
+        # Kept only as the metadata to send: no attribute holds the bare secret for a repr or
+        # a log line to show.
+        self._metadata = token_metadata(
+            None if token is None else validate_token(token)
+        )
         self.client_id = secrets.randbits(64) or 1  # 0 reads as "unset" in proto3
         self._session_id: int | None = None
         self._channel: Any = None
@@ -174,7 +195,9 @@ class CoordinatorClient:
             )
             try:
                 response = self._stub.Connect(
-                    request, timeout=remaining + _DEADLINE_MARGIN_S
+                    request,
+                    timeout=remaining + _DEADLINE_MARGIN_S,
+                    metadata=self._metadata,
                 )
             except grpc.RpcError as err:
                 if err.code() != grpc.StatusCode.UNAVAILABLE:
@@ -326,7 +349,9 @@ class CoordinatorClient:
         if self._stub is None or self._session_id is None:
             raise CoordinatorError(f"{method}: not connected; call connect() first")
         try:
-            return getattr(self._stub, method)(request, timeout=timeout_s)
+            return getattr(self._stub, method)(
+                request, timeout=timeout_s, metadata=self._metadata
+            )
         except grpc.RpcError as err:
             raise self._translate(err, method) from err
 
@@ -341,6 +366,12 @@ class CoordinatorClient:
             )
         if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.NOT_FOUND):
             return CoordinatorTimeoutError(f"{where} timed out: {details}")
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            sent = "a token" if self._metadata else "no token"
+            return CoordinatorAuthError(
+                f"{where}: the coordinator at {self.address} refused this client, which sent "
+                f"{sent}: {details}"
+            )
         if code == grpc.StatusCode.UNAVAILABLE:
             return CoordinatorError(
                 f"{where}: the coordinator at {self.address} is unreachable ({details}); it "
@@ -371,6 +402,7 @@ class CoordinatorClient:
                 stub.Heartbeat(
                     request,
                     timeout=min(self.rpc_timeout_s, 10 * self.heartbeat_interval_s),
+                    metadata=self._metadata,
                 )
                 misses = 0
                 continue

@@ -4,8 +4,9 @@ Data flow::
 
     driver: gang(Trainer, 4, args=..., num_gpus=1)
         check the cluster can ever hold 4 x the member request (InfeasibleResourcesError)
-        Coordinator(4) on 127.0.0.1, port 0: a gRPC server on threads of this process
-        4 x ActorClass(<member subclass of Trainer>).remote(GangSpec(member=i), *args)
+        Coordinator(4, token=<fresh secret>) on 127.0.0.1, port 0: a gRPC server on threads
+            of this process that serves only clients sending the token (the members)
+        4 x ActorClass(<member subclass of Trainer>).remote(GangSpec(member=i, token), *args)
             (actor creation is asynchronous: the 4 constructors run at once, one per process)
         -> Gang(actors, coordinator)
 
@@ -149,6 +150,7 @@ def gang(cls: Any, size: int, *, args: Sequence[Any] = (), kwargs: Mapping[str, 
     that would otherwise hang), and ``gang.check()`` names the dead member.
     """
     from ._coordinator import Coordinator
+    from ._coordinator_auth import new_token
 
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"size must be an int >= 1 (the number of members), got {size!r}")
@@ -162,7 +164,11 @@ def gang(cls: Any, size: int, *, args: Sequence[Any] = (), kwargs: Mapping[str, 
     client = _context.current_client()
     _check_capacity(name, size, options, dict(client.info.node_resources))
     member_cls = ActorClass(_member_class(base), options)
-    coordinator = Coordinator(size, host="127.0.0.1", port=0,
+    # One secret per gang: any local user can reach a loopback port, and without it could join
+    # a forming gang as a missing member, read or replace its rendezvous keys, or claim a
+    # running member's id (which aborts the gang and blames that healthy member).
+    token = new_token()
+    coordinator = Coordinator(size, host="127.0.0.1", port=0, token=token,
                               heartbeat_interval_s=heartbeat_interval_s,
                               max_missing_heartbeats=max_missing_heartbeats,
                               enumerate_timeout_s=timeout_s, shutdown_timeout_s=timeout_s)
@@ -174,7 +180,7 @@ def gang(cls: Any, size: int, *, args: Sequence[Any] = (), kwargs: Mapping[str, 
                             timeout_s=float(timeout_s),
                             heartbeat_interval_s=float(heartbeat_interval_s),
                             max_missing_heartbeats=max_missing_heartbeats,
-                            exit_on_abort=bool(exit_on_abort))
+                            exit_on_abort=bool(exit_on_abort), token=token)
             actors.append(member_cls.remote(spec, *args, **(kwargs or {})))
     except BaseException:
         for handle in actors:

@@ -4,8 +4,9 @@ Data flow, in each member's actor process, in its constructor before the user's 
 (all members run this at once, each in its own process)::
 
     join(spec)
-      CoordinatorClient(spec.address, node_id=spec.member).connect()   barrier 1: all members up;
-                                                                        heartbeat thread starts
+      CoordinatorClient(spec.address, node_id=spec.member,             barrier 1: all members up;
+                        token=spec.token).connect()                     heartbeat thread starts;
+                                                                        every RPC sends the token
       KeyValueSet gang/host/<member> = host identity                    for node and local ranks
       member 0 only: KeyValueSet gang/torch_master, gang/jax_coordinator  (free ports of its host)
       EnumerateDevices(this member's GPU ids as DeviceProto)           barrier 2: the topology,
@@ -28,7 +29,7 @@ import os
 import socket
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import _context
@@ -60,6 +61,10 @@ class GangSpec:
     heartbeat_interval_s: float
     max_missing_heartbeats: int
     exit_on_abort: bool
+    # The gang's secret, sent on every coordinator RPC: only members can join, read, write or
+    # abort. It travels in the pickled constructor call (never argv, which /proc shows to every
+    # local user) and stays out of repr, so no error message or log line carries it.
+    token: str = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -313,7 +318,8 @@ def join(spec: GangSpec) -> GangContext:
     client = CoordinatorClient(
         spec.address, spec.member, num_nodes=spec.size, connect_timeout_s=spec.timeout_s,
         rpc_timeout_s=spec.timeout_s, heartbeat_interval_s=spec.heartbeat_interval_s,
-        max_missing_heartbeats=spec.max_missing_heartbeats, exit_on_abort=spec.exit_on_abort)
+        max_missing_heartbeats=spec.max_missing_heartbeats, exit_on_abort=spec.exit_on_abort,
+        token=spec.token)
     try:
         client.connect()
         host = host_identity()

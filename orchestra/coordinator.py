@@ -1,6 +1,8 @@
 """Standalone coordinator: ``python -m orchestra.coordinator --num-nodes N --port P``.
 
 Starts one ``orchestra._coordinator.Coordinator`` (XLA's ``DistributedRuntimeService``),
+with a token when ``$ORCHESTRA_COORDINATOR_TOKEN`` or ``--token`` gives one (then it serves
+only clients that send it; ``--token`` wins, but argv is visible to every local user),
 prints its bound ``host:port`` as the only line on stdout (so a launcher can read it, e.g.
 with ``--port 0``), logs to stderr, and serves until SIGINT or SIGTERM. This process owns the
 server and stops it on the way out; signal handlers are installed in ``main()`` only and
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -25,6 +28,7 @@ from orchestra._coordinator import (
     Coordinator,
     is_loopback_host,
 )
+from orchestra._coordinator_auth import TOKEN_ENV, validate_token
 
 __all__ = ["main"]
 
@@ -43,7 +47,15 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--host",
         default="127.0.0.1",
-        help="address to bind (default loopback); the coordinator has no authentication",
+        help="address to bind (default loopback); without a token anyone who reaches it "
+        "can join the group",
+    )
+    parser.add_argument(
+        "--token",
+        default=None,
+        help=f"the group's secret: serve only clients that send it (gRPC metadata "
+        f"'authorization: Bearer TOKEN'; XLA's own client sends none). Prefer ${TOKEN_ENV}: "
+        "a command line is visible to every local user (ps, /proc); --token wins over it",
     )
     parser.add_argument(
         "--heartbeat-interval",
@@ -70,6 +82,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="S",
     )
     args = parser.parse_args(argv)
+    args.token_from = "--token"
+    if args.token is None and TOKEN_ENV in os.environ:
+        args.token, args.token_from = os.environ[TOKEN_ENV], f"${TOKEN_ENV}"
+    if args.token is not None:
+        try:
+            validate_token(args.token)
+        except ValueError as err:
+            parser.error(f"{args.token_from}: {err}")
     if args.num_nodes < 1:
         parser.error(f"--num-nodes must be at least 1, got {args.num_nodes}")
     if args.heartbeat_interval <= 0 or args.max_missing_heartbeats < 1:
@@ -82,11 +102,27 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    if not is_loopback_host(args.host):
+    if args.token is not None and args.token_from == "--token":
         print(
-            f"WARNING: the coordinator listens on {args.host}, beyond loopback, and has no "
-            "authentication: anyone who can reach the port can join the group and read or "
-            "write its key-value store. Bind to 127.0.0.1 or restrict the port with a firewall.",
+            f"WARNING: --token puts the secret in this process's command line, which every "
+            f"local user can read (ps, /proc); pass it in ${TOKEN_ENV} instead.",
+            file=sys.stderr,
+            flush=True,
+        )
+    if not is_loopback_host(args.host):
+        if args.token is None:
+            warning = (
+                "and has no authentication: anyone who can reach the port can join the group and "
+                f"read or write its key-value store. Give a token (${TOKEN_ENV}), bind to "
+                "127.0.0.1, or restrict the port with a firewall."
+            )
+        else:
+            warning = (
+                "and its traffic, token included, is not encrypted: anyone who can watch the "
+                "network can learn the token. Keep the port on a private network."
+            )
+        print(
+            f"WARNING: the coordinator listens on {args.host}, beyond loopback, {warning}",
             file=sys.stderr,
             flush=True,
         )
@@ -98,6 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_missing_heartbeats=args.max_missing_heartbeats,
         enumerate_timeout_s=args.enumerate_timeout,
         shutdown_timeout_s=args.shutdown_timeout,
+        token=args.token,
     )
     stop = threading.Event()
 
@@ -111,7 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         address = coordinator.start()
         print(address, flush=True)
         print(
-            f"orchestra coordinator for {args.num_nodes} nodes listening on {address}; "
+            f"orchestra coordinator for {args.num_nodes} nodes listening on {address}, "
+            f"{'serving only clients with the token' if args.token else 'without a token'}; "
             "SIGINT or SIGTERM stops it",
             file=sys.stderr,
             flush=True,

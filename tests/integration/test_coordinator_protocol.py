@@ -1,5 +1,6 @@
-"""The coordinator over real gRPC: raw xla stubs as nodes (threads), the Python client, and
-the ``python -m orchestra.coordinator`` entry point."""
+"""The coordinator over real gRPC: raw xla stubs as nodes (threads), the Python client,
+authentication (a coordinator with a token serves only clients that send it), and the
+``python -m orchestra.coordinator`` entry point."""
 
 from __future__ import annotations
 
@@ -17,10 +18,13 @@ from typing import IO, Any
 import grpc
 import pytest
 
+from _outsider import outsider_attempts
 from _threads import Background
 from orchestra._coordinator import PROTOCOL_VERSION, Coordinator
+from orchestra._coordinator_auth import TOKEN_ENV
 from orchestra._coordinator_client import (
     CoordinatorAbortedError,
+    CoordinatorAuthError,
     CoordinatorClient,
     CoordinatorTimeoutError,
 )
@@ -31,6 +35,10 @@ pytestmark = pytest.mark.timeout(30)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 Stub = Any  # xla_pb2_grpc.DistributedRuntimeServiceStub (generated, untyped)
+Metadata = tuple[tuple[str, str], ...] | None
+
+TOKEN = "the-group-secret-" + "5" * 47
+MEMBER: Metadata = (("authorization", f"Bearer {TOKEN}"),)  # what a member's client sends
 
 
 
@@ -80,7 +88,11 @@ def make_client() -> Iterator[Callable[..., CoordinatorClient]]:
 
 
 def connect(
-    stub: Stub, node_id: int, client_id: int | None = None, timeout_ms: int = 5000
+    stub: Stub,
+    node_id: int,
+    client_id: int | None = None,
+    timeout_ms: int = 5000,
+    metadata: Metadata = None,
 ) -> int:
     request = xla_pb2.ConnectRequest(
         protocol_version=PROTOCOL_VERSION,
@@ -88,15 +100,21 @@ def connect(
         node_id=node_id,
         client_id=100 + node_id if client_id is None else client_id,
     )
-    session: int = stub.Connect(request, timeout=10).session_id
+    session: int = stub.Connect(request, timeout=10, metadata=metadata).session_id
     return session
 
 
 def connect_all(
-    address: str, make_stub: Callable[[str], Stub], num_nodes: int
+    address: str,
+    make_stub: Callable[[str], Stub],
+    num_nodes: int,
+    metadata: Metadata = None,
 ) -> list[Stub]:
     stubs = [make_stub(address) for _ in range(num_nodes)]
-    calls = [Background(partial(connect, stubs[n], n)) for n in range(num_nodes)]
+    calls = [
+        Background(partial(connect, stubs[n], n, metadata=metadata))
+        for n in range(num_nodes)
+    ]
     sessions = {call.join() for call in calls}
     assert len(sessions) == 1
     return stubs
@@ -491,14 +509,137 @@ def test_client_exit_on_abort_exits_the_process(
     assert "node 0 missed heartbeats" in stderr and "exit_on_abort" in stderr
 
 
+# ----------------------------------------------------------------------------- authentication
+
+
+def everything_refused(codes: dict[str, str]) -> bool:
+    return bool(codes) and set(codes.values()) == {"UNAUTHENTICATED"}
+
+
+def test_with_a_token_every_rpc_of_an_outsider_is_refused_while_the_group_forms(
+    start_coordinator: Callable[..., Coordinator], make_stub: Callable[[str], Stub]
+) -> None:
+    coordinator = start_coordinator(2, token=TOKEN)
+    first = Background(
+        lambda: connect(make_stub(coordinator.address), 0, metadata=MEMBER)
+    )
+    wait_until(lambda: coordinator.state.clients() == {0: 100})
+    # The outsider claims the missing node: without the token it would complete the barrier.
+    codes = outsider_attempts(coordinator.address, coordinator.session_id, node=1)
+    assert codes == {key: "UNAUTHENTICATED" for key in codes} and everything_refused(codes)
+    assert coordinator.refused_calls == len(codes)
+    assert coordinator.state.clients() == {0: 100}
+    assert not coordinator.state.session_started
+    second = connect(make_stub(coordinator.address), 1, metadata=MEMBER)
+    assert first.join() == second == coordinator.session_id
+
+
+def test_with_a_token_every_rpc_of_an_outsider_is_refused_in_a_running_group(
+    start_coordinator: Callable[..., Coordinator], make_stub: Callable[[str], Stub]
+) -> None:
+    coordinator = start_coordinator(
+        2, token=TOKEN, heartbeat_interval_s=0.1, max_missing_heartbeats=3
+    )
+    stubs = connect_all(coordinator.address, make_stub, 2, metadata=MEMBER)
+    session = coordinator.session_id
+    key = b"gang/torch_master"
+    stubs[0].KeyValueSet(
+        xla_pb2.KeyValueSetRequest(session_id=session, key=key, value=b"10.0.0.1:29500"),
+        timeout=5,
+        metadata=MEMBER,
+    )
+    # Node 1 is healthy: a Connect in its name would abort the group and blame it.
+    codes = outsider_attempts(coordinator.address, session, node=1)
+    assert codes == {key: "UNAUTHENTICATED" for key in codes} and everything_refused(codes)
+    assert coordinator.state.aborted_reason is None
+    assert coordinator.state.failed_nodes == frozenset()
+    got = stubs[1].KeyValueGet(
+        xla_pb2.KeyValueGetRequest(session_id=session, key=key, timeout_milliseconds=0),
+        timeout=5,
+        metadata=MEMBER,
+    )
+    assert got.value == b"10.0.0.1:29500"
+    # Both members still complete the Shutdown barrier: the outsider's Shutdown never counted.
+    shut = [
+        Background(
+            partial(
+                stubs[n].Shutdown,
+                xla_pb2.ShutdownRequest(session_id=session, node_id=n),
+                timeout=10,
+                metadata=MEMBER,
+            )
+        )
+        for n in range(2)
+    ]
+    for call in shut:
+        call.join()
+
+
+def test_a_token_without_the_bearer_scheme_or_in_another_header_is_refused(
+    start_coordinator: Callable[..., Coordinator],
+) -> None:
+    coordinator = start_coordinator(1, token=TOKEN)
+    codes = outsider_attempts(
+        coordinator.address,
+        coordinator.session_id,
+        node=0,
+        credentials={
+            "bare token": (("authorization", TOKEN),),
+            "other header": (("x-orchestra-token", TOKEN),),
+        },
+    )
+    assert codes == {key: "UNAUTHENTICATED" for key in codes} and everything_refused(codes)
+
+
+def test_a_client_with_the_token_uses_every_rpc(
+    start_coordinator: Callable[..., Coordinator],
+    make_client: Callable[..., CoordinatorClient],
+) -> None:
+    coordinator = start_coordinator(
+        1, token=TOKEN, heartbeat_interval_s=0.1, max_missing_heartbeats=3
+    )
+    client = make_client(
+        coordinator.address, 0, num_nodes=1, token=TOKEN, heartbeat_interval_s=0.05
+    )
+    assert client.connect() == coordinator.session_id
+    client.key_value_set("addr", "10.0.0.1:1234")
+    assert client.key_value_get("addr", timeout_s=1.0) == b"10.0.0.1:1234"
+    client.wait_at_barrier("init", timeout_s=5.0)
+    client.enumerate_devices(
+        [xla_pb2.DeviceProto(local_device_ordinal=0, name="gpu0")], timeout_s=5.0
+    )
+    time.sleep(0.5)  # heartbeats carry the token too, or the group would abort here
+    assert coordinator.state.aborted_reason is None
+    client.shutdown(timeout_s=5.0)
+    assert coordinator.refused_calls == 0
+
+
+@pytest.mark.parametrize("token", [None, "0" * 64], ids=["no token", "wrong token"])
+def test_a_client_without_the_groups_token_fails_at_once_without_retrying(
+    start_coordinator: Callable[..., Coordinator],
+    make_client: Callable[..., CoordinatorClient],
+    token: str | None,
+) -> None:
+    coordinator = start_coordinator(2, token=TOKEN)
+    client = make_client(coordinator.address, 0, connect_timeout_s=20.0, token=token)
+    started = time.monotonic()
+    with pytest.raises(CoordinatorAuthError, match="refused this client.*token"):
+        client.connect()
+    assert time.monotonic() - started < 5.0
+    assert coordinator.state.clients() == {}
+
+
 # ----------------------------------------------------------------------------- entry point
 
 
-def _env() -> dict[str, str]:
+def _env(token: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])
     )
+    env.pop(TOKEN_ENV, None)
+    if token is not None:
+        env[TOKEN_ENV] = token
     return env
 
 
@@ -507,10 +648,10 @@ def _read_line(stream: IO[str], timeout_s: float) -> str:
     return str(line.join(timeout_s))
 
 
-def _run_entry_point(*args: str) -> subprocess.Popen[str]:
+def _run_entry_point(*args: str, token_env: str | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "orchestra.coordinator", *args],
-        env=_env(),
+        env=_env(token_env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -542,3 +683,64 @@ def test_entry_point_warns_when_listening_beyond_loopback() -> None:
     finally:
         proc.kill()
     assert "no authentication" in stderr
+
+
+def test_entry_point_with_a_token_in_the_environment_refuses_clients_without_it(
+    make_stub: Callable[[str], Stub],
+) -> None:
+    proc = _run_entry_point("--num-nodes", "1", "--port", "0", token_env=TOKEN)
+    try:
+        address = _read_line(proc.stdout, 15).strip()  # type: ignore[arg-type]
+        err = rpc_error(lambda: connect(make_stub(address), 0))
+        assert err.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "no token" in err.details()
+        assert connect(make_stub(address), 0, metadata=MEMBER) != 0
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr
+    assert TOKEN not in stderr  # the secret is never logged
+    assert "command line" not in stderr  # no warning about argv: the token is not in it
+
+
+def test_entry_point_token_flag_wins_over_the_environment(
+    make_stub: Callable[[str], Stub],
+) -> None:
+    proc = _run_entry_point(
+        "--num-nodes", "1", "--port", "0", "--token", TOKEN, token_env="0" * 64
+    )
+    try:
+        address = _read_line(proc.stdout, 15).strip()  # type: ignore[arg-type]
+        env_token: Metadata = (("authorization", "Bearer " + "0" * 64),)
+        err = rpc_error(lambda: connect(make_stub(address), 0, metadata=env_token))
+        assert err.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert connect(make_stub(address), 0, metadata=MEMBER) != 0
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert f"pass it in ${TOKEN_ENV} instead" in stderr
+
+
+def test_entry_point_refuses_an_empty_token_instead_of_serving_without_one() -> None:
+    proc = _run_entry_point("--num-nodes", "1", "--port", "0", token_env="")
+    try:
+        stdout, stderr = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2 and stdout == ""
+    assert f"${TOKEN_ENV}" in stderr and "empty" in stderr
+
+
+def test_entry_point_with_a_token_beyond_loopback_warns_that_traffic_is_not_encrypted() -> None:
+    proc = _run_entry_point(
+        "--num-nodes", "1", "--port", "0", "--host", "0.0.0.0", token_env=TOKEN
+    )
+    try:
+        _read_line(proc.stdout, 15)  # type: ignore[arg-type]
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert "not encrypted" in stderr and "no authentication" not in stderr

@@ -1,5 +1,6 @@
 """Gangs on a real local cluster: ranks, topology, rendezvous, the shared key-value store,
-death of a member (a crash matrix of how the others learn of it), lifetime, and a real
+death of a member (a crash matrix of how the others learn of it), outsiders (refused by the
+gang's coordinator), lifetime, and a real
 torch.distributed (gloo) all_reduce between members.
 
 The member classes live in this module: workers import it by name (``test_gang``). GPUs are
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 
 import orchestra
+from _outsider import outsider_attempts
 from _probes import Cluster, pid_gone, wait_until
 from orchestra import GangAbortedError, GangError, GangMemberDiedError, _session
 from orchestra.exceptions import ActorDiedError, InfeasibleResourcesError
@@ -94,6 +96,13 @@ class FailsInInit:
     def barrier(self, name: str, timeout_s: float) -> str:
         orchestra.gang_context().barrier(name, timeout_s=timeout_s)
         return "passed"
+
+
+class Blocker:
+    """Holds GPU ids so that some members of a gang wait for resources: the gang stays forming."""
+
+    def ping(self) -> str:
+        return "pong"
 
 
 class TorchMember:
@@ -293,6 +302,49 @@ def test_named_or_restartable_actor_classes_are_refused(options, match):
     cls = orchestra.remote(Member).options(**options)
     with pytest.raises(ValueError, match=match):
         orchestra.gang(cls, 2)
+
+
+# ------------------------------------------------------------------ outsiders
+
+def test_an_outsider_can_neither_join_read_write_nor_abort_a_forming_or_running_gang(
+        gpu_cluster):
+    blocker = orchestra.remote(num_gpus=2)(Blocker).remote()
+    assert get(blocker.ping.remote()) == "pong"
+    with orchestra.gang(Member, 3, args=("t",), num_gpus=1, **FAST_HEARTBEAT) as g:
+        state = g._coordinator.state
+        # Forming: two members wait in Connect, the third waits for the blocker's GPUs.
+        wait_until(lambda: len(state.clients()) == 2, T, "two members in the Connect barrier")
+        waiting = state.clients()
+        (missing,) = set(range(3)) - set(waiting)
+        refused = outsider_attempts(g.address, g._coordinator.session_id, missing)
+        assert refused == {key: "UNAUTHENTICATED" for key in refused}
+        assert state.clients() == waiting and not state.session_started
+        # Running: the last member starts; an outsider claiming a healthy member gets nowhere.
+        orchestra.kill(blocker)
+        g.wait_ready(timeout_s=T)
+        refused = outsider_attempts(g.address, g._coordinator.session_id, 1)
+        assert refused == {key: "UNAUTHENTICATED" for key in refused}
+        time.sleep(2 * 0.2 * 5)   # past the heartbeat limit: no delayed abort either
+        torch_envs = [r["torch"] for r in get(g.call("rendezvous"))]
+        assert {e["MASTER_ADDR"] for e in torch_envs} == {"127.0.0.1"}
+        got = get(g.call("share", "nccl_id"))
+        assert len({values[0] for values in got}) == 1
+        g.check()                                   # healthy: no member is blamed
+        assert g.dead_members() == [] and state.aborted_reason is None
+
+
+def test_the_gang_secret_is_in_no_process_command_line(gpu_cluster):
+    with orchestra.gang(Member, 2, num_gpus=1) as g:
+        g.wait_ready(timeout_s=T)
+        token = g._coordinator.token
+        assert token
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except OSError:
+                continue   # gone meanwhile
+            assert token.encode() not in cmdline, f"pid {pid}"
 
 
 # ------------------------------------------------------------------ lifetime

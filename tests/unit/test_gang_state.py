@@ -192,8 +192,13 @@ class FakeClient:
 def context(client: FakeClient, member: int = 1, size: int = 4) -> GangContext:
     spec = GangSpec(address="127.0.0.1:5000", size=size, member=member, class_name="Trainer",
                     timeout_s=7.0, heartbeat_interval_s=1.0, max_missing_heartbeats=3,
-                    exit_on_abort=False)
+                    exit_on_abort=False, token="t0k3n")
     return GangContext(spec, client, layout(member, ["h"] * size), (), [member], "h")
+
+
+def test_a_gang_spec_never_shows_its_token() -> None:
+    spec = context(FakeClient())._spec
+    assert spec.token == "t0k3n" and "t0k3n" not in repr(spec)
 
 
 def test_torch_env_reads_member_0s_address_and_gives_strings() -> None:
