@@ -36,7 +36,8 @@ DOCUMENTED_API = [
 
 DOCUMENTED_ERRORS = [
     "OrchestraError", "TaskError", "GetTimeoutError", "WorkerCrashedError",
-    "TaskCancelledError", "ObjectLostError", "ObjectStoreFullError", "InfeasibleResourcesError",
+    "TaskCancelledError", "ObjectLostError", "ObjectStoreFullError", "ObjectStoreError",
+    "InfeasibleResourcesError",
     "ActorDiedError", "DeserializationError",
 ]
 
