@@ -519,7 +519,9 @@ def _open_own(path: str, flags: int) -> int:
     except OSError as exc:
         why = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
         raise ObjectStoreError(f"cannot open the segment {path} ({why}); the object's data "
-                               "cannot be read or written here.") from exc
+                               "cannot be read or written here. A segment is only ever a "
+                               "file of this session's user: stop what changes files in "
+                               "that directory, and put the value again.") from exc
     try:
         problem = _not_own(os.fstat(fd), stat.S_ISREG, "a regular file", 0o600)
     except OSError as exc:
@@ -528,7 +530,9 @@ def _open_own(path: str, flags: int) -> int:
         os.close(fd)
         raise ObjectStoreError(
             f"refusing to map {path}: {problem}. A segment is only ever a file of this "
-            "session's user with mode 0600; something replaced or changed it.")
+            "session's user with mode 0600: a program of this user replaced or changed it "
+            "(no other user can). Stop what writes into that directory, and put the value "
+            "again.")
     return fd
 
 

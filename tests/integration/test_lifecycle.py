@@ -17,7 +17,7 @@ import pytest
 
 import _helpers as h
 import orchestra
-from _probes import SHM_DIR, pid_gone, shm_entries_of, wait_until
+from _probes import SHM_DIR, pid_gone, shm_dirs_of, shm_entries_of, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -204,6 +204,22 @@ def test_a_stale_session_directory_is_swept_by_the_next_init(no_cluster, tmp_pat
         time.sleep(0.01)
     orchestra.init(num_cpus=1)
     assert not os.path.exists(info["session_dir"])
+
+
+def test_the_segment_directory_of_a_killed_head_is_swept_by_the_next_init(no_cluster, tmp_path):
+    proc, info = _start_driver(tmp_path, "block")
+    (shm,) = shm_dirs_of(info["head"])
+    os.kill(info["head"], signal.SIGKILL)   # no head left to remove its segments
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(T)
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{info['head']}"):
+        if time.monotonic() > deadline:
+            pytest.skip("PID 1 here does not reap orphaned processes")
+        time.sleep(0.01)
+    assert os.listdir(shm), "the killed head's segments should still be there"
+    orchestra.init(num_cpus=1)
+    assert not os.path.exists(shm)
 
 
 # ------------------------------------------------------------------ what workers inherit
