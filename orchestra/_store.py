@@ -476,13 +476,14 @@ def check_private_dir(path: str) -> None:
             "the cluster again.")
 
 
-def remove_private_dir(path: str) -> None:
+def remove_private_dir(path: str) -> bool:
     """Remove a directory of segments made by make_session_dir, if it is ours."""
     try:
         check_private_dir(path)
     except ObjectStoreError:
-        return   # gone already, or not ours to remove
+        return False   # gone already, or not ours to remove
     shutil.rmtree(path, ignore_errors=True)
+    return True
 
 
 def segment_path(folder: str, name: str) -> str:
@@ -613,8 +614,7 @@ def sweep_stale_segments() -> int:
             pid = int(name[len(mine):].split("-", 1)[0])
         except ValueError:
             continue
-        if not pid_alive(pid):
-            remove_private_dir(os.path.join(SHM_DIR, name))
+        if not pid_alive(pid) and remove_private_dir(os.path.join(SHM_DIR, name)):
             removed += 1
     return removed
 
