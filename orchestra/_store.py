@@ -644,14 +644,11 @@ def open_segment(folder: str, segment: Any) -> mmap.mmap:
     path = segment_path(folder, segment.name)
     size = max(segment.size, 1)
     cap = max(segment.capacity, size)
-    if segment.reused:
-        fd = _open_own(path, os.O_RDWR)
-    else:
-        try:
-            fd = _open_own(path, os.O_CREAT | os.O_EXCL | os.O_RDWR)
-        except FileNotFoundError as exc:   # the directory is gone: the session ends
-            raise ObjectStoreError(f"cannot create the segment {path}: its directory is "
-                                   "gone (the cluster is shutting down)") from exc
+    try:
+        fd = _open_own(path, os.O_RDWR if segment.reused else os.O_CREAT | os.O_EXCL | os.O_RDWR)
+    except FileNotFoundError as exc:   # the store removed it, or the session ends
+        raise ObjectStoreError(f"cannot open the segment {path}: it is gone (the cluster is "
+                               "shutting down, or something removed it)") from exc
     try:
         if not segment.reused:
             os.ftruncate(fd, cap)
