@@ -160,6 +160,7 @@ class CoreClient:
         self.info = self._read_hello(connect_timeout_s)
         self.inline_threshold = self.info.inline_threshold or 100 * 1024
         self.conn_id = self.info.conn_id
+        self.shm_dir = self.info.shm_dir   # the session's private directory of segments
         self._poller = select.poll()
         self._poller.register(self.sock.fileno(), select.POLLIN)
         # One reused buffer: recv(1 MiB) would allocate (and fault in) 1 MiB per read.
@@ -1042,14 +1043,30 @@ class CoreClient:
         seg = reply.segment
         with self._ref_lock:
             mm = self._wmaps.pop(seg.name, None) if seg.reused else None
-        if mm is None or len(mm) < ser.size:
-            mm = open_segment(seg)
-        write_into(mm, ser)
+        try:
+            if mm is None or len(mm) < ser.size:
+                mm = open_segment(self.shm_dir, seg)
+            write_into(mm, ser)
+        except BaseException:
+            # The store counted the segment's bytes: give them back before the error
+            # reaches the caller (a failed put used to keep them until disconnect).
+            if mm is not None:
+                mm.close()
+            self.abort_segment(seg.name)
+            raise
         with self._ref_lock:
             if self.lost is None:
                 self._wmaps[seg.name] = mm
         out.segment.CopyFrom(seg)
         return out
+
+    def abort_segment(self, name: str) -> None:
+        """Tell the store a segment it handed out was not filled (see make_object_data)."""
+        if self.lost is None:
+            try:
+                self.request(pb.Request(abort_segment=name), timeout_s=30)
+            except OrchestraError:   # ClusterLostError too
+                pass   # the error being raised says more; a lost head frees it anyway
 
     def _drop_maps(self, names: Iterable[str]) -> None:
         with self._ref_lock:
@@ -1077,7 +1094,7 @@ class CoreClient:
 
         def work() -> None:
             for n in names:
-                mm = map_ahead(n)
+                mm = map_ahead(self.shm_dir, n)
                 with self._ref_lock:
                     keep = self._mapping_ahead.pop(n, False) and self.lost is None \
                         and not self._closing and n not in self._wmaps
@@ -1248,7 +1265,7 @@ class CoreClient:
     def map_segment(self, segment: Any) -> memoryview:
         """Map a sealed segment read-only and pin it until the last view of it is gone
         (a spill file needs no pin: removing it does not disturb a map)."""
-        mm, view = map_segment(segment)
+        mm, view = map_segment(self.shm_dir, segment)
         if not segment.path:
             name = segment.name
             with self._ref_lock:

@@ -45,7 +45,7 @@ from ._scheduler import (
     WorkerState,
 )
 from ._store import ObjectStore, ReleaseNeeded, SpillNeeded, spill_file
-from .exceptions import ObjectStoreFullError
+from .exceptions import ObjectStoreError, ObjectStoreFullError
 
 NODE_ID = 0
 _REAP_POLL_S = 0.01
@@ -461,6 +461,7 @@ class Head:
             session_id=self.cfg["session_id"].encode(), node_id=NODE_ID,
             node_resources=self.state.nodes[NODE_ID].resources.total,
             store_capacity=self.store.capacity, session_dir=self.session_dir,
+            shm_dir=self.store.dir,
             cwd=self.cfg.get("cwd", ""), sys_path=self.cfg.get("sys_path", []),
             inline_threshold=int(self.cfg.get("inline_threshold", 100 * 1024)),
             conn_id=conn.conn_id)
@@ -478,6 +479,8 @@ class Head:
             elif not self._create_segment(conn, req, spill=True):
                 self._creates_waiting = collections.deque([(conn, req)])
             return
+        elif body == "abort_segment":
+            self.store.abort(conn.conn_id, req.abort_segment)
         elif body == "locate":
             o = self.state.objects.get(req.locate)
             if o is None or o.data is None:
@@ -533,6 +536,9 @@ class Head:
                 jobs = self.store.begin_spill(need.names)
             except OSError as exc:
                 self.store.spill_error = f"{self.store.spill_dir}: {exc.strerror}"
+                return self._create_segment(conn, req, spill=False)
+            except ObjectStoreError as exc:   # the spill directory is not ours
+                self.store.spill_error = str(exc)
                 return self._create_segment(conn, req, spill=False)
             self._start_spill(jobs)
             return False

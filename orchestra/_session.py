@@ -29,7 +29,7 @@ from ._client import CoreClient
 from ._gpus import detect_num_gpus
 from ._object_ref import ObjectRef
 from ._resources import make_request
-from ._store import SHM_DIR, pid_alive, sweep_stale_segments
+from ._store import SHM_DIR, pid_alive, remove_private_dir, sweep_stale_segments
 from .exceptions import ClusterLostError, ObjectLostError, OrchestraError
 
 SESSION_PREFIX = "orchestra-session-"
@@ -62,6 +62,8 @@ class Session:
             shutil.rmtree(self.session_dir, ignore_errors=True)
             if self.spill_dir:
                 shutil.rmtree(self.spill_dir, ignore_errors=True)
+            if client.shm_dir:   # the head removes it; not when it was killed
+                remove_private_dir(client.shm_dir)
             sweep_stale_segments()
 
 

@@ -15,8 +15,18 @@ was freed is reused only once nobody maps it, so a live zero-copy view never see
 bytes of a later object. Readers do not use multiprocessing.shared_memory: CPython's
 resource tracker would unlink segments it did not create (gh-82300).
 
-Segments are named ``orch-<head pid>-<session>-<n>`` so that a later session can tell
-(by the pid) which ones a crashed session left behind, and remove them.
+Where segments live: a directory of the session under /dev/shm, made by the store
+(``orchestra-<uid>-<head pid>-<session>-<random>``, mode 0700, checked after mkdir).
+/dev/shm itself is writable by every user: segments there under predictable names let
+another user squat the next names (every large put failed with FileExistsError) or
+plant a pickle at the name of a spilled segment (the next get unpickled it: code
+execution as the session's user). In the private directory only the session's user
+can list, create or open anything. On top of that every open is O_NOFOLLOW (O_EXCL as
+well when creating), and before a map the file must be a regular file of this user with
+mode 0600. A failed create or map raises ObjectStoreError naming the file; the writer
+then asks the store to give back the bytes counted for the segment (abort). The pid in
+the directory's name tells a later session which directories a crashed head left
+behind (sweep_stale_segments). Every path of a segment is made by segment_path().
 
 Spilling: when live objects leave no room for a new one, create() names the least
 recently used sealed segments that nobody maps (SpillNeeded); the head copies them to
@@ -30,20 +40,24 @@ the head where the object is now instead of reading another object's bytes.
 from __future__ import annotations
 
 import collections
+import errno
 import itertools
 import mmap
 import os
 import shutil
+import stat
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from ._proto import types_pb2
-from .exceptions import ObjectStoreFullError
+from .exceptions import ObjectStoreError, ObjectStoreFullError
 
 SHM_DIR = "/dev/shm"
-PREFIX = "orch-"
+DIR_PREFIX = "orchestra-"      # + <uid>-<head pid>-<session>-<random>: see make_session_dir
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 _MIN_CLASS = 64 * 1024
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 _WARM_CHUNK = 8 << 20
@@ -108,7 +122,7 @@ class ObjectStore:
                  spill_dir: str | None = None) -> None:
         self.node_id = node_id
         self.capacity = capacity
-        self.prefix = f"{PREFIX}{os.getpid()}-{session}-"
+        self.dir = make_session_dir(session)
         # Pooled segments are evicted on demand by create(), so the pool may use all
         # capacity that live objects leave free.
         self.pool_limit = capacity if pool_limit is None else pool_limit
@@ -135,7 +149,7 @@ class ObjectStore:
     # ------------------------------------------------------------------ allocation
     def _new_name(self) -> str:
         self._n += 1
-        return f"{self.prefix}{self._n}"
+        return f"seg-{self._n}"
 
     def create(self, conn: int, object_id: bytes, size: int, *, spill: bool = True,
                release: bool = True) -> Any:
@@ -277,11 +291,24 @@ class ObjectStore:
         else:
             self._remove(seg.name)
 
+    def abort(self, conn: int, name: str) -> None:
+        """The writer could not create, map or fill the segment it was given: give back
+        the bytes counted for it and remove the file (never pooled: its state is unknown)."""
+        seg = self.segs.get(name)
+        if seg is None or seg.state != "writing" or seg.writer != conn:
+            return
+        seg.no_pool = True
+        seg.state = "sealed"
+        self.free(name)
+
     def _remove(self, name: str) -> None:
         seg = self.segs.pop(name, None)
         if seg is not None:
             self.dropped.extend((conn, name) for conn in seg.rw)
-        _unlink(name)
+        self._unlink(name)
+
+    def _unlink(self, name: str) -> None:
+        _unlink_path(segment_path(self.dir, name))
 
     # ------------------------------------------------------------------ readers
     def pin(self, conn: int, names: Any) -> None:
@@ -327,12 +354,18 @@ class ObjectStore:
         """Mark the segments as being spilled; returns (name, object id, source,
         destination, size) for spill_file(), which runs off the event loop."""
         assert self.spill_dir is not None
-        os.makedirs(self.spill_dir, mode=0o700, exist_ok=True)
+        # Also a directory inside a spill_dir= that other users may write: refused unless
+        # it is this user's own, mode 0700 (then it is what an earlier spill made).
+        try:
+            os.mkdir(self.spill_dir, 0o700)
+        except FileExistsError:
+            pass
+        check_private_dir(self.spill_dir)
         jobs = []
         for name in names:
             seg = self.segs[name]
             seg.state = "spilling"
-            jobs.append((name, seg.object_id, os.path.join(SHM_DIR, name),
+            jobs.append((name, seg.object_id, segment_path(self.dir, name),
                          os.path.join(self.spill_dir, name), seg.size))
         return jobs
 
@@ -373,9 +406,10 @@ class ObjectStore:
             return
         self._warming = True
         name = self._new_name()
+        path = segment_path(self.dir, name)
 
         def work() -> None:
-            ok = _allocate(name, cap, idle)
+            ok = _allocate(path, cap, idle)
             schedule(lambda: self._warmed(name, cap, ok))
         threading.Thread(target=work, name="orchestra-warm", daemon=True).start()
 
@@ -384,7 +418,7 @@ class ObjectStore:
         if not ok:
             return
         if self.used + self.pooled + cap > self.capacity or name in self.segs:
-            _unlink(name)
+            self._unlink(name)
             return
         self.segs[name] = _Seg(name, cap, "pooled", -1)
         self.pool.setdefault(cap, collections.deque()).append(name)
@@ -393,9 +427,8 @@ class ObjectStore:
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:
-        """Unlink every segment of this store, also ones never recorded."""
-        for name in list(self.segs):
-            _unlink(name)
+        """Remove every segment of this store (its directory, so also ones never
+        recorded) and every spill file."""
         self.segs.clear()
         self.pool.clear()
         self.used = self.pooled = 0
@@ -405,21 +438,110 @@ class ObjectStore:
         self.spilled_bytes = 0
         if self.spill_dir is not None:
             shutil.rmtree(self.spill_dir, ignore_errors=True)
-        try:
-            for name in os.listdir(SHM_DIR):
-                if name.startswith(self.prefix):
-                    _unlink(name)
-        except OSError:
-            pass
+        remove_private_dir(self.dir)
 
 
+# ---------------------------------------------------------------- the private directory
 
-def _allocate(name: str, cap: int, idle: Callable[[], bool]) -> bool:
+
+def make_session_dir(session: str) -> str:
+    """Create the session's directory of segments under /dev/shm: mode 0700, a name
+    nobody can guess (mkdtemp retries on a name taken already, so squatting it only
+    costs the squatter)."""
+    prefix = f"{DIR_PREFIX}{os.geteuid()}-{os.getpid()}-{session}-"
+    try:
+        path = tempfile.mkdtemp(prefix=prefix, dir=SHM_DIR)
+    except OSError as exc:
+        raise ObjectStoreError(
+            f"cannot create the session's shared-memory directory in {SHM_DIR} "
+            f"({exc.strerror}): the object store needs a writable {SHM_DIR} (a tmpfs). "
+            f"Mount one, or give this user write access to it.") from exc
+    os.chmod(path, 0o700)   # mkdir's mode is masked by the umask; nobody else can swap it
+    check_private_dir(path)
+    return path
+
+
+def check_private_dir(path: str) -> None:
+    """Raise ObjectStoreError unless ``path`` is a directory (not a link) of this user
+    with mode 0700: only then can no other user put or replace a file in it."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise ObjectStoreError(f"cannot check the private directory {path} ({exc.strerror})") from exc
+    problem = _not_own(st, stat.S_ISDIR, "a directory", 0o700)
+    if problem:
+        raise ObjectStoreError(
+            f"{path} is not this session's private directory: {problem}. Another user or "
+            "program made or changed it; remove it (or pick another spill_dir=) and start "
+            "the cluster again.")
+
+
+def remove_private_dir(path: str) -> bool:
+    """Remove a directory of segments made by make_session_dir, if it is ours."""
+    try:
+        check_private_dir(path)
+    except ObjectStoreError:
+        return False   # gone already, or not ours to remove
+    shutil.rmtree(path, ignore_errors=True)
+    return True
+
+
+def segment_path(folder: str, name: str) -> str:
+    """The file of segment ``name`` in the session's directory ``folder``."""
+    if "/" in name or name.startswith("."):
+        raise ObjectStoreError(f"bad segment name {name!r}: not a file of {folder}")
+    return f"{folder}/{name}"
+
+
+def _not_own(st: os.stat_result, is_kind: Callable[[int], bool], kind: str, mode: int) -> str:
+    """Why a file is not this user's own of ``kind`` and ``mode``; "" when it is."""
+    if not is_kind(st.st_mode):
+        return f"it is not {kind}" + (" (a symbolic link)" if stat.S_ISLNK(st.st_mode) else "")
+    if st.st_uid != os.geteuid():
+        return f"it belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})"
+    if stat.S_IMODE(st.st_mode) != mode:
+        return f"its mode is {stat.S_IMODE(st.st_mode):04o}, not {mode:04o}"
+    return ""
+
+
+def _open_own(path: str, flags: int) -> int:
+    """Open a segment or spill file of this session: never through a symbolic link, and
+    only a regular file of this user with mode 0600. Raises FileNotFoundError when it is
+    gone (the object moved), ObjectStoreError naming path and cause otherwise."""
+    try:
+        fd = os.open(path, flags | _NOFOLLOW, 0o600)
+    except FileNotFoundError:
+        raise
+    except FileExistsError as exc:
+        raise ObjectStoreError(
+            f"cannot create the segment {path}: a file of that name exists already. Only "
+            "this session's user can write its directory, so a program of this user made "
+            "it; the object was not stored (put it again).") from exc
+    except OSError as exc:
+        why = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
+        raise ObjectStoreError(f"cannot open the segment {path} ({why}); the object's data "
+                               "cannot be read or written here. A segment is only ever a "
+                               "file of this session's user: stop what changes files in "
+                               "that directory, and put the value again.") from exc
+    try:
+        problem = _not_own(os.fstat(fd), stat.S_ISREG, "a regular file", 0o600)
+    except OSError as exc:
+        problem = exc.strerror or "fstat failed"
+    if problem:
+        os.close(fd)
+        raise ObjectStoreError(
+            f"refusing to map {path}: {problem}. A segment is only ever a file of this "
+            "session's user with mode 0600: a program of this user replaced or changed it "
+            "(no other user can). Stop what writes into that directory, and put the value "
+            "again.")
+    return fd
+
+
+def _allocate(path: str, cap: int, idle: Callable[[], bool]) -> bool:
     """Create a segment and write every page once (tmpfs zeroes a page at its first
     touch, ~3 ms per MiB): the first large put then writes at memcpy speed."""
-    path = os.path.join(SHM_DIR, name)
     try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | _NOFOLLOW, 0o600)
     except OSError:
         return False
     zeros = bytes(_WARM_CHUNK)
@@ -432,14 +554,10 @@ def _allocate(name: str, cap: int, idle: Callable[[], bool]) -> bool:
             os.pwrite(fd, zeros[: min(_WARM_CHUNK, cap - off)], off)
         return True
     except OSError:
-        _unlink(name)
+        _unlink_path(path)
         return False
     finally:
         os.close(fd)
-
-
-def _unlink(name: str) -> None:
-    _unlink_path(os.path.join(SHM_DIR, name))
 
 
 def _unlink_path(path: str) -> None:
@@ -447,16 +565,20 @@ def _unlink_path(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+    except OSError:
+        # Not a file (a directory someone made at a segment's name): its name is never
+        # handed out again, and the session's directory goes with the session.
+        pass
 
 
 def spill_file(src: str, dst: str, size: int) -> str:
     """Copy a sealed segment to its spill file in the kernel; "" or why it failed."""
     try:
-        fin = os.open(src, os.O_RDONLY)
+        fin = os.open(src, os.O_RDONLY | _NOFOLLOW)
     except OSError as exc:
         return f"{src}: {exc.strerror}"
     try:
-        fout = os.open(dst, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        fout = os.open(dst, os.O_CREAT | os.O_EXCL | os.O_WRONLY | _NOFOLLOW, 0o600)
     except OSError as exc:
         os.close(fin)
         return f"{dst}: {exc.strerror}"
@@ -476,21 +598,23 @@ def spill_file(src: str, dst: str, size: int) -> str:
 
 
 def sweep_stale_segments() -> int:
-    """Remove segments of sessions whose head process is gone. Returns how many."""
+    """Remove this user's segment directories of sessions whose head process is gone
+    (the pid in the name). Returns how many. Another user's entries are never touched,
+    even by root: a name says nothing of who made it, the owner does."""
     removed = 0
+    mine = f"{DIR_PREFIX}{os.geteuid()}-"
     try:
         names = os.listdir(SHM_DIR)
     except OSError:
         return 0
     for name in names:
-        if not name.startswith(PREFIX):
+        if not name.startswith(mine):
             continue
         try:
-            pid = int(name[len(PREFIX):].split("-", 1)[0])
+            pid = int(name[len(mine):].split("-", 1)[0])
         except ValueError:
             continue
-        if not pid_alive(pid):
-            _unlink(name)
+        if not pid_alive(pid) and remove_private_dir(os.path.join(SHM_DIR, name)):
             removed += 1
     return removed
 
@@ -513,15 +637,18 @@ def pid_alive(pid: int) -> bool:
 # ---------------------------------------------------------------- writer / reader side
 
 
-def open_segment(segment: Any) -> mmap.mmap:
-    """A read-write map of the whole segment the store handed out, pages mapped."""
-    path = os.path.join(SHM_DIR, segment.name)
+def open_segment(folder: str, segment: Any) -> mmap.mmap:
+    """A read-write map of the whole segment the store handed out, pages mapped.
+    ObjectStoreError (or ObjectStoreFullError) when it cannot be made: the caller
+    aborts the segment so that the store gives its bytes back."""
+    path = segment_path(folder, segment.name)
     size = max(segment.size, 1)
     cap = max(segment.capacity, size)
-    if segment.reused:
-        fd = os.open(path, os.O_RDWR)
-    else:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        fd = _open_own(path, os.O_RDWR if segment.reused else os.O_CREAT | os.O_EXCL | os.O_RDWR)
+    except FileNotFoundError as exc:   # the store removed it, or the session ends
+        raise ObjectStoreError(f"cannot open the segment {path}: it is gone (the cluster is "
+                               "shutting down, or something removed it)") from exc
     try:
         if not segment.reused:
             os.ftruncate(fd, cap)
@@ -537,16 +664,20 @@ def open_segment(segment: Any) -> mmap.mmap:
         # MAP_POPULATE: map every page in one call instead of one fault per page.
         return mmap.mmap(fd, cap, mmap.MAP_SHARED | _POPULATE,
                          mmap.PROT_READ | mmap.PROT_WRITE)
+    except OSError as exc:
+        raise ObjectStoreError(f"cannot size or map the segment {path} ({exc.strerror}); "
+                               "the object was not stored.") from exc
     finally:
         os.close(fd)
 
 
-def map_ahead(name: str) -> mmap.mmap | None:
+def map_ahead(folder: str, name: str) -> mmap.mmap | None:
     """A read-write map of an existing segment with its pages mapped, the GIL released
-    meanwhile (a populating mmap() holds it for ~0.1 s per 512 MiB); None if gone."""
+    meanwhile (a populating mmap() holds it for ~0.1 s per 512 MiB); None if gone or
+    not the session's own file (the put then opens it itself, and says why)."""
     try:
-        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
-    except OSError:
+        fd = _open_own(segment_path(folder, name), os.O_RDWR)
+    except (OSError, ObjectStoreError):
         return None
     try:
         size = os.fstat(fd).st_size
@@ -585,12 +716,17 @@ def write_into(mm: mmap.mmap, ser: Any) -> None:
         view.release()
 
 
-def map_segment(segment: Any) -> tuple[mmap.mmap, memoryview]:
+def map_segment(folder: str, segment: Any) -> tuple[mmap.mmap, memoryview]:
     """A read-only map of a sealed segment or spill file; it lives as long as views
-    of it. FileNotFoundError: the object moved (spilled), ask the head where to."""
-    fd = os.open(segment.path or os.path.join(SHM_DIR, segment.name), os.O_RDONLY)
+    of it. FileNotFoundError: the object moved (spilled), ask the head where to;
+    ObjectStoreError: the file is not the session's own, or cannot be mapped."""
+    path = segment.path or segment_path(folder, segment.name)
+    fd = _open_own(path, os.O_RDONLY)
     try:
         mm = mmap.mmap(fd, max(segment.size, 1), mmap.MAP_SHARED, mmap.PROT_READ)
+    except (OSError, ValueError) as exc:
+        raise ObjectStoreError(f"cannot map {path} ({exc}); the object's data cannot be "
+                               "read here.") from exc
     finally:
         os.close(fd)
     return mm, memoryview(mm)[: segment.size]

@@ -371,10 +371,18 @@ class WorkerRuntime:
         done = pb.TaskDone(task_id=tid)
         make, add = self.client.make_object_data, done.returns.add
         threshold = self.client.inline_threshold
-        for i, ser in enumerate(sers):
-            make(tid + i.to_bytes(4, "big"), ser, add())
-            if ser.contained or ser.size > threshold:
-                self.heavy.add(tid)
+        try:
+            for i, ser in enumerate(sers):
+                make(tid + i.to_bytes(4, "big"), ser, add())
+                if ser.contained or ser.size > threshold:
+                    self.heavy.add(tid)
+        except BaseException:
+            # This answer is never sent: the results written already give their
+            # segments back too (the failed one did so itself).
+            for r in done.returns:
+                if r.HasField("segment"):
+                    self.client.abort_segment(r.segment.name)
+            raise
         if any(ser.contained for ser in sers):
             # Refs inside the results live until the answer is sent: dropped before, their
             # release could reach the head first (the reader flushes every 20 ms) and free

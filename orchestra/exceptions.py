@@ -126,6 +126,15 @@ class ObjectStoreFullError(OrchestraError, MemoryError):
     """The object store cannot hold the object; the message gives the sizes."""
 
 
+class ObjectStoreError(OrchestraError):
+    """A shared-memory segment could not be created, opened or mapped safely.
+
+    The message names the file and the cause: a name taken already, a file that is not
+    the session's own (another owner, a mode other than 0600, a symbolic link), or the
+    system's error. The store has given back the room it counted for the segment.
+    """
+
+
 class ActorDiedError(OrchestraError):
     """The actor is dead: killed, its process died, or its constructor raised.
 
@@ -195,7 +204,7 @@ class GangMemberDiedError(GangError):
 
 __all__ = [
     "OrchestraError", "TaskError", "ClusterLostError", "GetTimeoutError", "WorkerCrashedError",
-    "TaskCancelledError", "ObjectLostError", "ObjectStoreFullError",
+    "TaskCancelledError", "ObjectLostError", "ObjectStoreFullError", "ObjectStoreError",
     "InfeasibleResourcesError", "ActorDiedError", "DeserializationError", "GangError",
     "GangAbortedError", "GangTimeoutError", "GangMemberDiedError",
 ]

@@ -17,6 +17,25 @@ from orchestra import _session
 SHM_DIR = "/dev/shm"
 
 
+def shm_dirs_of(head_pid: int) -> list[str]:
+    """The private segment directories of the session whose head is ``head_pid``
+    (``/dev/shm/orchestra-<uid>-<head pid>-...``; one while it runs, none after)."""
+    prefix = f"orchestra-{os.geteuid()}-{head_pid}-"
+    return sorted(os.path.join(SHM_DIR, n) for n in os.listdir(SHM_DIR) if n.startswith(prefix))
+
+
+def shm_entries_of(head_pid: int) -> list[str]:
+    """Everything of that session under /dev/shm: its directories and their segments."""
+    entries = []
+    for d in shm_dirs_of(head_pid):
+        entries.append(d)
+        try:
+            entries += [os.path.join(d, n) for n in os.listdir(d)]
+        except FileNotFoundError:
+            pass
+    return sorted(entries)
+
+
 def pid_gone(pid: int) -> bool:
     """True when the process no longer runs. A zombie counts as gone: PID 1 in this
     sandbox need not reap orphans, and a zombie holds no memory and no segment."""
@@ -49,19 +68,16 @@ class Cluster:
         with open(os.path.join(self.session_dir, "head.pid")) as f:
             self.head_pid = int(f.read().strip())
 
-    @property
-    def segment_prefix(self) -> str:
-        return f"orch-{self.head_pid}-"
-
     def segments(self) -> list[str]:
-        return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(self.segment_prefix))
+        """Paths of this cluster's segment files (in its private directory)."""
+        return [p for p in shm_entries_of(self.head_pid) if p not in shm_dirs_of(self.head_pid)]
 
     def segment_bytes(self) -> int:
         """Bytes of shared memory this cluster's segments hold (live and pooled)."""
         total = 0
-        for name in self.segments():
+        for path in self.segments():
             try:
-                total += os.stat(os.path.join(SHM_DIR, name)).st_blocks * 512
+                total += os.stat(path).st_blocks * 512
             except FileNotFoundError:
                 pass
         return total

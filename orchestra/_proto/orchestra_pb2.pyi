@@ -273,7 +273,7 @@ class Hello(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., pid: _Optional[int] = ..., workerid: _Optional[int] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("session_id", "node_id", "node_resources", "store_capacity", "session_dir", "cwd", "sys_path", "inline_threshold", "conn_id")
+    __slots__ = ("session_id", "node_id", "node_resources", "store_capacity", "session_dir", "cwd", "sys_path", "inline_threshold", "conn_id", "shm_dir")
     class NodeResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -290,6 +290,7 @@ class HelloReply(_message.Message):
     SYS_PATH_FIELD_NUMBER: _ClassVar[int]
     INLINE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     CONN_ID_FIELD_NUMBER: _ClassVar[int]
+    SHM_DIR_FIELD_NUMBER: _ClassVar[int]
     session_id: bytes
     node_id: int
     node_resources: _containers.ScalarMap[str, float]
@@ -299,7 +300,8 @@ class HelloReply(_message.Message):
     sys_path: _containers.RepeatedScalarFieldContainer[str]
     inline_threshold: int
     conn_id: int
-    def __init__(self, session_id: _Optional[bytes] = ..., node_id: _Optional[int] = ..., node_resources: _Optional[_Mapping[str, float]] = ..., store_capacity: _Optional[int] = ..., session_dir: _Optional[str] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., inline_threshold: _Optional[int] = ..., conn_id: _Optional[int] = ...) -> None: ...
+    shm_dir: str
+    def __init__(self, session_id: _Optional[bytes] = ..., node_id: _Optional[int] = ..., node_resources: _Optional[_Mapping[str, float]] = ..., store_capacity: _Optional[int] = ..., session_dir: _Optional[str] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., inline_threshold: _Optional[int] = ..., conn_id: _Optional[int] = ..., shm_dir: _Optional[str] = ...) -> None: ...
 
 class Submit(_message.Message):
     __slots__ = ("calls",)
@@ -435,7 +437,7 @@ class CancelTask(_message.Message):
     def __init__(self, task_id: _Optional[bytes] = ...) -> None: ...
 
 class Request(_message.Message):
-    __slots__ = ("req_id", "create_segment", "query", "create_actor", "kill_actor", "get_actor", "locate")
+    __slots__ = ("req_id", "create_segment", "query", "create_actor", "kill_actor", "get_actor", "locate", "abort_segment")
     REQ_ID_FIELD_NUMBER: _ClassVar[int]
     CREATE_SEGMENT_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
@@ -443,6 +445,7 @@ class Request(_message.Message):
     KILL_ACTOR_FIELD_NUMBER: _ClassVar[int]
     GET_ACTOR_FIELD_NUMBER: _ClassVar[int]
     LOCATE_FIELD_NUMBER: _ClassVar[int]
+    ABORT_SEGMENT_FIELD_NUMBER: _ClassVar[int]
     req_id: int
     create_segment: CreateSegment
     query: str
@@ -450,7 +453,8 @@ class Request(_message.Message):
     kill_actor: KillActor
     get_actor: str
     locate: bytes
-    def __init__(self, req_id: _Optional[int] = ..., create_segment: _Optional[_Union[CreateSegment, _Mapping]] = ..., query: _Optional[str] = ..., create_actor: _Optional[_Union[_types_pb2.Call, _Mapping]] = ..., kill_actor: _Optional[_Union[KillActor, _Mapping]] = ..., get_actor: _Optional[str] = ..., locate: _Optional[bytes] = ...) -> None: ...
+    abort_segment: str
+    def __init__(self, req_id: _Optional[int] = ..., create_segment: _Optional[_Union[CreateSegment, _Mapping]] = ..., query: _Optional[str] = ..., create_actor: _Optional[_Union[_types_pb2.Call, _Mapping]] = ..., kill_actor: _Optional[_Union[KillActor, _Mapping]] = ..., get_actor: _Optional[str] = ..., locate: _Optional[bytes] = ..., abort_segment: _Optional[str] = ...) -> None: ...
 
 class KillActor(_message.Message):
     __slots__ = ("actor_id", "no_restart")

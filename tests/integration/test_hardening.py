@@ -76,6 +76,15 @@ class Accumulator:
         return sum(orchestra.get([h.add.remote(i, 1) for i in range(n)], timeout=60))
 
 
+def _cluster_state() -> str:
+    """What the head knows of unfinished tasks and of its workers, for a failure message."""
+    d = orchestra.debug_info()
+    tasks = [f"{t.name or t.method}:{t.task_id.hex()[:12]}" for t in d.task]
+    workers = [f"{w.workerid}/{w.pid}/{w.state}:{[r.hex()[:12] for r in w.running]}"
+               for w in d.workers]
+    return f"unfinished tasks at the head: {tasks}; workers: {workers}"
+
+
 STRESS_S = float(os.environ.get("ORCHESTRA_STRESS_S", "60"))
 
 
@@ -107,7 +116,8 @@ def test_stress_threads_submitting_nesting_calling_and_putting_see_every_ref_rea
                     refs = [h.submit_and_get.remote(4) for _ in range(3)]
                     ready, rest = orchestra.wait(refs, num_returns=3, timeout=60)
                     if rest:
-                        errors.append(f"{name}: {len(rest)} nested tasks not ready after 60 s")
+                        errors.append(f"{name}: {len(rest)} nested tasks not ready after 60 s "
+                                      f"({[r.hex()[:12] for r in rest]}); {_cluster_state()}")
                     check(name, "nested", orchestra.get(ready, timeout=60), [[100, 101, 102, 103]] * 3)
                 elif kind == 2:
                     a = actors[n % 2]

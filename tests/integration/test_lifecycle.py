@@ -17,7 +17,7 @@ import pytest
 
 import _helpers as h
 import orchestra
-from _probes import SHM_DIR, pid_gone, wait_until
+from _probes import SHM_DIR, pid_gone, shm_dirs_of, shm_entries_of, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -27,7 +27,8 @@ ORCHESTRA_ROOT = str(Path(orchestra.__file__).resolve().parents[1])
 
 
 def _segments_of(head_pid: int) -> list[str]:
-    return [n for n in os.listdir(SHM_DIR) if n.startswith(f"orch-{head_pid}-")]
+    """The session's directory under /dev/shm and the segments in it."""
+    return shm_entries_of(head_pid)
 
 
 # ------------------------------------------------------------------ init / shutdown
@@ -205,6 +206,22 @@ def test_a_stale_session_directory_is_swept_by_the_next_init(no_cluster, tmp_pat
     assert not os.path.exists(info["session_dir"])
 
 
+def test_the_segment_directory_of_a_killed_head_is_swept_by_the_next_init(no_cluster, tmp_path):
+    proc, info = _start_driver(tmp_path, "block")
+    (shm,) = shm_dirs_of(info["head"])
+    os.kill(info["head"], signal.SIGKILL)   # no head left to remove its segments
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(T)
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{info['head']}"):
+        if time.monotonic() > deadline:
+            pytest.skip("PID 1 here does not reap orphaned processes")
+        time.sleep(0.01)
+    assert os.listdir(shm), "the killed head's segments should still be there"
+    orchestra.init(num_cpus=1)
+    assert not os.path.exists(shm)
+
+
 # ------------------------------------------------------------------ what workers inherit
 
 def test_workers_see_the_drivers_working_directory_and_sys_path(cluster):
@@ -309,7 +326,8 @@ def test_twenty_init_shutdown_cycles_leak_no_fd_thread_or_segment(no_cluster):
     orchestra.get(h.identity.remote(1), timeout=T)
     orchestra.shutdown()
     fds, threads = _driver_resources()
-    shm_before = {n for n in os.listdir(SHM_DIR) if n.startswith("orch-")}
+    mine = f"orchestra-{os.geteuid()}-"
+    shm_before = {n for n in os.listdir(SHM_DIR) if n.startswith(mine)}
     for i in range(20):
         orchestra.init(num_cpus=1)
         ref = orchestra.put(np.ones(1 << 18))   # a segment each time
@@ -321,7 +339,7 @@ def test_twenty_init_shutdown_cycles_leak_no_fd_thread_or_segment(no_cluster):
     # Daemon threads of the last client may take a moment to finish.
     wait_until(lambda: _driver_resources()[1] <= threads, 5,
                f"the driver's threads back to {threads} (now {_driver_resources()[1]})")
-    shm_after = {n for n in os.listdir(SHM_DIR) if n.startswith("orch-")}
+    shm_after = {n for n in os.listdir(SHM_DIR) if n.startswith(mine)}
     assert shm_after <= shm_before, f"segments left: {sorted(shm_after - shm_before)}"
 
 

@@ -306,7 +306,7 @@ def test_a_put_right_after_dropping_the_only_large_object_finds_its_room(start_c
 
 def _maps_of_removed_segments() -> list[str]:
     with open("/proc/self/maps") as f:
-        return [line for line in f if "/dev/shm/orch-" in line and "(deleted)" in line]
+        return [line for line in f if "/dev/shm/orchestra-" in line and "(deleted)" in line]
 
 
 def test_a_writer_closes_its_maps_of_segments_the_store_removed(start_cluster):

@@ -36,8 +36,8 @@ DOCUMENTED_API = [
 
 DOCUMENTED_ERRORS = [
     "OrchestraError", "TaskError", "GetTimeoutError", "WorkerCrashedError",
-    "TaskCancelledError", "ObjectLostError", "ObjectStoreFullError", "InfeasibleResourcesError",
-    "ActorDiedError", "DeserializationError", "ClusterLostError",
+    "TaskCancelledError", "ObjectLostError", "ObjectStoreFullError", "ObjectStoreError",
+    "InfeasibleResourcesError", "ActorDiedError", "DeserializationError", "ClusterLostError",
 ]
 
 
