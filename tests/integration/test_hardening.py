@@ -78,7 +78,8 @@ class Accumulator:
 
 def _cluster_state() -> str:
     """What the head knows of unfinished tasks and of its workers, for a failure message."""
-    d = orchestra.debug_info()
+    from orchestra import _session
+    d = _session.debug_info()
     tasks = [f"{t.name or t.method}:{t.task_id.hex()[:12]}" for t in d.task]
     workers = [f"{w.workerid}/{w.pid}/{w.state}:{[r.hex()[:12] for r in w.running]}"
                for w in d.workers]
