@@ -80,8 +80,8 @@ def _cluster_state() -> str:
     """What the head knows of unfinished tasks and of its workers, for a failure message."""
     from orchestra import _session
     d = _session.debug_info()
-    tasks = [f"{t.name or t.method}:{t.task_id.hex()[:12]}" for t in d.task]
-    workers = [f"{w.workerid}/{w.pid}/{w.state}:{[r.hex()[:12] for r in w.running]}"
+    tasks = [f"{t.name or t.method}:{t.task_id.hex()}" for t in d.task]
+    workers = [f"{w.workerid}/{w.pid}/{w.state}:{[r.hex() for r in w.running]}"
                for w in d.workers]
     return f"unfinished tasks at the head: {tasks}; workers: {workers}"
 
@@ -118,7 +118,7 @@ def test_stress_threads_submitting_nesting_calling_and_putting_see_every_ref_rea
                     ready, rest = orchestra.wait(refs, num_returns=3, timeout=60)
                     if rest:
                         errors.append(f"{name}: {len(rest)} nested tasks not ready after 60 s "
-                                      f"({[r.hex()[:12] for r in rest]}); {_cluster_state()}")
+                                      f"({[r.hex() for r in rest]}); {_cluster_state()}")
                     check(name, "nested", orchestra.get(ready, timeout=60), [[100, 101, 102, 103]] * 3)
                 elif kind == 2:
                     a = actors[n % 2]
