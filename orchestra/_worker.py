@@ -32,6 +32,8 @@ from ._procutil import die_with_parent
 from ._serialization import deserialization_error, deserialize, dumps_exception, serialize
 from .exceptions import ActorDiedError, DeserializationError, TaskError
 
+_HEAD_ROUTE = (None, 0, False)   # reply_to's answer for a task the head sent
+
 
 class _Cancelled(BaseException):
     """Raised inside a running task by orchestra.cancel (not an Exception: `except
@@ -128,7 +130,7 @@ class WorkerRuntime:
         elif kind == _wire.FUNCTION:
             self.functions.setdefault(msg.function_id, msg)
         elif kind == _wire.STEAL:   # always answered, so the sender knows what stays
-            back = self._take_queued(set(msg.task_ids))
+            back = self._take_queued(set(msg.task_ids), peer)
             for tid in back:
                 self.reply_to.pop(tid, None)
             peer.send(_wire.encode(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=back)))
@@ -171,12 +173,21 @@ class WorkerRuntime:
     def _give_back(self, wanted: set[bytes]) -> None:
         """Another worker went idle: return the asked-for tasks that have not started."""
         if self.actor is None:
-            self._return(self._take_queued(wanted))
+            self._return(self._take_queued(wanted, None))
 
-    def _take_queued(self, wanted: set[bytes]) -> list[bytes]:
-        """Take the queued (not started) tasks among ``wanted`` off the queue."""
+    def _take_queued(self, wanted: set[bytes], sender: Any) -> list[bytes]:
+        """Take the queued (not started) tasks among ``wanted`` that ``sender`` sent here
+        (a caller's connection; None: the head) off the queue.
+
+        Only its own: a task id can be queued here by the other one. A driver's STEAL
+        may arrive after the tasks it names came back to it (the worker blocked, or
+        answered an earlier STEAL), went through the head, and were queued here by
+        the head: handed to that driver, which has forgotten them, they were lost
+        (the head waited for them forever)."""
+        reply_to = self.reply_to
         with self.cond:
-            back = [inv for inv in self.queue if inv.call.task_id in wanted]
+            back = [inv for inv in self.queue if inv.call.task_id in wanted
+                    and reply_to.get(inv.call.task_id, _HEAD_ROUTE)[0] is sender]
             for inv in back:
                 self.queue.remove(inv)
         return [inv.call.task_id for inv in back]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import socket
 import time
 from typing import Any
 
@@ -25,7 +26,8 @@ import pytest
 import _helpers as h
 import orchestra
 from _probes import wait_until
-from orchestra import _client
+from orchestra import _client, _ids, _wire
+from orchestra import _pb as pb
 from orchestra.exceptions import ActorDiedError, TaskCancelledError, WorkerCrashedError
 
 pytestmark = pytest.mark.timeout(60)
@@ -352,3 +354,43 @@ def test_a_straight_call_whose_argument_failed_fails_with_its_error_without_runn
         get(a.append.remote(bad))
     assert not marker.exists()
     assert get(a.items_so_far.remote()) == [0]
+
+
+def test_a_late_steal_takes_back_only_the_tasks_its_sender_sent(cluster, gates):
+    """A driver's STEAL can reach a worker late: after the tasks it names came back to
+    the driver, went through the head, and the head queued them on that same worker.
+    The worker hands a caller back only what that caller sent there: the head's tasks
+    stay and run (handed to the caller, which had forgotten them, they were lost and
+    the head waited for them forever)."""
+    held = [gates(f"held-{i}") for i in range(2)]
+    # Through the head (retried on exceptions: never sent straight), one per CPU...
+    running = [h.gated.options(retry_exceptions=True).remote(g, i) for i, g in enumerate(held)]
+    for g in held:
+        g.wait_started()
+    # ... and one queued behind them on a worker by the head.
+    queued = h.identity.options(retry_exceptions=True).remote("queued")
+    tid = _ids.task_of(queued._id)
+    where: list[int] = []
+
+    def queued_on_a_worker() -> bool:
+        where[:] = [w.workerid for w in cluster.debug().workers if tid in w.running]
+        return bool(where)
+
+    wait_until(queued_on_a_worker, T, "the head queues the task behind a running one")
+    path = os.path.join(cluster.session_dir, f"worker-{where[0]}.sock")
+    decoder = _wire.FrameDecoder()
+    frames: list[Any] = []
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(T)
+        sock.connect(path)   # as a driver the worker was lent to
+        sock.sendall(_wire.encode(_wire.STEAL, pb.ReturnTasks(task_ids=[tid])))
+        while not frames:
+            data = sock.recv(1 << 16)
+            assert data, "the worker closed the connection instead of answering the STEAL"
+            frames = decoder.feed(data)
+    assert [(kind, list(msg.task_ids)) for kind, msg in frames] == [(_wire.RETURN_TASKS, [])]
+    for g in held:
+        g.open()
+    assert get(running) == [0, 1]
+    assert get(queued) == "queued"
+
