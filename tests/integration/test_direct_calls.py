@@ -356,18 +356,19 @@ def test_a_straight_call_whose_argument_failed_fails_with_its_error_without_runn
     assert get(a.items_so_far.remote()) == [0]
 
 
-def test_a_late_steal_takes_back_only_the_tasks_its_sender_sent(cluster, gates):
+def test_a_late_steal_takes_back_only_the_tasks_its_sender_sent(start_cluster, gates):
     """A driver's STEAL can reach a worker late: after the tasks it names came back to
     the driver, went through the head, and the head queued them on that same worker.
     The worker hands a caller back only what that caller sent there: the head's tasks
     stay and run (handed to the caller, which had forgotten them, they were lost and
     the head waited for them forever)."""
-    held = [gates(f"held-{i}") for i in range(2)]
-    # Through the head (retried on exceptions: never sent straight), one per CPU...
-    running = [h.gated.options(retry_exceptions=True).remote(g, i) for i, g in enumerate(held)]
-    for g in held:
-        g.wait_started()
-    # ... and one queued behind them on a worker by the head.
+    # One worker, and no worker lent to this driver: the head places both tasks below.
+    cluster = start_cluster(num_cpus=1)
+    gate = gates()
+    # Through the head (retried on exceptions: never sent straight)...
+    running = h.gated.options(retry_exceptions=True).remote(gate, "ran")
+    gate.wait_started()
+    # ... and one the head queues behind it on the same worker.
     queued = h.identity.options(retry_exceptions=True).remote("queued")
     tid = _ids.task_of(queued._id)
     where: list[int] = []
@@ -382,15 +383,15 @@ def test_a_late_steal_takes_back_only_the_tasks_its_sender_sent(cluster, gates):
     frames: list[Any] = []
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(T)
-        sock.connect(path)   # as a driver the worker was lent to
+        # As a driver the worker was lent to. The head sent the task there before it
+        # answered the query above, and a worker reads the head's frames first.
+        sock.connect(path)
         sock.sendall(_wire.encode(_wire.STEAL, pb.ReturnTasks(task_ids=[tid])))
         while not frames:
             data = sock.recv(1 << 16)
             assert data, "the worker closed the connection instead of answering the STEAL"
             frames = decoder.feed(data)
     assert [(kind, list(msg.task_ids)) for kind, msg in frames] == [(_wire.RETURN_TASKS, [])]
-    for g in held:
-        g.open()
-    assert get(running) == [0, 1]
-    assert get(queued) == "queued"
+    gate.open()
+    assert get([running, queued]) == ["ran", "queued"]
 
