@@ -394,4 +394,3 @@ def test_a_late_steal_takes_back_only_the_tasks_its_sender_sent(start_cluster, g
     assert [(kind, list(msg.task_ids)) for kind, msg in frames] == [(_wire.RETURN_TASKS, [])]
     gate.open()
     assert get([running, queued]) == ["ran", "queued"]
-
