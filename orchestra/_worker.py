@@ -5,7 +5,11 @@
                  -> TaskDone (results inline, or written to a segment first)
 
 A task that blocks in get()/wait() hands its queued tasks back and lends its CPU
-(Blocked frame), so nested tasks cannot deadlock on a full pool. Cancel: the reader
+(Blocked frame, naming what it waits for), so nested tasks cannot deadlock on a full
+pool. When what it waits for has not started anywhere, the head hands that task to this
+worker (EXECUTE_NESTED) and the main thread runs it inside the get(), nested on its
+stack: rec(n) = 1 + get(rec.remote(n - 1)) nests on a few workers, whatever n
+(_blocking.py). Cancel: the reader
 thread signals the main thread (SIGUSR1), which raises inside the task (deferred
 while the main thread is in the client's socket code); a signal also interrupts
 time.sleep and blocking I/O. The worker exits when its connection to
@@ -32,6 +36,25 @@ from ._procutil import die_with_parent
 from ._serialization import deserialization_error, deserialize, dumps_exception, serialize
 from .exceptions import ActorDiedError, DeserializationError, TaskError
 
+# The main thread's recursion limit, raised so that tasks run nested inside blocked get()s
+# (a few dozen frames each) leave the task's own code the usual room. Bounded by the C
+# stack the main thread may grow to: measured on CPython 3.10 (each Python frame also a C
+# frame there) ~340 bytes of C stack per frame, so ~512 per frame keeps a margin; 3.11+
+# use far less C stack per Python call.
+_FRAME_BYTES = 512
+_MAX_RECURSION_LIMIT = 20_000
+# Python frames one nested task costs this worker's main thread, beyond the task's own:
+# user function -> get -> _wait -> nested wait -> _run_nested -> _execute -> function:
+# 7, measured (rec(10) on one worker); twice that leaves room for wrappers around them.
+_FRAMES_PER_NESTED = 16
+
+
+def _recursion_limit() -> int:
+    import resource
+    soft, _ = resource.getrlimit(resource.RLIMIT_STACK)
+    stack = 8 << 20 if soft == resource.RLIM_INFINITY or soft <= 0 else soft
+    return max(sys.getrecursionlimit(), min(_MAX_RECURSION_LIMIT, stack // _FRAME_BYTES))
+
 
 class _Cancelled(BaseException):
     """Raised inside a running task by orchestra.cancel (not an Exception: `except
@@ -45,8 +68,17 @@ class WorkerRuntime:
         self.functions: dict[bytes, Any] = {}
         self.loaded: dict[bytes, Any] = {}
         self.running: bytes | None = None
+        self.running_name = ""
         self.cancel_target: bytes | None = None
         self.blocked = False
+        self.block_depth = 0   # get()s blocked in (nested ones, and other threads' too)
+        # Tasks the head handed the main thread while blocked in get() (EXECUTE_NESTED),
+        # not started yet; the ids of the tasks blocked below the one running inline.
+        self.nested: collections.deque[Any] = collections.deque()
+        self.outer: list[bytes] = []
+        # Nesting stops short of the recursion limit, keeping the usual 1,000 frames for
+        # the innermost task's own code: deeper, a blocked get() lends its CPU instead.
+        self.max_nested = max((sys.getrecursionlimit() - 1000) // _FRAMES_PER_NESTED, 0)
         self.actor: ActorRuntime | None = None
         self.worker_id = worker_id
         # Calls a caller sent straight to this actor: task id -> (its connection, the
@@ -81,6 +113,8 @@ class WorkerRuntime:
                 sys.path.append(p)
         _context.set_client(self.client)
         self.client.on_block = self._on_block
+        self.client.nested_ready = self.nested.__len__   # type: ignore[assignment]
+        self.client.run_nested = self._run_nested
         self.client.on_peer_frame = self._on_peer_frame
         # Callers send calls straight here once the head gives them this address: a
         # driver this worker is lent to (Lease), or callers of the actor it becomes.
@@ -99,6 +133,9 @@ class WorkerRuntime:
                     self.queue.append(msg.invoke)
                     return
             self.client.send(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=[msg.invoke.call.task_id]))
+        elif kind == _wire.EXECUTE_NESTED:
+            with self.cond:
+                self.nested.append(msg.invoke)
         elif kind == _wire.FUNCTION:
             self.functions[msg.function_id] = msg
         elif kind == _wire.CANCEL_TASK:
@@ -202,12 +239,22 @@ class WorkerRuntime:
                 self.cancel_target = task_id
                 signal.pthread_kill(self.main_ident, signal.SIGUSR1)
                 return
-            for inv in self.queue:
-                if inv.call.task_id == task_id:
-                    self.queue.remove(inv)
+            if task_id in self.outer:
+                # Blocked in a get() that runs a nested task now: raised in it once the
+                # nested task ends (_run_nested).
+                self.cancel_target = task_id
+                return
+            for inv in self.nested:
+                if inv.call.task_id == task_id:   # handed over inline, not started
+                    self.nested.remove(inv)
                     break
             else:
-                return
+                for inv in self.queue:
+                    if inv.call.task_id == task_id:
+                        self.queue.remove(inv)
+                        break
+                else:
+                    return
         self.send_done(pb.TaskDone(task_id=task_id, cancelled=True))
 
     # ------------------------------------------------------------ main thread side
@@ -247,9 +294,13 @@ class WorkerRuntime:
                     self._on_cancel_signal(signal.SIGUSR1, sys._getframe())
         return guarded
 
-    def _on_block(self, blocked: bool) -> None:
+    def _on_block(self, blocked: bool, ids: Any = ()) -> bool:
+        """A get()/wait() blocks on ``ids`` (or ends); True: this thread runs the tasks
+        the head hands it meanwhile (only the main thread runs tasks)."""
         if blocked:
+            main = threading.get_ident() == self.main_ident
             with self.cond:
+                self.block_depth += 1
                 self.blocked = True
                 queued = [inv.call.task_id for inv in self.queue]
                 self.queue.clear()
@@ -257,28 +308,77 @@ class WorkerRuntime:
             # leased, the scheduler pipelines returned tasks straight back to it (and
             # they bounce once more) instead of giving them to another worker. One
             # write: a cancel between the two lost the tasks taken off the queue.
-            self._return(queued, _wire.encode(_wire.BLOCKED, pb.Blocked(blocked=True)))
-        else:
-            with self.cond:
-                self.blocked = False
-            self.client.send(_wire.BLOCKED, pb.Blocked(blocked=False))
+            inline = main and len(self.outer) < self.max_nested
+            msg = pb.Blocked(blocked=True, object_ids=ids if inline else (),
+                             task_id=self.running or b"", task_name=self.running_name)
+            self._return(queued, _wire.encode(_wire.BLOCKED, msg))
+            return inline
+        with self.cond:
+            self.block_depth = max(self.block_depth - 1, 0)
+            self.blocked = self.block_depth > 0
+        self.client.send(_wire.BLOCKED, pb.Blocked(blocked=False))
+        return False
+
+    def _unblock_to(self, depth: int) -> None:
+        """Resume the blocks a cancel cut short (raised in get()'s bookkeeping, past
+        its resume) down to ``depth``: the head counts them."""
+        while self.block_depth > depth:
+            self._on_block(False)
+
+    def _run_nested(self) -> None:
+        """In a get() of the main thread: run a task the head handed over for it."""
+        cond = self.cond
+        with cond:
+            if not self.nested:
+                return
+            inv = self.nested.popleft()
+            outer, outer_name = self.running, self.running_name
+            self.outer.append(outer or b"")
+            self.running, self.running_name = inv.call.task_id, inv.call.name
+        depth = self.block_depth
+        done = None
+        try:
+            done = self._execute(inv)
+            with cond:
+                self.running, self.running_name = outer, outer_name
+        except _Cancelled:
+            with cond:
+                self.running, self.running_name = outer, outer_name
+            if done is None:
+                done = pb.TaskDone(task_id=inv.call.task_id, cancelled=True)
+        finally:
+            self.outer.pop()
+        if self.cancel_target == inv.call.task_id:
+            self.cancel_target = None
+        self._unblock_to(depth)
+        self.send_done(done)
+        if outer is not None and self.cancel_target == outer:
+            # The task blocked below was cancelled while this one ran: it ends now.
+            self.cancel_target = None
+            raise _Cancelled()
 
     def run(self) -> None:
         cond, queue = self.cond, self.queue
 
+        nested = self.nested
+
         def has_task() -> bool:
-            return bool(queue)
+            return bool(queue) or bool(nested)
 
         while True:
-            if not queue:
+            if not queue and not nested:
                 # Idle: this thread reads the socket itself, so a task starts without a
                 # hand-off from the reader thread.
                 self.client.wait_until(has_task, None)
+            if self.nested:   # handed over for a get() that ended first
+                self._run_nested()
+                continue
             with cond:
                 if not queue:
                     continue
                 inv = queue.popleft()
                 self.running = inv.call.task_id
+                self.running_name = inv.call.name
             if self.actor is not None and self.actor.concurrent and inv.call.actor_id:
                 self.running = None
                 self.actor.submit(inv)     # runs on the actor's threads or event loop
@@ -296,8 +396,8 @@ class WorkerRuntime:
                 if done is None:
                     done = pb.TaskDone(task_id=inv.call.task_id, cancelled=True)
             self.cancel_target = None
-            if self.blocked:   # a cancel landed in get()'s bookkeeping, past its unblock
-                self._on_block(False)
+            if self.block_depth:   # a cancel landed in get()'s bookkeeping, past its unblock
+                self._unblock_to(0)
             self.send_done(done)
 
     def _function(self, fid: bytes) -> Any:
@@ -569,6 +669,7 @@ def main(argv: list[str] | None = None) -> None:
     # Ctrl-C in the driver's terminal reaches the whole process group: the driver
     # handles it; a worker must not die of it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.setrecursionlimit(_recursion_limit())
     runtime = WorkerRuntime(sock_path, worker_id)
     runtime.run()
 
