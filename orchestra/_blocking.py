@@ -36,11 +36,10 @@ from ._wire import EXECUTE, EXECUTE_NESTED, STALLED
 if TYPE_CHECKING:
     from ._scheduler import SchedulerState, Task, Worker
 
-# Tasks one worker runs nested inside its blocked get()s. Each level costs ~30 Python
-# frames and, on CPython 3.10, ~8 KiB of the main thread's C stack (measured: see the
-# README), so 2,000 levels stay well inside the 8 MiB default; deeper chains go on
-# other workers, up to max_workers.
-MAX_NESTED = 2000
+# Tasks one worker runs nested inside its blocked get()s, at most. The worker stops
+# asking sooner, by its own recursion limit (~960 levels with an 8 MiB stack:
+# _worker.py); deeper chains go on other workers, up to max_workers.
+MAX_NESTED = 1000
 # How long the same stalled picture holds before the drivers hear of it: a blocked get()
 # that a worker about to start will serve must not warn.
 STALL_S = 5.0
@@ -65,6 +64,10 @@ class Blocking:
 
     def __init__(self, state: SchedulerState) -> None:
         self.s = state
+        # Task id -> the blocked get()s that wait for one of its returns: a task that
+        # becomes ready (its arguments sealed, handed back by a worker) goes to one of
+        # them inline before any other worker (schedule() looks here first).
+        self.waiting_for: dict[bytes, list[tuple[Worker, Wait]]] = {}
         self._stall_key: Any = None      # the stalled picture last seen, and since when
         self._stall_since = 0.0
         self._warned: Any = None         # the picture last warned about (warn once)
@@ -73,14 +76,31 @@ class Blocking:
     def blocked(self, w: Worker, is_blocked: bool, ids: Iterable[bytes] = (),
                 task_id: bytes = b"", name: str = "") -> None:
         if is_blocked:
-            w.waits.append(Wait(list(ids), task_id, name))
+            wait = Wait(list(ids), task_id, name)
+            w.waits.append(wait)
+            for oid in wait.ids:
+                self.waiting_for.setdefault(oid[:TASK_ID_LEN], []).append((w, wait))
             if self._inline(w):
                 return
             self.settle(w)
             self.s.schedule()
         elif w.waits:
-            w.waits.pop()
+            self._forget(w, w.waits.pop())
             self.settle(w)
+
+    def _forget(self, w: Worker, wait: Wait) -> None:
+        waiting_for = self.waiting_for
+        for oid in wait.ids:
+            tid = oid[:TASK_ID_LEN]
+            waiters = waiting_for.get(tid)
+            if waiters is None:
+                continue
+            try:
+                waiters.remove((w, wait))
+            except ValueError:
+                pass
+            if not waiters:
+                del waiting_for[tid]
 
     def nested_done(self, w: Worker, t: Task) -> None:
         """``t``, run inline on ``w``, ended (or left ``w``): back in the get() below it."""
@@ -90,7 +110,8 @@ class Blocking:
             self.s.schedule()
 
     def clear(self, w: Worker) -> None:
-        w.waits.clear()
+        while w.waits:
+            self._forget(w, w.waits.pop())
         w.nested.clear()
 
     # ------------------------------------------------------------------ decisions
@@ -119,23 +140,38 @@ class Blocking:
         tasks = s.tasks
         for oid in w.waits[-1].ids:
             t = tasks.get(oid[:TASK_ID_LEN])
-            if t is None or t.state is not TaskState.READY or not _fits_lease(t, w) \
-                    or t.call.actor_id or t.call.HasField("actor"):
+            if t is None or t.state is not TaskState.READY or not _inlinable(t, w):
                 continue
             q = s.ready.get(t.qkey)
             if q is None or t not in q:
                 continue
             q.remove(t)
-            w.nested.append(t)
-            self.settle(w)          # its CPU is the nested task's now
-            s._dispatch(t, w)       # appends to the queue and sends an Execute ...
-            w.queue.pop()
-            w.queue.appendleft(t)   # ... the innermost running task comes first
-            ins = s.out[-1]
-            assert ins[2] == EXECUTE
-            s.out[-1] = (ins[0], ins[1], EXECUTE_NESTED, ins[3])
+            self._run_inline(t, w)
             return True
         return False
+
+    def inline_waiter(self, t: Task) -> bool:
+        """``t`` is ready and first in its queue: run it inline in a get() blocked on it
+        (the caller takes it off the queue); True when one takes it."""
+        from ._scheduler import WorkerState
+        for w, wait in self.waiting_for.get(t.call.task_id, ()):
+            if w.state is WorkerState.BLOCKED and w.waits and w.waits[-1] is wait \
+                    and len(w.nested) < MAX_NESTED and _inlinable(t, w):
+                self._run_inline(t, w)
+                return True
+        return False
+
+    def _run_inline(self, t: Task, w: Worker) -> None:
+        """Send ``t`` (off the ready queue) to ``w``, to run inside its innermost get()."""
+        s = self.s
+        w.nested.append(t)
+        self.settle(w)          # its CPU is the nested task's now
+        s._dispatch(t, w)       # appends to the queue and sends an Execute ...
+        w.queue.pop()
+        w.queue.appendleft(t)   # ... the innermost running task comes first
+        ins = s.out[-1]
+        assert ins[2] == EXECUTE
+        s.out[-1] = (ins[0], ins[1], EXECUTE_NESTED, ins[3])
 
     # ------------------------------------------------------------------ stalls
     def check_stalled(self, now: float) -> None:
@@ -218,9 +254,11 @@ class Blocking:
         return f"{t.call.name}() [task {t.call.task_id.hex()}, {t.state.value}, needs {_fmt(t.resources)}]"
 
 
-def _fits_lease(t: Task, w: Worker) -> bool:
-    """The task asks for no more of anything than ``w``'s lease holds, and for the same
-    GPUs (an inline task sees the outer task's devices)."""
+def _inlinable(t: Task, w: Worker) -> bool:
+    """A plain task (not an actor's) that asks for no more of anything than ``w``'s
+    lease holds, and for the same GPUs (an inline task sees the outer task's devices)."""
+    if t.call.actor_id or t.call.HasField("actor") or t.cancelled:
+        return False
     lease = w.lease
     if t.resources.get("GPU", 0.0) != lease.get("GPU", 0.0):
         return False

@@ -416,9 +416,13 @@ class SchedulerState:
         """Give ready tasks to workers: idle workers first, then pipelining on leases."""
         self.actor_table.place_pending()
         waiting = False
+        waiting_for = self.blocking.waiting_for
         for q in self.ready.values():
             while q:
                 t = q[0]
+                if waiting_for and t.call.task_id in waiting_for and self.blocking.inline_waiter(t):
+                    q.popleft()   # runs inside a get() blocked on it (taken off first)
+                    continue
                 w = self._pick_worker(t)
                 if w is None:
                     waiting = True
