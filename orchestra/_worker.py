@@ -36,24 +36,24 @@ from ._procutil import die_with_parent
 from ._serialization import deserialization_error, deserialize, dumps_exception, serialize
 from .exceptions import ActorDiedError, DeserializationError, TaskError
 
-# The main thread's recursion limit, raised so that tasks run nested inside blocked get()s
-# (a few dozen frames each) leave the task's own code the usual room. Bounded by the C
-# stack the main thread may grow to: measured on CPython 3.10 (each Python frame also a C
-# frame there) ~340 bytes of C stack per frame, so ~512 per frame keeps a margin; 3.11+
-# use far less C stack per Python call.
-_FRAME_BYTES = 512
-_MAX_RECURSION_LIMIT = 20_000
-# Python frames one nested task costs this worker's main thread, beyond the task's own:
-# user function -> get -> _wait -> nested wait -> _run_nested -> _execute -> function:
-# 7, measured (rec(10) on one worker); twice that leaves room for wrappers around them.
+# Tasks run nested inside blocked get()s (_run_nested) stack up on the main thread. Each
+# level costs the frames below: user function -> get -> _wait -> nested wait ->
+# _run_nested -> _execute -> function: 7, measured (rec(10) on one worker); twice that
+# leaves room for wrappers around them. The recursion limit rises by that much per level,
+# so the innermost task keeps the room a task has on its own (an infinite recursion still
+# ends at the usual depth).
 _FRAMES_PER_NESTED = 16
+# Nesting is bounded by the C stack the main thread may grow to: measured on CPython 3.10
+# (each Python frame is a C frame there too) ~340 bytes per frame, so 512 keeps a margin;
+# 3.11+ use far less C stack per Python call. With the usual 8 MiB: ~960 levels.
+_FRAME_BYTES = 512
 
 
-def _recursion_limit() -> int:
+def _max_nested(base_limit: int) -> int:
     import resource
     soft, _ = resource.getrlimit(resource.RLIMIT_STACK)
     stack = 8 << 20 if soft == resource.RLIM_INFINITY or soft <= 0 else soft
-    return max(sys.getrecursionlimit(), min(_MAX_RECURSION_LIMIT, stack // _FRAME_BYTES))
+    return max((stack // _FRAME_BYTES - base_limit) // _FRAMES_PER_NESTED, 0)
 
 
 class _Cancelled(BaseException):
@@ -76,9 +76,9 @@ class WorkerRuntime:
         # not started yet; the ids of the tasks blocked below the one running inline.
         self.nested: collections.deque[Any] = collections.deque()
         self.outer: list[bytes] = []
-        # Nesting stops short of the recursion limit, keeping the usual 1,000 frames for
-        # the innermost task's own code: deeper, a blocked get() lends its CPU instead.
-        self.max_nested = max((sys.getrecursionlimit() - 1000) // _FRAMES_PER_NESTED, 0)
+        # Deeper than max_nested, a blocked get() lends its CPU instead.
+        self.base_limit = sys.getrecursionlimit()
+        self.max_nested = _max_nested(self.base_limit)
         self.actor: ActorRuntime | None = None
         self.worker_id = worker_id
         # Calls a caller sent straight to this actor: task id -> (its connection, the
@@ -336,6 +336,7 @@ class WorkerRuntime:
             self.outer.append(outer or b"")
             self.running, self.running_name = inv.call.task_id, inv.call.name
         depth = self.block_depth
+        sys.setrecursionlimit(self.base_limit + len(self.outer) * _FRAMES_PER_NESTED)
         done = None
         try:
             done = self._execute(inv)
@@ -348,6 +349,7 @@ class WorkerRuntime:
                 done = pb.TaskDone(task_id=inv.call.task_id, cancelled=True)
         finally:
             self.outer.pop()
+            sys.setrecursionlimit(self.base_limit + len(self.outer) * _FRAMES_PER_NESTED)
         if self.cancel_target == inv.call.task_id:
             self.cancel_target = None
         self._unblock_to(depth)
@@ -669,7 +671,6 @@ def main(argv: list[str] | None = None) -> None:
     # Ctrl-C in the driver's terminal reaches the whole process group: the driver
     # handles it; a worker must not die of it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sys.setrecursionlimit(_recursion_limit())
     runtime = WorkerRuntime(sock_path, worker_id)
     runtime.run()
 
