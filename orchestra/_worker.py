@@ -308,11 +308,13 @@ class WorkerRuntime:
             # leased, the scheduler pipelines returned tasks straight back to it (and
             # they bounce once more) instead of giving them to another worker. One
             # write: a cancel between the two lost the tasks taken off the queue.
-            inline = main and len(self.outer) < self.max_nested
-            msg = pb.Blocked(blocked=True, object_ids=ids if inline else (),
+            # Past max_nested the head is not asked for tasks to run here; one it sent
+            # before (for a get() that ended first) still runs in this one.
+            ask = main and len(self.outer) < self.max_nested
+            msg = pb.Blocked(blocked=True, object_ids=ids if ask else (),
                              task_id=self.running or b"", task_name=self.running_name)
             self._return(queued, _wire.encode(_wire.BLOCKED, msg))
-            return inline
+            return main
         with self.cond:
             self.block_depth = max(self.block_depth - 1, 0)
             self.blocked = self.block_depth > 0
