@@ -19,6 +19,10 @@ resource than the blocked one holds, and for the same GPUs), so they never overs
 a node. A worker nests at most ``MAX_NESTED`` tasks: each level costs a few dozen Python
 frames of the worker's main thread (its recursion limit is raised to match, _worker.py).
 
+A task submitted by a running task starts no new worker at once (defer_growth): its
+submitter is likely to block on it next and run it inline; otherwise a worker about to
+go idle takes the chain over and the pool fills with blocked processes.
+
 Where nothing can progress (ready tasks that no worker takes, no worker running or
 starting, some blocked in get()), ``check_stalled`` names the blocked tasks and what
 they wait for once the same picture has held for ``STALL_S`` seconds, for the head to
@@ -68,6 +72,10 @@ class Blocking:
         # becomes ready (its arguments sealed, handed back by a worker) goes to one of
         # them inline before any other worker (schedule() looks here first).
         self.waiting_for: dict[bytes, list[tuple[Worker, Wait]]] = {}
+        # Tasks whose submitter still runs, for which no worker was started (defer_growth)
+        # since the last tick; those of the tick before, which may start one now.
+        self._deferred: set[bytes] = set()
+        self._grow_ok: set[bytes] = set()
         self._stall_key: Any = None      # the stalled picture last seen, and since when
         self._stall_since = 0.0
         self._warned: Any = None         # the picture last warned about (warn once)
@@ -172,6 +180,34 @@ class Blocking:
         ins = s.out[-1]
         assert ins[2] == EXECUTE
         s.out[-1] = (ins[0], ins[1], EXECUTE_NESTED, ins[3])
+
+    def defer_growth(self, t: Task) -> bool:
+        """True: start no worker for ``t`` yet. Its submitter, a task still running,
+        will most likely block on it next and run it inline. A worker started now would
+        go idle just in time to take the submitter's next subtask, and a chain like
+        rec(n) would hop to it, leaving one more process blocked for good with a few
+        levels each (rec(1000) on 2 CPUs filled all 40 workers the cap allows). Held
+        until the submitter blocks (on something else, or past its nesting bound) or
+        ends, both of which schedule again, or for one tick (~0.5 s) of the head."""
+        from ._scheduler import WorkerState
+        tid = t.call.task_id
+        if tid in self._grow_ok:
+            return False
+        c = self.s.clients.get(t.owner)
+        w = c.worker if c is not None else None
+        if w is None or w.state is not WorkerState.LEASED or w.actor is not None \
+                or len(w.nested) >= MAX_NESTED or not _inlinable(t, w):
+            return False
+        self._deferred.add(tid)
+        return True
+
+    def tick(self, now: float) -> None:
+        """Every fraction of a second (the head's timer): tasks held back from starting
+        a worker for a whole tick may start one now; warn of a stall."""
+        self._grow_ok, self._deferred = self._deferred, set()
+        if self._grow_ok:
+            self.s.schedule()
+        self.check_stalled(now)
 
     # ------------------------------------------------------------------ stalls
     def check_stalled(self, now: float) -> None:

@@ -737,7 +737,7 @@ class Head:
                     print(f"orchestra head: worker {wid} exited with {describe_exit(p.returncode)} "
                           "before it connected", file=sys.stderr)
                     self.state.worker_failed_to_start(wid, describe_exit(p.returncode))
-        self.state.blocking.check_stalled(time.monotonic())
+        self.state.blocking.tick(time.monotonic())
         self.carry_out()
         self.loop.call_later(0.5, self._watch_pool)
 

@@ -477,6 +477,8 @@ class SchedulerState:
 
     def _maybe_grow(self, t: Task) -> None:
         """Start a worker when a ready task fits a node that has no idle or starting one."""
+        if t.depth and self.blocking.defer_growth(t):
+            return
         for node in self.nodes.values():
             if not node.resources.fits(t.resources):
                 continue

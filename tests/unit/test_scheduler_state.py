@@ -497,6 +497,33 @@ def test_a_worker_that_dies_inside_nested_tasks_retries_each_running_one():
     assert c.s.blocking.waiting_for == {}
 
 
+def test_a_task_submitted_by_a_running_task_starts_no_worker_until_its_submitter_blocks():
+    # The submitter will most likely block on it and run it inline: a worker started
+    # now would take the chain over and stay blocked for good (rec(1000) filled the cap).
+    c = Cluster(cpus=1, max_workers=4)
+    outer = c.submit(make_call("outer"))
+    c.take()
+    inner = c.submit(make_call("inner", cpus=0.5), conn=worker_conn(1))   # cannot pipeline
+    assert c.started(c.take()) == []
+    block(c, 1, outer, inner)
+    out = c.take()
+    assert nested_executed(out) == [(1, inner.task_id)] and c.started(out) == []
+
+
+def test_a_task_held_back_from_starting_a_worker_starts_one_after_a_tick():
+    # Its submitter runs on without waiting for it: it may not wait for ever.
+    c = Cluster(cpus=2, max_workers=4)
+    a = c.submit(make_call("a"))
+    b = c.submit(make_call("b"))
+    c.take()
+    block(c, 1, a)                                  # lends a CPU: room for one more task
+    spawned = c.submit(make_call("spawned"), conn=worker_conn(2))
+    assert c.started(c.take()) == []
+    c.s.blocking.tick(0.0)                          # the head's next tick (<= 0.5 s later)
+    assert len(c.started(c.take())) == 1
+    assert b.task_id in c.s.tasks and c.s.tasks[spawned.task_id].state is TaskState.READY
+
+
 # ------------------------------------------------------------------ stalls
 
 def stalls(out: list[Any]) -> list[tuple[int, Any]]:
