@@ -16,8 +16,8 @@ the cap allows blocked, and the cluster stalled for good (issue 12).
 
 Inline runs stay within the outer task's lease (the task asks for no more of any
 resource than the blocked one holds, and for the same GPUs), so they never oversubscribe
-a node. A worker nests at most ``MAX_NESTED`` tasks: each level costs a few dozen Python
-frames of the worker's main thread (its recursion limit is raised to match, _worker.py).
+a node. A worker nests at most ``MAX_NESTED`` tasks: each level costs ~7 Python frames
+of the worker's main thread (its recursion limit rises to match, _worker.py).
 
 A task submitted by a running task starts no new worker at once (defer_growth): its
 submitter is likely to block on it next and run it inline; otherwise a worker about to
@@ -47,9 +47,6 @@ MAX_NESTED = 1000
 # How long the same stalled picture holds before the drivers hear of it: a blocked get()
 # that a worker about to start will serve must not warn.
 STALL_S = 5.0
-# Object ids a Blocked frame carries (a get() of many refs): enough to find work to
-# inline, without a frame the size of the whole get.
-MAX_BLOCKED_IDS = 256
 
 
 class Wait:

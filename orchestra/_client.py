@@ -41,8 +41,8 @@ from .exceptions import GetTimeoutError, ObjectLostError, ObjectStoreFullError, 
 _log = logging.getLogger("orchestra")
 
 _FLUSH_INTERVAL_S = 0.02
-# Ids a blocked get() names to the head (_blocking.MAX_BLOCKED_IDS): enough to find a
-# task to run inline, without a frame the size of a get of 100k refs.
+# Ids a blocked get() names to the head (Blocked): enough to find a task to run inline
+# (_blocking.py), without a frame the size of a get of 100k refs.
 _BLOCKED_IDS = 256
 _LEASE_DEPTH = 8       # tasks sent ahead to one lent worker
 _LEASE_IDLE_S = 0.2    # a lent worker with nothing to do for this long goes back
