@@ -483,11 +483,37 @@ class WorkerRuntime:
 
     def failed(self, inv: Any, exc: BaseException) -> Any:
         """TaskDone carrying the error of user code (an ActorDiedError for a constructor)."""
+        try:
+            return self._failed(inv, exc)
+        except RecursionError:
+            # The error of a task hundreds of levels down a recursion: its chain of
+            # causes is too deep to format or pickle within the recursion limit. Raised
+            # out of here, it killed the worker, and every caller up the chain waited.
+            root, levels = exc, 0
+            while isinstance(root, TaskError) and root.cause is not None:
+                root, levels = root.cause, levels + 1
+            tb = (f"(the error of a task {levels} levels down; the chain of their remote "
+                  "tracebacks is too deep to keep)\n")
+            err = TaskError.wrap(inv.call.name, tb, root, os.getpid())
+            tid = inv.call.task_id
+            return pb.TaskDone(task_id=tid, user_error=True, returns=[
+                pb.ObjectData(object_id=tid + i.to_bytes(4, "big"), error=dumps_exception(err))
+                for i in range(inv.call.num_returns)])
+
+    def _failed(self, inv: Any, exc: BaseException) -> Any:
         call = inv.call
         tid = call.task_id
         oids = [tid + i.to_bytes(4, "big") for i in range(call.num_returns)]
         # Called inside the except block that caught exc: format_exc() is its traceback.
         tb = traceback.format_exc()
+        if isinstance(exc, TaskError):
+            # A nested task's error that escaped this task: format_exc() ends with that
+            # error's whole message (its remote traceback too), which the message made
+            # below carries already. Twice per level, an error 16 tasks down a recursion
+            # became 69 MB (and 30 down, a cluster that seemed hung).
+            tb = ("Traceback (most recent call last):\n"
+                  + "".join(traceback.format_list(traceback.extract_tb(exc.__traceback__)))
+                  + f"{type(exc).__name__}: the error of {exc.function_name}(), above\n")
         err: BaseException
         if isinstance(exc, _ArgumentError):
             # The task never ran: its error is the DeserializationError itself (the

@@ -170,3 +170,20 @@ def test_a_long_blocked_get_that_can_progress_logs_no_stall(start_cluster, caplo
 
     assert orchestra.get(parent.remote(), timeout=30) == 1
     assert not [r for r in caplog.records if "no task can make progress" in r.getMessage()]
+
+
+@orchestra.remote
+def rec_fail(n: int) -> int:
+    if n == 0:
+        raise ValueError("the bottom of the recursion")
+    return 1 + orchestra.get(rec_fail.remote(n - 1), timeout=DEADLINE_S)
+
+
+@pytest.mark.timeout(90)
+def test_an_error_at_the_bottom_of_a_recursion_reaches_the_driver_with_a_bounded_message(start_cluster):
+    # Each level used to repeat the whole message of the level below twice: 30 levels
+    # down, the error grew past a gigabyte and the callers seemed hung.
+    start_cluster(num_cpus=2)
+    with pytest.raises(ValueError, match="the bottom of the recursion") as info:
+        orchestra.get(rec_fail.remote(30), timeout=60)
+    assert len(str(info.value)) < 200_000
