@@ -486,6 +486,8 @@ class WorkerRuntime:
         try:
             return self._failed(inv, exc)
         except RecursionError:
+            if inv.call.HasField("actor"):
+                raise
             # The error of a task hundreds of levels down a recursion: its chain of
             # causes is too deep to format or pickle within the recursion limit. Raised
             # out of here, it killed the worker, and every caller up the chain waited.
