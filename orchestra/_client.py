@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import mmap
 import os
 import pickle
@@ -49,7 +50,12 @@ from .exceptions import (
 _LOST = ("lost the connection to the cluster: its head process exited (it crashed or was "
          "killed). This session is over: orchestra.init() starts a new cluster")
 
+_log = logging.getLogger("orchestra")
+
 _FLUSH_INTERVAL_S = 0.02
+# Ids a blocked get() names to the head (Blocked): enough to find a task to run inline
+# (_blocking.py), without a frame the size of a get of 100k refs.
+_BLOCKED_IDS = 256
 _LEASE_DEPTH = 8       # tasks sent ahead to one lent worker
 _LEASE_IDLE_S = 0.2    # a lent worker with nothing to do for this long goes back
 _LEASE_ASK_S = 0.05    # at most one request for another lent worker per shape this often
@@ -84,7 +90,13 @@ class CoreClient:
         self.sock = _connect(sock_path, connect_timeout_s)
         self.on_frame = on_frame
         self.on_lost = on_lost
-        self.on_block: Callable[[bool], None] | None = None
+        # A worker's hook for a get()/wait() that blocks: on_block(True, missing ids)
+        # answers whether this thread may run tasks inline while it waits (the head
+        # sends them as EXECUTE_NESTED); nested_ready() says one came, run_nested() runs
+        # it. on_block(False, ()) when the wait ends.
+        self.on_block: Callable[[bool, Sequence[bytes]], bool] | None = None
+        self.nested_ready: Callable[[], bool] = _never
+        self.run_nested: Callable[[], None] | None = None
         self._send_lock = threading.Lock()
         self._ref_lock = threading.RLock()   # re-entered when GC runs __del__ inside it
         self._local: dict[bytes, int] = {}
@@ -1159,19 +1171,38 @@ class CoreClient:
                 return sum(1 for oid in ids if oid in results) >= k
         if ready():
             return
-        blocked = False
+        blocked = inline = False
         if self.on_block is not None:
             blocked = True
-            self.on_block(True)
+            missing = list(itertools.islice((oid for oid in ids if oid not in results), _BLOCKED_IDS))
+            inline = self.on_block(True, missing)
         try:
-            if not self.wait_until(ready, deadline) and raise_timeout:
+            if inline:
+                ok = self._wait_running_nested(ready, deadline)
+            else:
+                ok = self.wait_until(ready, deadline)
+            if not ok and raise_timeout:
                 raise GetTimeoutError(
                     f"get() timed out after {timeout:g} s with "
                     f"{sum(1 for oid in ids if oid not in results)} of {n} objects not ready; "
                     "the tasks keep running. Call get() again later or raise the timeout.")
         finally:
             if blocked and self.on_block is not None:
-                self.on_block(False)
+                self.on_block(False, ())
+
+    def _wait_running_nested(self, ready: Callable[[], bool], deadline: float | None) -> bool:
+        """wait_until(ready), running the tasks the head hands this blocked thread (the
+        ones it waits for, not started elsewhere) as they come: a chain of tasks that
+        each wait for the next nests on one worker instead of holding a blocked process
+        per level (_blocking.py)."""
+        has_nested, run = self.nested_ready, self.run_nested
+        assert run is not None
+        while True:
+            if not self.wait_until(lambda: ready() or has_nested(), deadline):
+                return False
+            if ready():
+                return True
+            run()
 
     def wait_until(self, pred: Callable[[], bool], deadline: float | None) -> bool:
         """Return once ``pred()`` holds (True) or at ``deadline`` (False).
@@ -1387,6 +1418,8 @@ class CoreClient:
             elif kind == _wire.RELEASE_CALL:
                 if self._releasing.pop(msg.task_id, None) is None and msg.task_id in self._call_lane:
                     self._released_early.add(msg.task_id)
+            elif kind == _wire.STALLED:
+                _log.warning("%s", msg.text)
             elif kind == _wire.REPLY:
                 slot = self._replies.pop(msg.req_id, None)
                 if slot is not None:
@@ -1549,6 +1582,10 @@ class _Lane:
         self.stale: set[int] = set()   # worker ids of processes not to call any more
         self.queue: collections.deque[_Call] = collections.deque()
         self.inflight: dict[bytes, _Call] = {}
+
+
+def _never() -> bool:
+    return False
 
 
 def _connect(path: str, timeout_s: float) -> socket.socket:

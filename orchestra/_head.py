@@ -424,7 +424,7 @@ class Head:
             elif kind == _wire.FUNCTION:
                 state.register_function(msg)
             elif kind == _wire.BLOCKED:
-                state.blocked(cid, msg.blocked)
+                state.blocked(cid, msg.blocked, msg.object_ids, msg.task_id, msg.task_name)
             elif kind == _wire.RETURN_TASKS:
                 state.return_tasks(cid, msg.task_ids)
             elif kind == _wire.CANCEL:
@@ -731,7 +731,8 @@ class Head:
         self.carry_out()
 
     def _watch_pool(self) -> None:
-        """Notice workers that exited before they connected."""
+        """Notice workers that exited before they connected, and a cluster where no task
+        can progress (the drivers are told)."""
         if self.stopping:
             return
         for wid, p in self.pool.snapshot():
@@ -742,6 +743,7 @@ class Head:
                     print(f"orchestra head: worker {wid} exited with {describe_exit(p.returncode)} "
                           "before it connected", file=sys.stderr)
                     self.state.worker_failed_to_start(wid, describe_exit(p.returncode))
+        self.state.blocking.tick(time.monotonic())
         self.carry_out()
         self.loop.call_later(0.5, self._watch_pool)
 

@@ -24,6 +24,7 @@ from typing import Any
 from . import _ids
 from . import _pb as pb
 from ._actor_state import ActorTable
+from ._blocking import Blocking, Wait
 from ._resources import NodeResources, shape_key
 from ._wire import CANCEL_TASK, EXECUTE, FUNCTION, LEASE, LEASE_REVOKE, STEAL
 
@@ -103,7 +104,8 @@ class Task:
 
 class Worker:
     __slots__ = ("worker_id", "node_id", "pid", "conn", "state", "queue", "lease",
-                 "gpu_ids", "functions", "lease_shape", "actor", "lent_to", "revoking")
+                 "gpu_ids", "functions", "lease_shape", "actor", "lent_to", "revoking",
+                 "waits", "nested")
 
     def __init__(self, worker_id: int, node_id: int) -> None:
         self.worker_id = worker_id
@@ -119,6 +121,10 @@ class Worker:
         self.actor: Any = None   # _actor_state.Actor of a dedicated worker
         self.lent_to: int | None = None   # the driver connection it is lent to (Lease)
         self.revoking = False
+        # The get()s its main thread is blocked in, innermost last, and the tasks it runs
+        # inside them (_blocking.py); the innermost running task is queue[0].
+        self.waits: list[Wait] = []
+        self.nested: list[Task] = []
 
 
 class Obj:
@@ -176,6 +182,7 @@ class SchedulerState:
         # passes orchestra._errors.make_error; tests may pass their own.
         self._error = error_factory or _default_error
         self.actor_table = ActorTable(self)
+        self.blocking = Blocking(self)
         self.start_failures = 0   # consecutive worker processes that died before connecting
         self._feasible: dict[tuple[tuple[str, float], ...], bool] = {}
         # Why recent workers died (worker id -> (pid, reason)): calls a caller sent straight
@@ -273,9 +280,11 @@ class SchedulerState:
             return
         queue = list(w.queue)
         w.queue.clear()
+        running = 1 + len(w.nested)   # the tasks it ran inside its blocked get()s, and their caller
+        self.blocking.clear(w)
         for i, t in enumerate(queue):
             t.worker = None
-            if i == 0:  # the running task
+            if i < running:  # a running task
                 if t.cancelled:
                     self._fail_task(t, self._error("cancelled", name=t.call.name))
                 elif t.retries_left != 0:
@@ -407,9 +416,13 @@ class SchedulerState:
         """Give ready tasks to workers: idle workers first, then pipelining on leases."""
         self.actor_table.place_pending()
         waiting = False
+        waiting_for = self.blocking.waiting_for
         for q in self.ready.values():
             while q:
                 t = q[0]
+                if waiting_for and t.call.task_id in waiting_for and self.blocking.inline_waiter(t):
+                    q.popleft()   # runs inside a get() blocked on it (taken off first)
+                    continue
                 w = self._pick_worker(t)
                 if w is None:
                     waiting = True
@@ -444,7 +457,8 @@ class SchedulerState:
                     if self.lending and w.actor is None and not t.call.retry_exceptions:
                         self._fresh.append((t.owner, w))
                     return w
-            elif st is WorkerState.LEASED and w.lease_shape == t.shape and w.lent_to is None:
+            elif st is WorkerState.LEASED and w.lease_shape == t.shape and w.lent_to is None \
+                    and not w.nested:   # tasks queued there would wait for its whole stack
                 candidates.append(w)
         if req and any(n.resources.fits(req) for n in self.nodes.values()):
             # Resources are free, only a worker is missing (starting, or replacing a dead
@@ -463,6 +477,8 @@ class SchedulerState:
 
     def _maybe_grow(self, t: Task) -> None:
         """Start a worker when a ready task fits a node that has no idle or starting one."""
+        if t.depth and self.blocking.defer_growth(t):
+            return
         for node in self.nodes.values():
             if not node.resources.fits(t.resources):
                 continue
@@ -512,6 +528,8 @@ class SchedulerState:
         if w is not None and t is not None and t in w.queue:
             w.queue.remove(t)
             t.worker = None
+            if w.nested and t in w.nested:   # run inside a get(): the worker is back in it
+                self.blocking.nested_done(w, t)
         if w is not None and w.actor is not None and msg.task_id == w.actor.creation.call.task_id:
             creation = w.actor.creation
             if creation in w.queue:
@@ -554,6 +572,8 @@ class SchedulerState:
                 return   # the driver whose task it ran sends its next ones straight there
             self._release_lease(w)
             w.state = WorkerState.IDLE
+            if w.waits:   # a resume lost to a cancel: its task has ended all the same
+                self.blocking.clear(w)
             node = self.nodes[w.node_id]
             idle = [x for x in self.workers.values()
                     if x.node_id == w.node_id and x.state is WorkerState.IDLE]
@@ -607,22 +627,15 @@ class SchedulerState:
         for rid in t.return_ids:
             self._seal(rid, pb.ObjectData(object_id=rid, error=error))
 
-    def blocked(self, conn: int, is_blocked: bool) -> None:
+    def blocked(self, conn: int, is_blocked: bool, object_ids: Iterable[bytes] = (),
+                task_id: bytes = b"", name: str = "") -> None:
+        """A worker's running task blocks in get()/wait() on ``object_ids`` (or resumes):
+        it runs one of their tasks itself, or lends its CPU (_blocking.py)."""
         c = self.clients.get(conn)
         w = c.worker if c is not None else None
-        if w is None or w.actor is not None:
+        if w is None or w.actor is not None or w.state not in (WorkerState.LEASED, WorkerState.BLOCKED):
             return
-        node = self.nodes[w.node_id]
-        cpu = w.lease.get("CPU", 0.0)
-        if is_blocked and w.state is WorkerState.LEASED:
-            w.state = WorkerState.BLOCKED
-            if cpu:
-                node.resources.release({"CPU": cpu}, [])
-            self.schedule()
-        elif not is_blocked and w.state is WorkerState.BLOCKED:
-            w.state = WorkerState.LEASED
-            if cpu:  # may go below zero for a moment: the task runs on, as in Ray
-                node.resources.free["CPU"] = node.resources.free.get("CPU", 0.0) - cpu
+        self.blocking.blocked(w, is_blocked, object_ids, task_id, name)
 
     def return_tasks(self, conn: int, task_ids: Iterable[bytes]) -> None:
         """A worker hands back queued tasks it did not start (it blocked, or is exiting)."""
@@ -634,6 +647,8 @@ class SchedulerState:
                 continue
             if w is not None and t in w.queue:
                 w.queue.remove(t)
+                if t in w.nested:
+                    self.blocking.nested_done(w, t)
             t.worker = None
             t.attempt -= 1
             if t.cancelled:

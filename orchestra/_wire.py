@@ -42,6 +42,8 @@ LEASE = 24         # Lease, head -> driver: a worker lent for tasks of one shape
                    # head, with only resources: one more, please)
 LEASE_RETURN = 25  # Lease, driver -> head
 LEASE_REVOKE = 26  # Lease, head -> driver: give it back once its tasks are answered
+EXECUTE_NESTED = 27  # Execute, head -> worker blocked in get(): run it inside that get()
+STALLED = 28       # Stalled, head -> driver: no task can progress; log the text
 
 MESSAGES: dict[int, Any] = {
     HELLO: pb.Hello, HELLO_REPLY: pb.HelloReply, FUNCTION: pb.RegisterFunctionRequest,
@@ -53,6 +55,7 @@ MESSAGES: dict[int, Any] = {
     MAP_AHEAD: pb.SegmentNames, RELEASE_MAPS: pb.SegmentNames,
     ACTOR_ADDRESS: pb.ActorAddress, ADOPT: pb.AdoptCalls, RELEASE_CALL: pb.TaskDone,
     LEASE: pb.Lease, LEASE_RETURN: pb.Lease, LEASE_REVOKE: pb.Lease,
+    EXECUTE_NESTED: pb.Execute, STALLED: pb.Stalled,
 }
 
 MAX_FRAME = 1 << 31

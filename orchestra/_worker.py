@@ -5,7 +5,11 @@
                  -> TaskDone (results inline, or written to a segment first)
 
 A task that blocks in get()/wait() hands its queued tasks back and lends its CPU
-(Blocked frame), so nested tasks cannot deadlock on a full pool. Cancel: the reader
+(Blocked frame, naming what it waits for), so nested tasks cannot deadlock on a full
+pool. When what it waits for has not started anywhere, the head hands that task to this
+worker (EXECUTE_NESTED) and the main thread runs it inside the get(), nested on its
+stack: rec(n) = 1 + get(rec.remote(n - 1)) nests on a few workers, whatever n
+(_blocking.py). Cancel: the reader
 thread signals the main thread (SIGUSR1), which raises inside the task (deferred
 while the main thread is in the client's socket code); a signal also interrupts
 time.sleep and blocking I/O. The worker exits when its connection to
@@ -34,6 +38,25 @@ from .exceptions import ActorDiedError, DeserializationError, TaskError
 
 _HEAD_ROUTE = (None, 0, False)   # reply_to's answer for a task the head sent
 
+# Tasks run nested inside blocked get()s (_run_nested) stack up on the main thread. Each
+# level costs the frames below: user function -> get -> _wait -> nested wait ->
+# _run_nested -> _execute -> function: 7, measured (rec(10) on one worker); twice that
+# leaves room for wrappers around them. The recursion limit rises by that much per level,
+# so the innermost task keeps the room a task has on its own (an infinite recursion still
+# ends at the usual depth).
+_FRAMES_PER_NESTED = 16
+# Nesting is bounded by the C stack the main thread may grow to: measured on CPython 3.10
+# (each Python frame is a C frame there too) ~340 bytes per frame, so 512 keeps a margin;
+# 3.11+ use far less C stack per Python call. With the usual 8 MiB: ~960 levels.
+_FRAME_BYTES = 512
+
+
+def _max_nested(base_limit: int) -> int:
+    import resource
+    soft, _ = resource.getrlimit(resource.RLIMIT_STACK)
+    stack = 8 << 20 if soft == resource.RLIM_INFINITY or soft <= 0 else soft
+    return max((stack // _FRAME_BYTES - base_limit) // _FRAMES_PER_NESTED, 0)
+
 
 class _Cancelled(BaseException):
     """Raised inside a running task by orchestra.cancel (not an Exception: `except
@@ -47,8 +70,17 @@ class WorkerRuntime:
         self.functions: dict[bytes, Any] = {}
         self.loaded: dict[bytes, Any] = {}
         self.running: bytes | None = None
+        self.running_name = ""
         self.cancel_target: bytes | None = None
         self.blocked = False
+        self.block_depth = 0   # get()s blocked in (nested ones, and other threads' too)
+        # Tasks the head handed the main thread while blocked in get() (EXECUTE_NESTED),
+        # not started yet; the ids of the tasks blocked below the one running inline.
+        self.nested: collections.deque[Any] = collections.deque()
+        self.outer: list[bytes] = []
+        # Deeper than max_nested, a blocked get() lends its CPU instead.
+        self.base_limit = sys.getrecursionlimit()
+        self.max_nested = _max_nested(self.base_limit)
         self.actor: ActorRuntime | None = None
         self.worker_id = worker_id
         # Calls a caller sent straight to this actor: task id -> (its connection, the
@@ -85,6 +117,8 @@ class WorkerRuntime:
                 sys.path.append(p)
         _context.set_client(self.client)
         self.client.on_block = self._on_block
+        self.client.nested_ready = self.nested.__len__   # type: ignore[assignment]
+        self.client.run_nested = self._run_nested
         self.client.on_peer_frame = self._on_peer_frame
         # Callers send calls straight here once the head gives them this address: a
         # driver this worker is lent to (Lease), or callers of the actor it becomes.
@@ -104,6 +138,9 @@ class WorkerRuntime:
                     self.queue.append(msg.invoke)
                     return
             self.client.send(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=[msg.invoke.call.task_id]))
+        elif kind == _wire.EXECUTE_NESTED:
+            with self.cond:
+                self.nested.append(msg.invoke)
         elif kind == _wire.FUNCTION:
             self.functions[msg.function_id] = msg
         elif kind == _wire.CANCEL_TASK:
@@ -216,14 +253,24 @@ class WorkerRuntime:
                 self.cancel_target = task_id
                 signal.pthread_kill(self.main_ident, signal.SIGUSR1)
                 return
-            for inv in self.queue:
-                if inv.call.task_id == task_id:
-                    self.queue.remove(inv)
+            if task_id in self.outer:
+                # Blocked in a get() that runs a nested task now: raised in it once the
+                # nested task ends (_run_nested).
+                self.cancel_target = task_id
+                return
+            for inv in self.nested:
+                if inv.call.task_id == task_id:   # handed over inline, not started
+                    self.nested.remove(inv)
                     break
             else:
-                if self.actor is not None and self.actor.concurrent:
-                    self.actor.cancel(task_id)   # a call on its threads or event loop
-                return
+                for inv in self.queue:
+                    if inv.call.task_id == task_id:
+                        self.queue.remove(inv)
+                        break
+                else:
+                    if self.actor is not None and self.actor.concurrent:
+                        self.actor.cancel(task_id)   # a call on its threads or event loop
+                    return
         self.send_done(pb.TaskDone(task_id=task_id, cancelled=True))
 
     # ------------------------------------------------------------ main thread side
@@ -263,9 +310,13 @@ class WorkerRuntime:
                     self._on_cancel_signal(signal.SIGUSR1, sys._getframe())
         return guarded
 
-    def _on_block(self, blocked: bool) -> None:
+    def _on_block(self, blocked: bool, ids: Any = ()) -> bool:
+        """A get()/wait() blocks on ``ids`` (or ends); True: this thread runs the tasks
+        the head hands it meanwhile (only the main thread runs tasks)."""
         if blocked:
+            main = threading.get_ident() == self.main_ident
             with self.cond:
+                self.block_depth += 1
                 self.blocked = True
                 queued = [inv.call.task_id for inv in self.queue]
                 self.queue.clear()
@@ -273,28 +324,81 @@ class WorkerRuntime:
             # leased, the scheduler pipelines returned tasks straight back to it (and
             # they bounce once more) instead of giving them to another worker. One
             # write: a cancel between the two lost the tasks taken off the queue.
-            self._return(queued, _wire.encode(_wire.BLOCKED, pb.Blocked(blocked=True)))
-        else:
-            with self.cond:
-                self.blocked = False
-            self.client.send(_wire.BLOCKED, pb.Blocked(blocked=False))
+            # Past max_nested the head is not asked for tasks to run here; one it sent
+            # before (for a get() that ended first) still runs in this one.
+            ask = main and len(self.outer) < self.max_nested
+            msg = pb.Blocked(blocked=True, object_ids=ids if ask else (),
+                             task_id=self.running or b"", task_name=self.running_name)
+            self._return(queued, _wire.encode(_wire.BLOCKED, msg))
+            return main
+        with self.cond:
+            self.block_depth = max(self.block_depth - 1, 0)
+            self.blocked = self.block_depth > 0
+        self.client.send(_wire.BLOCKED, pb.Blocked(blocked=False))
+        return False
+
+    def _unblock_to(self, depth: int) -> None:
+        """Resume the blocks a cancel cut short (raised in get()'s bookkeeping, past
+        its resume) down to ``depth``: the head counts them."""
+        while self.block_depth > depth:
+            self._on_block(False)
+
+    def _run_nested(self) -> None:
+        """In a get() of the main thread: run a task the head handed over for it."""
+        cond = self.cond
+        with cond:
+            if not self.nested:
+                return
+            inv = self.nested.popleft()
+            outer, outer_name = self.running, self.running_name
+            self.outer.append(outer or b"")
+            self.running, self.running_name = inv.call.task_id, inv.call.name
+        depth = self.block_depth
+        sys.setrecursionlimit(self.base_limit + len(self.outer) * _FRAMES_PER_NESTED)
+        done = None
+        try:
+            done = self._execute(inv)
+            with cond:
+                self.running, self.running_name = outer, outer_name
+        except _Cancelled:
+            with cond:
+                self.running, self.running_name = outer, outer_name
+            if done is None:
+                done = pb.TaskDone(task_id=inv.call.task_id, cancelled=True)
+        finally:
+            self.outer.pop()
+            sys.setrecursionlimit(self.base_limit + len(self.outer) * _FRAMES_PER_NESTED)
+        if self.cancel_target == inv.call.task_id:
+            self.cancel_target = None
+        self._unblock_to(depth)
+        self.send_done(done)
+        if outer is not None and self.cancel_target == outer:
+            # The task blocked below was cancelled while this one ran: it ends now.
+            self.cancel_target = None
+            raise _Cancelled()
 
     def run(self) -> None:
         cond, queue = self.cond, self.queue
 
+        nested = self.nested
+
         def has_task() -> bool:
-            return bool(queue)
+            return bool(queue) or bool(nested)
 
         while True:
-            if not queue:
+            if not queue and not nested:
                 # Idle: this thread reads the socket itself, so a task starts without a
                 # hand-off from the reader thread.
                 self.client.wait_until(has_task, None)
+            if self.nested:   # handed over for a get() that ended first
+                self._run_nested()
+                continue
             with cond:
                 if not queue:
                     continue
                 inv = queue.popleft()
                 self.running = inv.call.task_id
+                self.running_name = inv.call.name
             if self.actor is not None and self.actor.concurrent and inv.call.actor_id:
                 self.running = None
                 self.actor.submit(inv)     # runs on the actor's threads or event loop
@@ -312,8 +416,8 @@ class WorkerRuntime:
                 if done is None:
                     done = pb.TaskDone(task_id=inv.call.task_id, cancelled=True)
             self.cancel_target = None
-            if self.blocked:   # a cancel landed in get()'s bookkeeping, past its unblock
-                self._on_block(False)
+            if self.block_depth:   # a cancel landed in get()'s bookkeeping, past its unblock
+                self._unblock_to(0)
             self.send_done(done)
 
     def _function(self, fid: bytes) -> Any:
@@ -403,11 +507,39 @@ class WorkerRuntime:
 
     def failed(self, inv: Any, exc: BaseException) -> Any:
         """TaskDone carrying the error of user code (an ActorDiedError for a constructor)."""
+        try:
+            return self._failed(inv, exc)
+        except RecursionError:
+            if inv.call.HasField("actor"):
+                raise
+            # The error of a task hundreds of levels down a recursion: its chain of
+            # causes is too deep to format or pickle within the recursion limit. Raised
+            # out of here, it killed the worker, and every caller up the chain waited.
+            root, levels = exc, 0
+            while isinstance(root, TaskError) and root.cause is not None:
+                root, levels = root.cause, levels + 1
+            tb = (f"(the error of a task {levels} levels down; the chain of their remote "
+                  "tracebacks is too deep to keep)\n")
+            err = TaskError.wrap(inv.call.name, tb, root, os.getpid())
+            tid = inv.call.task_id
+            return pb.TaskDone(task_id=tid, user_error=True, returns=[
+                pb.ObjectData(object_id=tid + i.to_bytes(4, "big"), error=dumps_exception(err))
+                for i in range(inv.call.num_returns)])
+
+    def _failed(self, inv: Any, exc: BaseException) -> Any:
         call = inv.call
         tid = call.task_id
         oids = [tid + i.to_bytes(4, "big") for i in range(call.num_returns)]
         # Called inside the except block that caught exc: format_exc() is its traceback.
         tb = traceback.format_exc()
+        if isinstance(exc, TaskError):
+            # A nested task's error that escaped this task: format_exc() ends with that
+            # error's whole message (its remote traceback too), which the message made
+            # below carries already. Twice per level, an error 16 tasks down a recursion
+            # became 69 MB (and 30 down, a cluster that seemed hung).
+            tb = ("Traceback (most recent call last):\n"
+                  + "".join(traceback.format_list(traceback.extract_tb(exc.__traceback__)))
+                  + f"{type(exc).__name__}: the error of {exc.function_name}(), above\n")
         err: BaseException
         if isinstance(exc, _ArgumentError):
             # The task never ran: its error is the DeserializationError itself (the

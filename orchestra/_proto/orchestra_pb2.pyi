@@ -425,10 +425,24 @@ class ReturnTasks(_message.Message):
     def __init__(self, task_ids: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Blocked(_message.Message):
-    __slots__ = ("blocked",)
+    __slots__ = ("blocked", "object_ids", "task_id", "task_name")
     BLOCKED_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_IDS_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_NAME_FIELD_NUMBER: _ClassVar[int]
     blocked: bool
-    def __init__(self, blocked: _Optional[bool] = ...) -> None: ...
+    object_ids: _containers.RepeatedScalarFieldContainer[bytes]
+    task_id: bytes
+    task_name: str
+    def __init__(self, blocked: _Optional[bool] = ..., object_ids: _Optional[_Iterable[bytes]] = ..., task_id: _Optional[bytes] = ..., task_name: _Optional[str] = ...) -> None: ...
+
+class Stalled(_message.Message):
+    __slots__ = ("text", "task_ids")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    task_ids: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, text: _Optional[str] = ..., task_ids: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class CancelTask(_message.Message):
     __slots__ = ("task_id",)

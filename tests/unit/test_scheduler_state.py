@@ -14,6 +14,7 @@ import pytest
 
 from orchestra import _pb as pb
 from orchestra import _wire
+from orchestra._blocking import STALL_S
 from orchestra._proto import types_pb2
 from orchestra._scheduler import (
     _TASK_TRANSITIONS,
@@ -377,6 +378,211 @@ def test_nested_blocking_grows_the_pool_until_max_workers():
         c.take()
     assert len(c.s.workers) == 3       # max_workers bounds the growth
     assert c.s.tasks[chain[-1].task_id].state is TaskState.READY
+
+
+# ------------------------------------------------------------------ tasks run inline in a blocked get()
+
+def nested_executed(out: list[Any]) -> list[tuple[int, bytes]]:
+    """(worker id, task id) of every task sent to run inside a blocked get()."""
+    return [(ins[1] - 100, ins[3].invoke.call.task_id) for ins in out
+            if ins[0] == SEND and ins[2] == _wire.EXECUTE_NESTED]
+
+
+def block(c: Cluster, worker_id: int, caller: Any, *waited: Any) -> None:
+    """The task ``caller`` running on ``worker_id`` blocks in get() on ``waited``."""
+    c.s.blocked(worker_conn(worker_id), True, [rid(w) for w in waited], caller.task_id, caller.name)
+
+
+def test_a_blocked_worker_runs_the_task_it_waits_for_when_that_task_has_not_started():
+    c = Cluster(cpus=1, max_workers=4)
+    outer = c.submit(make_call("outer"))
+    c.take()
+    inner = c.submit(make_call("inner"), conn=worker_conn(1))
+    assert executed(c.take()) == [(1, inner.task_id)]      # pipelined behind outer
+    block(c, 1, outer, inner)
+    c.s.return_tasks(worker_conn(1), [inner.task_id])      # the worker hands it back ...
+    out = c.take()
+    assert nested_executed(out) == [(1, inner.task_id)]    # ... and gets it to run inline
+    assert c.started(out) == [] and executed(out) == []
+    assert c.worker(1).state is WorkerState.LEASED and c.available()["CPU"] == 0.0
+    c.done(1, inner)                                       # back in outer's get()
+    assert c.worker(1).state is WorkerState.BLOCKED and c.available()["CPU"] == 1.0
+    c.s.blocked(worker_conn(1), False)
+    assert c.worker(1).state is WorkerState.LEASED and c.available()["CPU"] == 0.0
+    c.done(1, outer)
+    assert c.worker(1).state is WorkerState.IDLE and c.available()["CPU"] == 1.0
+
+
+def test_a_task_that_becomes_ready_while_its_caller_is_blocked_runs_inline():
+    c = Cluster(cpus=1, max_workers=4)
+    arg = new_id() + bytes(4)
+    c.s.register_pending(DRIVER, [arg])           # an object nobody has made yet
+    outer = c.submit(make_call("outer"))
+    c.take()
+    inner = c.submit(make_call("inner", (ref(arg),)), conn=worker_conn(1))
+    block(c, 1, outer, inner)
+    assert nested_executed(c.take()) == []        # waits for its argument
+    assert c.worker(1).state is WorkerState.BLOCKED
+    c.s.put_for(DRIVER, inline_data(arg, 7))
+    out = c.take()
+    assert nested_executed(out) == [(1, inner.task_id)] and c.started(out) == []
+
+
+def test_a_chain_of_tasks_each_waiting_for_the_next_nests_on_one_worker():
+    # rec(n) = 1 + get(rec.remote(n - 1)): one blocked process per level filled
+    # max_workers at n = 40 on 2 CPUs, and the cluster stalled for good.
+    c = Cluster(cpus=1, max_workers=2)
+    chain = [c.submit(make_call("rec"))]
+    c.take()
+    started = []
+    for _ in range(100):
+        nxt = c.submit(make_call("rec"), conn=worker_conn(1))
+        queued = [t for w, t in executed(c.s.out) if w == 1]   # pipelined to it: handed back
+        block(c, 1, chain[-1], nxt)
+        c.s.return_tasks(worker_conn(1), queued)
+        chain.append(nxt)
+        out = c.take()
+        assert nested_executed(out) == [(1, nxt.task_id)]
+        started += c.started(out)
+    assert len(c.worker(1).nested) == 100 and started == []
+    for caller, callee in zip(reversed(chain[:-1]), reversed(chain[1:]), strict=True):
+        c.done(1, callee)
+        c.s.blocked(worker_conn(1), False)
+        assert caller.task_id in c.s.tasks
+    c.done(1, chain[0])
+    assert c.worker(1).state is WorkerState.IDLE and c.available()["CPU"] == 1.0
+    assert c.s.blocking.waiting_for == {}
+
+
+@pytest.mark.parametrize("inner_resources", [
+    {"CPU": 2.0},                # more CPU than the blocked task holds
+    {"CPU": 1.0, "widget": 1.0},  # a resource it does not hold at all
+])
+def test_a_task_needing_more_than_the_blocked_task_holds_is_not_run_inline(inner_resources):
+    c = Cluster(cpus=2, custom={"widget": 1}, max_workers=4)
+    outer = c.submit(make_call("outer"))
+    c.take()
+    cpus = inner_resources.pop("CPU")
+    inner = c.submit(make_call("inner", cpus=cpus, resources=inner_resources), conn=worker_conn(1))
+    block(c, 1, outer, inner)
+    out = c.take()
+    assert nested_executed(out) == []
+    assert c.worker(1).state is WorkerState.BLOCKED   # its CPU is lent instead
+
+
+def test_a_block_that_names_no_objects_lends_its_cpu_and_runs_nothing_inline():
+    # A get() outside the worker's main thread: that thread may not run tasks.
+    c = Cluster(cpus=1, max_workers=4)
+    outer = c.submit(make_call("outer"))
+    c.take()
+    inner = c.submit(make_call("inner"), conn=worker_conn(1))
+    c.s.blocked(worker_conn(1), True)
+    c.s.return_tasks(worker_conn(1), [inner.task_id])
+    out = c.take()
+    assert nested_executed(out) == [] and len(c.started(out)) == 1
+    assert outer.task_id in c.s.tasks
+
+
+def test_a_worker_that_dies_inside_nested_tasks_retries_each_running_one():
+    c = Cluster(cpus=1, max_workers=4)
+    outer = c.submit(make_call("outer", max_retries=1))
+    c.take()
+    inner = c.submit(make_call("inner", max_retries=1), conn=worker_conn(1))
+    block(c, 1, outer, inner)
+    c.s.return_tasks(worker_conn(1), [inner.task_id])
+    c.take()
+    c.s.worker_died(1, "killed")
+    assert c.s.tasks[outer.task_id].retries_left == 0    # both were running: an attempt each
+    assert c.s.tasks[inner.task_id].retries_left == 0
+    assert c.s.blocking.waiting_for == {}
+
+
+def test_a_task_submitted_by_a_running_task_starts_no_worker_until_its_submitter_blocks():
+    # The submitter will most likely block on it and run it inline: a worker started
+    # now would take the chain over and stay blocked for good (rec(1000) filled the cap).
+    c = Cluster(cpus=1, max_workers=4)
+    outer = c.submit(make_call("outer"))
+    c.take()
+    inner = c.submit(make_call("inner", cpus=0.5), conn=worker_conn(1))   # cannot pipeline
+    assert c.started(c.take()) == []
+    block(c, 1, outer, inner)
+    out = c.take()
+    assert nested_executed(out) == [(1, inner.task_id)] and c.started(out) == []
+
+
+def test_a_task_held_back_from_starting_a_worker_starts_one_after_a_tick():
+    # Its submitter runs on without waiting for it: it may not wait for ever.
+    c = Cluster(cpus=2, max_workers=4)
+    a = c.submit(make_call("a"))
+    b = c.submit(make_call("b"))
+    c.take()
+    block(c, 1, a)                                  # lends a CPU: room for one more task
+    spawned = c.submit(make_call("spawned"), conn=worker_conn(2))
+    assert c.started(c.take()) == []
+    c.s.blocking.tick(0.0)                          # the head's next tick (<= 0.5 s later)
+    assert len(c.started(c.take())) == 1
+    assert b.task_id in c.s.tasks and c.s.tasks[spawned.task_id].state is TaskState.READY
+
+
+# ------------------------------------------------------------------ stalls
+
+def stalls(out: list[Any]) -> list[tuple[int, Any]]:
+    return [(ins[1], ins[3]) for ins in out if ins[0] == SEND and ins[2] == _wire.STALLED]
+
+
+def deadlocked() -> tuple[Cluster, Any, Any]:
+    """Two tasks, each holding the resource the other's subtask needs, both blocked."""
+    c = Cluster(cpus=2, custom={"left": 1, "right": 1}, max_workers=4)
+    a = c.submit(make_call("hold_left", resources={"left": 1}))
+    b = c.submit(make_call("hold_right", resources={"right": 1}))
+    assert sorted(executed(c.take())) == [(1, a.task_id), (2, b.task_id)]
+    needs_right = c.submit(make_call("needs_right", resources={"right": 1}), conn=worker_conn(1))
+    needs_left = c.submit(make_call("needs_left", resources={"left": 1}), conn=worker_conn(2))
+    for wid, caller, callee in ((1, a, needs_right), (2, b, needs_left)):
+        block(c, wid, caller, callee)
+        # A blocked worker hands back what was pipelined to it (the other's subtask).
+        c.s.return_tasks(worker_conn(wid), [t.call.task_id for t in list(c.worker(wid).queue)[1:]])
+    c.take()
+    assert c.s.tasks[needs_left.task_id].state is TaskState.READY
+    assert c.s.tasks[needs_right.task_id].state is TaskState.READY
+    return c, a, b
+
+
+def test_a_stall_is_told_to_the_driver_once_it_held_for_stall_s_naming_the_blocked_tasks():
+    c, a, b = deadlocked()
+    c.s.blocking.check_stalled(100.0)
+    c.s.blocking.check_stalled(100.0 + STALL_S - 0.5)
+    assert stalls(c.take()) == []                   # not yet: it may still resolve
+    c.s.blocking.check_stalled(100.0 + STALL_S + 0.5)
+    [(conn, msg)] = stalls(c.take())
+    assert conn == DRIVER
+    assert sorted(msg.task_ids) == sorted([a.task_id, b.task_id])
+    for name in ("hold_left()", "hold_right()", "needs_left()", "needs_right()",
+                 a.task_id.hex(), b.task_id.hex()):
+        assert name in msg.text
+    c.s.blocking.check_stalled(100.0 + 10 * STALL_S)
+    assert stalls(c.take()) == []                   # once per stall
+
+
+def test_no_stall_is_told_while_a_task_runs():
+    c, a, b = deadlocked()
+    c.s.blocked(worker_conn(2), False)              # b's get() returned after all: it runs
+    for t in (0.0, STALL_S * 3):
+        c.s.blocking.check_stalled(t)
+    assert stalls(c.take()) == []
+
+
+def test_no_stall_is_told_while_a_worker_starts():
+    c = Cluster(cpus=1, max_workers=4)
+    outer = c.submit(make_call("outer"))
+    c.take()
+    block(c, 1, outer)                              # waits for something else
+    inner = c.submit(make_call("inner", cpus=1), conn=worker_conn(1))
+    assert len(c.started(c.take())) == 1            # a worker starts for inner
+    assert c.s.tasks[inner.task_id].state is TaskState.READY
+    for t in (0.0, STALL_S * 3):
+        c.s.blocking.check_stalled(t)
+    assert stalls(c.take()) == []
 
 
 # ------------------------------------------------------------------ worker death
