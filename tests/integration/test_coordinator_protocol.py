@@ -674,15 +674,20 @@ def test_entry_point_prints_its_address_and_serves_until_sigterm(
     assert "no authentication" not in stderr
 
 
-def test_entry_point_warns_when_listening_beyond_loopback() -> None:
-    proc = _run_entry_point("--num-nodes", "1", "--port", "0", "--host", "0.0.0.0")
+def _stderr_beyond_loopback(**kwargs: Any) -> str:
+    """What the entry point bound to 0.0.0.0 says on stderr once it serves."""
+    proc = _run_entry_point("--num-nodes", "1", "--port", "0", "--host", "0.0.0.0", **kwargs)
     try:
         _read_line(proc.stdout, 15)  # type: ignore[arg-type]
         proc.terminate()
         _, stderr = proc.communicate(timeout=10)
     finally:
         proc.kill()
-    assert "no authentication" in stderr
+    return stderr
+
+
+def test_entry_point_warns_when_listening_beyond_loopback() -> None:
+    assert "no authentication" in _stderr_beyond_loopback()
 
 
 def test_entry_point_with_a_token_in_the_environment_refuses_clients_without_it(
@@ -734,13 +739,5 @@ def test_entry_point_refuses_an_empty_token_instead_of_serving_without_one() -> 
 
 
 def test_entry_point_with_a_token_beyond_loopback_warns_that_traffic_is_not_encrypted() -> None:
-    proc = _run_entry_point(
-        "--num-nodes", "1", "--port", "0", "--host", "0.0.0.0", token_env=TOKEN
-    )
-    try:
-        _read_line(proc.stdout, 15)  # type: ignore[arg-type]
-        proc.terminate()
-        _, stderr = proc.communicate(timeout=10)
-    finally:
-        proc.kill()
+    stderr = _stderr_beyond_loopback(token_env=TOKEN)
     assert "not encrypted" in stderr and "no authentication" not in stderr

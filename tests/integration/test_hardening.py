@@ -24,7 +24,7 @@ import pytest
 import _helpers as h
 import orchestra
 from _probes import pid_gone, wait_until
-from orchestra.exceptions import ClusterLostError, WorkerCrashedError
+from orchestra.exceptions import ClusterLostError, TaskCancelledError, WorkerCrashedError
 
 T = 30
 
@@ -318,14 +318,17 @@ class ThreadedSleeper:
         return "pong"
 
 
-@pytest.mark.timeout(60)
-def test_cancel_of_a_running_call_on_an_async_actor_cancels_its_coroutine(cluster, gates):
-    from orchestra.exceptions import TaskCancelledError
-    a = AsyncSleeper.remote()
-    gate = gates("async")
-    ref = a.sleep.remote(gate)
+def _cancel_once_running(actor: Any, gate: h.Gate) -> orchestra.ObjectRef:
+    ref = actor.sleep.remote(gate)
     gate.wait_started()
     orchestra.cancel(ref)
+    return ref
+
+
+@pytest.mark.timeout(60)
+def test_cancel_of_a_running_call_on_an_async_actor_cancels_its_coroutine(cluster, gates):
+    a = AsyncSleeper.remote()
+    ref = _cancel_once_running(a, gates("async"))
     with pytest.raises(TaskCancelledError):
         orchestra.get(ref, timeout=T)
     assert orchestra.get(a.seen_so_far.remote(), timeout=T) == ["CancelledError"]
@@ -334,12 +337,9 @@ def test_cancel_of_a_running_call_on_an_async_actor_cancels_its_coroutine(cluste
 
 @pytest.mark.timeout(60)
 def test_cancel_of_a_running_call_on_a_threaded_actor_drops_its_result(cluster, gates):
-    from orchestra.exceptions import TaskCancelledError
     a = ThreadedSleeper.remote()
     gate = gates("threaded")
-    ref = a.sleep.remote(gate)
-    gate.wait_started()
-    orchestra.cancel(ref)
+    ref = _cancel_once_running(a, gate)
     gate.open()
     with pytest.raises(TaskCancelledError):
         orchestra.get(ref, timeout=T)

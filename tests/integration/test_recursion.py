@@ -9,7 +9,6 @@ task can progress at all, the driver logs a warning naming the blocked tasks.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 
 import orchestra
 from _helpers import wait_for_file
+from orchestra.microbenchmark import _children  # every process below a pid
 
 DEADLINE_S = 90.0
 
@@ -40,26 +40,6 @@ def trivial() -> str:
     return "ok"
 
 
-def _descendants(pid: int) -> int:
-    """Processes below ``pid`` (the head: its fork server and the workers)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    n, todo = 0, [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            n += 1
-            todo.append(c)
-    return n
-
-
 @pytest.mark.timeout(180)
 def test_recursion_1000_deep_completes_on_two_cpus_within_the_worker_cap(start_cluster):
     cluster = start_cluster(num_cpus=2)
@@ -69,7 +49,7 @@ def test_recursion_1000_deep_completes_on_two_cpus_within_the_worker_cap(start_c
 
     def sample() -> None:
         while not stop.is_set():
-            most[0] = max(most[0], _descendants(cluster.head_pid) - 1)   # less the fork server
+            most[0] = max(most[0], len(_children(cluster.head_pid)) - 1)   # less the fork server
             time.sleep(0.05)
 
     sampler = threading.Thread(target=sample, daemon=True)
