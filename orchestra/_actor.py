@@ -6,7 +6,7 @@
         worker, in the order the head received them (so each caller's order holds);
         once the head has sent the caller's calls there and given it the address of the
         actor's process, later calls go straight to that process and their answers
-        straight back (CoreClient.submit_actor, _Lane in _client.py)
+        straight back (CoreClient.submit_actor, ActorRoute in _direct_core.py)
 
 A handle holds a counted pseudo-ref whose id is the actor id: pickling a handle into a
 task, an actor or an object keeps the actor alive like any ObjectRef; when the last
@@ -212,6 +212,6 @@ def kill(handle: ActorHandle, *, no_restart: bool = True) -> None:
     if not isinstance(handle, ActorHandle):
         raise TypeError(f"kill() takes an ActorHandle, got {type(handle).__name__}")
     client = _context.current_client()
-    client.retire_lane(handle._actor_id)
+    client.retire_route(handle._actor_id)
     client.request(pb.Request(
         kill_actor=pb.KillActor(actor_id=handle._actor_id, no_restart=bool(no_restart))))

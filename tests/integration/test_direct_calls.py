@@ -262,7 +262,7 @@ def fan_out(n: int) -> int:
 @pytest.fixture
 def keep_leases(monkeypatch):
     """Lent workers stay lent while a test looks (they go back after 0.2 s idle)."""
-    monkeypatch.setattr(_client, "_LEASE_IDLE_S", 30.0)
+    monkeypatch.setattr(_client, "LOAN_IDLE_S", 30.0)
 
 
 def _lent(cluster: Any) -> None:
