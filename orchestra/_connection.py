@@ -13,6 +13,7 @@ small and latency-bound.
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import threading
@@ -143,6 +144,12 @@ class Listener:
                 sock.bind(target)
                 os.chmod(target, 0o600)   # this user only (cloudpickle is code execution)
             else:
+                if not ipaddress.ip_address(socket.gethostbyname(target[0]) if family == socket.AF_INET
+                                            else target[0]).is_loopback:
+                    # cloudpickle is code execution: a port reachable from other machines
+                    # must authenticate every connection first, which this listener does not.
+                    raise ValueError(f"refusing to listen on {address}: frames carry pickled "
+                                     "code, so only loopback or a unix socket is allowed here")
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind(target)
             sock.listen(backlog)
