@@ -57,10 +57,13 @@ _FLUSH_INTERVAL_S = 0.02
 # (_blocking.py), without a frame the size of a get of 100k refs.
 _BLOCKED_IDS = 256
 
-# Errors a Reply names by kind (Reply.error_kind): raised as these classes.
-_REPLY_ERRORS: dict[str, type[OrchestraError]] = {
+# Errors a Reply names by kind (Reply.error_kind): raised as these classes; any other
+# kind as OrchestraError. ValueError: the request's argument was wrong (a name taken, or
+# no actor of that name).
+_REPLY_ERRORS: dict[str, type[Exception]] = {
     "ObjectStoreFullError": ObjectStoreFullError,
     "ObjectLostError": ObjectLostError,
+    "ValueError": ValueError,
 }
 
 
@@ -209,11 +212,7 @@ class CoreClient:
         self.synced_seq = max(self.synced_seq, seq)
         if reply.error:
             cls = _REPLY_ERRORS.get(reply.error_kind)
-            if cls is not None:
-                raise cls(reply.error)
-            if reply.error_kind == "ValueError":
-                raise ValueError(reply.error)
-            raise OrchestraError(reply.error)
+            raise (cls or OrchestraError)(reply.error)
         return reply
 
     # ------------------------------------------------------------------ refs
