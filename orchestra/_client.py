@@ -607,9 +607,9 @@ class CoreClient:
                 self.objects.map_ahead(list(msg.names))
             elif kind == _wire.ACTOR_ADDRESS:
                 direct.actor_address(msg)
-            elif kind == _wire.LEASE:
+            elif kind == _wire.LOAN:
                 direct.loan_granted(msg)
-            elif kind == _wire.LEASE_REVOKE:
+            elif kind == _wire.LOAN_RECALL:
                 direct.loan_recalled(msg.worker_id)
             elif kind == _wire.RELEASE_CALL:
                 direct.release_call(msg.task_id)

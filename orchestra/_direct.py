@@ -240,7 +240,7 @@ class DirectCalls:
         if wants_another_loan(len(self.loan_queue.get(shape, ())), loans,
                               self.loan_asked.get(shape, 0.0), now):
             self.loan_asked[shape] = now
-            self.client.send(_wire.LEASE, pb.Lease(resources=dict(shape)))
+            self.client.send(_wire.LOAN_REQUEST, pb.LoanRequest(resources=dict(shape)))
 
     def loan_granted(self, msg: Any) -> None:
         self.ever_loaned = True
@@ -249,7 +249,7 @@ class DirectCalls:
             conn = Connection.connect_once(msg.path)
         except OSError:   # the worker is gone (or the cluster stops): give it back
             try:
-                self.client.send(_wire.LEASE_RETURN, pb.Lease(worker_id=msg.worker_id))
+                self.client.send(_wire.LOAN_RETURN, pb.LoanReturn(worker_id=msg.worker_id))
             except ClusterLostError:
                 pass
             return
@@ -288,7 +288,7 @@ class DirectCalls:
         self.to_close.append(loan.peer)
         if self.client.lost is None:
             try:
-                self.client.send(_wire.LEASE_RETURN, pb.Lease(worker_id=loan.worker_id))
+                self.client.send(_wire.LOAN_RETURN, pb.LoanReturn(worker_id=loan.worker_id))
             except ClusterLostError:
                 pass
 
