@@ -223,7 +223,10 @@ class CoreClient:
         self.objects.maps.pop(oid, None)
         self.owned.discard(oid)
         self._subscribed.discard(oid)
-        return self.direct.last_ref_gone(oid)
+        direct = self.direct
+        if direct.routes or direct.book.unregistered or direct.book.via_head:
+            return direct.last_ref_gone(oid)
+        return True
 
     def escape(self, ids: Iterable[bytes]) -> None:
         """These refs leave this process: the head must know every object they name."""

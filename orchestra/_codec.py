@@ -17,7 +17,7 @@ the same message.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from . import _wire
 from ._ids import TASK_ID_LEN
@@ -65,12 +65,14 @@ def inline_value(pickled: bytes) -> bytes:
     return field(_VALUE_INLINE, pickled)
 
 
-def call(template: bytes, task_id: bytes, values: Iterable[bytes] = (),
+def call(template: bytes, task_id: bytes, values: Sequence[bytes] = (),
          kwarg_names: Iterable[str] = (), nested: Iterable[bytes] = ()) -> bytes:
     """A serialized ``Call``: the function's template (its fixed fields, serialized by
     protobuf) with this call's task id, argument ``Value``s (positional then keyword,
     from ref_value/inline_value), keyword names and refs pickled inside the arguments."""
     if len(task_id) == TASK_ID_LEN:
+        if not values:   # the common call without arguments: one concatenation
+            return template + _TASK_ID_PREFIX + task_id
         parts = [template, _TASK_ID_PREFIX, task_id]
     else:
         parts = [template, field(_CALL_TASK_ID, task_id)]
