@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from . import _codec, _wire
 from . import _pb as pb
@@ -42,11 +42,30 @@ from ._direct_core import (
     wants_another_loan,
 )
 from ._errors import make_error
+from ._refs import RefCounts
 from ._resources import shape_key
 from .exceptions import ClusterLostError
 
-if TYPE_CHECKING:
-    from ._client import CoreClient
+
+class Client(Protocol):
+    """What direct calls use of their process's CoreClient: its connection to the head,
+    ref counts, results, and the reading of every connection."""
+
+    refs: RefCounts
+    results: dict[bytes, Any]
+    owned: set[bytes]
+    lost: str | None
+    conn_id: int
+    poller: Any
+    function_frames: dict[bytes, bytes]
+    put_seq: int
+    active: bool
+
+    def send(self, kind: int, msg: Any) -> None: ...
+    def send_raw(self, frame: bytes) -> None: ...
+    def send_submit(self, call: bytes, refs: Any) -> None: ...
+    def subscribe_missing(self, ids: Iterable[bytes]) -> None: ...
+    def wake(self) -> None: ...
 
 
 class Peer(Connection):
@@ -66,7 +85,7 @@ def _cancelled_error(name: str) -> Any:
 
 
 class DirectCalls:
-    def __init__(self, client: CoreClient) -> None:
+    def __init__(self, client: Client) -> None:
         self.client = client
         self.book = ResultBook()
         self.routes: dict[bytes, ActorRoute] = {}       # actor id -> route

@@ -20,19 +20,30 @@ import pickle
 import threading
 import weakref
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from . import _pb as pb
+from ._refs import RefCounts
 from ._serialization import Serialized, deserialize
 from ._store import map_ahead, map_segment, open_segment, write_into
 from .exceptions import ObjectLostError, OrchestraError
 
-if TYPE_CHECKING:
-    from ._client import CoreClient
+
+class Client(Protocol):
+    """What object reads and writes use of their process's CoreClient."""
+
+    refs: RefCounts
+    results: dict[bytes, Any]
+    lost: str | None
+    closing: bool
+
+    def request(self, req: Any, timeout_s: float = ...) -> Any: ...
+    def flush_refs(self, wait: bool = ...) -> None: ...
+    def escape(self, ids: Iterable[bytes]) -> None: ...
 
 
 class ObjectIO:
-    def __init__(self, client: CoreClient, shm_dir: str, inline_threshold: int) -> None:
+    def __init__(self, client: Client, shm_dir: str, inline_threshold: int) -> None:
         self.client = client
         self.refs = client.refs
         self.shm_dir = shm_dir   # the session's private directory of segments
