@@ -37,7 +37,7 @@ RELEASE_MAPS = 20  # SegmentNames, head -> reader: forget maps kept for later ge
 ACTOR_ADDRESS = 21  # head -> caller: the actor's process takes calls straight at this socket
 ADOPT = 22         # AdoptCalls, caller -> head: calls left unanswered by a closed actor connection
 RELEASE_CALL = 23  # TaskDone, actor -> head -> caller: the actor counted what it keeps of a
-                   # straight call's arguments; the caller may drop them
+                   # direct call's arguments; the caller may drop them
 LOAN = 24          # Loan, head -> driver: a worker lent for tasks of one resource shape
 LOAN_RETURN = 25   # LoanReturn, driver -> head: the lent worker is given back
 LOAN_RECALL = 26   # LoanRecall, head -> driver: give it back once its tasks are answered

@@ -89,7 +89,7 @@ class WorkerRuntime:
         self.reply_to: dict[bytes, tuple[Any, int, bool]] = {}
         self.holding: dict[bytes, Any] = {}   # results holding refs, until answered
         # Tasks whose results are in shared memory or hold refs, until answered: a
-        # straight caller gets those through the head.
+        # direct caller gets those through the head.
         self.heavy: set[bytes] = set()
         self.main_ident = threading.get_ident()
         # Orchestra's GPU ids index the devices the driver could see: with
