@@ -6,7 +6,7 @@
         worker, in the order the head received them (so each caller's order holds);
         once the head has sent the caller's calls there and given it the address of the
         actor's process, later calls go straight to that process and their answers
-        straight back (CoreClient.submit_actor, _Lane in _client.py)
+        straight back (CoreClient.submit_actor, ActorRoute in _direct_core.py)
 
 A handle holds a counted pseudo-ref whose id is the actor id: pickling a handle into a
 task, an actor or an object keeps the actor alive like any ObjectRef; when the last
@@ -22,7 +22,6 @@ from . import _pb as pb
 from ._object_ref import ObjectRef
 from ._resources import check_feasible, make_request
 from ._serialization import dumps_function
-from .exceptions import OrchestraError
 
 ACTOR_OPTIONS = frozenset({"num_cpus", "num_gpus", "resources", "max_restarts", "max_concurrency",
                            "name"})
@@ -104,12 +103,7 @@ class ActorClass:
         call = client.build_call(tid, self._function_id, args, kwargs, num_returns=0,
                                  resources=self._resources, name=f"{self._cls.__qualname__}.__init__")
         call.actor.CopyFrom(spec)
-        try:
-            client.request(pb.Request(create_actor=call))
-        except OrchestraError as exc:
-            if "already taken" in str(exc):
-                raise ValueError(str(exc)) from None
-            raise
+        client.request(pb.Request(create_actor=call))   # ValueError: the name is taken
         return ActorHandle(spec, client, counted=True)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -199,10 +193,7 @@ def get_actor(name: str) -> ActorHandle:
     if not isinstance(name, str) or not name:
         raise TypeError(f"get_actor() takes an actor name (str), got {name!r}")
     client = _context.current_client()
-    try:
-        reply = client.request(pb.Request(get_actor=name))
-    except OrchestraError as exc:
-        raise ValueError(str(exc)) from None
+    reply = client.request(pb.Request(get_actor=name))   # ValueError: no such actor
     return ActorHandle(reply.actor, client)
 
 
@@ -212,6 +203,6 @@ def kill(handle: ActorHandle, *, no_restart: bool = True) -> None:
     if not isinstance(handle, ActorHandle):
         raise TypeError(f"kill() takes an ActorHandle, got {type(handle).__name__}")
     client = _context.current_client()
-    client.retire_lane(handle._actor_id)
+    client.retire_route(handle._actor_id)
     client.request(pb.Request(
         kill_actor=pb.KillActor(actor_id=handle._actor_id, no_restart=bool(no_restart))))

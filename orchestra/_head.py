@@ -431,9 +431,9 @@ class Head:
                 state.cancel(msg.object_id, msg.force)
             elif kind == _wire.ADOPT:
                 state.adopt_calls(cid, msg)
-            elif kind == _wire.LEASE_RETURN:
+            elif kind == _wire.LOAN_RETURN:
                 state.return_lease(cid, msg.worker_id)
-            elif kind == _wire.LEASE:   # a driver asks for one more lent worker
+            elif kind == _wire.LOAN_REQUEST:   # a driver asks for one more lent worker
                 state.lend_idle(cid, dict(msg.resources))
             elif kind == _wire.RELEASE_CALL:   # ordered after the actor's own ref changes
                 caller = self.conns.get(msg.owner)

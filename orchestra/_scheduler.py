@@ -26,7 +26,7 @@ from . import _pb as pb
 from ._actor_state import ActorTable
 from ._blocking import Blocking, Wait
 from ._resources import NodeResources, shape_key
-from ._wire import CANCEL_TASK, EXECUTE, FUNCTION, LEASE, LEASE_REVOKE, STEAL
+from ._wire import CANCEL_TASK, EXECUTE, FUNCTION, LOAN, LOAN_RECALL, STEAL
 
 # Instructions for the I/O layer (tuples: cheap on the hot path).
 SEND = "send"              # (SEND, conn_id, kind, message)
@@ -796,7 +796,7 @@ class SchedulerState:
             return False
         w.lent_to = conn
         self.lent.add(w.worker_id)
-        self.out.append((LATE_SEND, conn, LEASE, pb.Lease(
+        self.out.append((LATE_SEND, conn, LOAN, pb.Loan(
             worker_id=w.worker_id, path=self.worker_socket(w.worker_id), resources=w.lease,
             pid=w.pid, busy_task=w.queue[0].call.task_id if w.queue else b"")))
         return True
@@ -834,7 +834,7 @@ class SchedulerState:
             if w is not None and not w.revoking and w.lent_to is not None:
                 w.revoking = True
                 # After any grant of this batch (LATE_SEND), or the driver would not know it.
-                self.out.append((LATE_SEND, w.lent_to, LEASE_REVOKE, pb.Lease(worker_id=wid)))
+                self.out.append((LATE_SEND, w.lent_to, LOAN_RECALL, pb.LoanRecall(worker_id=wid)))
 
     def _seal(self, oid: bytes, data: Any, push_owner: bool = True) -> None:
         o = self.objects.get(oid)

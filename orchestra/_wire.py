@@ -37,13 +37,13 @@ RELEASE_MAPS = 20  # SegmentNames, head -> reader: forget maps kept for later ge
 ACTOR_ADDRESS = 21  # head -> caller: the actor's process takes calls straight at this socket
 ADOPT = 22         # AdoptCalls, caller -> head: calls left unanswered by a closed actor connection
 RELEASE_CALL = 23  # TaskDone, actor -> head -> caller: the actor counted what it keeps of a
-                   # straight call's arguments; the caller may drop them
-LEASE = 24         # Lease, head -> driver: a worker lent for tasks of one shape (driver ->
-                   # head, with only resources: one more, please)
-LEASE_RETURN = 25  # Lease, driver -> head
-LEASE_REVOKE = 26  # Lease, head -> driver: give it back once its tasks are answered
+                   # direct call's arguments; the caller may drop them
+LOAN = 24          # Loan, head -> driver: a worker lent for tasks of one resource shape
+LOAN_RETURN = 25   # LoanReturn, driver -> head: the lent worker is given back
+LOAN_RECALL = 26   # LoanRecall, head -> driver: give it back once its tasks are answered
 EXECUTE_NESTED = 27  # Execute, head -> worker blocked in get(): run it inside that get()
 STALLED = 28       # Stalled, head -> driver: no task can progress; log the text
+LOAN_REQUEST = 29  # LoanRequest, driver -> head: one more lent worker of this shape, please
 
 MESSAGES: dict[int, Any] = {
     HELLO: pb.Hello, HELLO_REPLY: pb.HelloReply, FUNCTION: pb.RegisterFunctionRequest,
@@ -54,8 +54,8 @@ MESSAGES: dict[int, Any] = {
     SHUTDOWN: pb.AckReply, STEAL: pb.ReturnTasks, DROP_MAPS: pb.SegmentNames,
     MAP_AHEAD: pb.SegmentNames, RELEASE_MAPS: pb.SegmentNames,
     ACTOR_ADDRESS: pb.ActorAddress, ADOPT: pb.AdoptCalls, RELEASE_CALL: pb.TaskDone,
-    LEASE: pb.Lease, LEASE_RETURN: pb.Lease, LEASE_REVOKE: pb.Lease,
-    EXECUTE_NESTED: pb.Execute, STALLED: pb.Stalled,
+    LOAN: pb.Loan, LOAN_RETURN: pb.LoanReturn, LOAN_RECALL: pb.LoanRecall,
+    EXECUTE_NESTED: pb.Execute, STALLED: pb.Stalled, LOAN_REQUEST: pb.LoanRequest,
 }
 
 MAX_FRAME = 1 << 31

@@ -89,7 +89,7 @@ class WorkerRuntime:
         self.reply_to: dict[bytes, tuple[Any, int, bool]] = {}
         self.holding: dict[bytes, Any] = {}   # results holding refs, until answered
         # Tasks whose results are in shared memory or hold refs, until answered: a
-        # straight caller gets those through the head.
+        # direct caller gets those through the head.
         self.heavy: set[bytes] = set()
         self.main_ident = threading.get_ident()
         # Orchestra's GPU ids index the devices the driver could see: with
@@ -119,7 +119,7 @@ class WorkerRuntime:
         self.client.on_block = self._on_block
         self.client.nested_ready = self.nested.__len__   # type: ignore[assignment]
         self.client.run_nested = self._run_nested
-        self.client.on_peer_frame = self._on_peer_frame
+        self.client.direct.on_peer_frame = self._on_peer_frame
         # Callers send calls straight here once the head gives them this address: a
         # driver this worker is lent to (Lease), or callers of the actor it becomes.
         path = os.path.join(info.session_dir, f"worker-{worker_id}.sock")

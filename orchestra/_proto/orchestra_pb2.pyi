@@ -395,7 +395,7 @@ class AdoptCalls(_message.Message):
     cancelled: _containers.RepeatedScalarFieldContainer[bytes]
     def __init__(self, actor_id: _Optional[bytes] = ..., worker_id: _Optional[int] = ..., calls: _Optional[_Iterable[_Union[_types_pb2.Call, _Mapping]]] = ..., cancelled: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
-class Lease(_message.Message):
+class Loan(_message.Message):
     __slots__ = ("worker_id", "path", "gpu_ids", "resources", "pid", "busy_task")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
@@ -417,6 +417,31 @@ class Lease(_message.Message):
     pid: int
     busy_task: bytes
     def __init__(self, worker_id: _Optional[int] = ..., path: _Optional[str] = ..., gpu_ids: _Optional[_Iterable[int]] = ..., resources: _Optional[_Mapping[str, float]] = ..., pid: _Optional[int] = ..., busy_task: _Optional[bytes] = ...) -> None: ...
+
+class LoanRequest(_message.Message):
+    __slots__ = ("resources",)
+    class ResourcesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    resources: _containers.ScalarMap[str, float]
+    def __init__(self, resources: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class LoanRecall(_message.Message):
+    __slots__ = ("worker_id",)
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    def __init__(self, worker_id: _Optional[int] = ...) -> None: ...
+
+class LoanReturn(_message.Message):
+    __slots__ = ("worker_id",)
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    def __init__(self, worker_id: _Optional[int] = ...) -> None: ...
 
 class ReturnTasks(_message.Message):
     __slots__ = ("task_ids",)

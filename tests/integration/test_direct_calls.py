@@ -1,5 +1,5 @@
-"""Calls sent straight to a worker's process: actor calls (CoreClient.submit_actor) and
-the driver's tasks on workers the head lends it (Lease).
+"""Direct calls, sent straight to a worker's process: actor calls (CoreClient.submit_actor) and
+the driver's tasks on workers the head lends it (Loan).
 
 A caller's first calls go through the head; once the head has sent them to the actor's
 process it gives the caller that process's socket, and later calls go there, with their
@@ -85,8 +85,8 @@ def _head_sees(cluster: Any, name: str) -> bool:
     return any(t.name == name for t in cluster.debug().task)
 
 
-def _blocked_straight_call(gates: Any) -> tuple[Any, Any, Any]:
-    """An actor with one call behind it (so later calls go straight) and a straight call
+def _blocked_direct_call(gates: Any) -> tuple[Any, Any, Any]:
+    """An actor with one call behind it (so later calls go straight) and a direct call
     now running in it, held by a gate: (actor, gate, its ref)."""
     a = Keeper.remote()
     get(a.append.remote(0))
@@ -112,7 +112,7 @@ def test_the_first_call_goes_through_the_head_and_later_ones_straight_to_the_act
     assert get(ref) == 0
 
 
-def test_calls_keep_their_order_across_the_switch_to_straight_calls(cluster):
+def test_calls_keep_their_order_across_the_switch_to_direct_calls(cluster):
     a = Keeper.remote()
     refs = []
     for i in range(3000):
@@ -123,7 +123,7 @@ def test_calls_keep_their_order_across_the_switch_to_straight_calls(cluster):
     assert get(a.items_so_far.remote()) == list(range(3000))
 
 
-def test_a_straight_result_passed_on_reaches_tasks_actors_and_puts(cluster):
+def test_a_direct_result_passed_on_reaches_tasks_actors_and_puts(cluster):
     a = Keeper.remote()
     get(a.append.remote("x"))
     assert get(h.identity.remote(a.append.remote("y"))) == 2          # a task's argument
@@ -135,8 +135,8 @@ def test_a_straight_result_passed_on_reaches_tasks_actors_and_puts(cluster):
     assert get(b.items_so_far.remote()) == [5]
 
 
-def test_a_straight_result_still_running_can_be_passed_on(cluster, gates):
-    a, gate, running = _blocked_straight_call(gates)
+def test_a_direct_result_still_running_can_be_passed_on(cluster, gates):
+    a, gate, running = _blocked_direct_call(gates)
     as_arg = h.identity.remote(running)      # the head waits for it
     in_put = orchestra.put([running])
     del running
@@ -145,7 +145,7 @@ def test_a_straight_result_still_running_can_be_passed_on(cluster, gates):
     assert get(get(in_put)[0]) == 1
 
 
-def test_large_and_ref_holding_results_of_straight_calls(cluster):
+def test_large_and_ref_holding_results_of_direct_calls(cluster):
     a = Keeper.remote()
     get(a.append.remote(0))
     n = 1 << 20   # 8 MiB: in shared memory
@@ -157,7 +157,7 @@ def test_large_and_ref_holding_results_of_straight_calls(cluster):
     assert get(h.identity.remote(big))[123] == 123   # a task reads it too
 
 
-def test_refs_inside_a_straight_calls_argument_live_on_in_the_actor(cluster):
+def test_refs_inside_a_direct_calls_argument_live_on_in_the_actor(cluster):
     a = Keeper.remote()
     get(a.append.remote(0))
     for i in range(20):
@@ -165,13 +165,13 @@ def test_refs_inside_a_straight_calls_argument_live_on_in_the_actor(cluster):
     assert get(a.read_kept.remote()) == list(range(20))
 
 
-def test_a_task_calls_an_actor_straight(cluster):
+def test_a_task_calls_an_actor_direct(cluster):
     a = Keeper.remote()
     assert get(call_many.remote(a, 500)) == list(range(1, 501))
     assert get(a.items_so_far.remote()) == list(range(500))
 
 
-def test_straight_calls_in_flight_when_the_process_exits_fail_naming_the_exit(cluster, gates):
+def test_direct_calls_in_flight_when_the_process_exits_fail_naming_the_exit(cluster, gates):
     a = Keeper.remote()
     pid = get(a.pid.remote())
     gate = gates()
@@ -189,7 +189,7 @@ def test_straight_calls_in_flight_when_the_process_exits_fail_naming_the_exit(cl
         get(a.append.remote(9))
 
 
-def test_a_restarted_actor_takes_straight_calls_again(cluster, gates):
+def test_a_restarted_actor_takes_direct_calls_again(cluster, gates):
     a = Keeper.options(max_restarts=1).remote()
     old = get(a.pid.remote())
     get(a.append.remote(0))
@@ -210,8 +210,8 @@ def test_a_restarted_actor_takes_straight_calls_again(cluster, gates):
     assert get(ref) == 100
 
 
-def test_cancel_of_a_straight_call_running_or_queued(cluster, gates):
-    a, gate, running = _blocked_straight_call(gates)
+def test_cancel_of_a_direct_call_running_or_queued(cluster, gates):
+    a, gate, running = _blocked_direct_call(gates)
     queued = a.append.remote(1)
     orchestra.cancel(queued)
     orchestra.cancel(running)
@@ -221,7 +221,7 @@ def test_cancel_of_a_straight_call_running_or_queued(cluster, gates):
     assert get(a.items_so_far.remote()) == [0]   # the actor lives on; the queued call never ran
 
 
-def test_results_of_straight_calls_dropped_unread_leave_nothing_behind(cluster):
+def test_results_of_direct_calls_dropped_unread_leave_nothing_behind(cluster):
     gc.collect()   # refs an earlier test left in reference cycles (a caught error's traceback)
     a = Keeper.remote()
     get(a.append.remote(0))
@@ -260,9 +260,9 @@ def fan_out(n: int) -> int:
 
 
 @pytest.fixture
-def keep_leases(monkeypatch):
+def keep_loans(monkeypatch):
     """Lent workers stay lent while a test looks (they go back after 0.2 s idle)."""
-    monkeypatch.setattr(_client, "_LEASE_IDLE_S", 30.0)
+    monkeypatch.setattr(_client, "LOAN_IDLE_S", 30.0)
 
 
 def _lent(cluster: Any) -> None:
@@ -270,7 +270,7 @@ def _lent(cluster: Any) -> None:
         assert get(h.identity.remote(i)) == i
 
 
-def test_tasks_after_the_first_go_straight_to_a_lent_worker(cluster, gates, keep_leases):
+def test_tasks_after_the_first_go_straight_to_a_lent_worker(cluster, gates, keep_loans):
     _lent(cluster)
     gate = gates()
     ref = h.gated.remote(gate, "v")
@@ -287,7 +287,7 @@ def test_resources_are_free_as_soon_as_the_driver_has_nothing_running(cluster):
     assert orchestra.available_resources() == total   # lent workers went back for the query
 
 
-def test_a_lent_workers_crash_retries_its_task_elsewhere(cluster, tmp_path, keep_leases):
+def test_a_lent_workers_crash_retries_its_task_elsewhere(cluster, tmp_path, keep_loans):
     _lent(cluster)
     marker = str(tmp_path / "crashed")
     pid = get(exit_once.options(max_retries=1).remote(marker))
@@ -295,7 +295,7 @@ def test_a_lent_workers_crash_retries_its_task_elsewhere(cluster, tmp_path, keep
     assert get([h.add.remote(i, 1) for i in range(50)]) == list(range(1, 51))
 
 
-def test_a_lent_workers_crash_without_retries_fails_naming_the_exit(cluster, tmp_path, keep_leases):
+def test_a_lent_workers_crash_without_retries_fails_naming_the_exit(cluster, tmp_path, keep_loans):
     _lent(cluster)
     with pytest.raises(WorkerCrashedError) as info:
         get(exit_once.options(max_retries=0).remote(str(tmp_path / "crashed")))
@@ -304,7 +304,7 @@ def test_a_lent_workers_crash_without_retries_fails_naming_the_exit(cluster, tmp
 
 
 @pytest.mark.parametrize("force", [False, True])
-def test_cancel_of_a_task_on_a_lent_worker(cluster, gates, keep_leases, force):
+def test_cancel_of_a_task_on_a_lent_worker(cluster, gates, keep_loans, force):
     _lent(cluster)
     gate = gates()
     ref = h.gated.remote(gate)
@@ -316,7 +316,7 @@ def test_cancel_of_a_task_on_a_lent_worker(cluster, gates, keep_leases, force):
     assert get([h.identity.remote(i) for i in range(20)]) == list(range(20))
 
 
-def test_a_quick_task_does_not_wait_behind_a_long_one_on_lent_workers(cluster, keep_leases):
+def test_a_quick_task_does_not_wait_behind_a_long_one_on_lent_workers(cluster, keep_loans):
     _lent(cluster)
     slow = sleep_then.remote(3.0, "slow")
     quick = [sleep_then.remote(0.01, i) for i in range(6)]
@@ -327,7 +327,7 @@ def test_a_quick_task_does_not_wait_behind_a_long_one_on_lent_workers(cluster, k
     assert took < 2.5, f"quick tasks waited {took:.1f} s behind the slow one"
 
 
-def test_tasks_that_fan_out_from_lent_workers_finish(cluster, keep_leases):
+def test_tasks_that_fan_out_from_lent_workers_finish(cluster, keep_loans):
     _lent(cluster)
     # Each runs on a lent worker and blocks in get() on subtasks the head must place:
     # lent CPUs come back and the head takes the lent workers back when it needs them.
@@ -339,8 +339,8 @@ def boom() -> None:
     raise ValueError("boom")
 
 
-def test_a_straight_call_whose_argument_failed_fails_with_its_error_without_running(
-        cluster, tmp_path, keep_leases):
+def test_a_direct_call_whose_argument_failed_fails_with_its_error_without_running(
+        cluster, tmp_path, keep_loans):
     _lent(cluster)
     a = Keeper.remote()
     get(a.append.remote(0))

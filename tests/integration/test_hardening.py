@@ -41,7 +41,7 @@ def break_frame_handling(gate: h.Gate) -> int:
 
     client = _context.client_or_none()
     client.on_frame = broken
-    client.on_peer_frame = broken
+    client.direct.on_peer_frame = broken
     h.touch(gate.started)
     h.wait_for_file(gate.opened, 30)
     return os.getpid()

@@ -1,0 +1,176 @@
+"""Connections that carry frames (_wire.py) between two processes: a unix socket on one
+machine, a TCP socket between machines.
+
+    Connection.connect(address) --socket--> send(frames) / recv_into(buffer) -> feed()
+        -> [(kind, message), ...]
+    Listener(address).accept() -> Connection          (an actor's worker takes calls)
+
+An address is a filesystem path or ``unix:PATH`` for a unix socket, ``tcp:HOST:PORT`` or
+``HOST:PORT`` for TCP. Everything above this module sees only Connection: which kind of
+socket carries the bytes is decided here. A unix socket is made readable and writable by
+its owner only (cloudpickle is code execution); TCP sets TCP_NODELAY, since frames are
+small and latency-bound.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+from . import _wire
+from .exceptions import ClusterLostError
+
+
+def parse_address(address: str) -> tuple[int, Any]:
+    """(address family, socket address) of an address string; ValueError naming the
+    forms accepted when it is none of them."""
+    if address.startswith("unix:"):
+        return socket.AF_UNIX, address[5:]
+    if address.startswith("tcp:"):
+        address = address[4:]
+    elif address.startswith("/") or address.startswith(".") or ":" not in address:
+        return socket.AF_UNIX, address
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"bad address {address!r}: use a socket path, unix:PATH, "
+                         "tcp:HOST:PORT or HOST:PORT")
+    host = host.strip("[]")   # [::1]:6380
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return family, (host, int(port))
+
+
+class Connection:
+    """One stream socket, its frame decoder, and a lock that keeps writes whole."""
+
+    __slots__ = ("sock", "fd", "decoder", "lock", "address")
+
+    def __init__(self, sock: socket.socket, address: str = "") -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.decoder = _wire.FrameDecoder()
+        self.lock = threading.Lock()
+        self.address = address
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    @classmethod
+    def connect(cls, address: str, timeout_s: float) -> Connection:
+        """Connect, retrying while the listener is not there yet (a process starting);
+        ClusterLostError after ``timeout_s``. PermissionError (another user's socket)
+        is raised as it is."""
+        family, target = parse_address(address)
+        deadline = time.monotonic() + timeout_s
+        delay = 0.002
+        while True:
+            s = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                s.connect(target)
+                return cls(s, address)
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
+                s.close()
+                if time.monotonic() > deadline:
+                    raise ClusterLostError(
+                        f"could not connect to {address} within {timeout_s:g} s: {exc}") from exc
+            except BaseException:
+                s.close()
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    @classmethod
+    def connect_once(cls, address: str) -> Connection:
+        """Connect without retrying (the peer listens already, or is gone): OSError."""
+        family, target = parse_address(address)
+        s = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            s.connect(target)
+        except BaseException:
+            s.close()
+            raise
+        return cls(s, address)
+
+    def send(self, data: bytes) -> bool:
+        """Write ``data`` whole; False when the connection is gone (its reader finds
+        out and cleans up)."""
+        with self.lock:
+            try:
+                self.sock.sendall(data)
+                return True
+            except OSError:
+                return False
+
+    def send_locked(self, data: bytes) -> None:
+        """Write ``data`` whole, the caller holding ``lock``; OSError when gone."""
+        self.sock.sendall(data)
+
+    def recv_into(self, buf: bytearray) -> int:
+        """Read what is there into ``buf``: the byte count, 0 when the peer closed."""
+        try:
+            return self.sock.recv_into(buf)
+        except OSError:
+            return 0
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[tuple[int, Any]]:
+        """The complete frames received so far (ProtocolError: not orchestra's)."""
+        return self.decoder.feed(data)
+
+    def shutdown(self) -> None:
+        """End both directions now: a thread blocked reading wakes up to EOF."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class Listener:
+    """A listening socket whose connections carry frames (non-blocking accept)."""
+
+    __slots__ = ("sock", "address")
+
+    def __init__(self, address: str, backlog: int = 128) -> None:
+        family, target = parse_address(address)
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            if family == socket.AF_UNIX:
+                sock.bind(target)
+                os.chmod(target, 0o600)   # this user only (cloudpickle is code execution)
+            else:
+                if not ipaddress.ip_address(socket.gethostbyname(target[0]) if family == socket.AF_INET
+                                            else target[0]).is_loopback:
+                    # cloudpickle is code execution: a port reachable from other machines
+                    # must authenticate every connection first, which this listener does not.
+                    raise ValueError(f"refusing to listen on {address}: frames carry pickled "
+                                     "code, so only loopback or a unix socket is allowed here")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(target)
+            sock.listen(backlog)
+        except BaseException:
+            sock.close()
+            raise
+        sock.setblocking(False)
+        self.sock = sock
+        self.address = address
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def accept(self) -> Connection | None:
+        """A connection waiting to be accepted, else None."""
+        try:
+            sock, _ = self.sock.accept()
+        except OSError:
+            return None
+        sock.setblocking(True)
+        return Connection(sock, self.address)
+
+    def close(self) -> None:
+        self.sock.close()
