@@ -150,13 +150,11 @@ class _ObjStore:
 
     def ObjStoreDebugInfo(self, request: Any, context: Any) -> Any:
         def info() -> Any:
-            store = self.head.store
-            reply = pb.ObjStoreDebugInfoReply(
-                capacity=store.capacity, used=store.used, pooled=store.pooled,
-                spilled_bytes=store.spilled_bytes, spilled_objects=len(store.files))
+            node = self.head.local   # the node of the head's own machine
+            reply = node.store_info()
             for oid, o in self.head.state.objects.items():
                 if o.data is not None and o.data.WhichOneof("data") == "segment" \
-                        and not o.data.segment.path:
+                        and not o.data.segment.path and o.data.segment.node_id == node.node_id:
                     if not request.objref or oid in request.objref:
                         reply.objref.append(oid)
                         reply.segment.append(o.data.segment)

@@ -1,37 +1,41 @@
-"""Head process: scheduler state + this node's object store + its worker pool, on uvloop.
+"""Head process: the cluster scheduler's I/O (connections, frames, instructions, gRPC,
+lifetime) and the nodes it schedules on, on uvloop.
 
-    driver/worker --frames--> Conn.data_received -> Head.handle -> SchedulerState (and
-    ObjectStore) -> instructions in state.out -> Head.carry_out: frames queued per
-    connection, workers started/killed, segments freed -> one write per connection.
+    driver/worker --frames--> Conn.data_received -> Head.handle -> SchedulerState, and
+    the connection's Node for objects (seal, pin, unpin: direct calls) -> instructions
+    in state.out -> Head.carry_out: frames queued per connection, and each node
+    instruction carried out on the node it names (start/kill/stop a worker, free a
+    segment) -> one write per connection.
+    Node --NodeHost events--> Head: send a frame, a worker failed to start or exited,
+    an object was spilled to a file (relocate), flush.
 
-The gRPC control plane (Scheduler and ObjStore services, _grpc_service.py) runs on a
-thread pool and hands each RPC to the loop thread; nothing else touches the state.
+``self.nodes`` maps node ids to Node (orchestra/_node.py); today it holds the local
+node only (LOCAL_NODE_ID), which runs in this process on this loop. The gRPC control
+plane (Scheduler and ObjStore services, _grpc_service.py) runs on a thread pool and
+hands each RPC to the loop thread; nothing else touches the state.
 
-Owns: every worker process of this node (WorkerPool), every shared-memory segment of
-this node (ObjectStore), the session's socket files. Fate-shares with the driver that
-started it: when that driver's connection closes (exit, crash, SIGKILL), the head kills
-its workers, unlinks its segments and exits. A watch on the driver process (a pidfd,
-see _procutil.watch_parent) covers a driver that dies before it connects.
+Owns: its nodes (each owns its worker processes and shared-memory segments), the
+session's socket files. Fate-shares with the driver that started it: when that
+driver's connection closes (exit, crash, SIGKILL), the head closes its nodes (kills
+their workers, unlinks their segments) and exits. A watch on the driver process (a
+pidfd, see _procutil.watch_parent) covers a driver that dies before it connects.
 """
 from __future__ import annotations
 
 import asyncio
-import collections
-import concurrent.futures
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from . import _grpc_service, _wire
 from . import _pb as pb
-from ._errors import describe_exit, make_error
+from ._errors import make_error
 from ._grpc_service import GRPC_CONN
+from ._node import Node, worker_socket
 from ._procutil import watch_parent
 from ._scheduler import (
     FREE_SEGMENT,
@@ -44,20 +48,21 @@ from ._scheduler import (
     SchedulerState,
     WorkerState,
 )
-from ._store import ObjectStore, ReleaseNeeded, SpillNeeded, spill_file
-from .exceptions import ObjectStoreError, ObjectStoreFullError
 
-NODE_ID = 0
-_REAP_POLL_S = 0.01
-_REAP_LIMIT_S = 2.0
+# The node that runs in this process. Nodes of other machines will get ids of their own
+# when they join; nothing else names this one.
+LOCAL_NODE_ID = 0
+# Deadlocked clusters are noticed (and the drivers told) this often.
+_TICK_S = 0.5
 
 
 class Conn(asyncio.Protocol):
-    __slots__ = ("head", "conn_id", "transport", "decoder", "wbuf", "hello")
+    __slots__ = ("head", "conn_id", "node", "transport", "decoder", "wbuf", "hello")
 
-    def __init__(self, head: Head, conn_id: int) -> None:
+    def __init__(self, head: Head, conn_id: int, node: Node) -> None:
         self.head = head
         self.conn_id = conn_id
+        self.node = node            # the node of the process at the other end
         self.transport: Any = None
         self.decoder = _wire.FrameDecoder()
         self.wbuf: list[bytes] = []
@@ -81,197 +86,9 @@ class Conn(asyncio.Protocol):
         self.head.conn_lost(self)
 
 
-class ForkedWorker:
-    """A worker forked by the zygote, with the part of Popen's interface the pool uses."""
-
-    def __init__(self) -> None:
-        self.pid = 0                        # known once the zygote answers
-        self.returncode: int | None = None
-        self.exited = threading.Event()
-        self.kill_on_pid = False            # killed before its pid was known
-
-    def poll(self) -> int | None:
-        return self.returncode
-
-    def kill(self) -> None:
-        if not self.pid:
-            self.kill_on_pid = True
-            return
-        if self.returncode is None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        if not self.exited.wait(timeout):
-            raise subprocess.TimeoutExpired("worker", timeout or 0)
-        return self.returncode
-
-
-class Zygote:
-    """The fork server (orchestra/_zygote.py) and the thread reading its replies."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], req_w: int, rep_r: int) -> None:
-        # Started by the head's bootstrap (orchestra/_bootstrap.py) before the head's
-        # imports; req_w / rep_r: the head's ends of its request and reply pipes.
-        self.proc, self.req_w, self.rep_r = proc, req_w, rep_r
-        self.children: dict[int, ForkedWorker] = {}   # worker id -> child
-        self.by_pid: dict[int, ForkedWorker] = {}
-        self.lock = threading.Lock()
-        self.alive = True
-        threading.Thread(target=self._read, name="orchestra-zygote", daemon=True).start()
-
-    def spawn(self, worker_id: int) -> ForkedWorker:
-        child = ForkedWorker()
-        with self.lock:
-            self.children[worker_id] = child
-        os.write(self.req_w, f"spawn {worker_id}\n".encode())
-        return child
-
-    def _read(self) -> None:
-        buf = b""
-        while True:
-            try:
-                data = os.read(self.rep_r, 4096)
-            except OSError:
-                data = b""
-            if not data:
-                break
-            buf += data
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                parts = line.split()
-                with self.lock:
-                    if parts[0] == b"pid":
-                        child = self.children.pop(int(parts[1]), None)
-                        if child is not None:
-                            child.pid = int(parts[2])
-                            self.by_pid[child.pid] = child
-                            if child.kill_on_pid:
-                                child.kill()
-                    elif parts[0] == b"exit":
-                        child = self.by_pid.pop(int(parts[1]), None)
-                        if child is not None:
-                            child.returncode = int(parts[2])
-                            child.exited.set()
-        # The zygote is gone, and its workers with it (parent-death signal).
-        self.alive = False
-        with self.lock:
-            for child in list(self.children.values()) + list(self.by_pid.values()):
-                if child.returncode is None:
-                    child.returncode = -signal.SIGKILL
-                child.exited.set()
-
-    def preload(self, modules: list[str]) -> None:
-        """Have the zygote import ``modules``: workers forked later start with them."""
-        try:
-            os.write(self.req_w, f"preload {' '.join(modules)}\n".encode())
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        try:
-            os.close(self.req_w)
-        except OSError:
-            pass
-        self.proc.kill()
-        try:
-            self.proc.wait(2)
-        except subprocess.TimeoutExpired:
-            pass
-
-
-class WorkerPool:
-    """Starts, watches and kills the worker processes of one node.
-
-    Processes start on a thread of their own: a fork+exec costs the caller ~10-50 ms
-    (more with many starting at once), which would stall every connection of the head
-    (200 actors created in a row held the loop for seconds).
-    """
-
-    def __init__(self, sock_path: str, cwd: str, env: dict[str, str],
-                 on_failed: Callable[[int, str], None]) -> None:
-        self.sock_path = sock_path
-        self.cwd = cwd
-        self.env = env
-        self.on_failed = on_failed        # called on the spawning thread
-        self.procs: dict[int, Any] = {}   # Popen, or ForkedWorker from the zygote
-        self.lock = threading.Lock()
-        self.kill_requested: set[int] = set()
-        self.closed = False
-        self.spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="orchestra-spawn")
-        self.zygote: Zygote | None = None
-
-    def start(self, worker_id: int) -> None:
-        self.spawner.submit(self._spawn, worker_id)
-
-    def adopt_zygote(self, zygote: Zygote) -> None:
-        """Fork workers from this pre-imported process from now on (see _zygote.py)."""
-        self.zygote = zygote
-
-    def _spawn(self, worker_id: int) -> None:
-        proc: Any
-        try:
-            z = self.zygote
-            if z is not None and z.alive and not self.closed:
-                proc = z.spawn(worker_id)
-            else:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "orchestra._worker", self.sock_path, str(worker_id)],
-                    stdin=subprocess.DEVNULL, cwd=self.cwd if os.path.isdir(self.cwd) else None,
-                    env=self.env, close_fds=True)
-        except OSError as exc:
-            self.on_failed(worker_id, str(exc))
-            return
-        with self.lock:
-            self.procs[worker_id] = proc
-            doomed = self.closed or worker_id in self.kill_requested
-        if doomed:
-            proc.kill()
-
-    def snapshot(self) -> list[tuple[int, Any]]:
-        with self.lock:
-            return list(self.procs.items())
-
-    def kill(self, worker_id: int) -> None:
-        with self.lock:
-            p = self.procs.get(worker_id)
-            if p is None:   # still starting: killed as soon as it exists
-                self.kill_requested.add(worker_id)
-                return
-        if p.poll() is None:
-            try:
-                p.kill()
-            except ProcessLookupError:
-                pass
-
-    def kill_all(self, timeout_s: float = 2.0) -> None:
-        with self.lock:
-            self.closed = True
-        self.spawner.shutdown(wait=True, cancel_futures=True)
-        for p in self.procs.values():
-            if p.poll() is None:
-                try:
-                    p.kill()
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + timeout_s
-        for p in self.procs.values():
-            if not p.pid:
-                continue   # not forked yet: dies with the zygote below
-            try:
-                p.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        if self.zygote is not None:
-            self.zygote.close()   # its remaining children die with it
-
-
 class Head:
     def __init__(self, cfg: dict[str, Any], loop: asyncio.AbstractEventLoop,
                  zygote: tuple[Any, int, int] | None = None) -> None:
-        self._zygote_started = zygote
         self.cfg = cfg
         self.loop = loop
         self.session_dir = cfg["session_dir"]
@@ -285,26 +102,26 @@ class Head:
             self.state.worker_socket = self.worker_socket
             self.state.lending = bool(cfg.get("lend_workers", True))
         capacity = int(cfg["object_store_memory"])
-        self.store = ObjectStore(NODE_ID, cfg["session_id"], capacity,
-                                 pool_limit=cfg.get("pool_bytes"),
-                                 warm_bytes=int(cfg.get("warm_bytes", min(capacity // 2, 1 << 30))),
-                                 spill_dir=cfg.get("spill_dir"))
-        # create_segment requests that wait for a spill to make their room, in order;
-        # None while no spill runs.
-        self._creates_waiting: collections.deque[tuple[Conn, Any]] | None = None
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in cfg.get("sys_path", []) if p)
-        # Workers start in the session directory, not the driver's cwd: `python -m` puts
-        # the cwd first on sys.path, and an orchestra/ folder there (a checkout) would win
-        # over the driver's orchestra. They chdir to the driver's cwd once connected.
-        self.pool = WorkerPool(self.sock_path, self.session_dir, env, self._spawn_failed)
+        self.local = Node(
+            LOCAL_NODE_ID, self, loop, session_id=cfg["session_id"],
+            session_dir=self.session_dir, sock_path=self.sock_path, capacity=capacity,
+            pool_bytes=cfg.get("pool_bytes"),
+            warm_bytes=int(cfg.get("warm_bytes", min(capacity // 2, 1 << 30))),
+            spill_dir=cfg.get("spill_dir"), env=env, preload=list(cfg.get("preload") or []),
+            warm_delay_s=cfg.get("warm_delay_s", 0.5), zygote=zygote)
+        self.nodes: dict[int, Node] = {self.local.node_id: self.local}
+        # Which node runs each worker: KILL_WORKER and STOP_WORKER name only the worker.
+        self.worker_nodes: dict[int, int] = {}
+        # Workers whose connection closed, until their node reports the exit: -> conn id.
+        self._reaping: dict[int, int] = {}
         self.conns: dict[int, Conn] = {}
         self.dirty: set[Conn] = set()
         self._next_conn = 1
         self.primary: int | None = None
         self.stopping = False
         self.server: Any = None
-        self.exit_reasons: dict[int, str] = {}
         self.last_activity = time.monotonic()
         self.grpc_server: Any = None
         self.watchers: dict[bytes, list[Any]] = {}   # RequestObj futures (gRPC threads wait)
@@ -312,10 +129,9 @@ class Head:
     async def start(self) -> None:
         self.server = await self.loop.create_unix_server(self._new_conn, self.sock_path)
         os.chmod(self.sock_path, 0o600)
-        if self._zygote_started is not None:
-            self.pool.adopt_zygote(Zygote(*self._zygote_started))
+        self.local.start()
         res = {k: float(v) for k, v in self.cfg["resources"].items()}
-        self.state.add_node(NODE_ID, res, num_workers=int(self.cfg["num_workers"]),
+        self.state.add_node(self.local.node_id, res, num_workers=int(self.cfg["num_workers"]),
                             max_workers=int(self.cfg.get("max_workers", 0)) or
                             4 * max(int(res.get("CPU", 1)), 1) + 32)
         self.state.client_connected(GRPC_CONN, pb.Hello(kind="grpc"))
@@ -324,11 +140,7 @@ class Head:
         if self.cfg.get("grpc", True):
             # Control plane: importing grpc costs ~0.1 s, so it starts after init() returns.
             self.loop.call_later(self.cfg.get("grpc_delay_s", 0.5), self._start_grpc)
-        self.loop.call_later(0.5, self._watch_pool)
-        # Warm shared memory for the first large put, off init()'s path, while idle.
-        self.loop.call_later(self.cfg.get("warm_delay_s", 0.5), self._warm)
-        if self.cfg.get("preload"):
-            self.loop.call_later(1.0, self._preload)
+        self.loop.call_later(_TICK_S, self._tick)
 
     def _start_grpc(self) -> None:
         def run() -> None:
@@ -349,46 +161,51 @@ class Head:
         self.watchers.setdefault(oid, []).append(fut)
         self.state.subscribe(GRPC_CONN, [oid])
 
-    def _warm(self) -> None:
-        self.store.warm(lambda done: self.loop.call_soon_threadsafe(self._map_ahead, done),
-                        self._idle)
+    # ------------------------------------------------------------------ NodeHost
+    def send(self, conn_id: int, kind: int, msg: Any) -> None:
+        c = self.conns.get(conn_id)
+        if c is not None:
+            c.wbuf.append(_wire.encode(kind, msg))
+            self.dirty.add(c)
 
-    def _preload(self) -> None:
-        """Once the cluster is idle: the zygote imports the heavy modules the driver uses
-        (numpy: ~0.15 s), so that a worker started later (replacing a dead one, or one an
-        actor took) does not import them in its first task."""
-        z = self.pool.zygote
-        if z is None or not z.alive or self.stopping:
-            return
-        if not self._idle():
-            self.loop.call_later(0.5, self._preload)
-            return
-        z.preload(list(self.cfg["preload"]))
-
-    def _map_ahead(self, warmed: Callable[[], None]) -> None:
-        """Record the warm reserve, and have the driver map it while idle (SegmentNames)."""
-        warmed()
-        names, self.store.warmed = self.store.warmed, []
-        conn = self.conns.get(self.primary) if self.primary is not None else None
-        if conn is None or not names or self.stopping:
-            return
-        for name in names:
-            seg = self.store.segs.get(name)
-            if seg is not None:
-                seg.rw.add(conn.conn_id)
-        self._queue(conn, _wire.encode(_wire.MAP_AHEAD, pb.SegmentNames(names=names)))
+    def flush(self) -> None:
         self.carry_out()
 
-    def _idle(self) -> bool:
+    def is_idle(self) -> bool:
         """No task queued or running, and no frame for a while (read from another thread)."""
         return not self.state.tasks and time.monotonic() - self.last_activity > 0.3
 
+    def relocate(self, object_id: bytes, segment: Any) -> bool:
+        return self.state.relocate(object_id, segment)
+
+    def worker_failed_to_start(self, worker_id: int, reason: str) -> None:
+        self.worker_nodes.pop(worker_id, None)
+        print(f"orchestra head: could not start a worker: {reason}", file=sys.stderr)
+        self.state.worker_failed_to_start(worker_id, reason)
+        self.carry_out()
+
+    def worker_exited(self, worker_id: int, reason: str, *, connected: bool) -> None:
+        self.worker_nodes.pop(worker_id, None)
+        if connected:
+            conn_id = self._reaping.pop(worker_id, None)
+            if conn_id is not None:
+                self.state.client_disconnected(conn_id, reason)
+        else:
+            w = self.state.workers.get(worker_id)
+            if w is None or w.state is not WorkerState.STARTING:
+                return   # the scheduler let it go already
+            print(f"orchestra head: worker {worker_id} exited with {reason} "
+                  "before it connected", file=sys.stderr)
+            self.state.worker_failed_to_start(worker_id, reason)
+        self.carry_out()
+
+    # ------------------------------------------------------------------ connections
     def worker_socket(self, worker_id: int) -> str:
-        """Where a worker listens for calls sent straight to it (_worker.py)."""
-        return os.path.join(self.session_dir, f"worker-{worker_id}.sock")
+        """Where a worker listens for direct calls (_worker.py)."""
+        return worker_socket(self.session_dir, worker_id)
 
     def _new_conn(self) -> Conn:
-        c = Conn(self, self._next_conn)
+        c = Conn(self, self._next_conn, self.local)
         self._next_conn += 1
         return c
 
@@ -397,6 +214,7 @@ class Head:
         self.last_activity = time.monotonic()
         state = self.state
         cid = conn.conn_id
+        node = conn.node
         for kind, msg in frames:
             if kind == _wire.SUBMIT:
                 for call in msg.calls:
@@ -404,20 +222,20 @@ class Head:
             elif kind == _wire.TASK_DONE:
                 for d in msg.returns:
                     if d.WhichOneof("data") == "segment":
-                        self.store.seal(d.segment.name)
+                        node.seal(d.segment.name)
                 state.task_done(cid, msg)
             elif kind == _wire.REF_DELTA:
                 if msg.pin:
-                    self.store.pin(cid, msg.pin)
+                    node.pin(cid, msg.pin)
                 if msg.pending:
                     state.register_pending(cid, msg.pending)
                 state.ref_delta(cid, msg.incr, msg.decr)
                 if msg.unpin:
-                    self.store.unpin(cid, msg.unpin)
+                    node.unpin(cid, msg.unpin)
             elif kind == _wire.OBJECTS:
                 for d in msg.objects:
                     if d.WhichOneof("data") == "segment":
-                        self.store.seal(d.segment.name)
+                        node.seal(d.segment.name)
                     state.put(cid, d)
             elif kind == _wire.SUBSCRIBE:
                 state.subscribe(cid, msg.ids)
@@ -449,19 +267,23 @@ class Head:
 
     def _hello(self, conn: Conn, hello: Any) -> None:
         conn.hello = hello
+        node = conn.node
         if hello.kind == "driver" and self.primary is None:
             self.primary = conn.conn_id
+            node.set_driver(conn.conn_id)
         try:
             self.state.client_connected(conn.conn_id, hello)
         except ValueError as exc:
             print(f"orchestra head: refusing a connection: {exc}", file=sys.stderr)
             conn.transport.close()
             return
+        if hello.kind == "worker":
+            node.worker_connected(hello.workerid)
         reply = pb.HelloReply(
-            session_id=self.cfg["session_id"].encode(), node_id=NODE_ID,
-            node_resources=self.state.nodes[NODE_ID].resources.total,
-            store_capacity=self.store.capacity, session_dir=self.session_dir,
-            shm_dir=self.store.dir,
+            session_id=self.cfg["session_id"].encode(), node_id=node.node_id,
+            node_resources=self.state.nodes[node.node_id].resources.total,
+            store_capacity=node.capacity, session_dir=self.session_dir,
+            shm_dir=node.shm_dir,
             cwd=self.cfg.get("cwd", ""), sys_path=self.cfg.get("sys_path", []),
             inline_threshold=int(self.cfg.get("inline_threshold", 100 * 1024)),
             conn_id=conn.conn_id)
@@ -474,13 +296,10 @@ class Head:
             # Frees decided earlier in this batch of frames must happen before the store
             # judges the room (they wait in state.out until carry_out otherwise).
             self.carry_out()
-            if self._creates_waiting is not None:
-                self._creates_waiting.append((conn, req))
-            elif not self._create_segment(conn, req, spill=True):
-                self._creates_waiting = collections.deque([(conn, req)])
+            conn.node.create_segment(conn.conn_id, req)
             return
         elif body == "abort_segment":
-            self.store.abort(conn.conn_id, req.abort_segment)
+            conn.node.abort_segment(conn.conn_id, req.abort_segment)
         elif body == "locate":
             o = self.state.objects.get(req.locate)
             if o is None or o.data is None:
@@ -513,82 +332,6 @@ class Head:
             else:
                 reply.error = f"unknown query {q!r}"
         self._queue(conn, _wire.encode(_wire.REPLY, reply))
-
-    # ------------------------------------------------------------------ spilling
-    def _create_segment(self, conn: Conn, req: Any, *, spill: bool, release: bool = True) -> bool:
-        """Answer a create_segment request; False when it waits for a spill, or for
-        readers to let go of maps they keep."""
-        reply = pb.Reply(req_id=req.req_id)
-        cs = req.create_segment
-        try:
-            reply.segment.CopyFrom(self.store.create(conn.conn_id, cs.object_id, cs.size,
-                                                     spill=spill, release=release))
-        except ReleaseNeeded as rel:
-            for cid, names in rel.held.items():
-                c = self.conns.get(cid)
-                if c is not None:
-                    self._queue(c, _wire.encode(_wire.RELEASE_MAPS, pb.SegmentNames(names=names)))
-            # Their unpins arrive within a round trip; then spill what they let go.
-            self.loop.call_later(0.05, self._drain_creates, True, False)
-            return False
-        except SpillNeeded as need:
-            try:
-                jobs = self.store.begin_spill(need.names)
-            except OSError as exc:
-                self.store.spill_error = f"{self.store.spill_dir}: {exc.strerror}"
-                return self._create_segment(conn, req, spill=False)
-            except ObjectStoreError as exc:   # the spill directory is not ours
-                self.store.spill_error = str(exc)
-                return self._create_segment(conn, req, spill=False)
-            self._start_spill(jobs)
-            return False
-        except ObjectStoreFullError as exc:
-            reply.error, reply.error_kind = str(exc), "ObjectStoreFullError"
-        self._queue(conn, _wire.encode(_wire.REPLY, reply))
-        return True
-
-    def _start_spill(self, jobs: list[tuple[str, bytes, str, str, int]]) -> None:
-        """Copy segments to disk on a thread: a 100 MiB object takes ~50 ms to write, the
-        event loop goes on serving tasks meanwhile."""
-        def work() -> None:
-            done = [(name, oid, dst, spill_file(src, dst, size))
-                    for name, oid, src, dst, size in jobs]
-            try:
-                self.loop.call_soon_threadsafe(self._spilled, done)
-            except RuntimeError:   # the loop closed: shutdown removes the files
-                pass
-        threading.Thread(target=work, name="orchestra-spill", daemon=True).start()
-
-    def _spilled(self, done: list[tuple[str, bytes, str, str]]) -> None:
-        if self.stopping:
-            return
-        failed = False
-        for name, oid, path, error in done:
-            seg = self.store.end_spill(name, path, error)
-            failed = failed or bool(error)
-            if seg is not None and not self.state.relocate(oid, seg):
-                self.store.free(path)
-        # A failed spill is not tried again for the requests that waited on it: they get
-        # ObjectStoreFullError naming why, instead of a loop of failing spills.
-        self._drain_creates(not failed, True)
-
-    def _drain_creates(self, spill: bool, release: bool) -> None:
-        """Answer the create requests that waited, in order, until one waits again.
-        release=False: the first one already asked readers to let go of their maps."""
-        if self.stopping or self._creates_waiting is None:
-            return
-        waiting, self._creates_waiting = self._creates_waiting, None
-        while waiting:
-            conn, req = waiting[0]
-            if conn.conn_id not in self.conns:
-                waiting.popleft()
-                continue
-            if not self._create_segment(conn, req, spill=spill, release=release):
-                self._creates_waiting = waiting   # the request stays first in line
-                break
-            waiting.popleft()
-            release = True
-        self.carry_out()
 
     def debug_info(self) -> Any:
         st = self.state
@@ -642,14 +385,14 @@ class Head:
                     if c is not None:
                         late.append((c, _wire.encode(ins[2], ins[3])))
                 elif op == FREE_SEGMENT:
-                    self.store.free(ins[2])
+                    self.nodes[ins[1]].free_segment(ins[2])
                 elif op == START_WORKER:
-                    self._start_worker(ins[2])
+                    self.worker_nodes[ins[2]] = ins[1]
+                    self.nodes[ins[1]].start_worker(ins[2])
                 elif op == KILL_WORKER:
-                    self.exit_reasons[ins[1]] = ins[2]
-                    self.pool.kill(ins[1])
+                    self._node_of(ins[1]).kill_worker(ins[1], ins[2])
                 elif op == STOP_WORKER:
-                    self.pool.kill(ins[1])
+                    self._node_of(ins[1]).stop_worker(ins[1])
             for cid, msg in pushes.items():
                 if cid == GRPC_CONN:
                     for d in msg.objects:
@@ -661,8 +404,6 @@ class Head:
                 if c is not None:
                     c.wbuf.append(_wire.encode(_wire.OBJECTS, msg))
                     self.dirty.add(c)
-        if self.store.dropped:
-            self._send_dropped()
         if self.dirty:
             for c in self.dirty:
                 if c.wbuf:
@@ -672,28 +413,9 @@ class Head:
         for c, data in late:
             c.transport.write(data)
 
-    def _send_dropped(self) -> None:
-        """Tell writers to close their maps of segments the store unlinked."""
-        names: dict[int, list[str]] = {}
-        for cid, name in self.store.dropped:
-            names.setdefault(cid, []).append(name)
-        self.store.dropped = []
-        for cid, ns in names.items():
-            c = self.conns.get(cid)
-            if c is not None:
-                self._queue(c, _wire.encode(_wire.DROP_MAPS, pb.SegmentNames(names=ns)))
-
-    def _start_worker(self, worker_id: int) -> None:
-        if not self.stopping:
-            self.pool.start(worker_id)
-
-    def _spawn_failed(self, worker_id: int, reason: str) -> None:
-        """On the spawning thread: hand the failure to the loop thread."""
-        def report() -> None:
-            print(f"orchestra head: could not start a worker: {reason}", file=sys.stderr)
-            self.state.worker_failed_to_start(worker_id, reason)
-            self.carry_out()
-        self.loop.call_soon_threadsafe(report)
+    def _node_of(self, worker_id: int) -> Node:
+        nid = self.worker_nodes.get(worker_id)
+        return self.local if nid is None else self.nodes[nid]
 
     # ------------------------------------------------------------------ failures
     def conn_lost(self, conn: Conn) -> None:
@@ -701,51 +423,28 @@ class Head:
         self.dirty.discard(conn)
         if self.stopping:
             return
-        self.store.drop_conn(conn.conn_id)
+        conn.node.drop_conn(conn.conn_id)
         if conn.conn_id == self.primary:
             self.shutdown("the driver disconnected")
             return
         client = self.state.clients.get(conn.conn_id)
         if client is not None and client.worker is not None:
-            self._reap(conn.conn_id, client.worker.worker_id, time.monotonic())
+            # The scheduler hears of it once its node has the exit status (worker_exited):
+            # a crash then reads "died of SIGSEGV", not "its connection closed".
+            wid = client.worker.worker_id
+            self._reaping[wid] = conn.conn_id
+            self._node_of(wid).worker_disconnected(wid)
         else:
             self.state.client_disconnected(conn.conn_id)
             self.carry_out()
 
-    def _reap(self, conn_id: int, worker_id: int, since: float) -> None:
-        """Wait (without blocking the loop) for a worker's exit status, then report it."""
-        p = self.pool.procs.get(worker_id)
-        rc = p.poll() if p is not None else None
-        if rc is None and p is not None and time.monotonic() - since < _REAP_LIMIT_S:
-            self.loop.call_later(_REAP_POLL_S, self._reap, conn_id, worker_id, since)
-            return
-        if rc is None and p is not None:
-            self.pool.kill(worker_id)   # closed its socket but lives on: broken
-        self.pool.procs.pop(worker_id, None)
-        try:   # its socket for calls sent straight to it
-            os.unlink(self.worker_socket(worker_id))
-        except FileNotFoundError:
-            pass
-        reason = self.exit_reasons.pop(worker_id, None) or describe_exit(rc)
-        self.state.client_disconnected(conn_id, reason)
-        self.carry_out()
-
-    def _watch_pool(self) -> None:
-        """Notice workers that exited before they connected, and a cluster where no task
-        can progress (the drivers are told)."""
+    def _tick(self) -> None:
+        """Notice a cluster where no task can progress (the drivers are told)."""
         if self.stopping:
             return
-        for wid, p in self.pool.snapshot():
-            w = self.state.workers.get(wid)
-            if p.poll() is not None and (w is None or w.state is WorkerState.STARTING):
-                self.pool.procs.pop(wid, None)
-                if w is not None:
-                    print(f"orchestra head: worker {wid} exited with {describe_exit(p.returncode)} "
-                          "before it connected", file=sys.stderr)
-                    self.state.worker_failed_to_start(wid, describe_exit(p.returncode))
         self.state.blocking.tick(time.monotonic())
         self.carry_out()
-        self.loop.call_later(0.5, self._watch_pool)
+        self.loop.call_later(_TICK_S, self._tick)
 
     def _check_driver(self) -> None:
         if self.primary is None:
@@ -759,8 +458,8 @@ class Head:
             self.server.close()
         if self.grpc_server is not None:
             self.grpc_server.stop(0)
-        self.pool.kill_all()
-        self.store.close()
+        for node in self.nodes.values():
+            node.close()
         for c in list(self.conns.values()):
             c.transport.abort()
         for name in ("head.sock", "grpc.sock"):

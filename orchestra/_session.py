@@ -1,9 +1,10 @@
 """init() / shutdown() and the public calls that need the session.
 
 init() starts a local cluster: a session directory (mode 0700, holding the head's unix
-socket), the head process (scheduler + object store + worker pool, see _head.py), and
-a CoreClient connection from this driver. The session is an explicit object; the module
-only remembers the current one between init() and shutdown().
+socket), the head process (scheduler + the local node's object store and worker pool,
+see _head.py and _node.py), and a CoreClient connection from this driver. The session
+is an explicit object; the module only remembers the current one between init() and
+shutdown().
 """
 from __future__ import annotations
 

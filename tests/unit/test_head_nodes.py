@@ -1,0 +1,105 @@
+"""Head: node instructions are carried out on the node they name (no processes, no
+sockets: the head is built without starting, its nodes replaced by recorders)."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestra import _pb as pb
+from orchestra import _wire
+from orchestra._head import Conn, Head
+from orchestra._scheduler import FREE_SEGMENT, KILL_WORKER, START_WORKER, STOP_WORKER
+
+pytestmark = pytest.mark.timeout(10)
+
+REMOTE = 9
+
+
+class RecordingNode:
+    def __init__(self, node_id: int) -> None:
+        self.node_id = node_id
+        self.capacity = 1000 + node_id
+        self.shm_dir = f"/dev/shm/node-{node_id}"
+        self.calls: list[tuple[Any, ...]] = []
+
+    def free_segment(self, key: str) -> None:
+        self.calls.append(("free_segment", key))
+
+    def start_worker(self, worker_id: int) -> None:
+        self.calls.append(("start_worker", worker_id))
+
+    def kill_worker(self, worker_id: int, reason: str) -> None:
+        self.calls.append(("kill_worker", worker_id, reason))
+
+    def stop_worker(self, worker_id: int) -> None:
+        self.calls.append(("stop_worker", worker_id))
+
+    def set_driver(self, conn_id: int) -> None:
+        self.calls.append(("set_driver", conn_id))
+
+    def worker_connected(self, worker_id: int) -> None:
+        self.calls.append(("worker_connected", worker_id))
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.written = b""
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def head(tmp_path: Path) -> Iterator[Head]:
+    cfg = {"session_dir": str(tmp_path), "session_id": "unit", "object_store_memory": 1 << 20,
+           "resources": {"CPU": 1}, "num_workers": 0, "warm_bytes": 0}
+    h = Head(cfg, loop=None)  # type: ignore[arg-type]   # never started: no loop needed
+    real = h.local
+    h.local = RecordingNode(real.node_id)  # type: ignore[assignment]
+    h.nodes = {real.node_id: h.local, REMOTE: RecordingNode(REMOTE)}  # type: ignore[dict-item]
+    yield h
+    real.close()
+
+
+def carry(head: Head, *instructions: tuple[Any, ...]) -> None:
+    head.state.out = list(instructions)
+    head.carry_out()
+
+
+def calls(head: Head, node_id: int) -> list[tuple[Any, ...]]:
+    return head.nodes[node_id].calls  # type: ignore[attr-defined]
+
+
+def test_a_segment_is_freed_on_the_node_the_instruction_names(head: Head) -> None:
+    carry(head, (FREE_SEGMENT, REMOTE, "seg-3"))
+    assert calls(head, REMOTE) == [("free_segment", "seg-3")]
+    assert calls(head, head.local.node_id) == []
+
+
+def test_a_worker_is_killed_and_stopped_on_the_node_that_started_it(head: Head) -> None:
+    carry(head, (START_WORKER, REMOTE, 4))
+    carry(head, (KILL_WORKER, 4, "cancelled with force=True"), (STOP_WORKER, 4))
+    assert calls(head, REMOTE) == [("start_worker", 4),
+                                   ("kill_worker", 4, "cancelled with force=True"),
+                                   ("stop_worker", 4)]
+    assert calls(head, head.local.node_id) == []
+
+
+def test_hello_reply_describes_the_node_of_the_connection(head: Head) -> None:
+    head.state.add_node(REMOTE, {"CPU": 2.0}, num_workers=0, max_workers=1)
+    conn = Conn(head, 1, head.nodes[REMOTE])
+    conn.transport = FakeTransport()
+    head.conns[1] = conn
+    head._hello(conn, pb.Hello(kind="driver", pid=1))
+    head.carry_out()
+    ((kind, reply),) = _wire.FrameDecoder().feed(conn.transport.written)
+    assert kind == _wire.HELLO_REPLY
+    assert reply.node_id == REMOTE and dict(reply.node_resources) == {"CPU": 2.0}
+    assert reply.store_capacity == 1000 + REMOTE and reply.shm_dir == f"/dev/shm/node-{REMOTE}"
+    assert calls(head, REMOTE) == [("set_driver", 1)]
