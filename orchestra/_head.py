@@ -35,8 +35,9 @@ from . import _grpc_service, _wire
 from . import _pb as pb
 from ._errors import make_error
 from ._grpc_service import GRPC_CONN
-from ._node import Node, worker_socket
+from ._node import Node, node_from_cfg, worker_socket
 from ._procutil import watch_parent
+from ._remote_node import RemoteNode
 from ._scheduler import (
     FREE_SEGMENT,
     KILL_WORKER,
@@ -52,6 +53,8 @@ from ._scheduler import (
 # The node that runs in this process. Nodes of other machines will get ids of their own
 # when they join; nothing else names this one.
 LOCAL_NODE_ID = 0
+# The node of this machine when it runs in a process of its own (cfg node_process).
+NODE_PROCESS_ID = 1
 # Deadlocked clusters are noticed (and the drivers told) this often.
 _TICK_S = 0.5
 
@@ -59,7 +62,7 @@ _TICK_S = 0.5
 class Conn(asyncio.Protocol):
     __slots__ = ("head", "conn_id", "node", "transport", "decoder", "wbuf", "hello")
 
-    def __init__(self, head: Head, conn_id: int, node: Node) -> None:
+    def __init__(self, head: Head, conn_id: int, node: Node | RemoteNode) -> None:
         self.head = head
         self.conn_id = conn_id
         self.node = node            # the node of the process at the other end
@@ -101,17 +104,15 @@ class Head:
         if cfg.get("direct_calls", True):
             self.state.worker_socket = self.worker_socket
             self.state.lending = bool(cfg.get("lend_workers", True))
-        capacity = int(cfg["object_store_memory"])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in cfg.get("sys_path", []) if p)
-        self.local = Node(
-            LOCAL_NODE_ID, self, loop, session_id=cfg["session_id"],
-            session_dir=self.session_dir, sock_path=self.sock_path, capacity=capacity,
-            pool_bytes=cfg.get("pool_bytes"),
-            warm_bytes=int(cfg.get("warm_bytes", min(capacity // 2, 1 << 30))),
-            spill_dir=cfg.get("spill_dir"), env=env, preload=list(cfg.get("preload") or []),
-            warm_delay_s=cfg.get("warm_delay_s", 0.5), zygote=zygote)
-        self.nodes: dict[int, Node] = {self.local.node_id: self.local}
+        # The node of this machine: in this process (the default: seal, pin and unpin are
+        # direct calls on the task path), or in a process of its own (cfg node_process:
+        # every command a frame on its connection, see _remote_node.py).
+        self.local: Node | RemoteNode
+        if cfg.get("node_process"):
+            self.local = RemoteNode(NODE_PROCESS_ID, self, loop, cfg)
+        else:
+            self.local = node_from_cfg(LOCAL_NODE_ID, self, loop, cfg, zygote)
+        self.nodes: dict[int, Node | RemoteNode] = {self.local.node_id: self.local}
         # Which node runs each worker: KILL_WORKER and STOP_WORKER name only the worker.
         self.worker_nodes: dict[int, int] = {}
         # Workers whose connection closed, until their node reports the exit: -> conn id.
@@ -127,6 +128,9 @@ class Head:
         self.watchers: dict[bytes, list[Any]] = {}   # RequestObj futures (gRPC threads wait)
 
     async def start(self) -> None:
+        if isinstance(self.local, RemoteNode):
+            # Before the clients' socket exists: a HelloReply describes the node.
+            await self.local.launch(os.path.join(self.session_dir, "node.sock"))
         self.server = await self.loop.create_unix_server(self._new_conn, self.sock_path)
         os.chmod(self.sock_path, 0o600)
         self.local.start()
@@ -413,7 +417,7 @@ class Head:
         for c, data in late:
             c.transport.write(data)
 
-    def _node_of(self, worker_id: int) -> Node:
+    def _node_of(self, worker_id: int) -> Node | RemoteNode:
         nid = self.worker_nodes.get(worker_id)
         return self.local if nid is None else self.nodes[nid]
 
@@ -474,6 +478,7 @@ def main(argv: list[str] | None = None, zygote: tuple[Any, int, int] | None = No
     argv = sys.argv[1:] if argv is None else argv
     with open(argv[0]) as f:
         cfg = json.load(f)
+    cfg["_cfg_path"] = argv[0]   # a node process reads the same file
     # Everything the head creates (sockets, segments) is for this user only; set before
     # any socket exists, so none is ever reachable by others, not even for a moment.
     os.umask(0o077)

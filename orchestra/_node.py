@@ -77,6 +77,23 @@ def worker_socket(session_dir: str, worker_id: int) -> str:
     return os.path.join(session_dir, f"worker-{worker_id}.sock")
 
 
+def node_from_cfg(node_id: int, host: NodeHost, loop: Any, cfg: dict[str, Any],
+                  zygote: tuple[Any, int, int] | None = None) -> Node:
+    """The node a session's configuration (cfg JSON, _session.py) describes, whether it
+    runs in the head process or in a process of its own."""
+    capacity = int(cfg["object_store_memory"])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in cfg.get("sys_path", []) if p)
+    session_dir = cfg["session_dir"]
+    return Node(
+        node_id, host, loop, session_id=cfg["session_id"], session_dir=session_dir,
+        sock_path=os.path.join(session_dir, "head.sock"), capacity=capacity,
+        pool_bytes=cfg.get("pool_bytes"),
+        warm_bytes=int(cfg.get("warm_bytes", min(capacity // 2, 1 << 30))),
+        spill_dir=cfg.get("spill_dir"), env=env, preload=list(cfg.get("preload") or []),
+        warm_delay_s=cfg.get("warm_delay_s", 0.5), zygote=zygote)
+
+
 class Node:
     """Object store + worker pool + fork server of one machine (see the module docstring)."""
 
