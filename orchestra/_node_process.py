@@ -7,7 +7,7 @@ a fork server through _bootstrap.NODE_BOOTSTRAP).
     Node --NodeHost calls--> NodeProcess: send / worker_exited / worker_failed_to_start /
         relocate -> NodeEvent frames, written once per read of commands, or on the
         loop's next turn for events of the node's own timers and threads
-    store figures -> a store_info event when they changed (every _INFO_S)
+    store figures -> a store_info event when they changed (checked every _INFO_S)
 
 The node runs on its own uvloop, as it would in the head (orchestra/_node.py); its
 workers connect to the head's socket, and the head tells the node about them.
@@ -36,7 +36,8 @@ from . import _wire
 from ._node import Node, node_from_cfg
 from ._procutil import watch_parent
 
-_INFO_S = 0.5
+# The head answers ObjStoreDebugInfo from the figures last sent: at most this old.
+_INFO_S = 0.1
 # As the head's is_idle(): no frame for this long.
 _QUIET_S = 0.3
 
