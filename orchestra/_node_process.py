@@ -29,11 +29,12 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import _pb as pb
 from . import _wire
-from ._node import Node, node_from_cfg
+from ._node import Node, NodeHost, node_from_cfg
 from ._procutil import watch_parent
 
 # The head answers ObjStoreDebugInfo from the figures last sent: at most this old.
@@ -79,11 +80,11 @@ def command(node: Node, cmd: Any) -> bool:
 class NodeProcess(asyncio.Protocol):
     """The connection to the head, and the NodeHost of the node it carries."""
 
-    def __init__(self, loop: Any, cfg: dict[str, Any], node_id: int,
-                 zygote: tuple[Any, int, int] | None) -> None:
+    def __init__(self, loop: Any, cfg: dict[str, Any],
+                 make_node: Callable[[NodeHost], Node]) -> None:
         self.loop = loop
         self.cfg = cfg
-        self.node = node_from_cfg(node_id, self, loop, cfg, zygote)
+        self.node = make_node(self)
         self.transport: Any = None
         self.decoder = _wire.FrameDecoder()
         self.wbuf: list[bytes] = []
@@ -182,7 +183,7 @@ class NodeProcess(asyncio.Protocol):
 
 async def _run(loop: Any, cfg: dict[str, Any], node_sock: str, node_id: int,
                zygote: tuple[Any, int, int] | None) -> None:
-    proto = NodeProcess(loop, cfg, node_id, zygote)
+    proto = NodeProcess(loop, cfg, lambda host: node_from_cfg(node_id, host, loop, cfg, zygote))
     for sig in (signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, proto.close)
     # The head's connection closing is the usual sign it is gone; this covers a head
