@@ -7,7 +7,8 @@ a fork server through _bootstrap.NODE_BOOTSTRAP).
     Node --NodeHost calls--> NodeProcess: send / worker_exited / worker_failed_to_start /
         relocate -> NodeEvent frames, written once per read of commands, or on the
         loop's next turn for events of the node's own timers and threads
-    store figures -> a store_info event when they changed (checked every _INFO_S)
+    store figures -> a store_info event when they changed: after each read of commands,
+        and every _INFO_S for what the node's threads changed
 
 The node runs on its own uvloop, as it would in the head (orchestra/_node.py); its
 workers connect to the head's socket, and the head tells the node about them.
@@ -37,7 +38,8 @@ from . import _wire
 from ._node import Node, NodeHost, node_from_cfg
 from ._procutil import watch_parent
 
-# The head answers ObjStoreDebugInfo from the figures last sent: at most this old.
+# The head answers ObjStoreDebugInfo from the figures last sent; a spill or the warm
+# reserve changes them off the command path, and is sent within this long.
 _INFO_S = 0.1
 # As the head's is_idle(): no frame for this long.
 _QUIET_S = 0.3
@@ -91,7 +93,7 @@ class NodeProcess(asyncio.Protocol):
         self._flush_due = False
         self._cluster_idle = False
         self._last_command = time.monotonic()
-        self._info: Any = None
+        self._figures: tuple[int, ...] = ()
         self.done: asyncio.Future[None] = loop.create_future()
 
     # ------------------------------------------------------------------ connection
@@ -122,6 +124,9 @@ class NodeProcess(asyncio.Protocol):
             elif not command(node, cmd):
                 self.close()
                 return
+        # With the replies they caused: a put's bytes are counted in the head's figures
+        # (gRPC ObjStoreDebugInfo) before its writer hears where to write them.
+        self._store_changed()
         self.flush()
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -171,13 +176,19 @@ class NodeProcess(asyncio.Protocol):
         """Asked from threads: two reads of plain attributes."""
         return self._cluster_idle and time.monotonic() - self._last_command > _QUIET_S
 
+    def _store_changed(self) -> None:
+        """Send the store's figures if they changed (a tuple compare when not)."""
+        s = self.node.store
+        figures = (s.used, s.pooled, s.spilled_bytes, len(s.files))
+        if figures != self._figures:
+            self._figures = figures
+            self._event(pb.NodeEvent(store_info=self.node.store_info()))
+
     def _report_store(self) -> None:
+        """What the node's threads changed (a spill, the warm reserve) is sent here."""
         if self.node.closed:
             return
-        info = self.node.store_info()
-        if info != self._info:
-            self._info = info
-            self._event(pb.NodeEvent(store_info=info))
+        self._store_changed()
         self.loop.call_later(_INFO_S, self._report_store)
 
 

@@ -104,6 +104,11 @@ class FakeHead:
         return True
 
 
+class FakeStore:
+    used = pooled = spilled_bytes = 0
+    files: dict[str, int] = {}
+
+
 class RecordingNode:
     """The Node's command interface, recording each call."""
 
@@ -111,6 +116,7 @@ class RecordingNode:
         self.calls: list[tuple[Any, ...]] = []
         self.node_id, self.capacity, self.shm_dir = NODE, 1 << 20, "/dev/shm/orchestra-x"
         self.closed = False
+        self.store = FakeStore()
 
     def __getattr__(self, name: str) -> Callable[..., None]:
         def record(*args: Any) -> None:
@@ -122,7 +128,7 @@ class RecordingNode:
         pass
 
     def store_info(self) -> Any:
-        return pb.ObjStoreDebugInfoReply(capacity=self.capacity)
+        return pb.ObjStoreDebugInfoReply(capacity=self.capacity, used=self.store.used)
 
     def close(self) -> None:
         self.closed = True
@@ -261,6 +267,20 @@ def test_a_spilled_object_that_is_gone_has_its_file_freed_on_the_node() -> None:
     loop.run_soon()
     carry_out_on(node, remote_transport.frames())
     assert node.calls == [("free_segment", "/spill/s2")]
+
+
+def test_store_figures_changed_by_commands_go_back_with_their_replies() -> None:
+    proc, node, transport = node_process()
+    transport.frames()
+    node.store.used = 4096   # what the create_segment below would count
+    create = pb.Request(req_id=9, create_segment=pb.CreateSegment(object_id=b"o2", size=70))
+    proc.data_received(_wire.encode(_wire.NODE_COMMAND, pb.NodeCommand(
+        create_segment=pb.NodeCreateSegment(conn_id=DRIVER, request=create))))
+    events = [ev for _, ev in transport.frames()]
+    assert [ev.WhichOneof("event") for ev in events] == ["store_info"]
+    assert events[0].store_info.used == 4096
+    proc.data_received(_wire.encode(_wire.NODE_COMMAND, pb.NodeCommand(seal="s1")))
+    assert transport.frames() == []   # unchanged: nothing sent
 
 
 def test_the_store_figures_are_answered_from_the_last_report() -> None:
