@@ -9,8 +9,11 @@ lifetime) and the nodes it schedules on, on uvloop.
     Node --NodeHost events--> Head: send a frame, a worker failed to start or exited,
     an object was spilled to a file (relocate), flush.
 
-``self.nodes`` maps node ids to Node (orchestra/_node.py); today it holds the local
-node only (LOCAL_NODE_ID), which runs in this process on this loop. The gRPC control
+``self.nodes`` maps node ids to Node (orchestra/_node.py); today it holds this
+machine's node only: by default LOCAL_NODE_ID, which runs in this process on this loop;
+with cfg node_process a RemoteNode (NODE_PROCESS_ID, orchestra/_remote_node.py) whose
+node runs in a process of its own, started before the clients' socket exists and
+closed (bounded wait) at shutdown; its death ends the session. The gRPC control
 plane (Scheduler and ObjStore services, _grpc_service.py) runs on a thread pool and
 hands each RPC to the loop thread; nothing else touches the state.
 

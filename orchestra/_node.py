@@ -13,11 +13,13 @@
         worker_failed_to_start / worker_exited(reason, connected) / relocate / flush
     and asks it one question: is_idle() (warming and preloading wait for an idle cluster).
 
-The interface takes plain data (ids, names, sizes, protobuf messages), so that a later
-change can put a connection between the node and the cluster scheduler and run the node
-in a process of its own. Today the node lives in the head process and runs on the head's
-event loop: seal, pin and unpin are direct calls (the first two are the store's own
-bound methods), so the task path pays no extra hop.
+The interface takes plain data (ids, names, sizes, protobuf messages), so that a
+connection can stand between the node and the cluster scheduler. By default the node
+lives in the head process and runs on the head's event loop: seal, pin and unpin are
+direct calls (the first two are the store's own bound methods), so the task path pays
+no extra hop. With cfg node_process it runs in a process of its own
+(orchestra/_node_process.py), and the head holds a RemoteNode with this interface
+(orchestra/_remote_node.py); node_from_cfg() builds it the same way in both.
 
 Owns: this node's shared-memory segments and spill files (ObjectStore), its worker
 processes and fork server (WorkerPool), its workers' sockets for direct calls

@@ -194,3 +194,20 @@ def test_killing_the_node_ends_the_session_naming_its_death_and_leaves_nothing(
     orchestra.shutdown()
     assert not shm_entries_of(node) and not os.path.exists(c.session_dir)
     del kept
+
+
+def test_killing_the_head_closes_the_node_which_removes_its_segments(node_cluster):
+    c = node_cluster(num_cpus=2)
+    kept = orchestra.put(np.ones(MiB))
+    node = _node_pid(c)
+    pids = _tree(c.head_pid)
+    assert shm_entries_of(node)
+    os.kill(c.head_pid, signal.SIGKILL)
+    # The node itself (not the driver's cleanup) kills its workers and removes its files.
+    wait_until(lambda: all(pid_gone(p) for p in pids) and not shm_entries_of(node), 10,
+               f"processes {pids} gone and the node's segments removed",
+               lambda: f"alive: {[p for p in pids if not pid_gone(p)]}, "
+                       f"left: {shm_entries_of(node)}")
+    with pytest.raises(ClusterLostError):
+        get(h.add.remote(1, 2))
+    del kept
