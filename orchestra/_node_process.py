@@ -14,7 +14,8 @@ The node runs on its own uvloop, as it would in the head (orchestra/_node.py); i
 workers connect to the head's socket, and the head tells the node about them.
 relocate() cannot wait for the head's answer: it says yes, and the head answers an
 object gone meanwhile with a free_segment of the spill file. is_idle() reads what the
-head said last (cluster_idle) and this process's own view: no command for 0.3 s.
+head said last (cluster_idle) and this process's own view: no command for 0.3 s (so
+busy again at the first command, before the head's next look).
 
 Fate-shares with the head: the head's connection closing (shutdown, crash, SIGKILL),
 a close command, the head process exiting (a pidfd watch) or SIGTERM close the node
@@ -41,7 +42,8 @@ from ._procutil import watch_parent
 # The head answers ObjStoreDebugInfo from the figures last sent; a spill or the warm
 # reserve changes them off the command path, and is sent within this long.
 _INFO_S = 0.1
-# As the head's is_idle(): no frame for this long.
+# As the head's is_idle(): no command for this long. The head says the cluster went
+# idle within _remote_node._IDLE_CHECK_S of its own is_idle(), which waits as long.
 _QUIET_S = 0.3
 
 
@@ -108,7 +110,6 @@ class NodeProcess(asyncio.Protocol):
         self.loop.call_later(_INFO_S, self._report_store)
 
     def data_received(self, data: bytes) -> None:
-        self._last_command = time.monotonic()
         try:
             frames = self.decoder.feed(data)
         except _wire.ProtocolError as exc:
@@ -121,7 +122,10 @@ class NodeProcess(asyncio.Protocol):
                 continue
             if cmd.WhichOneof("command") == "cluster_idle":
                 self._cluster_idle = cmd.cluster_idle
-            elif not command(node, cmd):
+                continue
+            # Busy at once, before the head's next look says so.
+            self._last_command = time.monotonic()
+            if not command(node, cmd):
                 self.close()
                 return
         # With the replies they caused: a put's bytes are counted in the head's figures

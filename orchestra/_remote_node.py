@@ -51,7 +51,10 @@ _REGISTER_TIMEOUT_S = 30.0
 # close() waits this long for the node to kill its workers (it waits up to 2 s for
 # them) and remove its segments, then kills it.
 _EXIT_TIMEOUT_S = 4.0
-_IDLE_CHECK_S = 0.25
+# How often the head looks whether the cluster went idle or busy (a few µs each): the
+# node warms shared memory in idle moments (a 0.5 s pause between workloads is enough
+# for 512 MiB), so a late word costs the next large put its speed.
+_IDLE_CHECK_S = 0.1
 
 
 class NodeConn(asyncio.Protocol):

@@ -201,12 +201,13 @@ def test_close_tells_the_node_to_end() -> None:
 
 def test_the_node_hears_when_the_cluster_goes_idle() -> None:
     proc, node, transport = node_process()
+    proc._last_command -= 1.0
     assert not proc.is_idle()
     proc.data_received(_wire.encode(_wire.NODE_COMMAND, pb.NodeCommand(cluster_idle=True)))
-    assert not proc.is_idle()   # a command just now: not quiet yet
-    proc._last_command -= 1.0
     assert proc.is_idle()
-    assert node.calls == []
+    proc.data_received(_wire.encode(_wire.NODE_COMMAND, pb.NodeCommand(seal="s1")))
+    assert not proc.is_idle()   # busy at the first command, before the head says so
+    assert node.calls == [("seal", "s1")]
 
 
 def test_a_close_command_closes_the_node() -> None:
