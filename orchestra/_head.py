@@ -137,7 +137,8 @@ class Head:
         self.server = await self.loop.create_unix_server(self._new_conn, self.sock_path)
         os.chmod(self.sock_path, 0o600)
         self.local.start()
-        res = {k: float(v) for k, v in self.cfg["resources"].items()}
+        res = (self.local.resources if isinstance(self.local, RemoteNode)   # as registered
+               else {k: float(v) for k, v in self.cfg["resources"].items()})
         self.state.add_node(self.local.node_id, res, num_workers=int(self.cfg["num_workers"]),
                             max_workers=int(self.cfg.get("max_workers", 0)) or
                             4 * max(int(res.get("CPU", 1)), 1) + 32)

@@ -121,7 +121,8 @@ class RemoteNode:
         os.chmod(listen_path, 0o600)
         session_dir = self.cfg["session_dir"]
         head_sock = os.path.join(session_dir, "head.sock")
-        args = [self.cfg["_cfg_path"], head_sock, listen_path, str(self.node_id)]
+        cfg_path = self.cfg.get("_cfg_path") or os.path.join(session_dir, "config.json")
+        args = [cfg_path, head_sock, listen_path, str(self.node_id)]
         # With a fork server (the default) the node starts it first, as the head does
         # when the node runs inside it (_bootstrap.py).
         cmd = ([sys.executable, "-c", NODE_BOOTSTRAP, *args] if self.cfg.get("zygote", True)
