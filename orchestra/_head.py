@@ -308,13 +308,18 @@ class Head:
             return
         elif body == "abort_segment":
             conn.node.abort_segment(conn.conn_id, req.abort_segment)
+            if type(conn.node) is RemoteNode:   # answered once the node did it
+                data = _wire.encode(_wire.REPLY, reply)
+                conn.node.after_node(lambda: self._queue_if_open(conn, data))
+                return
         elif body == "locate":
-            o = self.state.objects.get(req.locate)
-            if o is None or o.data is None:
-                reply.error = f"object {req.locate.hex()} was freed while it was being read"
-                reply.error_kind = "ObjectLostError"
+            if type(conn.node) is RemoteNode:
+                # The reader found the segment gone: the node spilled it, and its
+                # relocation may still be on its way here. Answered after it.
+                conn.node.after_node(lambda: self._locate(conn, req.req_id, req.locate))
             else:
-                reply.object.CopyFrom(o.data)
+                self._locate(conn, req.req_id, req.locate)
+            return
         elif body == "create_actor":
             try:
                 self.state.create_actor(conn.conn_id, req.create_actor)
@@ -340,6 +345,22 @@ class Head:
             else:
                 reply.error = f"unknown query {q!r}"
         self._queue(conn, _wire.encode(_wire.REPLY, reply))
+
+    def _locate(self, conn: Conn, req_id: int, object_id: bytes) -> None:
+        """Answer where an object's data is now (a reader found its segment gone)."""
+        reply = pb.Reply(req_id=req_id)
+        o = self.state.objects.get(object_id)
+        if o is None or o.data is None:
+            reply.error = f"object {object_id.hex()} was freed while it was being read"
+            reply.error_kind = "ObjectLostError"
+        else:
+            reply.object.CopyFrom(o.data)
+        self._queue_if_open(conn, _wire.encode(_wire.REPLY, reply))
+
+    def _queue_if_open(self, conn: Conn, data: bytes) -> None:
+        """For an answer that waited for the node: the connection may have closed."""
+        if self.conns.get(conn.conn_id) is conn:
+            self._queue(conn, data)
 
     def debug_info(self) -> Any:
         st = self.state

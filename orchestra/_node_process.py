@@ -120,8 +120,13 @@ class NodeProcess(asyncio.Protocol):
         for kind, cmd in frames:
             if kind != _wire.NODE_COMMAND:
                 continue
-            if cmd.WhichOneof("command") == "cluster_idle":
+            which = cmd.WhichOneof("command")
+            if which == "cluster_idle":
                 self._cluster_idle = cmd.cluster_idle
+                continue
+            if which == "sync":   # after the events of the commands before it
+                self._store_changed()
+                self._event(pb.NodeEvent(synced=cmd.sync))
                 continue
             # Busy at once, before the head's next look says so.
             self._last_command = time.monotonic()

@@ -16,7 +16,11 @@ carried out over the node's connection (orchestra/_node_process.py is the other 
 Commands keep their order: every one goes through the one connection, in the order the
 head calls them, so a pin reaches the store before the free that follows it and the
 frees of a batch before the create_segment that needs their room. Only the node
-decides what its store does; the head relays and waits for nothing.
+decides what its store does; the head relays, and waits only where a client's request
+must see what the node did first (after_node: a sync command, answered once the events
+of the commands before it are sent): a locate (a reader found a segment gone: its
+relocation may still be on its way) and an abort_segment (answered with the store's
+room back).
 
 is_idle() is the head's question: the node asks it from its threads (warming) and
 cannot wait a round trip, so the head tells the node when the answer changes
@@ -36,6 +40,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import _pb as pb
@@ -112,6 +117,8 @@ class RemoteNode:
         self._store_info: Any = pb.ObjStoreDebugInfoReply()
         self._flush_due = False
         self._idle: bool | None = None
+        self._syncs: dict[int, Callable[[], None]] = {}
+        self._next_sync = 1
 
     # ------------------------------------------------------------------ launch
     async def launch(self, listen_path: str) -> None:
@@ -224,6 +231,14 @@ class RemoteNode:
     def set_driver(self, conn_id: int) -> None:
         self._command(pb.NodeCommand(set_driver=conn_id))
 
+    def after_node(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` once the node carried out every command sent so far and its
+        events have come back (a spill's relocation among them)."""
+        n = self._next_sync
+        self._next_sync += 1
+        self._syncs[n] = fn
+        self._command(pb.NodeCommand(sync=n))
+
     def store_info(self) -> Any:
         """The store's figures as the node last reported them (within ~0.1 s)."""
         info = pb.ObjStoreDebugInfoReply()
@@ -255,6 +270,10 @@ class RemoteNode:
                     self.free_segment(r.segment.path)   # the object is gone: its file too
             elif which == "store_info":
                 self._store_info = ev.store_info
+            elif which == "synced":
+                fn = self._syncs.pop(ev.synced, None)
+                if fn is not None:
+                    fn()
             elif which == "register":
                 r = ev.register
                 if r.node_id != self.node_id:

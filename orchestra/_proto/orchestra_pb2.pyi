@@ -539,7 +539,7 @@ class Reply(_message.Message):
     def __init__(self, req_id: _Optional[int] = ..., error: _Optional[str] = ..., error_kind: _Optional[str] = ..., segment: _Optional[_Union[_types_pb2.Segment, _Mapping]] = ..., resources: _Optional[_Mapping[str, float]] = ..., debug: _Optional[_Union[SchedulerDebugInfoReply, _Mapping]] = ..., actor: _Optional[_Union[_types_pb2.ActorSpec, _Mapping]] = ..., object: _Optional[_Union[_types_pb2.ObjectData, _Mapping]] = ...) -> None: ...
 
 class NodeCommand(_message.Message):
-    __slots__ = ("seal", "pin", "unpin", "free_segment", "abort_segment", "drop_conn", "create_segment", "start_worker", "kill_worker", "stop_worker", "worker_connected", "worker_disconnected", "set_driver", "cluster_idle", "close")
+    __slots__ = ("seal", "pin", "unpin", "free_segment", "abort_segment", "drop_conn", "create_segment", "start_worker", "kill_worker", "stop_worker", "worker_connected", "worker_disconnected", "set_driver", "cluster_idle", "close", "sync")
     SEAL_FIELD_NUMBER: _ClassVar[int]
     PIN_FIELD_NUMBER: _ClassVar[int]
     UNPIN_FIELD_NUMBER: _ClassVar[int]
@@ -555,6 +555,7 @@ class NodeCommand(_message.Message):
     SET_DRIVER_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_IDLE_FIELD_NUMBER: _ClassVar[int]
     CLOSE_FIELD_NUMBER: _ClassVar[int]
+    SYNC_FIELD_NUMBER: _ClassVar[int]
     seal: str
     pin: NodeSegments
     unpin: NodeSegments
@@ -570,7 +571,8 @@ class NodeCommand(_message.Message):
     set_driver: int
     cluster_idle: bool
     close: bool
-    def __init__(self, seal: _Optional[str] = ..., pin: _Optional[_Union[NodeSegments, _Mapping]] = ..., unpin: _Optional[_Union[NodeSegments, _Mapping]] = ..., free_segment: _Optional[str] = ..., abort_segment: _Optional[_Union[NodeSegments, _Mapping]] = ..., drop_conn: _Optional[int] = ..., create_segment: _Optional[_Union[NodeCreateSegment, _Mapping]] = ..., start_worker: _Optional[int] = ..., kill_worker: _Optional[_Union[NodeKillWorker, _Mapping]] = ..., stop_worker: _Optional[int] = ..., worker_connected: _Optional[int] = ..., worker_disconnected: _Optional[int] = ..., set_driver: _Optional[int] = ..., cluster_idle: _Optional[bool] = ..., close: _Optional[bool] = ...) -> None: ...
+    sync: int
+    def __init__(self, seal: _Optional[str] = ..., pin: _Optional[_Union[NodeSegments, _Mapping]] = ..., unpin: _Optional[_Union[NodeSegments, _Mapping]] = ..., free_segment: _Optional[str] = ..., abort_segment: _Optional[_Union[NodeSegments, _Mapping]] = ..., drop_conn: _Optional[int] = ..., create_segment: _Optional[_Union[NodeCreateSegment, _Mapping]] = ..., start_worker: _Optional[int] = ..., kill_worker: _Optional[_Union[NodeKillWorker, _Mapping]] = ..., stop_worker: _Optional[int] = ..., worker_connected: _Optional[int] = ..., worker_disconnected: _Optional[int] = ..., set_driver: _Optional[int] = ..., cluster_idle: _Optional[bool] = ..., close: _Optional[bool] = ..., sync: _Optional[int] = ...) -> None: ...
 
 class NodeSegments(_message.Message):
     __slots__ = ("conn_id", "names")
@@ -597,20 +599,22 @@ class NodeKillWorker(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class NodeEvent(_message.Message):
-    __slots__ = ("register", "send", "worker_failed_to_start", "worker_exited", "relocate", "store_info")
+    __slots__ = ("register", "send", "worker_failed_to_start", "worker_exited", "relocate", "store_info", "synced")
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     SEND_FIELD_NUMBER: _ClassVar[int]
     WORKER_FAILED_TO_START_FIELD_NUMBER: _ClassVar[int]
     WORKER_EXITED_FIELD_NUMBER: _ClassVar[int]
     RELOCATE_FIELD_NUMBER: _ClassVar[int]
     STORE_INFO_FIELD_NUMBER: _ClassVar[int]
+    SYNCED_FIELD_NUMBER: _ClassVar[int]
     register: NodeRegister
     send: NodeSend
     worker_failed_to_start: NodeWorkerExit
     worker_exited: NodeWorkerExit
     relocate: NodeRelocate
     store_info: ObjStoreDebugInfoReply
-    def __init__(self, register: _Optional[_Union[NodeRegister, _Mapping]] = ..., send: _Optional[_Union[NodeSend, _Mapping]] = ..., worker_failed_to_start: _Optional[_Union[NodeWorkerExit, _Mapping]] = ..., worker_exited: _Optional[_Union[NodeWorkerExit, _Mapping]] = ..., relocate: _Optional[_Union[NodeRelocate, _Mapping]] = ..., store_info: _Optional[_Union[ObjStoreDebugInfoReply, _Mapping]] = ...) -> None: ...
+    synced: int
+    def __init__(self, register: _Optional[_Union[NodeRegister, _Mapping]] = ..., send: _Optional[_Union[NodeSend, _Mapping]] = ..., worker_failed_to_start: _Optional[_Union[NodeWorkerExit, _Mapping]] = ..., worker_exited: _Optional[_Union[NodeWorkerExit, _Mapping]] = ..., relocate: _Optional[_Union[NodeRelocate, _Mapping]] = ..., store_info: _Optional[_Union[ObjStoreDebugInfoReply, _Mapping]] = ..., synced: _Optional[int] = ...) -> None: ...
 
 class NodeRegister(_message.Message):
     __slots__ = ("node_id", "resources", "capacity", "shm_dir", "pid")

@@ -289,3 +289,23 @@ def test_the_store_figures_are_answered_from_the_last_report() -> None:
     info = pb.ObjStoreDebugInfoReply(capacity=100, used=40, spilled_objects=2)
     remote.handle([(_wire.NODE_EVENT, pb.NodeEvent(store_info=info))])
     assert remote.store_info() == info
+
+
+def test_a_sync_is_answered_after_the_events_of_the_commands_before_it() -> None:
+    proc, node, transport = node_process()
+    remote, head, loop, remote_transport = remote_node()
+    remote.handle(transport.frames())   # the registration
+    answered: list[str] = []
+    remote.free_segment("s1")
+    remote.after_node(lambda: answered.append(f"after {len(head.calls)} calls"))
+    loop.run_soon()
+    node.calls.clear()
+    for kind, cmd in remote_transport.frames():
+        if cmd.WhichOneof("command") == "free_segment":
+            # What the node's free causes, say a spill's end: an event before the answer.
+            proc.relocate(b"o1", pb.Segment(name="s0", path="/spill/s0"))
+        proc.data_received(_wire.encode(kind, cmd))
+    assert answered == []
+    remote.handle(transport.frames())
+    assert answered == ["after 2 calls"]   # the relocate (and a carry_out) came first
+    assert head.calls[1] == ("relocate", b"o1", "/spill/s0")
