@@ -32,18 +32,9 @@ from . import _grpc_service, _wire
 from . import _pb as pb
 from ._errors import describe_exit, make_error
 from ._grpc_service import GRPC_CONN
+from ._instructions import FreeSegment, KillWorker, LateSend, Push, Send, StartWorker, StopWorker
 from ._procutil import watch_parent
-from ._scheduler import (
-    FREE_SEGMENT,
-    KILL_WORKER,
-    LATE_SEND,
-    PUSH,
-    SEND,
-    START_WORKER,
-    STOP_WORKER,
-    SchedulerState,
-    WorkerState,
-)
+from ._scheduler import SchedulerState, WorkerState
 from ._store import ObjectStore, ReleaseNeeded, SpillNeeded, spill_file
 from .exceptions import ObjectStoreError, ObjectStoreFullError
 
@@ -432,7 +423,7 @@ class Head:
             elif kind == _wire.ADOPT:
                 state.adopt_calls(cid, msg)
             elif kind == _wire.LEASE_RETURN:
-                state.return_lease(cid, msg.worker_id)
+                state.return_loan(cid, msg.worker_id)
             elif kind == _wire.LEASE:   # a driver asks for one more lent worker
                 state.lend_idle(cid, dict(msg.resources))
             elif kind == _wire.RELEASE_CALL:   # ordered after the actor's own ref changes
@@ -626,30 +617,29 @@ class Head:
             self.state.out = []
             conns = self.conns
             for ins in out:
-                op = ins[0]
-                if op == PUSH:
-                    msg = pushes.get(ins[1])
+                if type(ins) is Push:
+                    msg = pushes.get(ins.conn)
                     if msg is None:
-                        msg = pushes[ins[1]] = pb.Objects()
-                    msg.objects.append(ins[2])
-                elif op == SEND:
-                    c = conns.get(ins[1])
+                        msg = pushes[ins.conn] = pb.Objects()
+                    msg.objects.append(ins.data)
+                elif type(ins) is Send:
+                    c = conns.get(ins.conn)
                     if c is not None:
-                        c.wbuf.append(_wire.encode(ins[2], ins[3]))
+                        c.wbuf.append(_wire.encode(ins.kind, ins.msg))
                         self.dirty.add(c)
-                elif op == LATE_SEND:
-                    c = conns.get(ins[1])
+                elif type(ins) is LateSend:
+                    c = conns.get(ins.conn)
                     if c is not None:
-                        late.append((c, _wire.encode(ins[2], ins[3])))
-                elif op == FREE_SEGMENT:
-                    self.store.free(ins[2])
-                elif op == START_WORKER:
-                    self._start_worker(ins[2])
-                elif op == KILL_WORKER:
-                    self.exit_reasons[ins[1]] = ins[2]
-                    self.pool.kill(ins[1])
-                elif op == STOP_WORKER:
-                    self.pool.kill(ins[1])
+                        late.append((c, _wire.encode(ins.kind, ins.msg)))
+                elif type(ins) is FreeSegment:
+                    self.store.free(ins.key)
+                elif type(ins) is StartWorker:
+                    self._start_worker(ins.worker_id)
+                elif type(ins) is KillWorker:
+                    self.exit_reasons[ins.worker_id] = ins.reason
+                    self.pool.kill(ins.worker_id)
+                elif type(ins) is StopWorker:
+                    self.pool.kill(ins.worker_id)
             for cid, msg in pushes.items():
                 if cid == GRPC_CONN:
                     for d in msg.objects:
