@@ -152,8 +152,8 @@ class ActorTable:
 
     def _tell_address(self, a: Actor, callers: set[int]) -> None:
         """Give callers the socket of the actor's process once their calls through the
-        head are all sent there: their later calls go straight to it (written after the
-        Executes, so a straight call never overtakes one sent through the head)."""
+        head are all sent there: their later calls are direct calls (written after the
+        Executes, so a direct call never overtakes one sent through the head)."""
         s = self.s
         w = a.worker
         if s.worker_socket is None or w is None:

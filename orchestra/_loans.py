@@ -3,7 +3,7 @@
     schedule() takes an idle worker for a driver's task (noted as fresh)
         --nothing else waits--> lend: Lease(worker, socket path, grant, busy_task)
             as a LateSend (after the Execute it names) -> the driver sends its later
-            tasks of that shape straight to the worker's process (direct calls)
+            tasks of that shape to the worker's process as direct calls
     TaskDone of a driver's task, worker now empty, nothing waits --> lend it to that driver
     driver: all its loaned workers busy --Lease(resources)--> lend_idle: one more idle one
     work waits that no worker takes --> recall: LEASE_REVOKE (once per worker)
@@ -39,7 +39,7 @@ class Loans:
     # ------------------------------------------------------------------ decisions
     def lend(self, conn: int, w: Worker) -> bool:
         """Lend ``w`` (just taken idle for a task of ``conn``, or asked for) to that
-        driver: its later tasks of that shape go straight to the worker."""
+        driver: its later tasks of that shape go to the worker as direct calls."""
         s = self.s
         c = s.clients.get(conn)
         if c is None or c.kind != "driver" or w.gpu_ids or s.worker_socket is None:
@@ -68,7 +68,7 @@ class Loans:
 
     def lend_after_task(self, w: Worker, done: Task) -> bool:
         """``w`` ran ``done`` to its end and has nothing queued: lend it to the driver
-        whose task it was, which sends its next ones straight there. True when lent."""
+        whose task it was, which sends it its next ones as direct calls. True when lent."""
         s = self.s
         return s.lending and not done.call.retry_exceptions and not s.work_waits() \
             and self.lend(done.owner, w)

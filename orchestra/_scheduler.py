@@ -76,13 +76,12 @@ class SchedulerState:
         self.blocking = Blocking(self)
         self.start_failures = 0   # consecutive worker processes that died before connecting
         self._feasible: dict[Shape, bool] = {}
-        # Why recent workers died (worker id -> (pid, reason)): calls a caller sent straight
-        # to an actor's process may be handed over (adopt_calls) after its death is seen.
         # Why recent workers died (worker id -> (pid, reason, whether a task the head
-        # sent was running)).
+        # sent was running)): direct calls to a dead process may be handed over
+        # (adopt_calls) after its death is seen.
         self.dead_workers: dict[int, tuple[int, str, bool]] = {}
-        # Where a worker listens for calls sent straight to it (worker id -> socket
-        # path); None: callers always go through the head.
+        # Where a worker listens for direct calls (worker id -> socket path); None:
+        # callers always go through the head.
         self.worker_socket: Callable[[int], str] | None = None
         # Lend idle workers to drivers for their tasks (Lease; _loans.py).
         self.lending = False
@@ -418,7 +417,7 @@ class SchedulerState:
             self.actor_table.creation_done(w, msg)
             return
         if t is None and msg.owner:
-            # A call its caller sent straight to this actor, answered through the head (a
+            # A direct call of its caller to this actor, answered through the head (a
             # result in shared memory or holding refs): the caller owns the returns.
             for data in msg.returns:
                 self.put_for(msg.owner, data)
@@ -448,7 +447,7 @@ class SchedulerState:
             return
         if w is not None and not w.queue and w.state is WorkerState.LEASED and w.lent_to is None:
             if done is not None and self.lending and self.loans.lend_after_task(w, done):
-                return   # the driver whose task it ran sends its next ones straight there
+                return   # the driver whose task it ran sends it its next ones as direct calls
             self.release_grant(w)
             w.state = WorkerState.IDLE
             if w.waits:   # a resume lost to a cancel: its task has ended all the same
@@ -568,8 +567,8 @@ class SchedulerState:
         self._seal(oid, data, push_owner=False)   # the writer has the data already
 
     def put_for(self, conn: int, data: Any) -> None:
-        """An object of ``conn`` made elsewhere (an actor answering a call sent straight
-        to it): held for ``conn`` and pushed to it."""
+        """An object of ``conn`` made elsewhere (an actor answering a direct call):
+        held for ``conn`` and pushed to it."""
         oid = data.object_id
         if conn not in self.clients:
             if data.WhichOneof("data") == "segment":
@@ -580,14 +579,14 @@ class SchedulerState:
         self._seal(oid, data)
 
     def register_pending(self, conn: int, ids: Iterable[bytes]) -> None:
-        """Results of calls ``conn`` sent straight to an actor, not answered yet, whose
+        """Results of direct calls ``conn`` made to an actor, not answered yet, whose
         refs leave that process: held for it until it forwards their data (put)."""
         for oid in ids:
             if oid not in self.objects:
                 self.new_object(conn, oid)
 
     def adopt_calls(self, conn: int, msg: Any) -> None:
-        """Calls ``conn`` sent straight to an actor's process, unanswered when their
+        """Direct calls ``conn`` made to an actor's process, unanswered when their
         connection closed: failed as calls in flight when that process died, or ended
         when the process still answers them (through the head)."""
         if not msg.actor_id:
@@ -632,7 +631,7 @@ class SchedulerState:
         w.queue.append(t)
 
     def _adopt_tasks(self, conn: int, msg: Any) -> None:
-        """Tasks a driver sent straight to a worker lent to it, unanswered when their
+        """Tasks a driver sent as direct calls to a worker on loan to it, unanswered when their
         connection closed: as tasks queued there when it died (the first one running,
         unless a task the head sent was) when the head has seen the death, or queued
         there for the death to come."""
