@@ -452,11 +452,11 @@ class SchedulerState:
             w.state = WorkerState.IDLE
             if w.waits:   # a resume lost to a cancel: its task has ended all the same
                 self.blocking.clear(w)
-            node = self.nodes[w.node_id]
-            idle = [x for x in self.workers.values()
-                    if x.node_id == w.node_id and x.state is WorkerState.IDLE]
-            if len(self.pool(w.node_id)) > max(node.num_cpus, 1) and len(idle) > 1 \
-                    and not self.has_ready():
+            size = max(self.nodes[w.node_id].num_cpus, 1)
+            # len(self.workers) first: no list is built per task while the pool is at its
+            # size (the common case, on the hot path).
+            if len(self.workers) > size and len(self.pool(w.node_id)) > size \
+                    and self._idle_on(w.node_id) > 1 and not self.has_ready():
                 # Surplus from lending CPUs to blocked tasks: shrink back to the pool size.
                 w.state = WorkerState.DEAD
                 del self.workers[w.worker_id]
@@ -464,6 +464,10 @@ class SchedulerState:
         self.schedule()
         if w is not None and w.state is WorkerState.IDLE and not self.has_ready():
             self._steal_for(w)
+
+    def _idle_on(self, node_id: int) -> int:
+        return sum(1 for x in self.workers.values()
+                   if x.node_id == node_id and x.state is WorkerState.IDLE)
 
     def _steal_for(self, idle: Worker) -> None:
         """A worker is idle and nothing is ready: take back tasks pipelined behind a
