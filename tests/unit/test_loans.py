@@ -15,6 +15,7 @@ from _sched_helpers import (
     Cluster,
     executed,
     make_call,
+    sent,
     sent_late,
     socket_path,
     worker_conn,
@@ -207,3 +208,14 @@ def test_a_lent_worker_that_dies_ends_its_loan_and_is_replaced():
     c.s.worker_died(1, "SIGKILL")
     assert c.s.loans.loaned == set()
     assert c.take() == [StartWorker(NODE, 2)]
+
+
+def test_a_returned_worker_with_nothing_ready_takes_back_tasks_pipelined_elsewhere():
+    c = Cluster(cpus=2, lending=True, pipeline_depth=2)
+    lent_task = c.submit(make_call("lent"))
+    c.submit(make_call("runs", retry_exceptions=True))        # not lent: the head sees each try
+    behind = c.submit(make_call("behind", retry_exceptions=True))
+    assert [w for w, _ in executed(c.take())] == [1, 2, 2]
+    c.done(1, lent_task)
+    c.s.return_loan(DRIVER, 1)
+    assert sent(c.take(), _wire.STEAL, worker_conn(2)) == [pb.ReturnTasks(task_ids=[behind.task_id])]
