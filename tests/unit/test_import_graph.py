@@ -17,13 +17,6 @@ pytestmark = pytest.mark.timeout(30)
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "orchestra"
 
-# Cycles through function-level imports that predate this test, outside the scheduler
-# core; each is to be broken, and then taken off this list (the last test sees to it).
-KNOWN_CYCLES = [
-    {"_remote_function", "_serialization"},
-    {"_gang", "_session"},
-]
-
 # The scheduler core: these never reach back into _scheduler.
 SCHEDULER_HELPERS = ["_sched_types", "_instructions", "_actor_state", "_blocking", "_loans"]
 
@@ -92,8 +85,8 @@ def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
-def test_the_package_has_no_import_cycle_beyond_the_known_ones():
-    unexpected = [c for c in cycles(import_graph()) if c not in KNOWN_CYCLES]
+def test_the_package_has_no_import_cycle():
+    unexpected = cycles(import_graph())
     assert unexpected == [], f"import cycles: {unexpected}"
 
 
@@ -105,12 +98,6 @@ def test_the_scheduler_core_is_in_no_cycle():
 @pytest.mark.parametrize("helper", SCHEDULER_HELPERS)
 def test_a_scheduler_helper_does_not_import_the_scheduler(helper):
     assert "_scheduler" not in import_graph()[helper]
-
-
-def test_every_known_cycle_is_still_there():
-    """A known cycle that was broken comes off KNOWN_CYCLES, so it cannot come back."""
-    found = cycles(import_graph())
-    assert [c for c in KNOWN_CYCLES if c not in found] == []
 
 
 def test_the_graph_sees_imports_under_type_checking_and_in_functions(tmp_path, monkeypatch):
