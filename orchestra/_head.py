@@ -89,9 +89,11 @@ class Head:
         # task never holds up the ones pipelined behind it for long.
         self.state = SchedulerState(pipeline_depth=cfg.get("pipeline_depth", 8),
                                     error_factory=make_error)
+        # Internal switches (init(_system_config=...)): direct calls at all, and loans
+        # (tasks as direct calls to lent workers) among them.
         if cfg.get("direct_calls", True):
             self.state.worker_socket = self.worker_socket
-            self.state.lending = bool(cfg.get("lend_workers", True))
+            self.state.lending = bool(cfg.get("loans", True))
         capacity = int(cfg["object_store_memory"])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in cfg.get("sys_path", []) if p)
