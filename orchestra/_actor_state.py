@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import collections
 import enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import _pb as pb
+from ._instructions import KillWorker, LateSend
+from ._sched_types import SchedulerCore, Task, TaskState, Worker, WorkerState
 from ._wire import ACTOR_ADDRESS
 
-if TYPE_CHECKING:
-    from ._scheduler import SchedulerState, Task, Worker
-
-ACTOR_SHAPE = (("__actor__", 1.0),)   # a lease shape no task has: no task is pipelined there
+ACTOR_SHAPE = (("__actor__", 1.0),)   # a grant shape no task has: no task is pipelined there
 
 
 class ActorState(enum.Enum):
@@ -59,7 +58,7 @@ class Actor:
 
 
 class ActorTable:
-    def __init__(self, state: SchedulerState) -> None:
+    def __init__(self, state: SchedulerCore) -> None:
         self.s = state
         self.actors: dict[bytes, Actor] = {}
         self.names: dict[str, bytes] = {}
@@ -92,10 +91,10 @@ class ActorTable:
         req = a.creation.resources
         for node in s.nodes.values():
             if node.resources.fits(req):
-                w = s._start_worker(node.node_id)
+                w = s.start_worker(node.node_id)
                 w.actor = a
-                w.lease = dict(req)
-                w.lease_shape = ACTOR_SHAPE
+                w.grant = dict(req)
+                w.grant_shape = ACTOR_SHAPE
                 w.gpu_ids = node.resources.acquire(req)
                 a.worker = w
                 a.state = ActorState.STARTING if a.restarts == 0 else ActorState.RESTARTING
@@ -111,19 +110,18 @@ class ActorTable:
 
     def worker_connected(self, w: Worker) -> None:
         """The dedicated worker is up: run the constructor there."""
-        from ._scheduler import TaskState, WorkerState
         a = w.actor
         assert a is not None
-        w.state = WorkerState.LEASED
+        w.state = WorkerState.BUSY
         t = a.creation
         t.state = TaskState.READY
-        self.s._dispatch(t, w)
+        self.s.dispatch(t, w)
 
     # ------------------------------------------------------------------ calls
     def submit_call(self, t: Task) -> None:
         a = self.actors.get(t.call.actor_id)
         if a is None or a.state is ActorState.DEAD:
-            self.s._fail_task(t, a.death if a is not None and a.death else self.s._error(
+            self.s.fail_task(t, a.death if a is not None and a.death else self.s.error(
                 "actor_dead", name=t.call.name, reason="no such actor in this cluster"))
             return
         a.queue.append(t)
@@ -137,7 +135,6 @@ class ActorTable:
 
     def pump(self, a: Actor) -> None:
         """Send the calls at the head of the queue whose arguments exist, in order."""
-        from ._scheduler import TaskState
         if a.state is not ActorState.ALIVE or a.worker is None:
             return
         q = a.queue
@@ -148,16 +145,15 @@ class ActorTable:
             if t.state is TaskState.DONE:
                 continue
             t.state = TaskState.READY
-            self.s._dispatch(t, a.worker)
+            self.s.dispatch(t, a.worker)
             callers.add(t.owner)
         if callers:
             self._tell_address(a, callers)
 
     def _tell_address(self, a: Actor, callers: set[int]) -> None:
         """Give callers the socket of the actor's process once their calls through the
-        head are all sent there: their later calls go straight to it (written after the
-        Executes, so a straight call never overtakes one sent through the head)."""
-        from ._scheduler import LATE_SEND
+        head are all sent there: their later calls are direct calls (written after the
+        Executes, so a direct call never overtakes one sent through the head)."""
         s = self.s
         w = a.worker
         if s.worker_socket is None or w is None:
@@ -167,7 +163,7 @@ class ActorTable:
         for conn in callers - waiting:
             c = s.clients.get(conn)
             if c is not None and c.kind in ("driver", "worker"):
-                s.out.append((LATE_SEND, conn, ACTOR_ADDRESS, pb.ActorAddress(
+                s.out.append(LateSend(conn, ACTOR_ADDRESS, pb.ActorAddress(
                     actor_id=a.spec.actor_id, worker_id=w.worker_id, path=path,
                     dispatched=a.handled.get(conn, 0))))
 
@@ -182,11 +178,11 @@ class ActorTable:
         if a is None:
             return
         if msg.user_error:   # the constructor raised: dead for good, with its error
-            blob = msg.returns[0].error if msg.returns else self.s._error(
+            blob = msg.returns[0].error if msg.returns else self.s.error(
                 "actor_dead", name=a.spec.class_name, reason="its constructor failed")
             a.no_restart = True
             self._die(a, blob)
-            self.s.out.append(("kill", w.worker_id, "the actor's constructor raised"))
+            self.s.out.append(KillWorker(w.node_id, w.worker_id, "the actor's constructor raised"))
             return
         if a.killing:   # killed while its constructor ran: calls wait for the death
             return
@@ -200,7 +196,6 @@ class ActorTable:
 
     # ------------------------------------------------------------------ death
     def worker_died(self, w: Worker, reason: str) -> None:
-        from ._scheduler import TaskState
         a = w.actor
         if a is None or a.worker is not w:
             return
@@ -212,7 +207,7 @@ class ActorTable:
         for t in inflight:
             t.worker = None
             # Named for the actor (not "actor Counter.inc is dead") and its process.
-            self.s._fail_task(t, self.s._error(
+            self.s.fail_task(t, self.s.error(
                 "actor_dead", name=name,
                 reason=f"its process (pid={w.pid}) died while running {t.call.name}() ({reason})"))
         if a.state is ActorState.DEAD:
@@ -226,9 +221,9 @@ class ActorTable:
                 self.pending.append(a)
             return
         if a.no_restart:
-            self._die(a, self.s._error("actor_dead", name=name, reason=reason))
+            self._die(a, self.s.error("actor_dead", name=name, reason=reason))
         else:
-            self._die(a, self.s._error("actor_dead", name=name, reason=reason,
+            self._die(a, self.s.error("actor_dead", name=name, reason=reason,
                                        restarts=a.restarts, max_restarts=limit))
 
     def _release_name(self, a: Actor) -> None:
@@ -241,17 +236,17 @@ class ActorTable:
         self._release_name(a)
         queued, a.queue = list(a.queue), collections.deque()
         for t in queued:
-            self.s._fail_task(t, blob)
+            self.s.fail_task(t, blob)
         if a in self.pending:
             self.pending.remove(a)
-        self.s._finish_task(a.creation)   # release the constructor's arguments
+        self.s.finish_task(a.creation)   # release the constructor's arguments
 
     def _stop(self, a: Actor, reason: str) -> None:
         a.no_restart = True
         w = a.worker
-        self._die(a, self.s._error("actor_dead", name=a.spec.class_name, reason=reason))
+        self._die(a, self.s.error("actor_dead", name=a.spec.class_name, reason=reason))
         if w is not None:
-            self.s.out.append(("kill", w.worker_id, reason))
+            self.s.out.append(KillWorker(w.node_id, w.worker_id, reason))
 
     def kill(self, actor_id: bytes, no_restart: bool) -> None:
         a = self.actors.get(actor_id)
@@ -269,9 +264,10 @@ class ActorTable:
             a.killing = True
             if no_restart:
                 self._release_name(a)   # get_actor() fails as soon as kill() returns
-            self.s.out.append(("kill", a.worker.worker_id, "killed by orchestra.kill()"))
+            self.s.out.append(KillWorker(a.worker.node_id, a.worker.worker_id,
+                                         "killed by orchestra.kill()"))
         elif no_restart or a.state is ActorState.PENDING:
-            self._die(a, self.s._error("actor_dead", name=a.spec.class_name,
+            self._die(a, self.s.error("actor_dead", name=a.spec.class_name,
                                        reason="killed by orchestra.kill() before it started"))
 
     def handles_gone(self, actor_id: bytes) -> None:

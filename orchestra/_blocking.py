@@ -1,20 +1,20 @@
 """Workers blocked in get(): running the awaited task inline, and spotting a stall. No I/O.
 
     worker: get(ref) misses -> Blocked(ids, task) -> head: Wait pushed on the worker
-        producer of an id READY here and covered by the worker's lease?
+        producer of an id READY here and covered by the worker's grant?
           yes -> EXECUTE_NESTED to that worker: it runs the task inside its get() (same
-                 thread, nested on the stack), its CPU stays taken   (worker LEASED)
+                 thread, nested on the stack), its CPU stays taken   (worker BUSY)
           no  -> its CPU is lent back; another worker may start it     (worker BLOCKED)
         nested TaskDone -> back in the get(): lend the CPU again, or inline the next one
         Blocked(false) -> the innermost Wait is popped
 
 A worker's state follows from two stacks: BLOCKED while it has more Waits than tasks run
-inline (``len(w.waits) > len(w.nested)``), LEASED otherwise. So ``rec(n) = 1 +
+inline (``len(w.waits) > len(w.nested)``), BUSY otherwise. So ``rec(n) = 1 +
 get(rec.remote(n - 1))`` nests on a few workers instead of holding one blocked process
 per level: before this, on 2 CPUs it ended at n = 40 with every one of the 40 workers
 the cap allows blocked, and the cluster stalled for good (issue 12).
 
-Inline runs stay within the outer task's lease (the task asks for no more of any
+Inline runs stay within the outer task's grant (the task asks for no more of any
 resource than the blocked one holds, and for the same GPUs), so they never oversubscribe
 a node. A worker nests at most ``MAX_NESTED`` tasks: each level costs ~7 Python frames
 of the worker's main thread (its recursion limit rises to match, _worker.py).
@@ -31,14 +31,13 @@ send to the drivers (Stalled frame), which log it: never a silent stall.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import _pb as pb
 from ._ids import TASK_ID_LEN
+from ._instructions import Send
+from ._sched_types import SchedulerCore, Task, TaskState, Wait, Worker, WorkerState
 from ._wire import EXECUTE, EXECUTE_NESTED, STALLED
-
-if TYPE_CHECKING:
-    from ._scheduler import SchedulerState, Task, Worker
 
 # Tasks one worker runs nested inside its blocked get()s, at most. The worker stops
 # asking sooner, by its own recursion limit (~960 levels with an 8 MiB stack:
@@ -49,21 +48,10 @@ MAX_NESTED = 1000
 STALL_S = 5.0
 
 
-class Wait:
-    """One get()/wait() a worker is blocked in."""
-
-    __slots__ = ("ids", "task_id", "name")
-
-    def __init__(self, ids: list[bytes], task_id: bytes, name: str) -> None:
-        self.ids = ids
-        self.task_id = task_id
-        self.name = name
-
-
 class Blocking:
     """The blocked-worker decisions of a SchedulerState (its helper, as ActorTable is)."""
 
-    def __init__(self, state: SchedulerState) -> None:
+    def __init__(self, state: SchedulerCore) -> None:
         self.s = state
         # Task id -> the blocked get()s that wait for one of its returns: a task that
         # becomes ready (its arguments sealed, handed back by a worker) goes to one of
@@ -122,23 +110,21 @@ class Blocking:
     # ------------------------------------------------------------------ decisions
     def settle(self, w: Worker) -> None:
         """Set ``w``'s state from its stacks, lending or taking back its CPU."""
-        from ._scheduler import WorkerState
-        cpu = w.lease.get("CPU", 0.0)
+        cpu = w.grant.get("CPU", 0.0)
         node = self.s.nodes[w.node_id]
         if len(w.waits) > len(w.nested):
-            if w.state is WorkerState.LEASED:
+            if w.state is WorkerState.BUSY:
                 w.state = WorkerState.BLOCKED
                 if cpu:
                     node.resources.release({"CPU": cpu}, [])
         elif w.state is WorkerState.BLOCKED:
-            w.state = WorkerState.LEASED
+            w.state = WorkerState.BUSY
             if cpu:  # may go below zero for a moment: the task runs on, as in Ray
                 node.resources.free["CPU"] = node.resources.free.get("CPU", 0.0) - cpu
 
     def _inline(self, w: Worker) -> bool:
         """Hand ``w`` (blocked in its innermost get) a task that get waits for, not
         started anywhere yet; True when one was sent."""
-        from ._scheduler import TaskState, WorkerState
         if not w.waits or len(w.nested) >= MAX_NESTED or w.state is WorkerState.DEAD:
             return False
         s = self.s
@@ -158,7 +144,6 @@ class Blocking:
     def inline_waiter(self, t: Task) -> bool:
         """``t`` is ready and first in its queue: run it inline in a get() blocked on it
         (the caller takes it off the queue); True when one takes it."""
-        from ._scheduler import WorkerState
         for w, wait in self.waiting_for.get(t.call.task_id, ()):
             if w.state is WorkerState.BLOCKED and w.waits and w.waits[-1] is wait \
                     and len(w.nested) < MAX_NESTED and _inlinable(t, w):
@@ -171,12 +156,12 @@ class Blocking:
         s = self.s
         w.nested.append(t)
         self.settle(w)          # its CPU is the nested task's now
-        s._dispatch(t, w)       # appends to the queue and sends an Execute ...
+        s.dispatch(t, w)       # appends to the queue and sends an Execute ...
         w.queue.pop()
         w.queue.appendleft(t)   # ... the innermost running task comes first
         ins = s.out[-1]
-        assert ins[2] == EXECUTE
-        s.out[-1] = (ins[0], ins[1], EXECUTE_NESTED, ins[3])
+        assert type(ins) is Send and ins.kind == EXECUTE
+        s.out[-1] = Send(ins.conn, EXECUTE_NESTED, ins.msg)
 
     def defer_growth(self, t: Task) -> bool:
         """True: start no worker for ``t`` yet. Its submitter, a task still running,
@@ -186,13 +171,12 @@ class Blocking:
         levels each (rec(1000) on 2 CPUs filled all 40 workers the cap allows). Held
         until the submitter blocks (on something else, or past its nesting bound) or
         ends, both of which schedule again, or for one tick (~0.5 s) of the head."""
-        from ._scheduler import WorkerState
         tid = t.call.task_id
         if tid in self._grow_ok:
             return False
         c = self.s.clients.get(t.owner)
         w = c.worker if c is not None else None
-        if w is None or w.state is not WorkerState.LEASED or w.actor is not None \
+        if w is None or w.state is not WorkerState.BUSY or w.actor is not None \
                 or len(w.nested) >= MAX_NESTED or not _inlinable(t, w):
             return False
         self._deferred.add(tid)
@@ -223,16 +207,14 @@ class Blocking:
         self._warned = key
         text, blocked_ids = self._describe(now - self._stall_since)
         msg = pb.Stalled(text=text, task_ids=blocked_ids)
-        from ._scheduler import SEND
         for c in self.s.clients.values():
             if c.kind == "driver":
-                self.s.out.append((SEND, c.conn, STALLED, msg))
+                self.s.out.append(Send(c.conn, STALLED, msg))
 
     def _stalled_picture(self) -> Any:
         """What is stuck (blocked tasks, ready tasks), or None while anything can move."""
-        from ._scheduler import WorkerState
         s = self.s
-        if not s._has_ready():
+        if not s.has_ready():
             return None
         blocked = []
         for w in s.workers.values():
@@ -240,7 +222,7 @@ class Blocking:
             if st is WorkerState.STARTING or st is WorkerState.IDLE and w.actor is None \
                     and _any_fits_idle(s, w):
                 return None     # a worker about to take work
-            if st is WorkerState.LEASED and (w.actor is None or w.queue):
+            if st is WorkerState.BUSY and (w.actor is None or w.queue):
                 return None     # something runs: it may free what the others wait for
             if st is WorkerState.BLOCKED:
                 blocked.append((w.worker_id, len(w.waits), len(w.nested)))
@@ -250,7 +232,6 @@ class Blocking:
         return tuple(sorted(blocked)), ready
 
     def _describe(self, for_s: float) -> tuple[str, list[bytes]]:
-        from ._scheduler import WorkerState
         s = self.s
         lines = []
         blocked_ids: list[bytes] = []
@@ -270,7 +251,7 @@ class Blocking:
         lines.append(f"  {len(waiting)} task(s) ready but not started, e.g. "
                      + ", ".join(f"{t.call.name}() [task {t.call.task_id.hex()}] needs "
                                  f"{_fmt(t.resources)}" for t in waiting[:4])
-                     + f"; free now: {_fmt(free)}; task workers: {len(s._pool(0))}, at most "
+                     + f"; free now: {_fmt(free)}; task workers: {len(s.pool(0))}, at most "
                      + f"{max((n.max_workers for n in s.nodes.values()), default=0)}")
         text = (f"orchestra: no task can make progress for {for_s:.0f} s: every worker is blocked "
                 "in get()/wait() on tasks that cannot start (the resources they need are held by "
@@ -289,16 +270,16 @@ class Blocking:
 
 def _inlinable(t: Task, w: Worker) -> bool:
     """A plain task (not an actor's) that asks for no more of anything than ``w``'s
-    lease holds, and for the same GPUs (an inline task sees the outer task's devices)."""
+    grant holds, and for the same GPUs (an inline task sees the outer task's devices)."""
     if t.call.actor_id or t.call.HasField("actor") or t.cancelled:
         return False
-    lease = w.lease
-    if t.resources.get("GPU", 0.0) != lease.get("GPU", 0.0):
+    grant = w.grant
+    if t.resources.get("GPU", 0.0) != grant.get("GPU", 0.0):
         return False
-    return all(v <= lease.get(k, 0.0) for k, v in t.resources.items())
+    return all(v <= grant.get(k, 0.0) for k, v in t.resources.items())
 
 
-def _any_fits_idle(s: SchedulerState, w: Worker) -> bool:
+def _any_fits_idle(s: SchedulerCore, w: Worker) -> bool:
     """An idle worker whose node fits some ready task will take it (schedule runs on)."""
     node = s.nodes[w.node_id]
     return any(q and node.resources.fits(q[0].resources) for q in s.ready.values())

@@ -33,7 +33,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
 
-from . import _context, _gang_member
+from . import _context, _gang_member, _session
 from ._actor import ActorClass, ActorHandle, kill
 from ._gang_errors import GangError, GangMemberDiedError
 from ._gang_member import GangSpec
@@ -210,6 +210,9 @@ def stop_coordinators() -> None:
         g._finalizer()
 
 
+_session.add_shutdown_hook(stop_coordinators)
+
+
 class Gang:
     """The members of one gang, in rank order, and the coordinator they share.
 
@@ -261,11 +264,9 @@ class Gang:
         Raises ``GangMemberDiedError`` if the gang aborted, ``ActorDiedError`` if a
         constructor failed, ``GetTimeoutError`` after ``timeout_s``.
         """
-        from ._session import get
-
         refs = self.call(_INFO_METHOD)
         try:
-            info: list[dict[str, Any]] = get(refs, timeout=timeout_s)
+            info: list[dict[str, Any]] = _session.get(refs, timeout=timeout_s)
         except OrchestraError:
             self.check()   # a clearer error when the coordinator knows who died
             raise

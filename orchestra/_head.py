@@ -38,20 +38,11 @@ from . import _grpc_service, _wire
 from . import _pb as pb
 from ._errors import make_error
 from ._grpc_service import GRPC_CONN
+from ._instructions import FreeSegment, KillWorker, LateSend, Push, Send, StartWorker, StopWorker
 from ._node import Node, node_from_cfg, worker_socket
 from ._procutil import watch_parent
 from ._remote_node import RemoteNode
-from ._scheduler import (
-    FREE_SEGMENT,
-    KILL_WORKER,
-    LATE_SEND,
-    PUSH,
-    SEND,
-    START_WORKER,
-    STOP_WORKER,
-    SchedulerState,
-    WorkerState,
-)
+from ._scheduler import SchedulerState, WorkerState
 
 # The node that runs in this process. Nodes of other machines will get ids of their own
 # when they join; nothing else names this one.
@@ -104,9 +95,11 @@ class Head:
         # task never holds up the ones pipelined behind it for long.
         self.state = SchedulerState(pipeline_depth=cfg.get("pipeline_depth", 8),
                                     error_factory=make_error)
+        # Internal switches (init(_system_config=...)): direct calls at all, and loans
+        # (tasks as direct calls to lent workers) among them.
         if cfg.get("direct_calls", True):
             self.state.worker_socket = self.worker_socket
-            self.state.lending = bool(cfg.get("lend_workers", True))
+            self.state.lending = bool(cfg.get("loans", True))
         # The node of this machine: in this process (the default: seal, pin and unpin are
         # direct calls on the task path), or in a process of its own (cfg node_process:
         # every command a frame on its connection, see _remote_node.py).
@@ -116,8 +109,6 @@ class Head:
         else:
             self.local = node_from_cfg(LOCAL_NODE_ID, self, loop, cfg, zygote)
         self.nodes: dict[int, Node | RemoteNode] = {self.local.node_id: self.local}
-        # Which node runs each worker: KILL_WORKER and STOP_WORKER name only the worker.
-        self.worker_nodes: dict[int, int] = {}
         # Workers whose connection closed, until their node reports the exit: -> conn id.
         self._reaping: dict[int, int] = {}
         self.conns: dict[int, Conn] = {}
@@ -187,13 +178,11 @@ class Head:
         return self.state.relocate(object_id, segment)
 
     def worker_failed_to_start(self, worker_id: int, reason: str) -> None:
-        self.worker_nodes.pop(worker_id, None)
         print(f"orchestra head: could not start a worker: {reason}", file=sys.stderr)
         self.state.worker_failed_to_start(worker_id, reason)
         self.carry_out()
 
     def worker_exited(self, worker_id: int, reason: str, *, connected: bool) -> None:
-        self.worker_nodes.pop(worker_id, None)
         if connected:
             conn_id = self._reaping.pop(worker_id, None)
             if conn_id is not None:
@@ -258,7 +247,7 @@ class Head:
             elif kind == _wire.ADOPT:
                 state.adopt_calls(cid, msg)
             elif kind == _wire.LOAN_RETURN:
-                state.return_lease(cid, msg.worker_id)
+                state.return_loan(cid, msg.worker_id)
             elif kind == _wire.LOAN_REQUEST:   # a driver asks for one more lent worker
                 state.lend_idle(cid, dict(msg.resources))
             elif kind == _wire.RELEASE_CALL:   # ordered after the actor's own ref changes
@@ -398,30 +387,28 @@ class Head:
             self.state.out = []
             conns = self.conns
             for ins in out:
-                op = ins[0]
-                if op == PUSH:
-                    msg = pushes.get(ins[1])
+                if type(ins) is Push:
+                    msg = pushes.get(ins.conn)
                     if msg is None:
-                        msg = pushes[ins[1]] = pb.Objects()
-                    msg.objects.append(ins[2])
-                elif op == SEND:
-                    c = conns.get(ins[1])
+                        msg = pushes[ins.conn] = pb.Objects()
+                    msg.objects.append(ins.data)
+                elif type(ins) is Send:
+                    c = conns.get(ins.conn)
                     if c is not None:
-                        c.wbuf.append(_wire.encode(ins[2], ins[3]))
+                        c.wbuf.append(_wire.encode(ins.kind, ins.msg))
                         self.dirty.add(c)
-                elif op == LATE_SEND:
-                    c = conns.get(ins[1])
+                elif type(ins) is LateSend:
+                    c = conns.get(ins.conn)
                     if c is not None:
-                        late.append((c, _wire.encode(ins[2], ins[3])))
-                elif op == FREE_SEGMENT:
-                    self.nodes[ins[1]].free_segment(ins[2])
-                elif op == START_WORKER:
-                    self.worker_nodes[ins[2]] = ins[1]
-                    self.nodes[ins[1]].start_worker(ins[2])
-                elif op == KILL_WORKER:
-                    self._node_of(ins[1]).kill_worker(ins[1], ins[2])
-                elif op == STOP_WORKER:
-                    self._node_of(ins[1]).stop_worker(ins[1])
+                        late.append((c, _wire.encode(ins.kind, ins.msg)))
+                elif type(ins) is FreeSegment:
+                    self.nodes[ins.node_id].free_segment(ins.key)
+                elif type(ins) is StartWorker:
+                    self.nodes[ins.node_id].start_worker(ins.worker_id)
+                elif type(ins) is KillWorker:
+                    self.nodes[ins.node_id].kill_worker(ins.worker_id, ins.reason)
+                elif type(ins) is StopWorker:
+                    self.nodes[ins.node_id].stop_worker(ins.worker_id)
             for cid, msg in pushes.items():
                 if cid == GRPC_CONN:
                     for d in msg.objects:
@@ -442,10 +429,6 @@ class Head:
         for c, data in late:
             c.transport.write(data)
 
-    def _node_of(self, worker_id: int) -> Node | RemoteNode:
-        nid = self.worker_nodes.get(worker_id)
-        return self.local if nid is None else self.nodes[nid]
-
     # ------------------------------------------------------------------ failures
     def conn_lost(self, conn: Conn) -> None:
         self.conns.pop(conn.conn_id, None)
@@ -462,7 +445,7 @@ class Head:
             # a crash then reads "died of SIGSEGV", not "its connection closed".
             wid = client.worker.worker_id
             self._reaping[wid] = conn.conn_id
-            self._node_of(wid).worker_disconnected(wid)
+            self.nodes[client.worker.node_id].worker_disconnected(wid)
         else:
             self.state.client_disconnected(conn.conn_id)
             self.carry_out()

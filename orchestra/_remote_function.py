@@ -119,6 +119,10 @@ class RemoteFunction:
     def __reduce__(self) -> tuple[Any, ...]:
         return (RemoteFunction, (self._fn, self._options, self._function_id))
 
+    def orchestra_wrapped(self) -> Callable[..., Any]:
+        """The function this wraps (_serialization finds it by name on the other side)."""
+        return self._fn
+
     def __repr__(self) -> str:
         return f"<RemoteFunction {self._name}>"
 

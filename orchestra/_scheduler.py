@@ -1,13 +1,18 @@
 """Scheduler state: tasks, objects, workers, resources and reference counts. No I/O.
 
 Events come in as method calls (``submit``, ``task_done``, ``worker_died``, ...); the
-decisions go out as instructions appended to ``self.out``, which the head process
-(orchestra/_head.py) carries out: send a frame, start or kill a worker, free a segment.
-Unit tests drive this class directly.
+decisions go out as typed instructions (_instructions.py: Send, Push, StartWorker, ...)
+appended to ``self.out``, which the head process (orchestra/_head.py) carries out: send
+a frame, start or kill a worker on a node, free a segment on a node. Unit tests drive
+this class directly.
 
     client --Submit--> [WAITING deps] --deps sealed--> [READY queue per resource shape]
-        --lease/pipeline--> worker queue [DISPATCHED] --TaskDone--> returns sealed
+        --grant/pipeline--> worker queue [DISPATCHED] --TaskDone--> returns sealed
                                                     \\-- worker died --> retry or fail
+
+Helpers, each owning its own tables and reaching this class only through the
+SchedulerCore interface (_sched_types.py): ActorTable (_actor_state.py), Blocking
+(_blocking.py: workers blocked in get()), Loans (_loans.py: workers lent to drivers).
 
 Objects: PENDING (a task will produce it) -> READY (data inline, in a segment, or an
 error) -> freed when its count drops to zero. The count is the number of processes
@@ -17,147 +22,33 @@ sealed objects that contain it.
 from __future__ import annotations
 
 import collections
-import enum
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from . import _ids
 from . import _pb as pb
 from ._actor_state import ActorTable
-from ._blocking import Blocking, Wait
-from ._resources import NodeResources, shape_key
-from ._wire import CANCEL_TASK, EXECUTE, FUNCTION, LOAN, LOAN_RECALL, STEAL
+from ._blocking import Blocking
+from ._instructions import FreeSegment, Instruction, KillWorker, Push, Send, StartWorker, StopWorker
+from ._loans import Loans
+from ._sched_types import (
+    TASK_TRANSITIONS,
+    Client,
+    IllegalTransition,
+    Node,
+    Obj,
+    Shape,
+    Task,
+    TaskState,
+    Worker,
+    WorkerState,
+)
+from ._wire import CANCEL_TASK, EXECUTE, FUNCTION, STEAL
 
-# Instructions for the I/O layer (tuples: cheap on the hot path).
-SEND = "send"              # (SEND, conn_id, kind, message)
-PUSH = "push"              # (PUSH, conn_id, ObjectData): coalesced into one Objects frame
-START_WORKER = "start"     # (START_WORKER, node_id, worker_id)
-KILL_WORKER = "kill"       # (KILL_WORKER, worker_id, reason)
-STOP_WORKER = "stop"       # (STOP_WORKER, worker_id): idle and surplus, ask it to exit
-FREE_SEGMENT = "free_seg"  # (FREE_SEGMENT, node_id, name)
-LATE_SEND = "late"         # (LATE_SEND, conn_id, kind, message): written after every other frame
-
+__all__ = ["TASK_TRANSITIONS", "Client", "IllegalTransition", "Node", "Obj", "SchedulerState",
+           "Task", "TaskState", "Worker", "WorkerState"]
 
 _MAX_START_FAILURES = 3
-
-
-class TaskState(enum.Enum):
-    # Members are singletons: identity hashing is exact, and C-fast (Enum.__hash__ is
-    # Python code, and transitions are looked up per task).
-    __hash__ = object.__hash__
-
-    WAITING = "waiting"        # some argument not sealed yet
-    READY = "ready"            # queued for a worker
-    DISPATCHED = "dispatched"  # in a worker's queue (first in queue = running)
-    DONE = "done"
-
-
-class WorkerState(enum.Enum):
-    __hash__ = object.__hash__
-
-    STARTING = "starting"
-    IDLE = "idle"
-    LEASED = "leased"
-    BLOCKED = "blocked"        # running task waits in get(); its CPU is lent back
-    DEAD = "dead"
-
-
-_TASK_TRANSITIONS = {
-    TaskState.WAITING: {TaskState.READY, TaskState.DONE},
-    TaskState.READY: {TaskState.DISPATCHED, TaskState.DONE},
-    TaskState.DISPATCHED: {TaskState.READY, TaskState.DONE},
-    TaskState.DONE: set(),
-}
-
-
-class IllegalTransition(RuntimeError):
-    pass
-
-
-class Task:
-    __slots__ = ("call", "owner", "state", "deps", "worker", "retries_left", "cancelled",
-                 "shape", "resources", "attempt", "arg_ids", "return_ids",
-                 "depth", "qkey")
-
-    def __init__(self, call: Any, owner: int) -> None:
-        self.call = call
-        self.owner = owner
-        self.state = TaskState.WAITING
-        self.deps: set[bytes] = set()
-        self.worker: Worker | None = None
-        self.retries_left = call.max_retries
-        self.cancelled = False
-        self.resources = dict(call.resources)
-        self.shape = shape_key(self.resources)
-        self.depth = 0          # 0: submitted by a driver; n+1: by a task of depth n
-        self.qkey = (0, self.shape)
-        self.attempt = 0
-        self.arg_ids: list[bytes] = []
-        tid = call.task_id
-        self.return_ids = [tid + i.to_bytes(4, "big") for i in range(call.num_returns)]
-
-    def move(self, new: TaskState) -> None:
-        if new not in _TASK_TRANSITIONS[self.state]:
-            raise IllegalTransition(f"task {self.call.name} {self.state.value} -> {new.value}")
-        self.state = new
-
-
-class Worker:
-    __slots__ = ("worker_id", "node_id", "pid", "conn", "state", "queue", "lease",
-                 "gpu_ids", "functions", "lease_shape", "actor", "lent_to", "revoking",
-                 "waits", "nested")
-
-    def __init__(self, worker_id: int, node_id: int) -> None:
-        self.worker_id = worker_id
-        self.node_id = node_id
-        self.pid = 0
-        self.conn = -1
-        self.state = WorkerState.STARTING
-        self.queue: collections.deque[Task] = collections.deque()
-        self.lease: dict[str, float] = {}
-        self.lease_shape: tuple[tuple[str, float], ...] = ()
-        self.gpu_ids: list[int] = []
-        self.functions: set[bytes] = set()
-        self.actor: Any = None   # _actor_state.Actor of a dedicated worker
-        self.lent_to: int | None = None   # the driver connection it is lent to (Lease)
-        self.revoking = False
-        # The get()s its main thread is blocked in, innermost last, and the tasks it runs
-        # inside them (_blocking.py); the innermost running task is queue[0].
-        self.waits: list[Wait] = []
-        self.nested: list[Task] = []
-
-
-class Obj:
-    __slots__ = ("data", "count", "subscribers", "waiting_tasks", "owner", "size")
-
-    def __init__(self, owner: int) -> None:
-        self.data: Any = None          # pb.ObjectData once sealed
-        self.count = 0
-        self.subscribers: list[int] = []
-        self.waiting_tasks: list[Task] = []
-        self.owner = owner
-        self.size = 0
-
-
-class Client:
-    __slots__ = ("conn", "kind", "pid", "holds", "worker")
-
-    def __init__(self, conn: int, kind: str, pid: int) -> None:
-        self.conn = conn
-        self.kind = kind
-        self.pid = pid
-        self.holds: collections.Counter[bytes] = collections.Counter()
-        self.worker: Worker | None = None
-
-
-class Node:
-    __slots__ = ("node_id", "resources", "max_workers", "num_cpus")
-
-    def __init__(self, node_id: int, resources: dict[str, float], max_workers: int) -> None:
-        self.node_id = node_id
-        self.resources = NodeResources(resources)
-        self.num_cpus = int(resources.get("CPU", 0))
-        self.max_workers = max_workers
 
 
 class SchedulerState:
@@ -165,7 +56,7 @@ class SchedulerState:
 
     def __init__(self, *, pipeline_depth: int = 2,
                  error_factory: Callable[..., bytes] | None = None) -> None:
-        self.out: list[tuple[Any, ...]] = []
+        self.out: list[Instruction] = []
         self.nodes: dict[int, Node] = {}
         self.workers: dict[int, Worker] = {}
         self.clients: dict[int, Client] = {}
@@ -175,28 +66,26 @@ class SchedulerState:
         # Ready tasks by (-depth, resource shape): deeper tasks first, so the subtasks of
         # tasks blocked in get() run before more of their parents start (which would
         # block too, until no worker is left for anyone: a deadlock).
-        self.ready: dict[tuple[int, tuple[tuple[str, float], ...]], collections.deque[Task]] = {}
+        self.ready: dict[tuple[int, Shape], collections.deque[Task]] = {}
         self.pipeline_depth = pipeline_depth
         self._next_worker_id = 1
         # Builds the pickled error for an object: (kind, **details) -> bytes. The head
         # passes orchestra._errors.make_error; tests may pass their own.
-        self._error = error_factory or _default_error
+        self.error: Callable[..., bytes] = error_factory or _default_error
         self.actor_table = ActorTable(self)
         self.blocking = Blocking(self)
         self.start_failures = 0   # consecutive worker processes that died before connecting
-        self._feasible: dict[tuple[tuple[str, float], ...], bool] = {}
-        # Why recent workers died (worker id -> (pid, reason)): calls a caller sent straight
-        # to an actor's process may be handed over (adopt_calls) after its death is seen.
+        self._feasible: dict[Shape, bool] = {}
         # Why recent workers died (worker id -> (pid, reason, whether a task the head
-        # sent was running)).
+        # sent was running)): direct calls to a dead process may be handed over
+        # (adopt_calls) after its death is seen.
         self.dead_workers: dict[int, tuple[int, str, bool]] = {}
-        # Where a worker listens for calls sent straight to it (worker id -> socket
-        # path); None: callers always go through the head.
+        # Where a worker listens for direct calls (worker id -> socket path); None:
+        # callers always go through the head.
         self.worker_socket: Callable[[int], str] | None = None
-        # Lend idle workers to drivers for tasks (Lease); the workers lent now.
+        # Lend idle workers to drivers for their tasks (loans; _loans.py).
         self.lending = False
-        self.lent: set[int] = set()
-        self._fresh: list[tuple[int, Worker]] = []   # idle workers taken by this schedule()
+        self.loans = Loans(self)
 
     # ------------------------------------------------------------------ nodes, workers
     def add_node(self, node_id: int, resources: dict[str, float], *, num_workers: int,
@@ -204,13 +93,13 @@ class SchedulerState:
         self.nodes[node_id] = Node(node_id, resources, max_workers)
         self._feasible.clear()
         for _ in range(num_workers):
-            self._start_worker(node_id)
+            self.start_worker(node_id)
 
-    def _start_worker(self, node_id: int) -> Worker:
+    def start_worker(self, node_id: int) -> Worker:
         w = Worker(self._next_worker_id, node_id)
         self._next_worker_id += 1
         self.workers[w.worker_id] = w
-        self.out.append((START_WORKER, node_id, w.worker_id))
+        self.out.append(StartWorker(node_id, w.worker_id))
         return w
 
     def client_connected(self, conn: int, hello: Any) -> Client:
@@ -234,10 +123,7 @@ class SchedulerState:
             return
         if c.worker is not None:
             self.worker_died(c.worker.worker_id, exit_reason or "its connection closed")
-        for wid in list(self.lent):
-            w = self.workers.get(wid)
-            if w is not None and w.lent_to == conn:
-                self.return_lease(conn, wid)
+        self.loans.client_gone(conn)
         for oid, n in c.holds.items():
             self._decr(oid, n)
         c.holds.clear()
@@ -254,11 +140,11 @@ class SchedulerState:
         if self.start_failures >= _MAX_START_FAILURES:
             # A broken environment (the worker cannot even import): fail what waits for
             # a worker instead of retrying forever.
-            err = self._error("crashed", name="", pid=0, attempts=0,
+            err = self.error("crashed", name="", pid=0, attempts=0,
                               reason=f"worker processes fail to start: {reason}")
             for q in self.ready.values():
                 while q:
-                    self._fail_task(q[0], err)
+                    self.fail_task(q[0], err)
             return
         self.schedule()
 
@@ -269,10 +155,10 @@ class SchedulerState:
             return
         was_starting = w.state is WorkerState.STARTING
         self.dead_workers[worker_id] = (w.pid, reason, bool(w.queue) and w.actor is None)
-        self.lent.discard(worker_id)
+        self.loans.worker_died(worker_id)
         if len(self.dead_workers) > 1024:
             del self.dead_workers[next(iter(self.dead_workers))]
-        self._release_lease(w)
+        self.release_grant(w)
         w.state = WorkerState.DEAD
         if w.actor is not None:   # a dedicated worker: the actor restarts or dies
             self.actor_table.worker_died(w, reason)
@@ -286,27 +172,27 @@ class SchedulerState:
             t.worker = None
             if i < running:  # a running task
                 if t.cancelled:
-                    self._fail_task(t, self._error("cancelled", name=t.call.name))
+                    self.fail_task(t, self.error("cancelled", name=t.call.name))
                 elif t.retries_left != 0:
                     t.retries_left -= 1 if t.retries_left > 0 else 0
                     t.move(TaskState.READY)
                     self._enqueue_ready(t, front=True)
                 else:
-                    self._fail_task(t, self._error("crashed", name=t.call.name, pid=w.pid,
+                    self.fail_task(t, self.error("crashed", name=t.call.name, pid=w.pid,
                                                    reason=reason, attempts=t.attempt))
             elif t.cancelled:   # cancelled while queued there: see return_tasks
-                self._fail_task(t, self._error("cancelled", name=t.call.name))
+                self.fail_task(t, self.error("cancelled", name=t.call.name))
             else:  # never started there: schedule again, no retry spent
                 t.move(TaskState.READY)
                 self._enqueue_ready(t, front=True)
         node = self.nodes.get(w.node_id)
         if node is not None and not was_starting:
             # Keep the pool at its size: replace the dead worker.
-            if len(self._pool(w.node_id)) < max(node.num_cpus, 1):
-                self._start_worker(w.node_id)
+            if len(self.pool(w.node_id)) < max(node.num_cpus, 1):
+                self.start_worker(w.node_id)
         self.schedule()
 
-    def _pool(self, node_id: int) -> list[Worker]:
+    def pool(self, node_id: int) -> list[Worker]:
         """The node's task workers (dedicated actor workers do not count)."""
         return [w for w in self.workers.values() if w.node_id == node_id and w.actor is None]
 
@@ -359,7 +245,7 @@ class SchedulerState:
                 t.arg_ids.append(oid)
                 arg = objects.get(oid)
                 if arg is None:
-                    self._fail_task(t, self._error("lost", object_id=oid, name=call.name))
+                    self.fail_task(t, self.error("lost", object_id=oid, name=call.name))
                     return False
                 arg.count += 1
                 if arg.data is None:
@@ -375,14 +261,14 @@ class SchedulerState:
             feasible = self._feasible[t.shape] = any(
                 n.resources.feasible(t.resources) for n in self.nodes.values())
         if not feasible:
-            self._fail_task(t, self._error("infeasible", name=call.name, resources=t.resources))
+            self.fail_task(t, self.error("infeasible", name=call.name, resources=t.resources))
             return False
         if t.deps:
             # An argument that already failed fails the task without running it.
             for oid in t.arg_ids:
                 dep = objects.get(oid)
                 if dep is not None and dep.data is not None and dep.data.WhichOneof("data") == "error":
-                    self._fail_task(t, dep.data.error)
+                    self.fail_task(t, dep.data.error)
                     return False
         return True
 
@@ -390,7 +276,7 @@ class SchedulerState:
         for oid in t.arg_ids:
             o = self.objects.get(oid)
             if o is not None and o.data is not None and o.data.WhichOneof("data") == "error":
-                self._fail_task(t, o.data.error)
+                self.fail_task(t, o.data.error)
                 return
         if t.call.actor_id:
             self.actor_table.call_deps_met(t)
@@ -413,7 +299,8 @@ class SchedulerState:
             q.append(t)
 
     def schedule(self) -> None:
-        """Give ready tasks to workers: idle workers first, then pipelining on leases."""
+        """Give ready tasks to workers: idle workers first, then pipelining on the
+        workers granted that shape."""
         self.actor_table.place_pending()
         waiting = False
         waiting_for = self.blocking.waiting_for
@@ -428,19 +315,11 @@ class SchedulerState:
                     waiting = True
                     break
                 q.popleft()
-                self._dispatch(t, w)
+                self.dispatch(t, w)
         waiting = waiting or bool(self.actor_table.pending)   # an actor waits for resources
-        if self._fresh:
-            fresh, self._fresh = self._fresh, []
-            if not waiting:   # lend only what no waiting task needs
-                for owner, w in fresh:
-                    # Only a worker with just that task: tasks pipelined behind it stay
-                    # where the head can move them to a worker that goes idle.
-                    if w.state is WorkerState.LEASED and w.lent_to is None and len(w.queue) == 1 \
-                            and w.queue[0].owner == owner:
-                        self._lend(owner, w)
-        if waiting and self.lent:
-            self._revoke_leases()
+        loans = self.loans
+        if loans.fresh or waiting and loans.loaned:
+            loans.after_schedule(waiting)
 
     def _pick_worker(self, t: Task) -> Worker | None:
         req = t.resources
@@ -450,14 +329,14 @@ class SchedulerState:
             if st is WorkerState.IDLE:
                 node = self.nodes[w.node_id]
                 if node.resources.fits(req):
-                    w.lease = req
-                    w.lease_shape = t.shape
+                    w.grant = req
+                    w.grant_shape = t.shape
                     w.gpu_ids = node.resources.acquire(req)
-                    w.state = WorkerState.LEASED
+                    w.state = WorkerState.BUSY
                     if self.lending and w.actor is None and not t.call.retry_exceptions:
-                        self._fresh.append((t.owner, w))
+                        self.loans.fresh.append((t.owner, w))
                     return w
-            elif st is WorkerState.LEASED and w.lease_shape == t.shape and w.lent_to is None \
+            elif st is WorkerState.BUSY and w.grant_shape == t.shape and w.lent_to is None \
                     and not w.nested:   # tasks queued there would wait for its whole stack
                 candidates.append(w)
         if req and any(n.resources.fits(req) for n in self.nodes.values()):
@@ -482,14 +361,14 @@ class SchedulerState:
         for node in self.nodes.values():
             if not node.resources.fits(t.resources):
                 continue
-            mine = self._pool(node.node_id)
+            mine = self.pool(node.node_id)
             if any(w.state in (WorkerState.STARTING, WorkerState.IDLE) for w in mine):
                 return
             if len(mine) < node.max_workers:
-                self._start_worker(node.node_id)
+                self.start_worker(node.node_id)
             return
 
-    def _dispatch(self, t: Task, w: Worker) -> None:
+    def dispatch(self, t: Task, w: Worker) -> None:
         t.move(TaskState.DISPATCHED)
         t.worker = w
         t.attempt += 1
@@ -499,7 +378,7 @@ class SchedulerState:
         if fid not in w.functions:
             fn = self.functions.get(fid)
             if fn is not None:
-                self.out.append((SEND, w.conn, FUNCTION, fn))
+                self.out.append(Send(w.conn, FUNCTION, fn))
                 w.functions.add(fid)
         inv = pb.InvokeCallRequest(call=call, gpu_ids=w.gpu_ids, attempt=t.attempt)
         objects = self.objects
@@ -507,18 +386,18 @@ class SchedulerState:
         for v in call.args:
             if v.WhichOneof("kind") == "ref":
                 resolved.append(objects[v.ref].data)
-        self.out.append((SEND, w.conn, EXECUTE, pb.Execute(invoke=inv)))
+        self.out.append(Send(w.conn, EXECUTE, pb.Execute(invoke=inv)))
 
-    def _release_lease(self, w: Worker) -> None:
-        if w.lease:
+    def release_grant(self, w: Worker) -> None:
+        if w.grant:
             node = self.nodes.get(w.node_id)
             if node is not None:
-                lease = w.lease
+                grant = w.grant
                 if w.state is WorkerState.BLOCKED:  # its CPU was already lent back
-                    lease = {k: v for k, v in lease.items() if k != "CPU"}
-                node.resources.release(lease, w.gpu_ids)
-        w.lease = {}
-        w.lease_shape = ()
+                    grant = {k: v for k, v in grant.items() if k != "CPU"}
+                node.resources.release(grant, w.gpu_ids)
+        w.grant = {}
+        w.grant_shape = ()
         w.gpu_ids = []
 
     def task_done(self, conn: int, msg: Any) -> None:
@@ -538,79 +417,82 @@ class SchedulerState:
             self.actor_table.creation_done(w, msg)
             return
         if t is None and msg.owner:
-            # A call its caller sent straight to this actor, answered through the head (a
+            # A direct call of its caller to this actor, answered through the head (a
             # result in shared memory or holding refs): the caller owns the returns.
             for data in msg.returns:
                 self.put_for(msg.owner, data)
         if t is None or t.state is TaskState.DONE:
-            self._after_worker_step(w)
+            self.after_worker_step(w)
             return
         if msg.user_error and t.call.retry_exceptions and not msg.not_retryable \
                 and t.retries_left != 0 and not t.cancelled:
             t.retries_left -= 1 if t.retries_left > 0 else 0
             t.move(TaskState.READY)
             self._enqueue_ready(t, front=True)
-            self._after_worker_step(w)
+            self.after_worker_step(w)
             return
         if msg.cancelled:
-            self._fail_task(t, self._error("cancelled", name=t.call.name))
+            self.fail_task(t, self.error("cancelled", name=t.call.name))
         else:
             t.move(TaskState.DONE)
-            self._finish_task(t)
+            self.finish_task(t)
             for data in msg.returns:
                 self._seal(data.object_id, data)
-        self._after_worker_step(w, t)
+        self.after_worker_step(w, t)
 
-    def _after_worker_step(self, w: Worker | None, done: Task | None = None) -> None:
+    def after_worker_step(self, w: Worker | None, done: Task | None = None) -> None:
         """``w`` ended a task (``done``, when it ran to its end)."""
         if w is not None and w.actor is not None:
             self.actor_table.call_done(w)
             return
-        if w is not None and not w.queue and w.state is WorkerState.LEASED and w.lent_to is None:
-            if done is not None and self.lending and not done.call.retry_exceptions \
-                    and not self._work_waits() and self._lend(done.owner, w):
-                return   # the driver whose task it ran sends its next ones straight there
-            self._release_lease(w)
+        if w is not None and not w.queue and w.state is WorkerState.BUSY and w.lent_to is None:
+            if done is not None and self.lending and self.loans.lend_after_task(w, done):
+                return   # the driver whose task it ran sends it its next ones as direct calls
+            self.release_grant(w)
             w.state = WorkerState.IDLE
             if w.waits:   # a resume lost to a cancel: its task has ended all the same
                 self.blocking.clear(w)
-            node = self.nodes[w.node_id]
-            idle = [x for x in self.workers.values()
-                    if x.node_id == w.node_id and x.state is WorkerState.IDLE]
-            if len(self._pool(w.node_id)) > max(node.num_cpus, 1) and len(idle) > 1 \
-                    and not self._has_ready():
+            size = max(self.nodes[w.node_id].num_cpus, 1)
+            # len(self.workers) first: no list is built per task while the pool is at its
+            # size (the common case, on the hot path).
+            if len(self.workers) > size and len(self.pool(w.node_id)) > size \
+                    and self._idle_on(w.node_id) > 1 and not self.has_ready():
                 # Surplus from lending CPUs to blocked tasks: shrink back to the pool size.
                 w.state = WorkerState.DEAD
                 del self.workers[w.worker_id]
-                self.out.append((STOP_WORKER, w.worker_id))
+                self.out.append(StopWorker(w.node_id, w.worker_id))
         self.schedule()
-        if w is not None and w.state is WorkerState.IDLE and not self._has_ready():
+        if w is not None and w.state is WorkerState.IDLE and not self.has_ready():
             self._steal_for(w)
+
+    def _idle_on(self, node_id: int) -> int:
+        return sum(1 for x in self.workers.values()
+                   if x.node_id == node_id and x.state is WorkerState.IDLE)
 
     def _steal_for(self, idle: Worker) -> None:
         """A worker is idle and nothing is ready: take back tasks pipelined behind a
         running one elsewhere, so a quick task never waits for a long one ahead of it."""
         for v in self.workers.values():
-            if v.node_id == idle.node_id and v.state is WorkerState.LEASED and v.actor is None \
+            if v.node_id == idle.node_id and v.state is WorkerState.BUSY and v.actor is None \
                     and len(v.queue) > 1 and v.lent_to is None:
                 ids = [t.call.task_id for t in list(v.queue)[1:]]
-                self.out.append((SEND, v.conn, STEAL, pb.ReturnTasks(task_ids=ids)))
+                self.out.append(Send(v.conn, STEAL, pb.ReturnTasks(task_ids=ids)))
 
-    def _has_ready(self) -> bool:
+    def has_ready(self) -> bool:
         return any(self.ready.values())
 
-    def _work_waits(self) -> bool:
+    def work_waits(self) -> bool:
         """A task or an actor waits for a worker or resources."""
-        return self._has_ready() or bool(self.actor_table.pending)
+        return self.has_ready() or bool(self.actor_table.pending)
 
-    def _finish_task(self, t: Task) -> None:
+    def finish_task(self, t: Task) -> None:
         """Release what the task held; it will not run again."""
         self.tasks.pop(t.call.task_id, None)
         for oid in t.arg_ids:
             self._decr(oid)
         t.arg_ids = []
 
-    def _fail_task(self, t: Task, error: bytes) -> None:
+    def fail_task(self, t: Task, error: bytes) -> None:
         if t.call.actor_id:
             self.actor_table.remove_call(t)
         if t.state is TaskState.READY:
@@ -623,7 +505,7 @@ class SchedulerState:
                 o.waiting_tasks.remove(t)
         t.deps.clear()
         t.state = TaskState.DONE
-        self._finish_task(t)
+        self.finish_task(t)
         for rid in t.return_ids:
             self._seal(rid, pb.ObjectData(object_id=rid, error=error))
 
@@ -633,7 +515,7 @@ class SchedulerState:
         it runs one of their tasks itself, or lends its CPU (_blocking.py)."""
         c = self.clients.get(conn)
         w = c.worker if c is not None else None
-        if w is None or w.actor is not None or w.state not in (WorkerState.LEASED, WorkerState.BLOCKED):
+        if w is None or w.actor is not None or w.state not in (WorkerState.BUSY, WorkerState.BLOCKED):
             return
         self.blocking.blocked(w, is_blocked, object_ids, task_id, name)
 
@@ -654,11 +536,11 @@ class SchedulerState:
             if t.cancelled:
                 # The worker handed it back before our CancelTask reached it, and then
                 # ignored the cancel for a task it no longer had: re-queued, it ran.
-                self._fail_task(t, self._error("cancelled", name=t.call.name))
+                self.fail_task(t, self.error("cancelled", name=t.call.name))
                 continue
             t.move(TaskState.READY)
             self._enqueue_ready(t, front=True)
-        self._after_worker_step(w)
+        self.after_worker_step(w)
 
     def cancel(self, object_id: bytes, force: bool) -> None:
         t = self.tasks.get(_ids.task_of(object_id))
@@ -666,15 +548,15 @@ class SchedulerState:
             return  # finished (or a put): nothing to do
         t.cancelled = True
         if t.state in (TaskState.WAITING, TaskState.READY):
-            self._fail_task(t, self._error("cancelled", name=t.call.name))
+            self.fail_task(t, self.error("cancelled", name=t.call.name))
             return
         w = t.worker
         if w is None:
             return
         if force and w.queue and w.queue[0] is t:
-            self.out.append((KILL_WORKER, w.worker_id, "cancelled with force=True"))
+            self.out.append(KillWorker(w.node_id, w.worker_id, "cancelled with force=True"))
         else:
-            self.out.append((SEND, w.conn, CANCEL_TASK, pb.CancelTask(task_id=t.call.task_id)))
+            self.out.append(Send(w.conn, CANCEL_TASK, pb.CancelTask(task_id=t.call.task_id)))
 
     # ------------------------------------------------------------------ objects
     def put(self, conn: int, data: Any) -> None:
@@ -689,8 +571,8 @@ class SchedulerState:
         self._seal(oid, data, push_owner=False)   # the writer has the data already
 
     def put_for(self, conn: int, data: Any) -> None:
-        """An object of ``conn`` made elsewhere (an actor answering a call sent straight
-        to it): held for ``conn`` and pushed to it."""
+        """An object of ``conn`` made elsewhere (an actor answering a direct call):
+        held for ``conn`` and pushed to it."""
         oid = data.object_id
         if conn not in self.clients:
             if data.WhichOneof("data") == "segment":
@@ -701,14 +583,14 @@ class SchedulerState:
         self._seal(oid, data)
 
     def register_pending(self, conn: int, ids: Iterable[bytes]) -> None:
-        """Results of calls ``conn`` sent straight to an actor, not answered yet, whose
+        """Results of direct calls ``conn`` made to an actor, not answered yet, whose
         refs leave that process: held for it until it forwards their data (put)."""
         for oid in ids:
             if oid not in self.objects:
                 self.new_object(conn, oid)
 
     def adopt_calls(self, conn: int, msg: Any) -> None:
-        """Calls ``conn`` sent straight to an actor's process, unanswered when their
+        """Direct calls ``conn`` made to an actor's process, unanswered when their
         connection closed: failed as calls in flight when that process died, or ended
         when the process still answers them (through the head)."""
         if not msg.actor_id:
@@ -727,7 +609,7 @@ class SchedulerState:
                 self._queued_on(t, w)
                 continue
             pid, reason, _ = self.dead_workers.get(msg.worker_id, (0, "its connection closed", False))
-            self._fail_task(t, self._error(
+            self.fail_task(t, self.error(
                 "actor_dead", name=name,
                 reason=f"its process (pid={pid}) died while running {call.name}() ({reason})"))
 
@@ -753,7 +635,7 @@ class SchedulerState:
         w.queue.append(t)
 
     def _adopt_tasks(self, conn: int, msg: Any) -> None:
-        """Tasks a driver sent straight to a worker lent to it, unanswered when their
+        """Tasks a driver sent as direct calls to a worker on loan to it, unanswered when their
         connection closed: as tasks queued there when it died (the first one running,
         unless a task the head sent was) when the head has seen the death, or queued
         there for the death to come."""
@@ -775,9 +657,9 @@ class SchedulerState:
                 continue
             t.attempt = 1
             if running and t.cancelled:
-                self._fail_task(t, self._error("cancelled", name=call.name))
+                self.fail_task(t, self.error("cancelled", name=call.name))
             elif running and t.retries_left == 0:
-                self._fail_task(t, self._error("crashed", name=call.name, pid=pid, reason=reason,
+                self.fail_task(t, self.error("crashed", name=call.name, pid=pid, reason=reason,
                                                attempts=t.attempt))
             else:
                 if running and t.retries_left > 0:
@@ -787,54 +669,14 @@ class SchedulerState:
             running = False
         self.schedule()
 
-    # ------------------------------------------------------------------ leases
-    def _lend(self, conn: int, w: Worker) -> bool:
-        """Lend ``w`` (just taken idle for a task of ``conn``, or asked for) to that
-        driver: its later tasks of that shape go straight to the worker."""
-        c = self.clients.get(conn)
-        if c is None or c.kind != "driver" or w.gpu_ids or self.worker_socket is None:
-            return False
-        w.lent_to = conn
-        self.lent.add(w.worker_id)
-        self.out.append((LATE_SEND, conn, LOAN, pb.Loan(
-            worker_id=w.worker_id, path=self.worker_socket(w.worker_id), resources=w.lease,
-            pid=w.pid, busy_task=w.queue[0].call.task_id if w.queue else b"")))
-        return True
-
+    # ------------------------------------------------------------------ loans
     def lend_idle(self, conn: int, req: dict[str, float]) -> None:
-        """A driver whose lent workers are all busy asks for one more of this shape."""
-        if not self.lending or self._work_waits():
-            return
-        for w in self.workers.values():
-            if w.state is WorkerState.IDLE and w.actor is None:
-                node = self.nodes[w.node_id]
-                if node.resources.fits(req):
-                    w.lease = dict(req)
-                    w.lease_shape = shape_key(req)
-                    w.gpu_ids = node.resources.acquire(req)
-                    w.state = WorkerState.LEASED
-                    if not self._lend(conn, w):
-                        self._release_lease(w)
-                        w.state = WorkerState.IDLE
-                    return
+        """A driver whose loaned workers are all busy asks for one more (_loans.py)."""
+        self.loans.lend_idle(conn, req)
 
-    def return_lease(self, conn: int, worker_id: int) -> None:
-        w = self.workers.get(worker_id)
-        if w is None or w.lent_to != conn:
-            return
-        w.lent_to = None
-        w.revoking = False
-        self.lent.discard(worker_id)
-        self._after_worker_step(w)
-
-    def _revoke_leases(self) -> None:
-        """Work waits that no worker takes: ask drivers for the workers lent to them."""
-        for wid in self.lent:
-            w = self.workers.get(wid)
-            if w is not None and not w.revoking and w.lent_to is not None:
-                w.revoking = True
-                # After any grant of this batch (LATE_SEND), or the driver would not know it.
-                self.out.append((LATE_SEND, w.lent_to, LOAN_RECALL, pb.LoanRecall(worker_id=wid)))
+    def return_loan(self, conn: int, worker_id: int) -> None:
+        """A driver gives back a worker lent to it (_loans.py)."""
+        self.loans.return_loan(conn, worker_id)
 
     def _seal(self, oid: bytes, data: Any, push_owner: bool = True) -> None:
         o = self.objects.get(oid)
@@ -857,10 +699,10 @@ class SchedulerState:
             return
         out = self.out
         if push_owner and o.owner in self.clients:
-            out.append((PUSH, o.owner, data))
+            out.append(Push(o.owner, data))
         for sub in o.subscribers:
             if sub != o.owner and sub in self.clients:
-                out.append((PUSH, sub, data))
+                out.append(Push(sub, data))
         o.subscribers = []
         if o.waiting_tasks:
             waiting, o.waiting_tasks = o.waiting_tasks, []
@@ -871,7 +713,7 @@ class SchedulerState:
 
     def _free_segment(self, segment: Any) -> None:
         # The store's key: the spill file's path, or the shared-memory segment's name.
-        self.out.append((FREE_SEGMENT, segment.node_id, segment.path or segment.name))
+        self.out.append(FreeSegment(segment.node_id, segment.path or segment.name))
 
     def relocate(self, oid: bytes, segment: Any) -> bool:
         """The store spilled the object's segment to a file: point the object at it.
@@ -890,10 +732,10 @@ class SchedulerState:
         for oid in ids:
             o = self.objects.get(oid)
             if o is None:
-                self.out.append((PUSH, conn, pb.ObjectData(
-                    object_id=oid, error=self._error("lost", object_id=oid, name=""))))
+                self.out.append(Push(conn, pb.ObjectData(
+                    object_id=oid, error=self.error("lost", object_id=oid, name=""))))
             elif o.data is not None:
-                self.out.append((PUSH, conn, o.data))
+                self.out.append(Push(conn, o.data))
             elif conn not in o.subscribers:
                 o.subscribers.append(conn)
 

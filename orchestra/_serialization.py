@@ -202,11 +202,13 @@ def _find_function(module: str, qualname: str) -> Any:
     """The function at module.qualname in this process, unwrapped from its RemoteFunction."""
     import sys
 
-    from ._remote_function import RemoteFunction
     obj: Any = sys.modules.get(module)
     for part in qualname.split("."):
         obj = getattr(obj, part, None)
-    return obj._fn if isinstance(obj, RemoteFunction) else obj
+    # A RemoteFunction says what it wraps (asked by name: this module is imported by
+    # _remote_function, and importing it back would make a cycle).
+    wrapped = getattr(obj, "orchestra_wrapped", None)
+    return wrapped() if callable(wrapped) else obj
 
 
 class _FunctionByName:

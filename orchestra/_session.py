@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import _context, _wire
@@ -69,6 +69,15 @@ class Session:
 
 
 _session: Session | None = None
+# Run by shutdown() once the cluster is gone (the gang module stops its coordinators):
+# registered by those modules, so this one imports none of them.
+_shutdown_hooks: list[Callable[[], None]] = []
+
+
+def add_shutdown_hook(hook: Callable[[], None]) -> None:
+    """Have ``shutdown()`` call ``hook`` after the cluster stopped (once per hook)."""
+    if hook not in _shutdown_hooks:
+        _shutdown_hooks.append(hook)
 
 
 _GiB = 1 << 30
@@ -342,8 +351,8 @@ def shutdown() -> None:
         s.stop()
     finally:
         try:
-            from ._gang import stop_coordinators
-            stop_coordinators()   # gangs' coordinators, after their members are gone
+            for hook in list(_shutdown_hooks):
+                hook()   # gangs' coordinators, after their members are gone
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)

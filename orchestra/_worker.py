@@ -121,7 +121,7 @@ class WorkerRuntime:
         self.client.run_nested = self._run_nested
         self.client.direct.on_peer_frame = self._on_peer_frame
         # Callers send calls straight here once the head gives them this address: a
-        # driver this worker is lent to (Lease), or callers of the actor it becomes.
+        # driver this worker is lent to (Loan), or callers of the actor it becomes.
         path = os.path.join(info.session_dir, f"worker-{worker_id}.sock")
         try:
             self.client.listen(path)
@@ -321,7 +321,7 @@ class WorkerRuntime:
                 queued = [inv.call.task_id for inv in self.queue]
                 self.queue.clear()
             # Blocked before the returned tasks: while this worker still counts as
-            # leased, the scheduler pipelines returned tasks straight back to it (and
+            # busy, the scheduler pipelines returned tasks straight back to it (and
             # they bounce once more) instead of giving them to another worker. One
             # write: a cancel between the two lost the tasks taken off the queue.
             # Past max_nested the head is not asked for tasks to run here; one it sent

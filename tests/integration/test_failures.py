@@ -237,7 +237,7 @@ def test_cancel_a_queued_task(cluster, gates, tmp_path, where):
         gates(f"b{i}").wait_started()
     marker = str(tmp_path / "queued-ran")
     # Same resource shape as the blockers: pipelined into a worker's own queue; another
-    # shape waits in the scheduler for a free lease.
+    # shape waits in the scheduler for a free worker.
     opts = {} if where == "pipelined-to-a-busy-worker" else {"num_cpus": 2}
     queued = h.touch_marker.options(**opts).remote(marker)
     orchestra.cancel(queued)

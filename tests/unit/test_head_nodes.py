@@ -11,7 +11,7 @@ import pytest
 from orchestra import _pb as pb
 from orchestra import _wire
 from orchestra._head import Conn, Head
-from orchestra._scheduler import FREE_SEGMENT, KILL_WORKER, START_WORKER, STOP_WORKER
+from orchestra._instructions import FreeSegment, Instruction, KillWorker, StartWorker, StopWorker
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -67,7 +67,7 @@ def head(tmp_path: Path) -> Iterator[Head]:
     real.close()
 
 
-def carry(head: Head, *instructions: tuple[Any, ...]) -> None:
+def carry(head: Head, *instructions: Instruction) -> None:
     head.state.out = list(instructions)
     head.carry_out()
 
@@ -77,14 +77,14 @@ def calls(head: Head, node_id: int) -> list[tuple[Any, ...]]:
 
 
 def test_a_segment_is_freed_on_the_node_the_instruction_names(head: Head) -> None:
-    carry(head, (FREE_SEGMENT, REMOTE, "seg-3"))
+    carry(head, FreeSegment(REMOTE, "seg-3"))
     assert calls(head, REMOTE) == [("free_segment", "seg-3")]
     assert calls(head, head.local.node_id) == []
 
 
-def test_a_worker_is_killed_and_stopped_on_the_node_that_started_it(head: Head) -> None:
-    carry(head, (START_WORKER, REMOTE, 4))
-    carry(head, (KILL_WORKER, 4, "cancelled with force=True"), (STOP_WORKER, 4))
+def test_a_worker_is_started_killed_and_stopped_on_the_node_the_instruction_names(head: Head) -> None:
+    carry(head, StartWorker(REMOTE, 4))
+    carry(head, KillWorker(REMOTE, 4, "cancelled with force=True"), StopWorker(REMOTE, 4))
     assert calls(head, REMOTE) == [("start_worker", 4),
                                    ("kill_worker", 4, "cancelled with force=True"),
                                    ("stop_worker", 4)]

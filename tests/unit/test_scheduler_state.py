@@ -1,154 +1,43 @@
 """SchedulerState: every scheduling decision, driven directly (no processes, no sockets).
 
-Events go in as method calls; the decisions come out as instruction tuples in
-``state.out`` (SEND, PUSH, START_WORKER, KILL_WORKER, STOP_WORKER, FREE_SEGMENT), which
-these tests read the way orchestra/_head.py carries them out.
+Events go in as method calls; the decisions come out as typed instructions in
+``state.out`` (Send, Push, StartWorker, KillWorker, StopWorker, FreeSegment:
+orchestra/_instructions.py), which these tests read the way orchestra/_head.py carries
+them out. Helpers: tests/unit/_sched_helpers.py.
 """
 from __future__ import annotations
 
-import itertools
 import pickle
 from typing import Any
 
 import pytest
 
+from _sched_helpers import (
+    DRIVER,
+    NODE,
+    Cluster,
+    error_of,
+    executed,
+    executes,
+    freed_segments,
+    inline,
+    inline_data,
+    make_call,
+    new_id,
+    pushes,
+    ref,
+    rid,
+    segment_data,
+    sent,
+    worker_conn,
+)
 from orchestra import _pb as pb
 from orchestra import _wire
 from orchestra._blocking import STALL_S
-from orchestra._proto import types_pb2
-from orchestra._scheduler import (
-    _TASK_TRANSITIONS,
-    FREE_SEGMENT,
-    KILL_WORKER,
-    PUSH,
-    SEND,
-    START_WORKER,
-    STOP_WORKER,
-    IllegalTransition,
-    SchedulerState,
-    Task,
-    TaskState,
-    WorkerState,
-)
+from orchestra._instructions import FreeSegment, KillWorker, Send, StopWorker
+from orchestra._sched_types import TASK_TRANSITIONS, IllegalTransition, Task, TaskState, WorkerState
 
 pytestmark = pytest.mark.timeout(10)
-
-DRIVER = 1
-NODE = 0
-_ids = itertools.count(1)
-
-
-def worker_conn(worker_id: int) -> int:
-    return 100 + worker_id
-
-
-def new_id() -> bytes:
-    return next(_ids).to_bytes(12, "big")
-
-
-def ref(oid: bytes) -> Any:
-    return types_pb2.Value(ref=oid)
-
-
-def inline(value: Any) -> Any:
-    return types_pb2.Value(inline=pickle.dumps(value))
-
-
-def make_call(name: str = "f", args: tuple[Any, ...] = (), *, cpus: float = 1.0,
-              resources: dict[str, float] | None = None, max_retries: int = 0,
-              num_returns: int = 1, nested: tuple[bytes, ...] = (),
-              retry_exceptions: bool = False) -> Any:
-    res = dict(resources or {})
-    if cpus:
-        res["CPU"] = cpus
-    return types_pb2.Call(task_id=new_id(), function_id=b"F" * 16, args=list(args),
-                          num_returns=num_returns, resources=res, max_retries=max_retries,
-                          name=name, nested=list(nested), retry_exceptions=retry_exceptions)
-
-
-def rid(call: Any, i: int = 0) -> bytes:
-    """Object id of return ``i`` of ``call``."""
-    return call.task_id + i.to_bytes(4, "big")
-
-
-def inline_data(oid: bytes, value: Any = "v", contained: tuple[bytes, ...] = ()) -> Any:
-    return pb.ObjectData(object_id=oid, inline=pickle.dumps(value), contained=list(contained))
-
-
-def segment_data(oid: bytes, name: str, contained: tuple[bytes, ...] = ()) -> Any:
-    return pb.ObjectData(object_id=oid, segment=pb.Segment(name=name, size=1 << 20, node_id=NODE),
-                         contained=list(contained))
-
-
-class Cluster:
-    """A SchedulerState with one node, a driver, and workers that connect on demand."""
-
-    def __init__(self, cpus: float = 2, *, gpus: float = 0, custom: dict[str, float] | None = None,
-                 workers: int | None = None, max_workers: int = 8, pipeline_depth: int = 2,
-                 connect: bool = True) -> None:
-        self.s = SchedulerState(pipeline_depth=pipeline_depth)
-        res = {"CPU": float(cpus), "GPU": float(gpus), **(custom or {})}
-        self.s.add_node(NODE, res, num_workers=int(cpus) if workers is None else workers,
-                        max_workers=max_workers)
-        self.s.client_connected(DRIVER, pb.Hello(kind="driver", pid=1))
-        self.pool = self.started()
-        if connect:
-            for wid in self.pool:
-                self.connect(wid)
-        self.take()
-
-    def started(self, out: list[Any] | None = None) -> list[int]:
-        out = self.s.out if out is None else out
-        return [ins[2] for ins in out if ins[0] == START_WORKER]
-
-    def connect(self, worker_id: int) -> None:
-        self.s.client_connected(worker_conn(worker_id),
-                                pb.Hello(kind="worker", pid=1000 + worker_id, workerid=worker_id))
-
-    def take(self) -> list[Any]:
-        out, self.s.out = self.s.out, []
-        return out
-
-    def submit(self, call: Any, conn: int = DRIVER) -> Any:
-        self.s.submit(conn, call)
-        return call
-
-    def done(self, worker_id: int, call: Any, value: Any = "v", **flags: Any) -> None:
-        returns = [inline_data(rid(call, i), value) for i in range(call.num_returns)]
-        if flags.get("cancelled"):
-            returns = []
-        self.s.task_done(worker_conn(worker_id), pb.TaskDone(task_id=call.task_id,
-                                                              returns=returns, **flags))
-
-    def worker(self, worker_id: int) -> Any:
-        return self.s.workers[worker_id]
-
-    def available(self) -> dict[str, float]:
-        return self.s.available_resources()
-
-
-def executes(out: list[Any]) -> list[tuple[int, Any]]:
-    """(worker id, InvokeCallRequest) of every Execute sent."""
-    return [(ins[1] - 100, ins[3].invoke) for ins in out if ins[0] == SEND and ins[2] == _wire.EXECUTE]
-
-
-def executed(out: list[Any]) -> list[tuple[int, bytes]]:
-    return [(w, inv.call.task_id) for w, inv in executes(out)]
-
-
-def pushes(out: list[Any], conn: int = DRIVER) -> dict[bytes, Any]:
-    return {ins[2].object_id: ins[2] for ins in out if ins[0] == PUSH and ins[1] == conn}
-
-
-def error_of(out: list[Any], oid: bytes) -> bytes:
-    data = pushes(out)[oid]
-    assert data.WhichOneof("data") == "error"
-    return data.error
-
-
-def freed_segments(out: list[Any]) -> list[str]:
-    return [ins[2] for ins in out if ins[0] == FREE_SEGMENT]
-
 
 # ------------------------------------------------------------------ dependencies
 
@@ -291,7 +180,7 @@ def test_an_infeasible_request_fails_at_once():
 
 # ------------------------------------------------------------------ pipelining
 
-def test_ready_tasks_are_pipelined_to_a_lease_of_the_same_shape():
+def test_ready_tasks_are_pipelined_to_a_busy_worker_of_the_same_shape():
     c = Cluster(cpus=1, pipeline_depth=2)
     calls = [c.submit(make_call(f"t{i}")) for i in range(3)]
     other_shape = c.submit(make_call("half", cpus=0.5))
@@ -358,7 +247,7 @@ def test_a_blocked_worker_lends_its_cpu_and_its_queued_tasks_run_elsewhere(order
     c.done(1, outer)
     assert c.available()["CPU"] == 1.0
     # The extra worker was only lent: one of the two idle workers is stopped.
-    stopped = [ins[1] for ins in c.take() if ins[0] == STOP_WORKER]
+    stopped = [ins.worker_id for ins in c.take() if type(ins) is StopWorker]
     assert len(stopped) == 1 and len(c.s.workers) == 1
 
 
@@ -384,8 +273,8 @@ def test_nested_blocking_grows_the_pool_until_max_workers():
 
 def nested_executed(out: list[Any]) -> list[tuple[int, bytes]]:
     """(worker id, task id) of every task sent to run inside a blocked get()."""
-    return [(ins[1] - 100, ins[3].invoke.call.task_id) for ins in out
-            if ins[0] == SEND and ins[2] == _wire.EXECUTE_NESTED]
+    return [(ins.conn - 100, ins.msg.invoke.call.task_id) for ins in out
+            if type(ins) is Send and ins.kind == _wire.EXECUTE_NESTED]
 
 
 def block(c: Cluster, worker_id: int, caller: Any, *waited: Any) -> None:
@@ -404,11 +293,11 @@ def test_a_blocked_worker_runs_the_task_it_waits_for_when_that_task_has_not_star
     out = c.take()
     assert nested_executed(out) == [(1, inner.task_id)]    # ... and gets it to run inline
     assert c.started(out) == [] and executed(out) == []
-    assert c.worker(1).state is WorkerState.LEASED and c.available()["CPU"] == 0.0
+    assert c.worker(1).state is WorkerState.BUSY and c.available()["CPU"] == 0.0
     c.done(1, inner)                                       # back in outer's get()
     assert c.worker(1).state is WorkerState.BLOCKED and c.available()["CPU"] == 1.0
     c.s.blocked(worker_conn(1), False)
-    assert c.worker(1).state is WorkerState.LEASED and c.available()["CPU"] == 0.0
+    assert c.worker(1).state is WorkerState.BUSY and c.available()["CPU"] == 0.0
     c.done(1, outer)
     assert c.worker(1).state is WorkerState.IDLE and c.available()["CPU"] == 1.0
 
@@ -527,7 +416,7 @@ def test_a_task_held_back_from_starting_a_worker_starts_one_after_a_tick():
 # ------------------------------------------------------------------ stalls
 
 def stalls(out: list[Any]) -> list[tuple[int, Any]]:
-    return [(ins[1], ins[3]) for ins in out if ins[0] == SEND and ins[2] == _wire.STALLED]
+    return [(ins.conn, ins.msg) for ins in out if type(ins) is Send and ins.kind == _wire.STALLED]
 
 
 def deadlocked() -> tuple[Cluster, Any, Any]:
@@ -670,7 +559,7 @@ def test_cancel_a_task_in_the_ready_queue():
     c.s.cancel(rid(ready), force=True)   # not running: nothing to kill
     out = c.take()
     assert b"cancelled" in error_of(out, rid(ready))
-    assert not any(ins[0] == KILL_WORKER for ins in out)
+    assert not any(type(ins) is KillWorker for ins in out)
     assert not any(c.s.ready.values())
 
 
@@ -679,9 +568,7 @@ def test_cancel_a_running_task_asks_its_worker():
     call = c.submit(make_call("running"))
     c.take()
     c.s.cancel(rid(call), force=False)
-    [ins] = c.take()
-    assert ins[:3] == (SEND, worker_conn(1), _wire.CANCEL_TASK)
-    assert ins[3].task_id == call.task_id
+    assert c.take() == [Send(worker_conn(1), _wire.CANCEL_TASK, pb.CancelTask(task_id=call.task_id))]
     c.done(1, call, cancelled=True)
     assert b"cancelled" in error_of(c.take(), rid(call))
     assert c.worker(1).state is WorkerState.IDLE
@@ -692,7 +579,7 @@ def test_cancel_with_force_kills_the_worker_and_does_not_retry():
     call = c.submit(make_call("running", max_retries=3))
     c.take()
     c.s.cancel(rid(call), force=True)
-    assert c.take() == [(KILL_WORKER, 1, "cancelled with force=True")]
+    assert c.take() == [KillWorker(NODE, 1, "cancelled with force=True")]
     c.s.worker_died(1, "cancelled with force=True")
     out = c.take()
     assert b"cancelled" in error_of(out, rid(call))
@@ -705,8 +592,7 @@ def test_cancel_with_force_of_a_pipelined_task_does_not_kill_the_worker():
     pipelined = c.submit(make_call("pipelined"))
     c.take()
     c.s.cancel(rid(pipelined), force=True)
-    [ins] = c.take()
-    assert ins[:3] == (SEND, worker_conn(1), _wire.CANCEL_TASK)
+    assert c.take() == [Send(worker_conn(1), _wire.CANCEL_TASK, pb.CancelTask(task_id=pipelined.task_id))]
 
 
 @pytest.mark.parametrize("how", ["returned", "worker-died"])
@@ -737,8 +623,7 @@ def test_an_idle_worker_takes_back_tasks_pipelined_behind_a_running_one():
     out = c.take()
     assert executed(out) == [(1, long.task_id), (2, short.task_id), (1, behind.task_id)]
     c.done(2, short)
-    [steal] = [ins for ins in c.take() if ins[0] == SEND and ins[2] == _wire.STEAL]
-    assert steal[1] == worker_conn(1) and list(steal[3].task_ids) == [behind.task_id]
+    assert sent(c.take(), _wire.STEAL, worker_conn(1)) == [pb.ReturnTasks(task_ids=[behind.task_id])]
     c.s.return_tasks(worker_conn(1), [behind.task_id])
     assert executed(c.take()) == [(2, behind.task_id)]
 
@@ -781,7 +666,7 @@ def test_freeing_a_segment_object_frees_its_segment():
     c.s.put(DRIVER, segment_data(oid, "seg-b"))
     c.take()
     c.s.ref_delta(DRIVER, incr=[], decr=[oid])
-    assert c.take() == [(FREE_SEGMENT, NODE, "seg-b")]
+    assert c.take() == [FreeSegment(NODE, "seg-b")]
     assert oid not in c.s.objects
 
 
@@ -881,7 +766,7 @@ ALL_STATES = list(TaskState)
 
 
 @pytest.mark.parametrize("old, new", [
-    (a, b) for a in ALL_STATES for b in ALL_STATES if b not in _TASK_TRANSITIONS[a]
+    (a, b) for a in ALL_STATES for b in ALL_STATES if b not in TASK_TRANSITIONS[a]
 ], ids=lambda s: s.value)
 def test_an_illegal_task_transition_raises(old, new):
     t = Task(make_call("f"), DRIVER)
@@ -891,7 +776,7 @@ def test_an_illegal_task_transition_raises(old, new):
 
 
 @pytest.mark.parametrize("old, new", [
-    (a, b) for a in ALL_STATES for b in _TASK_TRANSITIONS[a]
+    (a, b) for a in ALL_STATES for b in TASK_TRANSITIONS[a]
 ], ids=lambda s: s.value)
 def test_a_legal_task_transition_moves(old, new):
     t = Task(make_call("f"), DRIVER)

@@ -1,0 +1,223 @@
+"""The scheduler core's shared data: tasks, workers, objects, clients, nodes, their states
+and transitions, and the interface its helpers use. No I/O, no decisions.
+
+    _sched_types  <--  _actor_state (ActorTable), _blocking (Blocking), _loans (Loans)
+         ^                      |  they reach the core only through SchedulerCore
+         +------  _scheduler (SchedulerState implements SchedulerCore, owns the helpers)
+
+So none of the helpers imports _scheduler, not even for type checking: the import graph
+of the package has no cycle (tests/unit/test_import_graph.py).
+
+Who owns what: SchedulerState owns every Task, Worker, Obj, Client and Node; a helper
+keeps only its own tables (actors, waits, loans) and changes the shared records through
+the fields below and the SchedulerCore methods.
+"""
+from __future__ import annotations
+
+import collections
+import enum
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ._instructions import Instruction
+from ._resources import NodeResources, shape_key
+
+Shape = tuple[tuple[str, float], ...]   # a resource request as a hashable key (shape_key)
+
+
+class TaskState(enum.Enum):
+    # Members are singletons: identity hashing is exact, and C-fast (Enum.__hash__ is
+    # Python code, and transitions are looked up per task).
+    __hash__ = object.__hash__
+
+    WAITING = "waiting"        # some argument not sealed yet
+    READY = "ready"            # queued for a worker
+    DISPATCHED = "dispatched"  # in a worker's queue (first in queue = running)
+    DONE = "done"
+
+
+class WorkerState(enum.Enum):
+    __hash__ = object.__hash__
+
+    STARTING = "starting"
+    IDLE = "idle"
+    BUSY = "busy"              # holds a grant: runs tasks of its shape (or is on loan)
+    BLOCKED = "blocked"        # running task waits in get(); its CPU is lent back
+    DEAD = "dead"
+
+
+TASK_TRANSITIONS = {
+    TaskState.WAITING: {TaskState.READY, TaskState.DONE},
+    TaskState.READY: {TaskState.DISPATCHED, TaskState.DONE},
+    TaskState.DISPATCHED: {TaskState.READY, TaskState.DONE},
+    TaskState.DONE: set(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    pass
+
+
+class Task:
+    __slots__ = ("call", "owner", "state", "deps", "worker", "retries_left", "cancelled",
+                 "shape", "resources", "attempt", "arg_ids", "return_ids",
+                 "depth", "qkey")
+
+    def __init__(self, call: Any, owner: int) -> None:
+        self.call = call
+        self.owner = owner
+        self.state = TaskState.WAITING
+        self.deps: set[bytes] = set()
+        self.worker: Worker | None = None
+        self.retries_left = call.max_retries
+        self.cancelled = False
+        self.resources = dict(call.resources)
+        self.shape = shape_key(self.resources)
+        self.depth = 0          # 0: submitted by a driver; n+1: by a task of depth n
+        self.qkey = (0, self.shape)
+        self.attempt = 0
+        self.arg_ids: list[bytes] = []
+        tid = call.task_id
+        self.return_ids = [tid + i.to_bytes(4, "big") for i in range(call.num_returns)]
+
+    def move(self, new: TaskState) -> None:
+        if new not in TASK_TRANSITIONS[self.state]:
+            raise IllegalTransition(f"task {self.call.name} {self.state.value} -> {new.value}")
+        self.state = new
+
+
+class Wait:
+    """One get()/wait() a worker is blocked in (_blocking.py)."""
+
+    __slots__ = ("ids", "task_id", "name")
+
+    def __init__(self, ids: list[bytes], task_id: bytes, name: str) -> None:
+        self.ids = ids
+        self.task_id = task_id
+        self.name = name
+
+
+class Worker:
+    __slots__ = ("worker_id", "node_id", "pid", "conn", "state", "queue", "grant",
+                 "gpu_ids", "functions", "grant_shape", "actor", "lent_to", "recalling",
+                 "waits", "nested")
+
+    def __init__(self, worker_id: int, node_id: int) -> None:
+        self.worker_id = worker_id
+        self.node_id = node_id
+        self.pid = 0
+        self.conn = -1
+        self.state = WorkerState.STARTING
+        self.queue: collections.deque[Task] = collections.deque()
+        # The resources it holds for the tasks it runs (taken from its node when it
+        # leaves IDLE, given back when it returns there), and their shape.
+        self.grant: dict[str, float] = {}
+        self.grant_shape: Shape = ()
+        self.gpu_ids: list[int] = []
+        self.functions: set[bytes] = set()
+        self.actor: Any = None   # _actor_state.Actor of a dedicated worker
+        self.lent_to: int | None = None   # the driver connection it is on loan to (_loans.py)
+        self.recalling = False            # that driver was asked to return it
+        # The get()s its main thread is blocked in, innermost last, and the tasks it runs
+        # inside them (_blocking.py); the innermost running task is queue[0].
+        self.waits: list[Wait] = []
+        self.nested: list[Task] = []
+
+
+class Obj:
+    __slots__ = ("data", "count", "subscribers", "waiting_tasks", "owner", "size")
+
+    def __init__(self, owner: int) -> None:
+        self.data: Any = None          # pb.ObjectData once sealed
+        self.count = 0
+        self.subscribers: list[int] = []
+        self.waiting_tasks: list[Task] = []
+        self.owner = owner
+        self.size = 0
+
+
+class Client:
+    __slots__ = ("conn", "kind", "pid", "holds", "worker")
+
+    def __init__(self, conn: int, kind: str, pid: int) -> None:
+        self.conn = conn
+        self.kind = kind
+        self.pid = pid
+        self.holds: collections.Counter[bytes] = collections.Counter()
+        self.worker: Worker | None = None
+
+
+class Node:
+    __slots__ = ("node_id", "resources", "max_workers", "num_cpus")
+
+    def __init__(self, node_id: int, resources: dict[str, float], max_workers: int) -> None:
+        self.node_id = node_id
+        self.resources = NodeResources(resources)
+        self.num_cpus = int(resources.get("CPU", 0))
+        self.max_workers = max_workers
+
+
+class SchedulerCore(Protocol):
+    """What ActorTable, Blocking and Loans may use of the scheduler (SchedulerState):
+    its tables, its instruction list, and the steps they share with it."""
+
+    nodes: dict[int, Node]
+    workers: dict[int, Worker]
+    clients: dict[int, Client]
+    tasks: dict[bytes, Task]
+    objects: dict[bytes, Obj]
+    ready: dict[tuple[int, Shape], collections.deque[Task]]
+    out: list[Instruction]
+    # Builds the pickled error for an object: (kind, **details) -> bytes.
+    error: Callable[..., bytes]
+    # Where a worker listens for direct calls (worker id -> socket path); None: every
+    # call goes through the head.
+    worker_socket: Callable[[int], str] | None
+    lending: bool   # whether idle workers are lent to drivers (_loans.py)
+
+    def start_worker(self, node_id: int) -> Worker:
+        """A new worker on the node (StartWorker emitted), STARTING."""
+        ...
+
+    def dispatch(self, t: Task, w: Worker) -> None:
+        """Queue ``t`` on ``w`` and send it there (Execute)."""
+        ...
+
+    def fail_task(self, t: Task, error: bytes) -> None:
+        """End ``t`` with ``error`` as the value of each of its returns."""
+        ...
+
+    def finish_task(self, t: Task) -> None:
+        """Release what ``t`` holds (its arguments); it will not run again."""
+        ...
+
+    def new_object(self, conn: int, oid: bytes) -> Obj:
+        """A pending object held by ``conn``."""
+        ...
+
+    def schedule(self) -> None:
+        """Give ready tasks to workers."""
+        ...
+
+    def has_ready(self) -> bool:
+        """A task waits in a ready queue."""
+        ...
+
+    def work_waits(self) -> bool:
+        """A task or an actor waits for a worker or resources."""
+        ...
+
+    def release_grant(self, w: Worker) -> None:
+        """Give ``w``'s grant back to its node."""
+        ...
+
+    def after_worker_step(self, w: Worker | None, done: Task | None = None) -> None:
+        """``w`` ended a task, or changed hands: make it idle, or give it more work."""
+        ...
+
+    def pool(self, node_id: int) -> list[Worker]:
+        """The node's task workers (dedicated actor workers do not count)."""
+        ...
+
+    def available_resources(self) -> dict[str, float]:
+        ...

@@ -1,0 +1,150 @@
+"""Helpers of the scheduler core's unit tests: a SchedulerState with one node, a driver
+and workers that connect on demand, calls and objects to feed it, and readers of the
+instructions it emits (state.out), taken the way orchestra/_head.py carries them out."""
+from __future__ import annotations
+
+import itertools
+import pickle
+from typing import Any
+
+from orchestra import _pb as pb
+from orchestra import _wire
+from orchestra._instructions import FreeSegment, LateSend, Push, Send, StartWorker
+from orchestra._proto import types_pb2
+from orchestra._scheduler import SchedulerState
+
+DRIVER = 1
+NODE = 0
+_ids = itertools.count(1)
+
+
+def worker_conn(worker_id: int) -> int:
+    return 100 + worker_id
+
+
+def new_id() -> bytes:
+    return next(_ids).to_bytes(12, "big")
+
+
+def ref(oid: bytes) -> Any:
+    return types_pb2.Value(ref=oid)
+
+
+def inline(value: Any) -> Any:
+    return types_pb2.Value(inline=pickle.dumps(value))
+
+
+def make_call(name: str = "f", args: tuple[Any, ...] = (), *, cpus: float = 1.0,
+              resources: dict[str, float] | None = None, max_retries: int = 0,
+              num_returns: int = 1, nested: tuple[bytes, ...] = (),
+              retry_exceptions: bool = False) -> Any:
+    res = dict(resources or {})
+    if cpus:
+        res["CPU"] = cpus
+    return types_pb2.Call(task_id=new_id(), function_id=b"F" * 16, args=list(args),
+                          num_returns=num_returns, resources=res, max_retries=max_retries,
+                          name=name, nested=list(nested), retry_exceptions=retry_exceptions)
+
+
+def rid(call: Any, i: int = 0) -> bytes:
+    """Object id of return ``i`` of ``call``."""
+    return call.task_id + i.to_bytes(4, "big")
+
+
+def inline_data(oid: bytes, value: Any = "v", contained: tuple[bytes, ...] = ()) -> Any:
+    return pb.ObjectData(object_id=oid, inline=pickle.dumps(value), contained=list(contained))
+
+
+def segment_data(oid: bytes, name: str, contained: tuple[bytes, ...] = ()) -> Any:
+    return pb.ObjectData(object_id=oid, segment=pb.Segment(name=name, size=1 << 20, node_id=NODE),
+                         contained=list(contained))
+
+
+class Cluster:
+    """A SchedulerState with one node, a driver, and workers that connect on demand."""
+
+    def __init__(self, cpus: float = 2, *, gpus: float = 0, custom: dict[str, float] | None = None,
+                 workers: int | None = None, max_workers: int = 8, pipeline_depth: int = 2,
+                 connect: bool = True, worker_socket: bool = False, lending: bool = False) -> None:
+        self.s = SchedulerState(pipeline_depth=pipeline_depth)
+        if worker_socket or lending:   # direct calls: callers learn each worker's socket
+            self.s.worker_socket = socket_path
+        self.s.lending = lending
+        res = {"CPU": float(cpus), "GPU": float(gpus), **(custom or {})}
+        self.s.add_node(NODE, res, num_workers=int(cpus) if workers is None else workers,
+                        max_workers=max_workers)
+        self.s.client_connected(DRIVER, pb.Hello(kind="driver", pid=1))
+        self.pool = self.started()
+        if connect:
+            for wid in self.pool:
+                self.connect(wid)
+        self.take()
+
+    def started(self, out: list[Any] | None = None) -> list[int]:
+        out = self.s.out if out is None else out
+        return [ins.worker_id for ins in out if type(ins) is StartWorker]
+
+    def connect(self, worker_id: int) -> None:
+        self.s.client_connected(worker_conn(worker_id),
+                                pb.Hello(kind="worker", pid=1000 + worker_id, workerid=worker_id))
+
+    def take(self) -> list[Any]:
+        out, self.s.out = self.s.out, []
+        return out
+
+    def submit(self, call: Any, conn: int = DRIVER) -> Any:
+        self.s.submit(conn, call)
+        return call
+
+    def done(self, worker_id: int, call: Any, value: Any = "v", **flags: Any) -> None:
+        returns = [inline_data(rid(call, i), value) for i in range(call.num_returns)]
+        if flags.get("cancelled"):
+            returns = []
+        self.s.task_done(worker_conn(worker_id), pb.TaskDone(task_id=call.task_id,
+                                                              returns=returns, **flags))
+
+    def worker(self, worker_id: int) -> Any:
+        return self.s.workers[worker_id]
+
+    def available(self) -> dict[str, float]:
+        return self.s.available_resources()
+
+
+def executes(out: list[Any]) -> list[tuple[int, Any]]:
+    """(worker id, InvokeCallRequest) of every Execute sent."""
+    return [(ins.conn - 100, ins.msg.invoke) for ins in out
+            if type(ins) is Send and ins.kind == _wire.EXECUTE]
+
+
+def executed(out: list[Any]) -> list[tuple[int, bytes]]:
+    return [(w, inv.call.task_id) for w, inv in executes(out)]
+
+
+def pushes(out: list[Any], conn: int = DRIVER) -> dict[bytes, Any]:
+    return {ins.data.object_id: ins.data for ins in out if type(ins) is Push and ins.conn == conn}
+
+
+def error_of(out: list[Any], oid: bytes) -> bytes:
+    data = pushes(out)[oid]
+    assert data.WhichOneof("data") == "error"
+    return data.error
+
+
+def freed_segments(out: list[Any]) -> list[str]:
+    return [ins.key for ins in out if type(ins) is FreeSegment]
+
+
+def sent(out: list[Any], kind: int, conn: int | None = None) -> list[Any]:
+    """The messages of ``kind`` sent (Send) in ``out``, to ``conn`` when given."""
+    return [ins.msg for ins in out
+            if type(ins) is Send and ins.kind == kind and (conn is None or ins.conn == conn)]
+
+
+def sent_late(out: list[Any], kind: int, conn: int | None = None) -> list[Any]:
+    """The messages of ``kind`` written after the batch (LateSend), to ``conn`` when given."""
+    return [ins.msg for ins in out
+            if type(ins) is LateSend and ins.kind == kind and (conn is None or ins.conn == conn)]
+
+
+def socket_path(worker_id: int) -> str:
+    return f"/tmp/orchestra-test/w{worker_id}.sock"
