@@ -101,6 +101,12 @@ def test_many_tasks_and_tasks_with_large_numpy_arguments_run(node_cluster):
     assert sums == [float(i * (2 * MiB // 8)) for i in range(6)]
 
 
+def test_without_a_fork_server_the_node_starts_workers_by_exec(node_cluster):
+    c = node_cluster(num_cpus=1, _system_config={"zygote": False})
+    assert get([h.add.remote(i, 1) for i in range(20)]) == list(range(1, 21))
+    assert set(c.worker_pids()) <= set(_children(_node_pid(c)))
+
+
 def test_actors_take_calls_and_later_calls_go_straight_to_them(node_cluster, gates):
     c = node_cluster(num_cpus=2)
     a = Counter.remote()
