@@ -303,7 +303,7 @@ class CoreClient:
                      args: Sequence[Any], kwargs: dict[str, Any], name: str) -> list[ObjectRef]:
         """Call an actor: straight to its process once the head gave its address and
         every call sent through the head before is there; through the head otherwise."""
-        route = self.direct.route(actor_id)
+        route = self.direct.routes.get(actor_id) or self.direct.route(actor_id)
         tid = _ids.next_task_id()
         refs: list[ObjectRef] = []
         # Refs pickled in the arguments live here until the actor answers: the actor

@@ -39,6 +39,8 @@ _INVOKE_OWNER = b"\x28"        # InvokeCallRequest.owner = 5 (varint)
 
 def varint(n: int) -> bytes:
     """Protobuf's base-128 varint of a non-negative integer."""
+    if n < 0x80:
+        return _SMALL[n]
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
@@ -47,9 +49,13 @@ def varint(n: int) -> bytes:
     return bytes(out)
 
 
+_SMALL = [bytes((i,)) for i in range(0x80)]   # one-byte varints, without a call
+
+
 def field(tag: bytes, payload: bytes) -> bytes:
     """A length-delimited field: its tag, the payload's length, the payload."""
-    return tag + varint(len(payload)) + payload
+    n = len(payload)
+    return tag + (_SMALL[n] if n < 0x80 else varint(n)) + payload
 
 
 _TASK_ID_PREFIX = _CALL_TASK_ID + varint(TASK_ID_LEN)
@@ -91,10 +97,20 @@ def execute_frame(call_bytes: bytes, resolved: Iterable[bytes], owner: int) -> b
     """An EXECUTE frame for a worker: the call, the serialized ``ObjectData`` of its ref
     arguments in order, attempt 1, and the caller's connection id at the head (the
     owner of results that must go through the head)."""
-    inv = [field(_INVOKE_CALL, call_bytes)]
-    inv.extend(field(_INVOKE_RESOLVED, d) for d in resolved)
-    inv.append(_INVOKE_ATTEMPT_1 + _INVOKE_OWNER + varint(owner))
-    return frame(_wire.EXECUTE, field(_EXECUTE_INVOKE, b"".join(inv)))
+    n = len(call_bytes)
+    inv = [_INVOKE_CALL, _SMALL[n] if n < 0x80 else varint(n), call_bytes]
+    for d in resolved:
+        inv.append(field(_INVOKE_RESOLVED, d))
+    inv.append(_ATTEMPT_1_OWNER)
+    inv.append(_SMALL[owner] if owner < 0x80 else varint(owner))
+    body = b"".join(inv)
+    n = len(body)
+    body = b"".join((_EXECUTE_INVOKE, _SMALL[n] if n < 0x80 else varint(n), body))
+    return (len(body) + 1).to_bytes(4, "little") + _EXECUTE_KIND + body
+
+
+_ATTEMPT_1_OWNER = _INVOKE_ATTEMPT_1 + _INVOKE_OWNER
+_EXECUTE_KIND = bytes((_wire.EXECUTE,))
 
 
 def frame(kind: int, body: bytes) -> bytes:

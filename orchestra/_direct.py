@@ -80,8 +80,8 @@ class Peer(Connection):
         self.worker_id = worker_id
 
 
-def _cancelled_error(name: str) -> Any:
-    return lambda: make_error("cancelled", name=name)
+def _cancelled_error(name: str) -> bytes:
+    return make_error("cancelled", name=name)
 
 
 class DirectCalls:
@@ -125,7 +125,8 @@ class DirectCalls:
                     route.functions.add(c.fid)
                     frames.append(client.function_frames[c.fid])
                 frames.append(_codec.execute_frame(
-                    c.call, [d.SerializeToString() for d in resolved], client.conn_id))
+                    c.call, [d.SerializeToString() for d in resolved] if resolved else (),
+                    client.conn_id))
             client.active = True
             route.peer.send(frames[0] if len(frames) == 1 else b"".join(frames))
         for c in plan.resubmit:
@@ -138,7 +139,7 @@ class DirectCalls:
         client = self.client
         with client.refs.lock:
             forward, decr = self.book.answered(c, msg, client.refs.local, client.results,
-                                               _cancelled_error(c.name))
+                                               _cancelled_error)
             client.owned.difference_update(c.rids)
             self._release(decr)
         if forward:
@@ -165,7 +166,7 @@ class DirectCalls:
             if not self.book.keep_args(c):
                 answered.append(c)
             fwd, decr = self.book.answered(c, msg, client.refs.local, client.results,
-                                           _cancelled_error(c.name))
+                                           _cancelled_error)
             if not msg.owner:
                 client.owned.difference_update(c.rids)
             self._release(decr)
@@ -421,7 +422,7 @@ class DirectCalls:
     def submit_actor(self, route: ActorRoute, c: Call) -> bool:
         """Send an actor call direct; False when it must go through the head (the caller
         then sends it there, counted in ``via_head``). Holds route.lock."""
-        if not route.direct():
+        if route.peer is None or route.dispatched < route.via_head:   # not route.direct()
             route.via_head += 1
             return False
         with self.client.refs.lock:

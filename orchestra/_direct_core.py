@@ -153,11 +153,14 @@ def plan_route(route: ActorRoute, results: dict[bytes, Any]) -> Plan:
         if plan.missing:
             break
         q.popleft()
-        err = _failed_argument(resolved)
-        if err is not None:
-            plan.failed.append((c, err))
-            continue
-        _sent(c, route.peer, resolved)
+        if resolved:
+            err = _failed_argument(resolved)
+            if err is not None:
+                plan.failed.append((c, err))
+                continue
+            _sent(c, route.peer, resolved)
+        else:
+            c.peer, c.release = route.peer, bool(c.hold)
         route.inflight[c.tid] = c
         sends.append((c, resolved))
     if sends:
@@ -188,7 +191,10 @@ def plan_loans(queue: collections.deque[Call], loans: Sequence[Loan],
             if err is not None:
                 plan.failed.append((c, err))
                 continue
-        _sent(c, best.peer, resolved)
+        if resolved:
+            _sent(c, best.peer, resolved)
+        else:
+            c.peer, c.release = best.peer, bool(c.hold)
         best.inflight[c.tid] = c
         best.idle_since = now
         plan.sends.setdefault(best, []).append((c, resolved))
@@ -289,9 +295,10 @@ class ResultBook:
         return decr
 
     def answered(self, c: Call, msg: Any, local: dict[bytes, int], results: dict[bytes, Any],
-                 cancelled_error: Callable[[], bytes]) -> tuple[list[Any], list[bytes]]:
+                 cancelled_error: Callable[[str], bytes]) -> tuple[list[Any], list[bytes]]:
         """The callee answered ``c`` (``msg``: TaskDone). Returns (data to forward to the
-        head, ids to release). Results kept here land in ``results``."""
+        head, ids to release). Results kept here land in ``results``; a cancelled call's
+        returns hold ``cancelled_error(call name)``."""
         forward: list[Any] = []
         decr: list[bytes] = []
         if msg.owner:
@@ -309,7 +316,7 @@ class ResultBook:
                     self.via_head[rid] = rid not in local
             return forward, decr
         if msg.cancelled:
-            err = cancelled_error()
+            err = cancelled_error(c.name)
             returns = [pb.ObjectData(object_id=rid, error=err) for rid in c.rids]
         else:
             returns = msg.returns

@@ -338,8 +338,12 @@ def test_cancel_of_a_running_call_on_an_async_actor_cancels_its_coroutine(cluste
 @pytest.mark.timeout(60)
 def test_cancel_of_a_running_call_on_a_threaded_actor_drops_its_result(cluster, gates):
     a = ThreadedSleeper.remote()
+    assert orchestra.get(a.ping.remote(), timeout=T) == "pong"   # later calls go direct
     gate = gates("threaded")
     ref = _cancel_once_running(a, gate)
+    # A call after the cancel, on the same connection: once it answers, the actor has
+    # seen the cancel (else the call could end before the cancel arrives, on a busy machine).
+    assert orchestra.get(a.ping.remote(), timeout=T) == "pong"
     gate.open()
     with pytest.raises(TaskCancelledError):
         orchestra.get(ref, timeout=T)

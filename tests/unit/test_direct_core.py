@@ -222,7 +222,7 @@ def test_a_result_escaping_while_its_call_runs_is_registered_pending_and_forward
     puts, pending = book.escape(c.rids, results={})
     assert (puts, pending) == ([], c.rids)
     results: dict[bytes, Any] = {}
-    forward, decr = book.answered(c, done(c), {c.rids[0]: 1}, results, lambda: b"")
+    forward, decr = book.answered(c, done(c), {c.rids[0]: 1}, results, lambda name: b"")
     assert forward == [inline(c.rids[0])] and decr == []
     assert results[c.rids[0]] == inline(c.rids[0])
     assert book.last_ref_gone(c.rids[0]) is None   # the head holds it now: release there
@@ -233,7 +233,7 @@ def test_a_result_escaping_after_its_answer_is_put_with_its_data() -> None:
     c = call()
     book.sent(c.rids)
     results: dict[bytes, Any] = {}
-    book.answered(c, done(c), {c.rids[0]: 1}, results, lambda: b"")
+    book.answered(c, done(c), {c.rids[0]: 1}, results, lambda name: b"")
     assert book.escape(c.rids, results) == ([inline(c.rids[0])], [])
     assert book.escape(c.rids, results) == ([], [])   # once
 
@@ -243,7 +243,7 @@ def test_an_answer_through_the_head_is_released_once_pushed_when_dropped_meanwhi
     c = call()
     book.sent(c.rids)
     rid = c.rids[0]
-    forward, decr = book.answered(c, done(c, owner=7), {rid: 1}, {}, lambda: b"")
+    forward, decr = book.answered(c, done(c, owner=7), {rid: 1}, {}, lambda name: b"")
     assert (forward, decr) == ([], [])
     assert book.last_ref_gone(rid) is False    # the head does not hold it yet
     assert book.pushed(rid, running=False) is True   # now it does: release
@@ -255,7 +255,7 @@ def test_a_push_before_the_answer_through_the_head_means_the_head_holds_it() -> 
     book.sent(c.rids)
     rid = c.rids[0]
     assert book.pushed(rid, running=True) is False
-    _, decr = book.answered(c, done(c, owner=7), {}, {}, lambda: b"")
+    _, decr = book.answered(c, done(c, owner=7), {}, {}, lambda name: b"")
     assert decr == [rid]   # dropped here already: released at once
 
 
@@ -264,7 +264,7 @@ def test_a_cancelled_answer_gives_each_return_the_cancel_error() -> None:
     c = call(returns=2)
     book.sent(c.rids)
     results: dict[bytes, Any] = {}
-    book.answered(c, done(c, cancelled=True), {rid: 1 for rid in c.rids}, results, lambda: b"cancel")
+    book.answered(c, done(c, cancelled=True), {rid: 1 for rid in c.rids}, results, lambda name: b"cancel")
     assert [results[rid].error for rid in c.rids] == [b"cancel", b"cancel"]
 
 
