@@ -1,13 +1,17 @@
-"""The head process's entry point: ``python -c BOOTSTRAP <config> <head socket>``.
+"""The entry points of the processes that own a fork server: the head's
+(``python -c BOOTSTRAP <config> <head socket>``) and, when the node runs in a process of
+its own, the node's (``python -c NODE_BOOTSTRAP <config> <head socket> <node socket>
+<node id>``).
 
 It starts the fork server (orchestra/_zygote.py) before anything else, so that the fork
 server's imports (~0.2 s) run while the head imports its own instead of after them:
 the first task finds its workers ready ~0.2 s sooner (7 ms instead of 0.23 s after
 init() returns, on 2 cores). Nothing of orchestra is imported before the fork, and
-this module imports nothing, so that init() can read the text cheaply.
+this module imports nothing, so that init() can read the text cheaply. The fork
+server's workers connect to the head socket (argv[2]) in both cases.
 """
 
-BOOTSTRAP = """\
+_START_ZYGOTE = """\
 import os, subprocess, sys
 os.umask(0o077)
 req_r, req_w = os.pipe()
@@ -17,9 +21,17 @@ try:
         [sys.executable, "-m", "orchestra._zygote", sys.argv[2], str(req_r), str(rep_w)],
         stdin=subprocess.DEVNULL, pass_fds=(req_r, rep_w)), req_w, rep_r)
 except OSError:
-    started = None   # the head starts workers by exec instead
+    started = None   # workers are started by exec instead
 os.close(req_r)
 os.close(rep_w)
+"""
+
+BOOTSTRAP = _START_ZYGOTE + """\
 from orchestra import _head
 _head.main([sys.argv[1]], zygote=started)
+"""
+
+NODE_BOOTSTRAP = _START_ZYGOTE + """\
+from orchestra import _node_process
+_node_process.main(sys.argv[1:], zygote=started)
 """

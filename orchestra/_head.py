@@ -9,8 +9,11 @@ lifetime) and the nodes it schedules on, on uvloop.
     Node --NodeHost events--> Head: send a frame, a worker failed to start or exited,
     an object was spilled to a file (relocate), flush.
 
-``self.nodes`` maps node ids to Node (orchestra/_node.py); today it holds the local
-node only (LOCAL_NODE_ID), which runs in this process on this loop. The gRPC control
+``self.nodes`` maps node ids to Node (orchestra/_node.py); today it holds this
+machine's node only: by default LOCAL_NODE_ID, which runs in this process on this loop;
+with cfg node_process a RemoteNode (NODE_PROCESS_ID, orchestra/_remote_node.py) whose
+node runs in a process of its own, started before the clients' socket exists and
+closed (bounded wait) at shutdown; its death ends the session. The gRPC control
 plane (Scheduler and ObjStore services, _grpc_service.py) runs on a thread pool and
 hands each RPC to the loop thread; nothing else touches the state.
 
@@ -36,13 +39,16 @@ from . import _pb as pb
 from ._errors import make_error
 from ._grpc_service import GRPC_CONN
 from ._instructions import FreeSegment, KillWorker, LateSend, Push, Send, StartWorker, StopWorker
-from ._node import Node, worker_socket
+from ._node import Node, node_from_cfg, worker_socket
 from ._procutil import watch_parent
+from ._remote_node import RemoteNode
 from ._scheduler import SchedulerState, WorkerState
 
 # The node that runs in this process. Nodes of other machines will get ids of their own
 # when they join; nothing else names this one.
 LOCAL_NODE_ID = 0
+# The node of this machine when it runs in a process of its own (cfg node_process).
+NODE_PROCESS_ID = 1
 # Deadlocked clusters are noticed (and the drivers told) this often.
 _TICK_S = 0.5
 
@@ -50,7 +56,7 @@ _TICK_S = 0.5
 class Conn(asyncio.Protocol):
     __slots__ = ("head", "conn_id", "node", "transport", "decoder", "wbuf", "hello")
 
-    def __init__(self, head: Head, conn_id: int, node: Node) -> None:
+    def __init__(self, head: Head, conn_id: int, node: Node | RemoteNode) -> None:
         self.head = head
         self.conn_id = conn_id
         self.node = node            # the node of the process at the other end
@@ -94,17 +100,15 @@ class Head:
         if cfg.get("direct_calls", True):
             self.state.worker_socket = self.worker_socket
             self.state.lending = bool(cfg.get("loans", True))
-        capacity = int(cfg["object_store_memory"])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in cfg.get("sys_path", []) if p)
-        self.local = Node(
-            LOCAL_NODE_ID, self, loop, session_id=cfg["session_id"],
-            session_dir=self.session_dir, sock_path=self.sock_path, capacity=capacity,
-            pool_bytes=cfg.get("pool_bytes"),
-            warm_bytes=int(cfg.get("warm_bytes", min(capacity // 2, 1 << 30))),
-            spill_dir=cfg.get("spill_dir"), env=env, preload=list(cfg.get("preload") or []),
-            warm_delay_s=cfg.get("warm_delay_s", 0.5), zygote=zygote)
-        self.nodes: dict[int, Node] = {self.local.node_id: self.local}
+        # The node of this machine: in this process (the default: seal, pin and unpin are
+        # direct calls on the task path), or in a process of its own (cfg node_process:
+        # every command a frame on its connection, see _remote_node.py).
+        self.local: Node | RemoteNode
+        if cfg.get("node_process"):
+            self.local = RemoteNode(NODE_PROCESS_ID, self, loop, cfg)
+        else:
+            self.local = node_from_cfg(LOCAL_NODE_ID, self, loop, cfg, zygote)
+        self.nodes: dict[int, Node | RemoteNode] = {self.local.node_id: self.local}
         # Workers whose connection closed, until their node reports the exit: -> conn id.
         self._reaping: dict[int, int] = {}
         self.conns: dict[int, Conn] = {}
@@ -118,10 +122,14 @@ class Head:
         self.watchers: dict[bytes, list[Any]] = {}   # RequestObj futures (gRPC threads wait)
 
     async def start(self) -> None:
+        if isinstance(self.local, RemoteNode):
+            # Before the clients' socket exists: a HelloReply describes the node.
+            await self.local.launch(os.path.join(self.session_dir, "node.sock"))
         self.server = await self.loop.create_unix_server(self._new_conn, self.sock_path)
         os.chmod(self.sock_path, 0o600)
         self.local.start()
-        res = {k: float(v) for k, v in self.cfg["resources"].items()}
+        res = (self.local.resources if isinstance(self.local, RemoteNode)   # as registered
+               else {k: float(v) for k, v in self.cfg["resources"].items()})
         self.state.add_node(self.local.node_id, res, num_workers=int(self.cfg["num_workers"]),
                             max_workers=int(self.cfg.get("max_workers", 0)) or
                             4 * max(int(res.get("CPU", 1)), 1) + 32)
@@ -289,13 +297,18 @@ class Head:
             return
         elif body == "abort_segment":
             conn.node.abort_segment(conn.conn_id, req.abort_segment)
+            if type(conn.node) is RemoteNode:   # answered once the node did it
+                data = _wire.encode(_wire.REPLY, reply)
+                conn.node.after_node(lambda: self._queue_if_open(conn, data))
+                return
         elif body == "locate":
-            o = self.state.objects.get(req.locate)
-            if o is None or o.data is None:
-                reply.error = f"object {req.locate.hex()} was freed while it was being read"
-                reply.error_kind = "ObjectLostError"
+            if type(conn.node) is RemoteNode:
+                # The reader found the segment gone: the node spilled it, and its
+                # relocation may still be on its way here. Answered after it.
+                conn.node.after_node(lambda: self._locate(conn, req.req_id, req.locate))
             else:
-                reply.object.CopyFrom(o.data)
+                self._locate(conn, req.req_id, req.locate)
+            return
         elif body == "create_actor":
             try:
                 self.state.create_actor(conn.conn_id, req.create_actor)
@@ -321,6 +334,22 @@ class Head:
             else:
                 reply.error = f"unknown query {q!r}"
         self._queue(conn, _wire.encode(_wire.REPLY, reply))
+
+    def _locate(self, conn: Conn, req_id: int, object_id: bytes) -> None:
+        """Answer where an object's data is now (a reader found its segment gone)."""
+        reply = pb.Reply(req_id=req_id)
+        o = self.state.objects.get(object_id)
+        if o is None or o.data is None:
+            reply.error = f"object {object_id.hex()} was freed while it was being read"
+            reply.error_kind = "ObjectLostError"
+        else:
+            reply.object.CopyFrom(o.data)
+        self._queue_if_open(conn, _wire.encode(_wire.REPLY, reply))
+
+    def _queue_if_open(self, conn: Conn, data: bytes) -> None:
+        """For an answer that waited for the node: the connection may have closed."""
+        if self.conns.get(conn.conn_id) is conn:
+            self._queue(conn, data)
 
     def debug_info(self) -> Any:
         st = self.state
@@ -457,6 +486,7 @@ def main(argv: list[str] | None = None, zygote: tuple[Any, int, int] | None = No
     argv = sys.argv[1:] if argv is None else argv
     with open(argv[0]) as f:
         cfg = json.load(f)
+    cfg["_cfg_path"] = argv[0]   # a node process reads the same file
     # Everything the head creates (sockets, segments) is for this user only; set before
     # any socket exists, so none is ever reachable by others, not even for a moment.
     os.umask(0o077)

@@ -13,11 +13,13 @@
         worker_failed_to_start / worker_exited(reason, connected) / relocate / flush
     and asks it one question: is_idle() (warming and preloading wait for an idle cluster).
 
-The interface takes plain data (ids, names, sizes, protobuf messages), so that a later
-change can put a connection between the node and the cluster scheduler and run the node
-in a process of its own. Today the node lives in the head process and runs on the head's
-event loop: seal, pin and unpin are direct calls (the first two are the store's own
-bound methods), so the task path pays no extra hop.
+The interface takes plain data (ids, names, sizes, protobuf messages), so that a
+connection can stand between the node and the cluster scheduler. By default the node
+lives in the head process and runs on the head's event loop: seal, pin and unpin are
+direct calls (the first two are the store's own bound methods), so the task path pays
+no extra hop. With cfg node_process it runs in a process of its own
+(orchestra/_node_process.py), and the head holds a RemoteNode with this interface
+(orchestra/_remote_node.py); node_from_cfg() builds it the same way in both.
 
 Owns: this node's shared-memory segments and spill files (ObjectStore), its worker
 processes and fork server (WorkerPool), its workers' sockets for direct calls
@@ -75,6 +77,23 @@ class NodeHost(Protocol):
 def worker_socket(session_dir: str, worker_id: int) -> str:
     """Where a worker listens for direct calls (_worker.py)."""
     return os.path.join(session_dir, f"worker-{worker_id}.sock")
+
+
+def node_from_cfg(node_id: int, host: NodeHost, loop: Any, cfg: dict[str, Any],
+                  zygote: tuple[Any, int, int] | None = None) -> Node:
+    """The node a session's configuration (cfg JSON, _session.py) describes, whether it
+    runs in the head process or in a process of its own."""
+    capacity = int(cfg["object_store_memory"])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in cfg.get("sys_path", []) if p)
+    session_dir = cfg["session_dir"]
+    return Node(
+        node_id, host, loop, session_id=cfg["session_id"], session_dir=session_dir,
+        sock_path=os.path.join(session_dir, "head.sock"), capacity=capacity,
+        pool_bytes=cfg.get("pool_bytes"),
+        warm_bytes=int(cfg.get("warm_bytes", min(capacity // 2, 1 << 30))),
+        spill_dir=cfg.get("spill_dir"), env=env, preload=list(cfg.get("preload") or []),
+        warm_delay_s=cfg.get("warm_delay_s", 0.5), zygote=zygote)
 
 
 class Node:

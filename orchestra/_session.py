@@ -216,6 +216,10 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
         # Heavy modules the driver has imported: the fork server imports them too once
         # the cluster is idle, so that workers started later have them.
         "preload": [m for m in _PRELOAD if m in sys.modules],
+        # The node (store, workers, fork server) in a process of its own instead of the
+        # head's (_node_process.py): _system_config={"node_process": True}, or this
+        # variable for a whole run (tests of the default mode in that mode).
+        **({"node_process": True} if os.environ.get("ORCHESTRA_NODE_PROCESS") == "1" else {}),
         **(_system_config or {}),
     }
     cfg_path = os.path.join(session_dir, "config.json")
@@ -227,7 +231,9 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(cfg["sys_path"])
     sock = os.path.join(session_dir, "head.sock")
-    cmd = ([sys.executable, "-c", HEAD_BOOTSTRAP, cfg_path, sock] if cfg.get("zygote", True)
+    # A node in a process of its own starts the fork server itself (_remote_node.py).
+    cmd = ([sys.executable, "-c", HEAD_BOOTSTRAP, cfg_path, sock]
+           if cfg.get("zygote", True) and not cfg.get("node_process")
            else [sys.executable, "-m", "orchestra._head", cfg_path])
     head = subprocess.Popen(cmd,
                             stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True,

@@ -44,6 +44,8 @@ LOAN_RECALL = 26   # LoanRecall, head -> driver: give it back once its tasks are
 EXECUTE_NESTED = 27  # Execute, head -> worker blocked in get(): run it inside that get()
 STALLED = 28       # Stalled, head -> driver: no task can progress; log the text
 LOAN_REQUEST = 29  # LoanRequest, driver -> head: one more lent worker of this shape, please
+NODE_COMMAND = 30  # NodeCommand, head -> a node in a process of its own (_node_process.py)
+NODE_EVENT = 31    # NodeEvent, that node -> head (_remote_node.py)
 
 MESSAGES: dict[int, Any] = {
     HELLO: pb.Hello, HELLO_REPLY: pb.HelloReply, FUNCTION: pb.RegisterFunctionRequest,
@@ -56,6 +58,7 @@ MESSAGES: dict[int, Any] = {
     ACTOR_ADDRESS: pb.ActorAddress, ADOPT: pb.AdoptCalls, RELEASE_CALL: pb.TaskDone,
     LOAN: pb.Loan, LOAN_RETURN: pb.LoanReturn, LOAN_RECALL: pb.LoanRecall,
     EXECUTE_NESTED: pb.Execute, STALLED: pb.Stalled, LOAN_REQUEST: pb.LoanRequest,
+    NODE_COMMAND: pb.NodeCommand, NODE_EVENT: pb.NodeEvent,
 }
 
 MAX_FRAME = 1 << 31
@@ -63,6 +66,11 @@ MAX_FRAME = 1 << 31
 
 def encode(kind: int, msg: Any) -> bytes:
     body = msg.SerializeToString()
+    return _LEN.pack(len(body) + 1) + bytes((kind,)) + body
+
+
+def frame(kind: int, body: bytes) -> bytes:
+    """A frame of a message serialized already (a node's frame relayed by the head)."""
     return _LEN.pack(len(body) + 1) + bytes((kind,)) + body
 
 

@@ -537,3 +537,130 @@ class Reply(_message.Message):
     actor: _types_pb2.ActorSpec
     object: _types_pb2.ObjectData
     def __init__(self, req_id: _Optional[int] = ..., error: _Optional[str] = ..., error_kind: _Optional[str] = ..., segment: _Optional[_Union[_types_pb2.Segment, _Mapping]] = ..., resources: _Optional[_Mapping[str, float]] = ..., debug: _Optional[_Union[SchedulerDebugInfoReply, _Mapping]] = ..., actor: _Optional[_Union[_types_pb2.ActorSpec, _Mapping]] = ..., object: _Optional[_Union[_types_pb2.ObjectData, _Mapping]] = ...) -> None: ...
+
+class NodeCommand(_message.Message):
+    __slots__ = ("seal", "pin", "unpin", "free_segment", "abort_segment", "drop_conn", "create_segment", "start_worker", "kill_worker", "stop_worker", "worker_connected", "worker_disconnected", "set_driver", "cluster_idle", "close", "sync")
+    SEAL_FIELD_NUMBER: _ClassVar[int]
+    PIN_FIELD_NUMBER: _ClassVar[int]
+    UNPIN_FIELD_NUMBER: _ClassVar[int]
+    FREE_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    ABORT_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    DROP_CONN_FIELD_NUMBER: _ClassVar[int]
+    CREATE_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    START_WORKER_FIELD_NUMBER: _ClassVar[int]
+    KILL_WORKER_FIELD_NUMBER: _ClassVar[int]
+    STOP_WORKER_FIELD_NUMBER: _ClassVar[int]
+    WORKER_CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    WORKER_DISCONNECTED_FIELD_NUMBER: _ClassVar[int]
+    SET_DRIVER_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_IDLE_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_FIELD_NUMBER: _ClassVar[int]
+    SYNC_FIELD_NUMBER: _ClassVar[int]
+    seal: str
+    pin: NodeSegments
+    unpin: NodeSegments
+    free_segment: str
+    abort_segment: NodeSegments
+    drop_conn: int
+    create_segment: NodeCreateSegment
+    start_worker: int
+    kill_worker: NodeKillWorker
+    stop_worker: int
+    worker_connected: int
+    worker_disconnected: int
+    set_driver: int
+    cluster_idle: bool
+    close: bool
+    sync: int
+    def __init__(self, seal: _Optional[str] = ..., pin: _Optional[_Union[NodeSegments, _Mapping]] = ..., unpin: _Optional[_Union[NodeSegments, _Mapping]] = ..., free_segment: _Optional[str] = ..., abort_segment: _Optional[_Union[NodeSegments, _Mapping]] = ..., drop_conn: _Optional[int] = ..., create_segment: _Optional[_Union[NodeCreateSegment, _Mapping]] = ..., start_worker: _Optional[int] = ..., kill_worker: _Optional[_Union[NodeKillWorker, _Mapping]] = ..., stop_worker: _Optional[int] = ..., worker_connected: _Optional[int] = ..., worker_disconnected: _Optional[int] = ..., set_driver: _Optional[int] = ..., cluster_idle: _Optional[bool] = ..., close: _Optional[bool] = ..., sync: _Optional[int] = ...) -> None: ...
+
+class NodeSegments(_message.Message):
+    __slots__ = ("conn_id", "names")
+    CONN_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    conn_id: int
+    names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, conn_id: _Optional[int] = ..., names: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class NodeCreateSegment(_message.Message):
+    __slots__ = ("conn_id", "request")
+    CONN_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    conn_id: int
+    request: Request
+    def __init__(self, conn_id: _Optional[int] = ..., request: _Optional[_Union[Request, _Mapping]] = ...) -> None: ...
+
+class NodeKillWorker(_message.Message):
+    __slots__ = ("worker_id", "reason")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    reason: str
+    def __init__(self, worker_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class NodeEvent(_message.Message):
+    __slots__ = ("register", "send", "worker_failed_to_start", "worker_exited", "relocate", "store_info", "synced")
+    REGISTER_FIELD_NUMBER: _ClassVar[int]
+    SEND_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FAILED_TO_START_FIELD_NUMBER: _ClassVar[int]
+    WORKER_EXITED_FIELD_NUMBER: _ClassVar[int]
+    RELOCATE_FIELD_NUMBER: _ClassVar[int]
+    STORE_INFO_FIELD_NUMBER: _ClassVar[int]
+    SYNCED_FIELD_NUMBER: _ClassVar[int]
+    register: NodeRegister
+    send: NodeSend
+    worker_failed_to_start: NodeWorkerExit
+    worker_exited: NodeWorkerExit
+    relocate: NodeRelocate
+    store_info: ObjStoreDebugInfoReply
+    synced: int
+    def __init__(self, register: _Optional[_Union[NodeRegister, _Mapping]] = ..., send: _Optional[_Union[NodeSend, _Mapping]] = ..., worker_failed_to_start: _Optional[_Union[NodeWorkerExit, _Mapping]] = ..., worker_exited: _Optional[_Union[NodeWorkerExit, _Mapping]] = ..., relocate: _Optional[_Union[NodeRelocate, _Mapping]] = ..., store_info: _Optional[_Union[ObjStoreDebugInfoReply, _Mapping]] = ..., synced: _Optional[int] = ...) -> None: ...
+
+class NodeRegister(_message.Message):
+    __slots__ = ("node_id", "resources", "capacity", "shm_dir", "pid")
+    class ResourcesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    SHM_DIR_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    resources: _containers.ScalarMap[str, float]
+    capacity: int
+    shm_dir: str
+    pid: int
+    def __init__(self, node_id: _Optional[int] = ..., resources: _Optional[_Mapping[str, float]] = ..., capacity: _Optional[int] = ..., shm_dir: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
+
+class NodeSend(_message.Message):
+    __slots__ = ("conn_id", "kind", "body")
+    CONN_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    conn_id: int
+    kind: int
+    body: bytes
+    def __init__(self, conn_id: _Optional[int] = ..., kind: _Optional[int] = ..., body: _Optional[bytes] = ...) -> None: ...
+
+class NodeWorkerExit(_message.Message):
+    __slots__ = ("worker_id", "reason", "connected")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    reason: str
+    connected: bool
+    def __init__(self, worker_id: _Optional[int] = ..., reason: _Optional[str] = ..., connected: _Optional[bool] = ...) -> None: ...
+
+class NodeRelocate(_message.Message):
+    __slots__ = ("object_id", "segment")
+    OBJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    object_id: bytes
+    segment: _types_pb2.Segment
+    def __init__(self, object_id: _Optional[bytes] = ..., segment: _Optional[_Union[_types_pb2.Segment, _Mapping]] = ...) -> None: ...

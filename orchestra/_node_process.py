@@ -1,0 +1,243 @@
+"""A node in a process of its own: ``python -m orchestra._node_process <config> <head
+socket> <node socket> <node id>`` (started by the head, orchestra/_remote_node.py; with
+a fork server through _bootstrap.NODE_BOOTSTRAP).
+
+    head --NodeCommand frames--> NodeProcess.data_received -> command() -> Node
+        (seal, pin, unpin, free_segment, create_segment, start_worker, ...) in order
+    Node --NodeHost calls--> NodeProcess: send / worker_exited / worker_failed_to_start /
+        relocate -> NodeEvent frames, written once per read of commands, or on the
+        loop's next turn for events of the node's own timers and threads
+    store figures -> a store_info event when they changed: after each read of commands,
+        and every _INFO_S for what the node's threads changed
+
+The node runs on its own uvloop, as it would in the head (orchestra/_node.py); its
+workers connect to the head's socket, and the head tells the node about them.
+relocate() cannot wait for the head's answer: it says yes, and the head answers an
+object gone meanwhile with a free_segment of the spill file. is_idle() reads what the
+head said last (cluster_idle) and this process's own view: no command for 0.3 s (so
+busy again at the first command, before the head's next look).
+
+Fate-shares with the head: the head's connection closing (shutdown, crash, SIGKILL),
+a close command, the head process exiting (a pidfd watch) or SIGTERM close the node
+(kill its workers and fork server, remove its segments and spill files) and end this
+process.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import _pb as pb
+from . import _wire
+from ._node import Node, NodeHost, node_from_cfg
+from ._procutil import watch_parent
+
+# The head answers ObjStoreDebugInfo from the figures last sent; a spill or the warm
+# reserve changes them off the command path, and is sent within this long.
+_INFO_S = 0.1
+# As the head's is_idle(): no command for this long. The head says the cluster went
+# idle within _remote_node._IDLE_CHECK_S of its own is_idle(), which waits as long.
+_QUIET_S = 0.3
+
+
+def command(node: Node, cmd: Any) -> bool:
+    """Carry out one NodeCommand on ``node``; False for close."""
+    which = cmd.WhichOneof("command")
+    if which == "seal":
+        node.seal(cmd.seal)
+    elif which == "pin":
+        node.pin(cmd.pin.conn_id, cmd.pin.names)
+    elif which == "unpin":
+        node.unpin(cmd.unpin.conn_id, cmd.unpin.names)
+    elif which == "free_segment":
+        node.free_segment(cmd.free_segment)
+    elif which == "create_segment":
+        node.create_segment(cmd.create_segment.conn_id, cmd.create_segment.request)
+    elif which == "abort_segment":
+        node.abort_segment(cmd.abort_segment.conn_id, cmd.abort_segment.names[0])
+    elif which == "drop_conn":
+        node.drop_conn(cmd.drop_conn)
+    elif which == "start_worker":
+        node.start_worker(cmd.start_worker)
+    elif which == "kill_worker":
+        node.kill_worker(cmd.kill_worker.worker_id, cmd.kill_worker.reason)
+    elif which == "stop_worker":
+        node.stop_worker(cmd.stop_worker)
+    elif which == "worker_connected":
+        node.worker_connected(cmd.worker_connected)
+    elif which == "worker_disconnected":
+        node.worker_disconnected(cmd.worker_disconnected)
+    elif which == "set_driver":
+        node.set_driver(cmd.set_driver)
+    elif which == "close":
+        return False
+    return True
+
+
+class NodeProcess(asyncio.Protocol):
+    """The connection to the head, and the NodeHost of the node it carries."""
+
+    def __init__(self, loop: Any, cfg: dict[str, Any],
+                 make_node: Callable[[NodeHost], Node]) -> None:
+        self.loop = loop
+        self.cfg = cfg
+        self.node = make_node(self)
+        self.transport: Any = None
+        self.decoder = _wire.FrameDecoder()
+        self.wbuf: list[bytes] = []
+        self._flush_due = False
+        self._cluster_idle = False
+        self._last_command = time.monotonic()
+        self._figures: tuple[int, ...] = ()
+        self.done: asyncio.Future[None] = loop.create_future()
+
+    # ------------------------------------------------------------------ connection
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        node = self.node
+        res = {k: float(v) for k, v in self.cfg["resources"].items()}
+        self._event(pb.NodeEvent(register=pb.NodeRegister(
+            node_id=node.node_id, resources=res, capacity=node.capacity,
+            shm_dir=node.shm_dir, pid=os.getpid())))
+        node.start()
+        self.loop.call_later(_INFO_S, self._report_store)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.decoder.feed(data)
+        except _wire.ProtocolError as exc:
+            print(f"orchestra node: the head sent a bad frame: {exc}", file=sys.stderr)
+            self.close()
+            return
+        node = self.node
+        for kind, cmd in frames:
+            if kind != _wire.NODE_COMMAND:
+                continue
+            which = cmd.WhichOneof("command")
+            if which == "cluster_idle":
+                self._cluster_idle = cmd.cluster_idle
+                continue
+            if which == "sync":   # after the events of the commands before it
+                self._store_changed()
+                self._event(pb.NodeEvent(synced=cmd.sync))
+                continue
+            # Busy at once, before the head's next look says so.
+            self._last_command = time.monotonic()
+            if not command(node, cmd):
+                self.close()
+                return
+        # With the replies they caused: a put's bytes are counted in the head's figures
+        # (gRPC ObjStoreDebugInfo) before its writer hears where to write them.
+        self._store_changed()
+        self.flush()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.transport = None
+        self.close()
+
+    def close(self) -> None:
+        """Kill the workers, remove the segments, end the process."""
+        self.node.close()
+        if self.transport is not None:
+            self.transport.abort()
+            self.transport = None
+        if not self.done.done():
+            self.done.set_result(None)
+
+    # ------------------------------------------------------------------ NodeHost
+    def _event(self, ev: Any) -> None:
+        self.wbuf.append(_wire.encode(_wire.NODE_EVENT, ev))
+        if not self._flush_due:
+            self._flush_due = True
+            self.loop.call_soon(self.flush)
+
+    def send(self, conn_id: int, kind: int, msg: Any) -> None:
+        self._event(pb.NodeEvent(send=pb.NodeSend(
+            conn_id=conn_id, kind=kind, body=msg.SerializeToString())))
+
+    def flush(self) -> None:
+        self._flush_due = False
+        if self.wbuf and self.transport is not None:
+            self.transport.write(b"".join(self.wbuf))
+        self.wbuf = []
+
+    def worker_failed_to_start(self, worker_id: int, reason: str) -> None:
+        self._event(pb.NodeEvent(worker_failed_to_start=pb.NodeWorkerExit(
+            worker_id=worker_id, reason=reason)))
+
+    def worker_exited(self, worker_id: int, reason: str, *, connected: bool) -> None:
+        self._event(pb.NodeEvent(worker_exited=pb.NodeWorkerExit(
+            worker_id=worker_id, reason=reason, connected=connected)))
+
+    def relocate(self, object_id: bytes, segment: Any) -> bool:
+        self._event(pb.NodeEvent(relocate=pb.NodeRelocate(object_id=object_id,
+                                                          segment=segment)))
+        return True
+
+    def is_idle(self) -> bool:
+        """Asked from threads: two reads of plain attributes."""
+        return self._cluster_idle and time.monotonic() - self._last_command > _QUIET_S
+
+    def _store_changed(self) -> None:
+        """Send the store's figures if they changed (a tuple compare when not)."""
+        s = self.node.store
+        figures = (s.used, s.pooled, s.spilled_bytes, len(s.files))
+        if figures != self._figures:
+            self._figures = figures
+            self._event(pb.NodeEvent(store_info=self.node.store_info()))
+
+    def _report_store(self) -> None:
+        """What the node's threads changed (a spill, the warm reserve) is sent here."""
+        if self.node.closed:
+            return
+        self._store_changed()
+        self.loop.call_later(_INFO_S, self._report_store)
+
+
+async def _run(loop: Any, cfg: dict[str, Any], node_sock: str, node_id: int,
+               zygote: tuple[Any, int, int] | None) -> None:
+    proto = NodeProcess(loop, cfg, lambda host: node_from_cfg(node_id, host, loop, cfg, zygote))
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        loop.add_signal_handler(sig, proto.close)
+    # The head's connection closing is the usual sign it is gone; this covers a head
+    # that dies before the node connected.
+    watch_parent(loop, proto.close)
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(node_sock)
+        await loop.create_unix_connection(lambda: proto, sock=sock)
+    except OSError as exc:
+        print(f"orchestra node: cannot reach the head at {node_sock}: {exc}", file=sys.stderr)
+        proto.close()
+        raise
+    await proto.done
+
+
+def main(argv: list[str] | None = None, zygote: tuple[Any, int, int] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    cfg_path, node_sock, node_id = argv[0], argv[2], int(argv[3])
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    # Segments and sockets for this user only, as in the head.
+    os.umask(0o077)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C belongs to the driver
+    import uvloop
+    loop = uvloop.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(_run(loop, cfg, node_sock, node_id, zygote))
+    except OSError:
+        raise SystemExit(1) from None
+    finally:
+        loop.close()
+
+
+if __name__ == "__main__":
+    main()
