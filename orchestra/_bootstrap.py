@@ -26,12 +26,21 @@ os.close(req_r)
 os.close(rep_w)
 """
 
-BOOTSTRAP = _START_ZYGOTE + """\
+# The head and the node process use none of the public API's modules (the client,
+# actors, gangs, cloudpickle's users): the package is loaded without running its
+# __init__, which imports them all. The head then imports ~0.08 s less on init()'s path.
+_BARE_PACKAGE = """\
+import importlib.util
+_spec = importlib.util.find_spec("orchestra")
+sys.modules["orchestra"] = importlib.util.module_from_spec(_spec)
+"""
+
+BOOTSTRAP = _START_ZYGOTE + _BARE_PACKAGE + """\
 from orchestra import _head
 _head.main([sys.argv[1]], zygote=started)
 """
 
-NODE_BOOTSTRAP = _START_ZYGOTE + """\
+NODE_BOOTSTRAP = _START_ZYGOTE + _BARE_PACKAGE + """\
 from orchestra import _node_process
 _node_process.main(sys.argv[1:], zygote=started)
 """

@@ -112,6 +112,8 @@ class Head:
         # Workers whose connection closed, until their node reports the exit: -> conn id.
         self._reaping: dict[int, int] = {}
         self.conns: dict[int, Conn] = {}
+        # HelloReplies to drivers held until the first worker connects (_hello).
+        self._parked_replies: list[tuple[Conn, bytes]] = []
         self.dirty: set[Conn] = set()
         self._next_conn = 1
         self.primary: int | None = None
@@ -180,6 +182,7 @@ class Head:
     def worker_failed_to_start(self, worker_id: int, reason: str) -> None:
         print(f"orchestra head: could not start a worker: {reason}", file=sys.stderr)
         self.state.worker_failed_to_start(worker_id, reason)
+        self._release_driver_replies()
         self.carry_out()
 
     def worker_exited(self, worker_id: int, reason: str, *, connected: bool) -> None:
@@ -276,6 +279,7 @@ class Head:
             return
         if hello.kind == "worker":
             node.worker_connected(hello.workerid)
+            self._release_driver_replies()
         reply = pb.HelloReply(
             session_id=self.cfg["session_id"].encode(), node_id=node.node_id,
             node_resources=self.state.nodes[node.node_id].resources.total,
@@ -284,7 +288,31 @@ class Head:
             cwd=self.cfg.get("cwd", ""), sys_path=self.cfg.get("sys_path", []),
             inline_threshold=int(self.cfg.get("inline_threshold", 100 * 1024)),
             conn_id=conn.conn_id)
-        self._queue(conn, _wire.encode(_wire.HELLO_REPLY, reply))
+        frame = _wire.encode(_wire.HELLO_REPLY, reply)
+        if hello.kind == "driver" and self._no_worker_yet():
+            # init() returns once a task can start at once: the head is ready before
+            # its first worker (the fork server imports more), and a first task sent
+            # meanwhile would wait for it anyway. Bounded: a worker that fails to start,
+            # or ready_wait_s, releases the reply too.
+            self._parked_replies.append((conn, frame))
+            if len(self._parked_replies) == 1:
+                self.loop.call_later(float(self.cfg.get("ready_wait_s", 1.0)),
+                                     self._release_driver_replies)
+            return
+        self._queue(conn, frame)
+
+    def _no_worker_yet(self) -> bool:
+        workers = self.state.workers.values()
+        return bool(workers) and all(w.state is WorkerState.STARTING for w in workers)
+
+    def _release_driver_replies(self) -> None:
+        if not self._parked_replies:
+            return
+        parked, self._parked_replies = self._parked_replies, []
+        for conn, frame in parked:
+            if conn.conn_id in self.conns:
+                self._queue(conn, frame)
+        self.carry_out()
 
     def _request(self, conn: Conn, req: Any) -> None:
         reply = pb.Reply(req_id=req.req_id)

@@ -42,6 +42,13 @@ def test_init_returns_the_session_and_its_resources(no_cluster):
     assert info["object_store_memory"] == 64 << 20
 
 
+def test_init_returns_with_a_worker_ready_for_the_first_task(no_cluster):
+    orchestra.init(num_cpus=2)
+    from orchestra._session import debug_info
+    states = [w.state for w in debug_info().workers]
+    assert "idle" in states, states
+
+
 def test_init_twice_raises_unless_told_to_ignore_it(start_cluster):
     start_cluster(num_cpus=1)
     with pytest.raises(RuntimeError, match="shutdown"):
