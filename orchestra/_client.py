@@ -109,6 +109,7 @@ class CoreClient:
         self._keep_until_sent: list[ObjectRef] = []
         self.lost: str | None = None
         self.closing = False
+        self._closing_reason = ""   # why the head stopped, when it said so (CLOSING)
         # Frames that create objects (puts, registrations) sent / known handled by the
         # head: refs inside a direct call's arguments must exist there before the
         # callee counts them.
@@ -618,6 +619,8 @@ class CoreClient:
                 direct.release_call(msg.task_id)
             elif kind == _wire.STALLED:
                 _log.warning("%s", msg.text)
+            elif kind == _wire.CLOSING:   # the head's last frame: why it stops
+                self._closing_reason = msg.reason
             elif kind == _wire.REPLY:
                 slot = self._replies.pop(msg.req_id, None)
                 if slot is not None:
@@ -638,8 +641,13 @@ class CoreClient:
     def _connection_lost(self) -> None:
         self.objects.drop_all_maps()
         if self.lost is None:
-            self.lost = ("the connection to the cluster's head process closed" if self.closing
-                         else _LOST)
+            if self.closing:
+                self.lost = "the connection to the cluster's head process closed"
+            elif self._closing_reason:
+                self.lost = (f"lost the cluster: its head process stopped ({self._closing_reason}). "
+                             "This session is over: orchestra.init() starts a new cluster")
+            else:
+                self.lost = _LOST
         self.refs.lost = True
         self.wake()
         if self.on_lost is not None and not self.closing:

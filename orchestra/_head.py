@@ -500,7 +500,13 @@ class Head:
             self.grpc_server.stop(0)
         for node in self.nodes.values():
             node.close()
+        # The clients learn why (a driver's later calls name it), then lose the connection.
+        closing = _wire.encode(_wire.CLOSING, pb.Closing(reason=reason))
         for c in list(self.conns.values()):
+            try:
+                c.transport.write(b"".join(c.wbuf) + closing)
+            except (OSError, RuntimeError):   # already closed
+                pass
             c.transport.abort()
         for name in ("head.sock", "grpc.sock"):
             try:

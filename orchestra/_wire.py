@@ -46,6 +46,7 @@ STALLED = 28       # Stalled, head -> driver: no task can progress; log the text
 LOAN_REQUEST = 29  # LoanRequest, driver -> head: one more lent worker of this shape, please
 NODE_COMMAND = 30  # NodeCommand, head -> a node in a process of its own (_node_process.py)
 NODE_EVENT = 31    # NodeEvent, that node -> head (_remote_node.py)
+CLOSING = 32       # Closing, head -> client: the head stops, and why (its last frame)
 
 MESSAGES: dict[int, Any] = {
     HELLO: pb.Hello, HELLO_REPLY: pb.HelloReply, FUNCTION: pb.RegisterFunctionRequest,
@@ -58,7 +59,7 @@ MESSAGES: dict[int, Any] = {
     ACTOR_ADDRESS: pb.ActorAddress, ADOPT: pb.AdoptCalls, RELEASE_CALL: pb.TaskDone,
     LOAN: pb.Loan, LOAN_RETURN: pb.LoanReturn, LOAN_RECALL: pb.LoanRecall,
     EXECUTE_NESTED: pb.Execute, STALLED: pb.Stalled, LOAN_REQUEST: pb.LoanRequest,
-    NODE_COMMAND: pb.NodeCommand, NODE_EVENT: pb.NodeEvent,
+    NODE_COMMAND: pb.NodeCommand, NODE_EVENT: pb.NodeEvent, CLOSING: pb.Closing,
 }
 
 MAX_FRAME = 1 << 31

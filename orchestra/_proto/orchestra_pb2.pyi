@@ -461,6 +461,12 @@ class Blocked(_message.Message):
     task_name: str
     def __init__(self, blocked: _Optional[bool] = ..., object_ids: _Optional[_Iterable[bytes]] = ..., task_id: _Optional[bytes] = ..., task_name: _Optional[str] = ...) -> None: ...
 
+class Closing(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
 class Stalled(_message.Message):
     __slots__ = ("text", "task_ids")
     TEXT_FIELD_NUMBER: _ClassVar[int]

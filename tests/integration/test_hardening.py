@@ -227,6 +227,20 @@ def test_when_the_head_dies_every_call_raises_cluster_lost_and_init_works_again(
     wait_until(lambda: pid_gone(c.head_pid), 10, "the killed head is gone")
 
 
+@pytest.mark.timeout(60)
+def test_a_head_stopped_by_a_signal_says_so_in_every_later_error(start_cluster, gates):
+    c = start_cluster(num_cpus=1)
+    gate = gates("held")
+    blocked = h.gated.remote(gate, "never")
+    gate.wait_started()
+    os.kill(c.head_pid, signal.SIGTERM)   # e.g. a system shutting down
+    with pytest.raises(ClusterLostError, match=r"head process stopped \(signal SIGTERM\)"):
+        orchestra.get(blocked, timeout=30)
+    with pytest.raises(ClusterLostError, match=r"signal SIGTERM.*orchestra.init\(\)"):
+        orchestra.put(1)
+    assert not orchestra.is_initialized()
+
+
 # ------------------------------------------------------------------ smaller defects
 
 @pytest.mark.parametrize("timeout", [float("nan"), -1.0])
