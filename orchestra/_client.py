@@ -172,11 +172,29 @@ class CoreClient:
                 pre, post = self.refs.take_frames()
             try:
                 conn.send_locked(pre + frame + post if (pre or post) else frame)
+                return
             except OSError as exc:
-                if self.lost is None:
-                    self.lost = f"{_LOST} ({exc.strerror or exc})"
-                    self.refs.lost = True
-                raise ClusterLostError(self.lost) from exc
+                failed = exc
+        # The head closed the connection: what it sent last may say why (Closing).
+        self._read_what_is_left()
+        if self.lost is None:
+            self.lost = f"{_LOST} ({failed.strerror or failed})"
+            self.refs.lost = True
+        raise ClusterLostError(self.lost) from failed
+
+    def _read_what_is_left(self) -> None:
+        """Read the frames the head sent before it closed (another thread reading them
+        finishes at once: they are there)."""
+        if not self._read_lock.acquire(timeout=0.5):
+            return
+        try:
+            for _ in range(64):
+                if self.lost is not None or not self._read_once(0):
+                    break
+        except ClusterLostError:
+            pass
+        finally:
+            self._read_lock.release()
 
     def send(self, kind: int, msg: Any) -> None:
         self.send_raw(_wire.encode(kind, msg))
