@@ -5,6 +5,7 @@ The public API; everything else lives in private modules.
 from . import exceptions
 from ._actor import ActorClass, ActorHandle, get_actor, kill
 from ._api import remote
+from ._auth import VERSION as _VERSION
 from ._gang import Gang, gang
 from ._gang_errors import GangAbortedError, GangError, GangMemberDiedError, GangTimeoutError
 from ._gang_member import GangContext, GangDevice, gang_context
@@ -23,7 +24,7 @@ from ._session import (
     wait,
 )
 
-__version__ = "0.1.0"
+__version__ = _VERSION
 
 __all__ = [
     "init", "shutdown", "is_initialized", "remote", "RemoteFunction", "get", "put", "wait",
