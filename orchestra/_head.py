@@ -179,6 +179,12 @@ class Head:
     def relocate(self, object_id: bytes, segment: Any) -> bool:
         return self.state.relocate(object_id, segment)
 
+    def pulled(self, object_id: bytes, segment: Any, error: str) -> None:
+        """A node's pull of an object from another node ended (Node.pull)."""
+        if error:
+            print(f"orchestra head: copying object {object_id.hex()} between nodes failed: "
+                  f"{error}", file=sys.stderr)
+
     def worker_failed_to_start(self, worker_id: int, reason: str) -> None:
         print(f"orchestra head: could not start a worker: {reason}", file=sys.stderr)
         self.state.worker_failed_to_start(worker_id, reason)

@@ -231,6 +231,11 @@ class RemoteNode:
     def set_driver(self, conn_id: int) -> None:
         self._command(pb.NodeCommand(set_driver=conn_id))
 
+    def pull(self, object_id: bytes, address: str, key: str, size: int, token: str) -> None:
+        """As Node.pull; the node process uses the cluster token of its own cfg."""
+        self._command(pb.NodeCommand(pull=pb.NodePull(object_id=object_id, address=address,
+                                                      key=key, size=size)))
+
     def after_node(self, fn: Callable[[], None]) -> None:
         """Call ``fn`` once the node carried out every command sent so far and its
         events have come back (a spill's relocation among them)."""
@@ -268,6 +273,9 @@ class RemoteNode:
                 r = ev.relocate
                 if not head.relocate(r.object_id, r.segment):
                     self.free_segment(r.segment.path)   # the object is gone: its file too
+            elif which == "pulled":
+                p = ev.pulled
+                head.pulled(p.object_id, p.segment if p.HasField("segment") else None, p.error)
             elif which == "store_info":
                 self._store_info = ev.store_info
             elif which == "synced":

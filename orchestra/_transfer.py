@@ -40,7 +40,7 @@ import struct
 import threading
 from collections.abc import Callable
 
-from .exceptions import ObjectLostError
+from .exceptions import AuthenticationError, ObjectLostError
 
 # Request: key length (u16), offset (u64), size (u64), then the key (utf-8).
 _REQUEST = struct.Struct("!HQQ")
@@ -336,8 +336,12 @@ class Fetcher:
         try:
             _tune(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _BUFFER)
-            client_handshake(sock, token, timeout_s=self.connect_timeout_s)
+            client_handshake(sock, token, timeout_s=self.connect_timeout_s,
+                             peer=f"data server {address}")
             _set_timeouts(sock, self.timeout_s)
+        except AuthenticationError:
+            sock.close()
+            raise
         except OSError as exc:
             sock.close()
             raise ObjectLostError(

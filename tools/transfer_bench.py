@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import mmap
 import os
-import secrets
 import shutil
 import statistics
 import subprocess
@@ -26,6 +25,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from orchestra._auth import new_token  # noqa: E402
 from orchestra._transfer import DataServer, Fetcher  # noqa: E402
 
 MiB = 1 << 20
@@ -33,24 +33,11 @@ NS = "orch-xfer-bench"
 NS_HOST, NS_PEER = "10.213.77.1", "10.213.77.2"
 
 
-def _auth_ready() -> None:
-    """The data path authenticates with orchestra._auth; a checkout without it yet
-    uses the tests' stand-in."""
-    try:
-        import orchestra._auth  # noqa: F401
-    except ImportError:
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
-                                        "tests", "unit"))
-        import _auth_stub
-        _auth_stub.install()
-
-
 # ---------------------------------------------------------------- the serving process
 
 
 def serve(host: str, folder: str) -> None:
     """Serve the files of ``folder`` by name until stdin closes."""
-    _auth_ready()
 
     def resolve(key: str) -> tuple[str, int] | None:
         path = os.path.join(folder, key)
@@ -202,8 +189,7 @@ def main() -> None:
     p.add_argument("--streams", type=lambda s: [int(x) for x in s.split(",")], default=[1])
     p.add_argument("--no-netns", action="store_true")
     args = p.parse_args()
-    _auth_ready()
-    token = secrets.token_hex(16)
+    token = new_token()
     folder = tempfile.mkdtemp(prefix="orchestra-xfer-bench-", dir="/dev/shm")
     sizes = {"big": args.size_mib * MiB, "small": args.small_kib * 1024, "one": 1}
     try:

@@ -545,7 +545,7 @@ class Reply(_message.Message):
     def __init__(self, req_id: _Optional[int] = ..., error: _Optional[str] = ..., error_kind: _Optional[str] = ..., segment: _Optional[_Union[_types_pb2.Segment, _Mapping]] = ..., resources: _Optional[_Mapping[str, float]] = ..., debug: _Optional[_Union[SchedulerDebugInfoReply, _Mapping]] = ..., actor: _Optional[_Union[_types_pb2.ActorSpec, _Mapping]] = ..., object: _Optional[_Union[_types_pb2.ObjectData, _Mapping]] = ...) -> None: ...
 
 class NodeCommand(_message.Message):
-    __slots__ = ("seal", "pin", "unpin", "free_segment", "abort_segment", "drop_conn", "create_segment", "start_worker", "kill_worker", "stop_worker", "worker_connected", "worker_disconnected", "set_driver", "cluster_idle", "close", "sync")
+    __slots__ = ("seal", "pin", "unpin", "free_segment", "abort_segment", "drop_conn", "create_segment", "start_worker", "kill_worker", "stop_worker", "worker_connected", "worker_disconnected", "set_driver", "cluster_idle", "close", "sync", "pull")
     SEAL_FIELD_NUMBER: _ClassVar[int]
     PIN_FIELD_NUMBER: _ClassVar[int]
     UNPIN_FIELD_NUMBER: _ClassVar[int]
@@ -562,6 +562,7 @@ class NodeCommand(_message.Message):
     CLUSTER_IDLE_FIELD_NUMBER: _ClassVar[int]
     CLOSE_FIELD_NUMBER: _ClassVar[int]
     SYNC_FIELD_NUMBER: _ClassVar[int]
+    PULL_FIELD_NUMBER: _ClassVar[int]
     seal: str
     pin: NodeSegments
     unpin: NodeSegments
@@ -578,7 +579,20 @@ class NodeCommand(_message.Message):
     cluster_idle: bool
     close: bool
     sync: int
-    def __init__(self, seal: _Optional[str] = ..., pin: _Optional[_Union[NodeSegments, _Mapping]] = ..., unpin: _Optional[_Union[NodeSegments, _Mapping]] = ..., free_segment: _Optional[str] = ..., abort_segment: _Optional[_Union[NodeSegments, _Mapping]] = ..., drop_conn: _Optional[int] = ..., create_segment: _Optional[_Union[NodeCreateSegment, _Mapping]] = ..., start_worker: _Optional[int] = ..., kill_worker: _Optional[_Union[NodeKillWorker, _Mapping]] = ..., stop_worker: _Optional[int] = ..., worker_connected: _Optional[int] = ..., worker_disconnected: _Optional[int] = ..., set_driver: _Optional[int] = ..., cluster_idle: _Optional[bool] = ..., close: _Optional[bool] = ..., sync: _Optional[int] = ...) -> None: ...
+    pull: NodePull
+    def __init__(self, seal: _Optional[str] = ..., pin: _Optional[_Union[NodeSegments, _Mapping]] = ..., unpin: _Optional[_Union[NodeSegments, _Mapping]] = ..., free_segment: _Optional[str] = ..., abort_segment: _Optional[_Union[NodeSegments, _Mapping]] = ..., drop_conn: _Optional[int] = ..., create_segment: _Optional[_Union[NodeCreateSegment, _Mapping]] = ..., start_worker: _Optional[int] = ..., kill_worker: _Optional[_Union[NodeKillWorker, _Mapping]] = ..., stop_worker: _Optional[int] = ..., worker_connected: _Optional[int] = ..., worker_disconnected: _Optional[int] = ..., set_driver: _Optional[int] = ..., cluster_idle: _Optional[bool] = ..., close: _Optional[bool] = ..., sync: _Optional[int] = ..., pull: _Optional[_Union[NodePull, _Mapping]] = ...) -> None: ...
+
+class NodePull(_message.Message):
+    __slots__ = ("object_id", "address", "key", "size")
+    OBJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    object_id: bytes
+    address: str
+    key: str
+    size: int
+    def __init__(self, object_id: _Optional[bytes] = ..., address: _Optional[str] = ..., key: _Optional[str] = ..., size: _Optional[int] = ...) -> None: ...
 
 class NodeSegments(_message.Message):
     __slots__ = ("conn_id", "names")
@@ -605,7 +619,7 @@ class NodeKillWorker(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class NodeEvent(_message.Message):
-    __slots__ = ("register", "send", "worker_failed_to_start", "worker_exited", "relocate", "store_info", "synced")
+    __slots__ = ("register", "send", "worker_failed_to_start", "worker_exited", "relocate", "store_info", "synced", "pulled")
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     SEND_FIELD_NUMBER: _ClassVar[int]
     WORKER_FAILED_TO_START_FIELD_NUMBER: _ClassVar[int]
@@ -613,6 +627,7 @@ class NodeEvent(_message.Message):
     RELOCATE_FIELD_NUMBER: _ClassVar[int]
     STORE_INFO_FIELD_NUMBER: _ClassVar[int]
     SYNCED_FIELD_NUMBER: _ClassVar[int]
+    PULLED_FIELD_NUMBER: _ClassVar[int]
     register: NodeRegister
     send: NodeSend
     worker_failed_to_start: NodeWorkerExit
@@ -620,7 +635,18 @@ class NodeEvent(_message.Message):
     relocate: NodeRelocate
     store_info: ObjStoreDebugInfoReply
     synced: int
-    def __init__(self, register: _Optional[_Union[NodeRegister, _Mapping]] = ..., send: _Optional[_Union[NodeSend, _Mapping]] = ..., worker_failed_to_start: _Optional[_Union[NodeWorkerExit, _Mapping]] = ..., worker_exited: _Optional[_Union[NodeWorkerExit, _Mapping]] = ..., relocate: _Optional[_Union[NodeRelocate, _Mapping]] = ..., store_info: _Optional[_Union[ObjStoreDebugInfoReply, _Mapping]] = ..., synced: _Optional[int] = ...) -> None: ...
+    pulled: NodePulled
+    def __init__(self, register: _Optional[_Union[NodeRegister, _Mapping]] = ..., send: _Optional[_Union[NodeSend, _Mapping]] = ..., worker_failed_to_start: _Optional[_Union[NodeWorkerExit, _Mapping]] = ..., worker_exited: _Optional[_Union[NodeWorkerExit, _Mapping]] = ..., relocate: _Optional[_Union[NodeRelocate, _Mapping]] = ..., store_info: _Optional[_Union[ObjStoreDebugInfoReply, _Mapping]] = ..., synced: _Optional[int] = ..., pulled: _Optional[_Union[NodePulled, _Mapping]] = ...) -> None: ...
+
+class NodePulled(_message.Message):
+    __slots__ = ("object_id", "segment", "error")
+    OBJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    object_id: bytes
+    segment: _types_pb2.Segment
+    error: str
+    def __init__(self, object_id: _Optional[bytes] = ..., segment: _Optional[_Union[_types_pb2.Segment, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
 
 class NodeRegister(_message.Message):
     __slots__ = ("node_id", "resources", "capacity", "shm_dir", "pid")
