@@ -207,7 +207,7 @@ def test_a_symbolic_link_is_never_followed(serve: Any, fetcher: Fetcher, folder:
 def test_no_server_at_the_address_is_a_clear_error(fetcher: Fetcher, token: str) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        address = "127.0.0.1:%d" % s.getsockname()[1]
+        address = f"127.0.0.1:{s.getsockname()[1]}"
     with pytest.raises(ObjectLostError, match=f"cannot reach the data server .* at {address}"):
         fetcher.fetch(address, token, "obj", 1, memoryview(bytearray(1)))
 
