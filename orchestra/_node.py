@@ -37,6 +37,7 @@ nodes' data servers (Fetcher). close() kills, closes and removes them all.
 from __future__ import annotations
 
 import collections
+import mmap
 import os
 import threading
 import time
@@ -158,6 +159,11 @@ class Node:
         self.data_server: DataServer | None = None
         self._fetcher: Fetcher | None = None
         self._pull_threads: ThreadPoolExecutor | None = None
+        # Read-write maps of the segments pulls filled, kept as a writer keeps its own
+        # (the store lists PULL_CONN among the segment's maps, and names it in
+        # store.dropped once the segment is removed): a pull into a pooled segment then
+        # skips the map and page-table fill, ~70 ms per 200 MiB (2.3 -> 3.x GB/s).
+        self._pull_maps: dict[str, mmap.mmap] = {}
         self.closed = False
 
     def start(self) -> None:
@@ -206,6 +212,8 @@ class Node:
         for cid, name in self.store.dropped:
             names.setdefault(cid, []).append(name)
         self.store.dropped = []
+        for name in names.pop(PULL_CONN, ()):   # our own maps, kept by pulls
+            _close_map(self._pull_maps.pop(name, None))
         for cid, ns in names.items():
             self.host.send(cid, _wire.DROP_MAPS, pb.SegmentNames(names=ns))
 
@@ -342,11 +350,12 @@ class Node:
             from concurrent.futures import ThreadPoolExecutor  # ~5 ms: the first pull pays
             self._fetcher = Fetcher()
             self._pull_threads = ThreadPoolExecutor(_PULL_THREADS, "orchestra-pull")
-        fetcher, folder = self._fetcher, self.shm_dir
+        fetcher, folder, maps = self._fetcher, self.shm_dir, self._pull_maps
         assert self._pull_threads is not None
 
         def work() -> None:
-            why = fetch_into(fetcher, folder, segment, pull.address, pull.token, pull.key)
+            why = fetch_into(fetcher, folder, maps, segment, pull.address, pull.token,
+                             pull.key)
             try:
                 self.loop.call_soon_threadsafe(self._pulled, pull, segment, why)
             except RuntimeError:   # the loop closed: close() removed the segment
@@ -362,9 +371,6 @@ class Node:
             return
         store = self.store
         if segment is not None:
-            seg = store.segs.get(segment.name)
-            if seg is not None:
-                seg.rw.discard(PULL_CONN)   # the pull thread closed its map
             if error:
                 store.abort(PULL_CONN, segment.name)
             else:
@@ -485,6 +491,9 @@ class Node:
             self._pull_threads.shutdown(wait=False, cancel_futures=True)
         if self._fetcher is not None:
             self._fetcher.close()
+        for mm in self._pull_maps.values():
+            _close_map(mm)
+        self._pull_maps.clear()
         self.pool.kill_all()
         self.store.close()
 
@@ -499,20 +508,33 @@ class _Pull:
         self.address, self.key, self.token = address, key, token
 
 
-def fetch_into(fetcher: Fetcher, folder: str, segment: Any, address: str, token: str,
-               key: str) -> str:
-    """Map the new segment and fill it from the data server at ``address``; "" or why
-    it failed (the caller aborts the segment then)."""
-    try:
-        mm = open_segment(folder, segment)
-    except (ObjectStoreError, ObjectStoreFullError) as exc:
-        return str(exc)
+def fetch_into(fetcher: Fetcher, folder: str, maps: dict[str, mmap.mmap], segment: Any,
+               address: str, token: str, key: str) -> str:
+    """Fill the new segment from the data server at ``address``, through the map kept
+    in ``maps`` (made now if there is none); "" or why it failed (the caller aborts the
+    segment then, and its map is closed here)."""
+    mm = maps.get(segment.name)
+    if mm is None:
+        try:
+            mm = maps[segment.name] = open_segment(folder, segment)
+        except (ObjectStoreError, ObjectStoreFullError) as exc:
+            return str(exc)
     view = memoryview(mm)
     try:
         fetcher.fetch(address, token, key, segment.size, view)
         return ""
     except (OrchestraError, OSError, ValueError) as exc:
+        view.release()
+        _close_map(maps.pop(segment.name, None))
         return str(exc) or type(exc).__name__
     finally:
         view.release()
+
+
+def _close_map(mm: mmap.mmap | None) -> None:
+    if mm is None:
+        return
+    try:
         mm.close()
+    except BufferError:   # a pull still writes into it (close() while it runs): it goes
+        pass              # with the process

@@ -177,6 +177,66 @@ def run_netns(folder: str, token: str, args: argparse.Namespace,
         subprocess.run(["ip", "netns", "del", NS], capture_output=True)
 
 
+def run_node_pull(token: str, args: argparse.Namespace, sizes: dict[str, int]) -> None:
+    """Node.pull end to end over loopback: two Nodes on one loop in this process; the
+    destination's segment is fresh at the first pull, pooled (warm) after a free."""
+    import asyncio
+
+    from orchestra._node import Node
+    from orchestra._store import open_segment
+
+    loop = asyncio.new_event_loop()
+    done: list[tuple[bytes, object, str]] = []
+
+    class Host:
+        def send(self, *a: object) -> None: ...
+        def flush(self) -> None: ...
+        def worker_failed_to_start(self, *a: object) -> None: ...
+        def worker_exited(self, *a: object, **kw: object) -> None: ...
+        def relocate(self, *a: object) -> bool: return True
+        def is_idle(self) -> bool: return False
+        def pulled(self, oid: bytes, seg: object, error: str) -> None:
+            done.append((oid, seg, error))
+            loop.stop()
+
+    folder = tempfile.mkdtemp(prefix="orchestra-xfer-nodes-", dir="/dev/shm")
+    big = sizes["big"]
+    nodes = [Node(i, Host(), loop, session_id="bench", session_dir=folder,
+                  sock_path=os.path.join(folder, "s"), capacity=4 * big) for i in (2, 3)]
+    src, dst = nodes
+    try:
+        for size in (big, sizes["small"]):
+            seg = src.store.create(1, b"src", size)
+            mm = open_segment(src.shm_dir, seg)
+            mm.write(os.urandom(min(size, MiB)) * max(1, size // MiB))
+            mm.close()
+            src.seal(seg.name)
+            address = src.serve_data("127.0.0.1", token)
+            times = []
+            for i in range(args.repeat if size == big else args.small_repeat):
+                t0 = time.perf_counter()
+                dst.pull(b"o%d" % i, address, seg.name, size, token)
+                loop.run_forever()
+                times.append(time.perf_counter() - t0)
+                oid, copy, error = done.pop()
+                assert not error, error
+                dst.free_segment(copy.name)   # pooled: the next pull reuses it
+            if size == big:
+                print(f"node pull {size // MiB} MiB: fresh segment {size / times[0] / 1e9:.2f} "
+                      f"GB/s, pooled median {size / statistics.median(times[1:]) / 1e9:.2f} "
+                      f"GB/s (n={len(times) - 1})", flush=True)
+            else:
+                print(f"node pull {size // 1024} KiB: median "
+                      f"{statistics.median(times[1:]) * 1e6:.0f} us (n={len(times) - 1})",
+                      flush=True)
+            src.free_segment(seg.name)
+    finally:
+        for node in nodes:
+            node.close()
+        loop.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--serve":
         serve(sys.argv[2], sys.argv[3])
@@ -196,6 +256,7 @@ def main() -> None:
         for name, size in sizes.items():
             make_source(folder, name, size)
         run_loopback(folder, token, args, sizes)
+        run_node_pull(token, args, sizes)
         if not args.no_netns:
             run_netns(folder, token, args, sizes)
     finally:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from orchestra import _auth
+from orchestra import _pb as pb
 from orchestra._node import PULL_CONN, Node
 from orchestra._store import open_segment, segment_path, size_class
 
@@ -130,7 +131,7 @@ def test_a_pulled_object_is_a_sealed_copy_in_the_pullers_store(
     assert copy.node_id == 3 and copy.size == size
     assert read(dst, copy) == data
     assert dst.store.segs[copy.name].state == "sealed"
-    assert PULL_CONN not in dst.store.segs[copy.name].rw   # no DROP_MAPS to a connection
+    assert copy.name in dst._pull_maps   # kept for the segment's next use
     assert dst.store_info().used == size_class(max(size, 1))
     assert src.store_info().used == size_class(max(size, 1))   # the source keeps its own
 
@@ -249,3 +250,26 @@ def test_close_stops_the_data_server(make_node: Any, token: str) -> None:
     from orchestra._transfer import parse_address
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(parse_address(address), timeout=5).close()
+
+
+def test_a_pull_into_a_pooled_segment_reuses_its_map_until_the_segment_goes(
+        make_node: Any, token: str) -> None:
+    src, _ = make_node(2)
+    dst, host = make_node(3, capacity=1 * MiB)
+    address = src.serve_data("127.0.0.1", token)
+    first, second = os.urandom(100 * KiB), os.urandom(100 * KiB)
+    segs = [put(src, oid(1), first), put(src, oid(2), second)]
+    dst.pull(oid(1), address, segs[0].name, len(first), token)
+    ((_, copy, _),) = host.wait_pulled()
+    kept = dst._pull_maps[copy.name]
+    dst.free_segment(copy.name)   # pooled, still mapped
+    dst.pull(oid(2), address, segs[1].name, len(second), token)
+    (_, (_, again, error)) = host.wait_pulled(2)
+    assert not error and again.name == copy.name and again.reused
+    assert dst._pull_maps[again.name] is kept and read(dst, again) == second
+    dst.free_segment(again.name)
+    req = pb.Request(req_id=1, create_segment=pb.CreateSegment(object_id=oid(3), size=900 * KiB))
+    dst.create_segment(WRITER, req)   # evicts the pooled segment: its map is closed
+    assert [m.req_id for c, _, m in host.sent if c == WRITER] == [1]
+    assert again.name not in dst._pull_maps and kept.closed
+    assert [m for c, _, m in host.sent if c == PULL_CONN] == []   # never a frame
