@@ -60,6 +60,23 @@ _TICK_S = 0.5
 _HEARTBEAT_S = 1.0
 
 
+class _Then:
+    """A watch_object() waiter that calls back on the loop (not a thread's future)."""
+
+    __slots__ = ("fn", "_done")
+
+    def __init__(self, fn: Callable[[Any], None]) -> None:
+        self.fn = fn
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, data: Any) -> None:
+        self._done = True
+        self.fn(data)
+
+
 class NodeGone(NamedTuple):
     """A node that died: what orchestra.nodes() still says of it."""
 
@@ -468,8 +485,11 @@ class Head:
             else:
                 reply.object.CopyFrom(data)
             self._queue_if_open(conn, _wire.encode(_wire.REPLY, reply))
-        if o is None or o.data is None:
+        if o is None:
             answer(None, "")
+            return
+        if o.data is None:   # being made again (its node died): answered once it is
+            self.watch_object(object_id, _Then(lambda d: self._locate(conn, req_id, object_id)))
             return
         data = self.state.copy_on(object_id, conn.node.node_id)
         if data is not None:

@@ -125,7 +125,8 @@ class Worker:
 
 
 class Obj:
-    __slots__ = ("data", "count", "subscribers", "waiting_tasks", "owner", "size", "copies")
+    __slots__ = ("data", "count", "subscribers", "waiting_tasks", "owner", "size", "copies",
+                 "lineage")
 
     def __init__(self, owner: int) -> None:
         self.data: Any = None          # pb.ObjectData once sealed
@@ -137,6 +138,10 @@ class Obj:
         # Copies pulled by other nodes' stores (node id -> Segment there); the primary
         # copy is data.segment. None while there is none (every object on one node).
         self.copies: dict[int, Any] | None = None
+        # On a cluster of several nodes, a task's large result keeps how to make it
+        # again (its Call, the retries it had left, its owner): lost with its node, it
+        # is rebuilt by running the task again.
+        self.lineage: tuple[Any, int, int] | None = None
 
 
 class Client:

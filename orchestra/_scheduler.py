@@ -201,6 +201,7 @@ class SchedulerState:
         if self.nodes.pop(node_id, None) is None:
             return
         self._feasible.clear()
+        rebuild: dict[bytes, tuple[Any, int, int]] = {}
         for w in [w for w in self.workers.values() if w.node_id == node_id
                   and w.state is WorkerState.STARTING]:
             self.worker_failed_to_start(w.worker_id, f"its node died: {reason}")
@@ -214,10 +215,27 @@ class SchedulerState:
             if o.copies:   # another node pulled a copy: it becomes the primary one
                 _, seg = o.copies.popitem()
                 o.data = pb.ObjectData(object_id=oid, segment=seg, contained=data.contained)
+            elif o.lineage is not None:
+                rebuild.setdefault(o.lineage[0].task_id, o.lineage)
+                o.data = None   # pending again: readers wait for the new run
+                o.lineage = None
+                for cid in data.contained:   # counted again when it is sealed anew
+                    self._decr(cid)
             else:
                 o.data = pb.ObjectData(object_id=oid, contained=data.contained, error=self.error(
                     "node_lost", object_id=oid, node=node_id, reason=reason))
+        for call, retries_left, owner in rebuild.values():
+            self._rebuild(call, retries_left, owner)
         self.schedule()
+
+    def _rebuild(self, call: Any, retries_left: int, owner: int) -> None:
+        """Run a finished task again: a result of it was lost with its node. Its returns
+        still alive elsewhere keep their data (the new copies are freed)."""
+        t = Task(call, owner)
+        t.retries_left = retries_left - 1 if retries_left > 0 else retries_left
+        self.tasks[call.task_id] = t
+        if self._hold_args(t) and not t.deps:
+            self._deps_met(t)
 
     def pool(self, node_id: int) -> list[Worker]:
         """The node's task workers (dedicated actor workers do not count)."""
@@ -479,7 +497,16 @@ class SchedulerState:
             self.finish_task(t)
             for data in msg.returns:
                 self._seal(data.object_id, data)
+            if len(self.nodes) > 1 and t.retries_left != 0 and not t.call.actor_id:
+                self._keep_lineage(t, msg.returns)
         self.after_worker_step(w, t)
+
+    def _keep_lineage(self, t: Task, returns: Any) -> None:
+        for data in returns:
+            if data.WhichOneof("data") == "segment":
+                o = self.objects.get(data.object_id)
+                if o is not None:
+                    o.lineage = (t.call, t.retries_left, t.owner)
 
     def after_worker_step(self, w: Worker | None, done: Task | None = None) -> None:
         """``w`` ended a task (``done``, when it ran to its end)."""
