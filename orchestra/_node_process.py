@@ -5,7 +5,7 @@ a fork server through _bootstrap.NODE_BOOTSTRAP).
     head --NodeCommand frames--> NodeProcess.data_received -> command() -> Node
         (seal, pin, unpin, free_segment, create_segment, start_worker, ...) in order
     Node --NodeHost calls--> NodeProcess: send / worker_exited / worker_failed_to_start /
-        relocate -> NodeEvent frames, written once per read of commands, or on the
+        relocate / pulled -> NodeEvent frames, written once per read of commands, or on the
         loop's next turn for events of the node's own timers and threads
     store figures -> a store_info event when they changed: after each read of commands,
         and every _INFO_S for what the node's threads changed
@@ -48,8 +48,9 @@ _INFO_S = 0.1
 _QUIET_S = 0.3
 
 
-def command(node: Node, cmd: Any) -> bool:
-    """Carry out one NodeCommand on ``node``; False for close."""
+def command(node: Node, cmd: Any, token: str = "") -> bool:
+    """Carry out one NodeCommand on ``node``; False for close. ``token``: the
+    cluster's, for pulls from other nodes' data servers."""
     which = cmd.WhichOneof("command")
     if which == "seal":
         node.seal(cmd.seal)
@@ -77,6 +78,9 @@ def command(node: Node, cmd: Any) -> bool:
         node.worker_disconnected(cmd.worker_disconnected)
     elif which == "set_driver":
         node.set_driver(cmd.set_driver)
+    elif which == "pull":
+        p = cmd.pull
+        node.pull(p.object_id, p.address, p.key, p.size, token)
     elif which == "close":
         return False
     return True
@@ -89,6 +93,7 @@ class NodeProcess(asyncio.Protocol):
                  make_node: Callable[[NodeHost], Node], join: bool = False) -> None:
         self.loop = loop
         self.cfg = cfg
+        self.token = str(cfg.get("token", ""))
         self.make_node = make_node
         # A node joining a cluster over TCP gets its id from the head (welcome) first;
         # a node the head launched knows it from its command line.
@@ -142,11 +147,6 @@ class NodeProcess(asyncio.Protocol):
             node = self.node
             if node is None:
                 continue
-            if which == "pull":
-                p = cmd.pull
-                node.pull(p.object_id, p.address, p.key, p.size,  # type: ignore[attr-defined]
-                          self.cfg.get("token", ""))
-                continue
             if which == "cluster_idle":
                 self._cluster_idle = cmd.cluster_idle
                 continue
@@ -156,7 +156,7 @@ class NodeProcess(asyncio.Protocol):
                 continue
             # Busy at once, before the head's next look says so.
             self._last_command = time.monotonic()
-            if not command(node, cmd):
+            if not command(node, cmd, self.token):
                 self.close()
                 return
         # With the replies they caused: a put's bytes are counted in the head's figures
@@ -250,16 +250,16 @@ class NodeProcess(asyncio.Protocol):
         self._event(pb.NodeEvent(worker_exited=pb.NodeWorkerExit(
             worker_id=worker_id, reason=reason, connected=connected)))
 
-    def pulled(self, object_id: bytes, segment: Any, error: str) -> None:
-        ev = pb.NodeEvent(pulled=pb.NodePulled(object_id=object_id, error=error))
-        if segment is not None:
-            ev.pulled.segment.CopyFrom(segment)
-        self._event(ev)
-
     def relocate(self, object_id: bytes, segment: Any) -> bool:
         self._event(pb.NodeEvent(relocate=pb.NodeRelocate(object_id=object_id,
                                                           segment=segment)))
         return True
+
+    def pulled(self, object_id: bytes, segment: Any, error: str) -> None:
+        ev = pb.NodePulled(object_id=object_id, error=error)
+        if segment is not None:
+            ev.segment.CopyFrom(segment)
+        self._event(pb.NodeEvent(pulled=ev))
 
     def is_idle(self) -> bool:
         """Asked from threads: two reads of plain attributes."""

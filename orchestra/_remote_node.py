@@ -187,6 +187,7 @@ class RemoteNode:
             self.lost()
 
     def pull(self, object_id: bytes, address: str, key: str, size: int, token: str) -> None:
+        """As Node.pull; the node process uses the cluster token of its own cfg."""
         self._command(pb.NodeCommand(pull=pb.NodePull(
             object_id=object_id, address=address, key=key, size=size)))
 
@@ -312,7 +313,8 @@ class RemoteNode:
                     fn()
             elif which == "pulled":
                 p = ev.pulled
-                head.node_pulled(self.node_id, p.object_id, p.segment, p.error)
+                head.node_pulled(self.node_id, p.object_id,
+                                 p.segment if p.HasField("segment") else None, p.error)
             elif which == "heartbeat":
                 pass
             elif which == "register":
