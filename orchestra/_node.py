@@ -115,7 +115,9 @@ def node_from_cfg(node_id: int, host: NodeHost, loop: Any, cfg: dict[str, Any],
     session_dir = cfg["session_dir"]
     return Node(
         node_id, host, loop, session_id=cfg["session_id"], session_dir=session_dir,
-        sock_path=os.path.join(session_dir, "head.sock"), capacity=capacity,
+        # A node that joined over TCP: its workers connect to the head's address.
+        sock_path=cfg.get("head_address") or os.path.join(session_dir, "head.sock"),
+        capacity=capacity,
         pool_bytes=cfg.get("pool_bytes"),
         warm_bytes=int(cfg.get("warm_bytes", min(capacity // 2, 1 << 30))),
         spill_dir=cfg.get("spill_dir"), env=env, preload=list(cfg.get("preload") or []),

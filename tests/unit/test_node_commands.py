@@ -100,7 +100,8 @@ class FakeHead:
         self.calls.append(("relocate", object_id, segment.path))
         return object_id in self.known_objects
 
-    def pulled(self, object_id: bytes, segment: Any, error: str) -> None:
+    def node_pulled(self, node_id: int, object_id: bytes, segment: Any, error: str) -> None:
+        assert node_id == NODE
         self.calls.append(("pulled", object_id, segment and segment.name, error))
 
     def is_idle(self) -> bool:
