@@ -228,6 +228,30 @@ def test_a_server_closed_mid_transfer_fails_the_fetch_at_once(
     assert time.monotonic() - t0 < 4.0   # no hang: well before the 5 s stall timeout
 
 
+@pytest.mark.timeout(120)
+def test_a_server_closed_while_bytes_flow_fails_the_fetch_with_a_short_read(
+        serve: Any, fetcher: Fetcher, folder: Path, token: str) -> None:
+    size = 256 * MiB
+    data = write(folder, "big", size)
+    server = serve()
+    dest = bytearray(size)
+    head = data[:64]
+
+    def close_once_bytes_arrive() -> None:
+        deadline = time.monotonic() + 30
+        while dest[:64] != head and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        server.close()
+    closer = threading.Thread(target=close_once_bytes_arrive)
+    closer.start()
+    try:
+        with pytest.raises(ObjectLostError, match=r"closed the connection after \d+ of "
+                                                  f"{size} bytes"):
+            fetcher.fetch(server.address, token, "big", size, memoryview(dest), streams=1)
+    finally:
+        closer.join()
+
+
 def test_a_file_that_shrinks_while_sent_is_a_short_read(
         serve: Any, fetcher: Fetcher, folder: Path, token: str) -> None:
     write(folder, "obj", 4 * MiB)
