@@ -1,7 +1,7 @@
 """How fast an object's bytes move between two nodes' stores (orchestra/_transfer.py).
 
     python tools/transfer_bench.py [--size-mib 200] [--small-kib 200] [--repeat 5]
-                                   [--streams 1,2] [--no-netns]
+                                   [--streams 1,2] (connections per object) [--no-netns]
 
 The source object is a file in a private directory under /dev/shm (as a segment is);
 a DataServer in a process of its own serves it; this process fetches it into a mapped
@@ -246,7 +246,7 @@ def main() -> None:
     p.add_argument("--small-kib", type=int, default=200)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--small-repeat", type=int, default=300)
-    p.add_argument("--streams", type=lambda s: [int(x) for x in s.split(",")], default=[1])
+    p.add_argument("--streams", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
     p.add_argument("--no-netns", action="store_true")
     args = p.parse_args()
     token = new_token()
