@@ -51,7 +51,7 @@ def _scale(quick: bool) -> dict[str, int]:
     """Counts for a full run, or a smoke test's."""
     if quick:
         return {"lat_n": 50, "spread_n": 100, "rounds": 1, "transfer_bytes": 8 * MiB}
-    return {"lat_n": 2000, "spread_n": 5000, "rounds": 3, "transfer_bytes": TRANSFER_BYTES}
+    return {"lat_n": 2000, "spread_n": 5000, "rounds": 5, "transfer_bytes": TRANSFER_BYTES}
 
 
 # ---------------------------------------------------------------- orchestra and Ray
