@@ -42,6 +42,18 @@ def parse_address(address: str) -> tuple[int, Any]:
     return family, (host, int(port))
 
 
+def _authenticate(sock: socket.socket, address: str, token: str | None) -> None:
+    from ._auth import client_handshake
+    client_handshake(sock, os.environ.get("ORCHESTRA_TOKEN", "") if token is None else token,
+                     peer=address)
+
+
+def parse_host(address: str) -> str:
+    """The host part of a TCP address (HOST:PORT)."""
+    family, target = parse_address(address)
+    return target[0] if family != socket.AF_UNIX else "localhost"
+
+
 class Connection:
     """One stream socket, its frame decoder, and a lock that keeps writes whole."""
 
@@ -57,10 +69,11 @@ class Connection:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     @classmethod
-    def connect(cls, address: str, timeout_s: float) -> Connection:
+    def connect(cls, address: str, timeout_s: float, token: str | None = None) -> Connection:
         """Connect, retrying while the listener is not there yet (a process starting);
         ClusterLostError after ``timeout_s``. PermissionError (another user's socket)
-        is raised as it is."""
+        is raised as it is. Over TCP, authenticate first with ``token`` (default: the
+        ORCHESTRA_TOKEN environment variable): AuthenticationError when refused."""
         family, target = parse_address(address)
         deadline = time.monotonic() + timeout_s
         delay = 0.002
@@ -68,6 +81,8 @@ class Connection:
             s = socket.socket(family, socket.SOCK_STREAM)
             try:
                 s.connect(target)
+                if family != socket.AF_UNIX:
+                    _authenticate(s, address, token)
                 return cls(s, address)
             except (FileNotFoundError, ConnectionRefusedError) as exc:
                 s.close()
@@ -81,12 +96,14 @@ class Connection:
             delay = min(delay * 2, 0.05)
 
     @classmethod
-    def connect_once(cls, address: str) -> Connection:
+    def connect_once(cls, address: str, token: str | None = None) -> Connection:
         """Connect without retrying (the peer listens already, or is gone): OSError."""
         family, target = parse_address(address)
         s = socket.socket(family, socket.SOCK_STREAM)
         try:
             s.connect(target)
+            if family != socket.AF_UNIX:
+                _authenticate(s, address, token)
         except BaseException:
             s.close()
             raise
@@ -134,9 +151,9 @@ class Connection:
 class Listener:
     """A listening socket whose connections carry frames (non-blocking accept)."""
 
-    __slots__ = ("sock", "address")
+    __slots__ = ("sock", "address", "token")
 
-    def __init__(self, address: str, backlog: int = 128) -> None:
+    def __init__(self, address: str, backlog: int = 128, token: str | None = None) -> None:
         family, target = parse_address(address)
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -159,17 +176,28 @@ class Listener:
         sock.setblocking(False)
         self.sock = sock
         self.address = address
+        self.token = (os.environ.get("ORCHESTRA_TOKEN", "") if token is None else token) \
+            if family != socket.AF_UNIX else None
 
     def fileno(self) -> int:
         return self.sock.fileno()
 
     def accept(self) -> Connection | None:
-        """A connection waiting to be accepted, else None."""
+        """A connection waiting to be accepted, else None. Over TCP, the client proves
+        the token first (a blocking handshake, bounded): None when it does not."""
         try:
             sock, _ = self.sock.accept()
         except OSError:
             return None
         sock.setblocking(True)
+        if self.token is not None:
+            from ._auth import server_handshake
+            from .exceptions import AuthenticationError
+            try:
+                server_handshake(sock, self.token)
+            except AuthenticationError:
+                sock.close()
+                return None
         return Connection(sock, self.address)
 
     def close(self) -> None:

@@ -106,6 +106,11 @@ class ClusterLostError(OrchestraError, ConnectionError):
     """
 
 
+class AuthenticationError(OrchestraError, PermissionError):
+    """A cluster refused this connection (wrong or missing token, another orchestra
+    version), or the server reached is not the cluster (it does not know the token)."""
+
+
 class GetTimeoutError(OrchestraError, TimeoutError):
     """``get`` or ``wait`` ran past its timeout; the task keeps running."""
 
@@ -203,7 +208,8 @@ class GangMemberDiedError(GangError):
 
 
 __all__ = [
-    "OrchestraError", "TaskError", "ClusterLostError", "GetTimeoutError", "WorkerCrashedError",
+    "OrchestraError", "TaskError", "ClusterLostError", "AuthenticationError", "GetTimeoutError",
+    "WorkerCrashedError",
     "TaskCancelledError", "ObjectLostError", "ObjectStoreFullError", "ObjectStoreError",
     "InfeasibleResourcesError", "ActorDiedError", "DeserializationError", "GangError",
     "GangAbortedError", "GangTimeoutError", "GangMemberDiedError",

@@ -5,6 +5,7 @@ import os
 import socket
 import stat
 import threading
+import time
 
 import pytest
 
@@ -36,11 +37,15 @@ def test_a_bad_address_names_the_forms_accepted(bad: str) -> None:
 def _listen(kind: str, tmp_path) -> Listener:
     if kind == "unix":
         return Listener(str(tmp_path / "s.sock"))
+    return _listen_tcp()
+
+
+def _listen_tcp() -> Listener:
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
     probe.close()
-    return Listener(f"127.0.0.1:{port}")
+    return Listener(f"127.0.0.1:{port}", token="t")
 
 
 def _address(listener: Listener) -> str:
@@ -50,12 +55,19 @@ def _address(listener: Listener) -> str:
 @pytest.mark.parametrize("kind", ["unix", "tcp"])
 def test_frames_cross_a_connection_whole_and_in_order(kind: str, tmp_path) -> None:
     listener = _listen(kind, tmp_path)
-    client = Connection.connect(_address(listener), timeout_s=5)
+    got: list = []
+    # Over TCP the connect waits for the listener's side of the handshake (accept).
+    th = threading.Thread(target=lambda: got.append(
+        Connection.connect(_address(listener), timeout_s=5, token="t")))
+    th.start()
     server = None
     for _ in range(1000):
         server = listener.accept()
         if server is not None:
             break
+        time.sleep(0.005)
+    th.join(10)
+    client = got[0]
     assert server is not None
     msgs = [pb.Subscribe(ids=[bytes([i]) * 16 for i in range(n)]) for n in range(1, 50)]
     big = pb.Subscribe(ids=[b"x" * 16] * 100_000)   # ~1.8 MB: many reads
