@@ -4,6 +4,9 @@ task id   = 8-byte process prefix + 4-byte counter           (12 bytes)
 object id = task id + 4-byte return index, big endian        (16 bytes)
 A put's object id uses a task id of its own with index 0. The prefix is random per
 process (and re-drawn after fork), so ids from different processes never collide.
+
+node id   = an int inside the cluster (0: the head's own node; joined nodes 2, 3, ...),
+            shown to users as 16 lowercase hex digits (node_hex / node_from_hex)
 """
 from __future__ import annotations
 
@@ -35,3 +38,21 @@ def object_id(task_id: bytes, index: int) -> bytes:
 
 def task_of(object_id_: bytes) -> bytes:
     return object_id_[:TASK_ID_LEN]
+
+
+NODE_HEX_LEN = 16
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def node_hex(node_id: int) -> str:
+    """A node's public id: its int as 16 lowercase hex digits (node 0: "0000000000000000")."""
+    return f"{node_id:016x}"
+
+
+def node_from_hex(s: str) -> int:
+    """The int of a public node id; ValueError naming the bad value and the form expected."""
+    if not isinstance(s, str) or len(s) != NODE_HEX_LEN or not _HEX.issuperset(s):
+        raise ValueError(f"bad node id {s!r}: a node id is {NODE_HEX_LEN} hex digits, as "
+                         "orchestra.nodes() lists them (its 'NodeID') and "
+                         "get_runtime_context().get_node_id() returns them")
+    return int(s, 16)
