@@ -117,6 +117,8 @@ class ActorTable:
                 w.gpu_ids = node.resources.acquire(req)
                 a.worker = w
                 a.state = ActorState.STARTING if a.restarts == 0 else ActorState.RESTARTING
+                if task.placement is not None:
+                    s.placed_on(task, node.node_id)
                 return True
         return False
 

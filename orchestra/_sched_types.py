@@ -251,3 +251,7 @@ class SchedulerCore(Protocol):
     def unplaceable(self, t: Task) -> bytes | None:
         """The error of a task whose strategy names a node that cannot take it, ever."""
         ...
+
+    def placed_on(self, t: Task, node_id: int) -> None:
+        """``t`` took resources on ``node_id`` (the next SPREAD turn starts after it)."""
+        ...

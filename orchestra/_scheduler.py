@@ -853,6 +853,10 @@ class SchedulerState:
         """The error of a task whose strategy names a node that cannot take it, ever."""
         return self.placer.unplaceable(t)
 
+    def placed_on(self, t: Task, node_id: int) -> None:
+        """``t`` took resources on ``node_id`` (the next SPREAD turn starts after it)."""
+        self.placer.placed(t, node_id)
+
     # ------------------------------------------------------------------ queries
     def total_resources(self) -> dict[str, float]:
         total: dict[str, float] = {}
