@@ -19,8 +19,11 @@ must see each attempt), workers for a worker's (not a driver's) tasks, actor wor
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from . import _pb as pb
 from ._instructions import LateSend
+from ._placement import cpu_share_free
 from ._resources import shape_key
 from ._sched_types import SchedulerCore, Task, Worker, WorkerState
 from ._wire import LOAN, LOAN_RECALL
@@ -89,7 +92,12 @@ class Loans:
         s = self.s
         if not s.lending or s.work_waits():
             return
-        for w in s.workers.values():
+        idle: Iterable[Worker] = s.workers.values()
+        if len(s.nodes) > 1:   # the node with the most free CPU share first, as tasks spread
+            shares = {nid: cpu_share_free(n) for nid, n in s.nodes.items()}
+            idle = sorted((w for w in idle if w.node_id in shares),
+                          key=lambda w: (-shares[w.node_id], w.node_id))
+        for w in idle:
             if w.state is WorkerState.IDLE and w.actor is None:
                 node = s.nodes[w.node_id]
                 if node.resources.fits(req):

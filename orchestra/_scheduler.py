@@ -320,7 +320,7 @@ class SchedulerState:
                     continue
                 w = self._pick_worker(t)
                 if w is None:
-                    if q and q[0] is not t:   # it failed (its node is gone): the next one
+                    if not q or q[0] is not t:   # it failed (its node is gone): the next one
                         continue
                     waiting = True
                     break

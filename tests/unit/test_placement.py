@@ -26,6 +26,8 @@ from _sched_helpers import (
     rid,
     segment_data,
     sent,
+    sent_late,
+    socket_path,
     spread,
     worker_conn,
 )
@@ -497,3 +499,16 @@ def test_a_hard_affinity_task_is_not_run_inline_by_a_blocked_worker_of_another_n
     assert executed(out) == [] and sent(out, _wire.EXECUTE_NESTED) == []
     c.done(busy_wid, busy)
     assert executed(c.take()) == [(busy_wid, child.task_id)]
+
+
+# ------------------------------------------------------------------ loans
+
+def test_a_worker_lent_on_request_comes_from_the_node_with_the_most_free_cpu_share():
+    c = two()
+    c.s.lending = True
+    c.s.worker_socket = socket_path
+    c.submit(make_call("busy", placement=affinity(0)))   # node 0: half its CPUs held
+    c.take()
+    c.s.lend_idle(DRIVER, {"CPU": 1.0})
+    [loan] = sent_late(c.take(), _wire.LOAN, DRIVER)
+    assert c.node_of(loan.worker_id) == 2
