@@ -1,7 +1,8 @@
 """The scheduler core's shared data: tasks, workers, objects, clients, nodes, their states
 and transitions, and the interface its helpers use. No I/O, no decisions.
 
-    _sched_types  <--  _actor_state (ActorTable), _blocking (Blocking), _loans (Loans)
+    _sched_types  <--  _actor_state (ActorTable), _blocking (Blocking), _loans (Loans),
+                       _placement (Placer)
          ^                      |  they reach the core only through SchedulerCore
          +------  _scheduler (SchedulerState implements SchedulerCore, owns the helpers)
 

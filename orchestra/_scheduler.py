@@ -12,7 +12,9 @@ this class directly.
 
 Helpers, each owning its own tables and reaching this class only through the
 SchedulerCore interface (_sched_types.py): ActorTable (_actor_state.py), Blocking
-(_blocking.py: workers blocked in get()), Loans (_loans.py: workers lent to drivers).
+(_blocking.py: workers blocked in get()), Loans (_loans.py: workers lent to drivers),
+Placer (_placement.py: which node, with several nodes or a scheduling strategy; with
+one node and none, _pick_worker takes the first idle worker, as fast as ever).
 
 Objects: PENDING (a task will produce it) -> READY (data inline, in a segment, or an
 error) -> freed when its count drops to zero. The count is the number of processes
