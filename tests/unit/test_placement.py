@@ -314,6 +314,18 @@ def test_a_queued_hard_affinity_task_fails_when_its_node_leaves():
     assert b"no such node" in error_of(out, rid(queued)) and executed(out) == []
 
 
+def test_every_queued_task_bound_to_a_node_that_left_fails_in_one_pass():
+    c = two(cpus=1, pipeline_depth=1)
+    c.submit(make_call("busy", placement=affinity(2)))
+    queued = [c.submit(make_call(f"q{i}", placement=affinity(2))) for i in range(3)]
+    c.take()
+    del c.s.nodes[2]
+    c.s.schedule()
+    out = c.take()
+    assert all(b"no such node" in error_of(out, rid(t)) for t in queued)
+    assert not c.s.has_ready()
+
+
 def test_soft_affinity_prefers_its_node():
     c = three()
     c.submit(make_call("f", placement=affinity(3, soft=True)))
