@@ -129,8 +129,10 @@ class Head:
         # Up to 8 tasks queued per busy worker: 5.3k -> 7k no-op tasks/s on 2 cores (8 -> 16
         # adds ~10% more). An idle worker takes queued tasks back (STEAL), so a long
         # task never holds up the ones pipelined behind it for long.
+        # joinable: nodes may join, so a request no node holds waits for one (warned).
         self.state = SchedulerState(pipeline_depth=cfg.get("pipeline_depth", 8),
-                                    error_factory=make_error)
+                                    error_factory=make_error,
+                                    joinable=bool(cfg.get("joinable", False)))
         # Internal switches (init(_system_config=...)): direct calls at all, and loans
         # (tasks as direct calls to lent workers) among them.
         if cfg.get("direct_calls", True):

@@ -477,6 +477,12 @@ class Closing(_message.Message):
     reason: str
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
+class ClusterWarning(_message.Message):
+    __slots__ = ("text",)
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    def __init__(self, text: _Optional[str] = ...) -> None: ...
+
 class Stalled(_message.Message):
     __slots__ = ("text", "task_ids")
     TEXT_FIELD_NUMBER: _ClassVar[int]
