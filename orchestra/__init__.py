@@ -6,6 +6,7 @@ from . import exceptions
 from ._actor import ActorClass, ActorHandle, get_actor, kill
 from ._api import remote
 from ._auth import VERSION as _VERSION
+from ._context import RuntimeContext, get_runtime_context
 from ._gang import Gang, gang
 from ._gang_errors import GangAbortedError, GangError, GangMemberDiedError, GangTimeoutError
 from ._gang_member import GangContext, GangDevice, gang_context
@@ -19,6 +20,7 @@ from ._session import (
     get_gpu_ids,
     init,
     is_initialized,
+    nodes,
     put,
     shutdown,
     wait,
@@ -28,7 +30,8 @@ __version__ = _VERSION
 
 __all__ = [
     "init", "shutdown", "is_initialized", "remote", "RemoteFunction", "get", "put", "wait",
-    "cancel", "get_gpu_ids", "cluster_resources", "available_resources", "ObjectRef",
+    "cancel", "get_gpu_ids", "nodes", "get_runtime_context", "RuntimeContext",
+    "cluster_resources", "available_resources", "ObjectRef",
     "exceptions", "ActorClass", "ActorHandle", "get_actor", "kill",
     "gang", "Gang", "gang_context", "GangContext", "GangDevice", "GangError",
     "GangAbortedError", "GangTimeoutError", "GangMemberDiedError",

@@ -85,8 +85,9 @@ class ActorClass:
     def remote(self, *args: Any, **kwargs: Any) -> ActorHandle:
         client = _context.current_client()
         if client is not self._client:
-            check_feasible(self._resources, [dict(client.info.node_resources)],
-                           f"actor {self._cls.__name__}")
+            if not client.info.joinable:
+                check_feasible(self._resources, [dict(client.info.node_resources)],
+                               f"actor {self._cls.__name__}")
             reg = pb.RegisterFunctionRequest(function_id=self._function_id, fnname=self._cls.__qualname__,
                                              pickled=dumps_function(self._cls))
             self._register_frame = _wire.encode(_wire.FUNCTION, reg)

@@ -158,11 +158,13 @@ class ActorTable:
         w = a.worker
         if s.worker_socket is None or w is None:
             return
-        path = s.worker_socket(w.worker_id)
+        path = s.worker_socket(w.node_id, w.worker_id)
         waiting = {t.owner for t in a.queue}
         for conn in callers - waiting:
             c = s.clients.get(conn)
-            if c is not None and c.kind in ("driver", "worker"):
+            # Direct calls stay on one machine: a caller on another node keeps calling
+            # through the head.
+            if c is not None and c.kind in ("driver", "worker") and c.node_id == w.node_id:
                 s.out.append(LateSend(conn, ACTOR_ADDRESS, pb.ActorAddress(
                     actor_id=a.spec.actor_id, worker_id=w.worker_id, path=path,
                     dispatched=a.handled.get(conn, 0))))

@@ -23,6 +23,7 @@ client is proven (the head's TCP listener).
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import secrets
@@ -168,7 +169,7 @@ def server_handshake(sock: socket.socket, token: str, *,
             pass
 
 
-class AuthGate:
+class AuthGate(asyncio.Protocol):
     """An asyncio Protocol that authenticates a connection, then hands its transport to
     ``make_protocol(transport)`` (a Protocol to which the bytes that followed the
     handshake are fed). A client that fails, or is silent for ``timeout_s``, is closed

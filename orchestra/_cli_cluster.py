@@ -218,7 +218,6 @@ def status(argv: list[str]) -> int:
                                                  "or the one recorded here)")
     args = p.parse_args(argv)
     import orchestra
-    from orchestra import _session
     try:
         orchestra.init(address=args.address or os.environ.get("ORCHESTRA_ADDRESS") or "auto",
                        token=args.token)
@@ -226,7 +225,7 @@ def status(argv: list[str]) -> int:
         print(f"orchestra status: cannot connect: {exc}", file=sys.stderr)
         return 1
     try:
-        nodes = _session.nodes()   # type: ignore[attr-defined]
+        nodes = orchestra.nodes()
         available = orchestra.available_resources()
         total = orchestra.cluster_resources()
     finally:

@@ -72,14 +72,14 @@ class CoreClient:
                  on_frame: Callable[[int, Any], None] | None = None,
                  on_lost: Callable[[], None] | None = None,
                  socket_guard: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
-                 start: bool = True) -> None:
+                 start: bool = True, token: str | None = None) -> None:
         if socket_guard is not None:
             # The owner wraps every method that reads or writes the socket (a worker
             # defers its cancel signal past them: raised inside, it cut frames in half).
             self.send_raw = socket_guard(self.send_raw)          # type: ignore[method-assign]
             self._read_once = socket_guard(self._read_once)      # type: ignore[method-assign]
         try:
-            self.conn = Connection.connect(sock_path, connect_timeout_s)
+            self.conn = Connection.connect(sock_path, connect_timeout_s, token)
         except ClusterLostError as exc:
             raise ClusterLostError(f"could not reach the head: {exc}") from exc
         self.sock = self.conn.sock
@@ -126,7 +126,8 @@ class CoreClient:
         self.info = self._read_hello(connect_timeout_s)
         self.conn_id = self.info.conn_id
         self.shm_dir = self.info.shm_dir   # the session's private directory of segments
-        self.objects = ObjectIO(self, self.shm_dir, self.info.inline_threshold or 100 * 1024)
+        self.objects = ObjectIO(self, self.shm_dir, self.info.inline_threshold or 100 * 1024,
+                                self.info.node_id)
         self.inline_threshold = self.objects.inline_threshold
         # One reused buffer: recv(1 MiB) would allocate (and fault in) 1 MiB per read.
         self._buf = bytearray(1 << 18)
@@ -159,6 +160,8 @@ class CoreClient:
                         self.sock.settimeout(None)
                         self._early_frames = frames[i + 1:]   # sent right after the reply
                         return msg
+                    if kind == _wire.CLOSING:   # refused, and why
+                        raise OrchestraError(f"the cluster refused this connection: {msg.reason}")
         except TimeoutError as exc:
             raise ClusterLostError(f"the head did not answer within {timeout_s:g} s") from exc
 

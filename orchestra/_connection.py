@@ -48,6 +48,12 @@ def _authenticate(sock: socket.socket, address: str, token: str | None) -> None:
                      peer=address)
 
 
+def parse_host(address: str) -> str:
+    """The host part of a TCP address (HOST:PORT)."""
+    family, target = parse_address(address)
+    return target[0] if family != socket.AF_UNIX else "localhost"
+
+
 class Connection:
     """One stream socket, its frame decoder, and a lock that keeps writes whole."""
 

@@ -41,3 +41,21 @@ def set_gpu_ids(ids: list[int]) -> None:
 
 def gpu_ids() -> list[int]:
     return list(_gpu_ids)
+
+
+class RuntimeContext:
+    """What this process is within its cluster (``orchestra.get_runtime_context()``)."""
+
+    def get_node_id(self) -> str:
+        """The id of the node this process runs on (as ``orchestra.nodes()`` names it)."""
+        from ._ids import node_hex
+        return node_hex(current_client().info.node_id)
+
+    @property
+    def node_id(self) -> str:
+        return self.get_node_id()
+
+
+def get_runtime_context() -> RuntimeContext:
+    """The runtime context of this process (a driver, a task's or an actor's worker)."""
+    return RuntimeContext()

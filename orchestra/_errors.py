@@ -54,6 +54,13 @@ def make_error(kind: str, **d: Any) -> bytes:
             f"object {oid.hex()} is not in the cluster: it was freed when its last ref was "
             "dropped, or it belongs to another session. Keep an ObjectRef alive for as "
             "long as its value is needed.")
+    elif kind == "node_lost":
+        oid = d.get("object_id", b"")
+        exc = ObjectLostError(
+            f"object {oid.hex()} was lost with node {d.get('node')}: {d.get('reason')}. Its "
+            "only copy was in that node's store, and the task that made it cannot be run "
+            "again (a put, or a task without retries left). Give the task max_retries= to "
+            "have lost results rebuilt.")
     elif kind == "actor_dead":
         limit = d.get("max_restarts", 0)
         if limit:

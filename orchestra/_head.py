@@ -32,13 +32,17 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from . import _grpc_service, _wire
 from . import _pb as pb
+from ._auth import AuthGate
+from ._connection import parse_address, parse_host
 from ._errors import make_error
 from ._grpc_service import GRPC_CONN
-from ._instructions import FreeSegment, KillWorker, LateSend, Push, Send, StartWorker, StopWorker
+from ._ids import machine_id
+from ._instructions import FreeSegment, KillWorker, LateSend, Pull, Push, Send, StartWorker, StopWorker
 from ._node import Node, node_from_cfg, worker_socket
 from ._procutil import watch_parent
 from ._remote_node import RemoteNode
@@ -51,6 +55,35 @@ LOCAL_NODE_ID = 0
 NODE_PROCESS_ID = 1
 # Deadlocked clusters are noticed (and the drivers told) this often.
 _TICK_S = 0.5
+# Joined nodes and the head tell each other they live this often (cfg node_timeout_s
+# of silence, 10 s by default, and the other end is dead).
+_HEARTBEAT_S = 1.0
+
+
+class _Then:
+    """A watch_object() waiter that calls back on the loop (not a thread's future)."""
+
+    __slots__ = ("fn", "_done")
+
+    def __init__(self, fn: Callable[[Any], None]) -> None:
+        self.fn = fn
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, data: Any) -> None:
+        self._done = True
+        self.fn(data)
+
+
+class NodeGone(NamedTuple):
+    """A node that died: what orchestra.nodes() still says of it."""
+
+    host: str
+    resources: dict[str, float]
+    reason: str
+    pid: int
 
 
 class Conn(asyncio.Protocol):
@@ -76,6 +109,9 @@ class Conn(asyncio.Protocol):
             print(f"orchestra head: dropping a connection that sent a bad frame: {exc}",
                   file=sys.stderr)
             self.transport.close()
+            return
+        if self.hello is None and frames and frames[0][0] == _wire.NODE_EVENT:
+            self.head.join(self, frames)   # a node joining over TCP, not a client
             return
         self.head.handle(self, frames)
 
@@ -122,6 +158,18 @@ class Head:
         self.last_activity = time.monotonic()
         self.grpc_server: Any = None
         self.watchers: dict[bytes, list[Any]] = {}   # RequestObj futures (gRPC threads wait)
+        # A cluster (cfg listen): the TCP listener, nodes that joined over it, and the
+        # pulls of objects between their stores.
+        self.token: str = cfg.get("token") or ""
+        self.tcp_server: Any = None
+        self.data_address = ""                       # the local node's data server
+        self.machine = machine_id()
+        self.node_machine: dict[int, str] = {self.local.node_id: self.machine}
+        self.gone: dict[int, NodeGone] = {}          # nodes that died, for nodes()
+        self._next_node_id = NODE_PROCESS_ID + 1
+        # (object id, node id) -> what waits for that node's copy (None: a prefetch)
+        self.pulls: dict[tuple[bytes, int], list[Callable[[Any, str], None]]] = {}
+        self.address = cfg.get("listen", "")
 
     async def start(self) -> None:
         if isinstance(self.local, RemoteNode):
@@ -137,11 +185,38 @@ class Head:
                             4 * max(int(res.get("CPU", 1)), 1) + 32)
         self.state.client_connected(GRPC_CONN, pb.Hello(kind="grpc"))
         self.carry_out()
-        self.loop.call_later(self.cfg.get("driver_connect_timeout_s", 60), self._check_driver)
+        if self.address:
+            await self._listen_tcp()
+        if not self.cfg.get("detached"):
+            self.loop.call_later(self.cfg.get("driver_connect_timeout_s", 60), self._check_driver)
         if self.cfg.get("grpc", True):
             # Control plane: importing grpc costs ~0.1 s, so it starts after init() returns.
             self.loop.call_later(self.cfg.get("grpc_delay_s", 0.5), self._start_grpc)
         self.loop.call_later(_TICK_S, self._tick)
+
+    async def _listen_tcp(self) -> None:
+        """Listen on cfg listen (HOST:PORT) for drivers, workers and nodes of other
+        machines; each authenticates with the cluster token before a frame is read."""
+        if not self.token:
+            raise RuntimeError("a cluster address needs a token (cfg token)")
+        _, (host, port) = parse_address(self.address)
+        self.tcp_server = await self.loop.create_server(
+            lambda: AuthGate(self.token, self.loop, self._tcp_conn, what="orchestra head"),
+            host, port, reuse_address=True)
+        if port == 0:   # an ephemeral port: say which
+            port = self.tcp_server.sockets[0].getsockname()[1]
+            self.address = f"{host}:{port}"
+        serve = getattr(self.local, "serve_data", None)
+        if serve is not None:
+            self.data_address = serve(host, self.token)
+        with open(os.path.join(self.session_dir, "address"), "w") as f:
+            f.write(self.address)
+        self.loop.call_later(_HEARTBEAT_S, self._heartbeat)
+
+    def _tcp_conn(self, transport: Any) -> Conn:
+        c = Conn(self, self._next_conn, self.local)
+        self._next_conn += 1
+        return c
 
     def _start_grpc(self) -> None:
         def run() -> None:
@@ -163,6 +238,10 @@ class Head:
         self.state.subscribe(GRPC_CONN, [oid])
 
     # ------------------------------------------------------------------ NodeHost
+    def pulled(self, object_id: bytes, segment: Any, error: str) -> None:
+        """The local node pulled an object's copy into its store (or failed to)."""
+        self.node_pulled(self.local.node_id, object_id, segment, error)
+
     def send(self, conn_id: int, kind: int, msg: Any) -> None:
         c = self.conns.get(conn_id)
         if c is not None:
@@ -200,9 +279,10 @@ class Head:
         self.carry_out()
 
     # ------------------------------------------------------------------ connections
-    def worker_socket(self, worker_id: int) -> str:
-        """Where a worker listens for direct calls (_worker.py)."""
-        return worker_socket(self.session_dir, worker_id)
+    def worker_socket(self, node_id: int, worker_id: int) -> str:
+        """Where a worker listens for direct calls (_worker.py): in its node's directory."""
+        node = self.nodes.get(node_id)
+        return worker_socket(getattr(node, "node_dir", "") or self.session_dir, worker_id)
 
     def _new_conn(self) -> Conn:
         c = Conn(self, self._next_conn, self.local)
@@ -267,12 +347,18 @@ class Head:
 
     def _hello(self, conn: Conn, hello: Any) -> None:
         conn.hello = hello
-        node = conn.node
-        if hello.kind == "driver" and self.primary is None:
+        node = self._node_for(conn, hello)
+        if node is None:
+            self._refuse(conn, "no node of this cluster runs on this machine (none shares "
+                         "its /dev/shm): start one here with `orchestra start --address "
+                         f"{self.address} --token ...`, then connect again")
+            return
+        conn.node = node
+        if hello.kind == "driver" and self.primary is None and not self.cfg.get("detached"):
             self.primary = conn.conn_id
             node.set_driver(conn.conn_id)
         try:
-            self.state.client_connected(conn.conn_id, hello)
+            self.state.client_connected(conn.conn_id, hello, node.node_id)
         except ValueError as exc:
             print(f"orchestra head: refusing a connection: {exc}", file=sys.stderr)
             conn.transport.close()
@@ -284,10 +370,10 @@ class Head:
             session_id=self.cfg["session_id"].encode(), node_id=node.node_id,
             node_resources=self.state.nodes[node.node_id].resources.total,
             store_capacity=node.capacity, session_dir=self.session_dir,
-            shm_dir=node.shm_dir,
+            shm_dir=node.shm_dir, node_dir=getattr(node, "node_dir", "") or self.session_dir,
             cwd=self.cfg.get("cwd", ""), sys_path=self.cfg.get("sys_path", []),
             inline_threshold=int(self.cfg.get("inline_threshold", 100 * 1024)),
-            conn_id=conn.conn_id)
+            conn_id=conn.conn_id, joinable=bool(self.cfg.get("joinable")))
         frame = _wire.encode(_wire.HELLO_REPLY, reply)
         if hello.kind == "driver" and self._no_worker_yet():
             # init() returns once a task can start at once: the head is ready before
@@ -300,6 +386,27 @@ class Head:
                                      self._release_driver_replies)
             return
         self._queue(conn, frame)
+
+    def _node_for(self, conn: Conn, hello: Any) -> Node | RemoteNode | None:
+        """The node whose store a connecting process maps: a worker's is the node that
+        started it; a driver's the one it names, or the first on its machine (the one
+        it connected to, when that shares its machine)."""
+        if hello.kind == "worker":
+            w = self.state.workers.get(hello.workerid)
+            return self.nodes.get(w.node_id) if w is not None else self.local
+        if hello.HasField("node_id"):
+            return self.nodes.get(hello.node_id)
+        if not hello.machine or self.node_machine.get(conn.node.node_id) == hello.machine:
+            return conn.node
+        for nid in sorted(self.node_machine):
+            if self.node_machine[nid] == hello.machine and nid in self.nodes:
+                return self.nodes[nid]
+        return None
+
+    def _refuse(self, conn: Conn, reason: str) -> None:
+        print(f"orchestra head: refusing a connection: {reason}", file=sys.stderr)
+        conn.transport.write(_wire.encode(_wire.CLOSING, pb.Closing(reason=reason)))
+        conn.transport.close()
 
     def _no_worker_yet(self) -> bool:
         workers = self.state.workers.values()
@@ -359,20 +466,79 @@ class Head:
                 reply.debug.CopyFrom(self.debug_info())
             elif q == "sync":
                 pass   # the reply says every frame sent before the request was handled
+            elif q == "nodes":
+                reply.nodes.extend(self.nodes_info())
             else:
                 reply.error = f"unknown query {q!r}"
         self._queue(conn, _wire.encode(_wire.REPLY, reply))
 
     def _locate(self, conn: Conn, req_id: int, object_id: bytes) -> None:
-        """Answer where an object's data is now (a reader found its segment gone)."""
-        reply = pb.Reply(req_id=req_id)
+        """Answer where an object's data is now, for a reader on the connection's node
+        (a reader found its segment gone, or it is on another node: pulled first)."""
         o = self.state.objects.get(object_id)
-        if o is None or o.data is None:
-            reply.error = f"object {object_id.hex()} was freed while it was being read"
-            reply.error_kind = "ObjectLostError"
+
+        def answer(data: Any, error: str) -> None:
+            reply = pb.Reply(req_id=req_id)
+            if data is None:
+                reply.error = error or f"object {object_id.hex()} was freed while it was being read"
+                reply.error_kind = "ObjectLostError"
+            else:
+                reply.object.CopyFrom(data)
+            self._queue_if_open(conn, _wire.encode(_wire.REPLY, reply))
+        if o is None:
+            answer(None, "")
+            return
+        if o.data is None:   # being made again (its node died): answered once it is
+            self.watch_object(object_id, _Then(lambda d: self._locate(conn, req_id, object_id)))
+            return
+        data = self.state.copy_on(object_id, conn.node.node_id)
+        if data is not None:
+            answer(data, "")
         else:
-            reply.object.CopyFrom(o.data)
-        self._queue_if_open(conn, _wire.encode(_wire.REPLY, reply))
+            self._pull(conn.node.node_id, object_id, answer)
+
+    # ------------------------------------------------------------------ objects between nodes
+    def _pull(self, node_id: int, object_id: bytes,
+              then: Callable[[Any, str], None] | None = None) -> None:
+        """Have node ``node_id`` pull a copy of the object from a node that holds one;
+        ``then(data, error)`` once it is there. Several readers: one pull."""
+        key = (object_id, node_id)
+        waiting = self.pulls.get(key)
+        if waiting is not None:
+            if then is not None:
+                waiting.append(then)
+            return
+        o = self.state.objects.get(object_id)
+        dest: Any = self.nodes.get(node_id)
+        src_seg = None
+        if o is not None and o.data is not None and o.data.WhichOneof("data") == "segment":
+            src_seg = o.data.segment
+        src = self.nodes.get(src_seg.node_id) if src_seg is not None else None
+        address = (self.data_address if src is self.local else getattr(src, "data_address", ""))
+        if dest is None or src_seg is None or not address:
+            why = (f"object {object_id.hex()} cannot be copied to node {node_id}: "
+                   + ("it is gone" if src_seg is None else "its node has no data server"))
+            if then is not None:
+                then(None, why)
+            return
+        self.pulls[key] = [then] if then is not None else []
+        dest.pull(object_id, address, src_seg.path or src_seg.name, src_seg.size, self.token)
+
+    def node_pulled(self, node_id: int, object_id: bytes, segment: Any, error: str) -> None:
+        """Node ``node_id`` has its copy (or failed): answer what waited for it."""
+        waiting = self.pulls.pop((object_id, node_id), [])
+        data = None
+        if not error:
+            if self.state.add_copy(object_id, segment):
+                data = self.state.copy_on(object_id, node_id)
+            else:
+                error = f"object {object_id.hex()} was freed while it was being copied"
+                node = self.nodes.get(node_id)
+                if node is not None:
+                    node.free_segment(segment.name)
+        for then in waiting:
+            then(data, error)
+        self.carry_out()
 
     def _queue_if_open(self, conn: Conn, data: bytes) -> None:
         """For an answer that waited for the node: the connection may have closed."""
@@ -430,13 +596,26 @@ class Head:
                     if c is not None:
                         late.append((c, _wire.encode(ins.kind, ins.msg)))
                 elif type(ins) is FreeSegment:
-                    self.nodes[ins.node_id].free_segment(ins.key)
+                    node = self.nodes.get(ins.node_id)   # None: the node died with it
+                    if node is not None:
+                        node.free_segment(ins.key)
                 elif type(ins) is StartWorker:
-                    self.nodes[ins.node_id].start_worker(ins.worker_id)
+                    node = self.nodes.get(ins.node_id)
+                    if node is not None:
+                        node.start_worker(ins.worker_id)
+                    else:
+                        self.loop.call_soon(self.worker_failed_to_start, ins.worker_id,
+                                            "its node is gone")
                 elif type(ins) is KillWorker:
-                    self.nodes[ins.node_id].kill_worker(ins.worker_id, ins.reason)
+                    node = self.nodes.get(ins.node_id)
+                    if node is not None:
+                        node.kill_worker(ins.worker_id, ins.reason)
                 elif type(ins) is StopWorker:
-                    self.nodes[ins.node_id].stop_worker(ins.worker_id)
+                    node = self.nodes.get(ins.node_id)
+                    if node is not None:
+                        node.stop_worker(ins.worker_id)
+                elif type(ins) is Pull:
+                    self._pull(ins.node_id, ins.object_id)
             for cid, msg in pushes.items():
                 if cid == GRPC_CONN:
                     for d in msg.objects:
@@ -468,15 +647,116 @@ class Head:
             self.shutdown("the driver disconnected")
             return
         client = self.state.clients.get(conn.conn_id)
-        if client is not None and client.worker is not None:
+        node = self.nodes.get(client.worker.node_id) if client is not None \
+            and client.worker is not None else None
+        if node is not None:
             # The scheduler hears of it once its node has the exit status (worker_exited):
             # a crash then reads "died of SIGSEGV", not "its connection closed".
-            wid = client.worker.worker_id
+            wid = client.worker.worker_id   # type: ignore[union-attr]
             self._reaping[wid] = conn.conn_id
-            self.nodes[client.worker.node_id].worker_disconnected(wid)
+            node.worker_disconnected(wid)
+        elif client is not None and client.worker is not None:   # its node died
+            gone = self.gone.get(client.worker.node_id)
+            self.state.client_disconnected(conn.conn_id, f"its node died ({gone.reason})"
+                                           if gone is not None else "its node died")
+            self.carry_out()
         else:
             self.state.client_disconnected(conn.conn_id)
             self.carry_out()
+
+    # ------------------------------------------------------------------ nodes joining and dying
+    def join(self, conn: Conn, frames: list[tuple[int, Any]]) -> None:
+        """A node of another machine connected (authenticated) and asks to join: it gets
+        an id, and the connection becomes that node's (RemoteNode)."""
+        kind, ev = frames[0]
+        if ev.WhichOneof("event") != "join" or self.stopping:
+            conn.transport.close()
+            return
+        j = ev.join
+        node_id = self._next_node_id
+        self._next_node_id += 1
+        self.conns.pop(conn.conn_id, None)
+        remote = RemoteNode(node_id, self, self.loop, self.cfg, joined=True)
+        remote.adopt(conn.transport)
+        remote.ip = j.host
+        remote.num_workers = int(j.num_workers)
+        self.node_machine[node_id] = j.machine
+        remote.welcome(pb.NodeWelcome(
+            node_id=node_id, session_id=self.cfg["session_id"],
+            inline_threshold=int(self.cfg.get("inline_threshold", 100 * 1024)),
+            heartbeat_s=_HEARTBEAT_S, timeout_s=float(self.cfg.get("node_timeout_s", 10.0))))
+        if len(frames) > 1:
+            remote.handle(frames[1:])
+
+    def node_joined(self, remote: RemoteNode) -> None:
+        """A joined node registered (its store and data server are up): schedule on it."""
+        nid = remote.node_id
+        self.nodes[nid] = remote
+        res = dict(remote.resources)
+        cpus = max(int(res.get("CPU", 1)), 1)
+        n = remote.num_workers or cpus
+        self.state.add_node(nid, res, num_workers=n,
+                            max_workers=int(self.cfg.get("max_workers", 0)) or 4 * cpus + 32)
+        remote.start()
+        print(f"orchestra head: node {nid} joined from {remote.ip} (pid {remote.pid}): "
+              + ", ".join(f"{k}={v:g}" for k, v in sorted(res.items())), file=sys.stderr)
+        self.carry_out()
+
+    def node_gone(self, remote: RemoteNode, reason: str) -> None:
+        """A joined node died, or fell silent: its workers' connections are closed (their
+        tasks retried, their actors restarted elsewhere or dead), its objects live on
+        where copies are, else are lost; pulls to or from it fail."""
+        nid = remote.node_id
+        if self.nodes.get(nid) is not remote or self.stopping:
+            return
+        del self.nodes[nid]
+        self.gone[nid] = NodeGone(remote.ip, dict(remote.resources), reason, remote.pid)
+        print(f"orchestra head: node {nid} ({remote.ip}) is gone: {reason}", file=sys.stderr)
+        for key in [k for k in self.pulls if k[1] == nid]:
+            for then in self.pulls.pop(key):
+                then(None, f"node {nid} died while pulling the object: {reason}")
+        self.state.remove_node(nid, reason)
+        for c in list(self.conns.values()):
+            if c.node is remote:
+                c.transport.abort()   # conn_lost: its tasks retried, its actors restarted
+        self.carry_out()
+
+    def _heartbeat(self) -> None:
+        """Tell joined nodes the head lives; a node silent too long is dead."""
+        if self.stopping:
+            return
+        now = time.monotonic()
+        timeout = float(self.cfg.get("node_timeout_s", 10.0))
+        for node in list(self.nodes.values()):
+            if type(node) is RemoteNode and node.joined:
+                if now - node.last_heard > timeout:
+                    node.silent(f"no heartbeat for {timeout:g} s")
+                else:
+                    node.heartbeat()
+        self.loop.call_later(_HEARTBEAT_S, self._heartbeat)
+
+    def nodes_info(self) -> list[Any]:
+        """Every node, alive or gone, for orchestra.nodes()."""
+        out = []
+        st = self.state
+        for nid, node in sorted(self.nodes.items()):
+            rec = st.nodes.get(nid)
+            host = (node.ip if type(node) is RemoteNode and node.ip else
+                    parse_host(self.address) if self.address else "127.0.0.1")
+            info = node.store_info()
+            ni = pb.NodeInfo(node_id=nid, alive=True, address=host,
+                             store_capacity=node.capacity, store_used=info.used,
+                             spilled_bytes=info.spilled_bytes,
+                             pid=node.pid if type(node) is RemoteNode else os.getpid())
+            if rec is not None:
+                ni.resources.update(rec.resources.total)
+                ni.available.update({k: max(v, 0.0) for k, v in rec.resources.free.items()})
+            out.append(ni)
+        for nid, g in sorted(self.gone.items()):
+            ni = pb.NodeInfo(node_id=nid, alive=False, address=g.host, pid=g.pid, death=g.reason)
+            ni.resources.update(g.resources)
+            out.append(ni)
+        return out
 
     def _tick(self) -> None:
         """Notice a cluster where no task can progress (the drivers are told)."""
@@ -498,6 +778,8 @@ class Head:
             self.server.close()
         if self.grpc_server is not None:
             self.grpc_server.stop(0)
+        if self.tcp_server is not None:
+            self.tcp_server.close()
         for node in self.nodes.values():
             node.close()
         # The clients learn why (a driver's later calls name it), then lose the connection.
@@ -508,7 +790,7 @@ class Head:
             except (OSError, RuntimeError):   # already closed
                 pass
             c.transport.abort()
-        for name in ("head.sock", "grpc.sock"):
+        for name in ("head.sock", "grpc.sock", "address"):
             try:
                 os.unlink(os.path.join(self.session_dir, name))
             except FileNotFoundError:
@@ -533,7 +815,8 @@ def main(argv: list[str] | None = None, zygote: tuple[Any, int, int] | None = No
         loop.add_signal_handler(sig, head.shutdown, f"signal {sig.name}")
     # The driver's connection closing is the usual sign it is gone; this covers a driver
     # that dies before it connects.
-    watch_parent(loop, lambda: head.shutdown("the driver process exited"))
+    if not cfg.get("detached"):
+        watch_parent(loop, lambda: head.shutdown("the driver process exited"))
     try:
         loop.run_until_complete(head.start())
     except Exception as exc:

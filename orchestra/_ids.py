@@ -35,3 +35,35 @@ def object_id(task_id: bytes, index: int) -> bytes:
 
 def task_of(object_id_: bytes) -> bytes:
     return object_id_[:TASK_ID_LEN]
+
+
+def machine_id() -> str:
+    """Which object stores this process can map: one kernel boot and one /dev/shm (a
+    node in a mount namespace of its own, with a private /dev/shm, is another machine)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "?"
+    try:
+        shm = os.stat("/dev/shm")
+        where = f"{shm.st_dev}:{shm.st_ino}"
+    except OSError:
+        where = "?"
+    return f"{boot}/{where}"
+
+
+def node_hex(node_id: int) -> str:
+    """A node's public id (orchestra.nodes()' NodeID): 16 hex digits."""
+    return f"{node_id:016x}"
+
+
+def node_from_hex(s: str) -> int:
+    """The node id a public id names; ValueError naming the bad value."""
+    try:
+        if len(s) != 16:
+            raise ValueError
+        return int(s, 16)
+    except (TypeError, ValueError):
+        raise ValueError(f"{s!r} is not a node id: node ids are 16 hex digits, as "
+                         "orchestra.nodes() gives them (NodeID)") from None

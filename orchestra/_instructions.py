@@ -84,4 +84,12 @@ class FreeSegment(NamedTuple):
     key: str
 
 
-Instruction = Send | Push | LateSend | StartWorker | KillWorker | StopWorker | FreeSegment
+class Pull(NamedTuple):
+    """Have node ``node_id`` pull a copy of object ``object_id`` into its store, from a
+    node that holds one (a task dispatched there reads it: fetched before it asks)."""
+
+    node_id: int
+    object_id: bytes
+
+
+Instruction = Send | Push | LateSend | StartWorker | KillWorker | StopWorker | FreeSegment | Pull

@@ -42,12 +42,13 @@ class Loans:
         driver: its later tasks of that shape go to the worker as direct calls."""
         s = self.s
         c = s.clients.get(conn)
-        if c is None or c.kind != "driver" or w.gpu_ids or s.worker_socket is None:
+        if c is None or c.kind != "driver" or w.gpu_ids or s.worker_socket is None \
+                or c.node_id != w.node_id:   # direct calls stay on one machine
             return False
         w.lent_to = conn
         self.loaned.add(w.worker_id)
         s.out.append(LateSend(conn, LOAN, pb.Loan(
-            worker_id=w.worker_id, path=s.worker_socket(w.worker_id), resources=w.grant,
+            worker_id=w.worker_id, path=s.worker_socket(w.node_id, w.worker_id), resources=w.grant,
             pid=w.pid, busy_task=w.queue[0].call.task_id if w.queue else b"")))
         return True
 

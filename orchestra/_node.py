@@ -8,9 +8,17 @@
             ReleaseNeeded -> RELEASE_MAPS to the readers -> answer again 50 ms later
         start_worker / kill_worker / stop_worker / worker_connected / worker_disconnected
             -> WorkerPool (fork server or exec) -> reaping -> host.worker_exited
+    pull(object id, address, key, size, token) -> ObjectStore.create (waiting for a spill
+        like create_segment) -> a pull thread: open_segment + _transfer.Fetcher.fetch
+        from the source node's data server straight into the map -> _pulled on the loop:
+        seal (or abort: the bytes go back) -> host.pulled(object id, segment | None, error)
+    serve_data(host, token) -> a _transfer.DataServer of this store's sealed segments and
+        spill files (its threads read the store's tables, nothing else), for other nodes'
+        pulls; closed by close()
     Node --events--> NodeHost (implemented by the head)
         send(conn, frame kind, message): a reply, RELEASE_MAPS, DROP_MAPS, MAP_AHEAD
-        worker_failed_to_start / worker_exited(reason, connected) / relocate / flush
+        worker_failed_to_start / worker_exited(reason, connected) / relocate / pulled /
+        flush
     and asks it one question: is_idle() (warming and preloading wait for an idle cluster).
 
 The interface takes plain data (ids, names, sizes, protobuf messages), so that a
@@ -23,7 +31,8 @@ no extra hop. With cfg node_process it runs in a process of its own
 
 Owns: this node's shared-memory segments and spill files (ObjectStore), its worker
 processes and fork server (WorkerPool), its workers' sockets for direct calls
-(unlinked when a worker is reaped). close() kills and removes them all.
+(unlinked when a worker is reaped), its data server and its connections to other
+nodes' data servers (Fetcher). close() kills, closes and removes them all.
 """
 from __future__ import annotations
 
@@ -32,14 +41,18 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import _pb as pb
 from . import _wire
 from ._errors import describe_exit
-from ._store import ObjectStore, ReleaseNeeded, SpillNeeded, spill_file
+from ._store import ObjectStore, ReleaseNeeded, SpillNeeded, open_segment, segment_path, spill_file
+from ._transfer import DataServer, Fetcher
 from ._worker_pool import WorkerPool, Zygote
-from .exceptions import ObjectStoreError, ObjectStoreFullError
+from .exceptions import ObjectStoreError, ObjectStoreFullError, OrchestraError
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 _REAP_POLL_S = 0.01
 _REAP_LIMIT_S = 2.0
@@ -48,6 +61,14 @@ _WATCH_S = 0.5
 # that asked tries again after this long.
 _RELEASE_RETRY_S = 0.05
 _PRELOAD_DELAY_S = 1.0
+# The store's writer id for the segments pulls fill: no connection has it (the head's
+# connection ids are positive, the warm reserve's is -1).
+PULL_CONN = -2
+# Pulls in flight at once; more wait for a thread. Each is bound by the network or a
+# core's copy, so more than the cores would only share them.
+_PULL_THREADS = 4
+# Segments the data server may send: written and sealed (a spill reads the same bytes).
+_SERVABLE = frozenset(("sealed", "spilling"))
 
 
 class NodeHost(Protocol):
@@ -70,6 +91,10 @@ class NodeHost(Protocol):
         """The object's segment was spilled to ``segment.path``: point the object there.
         False when the object is gone or lives elsewhere now (the file is removed)."""
 
+    def pulled(self, object_id: bytes, segment: Any, error: str) -> None:
+        """A pull (Node.pull) ended: ``segment`` is the sealed copy in this node's store,
+        or None with ``error`` saying why there is none (its bytes were given back)."""
+
     def is_idle(self) -> bool:
         """No task queued or running, and no frame for a while; asked from threads."""
 
@@ -89,7 +114,9 @@ def node_from_cfg(node_id: int, host: NodeHost, loop: Any, cfg: dict[str, Any],
     session_dir = cfg["session_dir"]
     return Node(
         node_id, host, loop, session_id=cfg["session_id"], session_dir=session_dir,
-        sock_path=os.path.join(session_dir, "head.sock"), capacity=capacity,
+        # A node that joined over TCP: its workers connect to the head's address.
+        sock_path=cfg.get("head_address") or os.path.join(session_dir, "head.sock"),
+        capacity=capacity,
         pool_bytes=cfg.get("pool_bytes"),
         warm_bytes=int(cfg.get("warm_bytes", min(capacity // 2, 1 << 30))),
         spill_dir=cfg.get("spill_dir"), env=env, preload=list(cfg.get("preload") or []),
@@ -130,6 +157,9 @@ class Node:
         self.exit_reasons: dict[int, str] = {}   # worker id -> why we killed it
         self.connected: set[int] = set()         # workers whose connection the head accepted
         self.driver: int | None = None           # the connection that maps the warm reserve
+        self.data_server: DataServer | None = None
+        self._fetcher: Fetcher | None = None
+        self._pull_threads: ThreadPoolExecutor | None = None
         self.closed = False
 
     def start(self) -> None:
@@ -191,14 +221,14 @@ class Node:
 
     def _create_segment(self, conn_id: int, req: Any, *, spill: bool,
                         release: bool = True) -> bool:
-        """Answer one request; False when it waits for a spill, or for readers to let
-        go of maps they keep."""
-        reply = pb.Reply(req_id=req.req_id)
-        cs = req.create_segment
+        """Answer one request (or start one pull); False when it waits for a spill, or
+        for readers to let go of maps they keep."""
+        pull = req if isinstance(req, _Pull) else None
+        cs = pull if pull is not None else req.create_segment
         store = self.store
+        segment, error = None, ""
         try:
-            reply.segment.CopyFrom(store.create(conn_id, cs.object_id, cs.size,
-                                                spill=spill, release=release))
+            segment = store.create(conn_id, cs.object_id, cs.size, spill=spill, release=release)
         except ReleaseNeeded as rel:
             for cid, names in rel.held.items():
                 self.host.send(cid, _wire.RELEASE_MAPS, pb.SegmentNames(names=names))
@@ -217,10 +247,18 @@ class Node:
             self._start_spill(jobs)
             return False
         except ObjectStoreFullError as exc:
-            reply.error, reply.error_kind = str(exc), "ObjectStoreFullError"
+            error = str(exc)
         finally:
             if store.dropped:   # pooled segments evicted to make room
                 self._send_dropped()
+        if pull is not None:
+            self._start_pull(pull, segment, error)
+            return True
+        reply = pb.Reply(req_id=req.req_id)
+        if segment is not None:
+            reply.segment.CopyFrom(segment)
+        else:
+            reply.error, reply.error_kind = error, "ObjectStoreFullError"
         self.host.send(conn_id, _wire.REPLY, reply)
         return True
 
@@ -264,6 +302,78 @@ class Node:
                 break
             waiting.popleft()
             release = True
+        self.host.flush()
+
+    # ------------------------------------------------------------------ transfers
+    def serve_data(self, host: str, token: str) -> str:
+        """Start this node's data server on ``host`` (port chosen by the system) for
+        other nodes' pulls; its address, HOST:PORT. Once: later calls return it."""
+        if self.data_server is None:
+            self.data_server = DataServer(host, token, self._resolve)
+        return self.data_server.address
+
+    def _resolve(self, key: str) -> tuple[str, int] | None:
+        """On a data server thread: the file and size of a sealed segment or spill file
+        of this store named ``key``; None for anything else (any other path)."""
+        store = self.store
+        size = store.files.get(key)
+        if size is not None:
+            return key, size
+        seg = store.segs.get(key)
+        if seg is None or seg.state not in _SERVABLE:
+            return None
+        return segment_path(store.dir, key), seg.size
+
+    def pull(self, object_id: bytes, address: str, key: str, size: int, token: str) -> None:
+        """Copy an object of ``size`` bytes from the data server at ``address`` (its
+        ``key`` there) into a segment of this store; host.pulled() tells how it went.
+        Room is made as for a writer's create_segment (spilling, in line with the
+        create requests waiting), or the pull fails with ObjectStoreFullError's text."""
+        p = _Pull(object_id, size, address, key, token)
+        if self._creates_waiting is not None:
+            self._creates_waiting.append((PULL_CONN, p))
+        elif not self._create_segment(PULL_CONN, p, spill=True):
+            self._creates_waiting = collections.deque([(PULL_CONN, p)])
+
+    def _start_pull(self, pull: _Pull, segment: Any, error: str) -> None:
+        """Fetch into the new segment on a pull thread; the loop hears of it in _pulled."""
+        if segment is None:   # no room: answered on the loop's next turn, as a fetch is
+            self.loop.call_soon(self._pulled, pull, None, error)
+            return
+        if self._fetcher is None:
+            from concurrent.futures import ThreadPoolExecutor  # ~5 ms: the first pull pays
+            self._fetcher = Fetcher()
+            self._pull_threads = ThreadPoolExecutor(_PULL_THREADS, "orchestra-pull")
+        fetcher, folder = self._fetcher, self.shm_dir
+        assert self._pull_threads is not None
+
+        def work() -> None:
+            why = fetch_into(fetcher, folder, segment, pull.address, pull.token, pull.key)
+            try:
+                self.loop.call_soon_threadsafe(self._pulled, pull, segment, why)
+            except RuntimeError:   # the loop closed: close() removed the segment
+                pass
+        try:
+            self._pull_threads.submit(work)
+        except RuntimeError:   # close() shut the threads down
+            pass
+
+    def _pulled(self, pull: _Pull, segment: Any, error: str) -> None:
+        """On the loop: seal the filled segment, or give a failed one's bytes back."""
+        if self.closed:
+            return
+        store = self.store
+        if segment is not None:
+            seg = store.segs.get(segment.name)
+            if seg is not None:
+                seg.rw.discard(PULL_CONN)   # the pull thread closed its map
+            if error:
+                store.abort(PULL_CONN, segment.name)
+            else:
+                store.seal(segment.name)
+            if store.dropped:
+                self._send_dropped()
+        self.host.pulled(pull.object_id, None if error else segment, error)
         self.host.flush()
 
     # ------------------------------------------------------------------ warming
@@ -371,5 +481,40 @@ class Node:
         if self.closed:
             return
         self.closed = True
+        if self.data_server is not None:
+            self.data_server.close()
+        if self._pull_threads is not None:
+            self._pull_threads.shutdown(wait=False, cancel_futures=True)
+        if self._fetcher is not None:
+            self._fetcher.close()
         self.pool.kill_all()
         self.store.close()
+
+
+class _Pull:
+    """A pull waiting for room, or in flight (the fields create_segment's request has)."""
+    __slots__ = ("object_id", "size", "address", "key", "token")
+
+    def __init__(self, object_id: bytes, size: int, address: str, key: str,
+                 token: str) -> None:
+        self.object_id, self.size = object_id, size
+        self.address, self.key, self.token = address, key, token
+
+
+def fetch_into(fetcher: Fetcher, folder: str, segment: Any, address: str, token: str,
+               key: str) -> str:
+    """Map the new segment and fill it from the data server at ``address``; "" or why
+    it failed (the caller aborts the segment then)."""
+    try:
+        mm = open_segment(folder, segment)
+    except (ObjectStoreError, ObjectStoreFullError) as exc:
+        return str(exc)
+    view = memoryview(mm)
+    try:
+        fetcher.fetch(address, token, key, segment.size, view)
+        return ""
+    except (OrchestraError, OSError, ValueError) as exc:
+        return str(exc) or type(exc).__name__
+    finally:
+        view.release()
+        mm.close()

@@ -5,7 +5,7 @@ a fork server through _bootstrap.NODE_BOOTSTRAP).
     head --NodeCommand frames--> NodeProcess.data_received -> command() -> Node
         (seal, pin, unpin, free_segment, create_segment, start_worker, ...) in order
     Node --NodeHost calls--> NodeProcess: send / worker_exited / worker_failed_to_start /
-        relocate -> NodeEvent frames, written once per read of commands, or on the
+        relocate / pulled -> NodeEvent frames, written once per read of commands, or on the
         loop's next turn for events of the node's own timers and threads
     store figures -> a store_info event when they changed: after each read of commands,
         and every _INFO_S for what the node's threads changed
@@ -36,6 +36,7 @@ from typing import Any
 
 from . import _pb as pb
 from . import _wire
+from ._ids import machine_id
 from ._node import Node, NodeHost, node_from_cfg
 from ._procutil import watch_parent
 
@@ -47,8 +48,9 @@ _INFO_S = 0.1
 _QUIET_S = 0.3
 
 
-def command(node: Node, cmd: Any) -> bool:
-    """Carry out one NodeCommand on ``node``; False for close."""
+def command(node: Node, cmd: Any, token: str = "") -> bool:
+    """Carry out one NodeCommand on ``node``; False for close. ``token``: the
+    cluster's, for pulls from other nodes' data servers."""
     which = cmd.WhichOneof("command")
     if which == "seal":
         node.seal(cmd.seal)
@@ -76,6 +78,9 @@ def command(node: Node, cmd: Any) -> bool:
         node.worker_disconnected(cmd.worker_disconnected)
     elif which == "set_driver":
         node.set_driver(cmd.set_driver)
+    elif which == "pull":
+        p = cmd.pull
+        node.pull(p.object_id, p.address, p.key, p.size, token)
     elif which == "close":
         return False
     return True
@@ -85,10 +90,17 @@ class NodeProcess(asyncio.Protocol):
     """The connection to the head, and the NodeHost of the node it carries."""
 
     def __init__(self, loop: Any, cfg: dict[str, Any],
-                 make_node: Callable[[NodeHost], Node]) -> None:
+                 make_node: Callable[[NodeHost], Node], join: bool = False) -> None:
         self.loop = loop
         self.cfg = cfg
-        self.node = make_node(self)
+        self.token = str(cfg.get("token", ""))
+        self.make_node = make_node
+        # A node joining a cluster over TCP gets its id from the head (welcome) first;
+        # a node the head launched knows it from its command line.
+        self.join = join
+        self.node: Node = None if join else make_node(self)  # type: ignore[assignment]
+        self.last_heard = time.monotonic()
+        self.timeout_s = 10.0
         self.transport: Any = None
         self.decoder = _wire.FrameDecoder()
         self.wbuf: list[bytes] = []
@@ -101,6 +113,12 @@ class NodeProcess(asyncio.Protocol):
     # ------------------------------------------------------------------ connection
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
+        if self.join:
+            res = {k: float(v) for k, v in self.cfg["resources"].items()}
+            self._event(pb.NodeEvent(join=pb.NodeJoin(
+                resources=res, machine=machine_id(), host=self.cfg.get("host", "127.0.0.1"),
+                pid=os.getpid(), num_workers=int(self.cfg.get("num_workers", 0)))))
+            return
         node = self.node
         res = {k: float(v) for k, v in self.cfg["resources"].items()}
         self._event(pb.NodeEvent(register=pb.NodeRegister(
@@ -116,11 +134,19 @@ class NodeProcess(asyncio.Protocol):
             print(f"orchestra node: the head sent a bad frame: {exc}", file=sys.stderr)
             self.close()
             return
-        node = self.node
+        self.last_heard = time.monotonic()
         for kind, cmd in frames:
             if kind != _wire.NODE_COMMAND:
                 continue
             which = cmd.WhichOneof("command")
+            if which == "heartbeat":
+                continue
+            if which == "welcome":
+                self._welcomed(cmd.welcome)
+                continue
+            node = self.node
+            if node is None:
+                continue
             if which == "cluster_idle":
                 self._cluster_idle = cmd.cluster_idle
                 continue
@@ -130,7 +156,7 @@ class NodeProcess(asyncio.Protocol):
                 continue
             # Busy at once, before the head's next look says so.
             self._last_command = time.monotonic()
-            if not command(node, cmd):
+            if not command(node, cmd, self.token):
                 self.close()
                 return
         # With the replies they caused: a put's bytes are counted in the head's figures
@@ -140,11 +166,59 @@ class NodeProcess(asyncio.Protocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.transport = None
+        if self.join:
+            print("orchestra node: lost the head: stopping this node and its workers",
+                  file=sys.stderr)
         self.close()
+
+    # ------------------------------------------------------------------ joining over TCP
+    def _welcomed(self, w: Any) -> None:
+        """The head gave this node its id: start the store, the data server and the
+        workers' pool, and tell the head what this node is."""
+        if self.node is not None:
+            return
+        cfg = self.cfg
+        cfg["session_id"] = w.session_id
+        self.timeout_s = w.timeout_s or 10.0
+        cfg["_node_id"] = w.node_id
+        node = self.node = self.make_node(self)
+        serve = getattr(node, "serve_data", None)
+        data_address = serve(cfg.get("host", "127.0.0.1"), cfg.get("token", "")) if serve else ""
+        res = {k: float(v) for k, v in cfg["resources"].items()}
+        self._event(pb.NodeEvent(register=pb.NodeRegister(
+            node_id=node.node_id, resources=res, capacity=node.capacity,
+            shm_dir=node.shm_dir, pid=os.getpid(), data_address=data_address,
+            node_dir=cfg["session_dir"], machine=machine_id(),
+            num_workers=int(cfg.get("num_workers", 0)))))
+        node.start()
+        self.loop.call_later(_INFO_S, self._report_store)
+        self.loop.call_later(w.heartbeat_s or 1.0, self._heartbeat, w.heartbeat_s or 1.0)
+        from ._ids import node_hex
+        info = {"node_id": w.node_id, "node_hex": node_hex(w.node_id),
+                "head_address": cfg["head_address"], "pid": os.getpid(),
+                "data_address": data_address}
+        path = os.path.join(cfg["session_dir"], "node.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(info, f)
+        os.replace(path + ".tmp", path)
+        print(f"orchestra node: joined the cluster at {cfg['head_address']} as node "
+              f"{w.node_id}", file=sys.stderr)
+
+    def _heartbeat(self, every: float) -> None:
+        if self.transport is None or self.done.done():
+            return
+        if time.monotonic() - self.last_heard > self.timeout_s:
+            print(f"orchestra node: the head said nothing for {self.timeout_s:g} s: "
+                  "stopping this node and its workers", file=sys.stderr)
+            self.close()
+            return
+        self._event(pb.NodeEvent(heartbeat=True))
+        self.loop.call_later(every, self._heartbeat, every)
 
     def close(self) -> None:
         """Kill the workers, remove the segments, end the process."""
-        self.node.close()
+        if self.node is not None:
+            self.node.close()
         if self.transport is not None:
             self.transport.abort()
             self.transport = None
@@ -181,6 +255,12 @@ class NodeProcess(asyncio.Protocol):
                                                           segment=segment)))
         return True
 
+    def pulled(self, object_id: bytes, segment: Any, error: str) -> None:
+        ev = pb.NodePulled(object_id=object_id, error=error)
+        if segment is not None:
+            ev.segment.CopyFrom(segment)
+        self._event(pb.NodeEvent(pulled=ev))
+
     def is_idle(self) -> bool:
         """Asked from threads: two reads of plain attributes."""
         return self._cluster_idle and time.monotonic() - self._last_command > _QUIET_S
@@ -195,7 +275,7 @@ class NodeProcess(asyncio.Protocol):
 
     def _report_store(self) -> None:
         """What the node's threads changed (a spill, the warm reserve) is sent here."""
-        if self.node.closed:
+        if self.node is None or self.node.closed:
             return
         self._store_changed()
         self.loop.call_later(_INFO_S, self._report_store)
@@ -220,8 +300,81 @@ async def _run(loop: Any, cfg: dict[str, Any], node_sock: str, node_id: int,
     await proto.done
 
 
+def _start_zygote(head_address: str) -> tuple[Any, int, int] | None:
+    """The fork server of a joining node (_bootstrap.py starts the others')."""
+    import subprocess
+    req_r, req_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestra._zygote", head_address, str(req_r), str(rep_w)],
+            stdin=subprocess.DEVNULL, pass_fds=(req_r, rep_w))
+    except OSError:
+        proc = None
+    os.close(req_r)
+    os.close(rep_w)
+    return (proc, req_w, rep_r) if proc is not None else None
+
+
+async def _run_joined(loop: Any, cfg: dict[str, Any], zygote: tuple[Any, int, int] | None) -> None:
+    from ._auth import client_handshake
+    from ._connection import parse_address
+    proto = NodeProcess(loop, cfg, lambda host: node_from_cfg(int(cfg["_node_id"]), host, loop,
+                                                              cfg, zygote), join=True)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        loop.add_signal_handler(sig, proto.close)
+    address = cfg["head_address"]
+    family, target = parse_address(address)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(10)
+        sock.connect(target)
+        client_handshake(sock, cfg.get("token", ""), peer=address)
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        await loop.create_connection(lambda: proto, sock=sock)
+    except OSError as exc:   # AuthenticationError too
+        sock.close()
+        print(f"orchestra node: cannot join the cluster at {address}: {exc}", file=sys.stderr)
+        proto.close()
+        raise
+    await proto.done
+
+
+def join_main(cfg_path: str) -> None:
+    """``python -m orchestra._node_process --join CFG``: a node of another machine
+    joins the cluster at cfg head_address (orchestra start --address)."""
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    os.umask(0o077)
+    session_dir = cfg["session_dir"]
+    os.makedirs(session_dir, mode=0o700, exist_ok=True)
+    cfg.setdefault("spill_dir", os.path.join(session_dir, "spill"))
+    cfg.setdefault("sys_path", [p for p in sys.path if p])
+    cfg.setdefault("session_id", "")
+    # Its workers connect to the head over TCP too, with the same token.
+    os.environ["ORCHESTRA_TOKEN"] = cfg.get("token", "")
+    zygote = _start_zygote(cfg["head_address"]) if cfg.get("zygote", True) else None
+    import uvloop
+    loop = uvloop.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(_run_joined(loop, cfg, zygote))
+    except OSError:
+        raise SystemExit(3) from None
+    finally:
+        try:
+            os.unlink(os.path.join(session_dir, "node.json"))
+        except FileNotFoundError:
+            pass
+        loop.close()
+
+
 def main(argv: list[str] | None = None, zygote: tuple[Any, int, int] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--join":
+        join_main(argv[1])
+        return
     cfg_path, node_sock, node_id = argv[0], argv[2], int(argv[3])
     with open(cfg_path) as f:
         cfg = json.load(f)

@@ -43,8 +43,10 @@ class Client(Protocol):
 
 
 class ObjectIO:
-    def __init__(self, client: Client, shm_dir: str, inline_threshold: int) -> None:
+    def __init__(self, client: Client, shm_dir: str, inline_threshold: int,
+                 node_id: int = 0) -> None:
         self.client = client
+        self.node_id = node_id   # this process's node: segments of others are pulled here
         self.refs = client.refs
         self.shm_dir = shm_dir   # the session's private directory of segments
         self.inline_threshold = inline_threshold
@@ -163,17 +165,27 @@ class ObjectIO:
         """Map a large object read-only, wherever it is now: a reader may have learnt
         its segment just before the store spilled it to disk; then ask the head.
         Returns the view and the Segment it maps."""
-        client = self.client
         for _ in range(8):
+            if data.segment.node_id != self.node_id:
+                # On another node: this node's store pulls a copy (the head answers
+                # with it once it is here; one pull for every reader on this node).
+                data = self._locate(data.object_id)
             try:
                 return self.map_segment(data.segment), data.segment
             except FileNotFoundError:
-                oid = data.object_id
-                data = client.request(pb.Request(locate=oid)).object
-                with self.refs.lock:
-                    if oid in client.results:
-                        client.results[oid] = data
+                data = self._locate(data.object_id)
         raise ObjectLostError(f"object {data.object_id.hex()} kept moving while being read")
+
+    def _locate(self, oid: bytes) -> Any:
+        """Where the object's data is now, for this node (ObjectLostError if nowhere)."""
+        client = self.client
+        data = client.request(pb.Request(locate=oid)).object
+        if data.WhichOneof("data") == "error":
+            raise pickle.loads(data.error)
+        with self.refs.lock:
+            if oid in client.results:
+                client.results[oid] = data
+        return data
 
     def map_segment(self, segment: Any) -> memoryview:
         """Map a sealed segment read-only and pin it until the last view of it is gone

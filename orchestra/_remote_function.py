@@ -85,7 +85,8 @@ class RemoteFunction:
         return RemoteFunction(self._fn, merged, self._function_id)
 
     def _bind(self, client: Any) -> None:
-        check_feasible(self._resources, [dict(client.info.node_resources)], f"task {self._name}()")
+        if not client.info.joinable:
+            check_feasible(self._resources, [dict(client.info.node_resources)], f"task {self._name}()")
         opts = self._options
         call = types_pb2.Call(
             function_id=self._function_id, num_returns=self._num_returns,

@@ -101,8 +101,17 @@ class RemoteNode:
     module docstring). ``head``: the Head (conns, dirty, carry_out, shutdown and the
     NodeHost calls)."""
 
-    def __init__(self, node_id: int, head: Any, loop: Any, cfg: dict[str, Any]) -> None:
+    def __init__(self, node_id: int, head: Any, loop: Any, cfg: dict[str, Any],
+                 joined: bool = False) -> None:
         self.node_id = node_id
+        # A node of another machine that joined over TCP (not launched by this head):
+        # its death ends only it, and it heartbeats.
+        self.joined = joined
+        self.ip = ""              # the address it binds (joined nodes)
+        self.num_workers = 0
+        self.data_address = ""
+        self.node_dir = ""
+        self.last_heard = time.monotonic()
         self.head = head
         self.loop = loop
         self.cfg = cfg
@@ -154,6 +163,33 @@ class RemoteNode:
                 os.unlink(listen_path)
             except FileNotFoundError:
                 pass
+
+    def adopt(self, transport: Any) -> None:
+        """Take over a connection the head accepted (a node that joined over TCP)."""
+        nc = NodeConn(self)
+        transport.set_protocol(nc)
+        nc.transport = transport
+        self.conn = nc
+
+    def welcome(self, msg: Any) -> None:
+        self._command(pb.NodeCommand(welcome=msg))
+
+    def heartbeat(self) -> None:
+        self._command(pb.NodeCommand(heartbeat=True))
+
+    def silent(self, why: str) -> None:
+        """The node said nothing for too long: dead, whatever its connection says."""
+        c = self.conn
+        self._lost_reason = why
+        if c is not None and c.transport is not None:
+            c.transport.abort()   # -> lost()
+        else:
+            self.lost()
+
+    def pull(self, object_id: bytes, address: str, key: str, size: int, token: str) -> None:
+        """As Node.pull; the node process uses the cluster token of its own cfg."""
+        self._command(pb.NodeCommand(pull=pb.NodePull(
+            object_id=object_id, address=address, key=key, size=size)))
 
     def start(self) -> None:
         """The node started itself; from now on it hears when the cluster goes idle."""
@@ -248,6 +284,7 @@ class RemoteNode:
     # ------------------------------------------------------------------ events
     def handle(self, frames: list[tuple[int, Any]]) -> None:
         head = self.head
+        self.last_heard = time.monotonic()
         for kind, ev in frames:
             if kind != _wire.NODE_EVENT:
                 continue
@@ -274,6 +311,12 @@ class RemoteNode:
                 fn = self._syncs.pop(ev.synced, None)
                 if fn is not None:
                     fn()
+            elif which == "pulled":
+                p = ev.pulled
+                head.node_pulled(self.node_id, p.object_id,
+                                 p.segment if p.HasField("segment") else None, p.error)
+            elif which == "heartbeat":
+                pass
             elif which == "register":
                 r = ev.register
                 if r.node_id != self.node_id:
@@ -282,8 +325,11 @@ class RemoteNode:
                     continue
                 self.capacity, self.shm_dir, self.pid = r.capacity, r.shm_dir, r.pid
                 self.resources = dict(r.resources)
+                self.data_address, self.node_dir = r.data_address, r.node_dir
                 if not self.registered.done():
                     self.registered.set_result(None)
+                    if self.joined:
+                        head.node_joined(self)
         head.carry_out()
 
     def lost(self) -> None:
@@ -291,6 +337,11 @@ class RemoteNode:
         workers and objects with it."""
         self.conn = None
         if self.closed or self.head.stopping:
+            return
+        if self.joined:
+            self.closed = True
+            self.head.node_gone(self, getattr(self, "_lost_reason", "")
+                                or "its connection to the head closed")
             return
         rc = None
         if self.proc is not None:
@@ -334,6 +385,10 @@ class RemoteNode:
             c.wbuf.append(_wire.encode(_wire.NODE_COMMAND, pb.NodeCommand(close=True)))
             c.transport.write(b"".join(c.wbuf))
             c.wbuf = []
+        if self.joined:   # it removes what it made itself, on its machine
+            if c is not None and c.transport is not None:
+                c.transport.close()
+            return
         p = self.proc
         if p is not None:
             try:

@@ -125,7 +125,8 @@ class Worker:
 
 
 class Obj:
-    __slots__ = ("data", "count", "subscribers", "waiting_tasks", "owner", "size")
+    __slots__ = ("data", "count", "subscribers", "waiting_tasks", "owner", "size", "copies",
+                 "lineage")
 
     def __init__(self, owner: int) -> None:
         self.data: Any = None          # pb.ObjectData once sealed
@@ -134,24 +135,34 @@ class Obj:
         self.waiting_tasks: list[Task] = []
         self.owner = owner
         self.size = 0
+        # Copies pulled by other nodes' stores (node id -> Segment there); the primary
+        # copy is data.segment. None while there is none (every object on one node).
+        self.copies: dict[int, Any] | None = None
+        # On a cluster of several nodes, a task's large result keeps how to make it
+        # again (its Call, the retries it had left, its owner): lost with its node, it
+        # is rebuilt by running the task again.
+        self.lineage: tuple[Any, int, int] | None = None
 
 
 class Client:
-    __slots__ = ("conn", "kind", "pid", "holds", "worker")
+    __slots__ = ("conn", "kind", "pid", "holds", "worker", "node_id")
 
-    def __init__(self, conn: int, kind: str, pid: int) -> None:
+    def __init__(self, conn: int, kind: str, pid: int, node_id: int = 0) -> None:
         self.conn = conn
         self.kind = kind
         self.pid = pid
+        self.node_id = node_id         # the node whose store it maps
         self.holds: collections.Counter[bytes] = collections.Counter()
         self.worker: Worker | None = None
 
 
 class Node:
-    __slots__ = ("node_id", "resources", "max_workers", "num_cpus")
+    __slots__ = ("node_id", "resources", "max_workers", "num_cpus", "num_workers")
 
-    def __init__(self, node_id: int, resources: dict[str, float], max_workers: int) -> None:
+    def __init__(self, node_id: int, resources: dict[str, float], max_workers: int,
+                 num_workers: int = 0) -> None:
         self.node_id = node_id
+        self.num_workers = num_workers
         self.resources = NodeResources(resources)
         self.num_cpus = int(resources.get("CPU", 0))
         self.max_workers = max_workers
@@ -172,7 +183,7 @@ class SchedulerCore(Protocol):
     error: Callable[..., bytes]
     # Where a worker listens for direct calls (worker id -> socket path); None: every
     # call goes through the head.
-    worker_socket: Callable[[int], str] | None
+    worker_socket: Callable[[int, int], str] | None
     lending: bool   # whether idle workers are lent to drivers (_loans.py)
 
     def start_worker(self, node_id: int) -> Worker:

@@ -29,7 +29,7 @@ from . import _ids
 from . import _pb as pb
 from ._actor_state import ActorTable
 from ._blocking import Blocking
-from ._instructions import FreeSegment, Instruction, KillWorker, Push, Send, StartWorker, StopWorker
+from ._instructions import FreeSegment, Instruction, KillWorker, Pull, Push, Send, StartWorker, StopWorker
 from ._loans import Loans
 from ._sched_types import (
     TASK_TRANSITIONS,
@@ -82,7 +82,8 @@ class SchedulerState:
         self.dead_workers: dict[int, tuple[int, str, bool]] = {}
         # Where a worker listens for direct calls (worker id -> socket path); None:
         # callers always go through the head.
-        self.worker_socket: Callable[[int], str] | None = None
+        # Where a worker takes direct calls: (node id, worker id) -> its socket.
+        self.worker_socket: Callable[[int, int], str] | None = None
         # Lend idle workers to drivers for their tasks (loans; _loans.py).
         self.lending = False
         self.loans = Loans(self)
@@ -90,8 +91,8 @@ class SchedulerState:
     # ------------------------------------------------------------------ nodes, workers
     def add_node(self, node_id: int, resources: dict[str, float], *, num_workers: int,
                  max_workers: int) -> None:
-        self.nodes[node_id] = Node(node_id, resources, max_workers)
-        self._feasible.clear()
+        self.nodes[node_id] = Node(node_id, resources, max_workers, num_workers)
+        self._feasible.clear()   # a request no node could hold may fit this one
         for _ in range(num_workers):
             self.start_worker(node_id)
 
@@ -102,8 +103,8 @@ class SchedulerState:
         self.out.append(StartWorker(node_id, w.worker_id))
         return w
 
-    def client_connected(self, conn: int, hello: Any) -> Client:
-        c = Client(conn, hello.kind, hello.pid)
+    def client_connected(self, conn: int, hello: Any, node_id: int = 0) -> Client:
+        c = Client(conn, hello.kind, hello.pid, node_id)
         self.clients[conn] = c
         if hello.kind == "worker":
             w = self.workers.get(hello.workerid)
@@ -191,6 +192,50 @@ class SchedulerState:
             if len(self.pool(w.node_id)) < max(node.num_cpus, 1):
                 self.start_worker(w.node_id)
         self.schedule()
+
+    def remove_node(self, node_id: int, reason: str) -> None:
+        """Node ``node_id`` is gone with its store. Its workers' deaths come as their
+        connections close (client_disconnected); here: workers that never connected,
+        and the objects whose only copy was there (rebuilt by nothing yet: they hold
+        ObjectLostError naming the node)."""
+        if self.nodes.pop(node_id, None) is None:
+            return
+        self._feasible.clear()
+        rebuild: dict[bytes, tuple[Any, int, int]] = {}
+        for w in [w for w in self.workers.values() if w.node_id == node_id
+                  and w.state is WorkerState.STARTING]:
+            self.worker_failed_to_start(w.worker_id, f"its node died: {reason}")
+        for oid, o in self.objects.items():
+            if o.copies:
+                o.copies.pop(node_id, None)
+            data = o.data
+            if data is None or data.WhichOneof("data") != "segment" \
+                    or data.segment.node_id != node_id:
+                continue
+            if o.copies:   # another node pulled a copy: it becomes the primary one
+                _, seg = o.copies.popitem()
+                o.data = pb.ObjectData(object_id=oid, segment=seg, contained=data.contained)
+            elif o.lineage is not None:
+                rebuild.setdefault(o.lineage[0].task_id, o.lineage)
+                o.data = None   # pending again: readers wait for the new run
+                o.lineage = None
+                for cid in data.contained:   # counted again when it is sealed anew
+                    self._decr(cid)
+            else:
+                o.data = pb.ObjectData(object_id=oid, contained=data.contained, error=self.error(
+                    "node_lost", object_id=oid, node=node_id, reason=reason))
+        for call, retries_left, owner in rebuild.values():
+            self._rebuild(call, retries_left, owner)
+        self.schedule()
+
+    def _rebuild(self, call: Any, retries_left: int, owner: int) -> None:
+        """Run a finished task again: a result of it was lost with its node. Its returns
+        still alive elsewhere keep their data (the new copies are freed)."""
+        t = Task(call, owner)
+        t.retries_left = retries_left - 1 if retries_left > 0 else retries_left
+        self.tasks[call.task_id] = t
+        if self._hold_args(t) and not t.deps:
+            self._deps_met(t)
 
     def pool(self, node_id: int) -> list[Worker]:
         """The node's task workers (dedicated actor workers do not count)."""
@@ -386,7 +431,21 @@ class SchedulerState:
         for v in call.args:
             if v.WhichOneof("kind") == "ref":
                 resolved.append(objects[v.ref].data)
+        if len(self.nodes) > 1:
+            self._args_to(w.node_id, resolved)
         self.out.append(Send(w.conn, EXECUTE, pb.Execute(invoke=inv)))
+
+    def _args_to(self, node_id: int, resolved: Any) -> None:
+        """Name the copies on the worker's node of its task's large arguments, and have
+        the node pull those it lacks now (the worker asks for them once it runs)."""
+        for i, data in enumerate(resolved):
+            if data.WhichOneof("data") != "segment" or data.segment.node_id == node_id:
+                continue
+            local = self.copy_on(data.object_id, node_id)
+            if local is not None:
+                resolved[i].CopyFrom(local)
+            else:
+                self.out.append(Pull(node_id, data.object_id))
 
     def release_grant(self, w: Worker) -> None:
         if w.grant:
@@ -438,7 +497,16 @@ class SchedulerState:
             self.finish_task(t)
             for data in msg.returns:
                 self._seal(data.object_id, data)
+            if len(self.nodes) > 1 and t.retries_left != 0 and not t.call.actor_id:
+                self._keep_lineage(t, msg.returns)
         self.after_worker_step(w, t)
+
+    def _keep_lineage(self, t: Task, returns: Any) -> None:
+        for data in returns:
+            if data.WhichOneof("data") == "segment":
+                o = self.objects.get(data.object_id)
+                if o is not None:
+                    o.lineage = (t.call, t.retries_left, t.owner)
 
     def after_worker_step(self, w: Worker | None, done: Task | None = None) -> None:
         """``w`` ended a task (``done``, when it ran to its end)."""
@@ -722,10 +790,46 @@ class SchedulerState:
         if o is None:
             return False
         data = o.data
-        if data is None or data.WhichOneof("data") != "segment" or data.segment.path \
-                or data.segment.name != segment.name:
+        if data is None or data.WhichOneof("data") != "segment":
+            return False
+        if segment.node_id != data.segment.node_id:   # a copy another node pulled
+            copy = o.copies.get(segment.node_id) if o.copies else None
+            if copy is None or copy.path or copy.name != segment.name:
+                return False
+            o.copies[segment.node_id] = segment  # type: ignore[index]
+            return True
+        if data.segment.path or data.segment.name != segment.name:
             return False
         o.data = pb.ObjectData(object_id=oid, segment=segment, contained=data.contained)
+        return True
+
+    # ------------------------------------------------------------------ object directory
+    def copy_on(self, oid: bytes, node_id: int) -> Any:
+        """The object's data as a reader on ``node_id`` maps it: the primary copy when it
+        is there, else a copy pulled there; None when that node has none (pull it)."""
+        o = self.objects.get(oid)
+        if o is None or o.data is None:
+            return None
+        data = o.data
+        if data.WhichOneof("data") != "segment" or data.segment.node_id == node_id:
+            return data
+        seg = o.copies.get(node_id) if o.copies else None
+        if seg is None:
+            return None
+        return pb.ObjectData(object_id=oid, segment=seg, contained=data.contained)
+
+    def add_copy(self, oid: bytes, segment: Any) -> bool:
+        """A node pulled the object into its store; False when the object is gone (the
+        caller frees the copy)."""
+        o = self.objects.get(oid)
+        if o is None or o.data is None or o.data.WhichOneof("data") != "segment":
+            return False
+        if o.copies is None:
+            o.copies = {}
+        old = o.copies.get(segment.node_id)
+        if old is not None:
+            self._free_segment(old)
+        o.copies[segment.node_id] = segment
         return True
 
     def subscribe(self, conn: int, ids: Iterable[bytes]) -> None:
@@ -775,6 +879,9 @@ class SchedulerState:
         data = o.data
         if data.WhichOneof("data") == "segment":
             self._free_segment(data.segment)
+            if o.copies:
+                for seg in o.copies.values():
+                    self._free_segment(seg)
         for cid in data.contained:
             self._decr(cid)
 

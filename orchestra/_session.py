@@ -14,6 +14,7 @@ import math
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -27,7 +28,9 @@ from . import _context, _wire
 from . import _pb as pb
 from ._bootstrap import BOOTSTRAP as HEAD_BOOTSTRAP
 from ._client import CoreClient
+from ._connection import parse_address
 from ._gpus import detect_num_gpus
+from ._ids import machine_id, node_hex
 from ._object_ref import ObjectRef
 from ._resources import make_request
 from ._store import SHM_DIR, pid_alive, remove_private_dir, sweep_stale_segments
@@ -152,18 +155,20 @@ def _sweep_stale_sessions() -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def init(address: str | None = None, *, token: str | None = None, num_cpus: int | None = None,
+def init(address: str | None = None, *, num_cpus: int | None = None,
          num_gpus: int | None = None, resources: dict[str, float] | None = None,
          object_store_memory: int | None = None, spill_dir: str | os.PathLike[str] | None = None,
-         ignore_reinit_error: bool = False,
+         ignore_reinit_error: bool = False, token: str | None = None,
          _system_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """Start a local cluster (or connect to one) and make it this process's session.
 
-    address: None starts a private local cluster (unless ORCHESTRA_ADDRESS names one);
-    "IP:PORT" connects to a cluster's head (token= or ORCHESTRA_TOKEN); "auto" to the
-    cluster that ``orchestra start`` started on this machine; a session directory or its
-    head.sock to a local session of this user.
-    """
+    ``address``: None starts a private cluster on this machine (unless ORCHESTRA_ADDRESS
+    names one). "HOST:PORT" connects to a cluster (``orchestra start --head`` printed its
+    address), authenticating with ``token`` (default: the ORCHESTRA_TOKEN environment
+    variable); this driver uses the store of the cluster's node on this machine. "auto"
+    connects to the cluster ``orchestra start`` started on this machine (its token with
+    it). A session directory or its head.sock connects to another driver's private
+    cluster of this user."""
     global _session
     if _session is not None and _session.client.lost is not None:
         _forget_lost_session()
@@ -298,7 +303,8 @@ def launch_head(cfg: dict[str, Any], *, stdout: Any = None, stderr: Any = None) 
 
 
 def _hello() -> Any:
-    return pb.Hello(kind="driver", pid=os.getpid(), cwd=os.getcwd(), sys_path=sys.path)
+    return pb.Hello(kind="driver", pid=os.getpid(), cwd=os.getcwd(), sys_path=sys.path,
+                    machine=machine_id())
 
 
 def _connect_client(sock: str, head: subprocess.Popen[bytes]) -> CoreClient:
@@ -333,6 +339,14 @@ def resolve_address(address: str | None, token: str | None) -> tuple[str | None,
 
 
 def _connect(address: str, token: str | None = None) -> Session:
+    if parse_address(address)[0] != socket.AF_UNIX:   # a cluster's HOST:PORT
+        try:
+            client = CoreClient(address, _hello(), token=token, connect_timeout_s=10.0)
+        except ClusterLostError as exc:
+            raise ConnectionError(f"no orchestra cluster answers at {address}: {exc}. Start "
+                                  "one with `orchestra start --head`, or check the address "
+                                  "and the firewall") from None
+        return Session(client, "", None)
     sock = address
     if os.path.isdir(address):
         sock = os.path.join(address, "head.sock")
@@ -369,7 +383,8 @@ def _owner(path: str) -> str:
 
 
 def _info(s: Session) -> dict[str, Any]:
-    return {"session_dir": s.session_dir, "address": os.path.join(s.session_dir, "head.sock"),
+    address = s.client.conn.address if not s.session_dir else os.path.join(s.session_dir, "head.sock")
+    return {"session_dir": s.session_dir, "address": address, "node_id": node_hex(s.client.info.node_id),
             "node_resources": dict(s.client.info.node_resources),
             "object_store_memory": s.client.info.store_capacity}
 
@@ -530,6 +545,24 @@ def cancel(ref: ObjectRef, *, force: bool = False) -> None:
     if not isinstance(ref, ObjectRef):
         raise TypeError(f"cancel() takes an ObjectRef, not a {type(ref).__name__}")
     _client().cancel(ref.binary(), bool(force))
+
+
+def nodes() -> list[dict[str, Any]]:
+    """One dict per node of the cluster, alive or dead, with Ray's keys: NodeID,
+    Alive, NodeManagerAddress, Resources; and ObjectStoreCapacity, ObjectStoreUsed,
+    AvailableResources, Pid, and DeathReason for a dead one."""
+    reply = _client().request(pb.Request(query="nodes"))
+    out = []
+    for n in reply.nodes:
+        d: dict[str, Any] = {
+            "NodeID": node_hex(n.node_id), "Alive": n.alive, "NodeManagerAddress": n.address,
+            "Resources": dict(n.resources), "AvailableResources": dict(n.available),
+            "ObjectStoreCapacity": n.store_capacity, "ObjectStoreUsed": n.store_used,
+            "ObjectStoreSpilled": n.spilled_bytes, "Pid": n.pid}
+        if not n.alive:
+            d["DeathReason"] = n.death
+        out.append(d)
+    return out
 
 
 def _query(q: str) -> dict[str, float]:

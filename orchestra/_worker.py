@@ -122,7 +122,7 @@ class WorkerRuntime:
         self.client.direct.on_peer_frame = self._on_peer_frame
         # Callers send calls straight here once the head gives them this address: a
         # driver this worker is lent to (Loan), or callers of the actor it becomes.
-        path = os.path.join(info.session_dir, f"worker-{worker_id}.sock")
+        path = os.path.join(info.node_dir or info.session_dir, f"worker-{worker_id}.sock")
         try:
             self.client.listen(path)
         except OSError as exc:   # callers stay on the head's path

@@ -259,21 +259,25 @@ class InvokeCallReply(_message.Message):
     def __init__(self) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("kind", "pid", "workerid", "cwd", "sys_path")
+    __slots__ = ("kind", "pid", "workerid", "cwd", "sys_path", "node_id", "machine")
     KIND_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     WORKERID_FIELD_NUMBER: _ClassVar[int]
     CWD_FIELD_NUMBER: _ClassVar[int]
     SYS_PATH_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    MACHINE_FIELD_NUMBER: _ClassVar[int]
     kind: str
     pid: int
     workerid: int
     cwd: str
     sys_path: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, kind: _Optional[str] = ..., pid: _Optional[int] = ..., workerid: _Optional[int] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ...) -> None: ...
+    node_id: int
+    machine: str
+    def __init__(self, kind: _Optional[str] = ..., pid: _Optional[int] = ..., workerid: _Optional[int] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., node_id: _Optional[int] = ..., machine: _Optional[str] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("session_id", "node_id", "node_resources", "store_capacity", "session_dir", "cwd", "sys_path", "inline_threshold", "conn_id", "shm_dir")
+    __slots__ = ("session_id", "node_id", "node_resources", "store_capacity", "session_dir", "cwd", "sys_path", "inline_threshold", "conn_id", "shm_dir", "node_dir", "joinable")
     class NodeResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -291,6 +295,8 @@ class HelloReply(_message.Message):
     INLINE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     CONN_ID_FIELD_NUMBER: _ClassVar[int]
     SHM_DIR_FIELD_NUMBER: _ClassVar[int]
+    NODE_DIR_FIELD_NUMBER: _ClassVar[int]
+    JOINABLE_FIELD_NUMBER: _ClassVar[int]
     session_id: bytes
     node_id: int
     node_resources: _containers.ScalarMap[str, float]
@@ -301,7 +307,9 @@ class HelloReply(_message.Message):
     inline_threshold: int
     conn_id: int
     shm_dir: str
-    def __init__(self, session_id: _Optional[bytes] = ..., node_id: _Optional[int] = ..., node_resources: _Optional[_Mapping[str, float]] = ..., store_capacity: _Optional[int] = ..., session_dir: _Optional[str] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., inline_threshold: _Optional[int] = ..., conn_id: _Optional[int] = ..., shm_dir: _Optional[str] = ...) -> None: ...
+    node_dir: str
+    joinable: bool
+    def __init__(self, session_id: _Optional[bytes] = ..., node_id: _Optional[int] = ..., node_resources: _Optional[_Mapping[str, float]] = ..., store_capacity: _Optional[int] = ..., session_dir: _Optional[str] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., inline_threshold: _Optional[int] = ..., conn_id: _Optional[int] = ..., shm_dir: _Optional[str] = ..., node_dir: _Optional[str] = ..., joinable: _Optional[bool] = ...) -> None: ...
 
 class Submit(_message.Message):
     __slots__ = ("calls",)
@@ -518,7 +526,7 @@ class CreateSegment(_message.Message):
     def __init__(self, object_id: _Optional[bytes] = ..., size: _Optional[int] = ...) -> None: ...
 
 class Reply(_message.Message):
-    __slots__ = ("req_id", "error", "error_kind", "segment", "resources", "debug", "actor", "object")
+    __slots__ = ("req_id", "error", "error_kind", "segment", "resources", "debug", "actor", "object", "nodes")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -534,6 +542,7 @@ class Reply(_message.Message):
     DEBUG_FIELD_NUMBER: _ClassVar[int]
     ACTOR_FIELD_NUMBER: _ClassVar[int]
     OBJECT_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
     req_id: int
     error: str
     error_kind: str
@@ -542,10 +551,49 @@ class Reply(_message.Message):
     debug: SchedulerDebugInfoReply
     actor: _types_pb2.ActorSpec
     object: _types_pb2.ObjectData
-    def __init__(self, req_id: _Optional[int] = ..., error: _Optional[str] = ..., error_kind: _Optional[str] = ..., segment: _Optional[_Union[_types_pb2.Segment, _Mapping]] = ..., resources: _Optional[_Mapping[str, float]] = ..., debug: _Optional[_Union[SchedulerDebugInfoReply, _Mapping]] = ..., actor: _Optional[_Union[_types_pb2.ActorSpec, _Mapping]] = ..., object: _Optional[_Union[_types_pb2.ObjectData, _Mapping]] = ...) -> None: ...
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
+    def __init__(self, req_id: _Optional[int] = ..., error: _Optional[str] = ..., error_kind: _Optional[str] = ..., segment: _Optional[_Union[_types_pb2.Segment, _Mapping]] = ..., resources: _Optional[_Mapping[str, float]] = ..., debug: _Optional[_Union[SchedulerDebugInfoReply, _Mapping]] = ..., actor: _Optional[_Union[_types_pb2.ActorSpec, _Mapping]] = ..., object: _Optional[_Union[_types_pb2.ObjectData, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ...) -> None: ...
+
+class NodeInfo(_message.Message):
+    __slots__ = ("node_id", "alive", "address", "resources", "available", "store_capacity", "store_used", "pid", "death", "spilled_bytes")
+    class ResourcesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class AvailableEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    STORE_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    STORE_USED_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    DEATH_FIELD_NUMBER: _ClassVar[int]
+    SPILLED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    alive: bool
+    address: str
+    resources: _containers.ScalarMap[str, float]
+    available: _containers.ScalarMap[str, float]
+    store_capacity: int
+    store_used: int
+    pid: int
+    death: str
+    spilled_bytes: int
+    def __init__(self, node_id: _Optional[int] = ..., alive: _Optional[bool] = ..., address: _Optional[str] = ..., resources: _Optional[_Mapping[str, float]] = ..., available: _Optional[_Mapping[str, float]] = ..., store_capacity: _Optional[int] = ..., store_used: _Optional[int] = ..., pid: _Optional[int] = ..., death: _Optional[str] = ..., spilled_bytes: _Optional[int] = ...) -> None: ...
 
 class NodeCommand(_message.Message):
-    __slots__ = ("seal", "pin", "unpin", "free_segment", "abort_segment", "drop_conn", "create_segment", "start_worker", "kill_worker", "stop_worker", "worker_connected", "worker_disconnected", "set_driver", "cluster_idle", "close", "sync")
+    __slots__ = ("seal", "pin", "unpin", "free_segment", "abort_segment", "drop_conn", "create_segment", "start_worker", "kill_worker", "stop_worker", "worker_connected", "worker_disconnected", "set_driver", "cluster_idle", "close", "sync", "pull", "welcome", "heartbeat")
     SEAL_FIELD_NUMBER: _ClassVar[int]
     PIN_FIELD_NUMBER: _ClassVar[int]
     UNPIN_FIELD_NUMBER: _ClassVar[int]
@@ -562,6 +610,9 @@ class NodeCommand(_message.Message):
     CLUSTER_IDLE_FIELD_NUMBER: _ClassVar[int]
     CLOSE_FIELD_NUMBER: _ClassVar[int]
     SYNC_FIELD_NUMBER: _ClassVar[int]
+    PULL_FIELD_NUMBER: _ClassVar[int]
+    WELCOME_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     seal: str
     pin: NodeSegments
     unpin: NodeSegments
@@ -578,7 +629,46 @@ class NodeCommand(_message.Message):
     cluster_idle: bool
     close: bool
     sync: int
-    def __init__(self, seal: _Optional[str] = ..., pin: _Optional[_Union[NodeSegments, _Mapping]] = ..., unpin: _Optional[_Union[NodeSegments, _Mapping]] = ..., free_segment: _Optional[str] = ..., abort_segment: _Optional[_Union[NodeSegments, _Mapping]] = ..., drop_conn: _Optional[int] = ..., create_segment: _Optional[_Union[NodeCreateSegment, _Mapping]] = ..., start_worker: _Optional[int] = ..., kill_worker: _Optional[_Union[NodeKillWorker, _Mapping]] = ..., stop_worker: _Optional[int] = ..., worker_connected: _Optional[int] = ..., worker_disconnected: _Optional[int] = ..., set_driver: _Optional[int] = ..., cluster_idle: _Optional[bool] = ..., close: _Optional[bool] = ..., sync: _Optional[int] = ...) -> None: ...
+    pull: NodePull
+    welcome: NodeWelcome
+    heartbeat: bool
+    def __init__(self, seal: _Optional[str] = ..., pin: _Optional[_Union[NodeSegments, _Mapping]] = ..., unpin: _Optional[_Union[NodeSegments, _Mapping]] = ..., free_segment: _Optional[str] = ..., abort_segment: _Optional[_Union[NodeSegments, _Mapping]] = ..., drop_conn: _Optional[int] = ..., create_segment: _Optional[_Union[NodeCreateSegment, _Mapping]] = ..., start_worker: _Optional[int] = ..., kill_worker: _Optional[_Union[NodeKillWorker, _Mapping]] = ..., stop_worker: _Optional[int] = ..., worker_connected: _Optional[int] = ..., worker_disconnected: _Optional[int] = ..., set_driver: _Optional[int] = ..., cluster_idle: _Optional[bool] = ..., close: _Optional[bool] = ..., sync: _Optional[int] = ..., pull: _Optional[_Union[NodePull, _Mapping]] = ..., welcome: _Optional[_Union[NodeWelcome, _Mapping]] = ..., heartbeat: _Optional[bool] = ...) -> None: ...
+
+class NodePull(_message.Message):
+    __slots__ = ("object_id", "address", "key", "size")
+    OBJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    object_id: bytes
+    address: str
+    key: str
+    size: int
+    def __init__(self, object_id: _Optional[bytes] = ..., address: _Optional[str] = ..., key: _Optional[str] = ..., size: _Optional[int] = ...) -> None: ...
+
+class NodePulled(_message.Message):
+    __slots__ = ("object_id", "segment", "error")
+    OBJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    object_id: bytes
+    segment: _types_pb2.Segment
+    error: str
+    def __init__(self, object_id: _Optional[bytes] = ..., segment: _Optional[_Union[_types_pb2.Segment, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class NodeWelcome(_message.Message):
+    __slots__ = ("node_id", "session_id", "inline_threshold", "heartbeat_s", "timeout_s")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    INLINE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_S_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    session_id: str
+    inline_threshold: int
+    heartbeat_s: float
+    timeout_s: float
+    def __init__(self, node_id: _Optional[int] = ..., session_id: _Optional[str] = ..., inline_threshold: _Optional[int] = ..., heartbeat_s: _Optional[float] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class NodeSegments(_message.Message):
     __slots__ = ("conn_id", "names")
@@ -605,7 +695,7 @@ class NodeKillWorker(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class NodeEvent(_message.Message):
-    __slots__ = ("register", "send", "worker_failed_to_start", "worker_exited", "relocate", "store_info", "synced")
+    __slots__ = ("register", "send", "worker_failed_to_start", "worker_exited", "relocate", "store_info", "synced", "pulled", "join", "heartbeat")
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     SEND_FIELD_NUMBER: _ClassVar[int]
     WORKER_FAILED_TO_START_FIELD_NUMBER: _ClassVar[int]
@@ -613,6 +703,9 @@ class NodeEvent(_message.Message):
     RELOCATE_FIELD_NUMBER: _ClassVar[int]
     STORE_INFO_FIELD_NUMBER: _ClassVar[int]
     SYNCED_FIELD_NUMBER: _ClassVar[int]
+    PULLED_FIELD_NUMBER: _ClassVar[int]
+    JOIN_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     register: NodeRegister
     send: NodeSend
     worker_failed_to_start: NodeWorkerExit
@@ -620,10 +713,34 @@ class NodeEvent(_message.Message):
     relocate: NodeRelocate
     store_info: ObjStoreDebugInfoReply
     synced: int
-    def __init__(self, register: _Optional[_Union[NodeRegister, _Mapping]] = ..., send: _Optional[_Union[NodeSend, _Mapping]] = ..., worker_failed_to_start: _Optional[_Union[NodeWorkerExit, _Mapping]] = ..., worker_exited: _Optional[_Union[NodeWorkerExit, _Mapping]] = ..., relocate: _Optional[_Union[NodeRelocate, _Mapping]] = ..., store_info: _Optional[_Union[ObjStoreDebugInfoReply, _Mapping]] = ..., synced: _Optional[int] = ...) -> None: ...
+    pulled: NodePulled
+    join: NodeJoin
+    heartbeat: bool
+    def __init__(self, register: _Optional[_Union[NodeRegister, _Mapping]] = ..., send: _Optional[_Union[NodeSend, _Mapping]] = ..., worker_failed_to_start: _Optional[_Union[NodeWorkerExit, _Mapping]] = ..., worker_exited: _Optional[_Union[NodeWorkerExit, _Mapping]] = ..., relocate: _Optional[_Union[NodeRelocate, _Mapping]] = ..., store_info: _Optional[_Union[ObjStoreDebugInfoReply, _Mapping]] = ..., synced: _Optional[int] = ..., pulled: _Optional[_Union[NodePulled, _Mapping]] = ..., join: _Optional[_Union[NodeJoin, _Mapping]] = ..., heartbeat: _Optional[bool] = ...) -> None: ...
+
+class NodeJoin(_message.Message):
+    __slots__ = ("resources", "machine", "host", "pid", "num_workers")
+    class ResourcesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    MACHINE_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    resources: _containers.ScalarMap[str, float]
+    machine: str
+    host: str
+    pid: int
+    num_workers: int
+    def __init__(self, resources: _Optional[_Mapping[str, float]] = ..., machine: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., num_workers: _Optional[int] = ...) -> None: ...
 
 class NodeRegister(_message.Message):
-    __slots__ = ("node_id", "resources", "capacity", "shm_dir", "pid")
+    __slots__ = ("node_id", "resources", "capacity", "shm_dir", "pid", "data_address", "node_dir", "machine", "num_workers")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -636,12 +753,20 @@ class NodeRegister(_message.Message):
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     SHM_DIR_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    NODE_DIR_FIELD_NUMBER: _ClassVar[int]
+    MACHINE_FIELD_NUMBER: _ClassVar[int]
+    NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     resources: _containers.ScalarMap[str, float]
     capacity: int
     shm_dir: str
     pid: int
-    def __init__(self, node_id: _Optional[int] = ..., resources: _Optional[_Mapping[str, float]] = ..., capacity: _Optional[int] = ..., shm_dir: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
+    data_address: str
+    node_dir: str
+    machine: str
+    num_workers: int
+    def __init__(self, node_id: _Optional[int] = ..., resources: _Optional[_Mapping[str, float]] = ..., capacity: _Optional[int] = ..., shm_dir: _Optional[str] = ..., pid: _Optional[int] = ..., data_address: _Optional[str] = ..., node_dir: _Optional[str] = ..., machine: _Optional[str] = ..., num_workers: _Optional[int] = ...) -> None: ...
 
 class NodeSend(_message.Message):
     __slots__ = ("conn_id", "kind", "body")

@@ -146,5 +146,5 @@ def sent_late(out: list[Any], kind: int, conn: int | None = None) -> list[Any]:
             if type(ins) is LateSend and ins.kind == kind and (conn is None or ins.conn == conn)]
 
 
-def socket_path(worker_id: int) -> str:
+def socket_path(node_id: int, worker_id: int) -> str:
     return f"/tmp/orchestra-test/w{worker_id}.sock"

@@ -156,7 +156,7 @@ def test_callers_learn_the_actor_address_with_the_count_of_their_calls_sent():
     c.connect(wid)
     c.done(wid, ctor)
     assert sent_late(c.take(), _wire.ACTOR_ADDRESS, DRIVER) == [pb.ActorAddress(
-        actor_id=ctor.actor.actor_id, worker_id=wid, path=socket_path(wid), dispatched=2)]
+        actor_id=ctor.actor.actor_id, worker_id=wid, path=socket_path(0, wid), dispatched=2)]
 
 
 def test_a_caller_learns_the_address_only_once_its_queued_calls_are_all_sent():

@@ -64,7 +64,7 @@ def test_a_worker_taken_idle_for_a_drivers_task_is_lent_to_that_driver():
     call = c.submit(make_call("f"))
     out = c.take()
     assert executed(out) == [(1, call.task_id)]
-    assert loans(out) == [pb.Loan(worker_id=1, path=socket_path(1), resources={"CPU": 1.0},
+    assert loans(out) == [pb.Loan(worker_id=1, path=socket_path(0, 1), resources={"CPU": 1.0},
                                    pid=1001, busy_task=call.task_id)]
     assert c.worker(1).lent_to == DRIVER and c.s.loans.loaned == {1}
 
@@ -129,7 +129,7 @@ def test_a_worker_that_ran_a_drivers_pipelined_tasks_is_lent_once_empty():
     c.done(1, first)
     assert loans(c.take()) == []
     c.done(1, second)
-    assert loans(c.take()) == [pb.Loan(worker_id=1, path=socket_path(1),
+    assert loans(c.take()) == [pb.Loan(worker_id=1, path=socket_path(0, 1),
                                         resources={"CPU": 1.0}, pid=1001)]
 
 
@@ -139,7 +139,7 @@ def test_lend_idle_lends_one_idle_worker_of_the_shape_asked_for():
     c = Cluster(cpus=2, lending=True)
     lent(c)
     c.s.lend_idle(DRIVER, {"CPU": 1.0})
-    assert loans(c.take()) == [pb.Loan(worker_id=2, path=socket_path(2),
+    assert loans(c.take()) == [pb.Loan(worker_id=2, path=socket_path(0, 2),
                                         resources={"CPU": 1.0}, pid=1002)]
     assert c.worker(2).state is WorkerState.BUSY and c.available()["CPU"] == 0.0
 

@@ -100,6 +100,10 @@ class FakeHead:
         self.calls.append(("relocate", object_id, segment.path))
         return object_id in self.known_objects
 
+    def node_pulled(self, node_id: int, object_id: bytes, segment: Any, error: str) -> None:
+        assert node_id == NODE
+        self.calls.append(("pulled", object_id, segment and segment.name, error))
+
     def is_idle(self) -> bool:
         return True
 
@@ -141,9 +145,9 @@ def remote_node() -> tuple[RemoteNode, FakeHead, FakeLoop, FakeTransport]:
     return remote, head, loop, transport
 
 
-def node_process() -> tuple[NodeProcess, RecordingNode, FakeTransport]:
+def node_process(**cfg: Any) -> tuple[NodeProcess, RecordingNode, FakeTransport]:
     node, loop, transport = RecordingNode(), FakeLoop(), FakeTransport()
-    proc = NodeProcess(loop, {"resources": {"CPU": 2}}, lambda host: node)  # type: ignore[arg-type,return-value]
+    proc = NodeProcess(loop, {"resources": {"CPU": 2}, **cfg}, lambda host: node)  # type: ignore[arg-type,return-value]
     proc.connection_made(transport)
     loop.run_soon()
     return proc, node, transport
@@ -309,3 +313,29 @@ def test_a_sync_is_answered_after_the_events_of_the_commands_before_it() -> None
     remote.handle(transport.frames())
     assert answered == ["after 2 calls"]   # the relocate (and a carry_out) came first
     assert head.calls[1] == ("relocate", b"o1", "/spill/s0")
+
+
+# ------------------------------------------------------------------ transfers
+
+def test_a_pull_reaches_the_node_with_the_token_of_its_own_cfg() -> None:
+    remote, head, loop, transport = remote_node()
+    remote.pull(b"o1", "10.0.0.2:4100", "seg-3", 70, "the head's token stays home")
+    loop.run_soon()
+    (frame,) = transport.frames()
+    proc, node, _ = node_process(token="cluster-token")
+    proc.data_received(_wire.encode(*frame))
+    assert node.calls == [("pull", b"o1", "10.0.0.2:4100", "seg-3", 70, "cluster-token")]
+
+
+def test_a_pulls_end_becomes_the_heads_call_with_its_segment_or_error() -> None:
+    proc, node, transport = node_process()
+    transport.frames()
+    proc.pulled(b"o1", pb.Segment(name="seg-4", size=70, node_id=NODE), "")
+    proc.pulled(b"o2", None, "the data server at 10.0.0.2:4100 closed the connection")
+    proc.flush()
+    remote, head, loop, _ = remote_node()
+    remote.handle(transport.frames())
+    assert head.calls == [
+        ("pulled", b"o1", "seg-4", ""),
+        ("pulled", b"o2", None, "the data server at 10.0.0.2:4100 closed the connection"),
+        ("carry_out",)]

@@ -29,7 +29,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTED_API = [
     "init", "shutdown", "is_initialized", "remote", "RemoteFunction", "get", "put", "wait",
     "cancel", "get_gpu_ids", "cluster_resources", "available_resources", "ObjectRef",
-    "exceptions", "ActorClass", "ActorHandle", "get_actor", "kill",
+    "nodes", "get_runtime_context", "RuntimeContext", "exceptions", "ActorClass", "ActorHandle",
+    "get_actor", "kill",
     "gang", "Gang", "gang_context", "GangContext", "GangDevice", "GangError",
     "GangAbortedError", "GangTimeoutError", "GangMemberDiedError",
 ]
@@ -38,6 +39,7 @@ DOCUMENTED_ERRORS = [
     "OrchestraError", "TaskError", "GetTimeoutError", "WorkerCrashedError",
     "TaskCancelledError", "ObjectLostError", "ObjectStoreFullError", "ObjectStoreError",
     "InfeasibleResourcesError", "ActorDiedError", "DeserializationError", "ClusterLostError",
+    "AuthenticationError",
 ]
 
 

@@ -1,0 +1,165 @@
+"""The object directory of a cluster of several nodes (SchedulerState, no processes):
+where each object's copies are, what a task on another node is told to read, what a
+node's death does to the objects it held."""
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from _sched_helpers import (
+    DRIVER,
+    NODE,
+    Cluster,
+    executes,
+    make_call,
+    ref,
+    rid,
+    worker_conn,
+)
+from orchestra import _pb as pb
+from orchestra._errors import make_error
+from orchestra._instructions import FreeSegment, Pull, Send
+
+OTHER = 2
+
+
+def two_nodes() -> tuple[Cluster, int, int]:
+    """Node 0 with one worker, node 2 ("other": 1) with one; both connected."""
+    c = Cluster(cpus=1)
+    c.s.add_node(OTHER, {"CPU": 1.0, "other": 1.0}, num_workers=1, max_workers=4)
+    (w2,) = c.started(c.take())
+    c.connect(w2)
+    c.take()
+    (w0,) = c.pool
+    return c, w0, w2
+
+
+def seg_on(node: int, oid: bytes, name: str) -> pb.ObjectData:
+    return pb.ObjectData(object_id=oid, segment=pb.Segment(name=name, size=4 << 20, node_id=node))
+
+
+def made_on_other(c: Cluster, w2: int, max_retries: int = 0) -> tuple[bytes, object]:
+    call = c.submit(make_call("make", resources={"other": 1.0}, max_retries=max_retries))
+    assert [w for w, _ in executes(c.take())] == [w2]
+    oid = rid(call)
+    c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=call.task_id,
+                                               returns=[seg_on(OTHER, oid, "seg-on-2")]))
+    c.take()
+    return oid, call
+
+
+def test_a_task_on_another_node_is_sent_the_holders_copy_and_its_node_pulls_one():
+    c, w0, w2 = two_nodes()
+    oid, _ = made_on_other(c, w2)
+    c.submit(make_call("use", (ref(oid),)))
+    out = c.take()
+    ((w, inv),) = executes(out)
+    assert w == w0
+    assert inv.resolved[0].segment.node_id == OTHER
+    assert Pull(NODE, oid) in out
+
+
+def test_once_a_copy_is_there_tasks_on_that_node_read_it_and_nothing_is_pulled():
+    c, w0, w2 = two_nodes()
+    oid, _ = made_on_other(c, w2)
+    assert c.s.copy_on(oid, NODE) is None
+    assert c.s.add_copy(oid, pb.Segment(name="copy-on-0", size=4 << 20, node_id=NODE))
+    assert c.s.copy_on(oid, NODE).segment.name == "copy-on-0"
+    assert c.s.copy_on(oid, OTHER).segment.name == "seg-on-2"
+    c.submit(make_call("use", (ref(oid),)))
+    out = c.take()
+    ((_, inv),) = executes(out)
+    assert inv.resolved[0].segment.name == "copy-on-0"
+    assert not [i for i in out if type(i) is Pull]
+
+
+def test_the_last_ref_dropped_frees_every_copy_on_its_own_node():
+    c, _, w2 = two_nodes()
+    oid, _ = made_on_other(c, w2)
+    c.s.add_copy(oid, pb.Segment(name="copy-on-0", size=4 << 20, node_id=NODE))
+    c.s.ref_delta(DRIVER, [], [oid])
+    freed = {(i.node_id, i.key) for i in c.take() if type(i) is FreeSegment}
+    assert freed == {(OTHER, "seg-on-2"), (NODE, "copy-on-0")}
+
+
+def test_a_copy_of_an_object_already_freed_is_refused():
+    c, _, w2 = two_nodes()
+    oid, _ = made_on_other(c, w2)
+    c.s.ref_delta(DRIVER, [], [oid])
+    assert not c.s.add_copy(oid, pb.Segment(name="late", size=1, node_id=NODE))
+
+
+def test_a_spilled_copy_is_found_at_its_file():
+    c, _, w2 = two_nodes()
+    oid, _ = made_on_other(c, w2)
+    c.s.add_copy(oid, pb.Segment(name="copy-on-0", size=4 << 20, node_id=NODE))
+    assert c.s.relocate(oid, pb.Segment(name="copy-on-0", size=4 << 20, node_id=NODE,
+                                        path="/spill/x"))
+    assert c.s.copy_on(oid, NODE).segment.path == "/spill/x"
+    assert c.s.copy_on(oid, OTHER).segment.path == ""   # the primary copy did not move
+
+
+def test_a_dead_nodes_object_lives_on_in_a_copy():
+    c, _, w2 = two_nodes()
+    oid, _ = made_on_other(c, w2)
+    c.s.add_copy(oid, pb.Segment(name="copy-on-0", size=4 << 20, node_id=NODE))
+    c.s.remove_node(OTHER, "killed")
+    data = c.s.objects[oid].data
+    assert data.segment.node_id == NODE and data.segment.name == "copy-on-0"
+
+
+def test_an_object_only_a_dead_node_held_is_lost_naming_the_node():
+    c, _, w2 = two_nodes()
+    oid, _ = made_on_other(c, w2, max_retries=0)
+    c.s.remove_node(OTHER, "no heartbeat for 10 s")
+    data = c.s.objects[oid].data
+    assert data.WhichOneof("data") == "error"
+    assert b"node_lost" in data.error and b"no heartbeat" in data.error
+    # As the head makes it (make_error): the error a reader gets.
+    err = pickle.loads(make_error("node_lost", object_id=oid, node=2, reason="no heartbeat for 10 s"))
+    assert type(err).__name__ == "ObjectLostError"
+    assert "node 2" in str(err) and "no heartbeat" in str(err) and "max_retries" in str(err)
+
+
+def test_a_lost_result_of_a_task_with_retries_is_made_again_on_a_live_node():
+    c, w0, w2 = two_nodes()
+    # The task lands on node 2 because node 0's worker is busy with another.
+    busy = c.submit(make_call("busy"))
+    assert [w for w, _ in executes(c.take())] == [w0]
+    call = c.submit(make_call("make", max_retries=1))
+    assert [w for w, _ in executes(c.take())] == [w2]
+    oid = rid(call)
+    c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=call.task_id,
+                                               returns=[seg_on(OTHER, oid, "seg-on-2")]))
+    c.done(w0, busy)
+    c.take()
+    c.s.remove_node(OTHER, "killed")
+    assert c.s.objects[oid].data is None   # pending again
+    out = c.take()
+    assert [(w, inv.call.task_id) for w, inv in executes(out)] == [(w0, call.task_id)]
+    c.s.task_done(worker_conn(w0), pb.TaskDone(task_id=call.task_id,
+                                               returns=[seg_on(NODE, oid, "again-on-0")]))
+    assert c.s.objects[oid].data.segment.name == "again-on-0"
+    # The rebuilt object has no retry left to be rebuilt once more.
+    assert c.s.objects[oid].lineage is None
+
+
+def test_a_removed_nodes_workers_that_never_connected_fail_to_start():
+    c = Cluster(cpus=1)
+    c.s.add_node(OTHER, {"CPU": 1.0}, num_workers=1, max_workers=4)
+    (w2,) = c.started(c.take())
+    c.s.remove_node(OTHER, "killed")
+    assert w2 not in c.s.workers
+    assert OTHER not in c.s.nodes
+
+
+@pytest.mark.parametrize("same_node", [True, False])
+def test_direct_calls_are_lent_only_to_drivers_on_the_workers_node(same_node):
+    c = Cluster(cpus=1, lending=True)
+    # A second driver, on node 2 (or node 0), and a worker on node 0 it could borrow.
+    c.s.client_connected(7, pb.Hello(kind="driver", pid=7), 0 if same_node else OTHER)
+    c.submit(make_call("f"), conn=7)
+    out = c.take()
+    loans = [i for i in out if type(i) is not Send and getattr(i, "kind", 0) == 24]
+    assert bool(loans) == same_node
