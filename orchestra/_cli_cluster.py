@@ -66,8 +66,8 @@ def _port(text: str) -> int:
         n = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 0 < n < 65536:
-        raise argparse.ArgumentTypeError(f"a port is 1..65535, got {n}")
+    if not 0 <= n < 65536:
+        raise argparse.ArgumentTypeError(f"a port is 0..65535 (0: any free port), got {n}")
     return n
 
 

@@ -80,13 +80,6 @@ def join_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def free_port(host: str = DEFAULT_HOST) -> int:
-    """A TCP port nothing listens on at ``host`` now (for Cluster: never 6380)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def routable_ip(towards: str = "10.255.255.255") -> str:
     """This machine's address on the route to ``towards`` (no packet is sent): what a
     head listening on 0.0.0.0 tells nodes to use, and what a node binds by default."""
@@ -165,12 +158,35 @@ def start_head(state: str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
     started = Started("head", proc.pid, session_dir, join_address(shown, port), token,
                       run_dir, proc=proc)
     try:
+        if port == 0:   # the head picks one and writes its address
+            port = _wait_bound_port(started, timeout_s)
+            started.address = join_address(shown, port)
         _wait_head_ready(started, host if shown == host else DEFAULT_HOST, port, timeout_s)
     except BaseException:
         stop(started)
         raise
     cf.write_record(run_dir, started.record())
     return started
+
+
+def _wait_bound_port(started: Started, timeout_s: float) -> int:
+    """The port a head started with port 0 listens on (its session's ``address`` file)."""
+    proc = started.proc
+    assert proc is not None
+    path = os.path.join(started.session_dir, "address")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with open(path) as f:
+                return split_address(f.read().strip())[1]
+        except (OSError, ValueError):
+            pass
+        if proc.poll() is not None:
+            raise LaunchError(f"the head exited with code {proc.returncode} while starting"
+                              f"{_said(started)}")
+        if time.monotonic() > deadline:
+            raise LaunchError(f"the head did not listen within {timeout_s:g} s{_said(started)}")
+        time.sleep(_POLL_S)
 
 
 def _wait_head_ready(started: Started, host: str, port: int, timeout_s: float) -> None:
@@ -396,8 +412,8 @@ def _wait_gone(pid: int, proc: subprocess.Popen[bytes] | None, timeout_s: float)
 def stop_all(state: str, timeout_s: float = STOP_TIMEOUT_S) -> list[dict[str, Any]]:
     """Stop every process recorded in ``state`` (nodes first, then heads), and remove run
     directories that hold no record (a start that failed half-way). Returns the records."""
-    records = cf.read_records(state)
-    for rec in sorted(records, key=lambda r: r.get("kind") == "head"):
+    records = sorted(cf.read_records(state), key=lambda r: r.get("kind") == "head")
+    for rec in records:
         stop(rec, timeout_s)
     for run_dir in cf.run_dirs(state):
         cf.remove_run_dir(run_dir)
