@@ -138,6 +138,9 @@ def start_head(state: str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
     """Start a cluster head listening on HOST:PORT; return once it authenticates a
     connection (LaunchError with its log's tail if it exits or stays silent)."""
     token = token or new_token()
+    probe = DEFAULT_HOST if host in ("0.0.0.0", "::", "") else host
+    if port and _answers(probe, port):
+        raise LaunchError(_taken(port, probe))
     warning, cfg = head_cfg(host=host, port=port, token=token, num_cpus=num_cpus,
                             num_gpus=num_gpus, resources=resources,
                             object_store_memory=object_store_memory,
@@ -203,15 +206,28 @@ def _wait_head_ready(started: Started, host: str, port: int, timeout_s: float) -
             with socket.create_connection((host, port), timeout=1.0) as s:
                 client_handshake(s, started.token, timeout_s=2.0, peer=f"{host}:{port}")
             return
-        except AuthenticationError as exc:   # someone else's server on that port
-            raise LaunchError(f"port {port} at {host} answers, but not as this head: {exc}. "
-                              f"Is another cluster running there? Pass --port") from None
+        except AuthenticationError:   # someone else's server took the port meanwhile
+            raise LaunchError(_taken(port, host)) from None
         except OSError as exc:
             last = str(exc)
         if time.monotonic() > deadline:
             raise LaunchError(f"the head did not accept connections at {host}:{port} within "
                               f"{timeout_s:g} s (last: {last}){_said(started)}")
         time.sleep(_POLL_S)
+
+
+def _answers(host: str, port: int) -> bool:
+    """True when something accepts connections at host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def _taken(port: int, host: str) -> str:
+    return (f"port {port} at {host} is taken by another program (a cluster already running "
+            f"here? `orchestra stop` stops it); pass --port to use another")
 
 
 def _log_path(started: Started) -> str:
@@ -225,8 +241,7 @@ def _said(started: Started) -> str:
 
 def _port_hint(port: int, tail: str) -> str:
     if "in use" in tail:
-        return (f"\nport {port} is taken: `orchestra stop` a cluster already running here, "
-                "or pass --port")
+        return "\n" + _taken(port, "this machine")
     return ""
 
 
