@@ -62,7 +62,7 @@ def sweep_stale() -> None:
     """Delete namespaces of earlier runs whose test process is gone (a run killed
     before its teardown)."""
     for name in _netns_names():
-        m = re.fullmatch(r"oc(\d+)(b|h\d+)", name)
+        m = re.fullmatch(r"oc(\d+)p?(b|h\d+)", name)
         if m and not os.path.exists(f"/proc/{m.group(1)}"):
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
 
@@ -70,8 +70,9 @@ def sweep_stale() -> None:
 class Hosts:
     """``count`` hosts (h0 .. h<count-1>) on one bridge; ``ip(i)`` is host i's address."""
 
-    def __init__(self, count: int) -> None:
-        self.prefix = f"oc{os.getpid()}"
+    def __init__(self, count: int, tag: str = "") -> None:
+        assert tag in ("", "p"), "one letter that the sweep knows"
+        self.prefix = f"oc{os.getpid()}{tag}"
         self.count = count
         self.bridge = f"{self.prefix}b"
         self.made: list[str] = []

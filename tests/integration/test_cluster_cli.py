@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 import orchestra
+from _netns import Hosts, skip_reason
 from _probes import pid_gone, wait_until
 from orchestra import _cluster_file as cf
 from orchestra.cluster_utils import Cluster
@@ -346,3 +347,40 @@ def test_a_driver_runs_tasks_on_both_namespaced_nodes(netns_cluster: Any) -> Non
     assert result["placed"] == netns_cluster.node_ids
     assert result["sums"] == [result["expected"]] * 2
     assert result["nodes"] == sorted(["0" * 16, *netns_cluster.node_ids])
+
+
+def test_namespaced_hosts_share_the_network_and_nothing_else() -> None:
+    """The fixture's plumbing: host 1 reaches host 0 over the bridge, sees an empty
+    /dev/shm and /tmp of its own, and teardown leaves no namespace or process."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    hosts = Hosts(2, tag="p")
+    try:
+        hosts.setup()
+        listener = hosts.spawn(0, [sys.executable, "-c", textwrap.dedent(f"""
+            import socket
+            s = socket.create_server(("{hosts.ip(0)}", 7777))
+            print("listening", flush=True)
+            c, peer = s.accept()
+            c.sendall(peer[0].encode())
+        """)], private_mounts=False, log="listener.log")
+        hosts.wait_output(listener, "listener.log", "listening", timeout=T)
+        probe = hosts.spawn(1, [sys.executable, "-c", textwrap.dedent(f"""
+            import os, socket
+            shm, tmp = os.listdir("/dev/shm"), os.listdir("/tmp")
+            open("/dev/shm/netns-probe-{os.getpid()}", "w").close()
+            with socket.create_connection(("{hosts.ip(0)}", 7777), timeout=10) as c:
+                print("peer", c.recv(100).decode(), "shm", len(shm), "tmp", len(tmp),
+                      flush=True)
+        """)], private_mounts=True, log="probe.log")
+        m = hosts.wait_output(probe, "probe.log", r"peer (\S+) shm (\d+) tmp (\d+)", timeout=T)
+        assert m.groups() == (hosts.ip(1), "0", "0")
+        assert probe.wait(T) == 0
+        assert not os.path.exists(f"/dev/shm/netns-probe-{os.getpid()}")
+        pids = hosts.pids_in(hosts.ns(0))
+        assert pids == [] or listener.pid in pids
+    finally:
+        hosts.teardown()
+    assert hosts.namespaces_left() == []
+    assert listener.poll() is not None and probe.poll() is not None
