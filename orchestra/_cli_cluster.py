@@ -83,8 +83,8 @@ def start_parser() -> argparse.ArgumentParser:
                         "its address on the route to the head)")
     p.add_argument("--port", type=_port, default=None,
                    help=f"the head's port (default {DEFAULT_PORT})")
-    p.add_argument("--token", help="the cluster token (head: generated when left out; node: "
-                                   "default $ORCHESTRA_TOKEN)")
+    p.add_argument("--token", help="the cluster token (default: $ORCHESTRA_TOKEN; a head "
+                                   "without either generates one)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs (default: all)")
     p.add_argument("--num-gpus", type=int, default=None, help="GPUs (default: those found)")
     p.add_argument("--resources", type=_resources, default=None,
@@ -112,6 +112,7 @@ def parse_start(argv: list[str]) -> argparse.Namespace:
             p.error("joining needs the cluster token: --token TOKEN or ORCHESTRA_TOKEN "
                     "(`orchestra start --head` printed it)")
     else:
+        args.token = args.token or os.environ.get("ORCHESTRA_TOKEN") or None
         args.host = args.host or DEFAULT_HOST
         args.port = DEFAULT_PORT if args.port is None else args.port
     for name in ("num_cpus", "num_gpus"):
