@@ -273,6 +273,19 @@ def start_node(state: str, *, head_address: str, token: str, host: str | None = 
                timeout_s: float = READY_TIMEOUT_S) -> Started:
     """Start a node that joins the head at ``head_address``; return once the head
     welcomed it (its node.json), else LaunchError naming the cause."""
+    started = spawn_node(state, head_address=head_address, token=token, host=host,
+                         num_cpus=num_cpus, num_gpus=num_gpus, resources=resources,
+                         object_store_memory=object_store_memory, log=log)
+    wait_joined(started, timeout_s)
+    return started
+
+
+def spawn_node(state: str, *, head_address: str, token: str, host: str | None = None,
+               num_cpus: int | None = None, num_gpus: int | None = None,
+               resources: dict[str, float] | None = None,
+               object_store_memory: int | None = None, log: bool = True) -> Started:
+    """Start a node process joining the head at ``head_address``, without waiting:
+    wait_joined() waits (several nodes started first join side by side)."""
     split_address(head_address)   # a bad address fails here, not in the node
     if not token:
         raise LaunchError("joining a cluster needs its token: pass --token TOKEN (or set "
@@ -297,14 +310,18 @@ def start_node(state: str, *, head_address: str, token: str, host: str | None = 
     finally:
         if out is not None:
             out.close()
-    started = Started("node", proc.pid, session_dir, head_address, token, run_dir, proc=proc)
+    return Started("node", proc.pid, session_dir, head_address, token, run_dir, proc=proc)
+
+
+def wait_joined(started: Started, timeout_s: float = READY_TIMEOUT_S) -> None:
+    """Wait until a spawned node joined, then record it; LaunchError (the node
+    stopped, its directories removed) when it did not."""
     try:
         _wait_node_joined(started, timeout_s)
     except BaseException:
         stop(started)
         raise
-    cf.write_record(run_dir, started.record())
-    return started
+    cf.write_record(started.run_dir, started.record())
 
 
 def _wait_node_joined(started: Started, timeout_s: float) -> None:

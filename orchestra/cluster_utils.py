@@ -110,6 +110,26 @@ class Cluster:
         self._nodes.append(node)
         return node
 
+    def add_nodes(self, count: int, *, num_cpus: int | None = None,
+                  num_gpus: int | None = None, resources: dict[str, float] | None = None,
+                  object_store_memory: int | None = None) -> list[NodeHandle]:
+        """Start ``count`` joining nodes side by side (all started, then all waited for:
+        their imports overlap); return once every one joined."""
+        pending: list[Started] = []   # started, not yet joined: stopped on a failure
+        try:
+            for _ in range(count):
+                pending.append(_launch.spawn_node(
+                    self._state, head_address=self.address, token=self.token,
+                    host=self._host, num_cpus=num_cpus, num_gpus=num_gpus,
+                    resources=resources, object_store_memory=object_store_memory))
+            while pending:
+                _launch.wait_joined(pending[0])
+                self._nodes.append(NodeHandle(pending.pop(0)))
+        finally:
+            for started in pending:
+                _launch.stop(started)
+        return self._nodes[-count:] if count else []
+
     def list_all_nodes(self) -> list[NodeHandle]:
         """The head, then the nodes still in the cluster, in the order they joined."""
         return ([self.head_node] if self.head_node is not None else []) + list(self._nodes)

@@ -322,6 +322,21 @@ def test_cluster_runs_tasks_on_each_node_and_shutdown_leaves_nothing() -> None:
     assert all(shm_of(n.pid) == [] for n in nodes)
 
 
+def test_cluster_add_nodes_starts_them_side_by_side() -> None:
+    with Cluster(initialize_head=True, head_node_args={"num_cpus": 1,
+                                                       "object_store_memory": 64 << 20}) as c:
+        nodes = c.add_nodes(2, num_cpus=1, object_store_memory=64 << 20)
+        assert len({n.node_id for n in nodes}) == 2 and all(n.alive() for n in nodes)
+        assert c.list_all_nodes() == [c.head_node, *nodes]
+        orchestra.init(address=c.address, token=c.token)
+        try:
+            assert sorted(n["NodeID"] for n in orchestra.nodes() if n["Alive"]) == \
+                sorted(["0" * 16, *(n.node_id for n in nodes)])
+        finally:
+            orchestra.shutdown()
+    wait_until(lambda: all(pid_gone(n.pid) for n in nodes), T, "the nodes gone")
+
+
 # ---------------------------------------------------------------------------- netns
 
 @pytest.mark.timeout(180)
