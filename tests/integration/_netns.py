@@ -155,11 +155,12 @@ class Hosts:
                                    f"{self.output(log)}")
             time.sleep(0.05)
 
-    def run(self, i: int, argv: list[str], *, timeout: float,
+    def run(self, i: int, argv: list[str], *, timeout: float, private_mounts: bool = False,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        """Run ``argv`` on host i (the machine's mounts) to its end."""
-        return subprocess.run(self.command(i, argv, private_mounts=False), capture_output=True,
-                              text=True, timeout=timeout, env=env or self.env())
+        """Run ``argv`` on host i to its end."""
+        return subprocess.run(self.command(i, argv, private_mounts=private_mounts),
+                              capture_output=True, text=True, timeout=timeout,
+                              env=env or self.env())
 
     def teardown(self) -> None:
         """Stop every process (SIGTERM: an `orchestra start --block` stops what it

@@ -340,9 +340,9 @@ def test_cluster_add_nodes_starts_them_side_by_side() -> None:
 # ---------------------------------------------------------------------------- netns
 
 @pytest.mark.timeout(180)
-def test_a_driver_runs_tasks_on_both_namespaced_nodes(netns_cluster: Any) -> None:
-    """Three hosts that share nothing but a network: tasks placed by resource run on
-    the node of each host, and an array put by the driver arrives whole."""
+def test_a_driver_runs_tasks_and_actors_on_both_namespaced_nodes(netns_cluster: Any) -> None:
+    """Three hosts that share nothing but a network: tasks and an actor placed by
+    resource run on the node of each host, and an array put by the driver arrives whole."""
     code = textwrap.dedent("""
         import numpy as np
 
@@ -350,18 +350,44 @@ def test_a_driver_runs_tasks_on_both_namespaced_nodes(netns_cluster: Any) -> Non
         def where(a):
             return orchestra.get_runtime_context().get_node_id(), float(a.sum())
 
+        @orchestra.remote
+        class Where:
+            def node(self):
+                return orchestra.get_runtime_context().get_node_id()
+
         a = np.arange(4 << 20, dtype=np.float64)   # 32 MiB, through the stores
         ref = orchestra.put(a)
         out = orchestra.get([where.options(resources={f"host{i}": 1}).remote(ref)
                              for i in (1, 2)], timeout=60)
+        actor = Where.options(resources={"host2": 1}).remote()
         nodes = sorted(n["NodeID"] for n in orchestra.nodes() if n["Alive"])
         print(json.dumps({"placed": [o[0] for o in out], "sums": [o[1] for o in out],
-                          "expected": float(a.sum()), "nodes": nodes}))
+                          "expected": float(a.sum()), "nodes": nodes,
+                          "actor": orchestra.get(actor.node.remote(), timeout=60)}))
     """)
     result: Any = netns_cluster.driver(code, timeout=120)
     assert result["placed"] == netns_cluster.node_ids
     assert result["sums"] == [result["expected"]] * 2
     assert result["nodes"] == sorted(["0" * 16, *netns_cluster.node_ids])
+    assert result["actor"] == netns_cluster.node_ids[1]
+
+
+@pytest.mark.timeout(120)
+def test_a_namespaced_host_with_a_wrong_token_is_refused_and_status_shows_the_rest(
+        netns_cluster: Any) -> None:
+    hosts = netns_cluster.hosts
+    r = hosts.run(1, [sys.executable, "-m", "orchestra._cli", "start", "--address",
+                      netns_cluster.address, "--token", "wrong", *SMALL],
+                  private_mounts=True, timeout=T)
+    assert r.returncode == 1
+    assert "refused the token" in r.stderr, r.stderr
+    r = hosts.run(0, [sys.executable, "-m", "orchestra._cli", "status", "--address",
+                      netns_cluster.address], timeout=T,
+                  env=hosts.env(ORCHESTRA_TOKEN=netns_cluster.token))
+    assert r.returncode == 0, r.stderr
+    assert "3 node(s), 3 alive" in r.stdout
+    for i, node_id in enumerate(netns_cluster.node_ids, start=1):
+        assert f"node {node_id}  {hosts.ip(i)}  alive" in r.stdout, r.stdout
 
 
 def test_namespaced_hosts_share_the_network_and_nothing_else() -> None:
