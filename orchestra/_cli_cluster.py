@@ -32,7 +32,7 @@ orchestra start --address IP:PORT --token TOKEN [--host IP] [resources] [--block
 Starts the cluster's head (its scheduler and this machine's node), or a node that joins
 it, in the background. The head listens on {DEFAULT_HOST}:{DEFAULT_PORT} unless --host and
 --port say otherwise: pass --host with this machine's address on the network the other
-machines share (or 0.0.0.0) to let them join. Every connection proves the cluster token.
+machines share to let them join. Every connection proves the cluster token.
 """
 
 
