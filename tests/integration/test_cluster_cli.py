@@ -425,3 +425,32 @@ def test_namespaced_hosts_share_the_network_and_nothing_else() -> None:
         hosts.teardown()
     assert hosts.namespaces_left() == []
     assert listener.poll() is not None and probe.poll() is not None
+
+
+@pytest.mark.timeout(120)
+def test_a_namespaced_host_that_dies_is_seen_dead_and_the_others_carry_on(
+        netns_cluster: Any) -> None:
+    """Every process of host 2 SIGKILLed, as a machine losing power. Last in the module:
+    the cluster keeps one node less."""
+    hosts = netns_cluster.hosts
+    for pid in hosts.pids_in(hosts.ns(2)):
+        os.kill(pid, signal.SIGKILL)
+    code = textwrap.dedent("""
+        import time
+
+        @orchestra.remote
+        def where():
+            return orchestra.get_runtime_context().get_node_id()
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            dead = [n["NodeID"] for n in orchestra.nodes() if not n["Alive"]]
+            if dead:
+                break
+            time.sleep(0.2)
+        print(json.dumps({"dead": dead, "placed": orchestra.get(
+            where.options(resources={"host1": 1}).remote(), timeout=30)}))
+    """)
+    result: Any = netns_cluster.driver(code, timeout=90)
+    assert result["dead"] == [netns_cluster.node_ids[1]]
+    assert result["placed"] == netns_cluster.node_ids[0]
