@@ -4,8 +4,9 @@ Data flow::
 
     driver: gang(Trainer, 4, args=..., num_gpus=1)
         check the cluster can ever hold 4 x the member request (InfeasibleResourcesError)
-        Coordinator(4, token=<fresh secret>) on 127.0.0.1, port 0: a gRPC server on threads
-            of this process that serves only clients sending the token (the members)
+        Coordinator(4, token=<fresh secret>) on 127.0.0.1 (on a cluster: this node's address,
+            which members on other nodes reach), port 0: a gRPC server on threads of this
+            process that serves only clients sending the token (the members)
         4 x ActorClass(<member subclass of Trainer>).remote(GangSpec(member=i, token), *args)
             (actor creation is asynchronous: the 4 constructors run at once, one per process)
         -> Gang(actors, coordinator)
@@ -168,7 +169,9 @@ def gang(cls: Any, size: int, *, args: Sequence[Any] = (), kwargs: Mapping[str, 
     # a forming gang as a missing member, read or replace its rendezvous keys, or claim a
     # running member's id (which aborts the gang and blames that healthy member).
     token = new_token()
-    coordinator = Coordinator(size, host="127.0.0.1", port=0, token=token,
+    # On a cluster, members on other nodes reach the coordinator at this node's address.
+    host = client.info.node_address or "127.0.0.1"
+    coordinator = Coordinator(size, host=host, port=0, token=token,
                               heartbeat_interval_s=heartbeat_interval_s,
                               max_missing_heartbeats=max_missing_heartbeats,
                               enumerate_timeout_s=timeout_s, shutdown_timeout_s=timeout_s)

@@ -129,8 +129,10 @@ class Head:
         # Up to 8 tasks queued per busy worker: 5.3k -> 7k no-op tasks/s on 2 cores (8 -> 16
         # adds ~10% more). An idle worker takes queued tasks back (STEAL), so a long
         # task never holds up the ones pipelined behind it for long.
+        # joinable: nodes may join, so a request no node holds waits for one (warned).
         self.state = SchedulerState(pipeline_depth=cfg.get("pipeline_depth", 8),
-                                    error_factory=make_error)
+                                    error_factory=make_error,
+                                    joinable=bool(cfg.get("joinable", False)))
         # Internal switches (init(_system_config=...)): direct calls at all, and loans
         # (tasks as direct calls to lent workers) among them.
         if cfg.get("direct_calls", True):
@@ -373,7 +375,8 @@ class Head:
             shm_dir=node.shm_dir, node_dir=getattr(node, "node_dir", "") or self.session_dir,
             cwd=self.cfg.get("cwd", ""), sys_path=self.cfg.get("sys_path", []),
             inline_threshold=int(self.cfg.get("inline_threshold", 100 * 1024)),
-            conn_id=conn.conn_id, joinable=bool(self.cfg.get("joinable")))
+            conn_id=conn.conn_id, joinable=bool(self.cfg.get("joinable")),
+            node_address=self._node_address(node))
         frame = _wire.encode(_wire.HELLO_REPLY, reply)
         if hello.kind == "driver" and self._no_worker_yet():
             # init() returns once a task can start at once: the head is ready before
@@ -407,6 +410,11 @@ class Head:
         print(f"orchestra head: refusing a connection: {reason}", file=sys.stderr)
         conn.transport.write(_wire.encode(_wire.CLOSING, pb.Closing(reason=reason)))
         conn.transport.close()
+
+    def _node_address(self, node: Node | RemoteNode) -> str:
+        if type(node) is RemoteNode and node.ip:
+            return node.ip
+        return parse_host(self.address) if self.address else ""
 
     def _no_worker_yet(self) -> bool:
         workers = self.state.workers.values()
@@ -741,8 +749,7 @@ class Head:
         st = self.state
         for nid, node in sorted(self.nodes.items()):
             rec = st.nodes.get(nid)
-            host = (node.ip if type(node) is RemoteNode and node.ip else
-                    parse_host(self.address) if self.address else "127.0.0.1")
+            host = self._node_address(node) or "127.0.0.1"
             info = node.store_info()
             ni = pb.NodeInfo(node_id=nid, alive=True, address=host,
                              store_capacity=node.capacity, store_used=info.used,

@@ -19,6 +19,8 @@ must see each attempt), workers for a worker's (not a driver's) tasks, actor wor
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from . import _pb as pb
 from ._instructions import LateSend
 from ._resources import shape_key
@@ -90,7 +92,11 @@ class Loans:
         s = self.s
         if not s.lending or s.work_waits():
             return
-        for w in s.workers.values():
+        idle: Iterable[Worker] = s.workers.values()
+        c = s.clients.get(conn)
+        if len(s.nodes) > 1 and c is not None:   # direct calls stay on the driver's node
+            idle = [w for w in idle if w.node_id == c.node_id]
+        for w in idle:
             if w.state is WorkerState.IDLE and w.actor is None:
                 node = s.nodes[w.node_id]
                 if node.resources.fits(req):
