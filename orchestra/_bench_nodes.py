@@ -7,16 +7,16 @@
       |-- node 1 makes one, the driver gets it ...................... to_driver_gb_per_s
       '-- no-op tasks, round-robin over nodes 1..N-1 ................. spread_tasks_per_s
 
-Placement is forced with a custom resource per joined node (``bench_node_1``, ...), the
-one mechanism orchestra and Ray share; a check before the figures asserts that the tasks
-ran where they were sent (each node's id as its runtime context names it), not on the
-driver's node. Ray runs the same on ``ray.cluster_utils.Cluster`` (a head raylet and N-1
+Placement is forced with ``NodeAffinitySchedulingStrategy(node_id, soft=False)``, which
+orchestra and Ray share; a check before the figures asserts that the driver is on the
+head's node and that each task ran on the node it was sent to (as its runtime context
+names it). Ray runs the same on ``ray.cluster_utils.Cluster`` (a head raylet and N-1
 more, each with its own object store); Dask on ``distributed.LocalCluster`` with N-1
 worker processes (its scheduler runs in the driver's process, its workers are the
 nodes), placing tasks with ``workers=[address]``. The transfer arrays are random floats,
 so that no compression on the way flatters a figure.
 
-Each framework runs in a process of its own (``--child``), Ray and Dask under a Python
+Each framework runs in a process of its own (microbenchmark.py starts it), Ray and Dask under a Python
 that has them: this file runs standalone by path there and imports orchestra only by
 name, in the orchestra half.
 """
@@ -43,10 +43,6 @@ TRANSFER_BYTES = 200 * MiB
 STORE_BYTES = 1024 * MiB    # per node: two transfer arrays alive at once, with room to spare
 
 
-def _node_resource(i: int) -> str:
-    return f"bench_node_{i}"
-
-
 def _scale(quick: bool) -> dict[str, int]:
     """Counts for a full run, or a smoke test's."""
     if quick:
@@ -56,39 +52,39 @@ def _scale(quick: bool) -> dict[str, int]:
 
 # ---------------------------------------------------------------- orchestra and Ray
 
-def _start_orchestra(nodes: int) -> tuple[Any, Any, dict[str, float]]:
-    """Head (the driver's node) + nodes-1 joined nodes, then the driver joins: (fw, cluster, times)."""
+def _start_orchestra(nodes: int) -> tuple[Any, Any, list[str], dict[str, float]]:
+    """Head (the driver's node) + nodes-1 joined nodes, then the driver joins:
+    (orchestra, cluster, node ids with the head's first, times)."""
     fw = importlib.import_module("orchestra")
     cluster_utils = importlib.import_module("orchestra.cluster_utils")
     t = time.perf_counter()
     cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={
         "num_cpus": CPUS_PER_NODE, "object_store_memory": STORE_BYTES})
-    for i in range(1, nodes):
-        cluster.add_node(num_cpus=CPUS_PER_NODE, object_store_memory=STORE_BYTES,
-                         resources={_node_resource(i): 1000})
+    # Side by side, as add_nodes() does: their imports overlap (Ray's Cluster has no such call).
+    joined = cluster.add_nodes(nodes - 1, num_cpus=CPUS_PER_NODE, object_store_memory=STORE_BYTES)
     times = {"cluster_start_s": time.perf_counter() - t}
     t = time.perf_counter()
     fw.init(address=cluster.address, token=cluster.token)
     times["connect_s"] = time.perf_counter() - t
-    return fw, cluster, times
+    return fw, cluster, [n.node_id for n in cluster.list_all_nodes()[:1] + joined], times
 
 
-def _start_ray(nodes: int) -> tuple[Any, Any, dict[str, float]]:
-    """Ray's head raylet + nodes-1 more raylets, then the driver connects: (ray, cluster, times)."""
+def _start_ray(nodes: int) -> tuple[Any, Any, list[str], dict[str, float]]:
+    """Ray's head raylet + nodes-1 more raylets, then the driver connects:
+    (ray, cluster, node ids with the head's first, times)."""
     ray = importlib.import_module("ray")
     cluster_utils = importlib.import_module("ray.cluster_utils")
     t = time.perf_counter()
     cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={
         "num_cpus": CPUS_PER_NODE, "object_store_memory": STORE_BYTES, "include_dashboard": False})
-    for i in range(1, nodes):
-        cluster.add_node(num_cpus=CPUS_PER_NODE, object_store_memory=STORE_BYTES,
-                         resources={_node_resource(i): 1000})
+    joined = [cluster.add_node(num_cpus=CPUS_PER_NODE, object_store_memory=STORE_BYTES)
+              for _ in range(1, nodes)]
     cluster.wait_for_nodes()
     times = {"cluster_start_s": time.perf_counter() - t}
     t = time.perf_counter()
     ray.init(address=cluster.address, log_to_driver=False)
     times["connect_s"] = time.perf_counter() - t
-    return ray, cluster, times
+    return ray, cluster, [n.node_id for n in [cluster.head_node] + joined], times
 
 
 def _wait_ready(fw: Any, ref: Any) -> None:
@@ -102,7 +98,8 @@ def run_tasks_framework(name: str, nodes: int, quick: bool) -> dict[str, Any]:
     """orchestra or Ray: the cluster started from this process, its workloads, its shutdown."""
     import numpy as np
     sc = _scale(quick)
-    fw, cluster, times = (_start_orchestra if name == "orchestra" else _start_ray)(nodes)
+    fw, cluster, node_ids, times = (_start_orchestra if name == "orchestra" else _start_ray)(nodes)
+    affinity = importlib.import_module(f"{name}.util.scheduling_strategies").NodeAffinitySchedulingStrategy
     res: dict[str, Any] = {"framework": name, "version": getattr(fw, "__version__", "?"),
                            "nodes": nodes, **times}
 
@@ -122,11 +119,11 @@ def run_tasks_framework(name: str, nodes: int, quick: bool) -> dict[str, Any]:
     def read(a: Any) -> float:
         return float(a[:: 4096].sum())
 
-    on = {i: {"resources": {_node_resource(i): 1}} for i in range(1, nodes)}
+    on = {i: {"scheduling_strategy": affinity(node_ids[i], soft=False)} for i in range(1, nodes)}
     t = time.perf_counter()
     where = fw.get([node_id.options(**on[i]).remote() for i in range(1, nodes)])
     res["first_remote_tasks_s"] = time.perf_counter() - t
-    _check_placement(str(fw.get_runtime_context().get_node_id()), where)
+    _check_placement(str(fw.get_runtime_context().get_node_id()), node_ids, where)
 
     noop_1 = noop.options(**on[1])
     lat = _lat(lambda: fw.get(noop_1.remote()), sc["lat_n"], 10)
@@ -166,11 +163,12 @@ def run_tasks_framework(name: str, nodes: int, quick: bool) -> dict[str, Any]:
     return res
 
 
-def _check_placement(driver_node: str, where: list[str]) -> None:
-    """Tasks sent to nodes 1..N-1 ran there: each on a node of its own, none on the driver's."""
-    if driver_node in where or len(set(where)) != len(where):
-        raise RuntimeError(f"placement not as asked: driver on {driver_node}, tasks for nodes "
-                           f"1..{len(where)} ran on {where}; the node figures would mean nothing")
+def _check_placement(driver_node: str, node_ids: list[str], where: list[str]) -> None:
+    """The driver is on the head's node, and the tasks sent to nodes 1..N-1 ran there."""
+    if driver_node != node_ids[0] or where != node_ids[1:]:
+        raise RuntimeError(f"placement not as asked: the driver is on {driver_node} (the head's "
+                           f"node is {node_ids[0]}), tasks sent to {node_ids[1:]} ran on {where}; "
+                           "the node figures would mean nothing")
 
 
 def _transfers(node_to_node: Callable[[int], float], to_driver: Callable[[int], float],
