@@ -3,7 +3,8 @@
     driver (this process, on the head's node)
       |-- start: head + N-1 nodes ............ cluster_start_s, then connect_s
       |-- no-op task forced onto node 1 ...... remote_noop_latency_*
-      |-- node 1 makes a 200 MiB array, a task on node 2 reads it ... node_to_node_gb_per_s
+      |-- node 1 makes a 200 MiB array, a task there reads it ....... local_read_ms
+      |   then a task on node 2 reads it ............................. node_to_node_gb_per_s
       |-- node 1 makes one, the driver gets it ...................... to_driver_gb_per_s
       '-- no-op tasks, round-robin over nodes 1..N-1 ................. spread_tasks_per_s
 
@@ -134,14 +135,12 @@ def run_tasks_framework(name: str, nodes: int, quick: bool) -> dict[str, Any]:
     res["spread_tasks_per_s"] = _rate(
         lambda k: fw.get([spread[j % len(spread)].remote() for j in range(k)]), sc["spread_n"])
 
-    make_1, read_2 = make.options(**on[1]), read.options(**on[2])
+    make_1, read_1, read_2 = make.options(**on[1]), read.options(**on[1]), read.options(**on[2])
 
-    def node_to_node(seed: int) -> float:
+    def node_to_node(seed: int) -> tuple[float, float]:
         ref = make_1.remote(sc["transfer_bytes"], seed)
         _wait_ready(fw, ref)
-        t = time.perf_counter()
-        fw.get(read_2.remote(ref))
-        return time.perf_counter() - t
+        return _timed(lambda: fw.get(read_1.remote(ref))), _timed(lambda: fw.get(read_2.remote(ref)))
 
     def to_driver(seed: int) -> float:
         ref = make_1.remote(sc["transfer_bytes"], seed)
@@ -171,14 +170,22 @@ def _check_placement(driver_node: str, node_ids: list[str], where: list[str]) ->
                            "the node figures would mean nothing")
 
 
-def _transfers(node_to_node: Callable[[int], float], to_driver: Callable[[int], float],
+def _timed(fn: Callable[[], Any]) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def _transfers(node_to_node: Callable[[int], tuple[float, float]], to_driver: Callable[[int], float],
                sc: dict[str, int]) -> dict[str, float]:
-    """Median GB/s over the rounds; a fresh array each round (a copy already pulled would
-    make the next read local)."""
+    """Medians over the rounds; a fresh array each round (a copy already pulled would
+    make the next read local). node_to_node gives (the read on the array's own node, the
+    read on the other node): the first is what the second costs without the move."""
     n2n = [node_to_node(100 + r) for r in range(sc["rounds"])]
     drv = [to_driver(200 + r) for r in range(sc["rounds"])]
     nbytes = sc["transfer_bytes"]
-    return {"node_to_node_gb_per_s": nbytes / statistics.median(n2n) / 1e9,
+    return {"local_read_ms": statistics.median(local for local, _ in n2n) * 1e3,
+            "node_to_node_gb_per_s": nbytes / statistics.median(remote for _, remote in n2n) / 1e9,
             "to_driver_gb_per_s": nbytes / statistics.median(drv) / 1e9,
             "transfer_mib": nbytes / MiB}
 
@@ -228,12 +235,11 @@ def run_dask(nodes: int, quick: bool) -> dict[str, Any]:
     res["spread_tasks_per_s"] = _rate(
         lambda k: client.gather([on(1 + j % (nodes - 1), _dask_noop) for j in range(k)]), sc["spread_n"])
 
-    def node_to_node(seed: int) -> float:
+    def node_to_node(seed: int) -> tuple[float, float]:
         fut = on(1, _dask_make, sc["transfer_bytes"], seed)
         distributed.wait([fut])
-        t = time.perf_counter()
-        on(2, _dask_read, fut).result()
-        return time.perf_counter() - t
+        return (_timed(lambda: on(1, _dask_read, fut).result()),
+                _timed(lambda: on(2, _dask_read, fut).result()))
 
     def to_driver(seed: int) -> float:
         fut = on(1, _dask_make, sc["transfer_bytes"], seed)

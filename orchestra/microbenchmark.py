@@ -301,6 +301,7 @@ NODE_ROWS = [
     ("remote_noop_latency_median_us", "remote no-op task latency, median (us)", False),
     ("remote_noop_latency_p99_us", "remote no-op task latency, p99 (us)", False),
     ("spread_tasks_per_s", "no-op tasks/s spread over {n1} nodes", True),
+    ("local_read_ms", "a task reads the {mib} MiB array on its own node (ms)", False),
     ("node_to_node_gb_per_s", "{mib} MiB array node to node, a task reads it (GB/s)", True),
     ("to_driver_gb_per_s", "{mib} MiB array from a node to the driver (GB/s)", True),
     ("shutdown_s", "shutdown: driver and cluster (s)", False),
