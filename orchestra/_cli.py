@@ -11,7 +11,8 @@ commands:
                    (--address IP:PORT --token TOKEN); --block stays in the foreground
   stop             stop every head and node `orchestra start` started on this machine
   status           print the cluster's nodes, resources and object store use
-  microbenchmark   measure the hot path (add --compare ray to run Ray side by side)
+  microbenchmark   measure the hot path (add --compare ray to run Ray side by side;
+                   --nodes 3 --compare ray,dask: a head and two nodes on this machine)
   coordinator      run an XLA DistributedRuntimeService coordinator (with
                    $ORCHESTRA_COORDINATOR_TOKEN set, it serves only clients sending it)
 """
