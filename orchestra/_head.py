@@ -44,8 +44,8 @@ from ._grpc_service import GRPC_CONN
 from ._ids import machine_id
 from ._instructions import FreeSegment, KillWorker, LateSend, Pull, Push, Send, StartWorker, StopWorker
 from ._node import Node, node_from_cfg, worker_socket
-from ._procutil import watch_parent
 from ._node_process import routable
+from ._procutil import watch_parent
 from ._remote_node import RemoteNode
 from ._scheduler import SchedulerState, WorkerState
 
