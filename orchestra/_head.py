@@ -44,6 +44,7 @@ from ._grpc_service import GRPC_CONN
 from ._ids import machine_id
 from ._instructions import FreeSegment, KillWorker, LateSend, Pull, Push, Send, StartWorker, StopWorker
 from ._node import Node, node_from_cfg, worker_socket
+from ._node_process import routable
 from ._procutil import watch_parent
 from ._remote_node import RemoteNode
 from ._scheduler import SchedulerState, WorkerState
@@ -523,6 +524,9 @@ class Head:
             src_seg = o.data.segment
         src = self.nodes.get(src_seg.node_id) if src_seg is not None else None
         address = (self.data_address if src is self.local else getattr(src, "data_address", ""))
+        if src is self.local and type(dest) is RemoteNode and dest.conn is not None:
+            # Listening on a wildcard (--host 0.0.0.0): the address that node reached.
+            address = routable(address, dest.conn.transport.get_extra_info("sockname"))
         if dest is None or src_seg is None or not address:
             why = (f"object {object_id.hex()} cannot be copied to node {node_id}: "
                    + ("it is gone" if src_seg is None else "its node has no data server"))

@@ -73,8 +73,10 @@ class Loans:
         """``w`` ran ``done`` to its end and has nothing queued: lend it to the driver
         whose task it was, which sends it its next ones as direct calls. True when lent."""
         s = self.s
-        return s.lending and not done.call.retry_exceptions and not s.work_waits() \
-            and self.lend(done.owner, w)
+        # A task placed by a strategy never runs on a lent worker: lending the worker
+        # after it would have the driver's next placed task recall it first.
+        return s.lending and not done.call.retry_exceptions and done.placement is None \
+            and not s.work_waits() and self.lend(done.owner, w)
 
     def _recall_loans(self) -> None:
         """Work waits that no worker takes: ask drivers for the workers lent to them."""

@@ -36,7 +36,7 @@ def skip_reason() -> str:
     """Why these tests cannot run here ("" when they can)."""
     if os.geteuid() != 0:
         return "network namespaces need root (CI runs these tests as root)"
-    for tool in ("ip", "unshare"):
+    for tool in ("ip", "unshare", "nsenter"):
         if shutil.which(tool) is None:
             return f"`{tool}` is not installed (iproute2 / util-linux)"
     probe = f"ocprobe{os.getpid()}"

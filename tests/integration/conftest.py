@@ -30,6 +30,7 @@ class NetnsCluster:
     address: str
     token: str
     node_ids: list[str] = field(default_factory=list)
+    node_pids: list[int] = field(default_factory=list)   # in the node hosts' namespaces
 
     def driver(self, code: str, timeout: float = 60) -> object:
         """Run ``code`` in a driver on the head's host (connected with init() by
@@ -70,6 +71,7 @@ def netns_cluster() -> Iterator[NetnsCluster]:
             m = hosts.wait_output(node, f"node{i}.log", r"node ([0-9a-f]{16}) .*joined",
                                   timeout=60)
             cluster.node_ids.append(m.group(1))
+            cluster.node_pids.append(node.pid)
         yield cluster
     finally:
         hosts.teardown()
