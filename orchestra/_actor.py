@@ -20,11 +20,12 @@ from typing import Any
 from . import _context, _ids, _wire
 from . import _pb as pb
 from ._object_ref import ObjectRef
+from ._remote_function import placement_of
 from ._resources import check_feasible, make_request
 from ._serialization import dumps_function
 
 ACTOR_OPTIONS = frozenset({"num_cpus", "num_gpus", "resources", "max_restarts", "max_concurrency",
-                           "name"})
+                           "name", "scheduling_strategy"})
 DEFAULT_ASYNC_CONCURRENCY = 1000
 
 
@@ -55,6 +56,7 @@ def _validate(opts: dict[str, Any], cls_name: str) -> dict[str, Any]:
         raise ValueError(f"name must be a non-empty string, got {name!r}")
     # Actors hold no CPU unless asked (as in Ray): many can live on few cores.
     make_request(opts.get("num_cpus"), opts.get("num_gpus"), opts.get("resources"), default_cpus=0)
+    placement_of(opts.get("scheduling_strategy"))
     return opts
 
 
@@ -104,6 +106,9 @@ class ActorClass:
         call = client.build_call(tid, self._function_id, args, kwargs, num_returns=0,
                                  resources=self._resources, name=f"{self._cls.__qualname__}.__init__")
         call.actor.CopyFrom(spec)
+        placement = placement_of(opts.get("scheduling_strategy"))
+        if placement is not None:
+            call.placement.CopyFrom(placement)
         client.request(pb.Request(create_actor=call))   # ValueError: the name is taken
         return ActorHandle(spec, client, counted=True)
 

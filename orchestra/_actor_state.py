@@ -86,10 +86,29 @@ class ActorTable:
         if not self._place(a):
             self.pending.append(a)
 
+    def creation_failed(self, task: Task, blob: bytes) -> None:
+        """The creation task failed before placement (no node can ever hold it): the
+        actor is dead with ``blob``, the error its calls raise."""
+        a = self.actors.get(task.call.actor.actor_id)
+        if a is not None and a.state is not ActorState.DEAD:
+            self._die(a, blob)
+
     def _place(self, a: Actor) -> bool:
+        """Start its dedicated worker on the best node that holds its request now; False:
+        none does (it waits). True also when it died here: its strategy names a node
+        that cannot take it, ever."""
         s = self.s
-        req = a.creation.resources
-        for node in s.nodes.values():
+        task = a.creation
+        req = task.resources
+        if len(s.nodes) > 1 or task.placement is not None:
+            err = s.unplaceable(task)
+            if err is not None:
+                self._die(a, err)
+                return True
+            nodes = s.node_order(task)
+        else:
+            nodes = list(s.nodes.values())
+        for node in nodes:
             if node.resources.fits(req):
                 w = s.start_worker(node.node_id)
                 w.actor = a
@@ -98,6 +117,8 @@ class ActorTable:
                 w.gpu_ids = node.resources.acquire(req)
                 a.worker = w
                 a.state = ActorState.STARTING if a.restarts == 0 else ActorState.RESTARTING
+                if task.placement is not None:
+                    s.placed_on(task, node.node_id)
                 return True
         return False
 

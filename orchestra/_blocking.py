@@ -36,7 +36,7 @@ from typing import Any
 from . import _pb as pb
 from ._ids import TASK_ID_LEN
 from ._instructions import Send
-from ._sched_types import SchedulerCore, Task, TaskState, Wait, Worker, WorkerState
+from ._sched_types import NODE_AFFINITY, SchedulerCore, Task, TaskState, Wait, Worker, WorkerState
 from ._wire import EXECUTE, EXECUTE_NESTED, STALLED
 
 # Tasks one worker runs nested inside its blocked get()s, at most. The worker stops
@@ -273,6 +273,9 @@ def _inlinable(t: Task, w: Worker) -> bool:
     grant holds, and for the same GPUs (an inline task sees the outer task's devices)."""
     if t.call.actor_id or t.call.HasField("actor") or t.cancelled:
         return False
+    p = t.placement
+    if p is not None and p[0] == NODE_AFFINITY and not p[2] and p[1] != w.node_id:
+        return False   # it may run on its node only
     grant = w.grant
     if t.resources.get("GPU", 0.0) != grant.get("GPU", 0.0):
         return False

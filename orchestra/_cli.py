@@ -1,4 +1,5 @@
-"""The ``orchestra`` command: ``orchestra microbenchmark ...``, ``orchestra coordinator ...``."""
+"""The ``orchestra`` command: ``orchestra start|stop|status ...`` (_cli_cluster.py),
+``orchestra microbenchmark ...``, ``orchestra coordinator ...``."""
 from __future__ import annotations
 
 import sys
@@ -6,7 +7,12 @@ import sys
 _USAGE = """usage: orchestra COMMAND [ARGS]
 
 commands:
-  microbenchmark   measure the hot path (add --compare ray to run Ray side by side)
+  start            start a cluster's head (--head), or a node that joins one
+                   (--address IP:PORT --token TOKEN); --block stays in the foreground
+  stop             stop every head and node `orchestra start` started on this machine
+  status           print the cluster's nodes, resources and object store use
+  microbenchmark   measure the hot path (add --compare ray to run Ray side by side;
+                   --nodes 3 --compare ray,dask: a head and two nodes on this machine)
   coordinator      run an XLA DistributedRuntimeService coordinator (with
                    $ORCHESTRA_COORDINATOR_TOKEN set, it serves only clients sending it)
 """
@@ -18,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
         print(_USAGE)
         return 0
     cmd, rest = argv[0], argv[1:]
+    if cmd in ("start", "stop", "status"):
+        from . import _cli_cluster
+        return int(getattr(_cli_cluster, cmd)(rest))
     if cmd == "microbenchmark":
         from .microbenchmark import main as bench
         return bench(rest)

@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -110,6 +111,7 @@ class CoreClient:
         self.lost: str | None = None
         self.closing = False
         self._closing_reason = ""   # why the head stopped, when it said so (CLOSING)
+        self._warned: set[str] = set()   # texts of the head's warnings shown (WARNING)
         # Frames that create objects (puts, registrations) sent / known handled by the
         # head: refs inside a direct call's arguments must exist there before the
         # callee counts them.
@@ -640,6 +642,8 @@ class CoreClient:
                 direct.release_call(msg.task_id)
             elif kind == _wire.STALLED:
                 _log.warning("%s", msg.text)
+            elif kind == _wire.WARNING:   # e.g. a request that waits for a node to join
+                self._warn(msg.text)
             elif kind == _wire.CLOSING:   # the head's last frame: why it stops
                 self._closing_reason = msg.reason
             elif kind == _wire.REPLY:
@@ -658,6 +662,13 @@ class CoreClient:
             direct.pump_woken(woken)
         if self.refs.decr or self.refs.unpin:
             self.flush_refs()
+
+    def _warn(self, text: str) -> None:
+        """Show a warning of the head once per process (warnings.warn: the user's
+        filters apply; on stderr by default)."""
+        if text not in self._warned:
+            self._warned.add(text)
+            warnings.warn(text, RuntimeWarning, stacklevel=2)
 
     def _connection_lost(self) -> None:
         self.objects.drop_all_maps()

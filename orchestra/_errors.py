@@ -75,8 +75,16 @@ def make_error(kind: str, **d: Any) -> bytes:
                                  "restarted after a crash.")
     elif kind == "infeasible":
         res = ", ".join(f"{k}={v:g}" for k, v in sorted(d.get("resources", {}).items()))
-        exc = InfeasibleResourcesError(
-            f"task {name}() asks for {res}, which no node of the cluster has")
+        node = d.get("node")
+        if node:
+            exc = InfeasibleResourcesError(
+                f"task {name}() asks for {res or 'nothing'} on node {node} "
+                f"(NodeAffinitySchedulingStrategy, soft=False), but {d.get('reason')}. Name a "
+                "node of orchestra.nodes() that can hold it, or pass soft=True to run it "
+                "elsewhere when that node cannot.")
+        else:
+            exc = InfeasibleResourcesError(
+                f"task {name}() asks for {res}, which no node of the cluster has")
     else:
         exc = RuntimeError(f"task {name}() failed: {kind}")
     return dumps_exception(exc)

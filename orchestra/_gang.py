@@ -4,8 +4,9 @@ Data flow::
 
     driver: gang(Trainer, 4, args=..., num_gpus=1)
         check the cluster can ever hold 4 x the member request (InfeasibleResourcesError)
-        Coordinator(4, token=<fresh secret>) on 127.0.0.1, port 0: a gRPC server on threads
-            of this process that serves only clients sending the token (the members)
+        Coordinator(4, token=<fresh secret>) on 127.0.0.1 (on a cluster: this node's address,
+            which members on other nodes reach), port 0: a gRPC server on threads of this
+            process that serves only clients sending the token (the members)
         4 x ActorClass(<member subclass of Trainer>).remote(GangSpec(member=i, token), *args)
             (actor creation is asynchronous: the 4 constructors run at once, one per process)
         -> Gang(actors, coordinator)
@@ -37,8 +38,10 @@ from . import _context, _gang_member, _session
 from ._actor import ActorClass, ActorHandle, kill
 from ._gang_errors import GangError, GangMemberDiedError
 from ._gang_member import GangSpec
+from ._ids import node_hex
 from ._resources import make_request
 from .exceptions import InfeasibleResourcesError, OrchestraError
+from .util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 if TYPE_CHECKING:
     from ._coordinator import Coordinator
@@ -108,6 +111,41 @@ def _resolve_options(cls: Any, num_gpus: float | None, num_cpus: float | None,
     return base, options
 
 
+def _plan_nodes(size: int, options: Mapping[str, Any], spread: bool,
+                client: Any) -> list[str | None]:
+    """Which node each member should go to, by the nodes' free resources now: filling
+    one node before the next (the driver's node first), or dealt out in turn (spread).
+    None: no node has room for it now (it goes wherever it fits when it does)."""
+    req = make_request(options.get("num_cpus"), options.get("num_gpus"),
+                       options.get("resources"), default_cpus=0)
+    cost = dict(req) if "CPU" in req else {**req, "CPU": 1.0}   # a member takes a CPU's room
+    mine = node_hex(client.info.node_id)
+    nodes = sorted((n for n in _session.nodes() if n["Alive"]),
+                   key=lambda n: (n["NodeID"] != mine, n["NodeID"]))
+    free = {n["NodeID"]: dict(n.get("AvailableResources") or n["Resources"]) for n in nodes}
+
+    def take(nid: str) -> bool:
+        room = free[nid]
+        if all(room.get(k, 0.0) + _EPS >= v for k, v in cost.items()):
+            for k, v in cost.items():
+                room[k] = room.get(k, 0.0) - v
+            return True
+        return False
+    plan: list[str | None] = []
+    turn = 0
+    for _ in range(size):
+        chosen = None
+        for i in range(len(nodes)):
+            nid = nodes[(turn + i) % len(nodes)]["NodeID"] if spread else nodes[i]["NodeID"]
+            if take(nid):
+                chosen = nid
+                if spread:
+                    turn = (turn + i + 1) % len(nodes)
+                break
+        plan.append(chosen)
+    return plan
+
+
 def _check_capacity(name: str, size: int, options: Mapping[str, Any],
                     totals: Mapping[str, float]) -> None:
     """All members must fit at once, or the first ones wait in Connect for the rest forever."""
@@ -134,7 +172,7 @@ def gang(cls: Any, size: int, *, args: Sequence[Any] = (), kwargs: Mapping[str, 
          num_gpus: float | None = None, num_cpus: float | None = None,
          resources: Mapping[str, float] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
          heartbeat_interval_s: float = 10.0, max_missing_heartbeats: int = 10,
-         exit_on_abort: bool = False) -> Gang:
+         exit_on_abort: bool = False, spread: bool = False) -> Gang:
     """Start ``size`` actors of ``cls`` as one gang; returns at once with a ``Gang``.
 
     ``cls`` is a plain class or an ``@orchestra.remote`` class (its options apply; those
@@ -148,6 +186,11 @@ def gang(cls: Any, size: int, *, args: Sequence[Any] = (), kwargs: Mapping[str, 
     aborts the gang: the others' gang calls raise ``GangAbortedError``, or with
     ``exit_on_abort=True`` their processes exit (use it when members block in collectives
     that would otherwise hang), and ``gang.check()`` names the dead member.
+
+    On a cluster of several nodes, members fill a node (the driver's first) before the
+    next, so that members of one host share it; ``spread=True`` deals them out over the
+    nodes in turn instead. Each member is sent where that plan puts it while it fits
+    there (soft node affinity), else wherever it fits.
     """
     from ._coordinator import Coordinator
     from ._coordinator_auth import new_token
@@ -162,13 +205,18 @@ def gang(cls: Any, size: int, *, args: Sequence[Any] = (), kwargs: Mapping[str, 
     base, options = _resolve_options(cls, num_gpus, num_cpus, resources)
     name = base.__qualname__
     client = _context.current_client()
-    _check_capacity(name, size, options, dict(client.info.node_resources))
+    totals = (_session.cluster_resources() if client.info.joinable
+              else dict(client.info.node_resources))
+    _check_capacity(name, size, options, totals)
     member_cls = ActorClass(_member_class(base), options)
+    plan = _plan_nodes(size, options, spread, client) if client.info.joinable else None
     # One secret per gang: any local user can reach a loopback port, and without it could join
     # a forming gang as a missing member, read or replace its rendezvous keys, or claim a
     # running member's id (which aborts the gang and blames that healthy member).
     token = new_token()
-    coordinator = Coordinator(size, host="127.0.0.1", port=0, token=token,
+    # On a cluster, members on other nodes reach the coordinator at this node's address.
+    host = client.info.node_address or "127.0.0.1"
+    coordinator = Coordinator(size, host=host, port=0, token=token,
                               heartbeat_interval_s=heartbeat_interval_s,
                               max_missing_heartbeats=max_missing_heartbeats,
                               enumerate_timeout_s=timeout_s, shutdown_timeout_s=timeout_s)
@@ -181,7 +229,12 @@ def gang(cls: Any, size: int, *, args: Sequence[Any] = (), kwargs: Mapping[str, 
                             heartbeat_interval_s=float(heartbeat_interval_s),
                             max_missing_heartbeats=max_missing_heartbeats,
                             exit_on_abort=bool(exit_on_abort), token=token)
-            actors.append(member_cls.remote(spec, *args, **(kwargs or {})))
+            cls_i = member_cls
+            where = plan[member] if plan is not None else None
+            if where is not None:
+                cls_i = member_cls.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+                    where, soft=True))
+            actors.append(cls_i.remote(spec, *args, **(kwargs or {})))
     except BaseException:
         for handle in actors:
             _kill_quietly(handle)

@@ -112,13 +112,16 @@ def topology_from_proto(topology: Any) -> tuple[GangDevice, ...]:
 
 def host_identity() -> str:
     """Names this machine for grouping members by host: hostname plus the kernel's boot id
-    (two machines cloned from one image may share a hostname, never a boot id)."""
+    (two machines cloned from one image may share a hostname, never a boot id), plus the
+    cluster node the member runs on (nodes in namespaces of one kernel are hosts too)."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
     except OSError:
         boot = ""
-    return f"{socket.gethostname()}/{boot}"
+    client = _context.client_or_none()
+    node = f"/node-{client.info.node_id}" if client is not None else ""
+    return f"{socket.gethostname()}/{boot}{node}"
 
 
 def _split_host_port(address: str) -> tuple[str, int]:

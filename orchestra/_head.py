@@ -44,6 +44,7 @@ from ._grpc_service import GRPC_CONN
 from ._ids import machine_id
 from ._instructions import FreeSegment, KillWorker, LateSend, Pull, Push, Send, StartWorker, StopWorker
 from ._node import Node, node_from_cfg, worker_socket
+from ._node_process import routable
 from ._procutil import watch_parent
 from ._remote_node import RemoteNode
 from ._scheduler import SchedulerState, WorkerState
@@ -129,8 +130,10 @@ class Head:
         # Up to 8 tasks queued per busy worker: 5.3k -> 7k no-op tasks/s on 2 cores (8 -> 16
         # adds ~10% more). An idle worker takes queued tasks back (STEAL), so a long
         # task never holds up the ones pipelined behind it for long.
+        # joinable: nodes may join, so a request no node holds waits for one (warned).
         self.state = SchedulerState(pipeline_depth=cfg.get("pipeline_depth", 8),
-                                    error_factory=make_error)
+                                    error_factory=make_error,
+                                    joinable=bool(cfg.get("joinable", False)))
         # Internal switches (init(_system_config=...)): direct calls at all, and loans
         # (tasks as direct calls to lent workers) among them.
         if cfg.get("direct_calls", True):
@@ -373,7 +376,8 @@ class Head:
             shm_dir=node.shm_dir, node_dir=getattr(node, "node_dir", "") or self.session_dir,
             cwd=self.cfg.get("cwd", ""), sys_path=self.cfg.get("sys_path", []),
             inline_threshold=int(self.cfg.get("inline_threshold", 100 * 1024)),
-            conn_id=conn.conn_id, joinable=bool(self.cfg.get("joinable")))
+            conn_id=conn.conn_id, joinable=bool(self.cfg.get("joinable")),
+            node_address=self._node_address(node))
         frame = _wire.encode(_wire.HELLO_REPLY, reply)
         if hello.kind == "driver" and self._no_worker_yet():
             # init() returns once a task can start at once: the head is ready before
@@ -407,6 +411,11 @@ class Head:
         print(f"orchestra head: refusing a connection: {reason}", file=sys.stderr)
         conn.transport.write(_wire.encode(_wire.CLOSING, pb.Closing(reason=reason)))
         conn.transport.close()
+
+    def _node_address(self, node: Node | RemoteNode) -> str:
+        if type(node) is RemoteNode and node.ip:
+            return node.ip
+        return parse_host(self.address) if self.address else ""
 
     def _no_worker_yet(self) -> bool:
         workers = self.state.workers.values()
@@ -515,6 +524,9 @@ class Head:
             src_seg = o.data.segment
         src = self.nodes.get(src_seg.node_id) if src_seg is not None else None
         address = (self.data_address if src is self.local else getattr(src, "data_address", ""))
+        if src is self.local and type(dest) is RemoteNode and dest.conn is not None:
+            # Listening on a wildcard (--host 0.0.0.0): the address that node reached.
+            address = routable(address, dest.conn.transport.get_extra_info("sockname"))
         if dest is None or src_seg is None or not address:
             why = (f"object {object_id.hex()} cannot be copied to node {node_id}: "
                    + ("it is gone" if src_seg is None else "its node has no data server"))
@@ -741,8 +753,7 @@ class Head:
         st = self.state
         for nid, node in sorted(self.nodes.items()):
             rec = st.nodes.get(nid)
-            host = (node.ip if type(node) is RemoteNode and node.ip else
-                    parse_host(self.address) if self.address else "127.0.0.1")
+            host = self._node_address(node) or "127.0.0.1"
             info = node.store_info()
             ni = pb.NodeInfo(node_id=nid, alive=True, address=host,
                              store_capacity=node.capacity, store_used=info.used,

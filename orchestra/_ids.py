@@ -4,6 +4,9 @@ task id   = 8-byte process prefix + 4-byte counter           (12 bytes)
 object id = task id + 4-byte return index, big endian        (16 bytes)
 A put's object id uses a task id of its own with index 0. The prefix is random per
 process (and re-drawn after fork), so ids from different processes never collide.
+
+node id   = an int inside the cluster (0: the head's own node; joined nodes 2, 3, ...),
+            shown to users as 16 lowercase hex digits (node_hex / node_from_hex)
 """
 from __future__ import annotations
 
@@ -53,17 +56,19 @@ def machine_id() -> str:
     return f"{boot}/{where}"
 
 
+NODE_HEX_LEN = 16
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
 def node_hex(node_id: int) -> str:
-    """A node's public id (orchestra.nodes()' NodeID): 16 hex digits."""
+    """A node's public id: its int as 16 lowercase hex digits (node 0: "0000000000000000")."""
     return f"{node_id:016x}"
 
 
 def node_from_hex(s: str) -> int:
-    """The node id a public id names; ValueError naming the bad value."""
-    try:
-        if len(s) != 16:
-            raise ValueError
-        return int(s, 16)
-    except (TypeError, ValueError):
-        raise ValueError(f"{s!r} is not a node id: node ids are 16 hex digits, as "
-                         "orchestra.nodes() gives them (NodeID)") from None
+    """The int of a public node id; ValueError naming the bad value and the form expected."""
+    if not isinstance(s, str) or len(s) != NODE_HEX_LEN or not _HEX.issuperset(s):
+        raise ValueError(f"bad node id {s!r}: a node id is {NODE_HEX_LEN} hex digits, as "
+                         "orchestra.nodes() lists them (its 'NodeID') and "
+                         "get_runtime_context().get_node_id() returns them")
+    return int(s, 16)

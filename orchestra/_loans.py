@@ -19,6 +19,8 @@ must see each attempt), workers for a worker's (not a driver's) tasks, actor wor
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from . import _pb as pb
 from ._instructions import LateSend
 from ._resources import shape_key
@@ -71,8 +73,10 @@ class Loans:
         """``w`` ran ``done`` to its end and has nothing queued: lend it to the driver
         whose task it was, which sends it its next ones as direct calls. True when lent."""
         s = self.s
-        return s.lending and not done.call.retry_exceptions and not s.work_waits() \
-            and self.lend(done.owner, w)
+        # A task placed by a strategy never runs on a lent worker: lending the worker
+        # after it would have the driver's next placed task recall it first.
+        return s.lending and not done.call.retry_exceptions and done.placement is None \
+            and not s.work_waits() and self.lend(done.owner, w)
 
     def _recall_loans(self) -> None:
         """Work waits that no worker takes: ask drivers for the workers lent to them."""
@@ -90,7 +94,11 @@ class Loans:
         s = self.s
         if not s.lending or s.work_waits():
             return
-        for w in s.workers.values():
+        idle: Iterable[Worker] = s.workers.values()
+        c = s.clients.get(conn)
+        if len(s.nodes) > 1 and c is not None:   # direct calls stay on the driver's node
+            idle = [w for w in idle if w.node_id == c.node_id]
+        for w in idle:
             if w.state is WorkerState.IDLE and w.actor is None:
                 node = s.nodes[w.node_id]
                 if node.resources.fits(req):

@@ -182,8 +182,8 @@ class NodeProcess(asyncio.Protocol):
         self.timeout_s = w.timeout_s or 10.0
         cfg["_node_id"] = w.node_id
         node = self.node = self.make_node(self)
-        serve = getattr(node, "serve_data", None)
-        data_address = serve(cfg.get("host", "127.0.0.1"), cfg.get("token", "")) if serve else ""
+        data_address = node.serve_data(cfg.get("host", "127.0.0.1"), cfg.get("token", ""))
+        data_address = routable(data_address, self.transport.get_extra_info("sockname"))
         res = {k: float(v) for k, v in cfg["resources"].items()}
         self._event(pb.NodeEvent(register=pb.NodeRegister(
             node_id=node.node_id, resources=res, capacity=node.capacity,
@@ -298,6 +298,17 @@ async def _run(loop: Any, cfg: dict[str, Any], node_sock: str, node_id: int,
         proto.close()
         raise
     await proto.done
+
+
+def routable(address: str, sockname: Any) -> str:
+    """``address`` (HOST:PORT of a listener), with a wildcard host (0.0.0.0, ::) replaced
+    by ``sockname``'s: this machine's address on the route to the head, which other
+    nodes reach too."""
+    host, _, port = address.rpartition(":")
+    if host.strip("[]") in ("0.0.0.0", "::", "") and sockname:
+        ip = sockname[0]
+        return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+    return address
 
 
 def _start_zygote(head_address: str) -> tuple[Any, int, int] | None:

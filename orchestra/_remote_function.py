@@ -16,14 +16,16 @@ import cloudpickle
 
 from . import _context, _wire
 from . import _pb as pb
+from ._ids import node_from_hex
 from ._proto import types_pb2
 from ._resources import check_feasible, make_request, shape_key
 from ._serialization import dumps_function
+from .util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 DEFAULT_MAX_RETRIES = 3
 
 TASK_OPTIONS = frozenset({"num_returns", "num_cpus", "num_gpus", "resources", "max_retries",
-                          "retry_exceptions", "name"})
+                          "retry_exceptions", "name", "scheduling_strategy"})
 
 
 def validate_options(opts: dict[str, Any], allowed: frozenset[str], what: str) -> dict[str, Any]:
@@ -39,7 +41,26 @@ def validate_options(opts: dict[str, Any], allowed: frozenset[str], what: str) -
         raise ValueError(f"max_retries must be an int >= 0, or -1 for no limit; got {mr!r}")
     retry_on(opts.get("retry_exceptions", False))
     make_request(opts.get("num_cpus"), opts.get("num_gpus"), opts.get("resources"))
+    placement_of(opts.get("scheduling_strategy"))
     return opts
+
+
+def placement_of(strategy: Any) -> Any:
+    """scheduling_strategy= as the Call's Placement; None for the default placement (the
+    field stays unset and costs nothing on the wire)."""
+    if strategy is None or isinstance(strategy, str) and strategy == "DEFAULT":
+        return None
+    if isinstance(strategy, str) and strategy == "SPREAD":
+        return types_pb2.Placement(strategy="SPREAD")
+    if isinstance(strategy, NodeAffinitySchedulingStrategy):
+        return types_pb2.Placement(strategy="NODE_AFFINITY", node_id=node_from_hex(strategy.node_id),
+                                   soft=strategy.soft)
+    msg = (f"scheduling_strategy={strategy!r} is not one orchestra knows; accepted: None or "
+           "\"DEFAULT\", \"SPREAD\", or orchestra.util.scheduling_strategies."
+           "NodeAffinitySchedulingStrategy(node_id, soft=False)")
+    if isinstance(strategy, str):
+        raise ValueError(msg)
+    raise TypeError(msg)
 
 
 def retry_on(value: Any) -> bytes:
@@ -93,11 +114,15 @@ class RemoteFunction:
             resources=self._resources, max_retries=opts.get("max_retries", DEFAULT_MAX_RETRIES),
             name=self._name, retry_exceptions=bool(opts.get("retry_exceptions", False)),
             retry_on=retry_on(opts.get("retry_exceptions", False)))
+        placement = placement_of(opts.get("scheduling_strategy"))
+        if placement is not None:
+            call.placement.CopyFrom(placement)
         self._template = call.SerializeToString()
         # Tasks that may go straight to a worker lent to the driver: not those retried on
-        # exceptions (the head decides that), nor GPU ones (no GPU worker is lent).
+        # exceptions (the head decides that), nor GPU ones (no GPU worker is lent), nor
+        # those placed by a strategy (a lent worker is on whatever node it is).
         self._direct_shape = None if opts.get("retry_exceptions") or self._resources.get("GPU") \
-            else shape_key(self._resources)
+            or placement is not None else shape_key(self._resources)
         reg = pb.RegisterFunctionRequest(function_id=self._function_id, fnname=self._name,
                                          num_return_vals=self._num_returns,
                                          pickled=dumps_function(self._fn))

@@ -1,7 +1,8 @@
 """The scheduler core's shared data: tasks, workers, objects, clients, nodes, their states
 and transitions, and the interface its helpers use. No I/O, no decisions.
 
-    _sched_types  <--  _actor_state (ActorTable), _blocking (Blocking), _loans (Loans)
+    _sched_types  <--  _actor_state (ActorTable), _blocking (Blocking), _loans (Loans),
+                       _placement (Placer)
          ^                      |  they reach the core only through SchedulerCore
          +------  _scheduler (SchedulerState implements SchedulerCore, owns the helpers)
 
@@ -23,6 +24,21 @@ from ._instructions import Instruction
 from ._resources import NodeResources, shape_key
 
 Shape = tuple[tuple[str, float], ...]   # a resource request as a hashable key (shape_key)
+
+# Call.placement's strategies (_placement.py decides with them); "" is the default.
+SPREAD = "SPREAD"
+NODE_AFFINITY = "NODE_AFFINITY"
+Placement = tuple[str, int, bool]   # (strategy, node id, soft), as Task.placement holds it
+
+
+def placement_of(call: Any) -> Placement | None:
+    """The Call's placement as a hashable key (part of the task's ready-queue key)."""
+    p = call.placement
+    if p.strategy == SPREAD:
+        return (SPREAD, 0, False)
+    if p.strategy == NODE_AFFINITY:
+        return (NODE_AFFINITY, p.node_id, p.soft)
+    return None   # "" (DEFAULT), or a strategy this head does not know: the default
 
 
 class TaskState(enum.Enum):
@@ -61,7 +77,7 @@ class IllegalTransition(RuntimeError):
 class Task:
     __slots__ = ("call", "owner", "state", "deps", "worker", "retries_left", "cancelled",
                  "shape", "resources", "attempt", "arg_ids", "return_ids",
-                 "depth", "qkey")
+                 "depth", "qkey", "placement")
 
     def __init__(self, call: Any, owner: int) -> None:
         self.call = call
@@ -74,7 +90,14 @@ class Task:
         self.resources = dict(call.resources)
         self.shape = shape_key(self.resources)
         self.depth = 0          # 0: submitted by a driver; n+1: by a task of depth n
-        self.qkey = (0, self.shape)
+        # Its scheduling strategy (_placement.py), None for the default; part of its
+        # ready-queue key, so a task its strategy holds back never blocks others.
+        self.placement: Placement | None = None
+        self.qkey: tuple[Any, ...] = (0, self.shape)
+        if call.HasField("placement"):
+            self.placement = placement_of(call)
+            if self.placement is not None:
+                self.qkey = (0, self.shape, self.placement)
         self.attempt = 0
         self.arg_ids: list[bytes] = []
         tid = call.task_id
@@ -177,7 +200,7 @@ class SchedulerCore(Protocol):
     clients: dict[int, Client]
     tasks: dict[bytes, Task]
     objects: dict[bytes, Obj]
-    ready: dict[tuple[int, Shape], collections.deque[Task]]
+    ready: dict[tuple[Any, ...], collections.deque[Task]]
     out: list[Instruction]
     # Builds the pickled error for an object: (kind, **details) -> bytes.
     error: Callable[..., bytes]
@@ -231,4 +254,16 @@ class SchedulerCore(Protocol):
         ...
 
     def available_resources(self) -> dict[str, float]:
+        ...
+
+    def node_order(self, t: Task) -> list[Node]:
+        """The nodes where ``t``'s request fits now and its strategy allows, best first."""
+        ...
+
+    def unplaceable(self, t: Task) -> bytes | None:
+        """The error of a task whose strategy names a node that cannot take it, ever."""
+        ...
+
+    def placed_on(self, t: Task, node_id: int) -> None:
+        """``t`` took resources on ``node_id`` (the next SPREAD turn starts after it)."""
         ...

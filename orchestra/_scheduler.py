@@ -12,7 +12,9 @@ this class directly.
 
 Helpers, each owning its own tables and reaching this class only through the
 SchedulerCore interface (_sched_types.py): ActorTable (_actor_state.py), Blocking
-(_blocking.py: workers blocked in get()), Loans (_loans.py: workers lent to drivers).
+(_blocking.py: workers blocked in get()), Loans (_loans.py: workers lent to drivers),
+Placer (_placement.py: which node, with several nodes or a scheduling strategy; with
+one node and none, _pick_worker takes the first idle worker, as fast as ever).
 
 Objects: PENDING (a task will produce it) -> READY (data inline, in a segment, or an
 error) -> freed when its count drops to zero. The count is the number of processes
@@ -31,6 +33,7 @@ from ._actor_state import ActorTable
 from ._blocking import Blocking
 from ._instructions import FreeSegment, Instruction, KillWorker, Pull, Push, Send, StartWorker, StopWorker
 from ._loans import Loans
+from ._placement import Placer, hard_node
 from ._sched_types import (
     TASK_TRANSITIONS,
     Client,
@@ -55,7 +58,7 @@ class SchedulerState:
     """All scheduling decisions of the cluster."""
 
     def __init__(self, *, pipeline_depth: int = 2,
-                 error_factory: Callable[..., bytes] | None = None) -> None:
+                 error_factory: Callable[..., bytes] | None = None, joinable: bool = False) -> None:
         self.out: list[Instruction] = []
         self.nodes: dict[int, Node] = {}
         self.workers: dict[int, Worker] = {}
@@ -66,7 +69,7 @@ class SchedulerState:
         # Ready tasks by (-depth, resource shape): deeper tasks first, so the subtasks of
         # tasks blocked in get() run before more of their parents start (which would
         # block too, until no worker is left for anyone: a deadlock).
-        self.ready: dict[tuple[int, Shape], collections.deque[Task]] = {}
+        self.ready: dict[tuple[Any, ...], collections.deque[Task]] = {}
         self.pipeline_depth = pipeline_depth
         self._next_worker_id = 1
         # Builds the pickled error for an object: (kind, **details) -> bytes. The head
@@ -87,6 +90,9 @@ class SchedulerState:
         # Lend idle workers to drivers for their tasks (loans; _loans.py).
         self.lending = False
         self.loans = Loans(self)
+        # Which node a task or actor goes to, with several nodes or a strategy
+        # (_placement.py). joinable: nodes may join, so a request no node holds waits.
+        self.placer = Placer(self, joinable)
 
     # ------------------------------------------------------------------ nodes, workers
     def add_node(self, node_id: int, resources: dict[str, float], *, num_workers: int,
@@ -202,9 +208,11 @@ class SchedulerState:
             return
         self._feasible.clear()
         rebuild: dict[bytes, tuple[Any, int, int]] = {}
-        for w in [w for w in self.workers.values() if w.node_id == node_id
-                  and w.state is WorkerState.STARTING]:
-            self.worker_failed_to_start(w.worker_id, f"its node died: {reason}")
+        for w in [w for w in self.workers.values() if w.node_id == node_id]:
+            if w.state is WorkerState.STARTING:
+                self.worker_failed_to_start(w.worker_id, f"its node died: {reason}")
+            else:   # its tasks are retried elsewhere, its actor restarted or dead
+                self.worker_died(w.worker_id, f"its node died ({reason})")
         for oid, o in self.objects.items():
             if o.copies:
                 o.copies.pop(node_id, None)
@@ -261,7 +269,7 @@ class SchedulerState:
         c = self.clients.get(conn)
         if c is not None and c.worker is not None and c.worker.queue:
             t.depth = c.worker.queue[0].depth + 1
-            t.qkey = (-t.depth, t.shape)
+            t.qkey = (-t.depth, t.shape) if t.placement is None else (-t.depth, t.shape, t.placement)
         self.tasks[call.task_id] = t
         for rid in t.return_ids:
             self.new_object(conn, rid)
@@ -305,9 +313,13 @@ class SchedulerState:
         if feasible is None:   # once per resource shape: it only changes with the nodes
             feasible = self._feasible[t.shape] = any(
                 n.resources.feasible(t.resources) for n in self.nodes.values())
-        if not feasible:
-            self.fail_task(t, self.error("infeasible", name=call.name, resources=t.resources))
-            return False
+        if not feasible or t.placement is not None:
+            err = self.placer.admit(t, feasible)
+            if err is not None:   # no node can ever hold it (or the one its strategy names)
+                self.fail_task(t, err)
+                if call.HasField("actor"):
+                    self.actor_table.creation_failed(t, err)
+                return False
         if t.deps:
             # An argument that already failed fails the task without running it.
             for oid in t.arg_ids:
@@ -357,6 +369,8 @@ class SchedulerState:
                     continue
                 w = self._pick_worker(t)
                 if w is None:
+                    if not q or q[0] is not t:   # it failed (its node is gone): the next one
+                        continue
                     waiting = True
                     break
                 q.popleft()
@@ -367,6 +381,9 @@ class SchedulerState:
             loans.after_schedule(waiting)
 
     def _pick_worker(self, t: Task) -> Worker | None:
+        if len(self.nodes) > 1 or t.placement is not None:
+            return self._pick_placed(t)
+        # One node, no strategy (the hot path): the first idle worker.
         req = t.resources
         candidates = []
         for w in self.workers.values():
@@ -399,11 +416,64 @@ class SchedulerState:
             self._maybe_grow(t)
         return best
 
-    def _maybe_grow(self, t: Task) -> None:
-        """Start a worker when a ready task fits a node that has no idle or starting one."""
+    def _pick_placed(self, t: Task) -> Worker | None:
+        """_pick_worker with several nodes, or a strategy: an idle worker on the first node
+        of Placer.order that has one or can start one (then it waits for that one), else
+        pipelining behind a busy worker of the same shape on a node the strategy allows.
+        None: it waits, or it failed (hard affinity to a node gone from the cluster)."""
+        err = self.placer.unplaceable(t)
+        if err is not None:
+            self.fail_task(t, err)
+            return None
+        req = t.resources
+        order = self.placer.order(t)
+        only = hard_node(t)
+        idle: dict[int, Worker] = {}
+        candidates = []
+        for w in self.workers.values():
+            st = w.state
+            if st is WorkerState.IDLE:
+                if w.node_id not in idle:
+                    idle[w.node_id] = w
+            elif st is WorkerState.BUSY and w.grant_shape == t.shape and w.lent_to is None \
+                    and not w.nested and (only is None or w.node_id == only):
+                candidates.append(w)
+        for node in order:
+            took = idle.get(node.node_id)
+            if took is not None:
+                took.grant = req
+                took.grant_shape = t.shape
+                took.gpu_ids = node.resources.acquire(req)
+                took.state = WorkerState.BUSY
+                self.placer.placed(t, node.node_id)
+                if self.lending and took.actor is None and not t.call.retry_exceptions \
+                        and t.placement is None:
+                    self.loans.fresh.append((t.owner, took))
+                return took
+            if req and self._can_grow(node):
+                # Resources are free there, only a worker is missing: wait for it (as on
+                # one node, see _pick_worker), rather than pipeline behind a long task.
+                self._maybe_grow(t, [node])
+                return None
+        best = None
+        for w in candidates:
+            if len(w.queue) < self.pipeline_depth and (best is None or len(w.queue) < len(best.queue)):
+                best = w
+        if best is None:
+            self._maybe_grow(t, order)
+        return best
+
+    def _can_grow(self, node: Node) -> bool:
+        """The node has a task worker starting, or room for one more."""
+        mine = self.pool(node.node_id)
+        return any(w.state is WorkerState.STARTING for w in mine) or len(mine) < node.max_workers
+
+    def _maybe_grow(self, t: Task, nodes: Iterable[Node] | None = None) -> None:
+        """Start a worker when a ready task fits a node that has no idle or starting one:
+        the first of ``nodes`` (the task's placement order) where it fits, or of all."""
         if t.depth and self.blocking.defer_growth(t):
             return
-        for node in self.nodes.values():
+        for node in self.nodes.values() if nodes is None else nodes:
             if not node.resources.fits(t.resources):
                 continue
             mine = self.pool(node.node_id)
@@ -520,7 +590,8 @@ class SchedulerState:
             w.state = WorkerState.IDLE
             if w.waits:   # a resume lost to a cancel: its task has ended all the same
                 self.blocking.clear(w)
-            size = max(self.nodes[w.node_id].num_cpus, 1)
+            node = self.nodes.get(w.node_id)
+            size = max(node.num_cpus, 1) if node is not None else 0
             # len(self.workers) first: no list is built per task while the pool is at its
             # size (the common case, on the hot path).
             if len(self.workers) > size and len(self.pool(w.node_id)) > size \
@@ -884,6 +955,19 @@ class SchedulerState:
                     self._free_segment(seg)
         for cid in data.contained:
             self._decr(cid)
+
+    # ------------------------------------------------------------------ placement
+    def node_order(self, t: Task) -> list[Node]:
+        """The nodes where ``t``'s request fits now and its strategy allows, best first."""
+        return self.placer.order(t)
+
+    def unplaceable(self, t: Task) -> bytes | None:
+        """The error of a task whose strategy names a node that cannot take it, ever."""
+        return self.placer.unplaceable(t)
+
+    def placed_on(self, t: Task, node_id: int) -> None:
+        """``t`` took resources on ``node_id`` (the next SPREAD turn starts after it)."""
+        self.placer.placed(t, node_id)
 
     # ------------------------------------------------------------------ queries
     def total_resources(self) -> dict[str, float]:

@@ -162,11 +162,13 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
          _system_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """Start a local cluster (or connect to one) and make it this process's session.
 
-    ``address``: None starts a private cluster on this machine. "HOST:PORT" connects
-    to a cluster (``orchestra start --head`` printed its address), authenticating with
-    ``token`` (default: the ORCHESTRA_TOKEN environment variable); this driver uses
-    the store of the cluster's node on this machine. A session directory or its
-    head.sock connects to another driver's private cluster of this user."""
+    ``address``: None starts a private cluster on this machine (unless ORCHESTRA_ADDRESS
+    names one). "HOST:PORT" connects to a cluster (``orchestra start --head`` printed its
+    address), authenticating with ``token`` (default: the ORCHESTRA_TOKEN environment
+    variable); this driver uses the store of the cluster's node on this machine. "auto"
+    connects to the cluster ``orchestra start`` started on this machine (its token with
+    it). A session directory or its head.sock connects to another driver's private
+    cluster of this user."""
     global _session
     if _session is not None and _session.client.lost is not None:
         _forget_lost_session()
@@ -178,10 +180,47 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     if _context.client_or_none() is not None:
         raise RuntimeError("orchestra.init() inside a task: the task is already connected "
                            "to its cluster; call remote functions directly")
+    address, token = resolve_address(address, token)
     if address is not None:
         _session = _connect(address, token)
         _context.set_client(_session.client)
         return _info(_session)
+    store_warning, cfg = build_cfg(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources,
+                                   object_store_memory=object_store_memory,
+                                   spill_dir=spill_dir, system_config=_system_config)
+    global _shm_warned
+    if store_warning and not _shm_warned:
+        _shm_warned = True
+        warnings.warn(f"orchestra: {store_warning}", RuntimeWarning, stacklevel=2)
+    _sweep_stale_sessions()
+    session_dir = new_session_dir(cfg)
+    head = launch_head(cfg)
+    sock = os.path.join(session_dir, "head.sock")
+    try:
+        client = _connect_client(sock, head)
+    except BaseException:
+        head.kill()
+        head.wait()
+        shutil.rmtree(session_dir, ignore_errors=True)
+        raise
+    _session = Session(client, session_dir, head)
+    _session.spill_dir = cfg["spill_dir"]
+    _context.set_client(client)
+    atexit.register(_shutdown_at_exit)
+    return _info(_session)
+
+
+
+def build_cfg(*, num_cpus: int | None = None, num_gpus: int | None = None,
+              resources: dict[str, float] | None = None, object_store_memory: int | None = None,
+              spill_dir: str | os.PathLike[str] | None = None,
+              system_config: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    """The head's configuration from init()'s (or ``orchestra start``'s) arguments, checked,
+    and the warning to give when /dev/shm is too small ("" when it is not).
+
+    The session's own keys (session_dir, session_id, spill_dir) are added by
+    new_session_dir(); ``orchestra start --head`` adds listen, token, detached, joinable.
+    """
     if num_cpus is not None and (isinstance(num_cpus, bool) or not isinstance(num_cpus, int)):
         raise TypeError(f"num_cpus must be an int, got {num_cpus!r}")
     if num_gpus is not None and (isinstance(num_gpus, bool) or not isinstance(num_gpus, int)):
@@ -203,20 +242,9 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
         if not os.access(spill_dir, os.W_OK | os.X_OK):
             raise ValueError(f"spill_dir {spill_dir!r} is not writable by this user")
     store, warning = store_memory(object_store_memory, _ram(), _shm_free())
-    global _shm_warned
-    if warning and not _shm_warned:
-        _shm_warned = True
-        warnings.warn(f"orchestra: {warning}", RuntimeWarning, stacklevel=2)
-    _sweep_stale_sessions()
-    session_dir = tempfile.mkdtemp(prefix=SESSION_PREFIX)   # mode 0700: only this user
-    session_id = os.path.basename(session_dir)[len(SESSION_PREFIX):]
     cfg = {
-        "session_dir": session_dir,
-        "session_id": session_id,
-        # Spill files live in a directory of their own, removed at shutdown (and with the
-        # session directory by the next init() when the session crashed).
-        "spill_dir": os.path.join(session_dir, "spill") if spill_dir is None
-        else os.path.join(spill_dir, f"orchestra-spill-{session_id}"),
+        # None: under the session's directory (new_session_dir() decides).
+        "_spill_root": spill_dir,
         "resources": req,
         "num_workers": max(int(cpus), 1),
         "object_store_memory": store,
@@ -229,8 +257,31 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
         # head's (_node_process.py): _system_config={"node_process": True}, or this
         # variable for a whole run (tests of the default mode in that mode).
         **({"node_process": True} if os.environ.get("ORCHESTRA_NODE_PROCESS") == "1" else {}),
-        **(_system_config or {}),
+        **(system_config or {}),
     }
+    return warning, cfg
+
+
+def new_session_dir(cfg: dict[str, Any]) -> str:
+    """Make the session's directory (mode 0700: only this user) and fill in cfg's
+    session_dir, session_id and spill_dir."""
+    session_dir = tempfile.mkdtemp(prefix=SESSION_PREFIX)
+    session_id = os.path.basename(session_dir)[len(SESSION_PREFIX):]
+    spill_root = cfg.pop("_spill_root", None)
+    cfg["session_dir"] = session_dir
+    cfg["session_id"] = session_id
+    # Spill files live in a directory of their own, removed at shutdown (and with the
+    # session directory by the next init() when the session crashed).
+    cfg["spill_dir"] = (os.path.join(session_dir, "spill") if spill_root is None
+                        else os.path.join(spill_root, f"orchestra-spill-{session_id}"))
+    return session_dir
+
+
+def launch_head(cfg: dict[str, Any], *, stdout: Any = None, stderr: Any = None) -> subprocess.Popen[bytes]:
+    """Write cfg into its session directory and start the head on it (its pid in
+    head.pid, for the sweep of crashed sessions). A session of its own: Ctrl-C in the
+    driver's terminal reaches the driver only."""
+    session_dir = cfg["session_dir"]
     cfg_path = os.path.join(session_dir, "config.json")
     with open(cfg_path, "w") as f:
         json.dump(cfg, f)
@@ -244,23 +295,11 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     cmd = ([sys.executable, "-c", HEAD_BOOTSTRAP, cfg_path, sock]
            if cfg.get("zygote", True) and not cfg.get("node_process")
            else [sys.executable, "-m", "orchestra._head", cfg_path])
-    head = subprocess.Popen(cmd,
-                            stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True,
-                            cwd=session_dir, env=env)
+    head = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                            start_new_session=True, close_fds=True, cwd=session_dir, env=env)
     with open(os.path.join(session_dir, "head.pid"), "w") as f:
         f.write(str(head.pid))
-    try:
-        client = _connect_client(sock, head)
-    except BaseException:
-        head.kill()
-        head.wait()
-        shutil.rmtree(session_dir, ignore_errors=True)
-        raise
-    _session = Session(client, session_dir, head)
-    _session.spill_dir = cfg["spill_dir"]
-    _context.set_client(client)
-    atexit.register(_shutdown_at_exit)
-    return _info(_session)
+    return head
 
 
 def _hello() -> Any:
@@ -278,6 +317,25 @@ def _connect_client(sock: str, head: subprocess.Popen[bytes]) -> CoreClient:
             raise OrchestraError("the head process did not start within 30 s")
         time.sleep(0.002)
     return CoreClient(sock, _hello())
+
+
+def resolve_address(address: str | None, token: str | None) -> tuple[str | None, str | None]:
+    """The address (and token) init() connects to: ``address``, else ORCHESTRA_ADDRESS;
+    "auto" is the cluster ``orchestra start`` started on this machine, whose token comes
+    with it unless one was given. None: start a private local cluster."""
+    if address is None:
+        address = os.environ.get("ORCHESTRA_ADDRESS") or None
+    if address != "auto":
+        return address, token
+    from ._cluster_file import local_cluster
+    found = local_cluster()
+    if found is None:
+        raise ConnectionError(
+            "address='auto' (or ORCHESTRA_ADDRESS=auto): no cluster started by `orchestra "
+            "start` runs on this machine for this user. Start one with `orchestra start "
+            "--head`, or pass address='IP:PORT' of a running head")
+    found_address, found_token = found
+    return found_address, (found_token if token is None else token)
 
 
 def _connect(address: str, token: str | None = None) -> Session:

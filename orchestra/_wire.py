@@ -47,6 +47,7 @@ LOAN_REQUEST = 29  # LoanRequest, driver -> head: one more lent worker of this s
 NODE_COMMAND = 30  # NodeCommand, head -> a node in a process of its own (_node_process.py)
 NODE_EVENT = 31    # NodeEvent, that node -> head (_remote_node.py)
 CLOSING = 32       # Closing, head -> client: the head stops, and why (its last frame)
+WARNING = 33       # ClusterWarning, head -> a task's owner: its request waits for a node to join
 
 MESSAGES: dict[int, Any] = {
     HELLO: pb.Hello, HELLO_REPLY: pb.HelloReply, FUNCTION: pb.RegisterFunctionRequest,
@@ -60,6 +61,7 @@ MESSAGES: dict[int, Any] = {
     LOAN: pb.Loan, LOAN_RETURN: pb.LoanReturn, LOAN_RECALL: pb.LoanRecall,
     EXECUTE_NESTED: pb.Execute, STALLED: pb.Stalled, LOAN_REQUEST: pb.LoanRequest,
     NODE_COMMAND: pb.NodeCommand, NODE_EVENT: pb.NodeEvent, CLOSING: pb.Closing,
+    WARNING: pb.ClusterWarning,
 }
 
 MAX_FRAME = 1 << 31

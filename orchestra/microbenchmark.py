@@ -1,12 +1,15 @@
 """orchestra microbenchmark: the hot path measured the way users feel it.
 
-    orchestra microbenchmark [--quick] [--json FILE] [--compare ray] [--ray-python PATH]
+    orchestra microbenchmark [--quick] [--json FILE] [--compare ray[,dask]] [--ray-python PATH]
+                             [--nodes N] [--dask-python PATH]
 
 Each workload runs for a bounded count and time and prints one row. ``--compare ray``
 runs the same file under a Python that has Ray (this environment, or --ray-python /
 $ORCHESTRA_RAY_PYTHON, e.g. a separate venv) in the same run and prints ratios; the
-workloads that multiprocessing.Pool can do are measured too. Numbers only: nothing here
-asserts a speed.
+workloads that multiprocessing.Pool can do are measured too. ``--nodes N`` (N >= 3)
+measures a cluster of a head and N-1 nodes on this machine instead (_bench_nodes.py),
+with Ray and Dask (``--compare ray,dask``; Dask from --dask-python, else Ray's Python)
+side by side. Numbers only: nothing here asserts a speed.
 
 This file must run standalone under a Python without orchestra (for Ray), so it
 imports the framework under test by name and nothing else from orchestra.
@@ -290,20 +293,47 @@ ROWS = [
 ]
 
 
+# --nodes N: the figures _bench_nodes.py measures (labels filled in by node_rows)
+NODE_ROWS = [
+    ("cluster_start_s", "cluster start: head + {n1} nodes (s)", False),
+    ("connect_s", "driver connects (s)", False),
+    ("first_remote_tasks_s", "first task on each node (s)", False),
+    ("remote_noop_latency_median_us", "remote no-op task latency, median (us)", False),
+    ("remote_noop_latency_p99_us", "remote no-op task latency, p99 (us)", False),
+    ("spread_tasks_per_s", "no-op tasks/s spread over {n1} nodes", True),
+    ("local_read_ms", "a task reads the {mib} MiB array on its own node (ms)", False),
+    ("node_to_node_gb_per_s", "{mib} MiB array node to node, a task reads it (GB/s)", True),
+    ("to_driver_gb_per_s", "{mib} MiB array from a node to the driver (GB/s)", True),
+    ("shutdown_s", "shutdown: driver and cluster (s)", False),
+    ("idle_rss_mb", "idle memory, RSS of all processes (MB)", False),
+    ("idle_pss_mb", "idle memory, PSS of all processes (MB)", False),
+    ("idle_processes", "processes", False),
+]
+
+
+def node_rows(results: list[dict[str, Any]]) -> list[tuple[str, str, bool]]:
+    """NODE_ROWS with this run's node count and transfer size in the labels."""
+    ok = [r for r in results if "nodes" in r]
+    n = ok[0]["nodes"] if ok else 3
+    mib = next((r["transfer_mib"] for r in ok if "transfer_mib" in r), 200)
+    return [(k, label.format(n1=n - 1, mib=f"{mib:g}"), hb) for k, label, hb in NODE_ROWS]
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:,.3f}" if v < 10 else f"{v:,.0f}"
     return str(v) if v is not None else "-"
 
 
-def report(results: list[dict[str, Any]]) -> str:
+def report(results: list[dict[str, Any]], rows: list[tuple[str, str, bool]] | None = None) -> str:
+    """A table: one row per workload, one column per framework, then orchestra's ratios."""
     names = [r["framework"] for r in results]
     header = ["workload"] + names
     base = results[0]
     if len(results) > 1:
         header += [f"orchestra vs {n}" for n in names[1:]]
     lines = [header]
-    for key, label, higher_better in ROWS:
+    for key, label, higher_better in ROWS if rows is None else rows:
         vals = [r.get(key) for r in results]
         if all(v is None for v in vals):
             continue
@@ -333,6 +363,26 @@ def _run_child(python: str, framework: str, quick: bool) -> dict[str, Any]:
     cmd += ["--framework", framework, "--child"]
     if quick:
         cmd.append("--quick")
+    return _child_json(cmd, framework)
+
+
+def _run_nodes_child(python: str, framework: str, nodes: int, quick: bool) -> dict[str, Any]:
+    """One framework's cluster figures from a process of its own; an error becomes a row of
+    dashes (and a message) so that the others still print."""
+    if framework == "orchestra":
+        cmd = [python, "-m", "orchestra._bench_nodes"]
+    else:  # a Python without orchestra: run the file by path
+        cmd = [python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bench_nodes.py")]
+    cmd += [framework, str(nodes)] + (["--quick"] if quick else [])
+    try:
+        return _child_json(cmd, framework)
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        print(str(exc), file=sys.stderr)
+        return {"framework": framework, "error": str(exc)[-500:]}
+
+
+def _child_json(cmd: list[str], framework: str) -> dict[str, Any]:
+    """Run a benchmark child; its last stdout line that is a JSON object is its result."""
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("{"):
@@ -340,11 +390,48 @@ def _run_child(python: str, framework: str, quick: bool) -> dict[str, Any]:
     raise RuntimeError(f"{framework} benchmark failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
 
 
-def _find_ray_python(explicit: str | None) -> str | None:
-    for cand in (explicit, os.environ.get("ORCHESTRA_RAY_PYTHON"), sys.executable):
-        if cand and subprocess.run([cand, "-c", "import ray"], capture_output=True).returncode == 0:
+def _find_python(module: str, candidates: list[str | None]) -> str | None:
+    """The first interpreter of ``candidates`` that can import ``module``."""
+    for cand in candidates:
+        if cand and subprocess.run([cand, "-c", f"import {module}"], capture_output=True).returncode == 0:
             return cand
     return None
+
+
+def _find_ray_python(explicit: str | None) -> str | None:
+    return _find_python("ray", [explicit, os.environ.get("ORCHESTRA_RAY_PYTHON"), sys.executable])
+
+
+def _compare_list(text: str) -> list[str]:
+    """``--compare ray,dask`` -> ["ray", "dask"]; an unknown name is an argparse error."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in ("ray", "dask")]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown framework {bad[0]!r}: choose from ray, dask")
+    return names
+
+
+def _comparisons(ns: argparse.Namespace) -> list[tuple[str, str]] | str:
+    """(framework, python) for each --compare, or the error message naming the fix."""
+    wanted = [n for group in ns.compare for n in group]
+    if "dask" in wanted and ns.nodes < 3:
+        return "--compare dask: Dask runs only in the multi-node benchmark; add --nodes 3"
+    ray_py = _find_ray_python(ns.ray_python) if "ray" in wanted else None
+    out: list[tuple[str, str]] = []
+    for name in dict.fromkeys(wanted):
+        if name == "ray":
+            py = ray_py
+        else:
+            py = _find_python("distributed", [ns.dask_python, os.environ.get("ORCHESTRA_DASK_PYTHON"),
+                                              ns.ray_python or _find_ray_python(None), sys.executable])
+        if py is None:
+            how = ("pass --ray-python or set ORCHESTRA_RAY_PYTHON (e.g. a venv with `pip install ray`)"
+                   if name == "ray" else
+                   "pass --dask-python or set ORCHESTRA_DASK_PYTHON (e.g. a venv with "
+                   "`pip install 'dask[distributed]'`)")
+            return f"--compare {name}: no Python with {name} found; {how}"
+        out.append((name, py))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -352,8 +439,13 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny counts (a smoke test)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    p.add_argument("--compare", choices=["ray"], action="append", default=[])
+    p.add_argument("--compare", type=_compare_list, action="append", default=[],
+                   help="ray, dask or ray,dask: run them side by side (dask with --nodes only)")
     p.add_argument("--ray-python", help="a Python interpreter that can import ray")
+    p.add_argument("--dask-python", help="a Python interpreter that can import distributed "
+                   "(default: the Ray one)")
+    p.add_argument("--nodes", type=int, default=1,
+                   help="N >= 3: a cluster of a head and N-1 nodes on this machine")
     p.add_argument("--no-pool", action="store_true", help="skip multiprocessing.Pool")
     p.add_argument("--framework", default="orchestra", help=argparse.SUPPRESS)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -362,19 +454,24 @@ def main(argv: list[str] | None = None) -> int:
         res = run_pool(ns.quick) if ns.framework == "pool" else run_framework(ns.framework, ns.quick)
         print(json.dumps(res))
         return 0
-    # Each framework in its own process: nothing of one warms or slows the other.
-    results = [_run_child(sys.executable, "orchestra", ns.quick)]
-    if "ray" in ns.compare:
-        py = _find_ray_python(ns.ray_python)
-        if py is None:
-            print("--compare ray: no Python with ray found; pass --ray-python or set "
-                  "ORCHESTRA_RAY_PYTHON (e.g. a venv with `pip install ray`)", file=sys.stderr)
-            return 2
-        results.append(_run_child(py, "ray", ns.quick))
-    if not ns.no_pool:
-        results.append(_run_child(sys.executable, "pool", ns.quick))
+    if ns.nodes != 1 and ns.nodes < 3:
+        p.error(f"--nodes {ns.nodes}: a cluster here is a head and at least two nodes (--nodes 3)")
+    others = _comparisons(ns)
+    if isinstance(others, str):
+        print(others, file=sys.stderr)
+        return 2
     print(f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
-    print(report(results))
+    if ns.nodes >= 3:
+        # Each framework in its own process: nothing of one warms or slows the other.
+        results = [_run_nodes_child(sys.executable, "orchestra", ns.nodes, ns.quick)]
+        results += [_run_nodes_child(py, name, ns.nodes, ns.quick) for name, py in others]
+        print(report(results, node_rows(results)))
+    else:
+        results = [_run_child(sys.executable, "orchestra", ns.quick)]
+        results += [_run_child(py, name, ns.quick) for name, py in others]
+        if not ns.no_pool:
+            results.append(_run_child(sys.executable, "pool", ns.quick))
+        print(report(results))
     if ns.json:
         with open(ns.json, "w") as f:
             json.dump(results, f, indent=2)

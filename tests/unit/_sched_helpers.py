@@ -37,13 +37,25 @@ def inline(value: Any) -> Any:
 def make_call(name: str = "f", args: tuple[Any, ...] = (), *, cpus: float = 1.0,
               resources: dict[str, float] | None = None, max_retries: int = 0,
               num_returns: int = 1, nested: tuple[bytes, ...] = (),
-              retry_exceptions: bool = False) -> Any:
+              retry_exceptions: bool = False, placement: Any = None) -> Any:
+    """A task's Call; ``placement``: a types_pb2.Placement (scheduling_strategy=)."""
     res = dict(resources or {})
     if cpus:
         res["CPU"] = cpus
-    return types_pb2.Call(task_id=new_id(), function_id=b"F" * 16, args=list(args),
+    call = types_pb2.Call(task_id=new_id(), function_id=b"F" * 16, args=list(args),
                           num_returns=num_returns, resources=res, max_retries=max_retries,
                           name=name, nested=list(nested), retry_exceptions=retry_exceptions)
+    if placement is not None:
+        call.placement.CopyFrom(placement)
+    return call
+
+
+def spread() -> Any:
+    return types_pb2.Placement(strategy="SPREAD")
+
+
+def affinity(node_id: int, soft: bool = False) -> Any:
+    return types_pb2.Placement(strategy="NODE_AFFINITY", node_id=node_id, soft=soft)
 
 
 def rid(call: Any, i: int = 0) -> bytes:
@@ -55,8 +67,9 @@ def inline_data(oid: bytes, value: Any = "v", contained: tuple[bytes, ...] = ())
     return pb.ObjectData(object_id=oid, inline=pickle.dumps(value), contained=list(contained))
 
 
-def segment_data(oid: bytes, name: str, contained: tuple[bytes, ...] = ()) -> Any:
-    return pb.ObjectData(object_id=oid, segment=pb.Segment(name=name, size=1 << 20, node_id=NODE),
+def segment_data(oid: bytes, name: str, contained: tuple[bytes, ...] = (), *,
+                 node_id: int = NODE, size: int = 1 << 20) -> Any:
+    return pb.ObjectData(object_id=oid, segment=pb.Segment(name=name, size=size, node_id=node_id),
                          contained=list(contained))
 
 
@@ -148,3 +161,34 @@ def sent_late(out: list[Any], kind: int, conn: int | None = None) -> list[Any]:
 
 def socket_path(node_id: int, worker_id: int) -> str:
     return f"/tmp/orchestra-test/w{worker_id}.sock"
+
+
+class Nodes(Cluster):
+    """A SchedulerState with several nodes (node id -> resources, each with a worker per
+    CPU unless ``workers`` says otherwise), a driver, and workers connected at once."""
+
+    def __init__(self, nodes: dict[int, dict[str, float]], *, workers: dict[int, int] | None = None,
+                 max_workers: int = 8, pipeline_depth: int = 2, joinable: bool = False,
+                 error_factory: Any = None) -> None:
+        self.s = SchedulerState(pipeline_depth=pipeline_depth, joinable=joinable,
+                                error_factory=error_factory)
+        self.max_workers = max_workers
+        for nid, res in nodes.items():
+            n = int(res.get("CPU", 0)) if workers is None else workers.get(nid, 0)
+            self.s.add_node(nid, dict(res), num_workers=n, max_workers=max_workers)
+        self.s.client_connected(DRIVER, pb.Hello(kind="driver", pid=1))
+        self.pool = self.started()
+        for wid in self.pool:
+            self.connect(wid)
+        self.take()
+
+    def node_of(self, worker_id: int) -> int:
+        return self.s.workers[worker_id].node_id
+
+    def ran_on(self, out: list[Any]) -> list[int]:
+        """The node of each task sent in ``out``, in order."""
+        return [self.node_of(w) for w, _ in executed(out)]
+
+    def started_on(self, out: list[Any]) -> list[int]:
+        """The node of each worker started in ``out``."""
+        return [ins.node_id for ins in out if type(ins) is StartWorker]

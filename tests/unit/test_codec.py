@@ -71,6 +71,32 @@ def test_a_call_with_arguments_keywords_and_nested_refs_is_protobufs() -> None:
         task_id=TID, args=want.args, kwarg_names=["alpha"], nested=want.nested).SerializeToString()
 
 
+def test_a_default_placement_adds_no_byte_to_the_template() -> None:
+    # scheduling_strategy=None/"DEFAULT" leaves Call.placement unset: a plain task's
+    # bytes are those of a Call without the field.
+    assert template() == pb.Call(function_id=b"f" * 16, num_returns=2, name="mod.fn",
+                                 resources={"CPU": 1.0}).SerializeToString()
+    assert not pb.Call.FromString(_codec.call(template(), TID)).HasField("placement")
+
+
+@pytest.mark.parametrize("placement", [
+    types_pb2.Placement(strategy="SPREAD"),
+    types_pb2.Placement(strategy="NODE_AFFINITY", node_id=2**63 + 5, soft=True),
+])
+def test_a_placement_in_the_template_survives_the_per_call_fields(placement: object) -> None:
+    values = [_codec.ref_value(b"a" * 16), _codec.inline_value(b"x" * 200)]
+    got = pb.Call.FromString(_codec.call(template(placement=placement), TID, values, ["k"]))
+    assert got.placement == placement and got.task_id == TID and len(got.args) == 2
+    kind, msg = parse_frame(_codec.execute_frame(_codec.call(template(placement=placement), TID), [], 3))
+    assert kind == _wire.EXECUTE and msg.invoke.call.placement == placement
+
+
+def test_placement_is_call_field_15() -> None:
+    # The number the cluster's parts agreed on; a renumbering breaks mixed versions.
+    assert pb.Call.DESCRIPTOR.fields_by_name["placement"].number == 15
+    assert _wire.WARNING == 33 and _wire.MESSAGES[_wire.WARNING] is pb.ClusterWarning
+
+
 def test_frames_around_a_hand_encoded_call_parse_to_the_same_call() -> None:
     call = _codec.call(template(), TID, [_codec.ref_value(b"a" * 16)], ["k"])
     kind, msg = parse_frame(_codec.submit_frame(call))

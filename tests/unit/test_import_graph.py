@@ -18,7 +18,8 @@ pytestmark = pytest.mark.timeout(30)
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "orchestra"
 
 # The scheduler core: these never reach back into _scheduler.
-SCHEDULER_HELPERS = ["_sched_types", "_instructions", "_actor_state", "_blocking", "_loans"]
+SCHEDULER_HELPERS = ["_sched_types", "_instructions", "_actor_state", "_blocking", "_loans",
+                     "_placement"]
 
 
 def import_graph() -> dict[str, set[str]]:

@@ -11,6 +11,7 @@ from _sched_helpers import (
     DRIVER,
     NODE,
     Cluster,
+    affinity,
     executes,
     make_call,
     ref,
@@ -52,7 +53,7 @@ def made_on_other(c: Cluster, w2: int, max_retries: int = 0) -> tuple[bytes, obj
 def test_a_task_on_another_node_is_sent_the_holders_copy_and_its_node_pulls_one():
     c, w0, w2 = two_nodes()
     oid, _ = made_on_other(c, w2)
-    c.submit(make_call("use", (ref(oid),)))
+    c.submit(make_call("use", (ref(oid),), placement=affinity(NODE)))
     out = c.take()
     ((w, inv),) = executes(out)
     assert w == w0
@@ -67,7 +68,7 @@ def test_once_a_copy_is_there_tasks_on_that_node_read_it_and_nothing_is_pulled()
     assert c.s.add_copy(oid, pb.Segment(name="copy-on-0", size=4 << 20, node_id=NODE))
     assert c.s.copy_on(oid, NODE).segment.name == "copy-on-0"
     assert c.s.copy_on(oid, OTHER).segment.name == "seg-on-2"
-    c.submit(make_call("use", (ref(oid),)))
+    c.submit(make_call("use", (ref(oid),), placement=affinity(NODE)))
     out = c.take()
     ((_, inv),) = executes(out)
     assert inv.resolved[0].segment.name == "copy-on-0"

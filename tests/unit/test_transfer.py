@@ -308,3 +308,10 @@ def test_a_closed_server_stops_accepting(serve: Any, fetcher: Fetcher, token: st
 def test_a_bad_address_is_named() -> None:
     with pytest.raises(ValueError, match="'nohost'"):
         parse_address("nohost")
+
+
+def test_a_wildcard_listener_is_offered_at_the_address_peers_reached():
+    from orchestra._node_process import routable
+    assert routable("0.0.0.0:4100", ("10.77.0.3", 51000)) == "10.77.0.3:4100"
+    assert routable("[::]:4100", ("fd00::3", 51000, 0, 0)) == "[fd00::3]:4100"
+    assert routable("10.77.0.3:4100", ("127.0.0.1", 1)) == "10.77.0.3:4100"

@@ -1,0 +1,277 @@
+"""``orchestra start``, ``orchestra stop`` and ``orchestra status``: a cluster of machines
+from the shell.
+
+    start --head      -> _launch.start_head -> record in the state directory -> prints
+                         the address and the command that joins another machine
+    start --address   -> _launch.start_node -> record
+    --block           -> the same, then stays in the foreground until SIGTERM/SIGINT
+                         (or until what it started exits), and stops what it started
+    stop              -> _launch.stop_all over the state directory's records
+    status            -> a driver connection: nodes(), resources, object store use
+
+The state directory is per user (_cluster_file.py); ``init(address="auto")`` reads it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from . import _cluster_file as cf
+from . import _launch
+from ._launch import DEFAULT_HOST, DEFAULT_PORT, LaunchError
+
+START_HELP = f"""\
+orchestra start --head [--host IP] [--port PORT] [--token TOKEN] [resources] [--block]
+orchestra start --address IP:PORT --token TOKEN [--host IP] [resources] [--block]
+
+Starts the cluster's head (its scheduler and this machine's node), or a node that joins
+it, in the background. The head listens on {DEFAULT_HOST}:{DEFAULT_PORT} unless --host and
+--port say otherwise: pass --host with this machine's address on the network the other
+machines share to let them join. Every connection proves the cluster token.
+"""
+
+
+def _resources(text: str) -> dict[str, float]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--resources takes JSON, e.g. '{{\"widget\": 2}}': "
+                                         f"{exc}") from None
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+            for k, v in value.items()):
+        raise argparse.ArgumentTypeError(
+            f"--resources takes a JSON object of names to numbers, e.g. '{{\"widget\": 2}}', "
+            f"not {text!r}")
+    return {k: float(v) for k, v in value.items()}
+
+
+def _bytes(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of bytes, got {text!r}") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of bytes, got {n}")
+    return n
+
+
+def _port(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= n < 65536:
+        raise argparse.ArgumentTypeError(f"a port is 0..65535 (0: any free port), got {n}")
+    return n
+
+
+def start_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="orchestra start", usage=START_HELP,
+                                description="Start a cluster head, or a node joining one.")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--head", action="store_true", help="start the cluster's head here")
+    which.add_argument("--address", metavar="IP:PORT",
+                       help="join the cluster whose head listens there")
+    p.add_argument("--host", metavar="IP",
+                   help=f"the address to listen on (head: default {DEFAULT_HOST}; node: "
+                        "its address on the route to the head)")
+    p.add_argument("--port", type=_port, default=None,
+                   help=f"the head's port (default {DEFAULT_PORT})")
+    p.add_argument("--token", help="the cluster token (default: $ORCHESTRA_TOKEN; a head "
+                                   "without either generates one)")
+    p.add_argument("--num-cpus", type=int, default=None, help="CPUs (default: all)")
+    p.add_argument("--num-gpus", type=int, default=None, help="GPUs (default: those found)")
+    p.add_argument("--resources", type=_resources, default=None,
+                   help='custom resources as JSON, e.g. \'{"widget": 2}\'')
+    p.add_argument("--object-store-memory", type=_bytes, default=None, metavar="BYTES",
+                   help="the object store's size (default: 30%% of RAM, bounded by /dev/shm)")
+    p.add_argument("--block", action="store_true",
+                   help="stay in the foreground until SIGTERM/SIGINT, then stop")
+    return p
+
+
+def parse_start(argv: list[str]) -> argparse.Namespace:
+    """The arguments of ``orchestra start``, checked (SystemExit(2) with a message)."""
+    p = start_parser()
+    args = p.parse_args(argv)
+    if args.address is not None:
+        if args.port is not None:
+            p.error("--port is the head's; a node joining with --address takes none")
+        try:
+            _launch.split_address(args.address)
+        except ValueError as exc:
+            p.error(str(exc))
+        args.token = args.token or os.environ.get("ORCHESTRA_TOKEN") or None
+        if not args.token:
+            p.error("joining needs the cluster token: --token TOKEN or ORCHESTRA_TOKEN "
+                    "(`orchestra start --head` printed it)")
+    else:
+        args.token = args.token or os.environ.get("ORCHESTRA_TOKEN") or None
+        args.host = args.host or DEFAULT_HOST
+        args.port = DEFAULT_PORT if args.port is None else args.port
+    for name in ("num_cpus", "num_gpus"):
+        if getattr(args, name) is not None and getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0")
+    return args
+
+
+def start(argv: list[str]) -> int:
+    args = parse_start(argv)
+    try:
+        state = cf.state_dir()
+    except PermissionError as exc:
+        print(f"orchestra start: {exc}", file=sys.stderr)
+        return 1
+    # Under --block the processes' output is ours: a container's or a batch job's log.
+    log = not args.block
+    try:
+        if args.head:
+            started = _launch.start_head(
+                state, host=args.host, port=args.port, token=args.token,
+                num_cpus=args.num_cpus, num_gpus=args.num_gpus, resources=args.resources,
+                object_store_memory=args.object_store_memory, log=log)
+        else:
+            started = _launch.start_node(
+                state, head_address=args.address, token=args.token, host=args.host,
+                num_cpus=args.num_cpus, num_gpus=args.num_gpus, resources=args.resources,
+                object_store_memory=args.object_store_memory, log=log)
+    except (LaunchError, ValueError, TypeError) as exc:
+        print(f"orchestra start: {exc}", file=sys.stderr)
+        return 1
+    _announce(started)
+    if args.block:
+        return _block(started)
+    return 0
+
+
+def _announce(started: _launch.Started) -> None:
+    if started.kind == "head":
+        print(f"orchestra: the head runs (pid {started.pid}) at {started.address}\n\n"
+              f"Join another machine with:\n"
+              f"  orchestra start --address {started.address} --token {started.token}\n\n"
+              f"Connect a driver with orchestra.init(address=\"{started.address}\", "
+              f"token=...) or, on this machine, orchestra.init(address=\"auto\").\n"
+              f"Stop with: orchestra stop", flush=True)
+    else:
+        print(f"orchestra: node {started.node_hex} (pid {started.pid}) joined the head at "
+              f"{started.address}. Stop with: orchestra stop", flush=True)
+
+
+def _block(started: _launch.Started) -> int:
+    """Wait for SIGTERM/SIGINT (or the process's own end), then stop what was started."""
+    done = threading.Event()
+    why: list[str] = []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        why.append(signal.Signals(signum).name)
+        done.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    proc = started.proc
+    assert proc is not None
+    while not done.wait(0.2):
+        if proc.poll() is not None:
+            print(f"orchestra: the {started.kind} (pid {started.pid}) exited with code "
+                  f"{proc.returncode}", file=sys.stderr, flush=True)
+            _launch.stop(started)
+            return 1
+    _launch.stop(started)
+    print(f"orchestra: stopped the {started.kind} ({why[0]})", file=sys.stderr, flush=True)
+    return 0
+
+
+def stop(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="orchestra stop",
+                                description="Stop every head and node that `orchestra start` "
+                                            "started on this machine.")
+    p.add_argument("--timeout", type=float, default=_launch.STOP_TIMEOUT_S,
+                   help="seconds each may take to stop before it is killed (default %(default)s)")
+    args = p.parse_args(argv)
+    try:
+        state = cf.state_dir()
+    except PermissionError as exc:
+        print(f"orchestra stop: {exc}", file=sys.stderr)
+        return 1
+    records = _launch.stop_all(state, args.timeout)
+    if not records:
+        print("orchestra: nothing to stop (no head or node started here)")
+    for rec in records:
+        print(f"orchestra: stopped the {rec.get('kind', 'process')} (pid {rec['pid']})")
+    return 0
+
+
+# ---------------------------------------------------------------------------- status
+
+def status(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="orchestra status",
+                                description="Print the cluster's nodes, resources and object "
+                                            "store use.")
+    p.add_argument("--address", default=None,
+                   help="the head's IP:PORT (default: the cluster started on this machine)")
+    p.add_argument("--token", default=None, help="the cluster token (default: $ORCHESTRA_TOKEN, "
+                                                 "or the one recorded here)")
+    args = p.parse_args(argv)
+    import orchestra
+    try:
+        orchestra.init(address=args.address or os.environ.get("ORCHESTRA_ADDRESS") or "auto",
+                       token=args.token)
+    except Exception as exc:  # noqa: BLE001 - any failure to connect is reported, not raised
+        print(f"orchestra status: cannot connect: {exc}", file=sys.stderr)
+        return 1
+    try:
+        nodes = orchestra.nodes()
+        available = orchestra.available_resources()
+        total = orchestra.cluster_resources()
+    finally:
+        orchestra.shutdown()
+    print(format_status(nodes, total, available))
+    return 0
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _fmt_amount(x: float) -> str:
+    return f"{x:g}"
+
+
+def format_status(nodes: list[dict[str, Any]], total: dict[str, float],
+                  available: dict[str, float]) -> str:
+    """The text of ``orchestra status``: one block per node, then the cluster's totals.
+
+    Per node: NodeID, Alive, NodeManagerAddress, Resources (total), and in use where the
+    node's dict says what is free ("AvailableResources"), object store used/capacity."""
+    lines = [f"{len(nodes)} node(s), {sum(1 for n in nodes if n.get('Alive'))} alive"]
+    for n in nodes:
+        alive = "alive" if n.get("Alive") else "dead"
+        lines.append(f"node {n.get('NodeID', '?')}  {n.get('NodeManagerAddress', '?')}  {alive}")
+        res = n.get("Resources") or {}
+        free = n.get("AvailableResources")
+        parts = []
+        for k in sorted(res):
+            if free is not None:
+                parts.append(f"{k} {_fmt_amount(res[k] - free.get(k, 0.0))}/"
+                             f"{_fmt_amount(res[k])}")
+            else:
+                parts.append(f"{k} {_fmt_amount(res[k])}")
+        label = "resources (in use/total)" if free is not None else "resources"
+        lines.append(f"  {label}: {', '.join(parts) or 'none'}")
+        if "ObjectStoreCapacity" in n:
+            lines.append(f"  object store: {_fmt_bytes(n.get('ObjectStoreUsed', 0))} used of "
+                         f"{_fmt_bytes(n['ObjectStoreCapacity'])}")
+    parts = [f"{k} {_fmt_amount(total[k] - available.get(k, 0.0))}/{_fmt_amount(total[k])}"
+             for k in sorted(total)]
+    lines.append(f"cluster resources (in use/total): {', '.join(parts) or 'none'}")
+    return "\n".join(lines)

@@ -1,0 +1,77 @@
+"""Fixtures of the integration tests that need more than one machine's worth of set-up.
+
+``netns_cluster``: a head and two nodes, each node on a host of its own (_netns.py: a
+network namespace, and a mount namespace with private /dev/shm and /tmp), started and
+joined with ``orchestra start ... --block`` as on real machines. Skips (with the
+reason) without root, ``ip`` or ``unshare``. Everything is removed at teardown, even
+when the set-up fails half-way.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from _netns import Hosts, skip_reason
+
+PORT = 6380   # inside the head's namespace: no other cluster can hold it
+NODE_ARGS = ["--num-cpus", "1", "--object-store-memory", str(128 << 20)]
+
+
+@dataclass
+class NetnsCluster:
+    """What a test needs: the head's address and token, the joined nodes' ids (hex, in
+    host order h1, h2) and the hosts, to run a driver on the head's host."""
+    hosts: Hosts
+    address: str
+    token: str
+    node_ids: list[str] = field(default_factory=list)
+    node_pids: list[int] = field(default_factory=list)   # in the node hosts' namespaces
+
+    def driver(self, code: str, timeout: float = 60) -> object:
+        """Run ``code`` in a driver on the head's host (connected with init() by
+        address and token); what it prints last, as JSON, is returned."""
+        prelude = ("import json, os, orchestra\n"
+                   "orchestra.init(address=os.environ['ORCHESTRA_ADDRESS'])\n")
+        r = self.hosts.run(0, [sys.executable, "-c", prelude + code], timeout=timeout,
+                           env=self.hosts.env(ORCHESTRA_ADDRESS=self.address,
+                                              ORCHESTRA_TOKEN=self.token))
+        if r.returncode != 0:
+            raise AssertionError(f"the driver failed (code {r.returncode}):\n{r.stdout}\n{r.stderr}")
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def netns_cluster() -> Iterator[NetnsCluster]:
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    hosts = Hosts(3)
+    try:
+        hosts.setup()
+        token = "netns-test-token"
+        head_ip = hosts.ip(0)
+        state = os.path.join(hosts.tmp, "state")
+        head = hosts.spawn(
+            0, [sys.executable, "-m", "orchestra._cli", "start", "--head", "--host", head_ip,
+                "--port", str(PORT), "--token", token, "--block", *NODE_ARGS],
+            private_mounts=False, log="head.log", env=hosts.env(ORCHESTRA_STATE_DIR=state))
+        hosts.wait_output(head, "head.log", r"the head runs", timeout=60)
+        cluster = NetnsCluster(hosts, f"{head_ip}:{PORT}", token)
+        for i in (1, 2):
+            node = hosts.spawn(
+                i, [sys.executable, "-m", "orchestra._cli", "start", "--address",
+                    cluster.address, "--block", "--resources", json.dumps({f"host{i}": 1}),
+                    *NODE_ARGS],
+                private_mounts=True, log=f"node{i}.log", env=hosts.env(ORCHESTRA_TOKEN=token))
+            m = hosts.wait_output(node, f"node{i}.log", r"node ([0-9a-f]{16}) .*joined",
+                                  timeout=60)
+            cluster.node_ids.append(m.group(1))
+            cluster.node_pids.append(node.pid)
+        yield cluster
+    finally:
+        hosts.teardown()

@@ -1,0 +1,105 @@
+"""A cluster whose nodes share nothing but the network: the head on one namespaced host,
+two nodes on two others, each node in a mount namespace of its own with private
+/dev/shm and /tmp (conftest.netns_cluster). A driver on a joined node uses that node's
+store; a torch gloo all_reduce runs over gang members on the three hosts."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import pytest
+
+
+def _driver_on_node(c: Any, i: int, code: str, timeout: float = 120) -> Any:
+    """Run ``code`` in a driver on node host i (in that node's network and mount
+    namespaces: it sees the node's /dev/shm), connected by address and token."""
+    prelude = ("import json, os, orchestra\n"
+               "orchestra.init(address=os.environ['ORCHESTRA_ADDRESS'])\n")
+    argv = ["nsenter", "-t", str(c.node_pids[i]), "-m", "-n",
+            sys.executable, "-c", prelude + code]
+    import subprocess
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                       env=c.hosts.env(ORCHESTRA_ADDRESS=c.address, ORCHESTRA_TOKEN=c.token))
+    if r.returncode != 0:
+        raise AssertionError(f"the driver failed (code {r.returncode}):\n{r.stdout}\n{r.stderr}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_a_driver_on_a_joined_node_uses_its_store_and_moves_objects_both_ways(netns_cluster):
+    c = netns_cluster
+    got = _driver_on_node(c, 0, """
+import hashlib, numpy as np
+from orchestra.util.scheduling_strategies import NodeAffinitySchedulingStrategy as A
+me = orchestra.get_runtime_context().get_node_id()
+others = [n["NodeID"] for n in orchestra.nodes() if n["NodeID"] != me]
+
+@orchestra.remote
+def digest(x):
+    return hashlib.sha256(x.tobytes()).hexdigest(), orchestra.get_runtime_context().get_node_id()
+
+@orchestra.remote
+def make(n):
+    return np.arange(n, dtype=np.int64)
+
+x = np.random.default_rng(3).integers(0, 255, 24 << 20, dtype=np.uint8)
+ref = orchestra.put(x)
+far = [orchestra.get(digest.options(scheduling_strategy=A(o)).remote(ref)) for o in others]
+made = orchestra.get(make.options(scheduling_strategy=A(others[0])).remote(3 << 20))
+print(json.dumps({"me": me, "want": hashlib.sha256(x.tobytes()).hexdigest(), "far": far,
+                  "sum": int(made.sum()), "n": 3 << 20}))
+""")
+    assert got["me"] == c.node_ids[0]
+    assert {h for h, _ in got["far"]} == {got["want"]}
+    assert len({w for _, w in got["far"]}) == 2 and got["me"] not in {w for _, w in got["far"]}
+    n = got["n"]
+    assert got["sum"] == n * (n - 1) // 2
+
+
+_GANG = """
+import subprocess
+from datetime import timedelta
+
+class Reducer:
+    def reduce(self, value):
+        import torch
+        import torch.distributed as dist
+        from orchestra._gang_member import local_address_towards
+        ctx = orchestra.gang_context()
+        env = ctx.torch_env()
+        os.environ.update(env)
+        # gloo picks its interface from the host name, which these hosts share: name the
+        # one on the route to rank 0.
+        me = local_address_towards(env["MASTER_ADDR"])
+        for line in subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True,
+                                   text=True).stdout.splitlines():
+            f = line.split()
+            if f[3].split("/")[0] == me:
+                os.environ["GLOO_SOCKET_IFNAME"] = f[1].split("@")[0]
+        dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+        t = torch.tensor([float(value)], dtype=torch.float64)
+        dist.all_reduce(t)
+        dist.destroy_process_group()
+        return {"sum": float(t[0]), "rank": ctx.rank, "node_rank": ctx.node_rank,
+                "num_nodes": ctx.num_nodes, "local_rank": ctx.local_rank,
+                "node": orchestra.get_runtime_context().get_node_id(),
+                "master": env["MASTER_ADDR"], "me": me}
+
+g = orchestra.gang(Reducer, 3, num_cpus=1, num_gpus=0, timeout_s=90)
+res = orchestra.get([a.reduce.remote(i + 1) for i, a in enumerate(g.actors)], timeout=120)
+g.shutdown()
+print(json.dumps(res))
+"""
+
+
+def test_a_torch_all_reduce_runs_over_gang_members_on_three_hosts(netns_cluster):
+    pytest.importorskip("torch")
+    c = netns_cluster
+    res = c.driver(_GANG, timeout=180)
+    assert [r["sum"] for r in res] == [6.0, 6.0, 6.0]
+    assert len({r["node"] for r in res}) == 3
+    assert [r["node_rank"] for r in res] == [0, 1, 2] and {r["num_nodes"] for r in res} == {3}
+    assert {r["local_rank"] for r in res} == {0}
+    head_ip = c.address.rsplit(":", 1)[0]
+    assert {r["master"] for r in res} == {head_ip}      # rank 0's routable address
+    assert not any(r["me"].startswith("127.") for r in res)

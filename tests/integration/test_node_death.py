@@ -1,0 +1,128 @@
+"""A node of a cluster dies (SIGKILL, or silence): its running tasks are retried on
+other nodes, its actors restart elsewhere or die, objects whose only copy it held are
+made again when their task may be retried or raise ObjectLostError naming the node;
+the cluster carries on, and orchestra.nodes() says the node is dead and why."""
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+
+import orchestra
+from _helpers import Gate, wait_for_file
+from orchestra.cluster_utils import Cluster
+from orchestra.exceptions import ActorDiedError, ObjectLostError
+from orchestra.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+MB = 1 << 20
+
+
+@pytest.fixture
+def cluster():
+    if orchestra.is_initialized():
+        orchestra.shutdown()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_timeout_s": 2.0})
+    x = c.add_node(num_cpus=1, resources={"x": 1, "shared": 1})
+    y = c.add_node(num_cpus=1, resources={"y": 1, "shared": 1})
+    orchestra.init(address=c.address, token=c.token)
+    try:
+        yield c, x, y
+    finally:
+        orchestra.shutdown()
+        c.shutdown()
+
+
+@orchestra.remote
+def node_of() -> str:
+    return orchestra.get_runtime_context().get_node_id()
+
+
+@orchestra.remote(resources={"shared": 1}, max_retries=1)
+def gated_where(gate: Gate, path: str) -> str:
+    me = orchestra.get_runtime_context().get_node_id()
+    if not os.path.exists(path):   # the first run says where it runs, then waits
+        with open(path + ".tmp", "w") as f:
+            f.write(me)
+        os.replace(path + ".tmp", path)
+        gate.started and open(gate.started, "a").close()
+        wait_for_file(gate.opened, 120)
+    return me
+
+
+@orchestra.remote
+def big(seed: int) -> np.ndarray:
+    return np.full(4 * MB, seed, dtype=np.uint8)
+
+
+@orchestra.remote
+class Where:
+    def node(self) -> str:
+        return orchestra.get_runtime_context().get_node_id()
+
+
+def test_a_running_task_is_retried_on_another_node(cluster, tmp_path):
+    c, x, y = cluster
+    path = str(tmp_path / "where")
+    ref = gated_where.remote(Gate(tmp_path), path)
+    wait_for_file(path)
+    first = open(path).read()
+    victim = x if first == x.node_id else y
+    c.remove_node(victim, allow_graceful=False)   # SIGKILL
+    other = y if victim is x else x
+    assert orchestra.get(ref, timeout=60) == other.node_id
+    dead = [n for n in orchestra.nodes() if not n["Alive"]]
+    assert [n["NodeID"] for n in dead] == [victim.node_id]
+    assert dead[0]["DeathReason"]
+
+
+def test_an_actor_on_a_dead_node_dies_or_restarts_elsewhere(cluster):
+    c, x, y = cluster
+    gone = Where.options(resources={"x": 1}).remote()
+    moves = Where.options(resources={"shared": 1}, max_restarts=1).remote()
+    assert orchestra.get(gone.node.remote()) == x.node_id
+    at = orchestra.get(moves.node.remote())
+    victim = x
+    c.remove_node(victim, allow_graceful=False)
+    with pytest.raises(ActorDiedError):
+        orchestra.get(gone.node.remote(), timeout=60)
+    if at == victim.node_id:
+        assert orchestra.get(moves.node.remote(), timeout=60) == y.node_id
+    else:
+        assert orchestra.get(moves.node.remote(), timeout=60) == at
+
+
+def test_an_object_only_the_dead_node_held_is_lost_naming_it_or_made_again(cluster):
+    c, x, y = cluster
+    lost = big.options(resources={"x": 1}, max_retries=0).remote(1)
+    # Made on x too (soft affinity: it may run again elsewhere).
+    again = big.options(resources={"shared": 1}, max_retries=2, scheduling_strategy=
+                        NodeAffinitySchedulingStrategy(x.node_id, soft=True)).remote(2)
+    orchestra.wait([lost, again], num_returns=2)
+    c.remove_node(x, allow_graceful=False)
+    with pytest.raises(ObjectLostError, match=f"node {int(x.node_id, 16)}"):
+        orchestra.get(lost, timeout=60)
+    arr = orchestra.get(again, timeout=60)
+    assert arr.shape == (4 * MB,) and int(arr[0]) == 2 and int(arr[-1]) == 2
+    # The cluster carries on with the nodes it has.
+    assert orchestra.get(node_of.options(resources={"y": 1}).remote()) == y.node_id
+
+
+def test_a_silent_node_is_declared_dead_after_the_timeout(cluster):
+    c, x, y = cluster
+    os.kill(x.pid, signal.SIGSTOP)
+    try:
+        deadline_nodes = None
+        import time
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 30:
+            deadline_nodes = [n for n in orchestra.nodes() if not n["Alive"]]
+            if deadline_nodes:
+                break
+            time.sleep(0.1)
+        assert deadline_nodes and deadline_nodes[0]["NodeID"] == x.node_id
+        assert "heartbeat" in deadline_nodes[0]["DeathReason"]
+        assert orchestra.get(node_of.options(resources={"shared": 1}).remote()) == y.node_id
+    finally:
+        os.kill(x.pid, signal.SIGCONT)

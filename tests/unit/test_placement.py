@@ -1,0 +1,528 @@
+"""Placement over several nodes: which node each task and actor goes to. No processes.
+
+A SchedulerState with two or three nodes (tests/unit/_sched_helpers.Nodes), driven by
+its events; where a task ran is read from the Execute sent to a worker of that node,
+where a worker was started from StartWorker(node_id, ...). Node 0 is the head's own
+node, joined nodes are 2, 3, ... as the head numbers them.
+"""
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import pytest
+
+from _sched_helpers import (
+    DRIVER,
+    Nodes,
+    affinity,
+    error_of,
+    executed,
+    executes,
+    inline_data,
+    make_call,
+    new_id,
+    ref,
+    rid,
+    segment_data,
+    sent,
+    sent_late,
+    socket_path,
+    spread,
+    worker_conn,
+)
+from orchestra import _pb as pb
+from orchestra import _wire
+from orchestra._errors import make_error
+from orchestra._ids import node_hex
+from orchestra._proto import types_pb2
+from orchestra._sched_types import Obj, TaskState
+from orchestra.exceptions import InfeasibleResourcesError
+
+pytestmark = pytest.mark.timeout(10)
+
+MiB = 1 << 20
+
+
+def two(cpus: float = 2, **kw: Any) -> Nodes:
+    return Nodes({0: {"CPU": cpus}, 2: {"CPU": cpus}}, **kw)
+
+
+def three(cpus: float = 2, **kw: Any) -> Nodes:
+    return Nodes({0: {"CPU": cpus}, 2: {"CPU": cpus}, 3: {"CPU": cpus}}, **kw)
+
+
+def put_segment(c: Nodes, node_id: int, size: int, copies: tuple[int, ...] = ()) -> bytes:
+    """An object of ``size`` bytes in a segment on ``node_id`` (with pulled copies on
+    ``copies``), held by the driver: its id."""
+    oid = new_id() + bytes(4)
+    c.s.put(DRIVER, segment_data(oid, f"seg-{oid.hex()}", node_id=node_id, size=size))
+    if copies:
+        # The object directory's pulled copies (Obj.copies: node id -> its segment).
+        o = c.s.objects[oid] = _WithCopies.of(c.s.objects[oid])
+        o.copies = {nid: segment_data(oid, "copy", node_id=nid, size=size).segment for nid in copies}
+    return oid
+
+
+class _WithCopies(Obj):
+    __slots__ = ("copies",)
+
+    @classmethod
+    def of(cls, o: Obj) -> _WithCopies:
+        new = cls(o.owner)
+        for k in Obj.__slots__:
+            setattr(new, k, getattr(o, k))
+        return new
+
+
+def error_text(out: list[Any], oid: bytes) -> str:
+    return str(pickle.loads(error_of(out, oid)))
+
+
+# ------------------------------------------------------------------ where it fits
+
+def test_a_gpu_task_goes_only_to_the_node_with_a_gpu():
+    c = Nodes({0: {"CPU": 2}, 2: {"CPU": 2, "GPU": 1}})
+    t = c.submit(make_call("g", resources={"GPU": 1}))
+    out = c.take()
+    assert c.ran_on(out) == [2]
+    assert [inv.gpu_ids for _, inv in executes(out)] == [[0]]
+    assert c.s.nodes[2].resources.free["GPU"] == 0
+    assert t.task_id in {tid for _, tid in executed(out)}
+
+
+def test_a_custom_resource_task_goes_only_to_the_node_that_has_it():
+    c = Nodes({0: {"CPU": 2}, 2: {"CPU": 2}, 3: {"CPU": 2, "widget": 2}})
+    c.submit(make_call("w", resources={"widget": 1}))
+    c.submit(make_call("w", resources={"widget": 1}))
+    assert c.ran_on(c.take()) == [3, 3]
+
+
+def test_a_task_asking_for_more_cpus_than_one_node_has_goes_to_the_bigger_node():
+    c = Nodes({0: {"CPU": 2}, 2: {"CPU": 4}})
+    c.submit(make_call("big", cpus=3))
+    assert c.ran_on(c.take()) == [2]
+
+
+def test_a_task_that_fits_only_a_busy_node_waits_for_it_and_not_elsewhere():
+    c = Nodes({0: {"CPU": 2}, 2: {"CPU": 2, "widget": 1}}, pipeline_depth=1)
+    first = c.submit(make_call("first", resources={"widget": 1}))
+    second = c.submit(make_call("second", resources={"widget": 1}))
+    out = c.take()
+    [(wid, tid)] = executed(out)
+    assert tid == first.task_id and c.ran_on(out) == [2]
+    c.done(wid, first)
+    out = c.take()
+    assert executed(out) and executed(out)[0][1] == second.task_id and c.ran_on(out) == [2]
+
+
+# ------------------------------------------------------------------ default: spread when idle
+
+def test_two_tasks_on_an_idle_two_node_cluster_land_on_different_nodes():
+    c = two()
+    c.submit(make_call("a"))
+    c.submit(make_call("b"))
+    assert sorted(c.ran_on(c.take())) == [0, 2]
+
+
+def test_tasks_go_to_the_node_with_the_most_free_cpu_share():
+    c = Nodes({0: {"CPU": 2}, 2: {"CPU": 4}})
+    for i in range(6):
+        c.submit(make_call(f"t{i}"))
+    # 0 and 2 at 100%: 0 (lower id); then 2 (100% vs 50%); 2 (75% vs 50%); then
+    # 0 (50% vs 50%: lower id), 2, 2: every CPU used, each node filled.
+    assert c.ran_on(c.take()) == [0, 2, 2, 0, 2, 2]
+    assert c.available()["CPU"] == 0
+
+
+# ------------------------------------------------------------------ default: data locality
+
+def test_a_task_goes_to_the_node_holding_its_argument():
+    c = three()
+    oid = put_segment(c, 3, 8 * MiB)
+    c.submit(make_call("reader", (ref(oid),)))
+    assert c.ran_on(c.take()) == [3]
+
+
+def test_the_node_holding_most_argument_bytes_wins():
+    c = three()
+    small = put_segment(c, 2, 1 * MiB)
+    big = put_segment(c, 3, 4 * MiB)
+    c.submit(make_call("reader", (ref(small), ref(big))))
+    assert c.ran_on(c.take()) == [3]
+
+
+def test_pulled_copies_count_for_the_nodes_that_hold_them():
+    c = three()
+    a = put_segment(c, 0, 2 * MiB, copies=(2,))   # node 0: 2 MiB, node 2: 2 MiB
+    b = put_segment(c, 3, 3 * MiB, copies=(2,))   # node 3: 3 MiB, node 2: 3 MiB more
+    c.submit(make_call("reader", (ref(a), ref(b))))
+    assert c.ran_on(c.take()) == [2]
+
+
+def test_an_argument_that_becomes_ready_later_draws_its_consumer_to_its_node():
+    c = two()
+    producer = c.submit(make_call("producer", resources={}, cpus=1))
+    out = c.take()
+    [(wid, _)] = executed(out)
+    consumer = c.submit(make_call("consumer", (ref(rid(producer)),)))
+    assert executed(c.take()) == []   # waits for its argument
+    # The producer's worker writes the result into a segment of node 2.
+    c.s.task_done(worker_conn(wid), pb.TaskDone(task_id=producer.task_id, returns=[
+        segment_data(rid(producer), "result", node_id=2, size=16 * MiB)]))
+    out = c.take()
+    assert [tid for _, tid in executed(out)] == [consumer.task_id] and c.ran_on(out) == [2]
+
+
+def test_inline_arguments_do_not_count_for_locality():
+    c = two()
+    oid = new_id() + bytes(4)
+    c.s.put(DRIVER, inline_data(oid, "small"))
+    c.submit(make_call("a"))   # node 0 (lower id at equal share)
+    c.submit(make_call("b", (ref(oid),)))
+    assert c.ran_on(c.take()) == [0, 2]
+
+
+def test_when_the_node_holding_the_data_is_full_the_task_runs_elsewhere():
+    c = two(cpus=1)
+    oid = put_segment(c, 2, 8 * MiB)
+    c.submit(make_call("busy", resources={}, cpus=1, placement=affinity(2)))
+    reader = c.submit(make_call("reader", (ref(oid),)))
+    out = c.take()
+    assert c.ran_on(out) == [2, 0]
+    assert executed(out)[1][1] == reader.task_id
+
+
+def test_an_argument_on_a_node_gone_from_the_cluster_counts_for_nothing():
+    c = two()
+    oid = put_segment(c, 7, 8 * MiB)   # node 7 is not (any more) in the cluster
+    c.submit(make_call("reader", (ref(oid),)))
+    assert c.ran_on(c.take()) == [0]
+
+
+# ------------------------------------------------------------------ SPREAD
+
+def test_spread_tasks_go_to_each_node_in_turn():
+    c = three(cpus=4)
+    for i in range(6):
+        c.submit(make_call(f"s{i}", placement=spread()))
+    assert c.ran_on(c.take()) == [0, 2, 3, 0, 2, 3]
+
+
+def test_spread_prefers_the_least_loaded_node():
+    c = three(cpus=2)
+    c.submit(make_call("x", placement=affinity(0)))
+    c.submit(make_call("y", placement=affinity(0)))
+    c.submit(make_call("z", placement=affinity(2)))
+    c.take()
+    c.submit(make_call("s1", placement=spread()))
+    c.submit(make_call("s2", placement=spread()))
+    assert c.ran_on(c.take()) == [3, 2]   # node 3 idle, then node 2 (half free), never 0
+
+
+def test_spread_tasks_without_resources_still_take_turns():
+    c = three(cpus=2)
+    for i in range(3):
+        c.submit(make_call(f"s{i}", cpus=0, placement=spread()))
+    assert c.ran_on(c.take()) == [0, 2, 3]
+
+
+def test_spread_skips_nodes_where_the_request_does_not_fit():
+    c = Nodes({0: {"CPU": 2}, 2: {"CPU": 2, "widget": 4}, 3: {"CPU": 2, "widget": 4}})
+    for i in range(4):
+        c.submit(make_call(f"s{i}", resources={"widget": 1}, placement=spread()))
+    assert c.ran_on(c.take()) == [2, 3, 2, 3]
+
+
+# ------------------------------------------------------------------ node affinity
+
+def test_hard_affinity_runs_on_that_node_only():
+    c = three()
+    for i in range(2):
+        c.submit(make_call(f"a{i}", placement=affinity(3)))
+    assert c.ran_on(c.take()) == [3, 3]
+
+
+def test_hard_affinity_waits_for_its_busy_node_while_others_are_idle():
+    c = two(cpus=1, pipeline_depth=1)
+    first = c.submit(make_call("first", placement=affinity(2)))
+    second = c.submit(make_call("second", placement=affinity(2)))
+    out = c.take()
+    [(wid, tid)] = executed(out)
+    assert tid == first.task_id and c.node_of(wid) == 2
+    assert c.s.tasks[second.task_id].state is TaskState.READY
+    c.done(wid, first)
+    assert executed(c.take()) == [(wid, second.task_id)]
+
+
+def test_hard_affinity_pipelines_only_behind_workers_of_its_node():
+    c = two(cpus=1, pipeline_depth=4)
+    c.submit(make_call("on0"))                              # node 0's only CPU
+    c.submit(make_call("on2", placement=affinity(2)))       # node 2's only CPU
+    out = c.take()
+    assert sorted(c.ran_on(out)) == [0, 2]
+    # Same resource shape as both running tasks: pipelined, but only on node 2.
+    later = [c.submit(make_call(f"later{i}", placement=affinity(2))) for i in range(3)]
+    out = c.take()
+    assert [tid for _, tid in executed(out)] == [t.task_id for t in later]
+    assert c.ran_on(out) == [2, 2, 2]
+
+
+def test_a_task_behind_a_waiting_affinity_task_is_not_held_up_by_it():
+    c = two(cpus=1, pipeline_depth=1)
+    c.submit(make_call("busy", placement=affinity(2)))
+    waiting = c.submit(make_call("waits", placement=affinity(2)))
+    free = c.submit(make_call("free"))
+    out = c.take()
+    ran = [tid for _, tid in executed(out)]
+    assert waiting.task_id not in ran and free.task_id in ran
+    assert c.ran_on(out)[ran.index(free.task_id)] == 0
+
+
+def test_hard_affinity_to_a_node_not_in_the_cluster_fails_naming_it():
+    c = two(error_factory=make_error)
+    call = c.submit(make_call("f", placement=affinity(9)))
+    out = c.take()
+    assert executed(out) == []
+    err = pickle.loads(error_of(out, rid(call)))
+    assert isinstance(err, InfeasibleResourcesError)
+    assert node_hex(9) in str(err) and "no such node" in str(err) and "soft=True" in str(err)
+
+
+def test_hard_affinity_to_a_node_that_can_never_hold_the_request_fails():
+    c = Nodes({0: {"CPU": 2}, 2: {"CPU": 2, "GPU": 1}}, error_factory=make_error)
+    call = c.submit(make_call("f", resources={"GPU": 1}, placement=affinity(0)))
+    text = error_text(c.take(), rid(call))
+    assert node_hex(0) in text and "GPU=1" in text and "has only CPU=2" in text
+
+
+def test_hard_affinity_fails_even_on_a_joinable_cluster():
+    c = two(joinable=True)
+    call = c.submit(make_call("f", placement=affinity(9)))
+    out = c.take()
+    assert b"infeasible" in error_of(out, rid(call)) and sent(out, _wire.WARNING) == []
+
+
+def test_a_queued_hard_affinity_task_fails_when_its_node_leaves():
+    c = two(cpus=1, pipeline_depth=1)
+    c.submit(make_call("busy", placement=affinity(2)))
+    queued = c.submit(make_call("queued", placement=affinity(2)))
+    c.take()
+    del c.s.nodes[2]   # the node left (remove_node's bookkeeping is not placement's)
+    c.s.schedule()
+    out = c.take()
+    assert b"no such node" in error_of(out, rid(queued)) and executed(out) == []
+
+
+def test_every_queued_task_bound_to_a_node_that_left_fails_in_one_pass():
+    c = two(cpus=1, pipeline_depth=1)
+    c.submit(make_call("busy", placement=affinity(2)))
+    queued = [c.submit(make_call(f"q{i}", placement=affinity(2))) for i in range(3)]
+    c.take()
+    del c.s.nodes[2]
+    c.s.schedule()
+    out = c.take()
+    assert all(b"no such node" in error_of(out, rid(t)) for t in queued)
+    assert not c.s.has_ready()
+
+
+def test_soft_affinity_prefers_its_node():
+    c = three()
+    c.submit(make_call("f", placement=affinity(3, soft=True)))
+    assert c.ran_on(c.take()) == [3]
+
+
+def test_soft_affinity_runs_elsewhere_when_its_node_is_full():
+    c = two(cpus=1)
+    c.submit(make_call("busy", placement=affinity(2)))
+    c.submit(make_call("soft", placement=affinity(2, soft=True)))
+    assert c.ran_on(c.take()) == [2, 0]
+
+
+def test_soft_affinity_to_a_node_not_in_the_cluster_runs_anywhere():
+    c = two()
+    call = c.submit(make_call("soft", placement=affinity(9, soft=True)))
+    out = c.take()
+    assert [tid for _, tid in executed(out)] == [call.task_id]
+
+
+# ------------------------------------------------------------------ workers start where chosen
+
+def test_a_worker_starts_on_the_chosen_node_not_the_first_that_fits():
+    c = Nodes({0: {"CPU": 2}, 2: {"CPU": 2}}, workers={0: 2, 2: 0})
+    call = c.submit(make_call("f", placement=affinity(2)))
+    out = c.take()
+    assert executed(out) == [] and c.started_on(out) == [2]
+    [wid] = c.started(out)
+    c.connect(wid)
+    assert executed(c.take()) == [(wid, call.task_id)]
+
+
+def test_the_default_placement_starts_a_worker_on_the_data_node():
+    c = Nodes({0: {"CPU": 2}, 2: {"CPU": 2}}, workers={0: 2, 2: 0})
+    oid = put_segment(c, 2, 8 * MiB)
+    c.submit(make_call("reader", (ref(oid),)))
+    out = c.take()
+    assert executed(out) == [] and c.started_on(out) == [2]
+
+
+def test_a_node_at_its_worker_limit_gives_way_to_one_with_an_idle_worker():
+    c = Nodes({0: {"CPU": 2}, 2: {"CPU": 2}}, workers={0: 0, 2: 1}, max_workers=0)
+    call = c.submit(make_call("f"))   # node 0 is preferred, but can have no worker
+    out = c.take()
+    assert [tid for _, tid in executed(out)] == [call.task_id] and c.ran_on(out) == [2]
+
+
+# ------------------------------------------------------------------ requests no node holds
+
+def test_on_a_private_cluster_a_request_no_node_holds_fails_at_once():
+    c = two()
+    call = c.submit(make_call("huge", cpus=16))
+    out = c.take()
+    assert b"infeasible" in error_of(out, rid(call)) and sent(out, _wire.WARNING) == []
+
+
+def test_on_a_joinable_cluster_it_waits_and_its_owner_is_warned_once():
+    c = two(joinable=True)
+    calls = [c.submit(make_call("huge", cpus=16)) for _ in range(2)]
+    out = c.take()
+    assert executed(out) == []
+    [warning] = sent(out, _wire.WARNING, DRIVER)
+    assert "CPU=16" in warning.text and "huge" in warning.text and "joins" in warning.text
+    assert all(c.s.tasks[t.task_id].state is TaskState.READY for t in calls)
+
+
+def test_a_waiting_request_runs_once_a_node_that_holds_it_joins():
+    c = two(joinable=True)
+    call = c.submit(make_call("huge", cpus=16))
+    c.take()
+    c.s.add_node(5, {"CPU": 16}, num_workers=1, max_workers=4)
+    out = c.take()
+    assert c.started_on(out) == [5]
+    [wid] = c.started(out)
+    c.connect(wid)
+    out = c.take()
+    assert executed(out) == [(wid, call.task_id)] and c.node_of(wid) == 5
+
+
+def test_a_waiting_request_holds_up_no_other_task():
+    c = two(joinable=True)
+    c.submit(make_call("huge", cpus=16))
+    small = c.submit(make_call("small"))
+    assert [tid for _, tid in executed(c.take())] == [small.task_id]
+
+
+# ------------------------------------------------------------------ actors
+
+def actor_call(class_name: str = "A", *, cpus: float = 0.0, resources: dict[str, float] | None = None,
+               placement: Any = None) -> Any:
+    call = make_call(f"{class_name}.__init__", cpus=cpus, resources=resources, num_returns=0,
+                     placement=placement)
+    call.actor.CopyFrom(types_pb2.ActorSpec(actor_id=call.task_id + b"\xff" * 4,
+                                            max_concurrency=1, class_name=class_name))
+    return call
+
+
+def test_an_actor_starts_on_the_node_that_has_its_resources():
+    c = Nodes({0: {"CPU": 2}, 2: {"CPU": 2, "GPU": 2}})
+    c.s.create_actor(DRIVER, actor_call(resources={"GPU": 1}))
+    assert c.started_on(c.take()) == [2]
+
+
+def test_actors_spread_over_idle_nodes_by_free_cpu_share():
+    c = two()
+    c.s.create_actor(DRIVER, actor_call("A", cpus=1))
+    c.s.create_actor(DRIVER, actor_call("B", cpus=1))
+    assert c.started_on(c.take()) == [0, 2]
+
+
+def test_an_actor_with_hard_affinity_starts_on_that_node():
+    c = three()
+    c.s.create_actor(DRIVER, actor_call(placement=affinity(3)))
+    assert c.started_on(c.take()) == [3]
+
+
+def test_an_actor_with_spread_takes_turns():
+    c = three()
+    for name in "ABC":
+        c.s.create_actor(DRIVER, actor_call(name, placement=spread()))
+    assert c.started_on(c.take()) == [0, 2, 3]
+
+
+def test_an_actor_with_hard_affinity_to_a_missing_node_is_dead_with_the_reason():
+    c = two(error_factory=make_error)
+    ctor = actor_call(placement=affinity(9))
+    c.s.create_actor(DRIVER, ctor)
+    assert c.started_on(c.take()) == []
+    call = make_call("m", cpus=0)
+    call.actor_id = ctor.actor.actor_id
+    c.submit(call)
+    text = error_text(c.take(), rid(call))
+    assert node_hex(9) in text and "no such node" in text
+
+
+def test_an_actor_no_node_holds_waits_on_a_joinable_cluster_until_one_joins():
+    c = two(joinable=True)
+    c.s.create_actor(DRIVER, actor_call(resources={"GPU": 1}))
+    out = c.take()
+    assert c.started_on(out) == [] and len(sent(out, _wire.WARNING, DRIVER)) == 1
+    c.s.add_node(4, {"CPU": 1, "GPU": 1}, num_workers=0, max_workers=4)
+    c.s.schedule()
+    assert c.started_on(c.take()) == [4]
+
+
+def test_an_actor_no_node_holds_is_dead_at_once_on_a_private_cluster():
+    c = two(error_factory=make_error)
+    ctor = actor_call(resources={"GPU": 1})
+    c.s.create_actor(DRIVER, ctor)
+    assert c.started_on(c.take()) == []
+    call = make_call("m", cpus=0)
+    call.actor_id = ctor.actor.actor_id
+    c.submit(call)
+    assert isinstance(pickle.loads(error_of(c.take(), rid(call))), InfeasibleResourcesError)
+
+
+# ------------------------------------------------------------------ one node
+
+def test_with_one_node_strategies_run_as_the_default_does():
+    c = Nodes({0: {"CPU": 2}})
+    a = c.submit(make_call("a", placement=spread()))
+    b = c.submit(make_call("b", placement=affinity(0)))
+    assert [tid for _, tid in executed(c.take())] == [a.task_id, b.task_id]
+
+
+def test_with_one_node_affinity_to_another_fails_at_submit():
+    c = Nodes({0: {"CPU": 2}})
+    call = c.submit(make_call("f", placement=affinity(2)))
+    assert b"no such node" in error_of(c.take(), rid(call))
+
+
+def test_a_hard_affinity_task_is_not_run_inline_by_a_blocked_worker_of_another_node():
+    c = two(cpus=1, pipeline_depth=1)
+    parent = c.submit(make_call("parent"))
+    busy = c.submit(make_call("busy", placement=affinity(2)))
+    out = c.take()
+    wid, busy_wid = (w for w, _ in executed(out))
+    assert (c.node_of(wid), c.node_of(busy_wid)) == (0, 2)
+    child = make_call("child", placement=affinity(2))
+    c.s.submit(worker_conn(wid), child)
+    c.s.blocked(worker_conn(wid), True, [rid(child)], parent.task_id, "parent")
+    out = c.take()
+    assert executed(out) == [] and sent(out, _wire.EXECUTE_NESTED) == []
+    c.done(busy_wid, busy)
+    assert executed(c.take()) == [(busy_wid, child.task_id)]
+
+
+# ------------------------------------------------------------------ loans
+
+def test_a_worker_lent_on_request_comes_from_the_drivers_own_node():
+    # Direct calls stay on one machine: node 2 has more CPU free, but the driver's
+    # node is 0.
+    c = two()
+    c.s.lending = True
+    c.s.worker_socket = socket_path
+    c.submit(make_call("busy", placement=affinity(0)))   # node 0: half its CPUs held
+    c.take()
+    c.s.lend_idle(DRIVER, {"CPU": 1.0})
+    [loan] = sent_late(c.take(), _wire.LOAN, DRIVER)
+    assert c.node_of(loan.worker_id) == 0
