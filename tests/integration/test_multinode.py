@@ -11,9 +11,9 @@ import time
 
 import numpy as np
 import pytest
-from orchestra.cluster_utils import Cluster
 
 import orchestra
+from orchestra.cluster_utils import Cluster
 from orchestra.exceptions import AuthenticationError
 
 MB = 1 << 20
