@@ -182,3 +182,19 @@ def test_a_missing_token_is_refused_with_the_fix_named(three_nodes, monkeypatch)
     from orchestra._session import _hello
     with pytest.raises(AuthenticationError, match="ORCHESTRA_TOKEN"):
         CoreClient(c.address, _hello(), token="")
+
+
+@orchestra.remote
+def needs_later() -> str:
+    return orchestra.get_runtime_context().get_node_id()
+
+
+def test_a_request_no_node_holds_waits_with_a_warning_until_a_node_that_holds_it_joins(
+        three_nodes):
+    c = three_nodes[0]
+    with pytest.warns(RuntimeWarning, match="later=1"):
+        ref = needs_later.options(resources={"later": 1}).remote()
+        # The head's warning comes as a frame, read while this driver waits.
+        assert orchestra.wait([ref], timeout=1.0)[0] == []
+    late = c.add_node(num_cpus=1, resources={"later": 1})
+    assert orchestra.get(ref, timeout=60) == late.node_id
