@@ -179,13 +179,13 @@ class ActorTable:
         w = a.worker
         if s.worker_socket is None or w is None:
             return
-        path = s.worker_socket(w.node_id, w.worker_id)
         waiting = {t.owner for t in a.queue}
         for conn in callers - waiting:
             c = s.clients.get(conn)
-            # Direct calls stay on one machine: a caller on another node keeps calling
-            # through the head.
-            if c is not None and c.kind in ("driver", "worker") and c.node_id == w.node_id:
+            # A caller on another node calls over TCP, once the worker said where (else
+            # through the head).
+            path = s.direct_path(w, c) if c is not None else ""
+            if c is not None and c.kind in ("driver", "worker") and path:
                 s.out.append(LateSend(conn, ACTOR_ADDRESS, pb.ActorAddress(
                     actor_id=a.spec.actor_id, worker_id=w.worker_id, path=path,
                     dispatched=a.handled.get(conn, 0))))

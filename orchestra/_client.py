@@ -83,6 +83,7 @@ class CoreClient:
             self.conn = Connection.connect(sock_path, connect_timeout_s, token)
         except ClusterLostError as exc:
             raise ClusterLostError(f"could not reach the head: {exc}") from exc
+        self.token = token   # for TCP direct calls to workers of other nodes (None: the env's)
         self.sock = self.conn.sock
         self.on_frame = on_frame
         self.on_lost = on_lost

@@ -161,12 +161,14 @@ class Listener:
                 sock.bind(target)
                 os.chmod(target, 0o600)   # this user only (cloudpickle is code execution)
             else:
-                if not ipaddress.ip_address(socket.gethostbyname(target[0]) if family == socket.AF_INET
-                                            else target[0]).is_loopback:
+                if not token and not ipaddress.ip_address(
+                        socket.gethostbyname(target[0]) if family == socket.AF_INET
+                        else target[0]).is_loopback:
                     # cloudpickle is code execution: a port reachable from other machines
                     # must authenticate every connection first, which this listener does not.
-                    raise ValueError(f"refusing to listen on {address}: frames carry pickled "
-                                     "code, so only loopback or a unix socket is allowed here")
+                    raise ValueError(f"refusing to listen on {address} without a cluster token: "
+                                     "frames carry pickled code, so only loopback or a unix "
+                                     "socket is allowed here")
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind(target)
             sock.listen(backlog)
@@ -175,6 +177,10 @@ class Listener:
             raise
         sock.setblocking(False)
         self.sock = sock
+        if family != socket.AF_UNIX and target[1] == 0:   # an ephemeral port: say which
+            host = target[0]
+            port = sock.getsockname()[1]
+            address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.address = address
         self.token = (os.environ.get("ORCHESTRA_TOKEN", "") if token is None else token) \
             if family != socket.AF_UNIX else None

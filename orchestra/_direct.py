@@ -43,7 +43,7 @@ from ._direct_core import (
 )
 from ._errors import make_error
 from ._refs import RefCounts
-from ._resources import shape_key
+from ._resources import pinned_key, shape_key, split_pinned
 from .exceptions import ClusterLostError
 
 
@@ -60,6 +60,7 @@ class Client(Protocol):
     function_frames: dict[bytes, bytes]
     put_seq: int
     active: bool
+    token: str | None   # the cluster token, for TCP direct calls (None: the environment's)
 
     def send(self, kind: int, msg: Any) -> None: ...
     def send_raw(self, frame: bytes) -> None: ...
@@ -94,6 +95,7 @@ class DirectCalls:
         self.peers: dict[int, Peer] = {}
         self.to_close: list[Peer] = []
         self.listener: Listener | None = None
+        self.tcp_listener: Listener | None = None   # on a cluster: callers on other nodes
         # An actor's worker: what to do with a frame from one of its callers.
         self.on_peer_frame: Any = None
         # Workers the head lent this driver (Loan), by resource shape, and the tasks of
@@ -260,13 +262,14 @@ class DirectCalls:
         if wants_another_loan(len(self.loan_queue.get(shape, ())), loans,
                               self.loan_asked.get(shape, 0.0), now):
             self.loan_asked[shape] = now
-            self.client.send(_wire.LOAN_REQUEST, pb.LoanRequest(resources=dict(shape)))
+            res, pinned = split_pinned(dict(shape))
+            self.client.send(_wire.LOAN_REQUEST, pb.LoanRequest(resources=res, pinned_node=pinned))
 
     def loan_granted(self, msg: Any) -> None:
         self.ever_loaned = True
-        shape = shape_key(msg.resources)
+        shape = pinned_key(shape_key(msg.resources), msg.pinned_node)
         try:
-            conn = Connection.connect_once(msg.path)
+            conn = Connection.connect_once(msg.path, self.client.token)
         except OSError:   # the worker is gone (or the cluster stops): give it back
             try:
                 self.client.send(_wire.LOAN_RETURN, pb.LoanReturn(worker_id=msg.worker_id))
@@ -486,7 +489,7 @@ class DirectCalls:
                     return
                 route.stale.add(route.peer.worker_id)   # a restarted instance: the old one ends
             try:
-                conn = Connection.connect_once(msg.path)
+                conn = Connection.connect_once(msg.path, self.client.token)
             except OSError:
                 route.stale.add(msg.worker_id)
                 route.peer = None
@@ -542,6 +545,13 @@ class DirectCalls:
         self.listener = Listener(path)
         self.client.poller.register(self.listener.fileno(), select.POLLIN)
 
+    def listen_tcp(self, host: str, token: str) -> str:
+        """Take direct calls from other nodes too, over TCP on ``host`` (each caller
+        proves the cluster token first); the address, HOST:PORT."""
+        self.tcp_listener = Listener(f"{host}:0", token=token)
+        self.client.poller.register(self.tcp_listener.fileno(), select.POLLIN)
+        return self.tcp_listener.address
+
     def _add_peer(self, conn: Connection, route: ActorRoute | Loan | None, worker_id: int) -> Peer:
         peer = Peer(conn, route, worker_id)
         self.peers[peer.fd] = peer
@@ -550,13 +560,13 @@ class DirectCalls:
 
     def read(self, fd: int, buf: bytearray, view: memoryview) -> None:
         """Something to read on ``fd``: a new caller, or frames from a peer."""
-        listener = self.listener
-        if listener is not None and fd == listener.fileno():
-            while True:
-                conn = listener.accept()
-                if conn is None:
-                    return
-                self._add_peer(conn, None, 0)
+        for listener in (self.listener, self.tcp_listener):
+            if listener is not None and fd == listener.fileno():
+                while True:
+                    conn = listener.accept()
+                    if conn is None:
+                        return
+                    self._add_peer(conn, None, 0)
         peer = self.peers.get(fd)
         if peer is None:
             try:
@@ -661,3 +671,5 @@ class DirectCalls:
             peer.close()
         if self.listener is not None:
             self.listener.close()
+        if self.tcp_listener is not None:
+            self.tcp_listener.close()

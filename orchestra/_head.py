@@ -335,7 +335,7 @@ class Head:
             elif kind == _wire.LOAN_RETURN:
                 state.return_loan(cid, msg.worker_id)
             elif kind == _wire.LOAN_REQUEST:   # a driver asks for one more lent worker
-                state.lend_idle(cid, dict(msg.resources))
+                state.lend_idle(cid, dict(msg.resources), int(msg.pinned_node))
             elif kind == _wire.RELEASE_CALL:   # ordered after the actor's own ref changes
                 caller = self.conns.get(msg.owner)
                 if caller is not None:
@@ -344,6 +344,8 @@ class Head:
                 self._request(conn, msg)
             elif kind == _wire.HELLO:
                 self._hello(conn, msg)
+            elif kind == _wire.WORKER_ADDRESS:
+                state.worker_address(cid, msg.address)
             elif kind == _wire.SHUTDOWN:
                 self.loop.call_soon(self.shutdown, "the driver called shutdown()")
         self.carry_out()

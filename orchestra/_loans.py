@@ -23,6 +23,7 @@ from collections.abc import Iterable
 
 from . import _pb as pb
 from ._instructions import LateSend
+from ._placement import cpu_share_free, hard_node
 from ._resources import shape_key
 from ._sched_types import SchedulerCore, Task, Worker, WorkerState
 from ._wire import LOAN, LOAN_RECALL
@@ -37,35 +38,47 @@ class Loans:
         # Idle workers taken by the running schedule() for a task: (its owner, worker).
         # schedule() appends here itself (the hot path), and calls lend_fresh at its end.
         self.fresh: list[tuple[int, Worker]] = []
+        # The same for tasks bound to the worker's node (hard node affinity): lent for
+        # those only (Loan.pinned_node).
+        self.fresh_pinned: list[tuple[int, Worker]] = []
 
     # ------------------------------------------------------------------ decisions
-    def lend(self, conn: int, w: Worker) -> bool:
+    def lend(self, conn: int, w: Worker, pinned: int = 0) -> bool:
         """Lend ``w`` (just taken idle for a task of ``conn``, or asked for) to that
-        driver: its later tasks of that shape go to the worker as direct calls."""
+        driver: its later tasks of that shape go to the worker as direct calls (with
+        ``pinned``, node id + 1: its tasks bound to that node)."""
         s = self.s
         c = s.clients.get(conn)
-        if c is None or c.kind != "driver" or w.gpu_ids or s.worker_socket is None \
-                or c.node_id != w.node_id:   # direct calls stay on one machine
+        if c is None or c.kind != "driver" or w.gpu_ids:
+            return False
+        path = s.direct_path(w, c)   # unix socket on one node, TCP across nodes
+        if not path:
             return False
         w.lent_to = conn
         self.loaned.add(w.worker_id)
         s.out.append(LateSend(conn, LOAN, pb.Loan(
-            worker_id=w.worker_id, path=s.worker_socket(w.node_id, w.worker_id), resources=w.grant,
-            pid=w.pid, busy_task=w.queue[0].call.task_id if w.queue else b"")))
+            worker_id=w.worker_id, path=path, resources=w.grant,
+            pid=w.pid, busy_task=w.queue[0].call.task_id if w.queue else b"",
+            pinned_node=pinned)))
         return True
 
     def after_schedule(self, waiting: bool) -> None:
         """End of a schedule() pass (``waiting``: work is left that no worker took):
         lend the workers it took idle, or recall loans for the work that waits."""
-        if self.fresh:
-            fresh, self.fresh = self.fresh, []
+        for fresh, pinned in ((self.fresh, False), (self.fresh_pinned, True)):
+            if not fresh:
+                continue
+            if pinned:
+                self.fresh_pinned = []
+            else:
+                self.fresh = []
             if not waiting:   # lend only what no waiting task needs
                 for owner, w in fresh:
                     # Only a worker with just that task: tasks pipelined behind it stay
                     # where the head can move them to a worker that goes idle.
                     if w.state is WorkerState.BUSY and w.lent_to is None and len(w.queue) == 1 \
                             and w.queue[0].owner == owner:
-                        self.lend(owner, w)
+                        self.lend(owner, w, w.node_id + 1 if pinned else 0)
         if waiting and self.loaned:
             self._recall_loans()
 
@@ -73,10 +86,17 @@ class Loans:
         """``w`` ran ``done`` to its end and has nothing queued: lend it to the driver
         whose task it was, which sends it its next ones as direct calls. True when lent."""
         s = self.s
-        # A task placed by a strategy never runs on a lent worker: lending the worker
-        # after it would have the driver's next placed task recall it first.
-        return s.lending and not done.call.retry_exceptions and done.placement is None \
-            and not s.work_waits() and self.lend(done.owner, w)
+        # A task placed by a strategy runs on a lent worker only when bound to the
+        # worker's node (lent for those); lending after another would have the driver's
+        # next placed task recall it first.
+        if done.placement is None:
+            pinned = 0
+        elif hard_node(done) == w.node_id:
+            pinned = w.node_id + 1
+        else:
+            return False
+        return s.lending and not done.call.retry_exceptions \
+            and not s.work_waits() and self.lend(done.owner, w, pinned)
 
     def _recall_loans(self) -> None:
         """Work waits that no worker takes: ask drivers for the workers lent to them."""
@@ -89,15 +109,19 @@ class Loans:
                 s.out.append(LateSend(w.lent_to, LOAN_RECALL, pb.LoanRecall(worker_id=wid)))
 
     # ------------------------------------------------------------------ events
-    def lend_idle(self, conn: int, req: dict[str, float]) -> None:
+    def lend_idle(self, conn: int, req: dict[str, float], pinned: int = 0) -> None:
         """A driver whose loaned workers are all busy asks for one more of this shape."""
         s = self.s
         if not s.lending or s.work_waits():
             return
         idle: Iterable[Worker] = s.workers.values()
         c = s.clients.get(conn)
-        if len(s.nodes) > 1 and c is not None:   # direct calls stay on the driver's node
-            idle = [w for w in idle if w.node_id == c.node_id]
+        if pinned:   # for tasks bound to that node
+            idle = [w for w in idle if w.node_id == pinned - 1]
+        elif len(s.nodes) > 1 and c is not None:   # the driver's node first, then by CPU free
+            shares = {nid: cpu_share_free(n) for nid, n in s.nodes.items()}
+            idle = sorted((w for w in idle if w.node_id in shares),
+                          key=lambda w: (w.node_id != c.node_id, -shares[w.node_id], w.node_id))
         for w in idle:
             if w.state is WorkerState.IDLE and w.actor is None:
                 node = s.nodes[w.node_id]
@@ -106,7 +130,7 @@ class Loans:
                     w.grant_shape = shape_key(req)
                     w.gpu_ids = node.resources.acquire(req)
                     w.state = WorkerState.BUSY
-                    if not self.lend(conn, w):
+                    if not self.lend(conn, w, pinned):
                         s.release_grant(w)
                         w.state = WorkerState.IDLE
                     return

@@ -18,7 +18,7 @@ from . import _context, _wire
 from . import _pb as pb
 from ._ids import node_from_hex
 from ._proto import types_pb2
-from ._resources import check_feasible, make_request, shape_key
+from ._resources import check_feasible, make_request, pinned_key, shape_key
 from ._serialization import dumps_function
 from .util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -121,8 +121,12 @@ class RemoteFunction:
         # Tasks that may go straight to a worker lent to the driver: not those retried on
         # exceptions (the head decides that), nor GPU ones (no GPU worker is lent), nor
         # those placed by a strategy (a lent worker is on whatever node it is).
+        # A task bound to a node (hard affinity) may go to a worker lent on that node.
+        pinned = placement.node_id + 1 if placement is not None and \
+            placement.strategy == "NODE_AFFINITY" and not placement.soft else 0
         self._direct_shape = None if opts.get("retry_exceptions") or self._resources.get("GPU") \
-            or placement is not None else shape_key(self._resources)
+            or (placement is not None and not pinned) \
+            else pinned_key(shape_key(self._resources), pinned)
         reg = pb.RegisterFunctionRequest(function_id=self._function_id, fnname=self._name,
                                          num_return_vals=self._num_returns,
                                          pickled=dumps_function(self._fn))

@@ -49,6 +49,22 @@ def shape_key(req: Mapping[str, float]) -> tuple[tuple[str, float], ...]:
     return tuple(sorted(req.items()))
 
 
+# The pair that a loan key adds for tasks bound to one node (a name no resource takes:
+# make_request refuses none, but "@" names never reach a node's resources).
+PINNED = "@node"
+
+
+def pinned_key(shape: tuple[tuple[str, float], ...], pinned_node: int) -> tuple[tuple[str, float], ...]:
+    """The key of lent workers for ``shape`` (pinned_node: node id + 1, 0 for none)."""
+    return shape + ((PINNED, float(pinned_node)),) if pinned_node else shape
+
+
+def split_pinned(req: Mapping[str, float]) -> tuple[dict[str, float], int]:
+    """A loan key's resources and its pinned node (node id + 1, 0 for none)."""
+    res = dict(req)
+    return res, int(res.pop(PINNED, 0))
+
+
 def check_feasible(req: Mapping[str, float], node_totals: list[Mapping[str, float]],
                    what: str) -> None:
     """Raise InfeasibleResourcesError when no node can ever hold ``req``."""

@@ -123,11 +123,14 @@ class Wait:
 class Worker:
     __slots__ = ("worker_id", "node_id", "pid", "conn", "state", "queue", "grant",
                  "gpu_ids", "functions", "grant_shape", "actor", "lent_to", "recalling",
-                 "waits", "nested")
+                 "waits", "nested", "address")
 
     def __init__(self, worker_id: int, node_id: int) -> None:
         self.worker_id = worker_id
         self.node_id = node_id
+        # On a cluster: where it takes direct calls over TCP (HOST:PORT), for callers on
+        # other nodes; "" until it said (WORKER_ADDRESS), or on a private cluster.
+        self.address = ""
         self.pid = 0
         self.conn = -1
         self.state = WorkerState.STARTING
@@ -243,6 +246,10 @@ class SchedulerCore(Protocol):
 
     def release_grant(self, w: Worker) -> None:
         """Give ``w``'s grant back to its node."""
+        ...
+
+    def direct_path(self, w: Worker, c: Client) -> str:
+        """Where ``c`` reaches ``w`` for direct calls ("" when it cannot)."""
         ...
 
     def after_worker_step(self, w: Worker | None, done: Task | None = None) -> None:

@@ -199,6 +199,21 @@ class SchedulerState:
                 self.start_worker(w.node_id)
         self.schedule()
 
+    def worker_address(self, conn: int, address: str) -> None:
+        """The worker on ``conn`` takes direct calls over TCP at ``address``."""
+        c = self.clients.get(conn)
+        if c is not None and c.worker is not None:
+            c.worker.address = address
+
+    def direct_path(self, w: Worker, c: Client) -> str:
+        """Where client ``c`` reaches worker ``w`` for direct calls: its unix socket on
+        one node, its TCP address across nodes; "" when there is none (the head's path)."""
+        if self.worker_socket is None:
+            return ""
+        if c.node_id == w.node_id:
+            return self.worker_socket(w.node_id, w.worker_id)
+        return w.address
+
     def remove_node(self, node_id: int, reason: str) -> None:
         """Node ``node_id`` is gone with its store. Its workers' deaths come as their
         connections close (client_disconnected); here: workers that never connected,
@@ -377,7 +392,7 @@ class SchedulerState:
                 self.dispatch(t, w)
         waiting = waiting or bool(self.actor_table.pending)   # an actor waits for resources
         loans = self.loans
-        if loans.fresh or waiting and loans.loaned:
+        if loans.fresh or loans.fresh_pinned or waiting and loans.loaned:
             loans.after_schedule(waiting)
 
     def _pick_worker(self, t: Task) -> Worker | None:
@@ -446,9 +461,11 @@ class SchedulerState:
                 took.gpu_ids = node.resources.acquire(req)
                 took.state = WorkerState.BUSY
                 self.placer.placed(t, node.node_id)
-                if self.lending and took.actor is None and not t.call.retry_exceptions \
-                        and t.placement is None:
-                    self.loans.fresh.append((t.owner, took))
+                if self.lending and took.actor is None and not t.call.retry_exceptions:
+                    if t.placement is None:
+                        self.loans.fresh.append((t.owner, took))
+                    elif only == took.node_id:   # bound to this node: lent for those
+                        self.loans.fresh_pinned.append((t.owner, took))
                 return took
             if req and self._can_grow(node):
                 # Resources are free there, only a worker is missing: wait for it (as on
@@ -809,9 +826,9 @@ class SchedulerState:
         self.schedule()
 
     # ------------------------------------------------------------------ loans
-    def lend_idle(self, conn: int, req: dict[str, float]) -> None:
+    def lend_idle(self, conn: int, req: dict[str, float], pinned: int = 0) -> None:
         """A driver whose loaned workers are all busy asks for one more (_loans.py)."""
-        self.loans.lend_idle(conn, req)
+        self.loans.lend_idle(conn, req, pinned)
 
     def return_loan(self, conn: int, worker_id: int) -> None:
         """A driver gives back a worker lent to it (_loans.py)."""

@@ -290,6 +290,10 @@ def launch_head(cfg: dict[str, Any], *, stdout: Any = None, stderr: Any = None) 
     # be here. The head starts with its bootstrap, which starts the fork server first.
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(cfg["sys_path"])
+    if cfg.get("token"):
+        # The head's workers take direct calls from other nodes over TCP with it (the
+        # fork server, started first, hands its environment down; never a command line).
+        env["ORCHESTRA_TOKEN"] = cfg["token"]
     sock = os.path.join(session_dir, "head.sock")
     # A node in a process of its own starts the fork server itself (_remote_node.py).
     cmd = ([sys.executable, "-c", HEAD_BOOTSTRAP, cfg_path, sock]

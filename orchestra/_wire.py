@@ -48,6 +48,7 @@ NODE_COMMAND = 30  # NodeCommand, head -> a node in a process of its own (_node_
 NODE_EVENT = 31    # NodeEvent, that node -> head (_remote_node.py)
 CLOSING = 32       # Closing, head -> client: the head stops, and why (its last frame)
 WARNING = 33       # ClusterWarning, head -> a task's owner: its request waits for a node to join
+WORKER_ADDRESS = 34  # WorkerAddress, worker -> head: it takes direct calls over TCP there
 
 MESSAGES: dict[int, Any] = {
     HELLO: pb.Hello, HELLO_REPLY: pb.HelloReply, FUNCTION: pb.RegisterFunctionRequest,
@@ -61,7 +62,7 @@ MESSAGES: dict[int, Any] = {
     LOAN: pb.Loan, LOAN_RETURN: pb.LoanReturn, LOAN_RECALL: pb.LoanRecall,
     EXECUTE_NESTED: pb.Execute, STALLED: pb.Stalled, LOAN_REQUEST: pb.LoanRequest,
     NODE_COMMAND: pb.NodeCommand, NODE_EVENT: pb.NodeEvent, CLOSING: pb.Closing,
-    WARNING: pb.ClusterWarning,
+    WARNING: pb.ClusterWarning, WORKER_ADDRESS: pb.WorkerAddress,
 }
 
 MAX_FRAME = 1 << 31

@@ -127,6 +127,15 @@ class WorkerRuntime:
             self.client.listen(path)
         except OSError as exc:   # callers stay on the head's path
             print(f"orchestra worker: not taking calls at {path}: {exc}", file=sys.stderr)
+        token = os.environ.get("ORCHESTRA_TOKEN", "")
+        if info.node_address and token:
+            # On a cluster: callers on other nodes too, over TCP with the cluster token.
+            try:
+                address = self.client.direct.listen_tcp(info.node_address, token)
+                self.client.send(_wire.WORKER_ADDRESS, pb.WorkerAddress(address=address))
+            except (OSError, ValueError) as exc:
+                print(f"orchestra worker: no direct calls from other nodes: {exc}",
+                      file=sys.stderr)
         signal.signal(signal.SIGUSR1, self._on_cancel_signal)
         self.client.start()
 

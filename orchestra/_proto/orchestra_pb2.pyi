@@ -406,7 +406,7 @@ class AdoptCalls(_message.Message):
     def __init__(self, actor_id: _Optional[bytes] = ..., worker_id: _Optional[int] = ..., calls: _Optional[_Iterable[_Union[_types_pb2.Call, _Mapping]]] = ..., cancelled: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Loan(_message.Message):
-    __slots__ = ("worker_id", "path", "gpu_ids", "resources", "pid", "busy_task")
+    __slots__ = ("worker_id", "path", "gpu_ids", "resources", "pid", "busy_task", "pinned_node")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -420,16 +420,18 @@ class Loan(_message.Message):
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     BUSY_TASK_FIELD_NUMBER: _ClassVar[int]
+    PINNED_NODE_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     path: str
     gpu_ids: _containers.RepeatedScalarFieldContainer[int]
     resources: _containers.ScalarMap[str, float]
     pid: int
     busy_task: bytes
-    def __init__(self, worker_id: _Optional[int] = ..., path: _Optional[str] = ..., gpu_ids: _Optional[_Iterable[int]] = ..., resources: _Optional[_Mapping[str, float]] = ..., pid: _Optional[int] = ..., busy_task: _Optional[bytes] = ...) -> None: ...
+    pinned_node: int
+    def __init__(self, worker_id: _Optional[int] = ..., path: _Optional[str] = ..., gpu_ids: _Optional[_Iterable[int]] = ..., resources: _Optional[_Mapping[str, float]] = ..., pid: _Optional[int] = ..., busy_task: _Optional[bytes] = ..., pinned_node: _Optional[int] = ...) -> None: ...
 
 class LoanRequest(_message.Message):
-    __slots__ = ("resources",)
+    __slots__ = ("resources", "pinned_node")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -438,8 +440,10 @@ class LoanRequest(_message.Message):
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    PINNED_NODE_FIELD_NUMBER: _ClassVar[int]
     resources: _containers.ScalarMap[str, float]
-    def __init__(self, resources: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    pinned_node: int
+    def __init__(self, resources: _Optional[_Mapping[str, float]] = ..., pinned_node: _Optional[int] = ...) -> None: ...
 
 class LoanRecall(_message.Message):
     __slots__ = ("worker_id",)
@@ -561,6 +565,12 @@ class Reply(_message.Message):
     object: _types_pb2.ObjectData
     nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
     def __init__(self, req_id: _Optional[int] = ..., error: _Optional[str] = ..., error_kind: _Optional[str] = ..., segment: _Optional[_Union[_types_pb2.Segment, _Mapping]] = ..., resources: _Optional[_Mapping[str, float]] = ..., debug: _Optional[_Union[SchedulerDebugInfoReply, _Mapping]] = ..., actor: _Optional[_Union[_types_pb2.ActorSpec, _Mapping]] = ..., object: _Optional[_Union[_types_pb2.ObjectData, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ...) -> None: ...
+
+class WorkerAddress(_message.Message):
+    __slots__ = ("address",)
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    def __init__(self, address: _Optional[str] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
     __slots__ = ("node_id", "alive", "address", "resources", "available", "store_capacity", "store_used", "pid", "death", "spilled_bytes")

@@ -19,8 +19,9 @@ from _sched_helpers import (
     worker_conn,
 )
 from orchestra import _pb as pb
+from orchestra import _wire
 from orchestra._errors import make_error
-from orchestra._instructions import FreeSegment, Pull, Send
+from orchestra._instructions import FreeSegment, LateSend, Pull, Send
 
 OTHER = 2
 
@@ -153,6 +154,51 @@ def test_a_removed_nodes_workers_that_never_connected_fail_to_start():
     c.s.remove_node(OTHER, "killed")
     assert w2 not in c.s.workers
     assert OTHER not in c.s.nodes
+
+
+def _loans(out):
+    return [i.msg for i in out if type(i) is LateSend and i.kind == _wire.LOAN]
+
+
+@pytest.mark.parametrize("tcp", [False, True])
+def test_a_worker_on_another_node_is_lent_over_tcp_once_it_said_where(tcp):
+    c = Cluster(cpus=1, lending=True)
+    (w0,) = c.pool
+    if tcp:
+        c.s.worker_address(worker_conn(w0), "10.0.0.1:4242")
+    # A second driver, on another node: the worker on node 0 is lent to it over TCP,
+    # or not at all while the worker has no TCP address.
+    c.s.client_connected(7, pb.Hello(kind="driver", pid=7), OTHER)
+    c.submit(make_call("f"), conn=7)
+    loans = _loans(c.take())
+    assert [(ln.worker_id, ln.path) for ln in loans] == ([(w0, "10.0.0.1:4242")] if tcp else [])
+
+
+def test_a_driver_on_the_workers_node_is_lent_its_unix_socket():
+    c = Cluster(cpus=1, lending=True)
+    (w0,) = c.pool
+    c.s.worker_address(worker_conn(w0), "10.0.0.1:4242")
+    c.submit(make_call("f"))
+    (loan,) = _loans(c.take())
+    assert loan.path.endswith(f"w{w0}.sock") and loan.pinned_node == 0
+
+
+def test_a_task_bound_to_a_node_gets_a_worker_lent_for_that_node_only():
+    c, w0, w2 = two_nodes()
+    c.s.lending = True
+    c.s.worker_socket = lambda node_id, worker_id: f"/tmp/w{worker_id}.sock"
+    c.s.worker_address(worker_conn(w2), "10.0.0.2:4242")
+    call = c.submit(make_call("f", placement=affinity(OTHER)))
+    out = c.take()
+    assert [w for w, _ in executes(out)] == [w2]
+    (loan,) = _loans(out)
+    assert (loan.worker_id, loan.path, loan.pinned_node) == (w2, "10.0.0.2:4242", OTHER + 1)
+    # A task of the driver that may run anywhere is not sent to that loan: its key
+    # differs (the driver keys pinned loans apart), and a soft-bound task gets none.
+    c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=call.task_id, returns=[]))
+    c.take()
+    c.submit(make_call("g", placement=affinity(NODE, soft=True)))
+    assert _loans(c.take()) == []
 
 
 @pytest.mark.parametrize("same_node", [True, False])
