@@ -40,6 +40,13 @@ from orchestra import _head
 _head.main([sys.argv[1]], zygote=started)
 """
 
+# A node joining a cluster (orchestra start --address): it starts its fork server once
+# it holds the token (orchestra/_node_process.py), with the package loaded bare too.
+JOIN_BOOTSTRAP = "import sys\n" + _BARE_PACKAGE + """\
+from orchestra import _node_process
+_node_process.main(sys.argv[1:])
+"""
+
 NODE_BOOTSTRAP = _START_ZYGOTE + _BARE_PACKAGE + """\
 from orchestra import _node_process
 _node_process.main(sys.argv[1:], zygote=started)

@@ -31,6 +31,7 @@ from typing import Any
 from . import _cluster_file as cf
 from . import _session
 from ._auth import client_handshake, new_token
+from ._bootstrap import JOIN_BOOTSTRAP
 from ._store import pid_alive, sweep_stale_segments
 from .exceptions import AuthenticationError, OrchestraError
 
@@ -304,7 +305,7 @@ def spawn_node(state: str, *, head_address: str, token: str, host: str | None = 
     out = _log_file(run_dir, log)
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestra._node_process", "--join", cfg_path],
+            [sys.executable, "-c", JOIN_BOOTSTRAP, "--join", cfg_path],
             stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
             close_fds=True, cwd=run_dir, env=_child_env(cfg["sys_path"]))
     finally:

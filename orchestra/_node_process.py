@@ -46,6 +46,8 @@ _INFO_S = 0.1
 # As the head's is_idle(): no command for this long. The head says the cluster went
 # idle within _remote_node._IDLE_CHECK_S of its own is_idle(), which waits as long.
 _QUIET_S = 0.3
+# A joining node says it joined once its first worker connected, or after this long.
+_READY_WAIT_S = 5.0
 
 
 def command(node: Node, cmd: Any, token: str = "") -> bool:
@@ -101,6 +103,7 @@ class NodeProcess(asyncio.Protocol):
         self.node: Node = None if join else make_node(self)  # type: ignore[assignment]
         self.last_heard = time.monotonic()
         self.timeout_s = 10.0
+        self._joined: dict[str, Any] | None = None   # node.json, until it is written
         self.transport: Any = None
         self.decoder = _wire.FrameDecoder()
         self.wbuf: list[bytes] = []
@@ -147,6 +150,8 @@ class NodeProcess(asyncio.Protocol):
             node = self.node
             if node is None:
                 continue
+            if which == "worker_connected" and self._joined is not None:
+                self.loop.call_soon(self._say_joined)
             if which == "cluster_idle":
                 self._cluster_idle = cmd.cluster_idle
                 continue
@@ -194,15 +199,24 @@ class NodeProcess(asyncio.Protocol):
         self.loop.call_later(_INFO_S, self._report_store)
         self.loop.call_later(w.heartbeat_s or 1.0, self._heartbeat, w.heartbeat_s or 1.0)
         from ._ids import node_hex
-        info = {"node_id": w.node_id, "node_hex": node_hex(w.node_id),
-                "head_address": cfg["head_address"], "pid": os.getpid(),
-                "data_address": data_address}
-        path = os.path.join(cfg["session_dir"], "node.json")
+        self._joined = {"node_id": w.node_id, "node_hex": node_hex(w.node_id),
+                        "head_address": cfg["head_address"], "pid": os.getpid(),
+                        "data_address": data_address}
+        # Joined once a task can start here at once: its first worker connected (as
+        # init() returns), or after _READY_WAIT_S all the same.
+        self.loop.call_later(_READY_WAIT_S, self._say_joined)
+
+    def _say_joined(self) -> None:
+        """Write node.json (what `orchestra start --address` waits for), once."""
+        info, self._joined = self._joined, None
+        if info is None or self.done.done():
+            return
+        path = os.path.join(self.cfg["session_dir"], "node.json")
         with open(path + ".tmp", "w") as f:
             json.dump(info, f)
         os.replace(path + ".tmp", path)
-        print(f"orchestra node: joined the cluster at {cfg['head_address']} as node "
-              f"{w.node_id}", file=sys.stderr)
+        print(f"orchestra node: joined the cluster at {info['head_address']} as node "
+              f"{info['node_id']}", file=sys.stderr)
 
     def _heartbeat(self, every: float) -> None:
         if self.transport is None or self.done.done():
