@@ -423,12 +423,17 @@ class SchedulerState:
             # always "fits": it pipelines, or it would start workers up to max_workers.)
             self._maybe_grow(t)
             return None
+        best = self._least_queued(candidates)
+        if best is None:
+            self._maybe_grow(t)
+        return best
+
+    def _least_queued(self, candidates: list[Worker]) -> Worker | None:
+        """The busy worker with the fewest tasks queued, below the pipeline depth."""
         best = None
         for w in candidates:
             if len(w.queue) < self.pipeline_depth and (best is None or len(w.queue) < len(best.queue)):
                 best = w
-        if best is None:
-            self._maybe_grow(t)
         return best
 
     def _pick_placed(self, t: Task) -> Worker | None:
@@ -472,10 +477,7 @@ class SchedulerState:
                 # one node, see _pick_worker), rather than pipeline behind a long task.
                 self._maybe_grow(t, [node])
                 return None
-        best = None
-        for w in candidates:
-            if len(w.queue) < self.pipeline_depth and (best is None or len(w.queue) < len(best.queue)):
-                best = w
+        best = self._least_queued(candidates)
         if best is None:
             self._maybe_grow(t, order)
         return best

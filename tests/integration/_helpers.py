@@ -7,10 +7,12 @@ let something happen: every wait polls for a file with a deadline.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -329,3 +331,29 @@ def fan_out(k: int) -> int:
 def sleep_then(seconds: float, value: Any) -> Any:
     time.sleep(seconds)
     return value
+
+
+# ------------------------------------------------------------------ clusters of nodes
+
+@contextlib.contextmanager
+def joined_cluster(head: dict[str, Any], *nodes: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
+    """A head (``head``: its add_node arguments) and nodes joined to it on this machine
+    (orchestra.cluster_utils.Cluster), this process a driver of it: yields the Cluster
+    and the nodes' handles; everything stops afterwards."""
+    from orchestra.cluster_utils import Cluster
+    if orchestra.is_initialized():
+        orchestra.shutdown()
+    c = Cluster(initialize_head=True, head_node_args=head)
+    try:
+        handles = [c.add_node(**n) for n in nodes]
+        orchestra.init(address=c.address, token=c.token)
+        yield (c, *handles)
+    finally:
+        orchestra.shutdown()
+        c.shutdown()
+
+
+@orchestra.remote
+def node_of() -> str:
+    """The node this task ran on."""
+    return orchestra.get_runtime_context().get_node_id()

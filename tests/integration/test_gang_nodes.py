@@ -10,23 +10,14 @@ import time
 import pytest
 
 import orchestra
-from orchestra.cluster_utils import Cluster
+from _helpers import joined_cluster
 from orchestra.exceptions import GetTimeoutError
 
 
 @pytest.fixture(scope="module")
 def nodes3():
-    if orchestra.is_initialized():
-        orchestra.shutdown()
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
-    a = c.add_node(num_cpus=2)
-    b = c.add_node(num_cpus=2)
-    orchestra.init(address=c.address, token=c.token)
-    try:
-        yield c, a, b
-    finally:
-        orchestra.shutdown()
-        c.shutdown()
+    with joined_cluster({"num_cpus": 2}, {"num_cpus": 2}, {"num_cpus": 2}) as nodes:
+        yield nodes
 
 
 class Member:
@@ -79,12 +70,7 @@ def test_spread_deals_members_out_over_the_nodes(nodes3):
 
 
 def test_a_nodes_death_aborts_its_gang():
-    if orchestra.is_initialized():
-        orchestra.shutdown()
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    victim = c.add_node(num_cpus=1)
-    orchestra.init(address=c.address, token=c.token)
-    try:
+    with joined_cluster({"num_cpus": 1}, {"num_cpus": 1}) as (c, victim):
         g = orchestra.gang(Member, 2, num_cpus=1, num_gpus=0, spread=True, timeout_s=60,
                            heartbeat_interval_s=0.5, max_missing_heartbeats=4)
         got = _layout(g)
@@ -99,6 +85,3 @@ def test_a_nodes_death_aborts_its_gang():
         with pytest.raises((orchestra.exceptions.ActorDiedError, GetTimeoutError)):
             orchestra.get(g[1].where.remote(), timeout=30)
         g.shutdown()
-    finally:
-        orchestra.shutdown()
-        c.shutdown()

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import orchestra
-from orchestra.cluster_utils import Cluster
+from _helpers import joined_cluster, node_of
 from orchestra.exceptions import AuthenticationError
 
 MB = 1 << 20
@@ -21,22 +21,10 @@ MB = 1 << 20
 
 @pytest.fixture(scope="module")
 def three_nodes():
-    if orchestra.is_initialized():
-        orchestra.shutdown()
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"head": 1}})
-    a = c.add_node(num_cpus=1, resources={"a": 1})
-    b = c.add_node(num_cpus=2, resources={"b": 2})
-    orchestra.init(address=c.address, token=c.token)
-    try:
-        yield c, a, b
-    finally:
-        orchestra.shutdown()
-        c.shutdown()
-
-
-@orchestra.remote
-def node_of() -> str:
-    return orchestra.get_runtime_context().get_node_id()
+    with joined_cluster({"num_cpus": 1, "resources": {"head": 1}},
+                        {"num_cpus": 1, "resources": {"a": 1}},
+                        {"num_cpus": 2, "resources": {"b": 2}}) as nodes:
+        yield nodes
 
 
 @orchestra.remote

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 import orchestra
-from _helpers import Gate, wait_for_file
-from orchestra.cluster_utils import Cluster
+from _helpers import Gate, joined_cluster, node_of, wait_for_file
 from orchestra.exceptions import ActorDiedError, ObjectLostError
 from orchestra.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -21,22 +20,10 @@ MB = 1 << 20
 
 @pytest.fixture
 def cluster():
-    if orchestra.is_initialized():
-        orchestra.shutdown()
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_timeout_s": 2.0})
-    x = c.add_node(num_cpus=1, resources={"x": 1, "shared": 1})
-    y = c.add_node(num_cpus=1, resources={"y": 1, "shared": 1})
-    orchestra.init(address=c.address, token=c.token)
-    try:
-        yield c, x, y
-    finally:
-        orchestra.shutdown()
-        c.shutdown()
-
-
-@orchestra.remote
-def node_of() -> str:
-    return orchestra.get_runtime_context().get_node_id()
+    with joined_cluster({"num_cpus": 1, "node_timeout_s": 2.0},
+                        {"num_cpus": 1, "resources": {"x": 1, "shared": 1}},
+                        {"num_cpus": 1, "resources": {"y": 1, "shared": 1}}) as nodes:
+        yield nodes
 
 
 @orchestra.remote(resources={"shared": 1}, max_retries=1)
