@@ -283,3 +283,67 @@ def test_a_create_that_fails_raises_naming_the_path_and_gives_its_bytes_back(sta
     assert folder in str(info.value) and "exists" in str(info.value)
     wait_until(lambda: c.store().used == 0, 10, "the failed create's bytes given back")
     assert not [o for o in c.objects().values() if o.in_shared_memory]
+
+
+_KNOCK = r"""
+import json, socket, sys
+out = {}
+ATTEMPTS = {
+    # a driver's Hello frame right away, as if no handshake existed
+    "frame": b"\x05\x00\x00\x00\x01abcd",
+    # a well-formed answer to the challenge, with a MAC made without the token
+    "forged": b"ORCA" + b"\x00" * 64 + b"\x05" + b"0.1.0",
+}
+for name, address in json.loads(sys.argv[1]).items():
+    host, port = address.rsplit(":", 1)
+    for attempt, data in ATTEMPTS.items():
+        try:
+            s = socket.create_connection((host, int(port)), timeout=5)
+            s.settimeout(15)
+            hello = b""
+            while len(hello) < 37 or len(hello) < 37 + hello[36]:   # magic, nonce, version
+                chunk = s.recv(64)
+                if not chunk:
+                    break
+                hello += chunk
+            challenge = hello[:4]
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)   # nothing more: the server decides on this
+            rest = b""
+            while True:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                rest += chunk
+            out[f"{name}/{attempt}"] = [challenge.decode(errors="replace"), rest[:1].decode()]
+        except OSError as exc:
+            out[f"{name}/{attempt}"] = ["error", type(exc).__name__]
+for name, path in json.loads(sys.argv[2]).items():
+    try:
+        import os
+        os.listdir(path)
+        out[name] = "listed"
+    except PermissionError:
+        out[name] = "refused"
+print(json.dumps(out))
+"""
+
+
+def test_another_user_gets_nothing_from_a_clusters_tcp_listeners(other_user):
+    # A head and a joined node listening on TCP: the other user can connect, as anyone
+    # on the network could, but is refused before anything it sends is read, and cannot
+    # look into the node's or the records' directories.
+    with h.joined_cluster({"num_cpus": 1}, {"num_cpus": 1}) as (c, node):
+        with open(os.path.join(node.session_dir, "node.json")) as f:
+            data_address = json.load(f)["data_address"]
+        targets = {"head": c.address, "data server": data_address}
+        dirs = {"node dir": node.session_dir, "records": c._state}   # the token is in there
+        seen = other_user.run(_KNOCK, json.dumps(targets), json.dumps(dirs))
+        for name in targets:
+            # The frame is never read as one: the connection closes (it is no answer);
+            # the forged answer is refused as a wrong token.
+            assert seen[f"{name}/frame"][0] == "ORCA" and seen[f"{name}/frame"][1] == "", seen
+            assert seen[f"{name}/forged"] == ["ORCA", "T"], seen
+        assert seen["node dir"] == "refused" and seen["records"] == "refused", seen
+        assert orchestra.get(h.node_of.remote(), timeout=T) in {n["NodeID"] for n in orchestra.nodes()}
+        assert all(n["Alive"] for n in orchestra.nodes())
