@@ -267,6 +267,11 @@ class Head:
         self._release_driver_replies()
         self.carry_out()
 
+    def _worker_without_node(self, worker_id: int) -> None:
+        """A worker was to start on a node that died meanwhile (not a broken worker)."""
+        self.state.worker_failed_to_start(worker_id, "its node is gone", broken=False)
+        self.carry_out()
+
     def worker_exited(self, worker_id: int, reason: str, *, connected: bool) -> None:
         if connected:
             conn_id = self._reaping.pop(worker_id, None)
@@ -618,8 +623,7 @@ class Head:
                     if node is not None:
                         node.start_worker(ins.worker_id)
                     else:
-                        self.loop.call_soon(self.worker_failed_to_start, ins.worker_id,
-                                            "its node is gone")
+                        self.loop.call_soon(self._worker_without_node, ins.worker_id)
                 elif type(ins) is KillWorker:
                     node = self.nodes.get(ins.node_id)
                     if node is not None:

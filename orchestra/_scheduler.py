@@ -135,7 +135,9 @@ class SchedulerState:
             self._decr(oid, n)
         c.holds.clear()
 
-    def worker_failed_to_start(self, worker_id: int, reason: str) -> None:
+    def worker_failed_to_start(self, worker_id: int, reason: str, *, broken: bool = True) -> None:
+        """The worker's process never connected. ``broken``: it failed by itself (counted:
+        a few in a row say the environment is broken); False when its node died."""
         w = self.workers.get(worker_id)
         if w is None or w.state is not WorkerState.STARTING:
             return
@@ -143,6 +145,9 @@ class SchedulerState:
         del self.workers[worker_id]
         if w.actor is not None:
             self.actor_table.worker_died(w, f"its worker process failed to start ({reason})")
+        if not broken:
+            self.schedule()
+            return
         self.start_failures += 1
         if self.start_failures >= _MAX_START_FAILURES:
             # A broken environment (the worker cannot even import): fail what waits for
@@ -225,7 +230,7 @@ class SchedulerState:
         rebuild: dict[bytes, tuple[Any, int, int]] = {}
         for w in [w for w in self.workers.values() if w.node_id == node_id]:
             if w.state is WorkerState.STARTING:
-                self.worker_failed_to_start(w.worker_id, f"its node died: {reason}")
+                self.worker_failed_to_start(w.worker_id, f"its node died: {reason}", broken=False)
             else:   # its tasks are retried elsewhere, its actor restarted or dead
                 self.worker_died(w.worker_id, f"its node died ({reason})")
         for oid, o in self.objects.items():

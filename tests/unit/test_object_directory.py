@@ -210,3 +210,22 @@ def test_direct_calls_are_lent_only_to_drivers_on_the_workers_node(same_node):
     out = c.take()
     loans = [i for i in out if type(i) is not Send and getattr(i, "kind", 0) == 24]
     assert bool(loans) == same_node
+
+
+def test_a_dead_nodes_workers_still_starting_do_not_count_as_a_broken_environment():
+    # Three failed starts in a row fail every ready task ("worker processes fail to
+    # start"); a node dying with three workers starting is not that.
+    c = Cluster(cpus=1)
+    (w0,) = c.pool
+    busy = c.submit(make_call("busy"))
+    c.take()
+    c.s.add_node(OTHER, {"CPU": 3.0}, num_workers=3, max_workers=8)
+    assert len(c.started(c.take())) == 3
+    waiting = c.submit(make_call("waits"))
+    c.take()
+    c.s.remove_node(OTHER, "killed")
+    assert c.s.start_failures == 0
+    out = c.take()
+    c.done(w0, busy)
+    out += c.take()
+    assert [(w, inv.call.task_id) for w, inv in executes(out)] == [(w0, waiting.task_id)]
