@@ -204,7 +204,8 @@ class Head:
             raise RuntimeError("a cluster address needs a token (cfg token)")
         _, (host, port) = parse_address(self.address)
         self.tcp_server = await self.loop.create_server(
-            lambda: AuthGate(self.token, self.loop, self._tcp_conn, what="orchestra head"),
+            lambda: AuthGate(self.token, self.loop, lambda transport: self._new_conn(),
+                             what="orchestra head"),
             host, port, reuse_address=True)
         if port == 0:   # an ephemeral port: say which
             port = self.tcp_server.sockets[0].getsockname()[1]
@@ -215,11 +216,6 @@ class Head:
         with open(os.path.join(self.session_dir, "address"), "w") as f:
             f.write(self.address)
         self.loop.call_later(_HEARTBEAT_S, self._heartbeat)
-
-    def _tcp_conn(self, transport: Any) -> Conn:
-        c = Conn(self, self._next_conn, self.local)
-        self._next_conn += 1
-        return c
 
     def _start_grpc(self) -> None:
         def run() -> None:

@@ -112,6 +112,7 @@ class RemoteNode:
         self.data_address = ""
         self.node_dir = ""
         self.last_heard = time.monotonic()
+        self._lost_reason = ""    # why the head declared it dead (silent()), if it did
         self.head = head
         self.loop = loop
         self.cfg = cfg
@@ -340,7 +341,7 @@ class RemoteNode:
             return
         if self.joined:
             self.closed = True
-            self.head.node_gone(self, getattr(self, "_lost_reason", "")
+            self.head.node_gone(self, self._lost_reason
                                 or "its connection to the head closed")
             return
         rc = None
