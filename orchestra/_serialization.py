@@ -1,23 +1,33 @@
-"""Values to bytes and back: cloudpickle (pickle protocol 5) with out-of-band buffers.
+"""Values to bytes and back: cloudpickle (pickle protocol 5), and Arrow IPC streams for
+every object in shared memory.
 
-serialize(value) -> Serialized: the pickle stream, its out-of-band buffers (numpy
-arrays, Arrow buffers, ...) and the ids of ObjectRefs pickled inside.
+Two forms, told apart by their first bytes:
 
-One layout serves inline values and shared-memory segments:
+    inline (small values, in messages): the bare pickle stream (starts with the PROTO
+        opcode 0x80); buffers under 64 KiB are pickled in band.
+    stream (objects in shared memory, and inline values holding a large buffer): an
+        Arrow IPC stream (starts with the continuation marker 0xFFFFFFFF), its schema's
+        metadata ``orchestra.kind`` saying what it holds:
+          table / record_batch / chunked_array / array: that Arrow value, its own data;
+          pandas: a DataFrame that converts to Arrow without loss (``pandas`` metadata);
+          pickle5: any other value, one record batch of one row, large_binary columns
+              | pickle | pad0 | buffer0 | pad1 | buffer1 | ...
+              the pickle stream, then each out-of-band buffer (numpy arrays, ...), each
+              64-byte aligned in the segment (the pad columns place them) and, from
+              64 KiB, at the same offset within a page as its source, rounded down to
+              64 bytes: the copy then runs at memcpy speed (~3x slower otherwise).
 
-    no buffers:    the bare pickle stream (starts with the PROTO opcode 0x80)
-    with buffers:  | b"ORCB" | u32 n | u64 pickle_len | n x (u64 offset, u64 len) |
-                   | pickle stream | buffer 0 | buffer 1 | ...   (each 64-byte aligned)
-
-deserialize(view) unpickles with ``buffers=`` slices of ``view``: when ``view`` is a
-read-only map of a segment, numpy arrays and Arrow buffers come back as read-only views
-of shared memory, with no copy. The map stays alive while any of them lives.
+pyarrow writes and reads every stream (``pyarrow.ipc.open_stream`` over a segment's
+file gives the same table back, orchestra or not). deserialize(view) over a read-only
+map of a segment returns Arrow data, DataFrame columns and numpy arrays that are views
+of shared memory, with no copy; the map stays alive while any of them lives.
 """
 from __future__ import annotations
 
 import os
 import pickle
 import struct
+import sys
 import threading
 import traceback
 from collections.abc import Callable
@@ -27,18 +37,21 @@ import cloudpickle
 
 from .exceptions import DeserializationError
 
-MAGIC = b"ORCB"
 ALIGN = 64
-_HEADER = struct.Struct("<4sIQ")
-_ENTRY = struct.Struct("<QQ")
+STREAM_MAGIC = b"\xff\xff\xff\xff"   # an Arrow IPC message's continuation marker
+KIND = b"orchestra.kind"
+_OWN_KEYS = (KIND,)
+_OUT_OF_BAND_MIN = 64 * 1024   # smaller buffers are pickled in band
+_PAGE = 4096
+_OFFSETS = 16                  # a one-row large_binary column's offsets buffer
+_EOS = 8                       # the stream's end marker
+_OFFSETS_OF = struct.Struct("<qq")
 
 # Exact types whose pickle never needs cloudpickle (no code, no __main__ classes).
 _PLAIN = frozenset({int, float, str, bytes, bool, type(None)})
 _PLAIN_CONTAINERS = frozenset({list, tuple, dict})
 
 _collect = threading.local()
-_PAGE = 4096
-_PAGE_ALIGN_MIN = 64 * 1024
 
 
 def _address(buf: memoryview) -> int:
@@ -47,54 +60,155 @@ def _address(buf: memoryview) -> int:
     return int(np.frombuffer(buf, dtype=np.uint8).__array_interface__["data"][0])
 
 
-def _align(n: int) -> int:
-    return (n + ALIGN - 1) & ~(ALIGN - 1)
+def _pad8(n: int) -> int:
+    return (n + 7) & ~7
 
 
 class Serialized:
-    """A pickled value ready to be copied inline or into a segment."""
+    """A value ready to be copied inline or into a segment.
 
-    __slots__ = ("pickled", "buffers", "contained", "size", "offsets")
+    ``size``: bytes of its inline form (what the inline threshold is compared with);
+    ``stream_size()``: bytes of its Arrow stream, the size of its segment;
+    ``contained``: ids of the ObjectRefs pickled inside it."""
+
+    __slots__ = ("contained", "size")
+
+    contained: list[bytes]
+    size: int
+
+    def to_bytes(self) -> bytes:
+        """The inline form."""
+        raise NotImplementedError
+
+    def stream_size(self) -> int:
+        raise NotImplementedError
+
+    def write_into(self, dest: memoryview) -> None:
+        """Write the Arrow stream into ``dest`` (writable, at least stream_size() bytes)."""
+        raise NotImplementedError
+
+
+class PickledValue(Serialized):
+    """A pickle stream and its out-of-band buffers (each at least 64 KiB)."""
+
+    __slots__ = ("pickled", "buffers", "_plan")
 
     def __init__(self, pickled: bytes, buffers: list[memoryview], contained: list[bytes]) -> None:
         self.pickled = pickled
         self.buffers = buffers
         self.contained = contained
-        self.offsets: list[int] = []
-        if buffers:
-            pos = _align(_HEADER.size + _ENTRY.size * len(buffers)) + _align(len(pickled))
-            for b in buffers:
-                if b.nbytes >= _PAGE_ALIGN_MIN:
-                    # Same offset within a page as the source: memcpy runs ~3x faster
-                    # than between buffers whose page offsets differ (measured: 512 MiB
-                    # in 50 ms vs 180 ms), and the reader keeps the source's alignment.
-                    want = _address(b) % _PAGE
-                    pos += (want - pos) % _PAGE
-                self.offsets.append(pos)
-                pos = _align(pos + b.nbytes)
-            self.size = pos
-        else:
-            self.size = len(pickled)
+        self._plan: tuple[Any, list[Any], int] | None = None
+        self.size = self.stream_size() if buffers else len(pickled)
 
     def to_bytes(self) -> bytes:
         if not self.buffers:
             return self.pickled
-        out = bytearray(self.size)
+        out = bytearray(self.stream_size())
         self.write_into(memoryview(out))
         return bytes(out)
 
+    def stream_size(self) -> int:
+        return self._layout()[2]
+
     def write_into(self, dest: memoryview) -> None:
-        """Copy the layout into ``dest`` (a writable map of at least ``size`` bytes)."""
-        if not self.buffers:
-            dest[: len(self.pickled)] = self.pickled
-            return
-        n = len(self.buffers)
-        pos = _align(_HEADER.size + _ENTRY.size * n)
-        _HEADER.pack_into(dest, 0, MAGIC, n, len(self.pickled))
-        dest[pos: pos + len(self.pickled)] = self.pickled
-        for i, (b, pos) in enumerate(zip(self.buffers, self.offsets, strict=True)):
-            _ENTRY.pack_into(dest, _HEADER.size + _ENTRY.size * i, pos, b.nbytes)
-            dest[pos: pos + b.nbytes] = b
+        import pyarrow as pa
+        schema, columns, total = self._layout()
+        sink = pa.FixedSizeBufferWriter(pa.py_buffer(dest))
+        with pa.ipc.new_stream(sink, schema) as writer:
+            writer.write_batch(pa.RecordBatch.from_arrays(columns, schema=schema))
+        if sink.tell() != total:   # the layout below no longer matches pyarrow's writer
+            raise RuntimeError(f"the Arrow stream of a value took {sink.tell()} bytes where "
+                               f"{total} were planned: pyarrow {pa.__version__} lays out "
+                               "IPC streams differently; orchestra needs an update for it")
+
+    def _layout(self) -> tuple[Any, list[Any], int]:
+        """(schema, columns, stream size): each buffer 64-byte aligned in the stream and,
+        from 64 KiB, at its source's offset within a page (rounded down to 64 bytes)."""
+        if self._plan is not None:
+            return self._plan
+        import pyarrow as pa
+        schema, pos = _pickle_schema(len(self.buffers))
+        columns = [_one_value(pa.py_buffer(self.pickled))]
+        pos += _OFFSETS + _pad8(len(self.pickled))
+        for b in self.buffers:
+            data = pa.py_buffer(b)
+            start = pos + 2 * _OFFSETS   # past the pad column's and this column's offsets
+            if data.size >= _OUT_OF_BAND_MIN:
+                pad = ((data.address % _PAGE) & ~(ALIGN - 1)) - start
+                pad %= _PAGE
+            else:
+                pad = -start % ALIGN
+            columns.append(_one_value(pa.py_buffer(_ZEROS[:pad])))
+            columns.append(_one_value(data))
+            pos = start + pad + _pad8(data.size)
+        self._plan = (schema, columns, pos + _EOS)
+        return self._plan
+
+
+class ArrowValue(Serialized):
+    """Arrow data (a Table or RecordBatch standing for what was put) written as itself."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: Any, kind: bytes) -> None:
+        import pyarrow as pa
+        meta = dict(data.schema.metadata or {})
+        meta[KIND] = kind
+        self.data = data.replace_schema_metadata(meta)   # no copy of the columns
+        self.contained = []
+        mock = pa.MockOutputStream()   # counts the bytes, copies none
+        self._write(mock)
+        self.size = mock.size()
+
+    def _write(self, sink: Any) -> None:
+        import pyarrow as pa
+        with pa.ipc.new_stream(sink, self.data.schema) as writer:
+            if isinstance(self.data, pa.RecordBatch):
+                writer.write_batch(self.data)
+            else:
+                writer.write_table(self.data)
+
+    def to_bytes(self) -> bytes:
+        import pyarrow as pa
+        out = pa.BufferOutputStream()
+        self._write(out)
+        return bytes(out.getvalue().to_pybytes())
+
+    def stream_size(self) -> int:
+        return self.size
+
+    def write_into(self, dest: memoryview) -> None:
+        import pyarrow as pa
+        self._write(pa.FixedSizeBufferWriter(pa.py_buffer(dest)))
+
+
+_ZEROS = bytes(_PAGE)
+_SCHEMAS: dict[int, tuple[Any, int]] = {}
+
+
+def _one_value(data: Any) -> Any:
+    """A large_binary array of one value: ``data`` (a pyarrow Buffer), not copied."""
+    import pyarrow as pa
+    offsets = pa.py_buffer(_OFFSETS_OF.pack(0, data.size))
+    return pa.Array.from_buffers(pa.large_binary(), 1, [None, offsets, data])
+
+
+def _pickle_schema(n: int) -> tuple[Any, int]:
+    """The schema of a pickle5 stream with ``n`` buffers, and where its body starts
+    (the bytes of the schema message and of the batch's metadata): the same for every
+    stream with ``n`` buffers, so it is measured once, on empty values."""
+    got = _SCHEMAS.get(n)
+    if got is None:
+        import pyarrow as pa
+        names = ["pickle"] + [f"{p}{i}" for i in range(n) for p in ("pad", "buffer")]
+        schema = pa.schema([pa.field(name, pa.large_binary(), nullable=False) for name in names],
+                           metadata={KIND: b"pickle5"})
+        empty = [_one_value(pa.py_buffer(b"")) for _ in names]
+        mock = pa.MockOutputStream()
+        with pa.ipc.new_stream(mock, schema) as writer:
+            writer.write_batch(pa.RecordBatch.from_arrays(empty, schema=schema))
+        got = _SCHEMAS[n] = (schema, mock.size() - _EOS - _OFFSETS * len(names))
+    return got
 
 
 def _is_plain(value: Any, depth: int = 0) -> bool:
@@ -109,9 +223,12 @@ def _is_plain(value: Any, depth: int = 0) -> bool:
 
 
 def serialize(value: Any) -> Serialized:
-    """Pickle ``value``; raises TypeError naming the value when it cannot be pickled."""
+    """Serialize ``value``; raises TypeError naming the value when it cannot be pickled."""
     if _is_plain(value):
-        return Serialized(pickle.dumps(value, 5), [], [])
+        return PickledValue(pickle.dumps(value, 5), [], [])
+    arrow = _as_arrow(value)
+    if arrow is not None:
+        return arrow
     buffers: list[memoryview] = []
     contained: list[bytes] = []
     outer = getattr(_collect, "refs", None)
@@ -119,9 +236,12 @@ def serialize(value: Any) -> Serialized:
 
     def on_buffer(buf: pickle.PickleBuffer) -> bool:
         try:
-            buffers.append(buf.raw())
+            raw = buf.raw()
         except BufferError:  # non-contiguous: let pickle copy it in band
             return True
+        if raw.nbytes < _OUT_OF_BAND_MIN:
+            return True      # cheaper copied than framed
+        buffers.append(raw)
         return False
 
     try:
@@ -134,7 +254,63 @@ def serialize(value: Any) -> Serialized:
             "the task instead.") from exc
     finally:
         _collect.refs = outer
-    return Serialized(pickled, buffers, contained)
+    return PickledValue(pickled, buffers, contained)
+
+
+def _as_arrow(value: Any) -> ArrowValue | None:
+    """Arrow data, and DataFrames that convert to Arrow without loss, as ArrowValues
+    (looked up only where the process has imported pyarrow or pandas)."""
+    pa = sys.modules.get("pyarrow")
+    if pa is not None:
+        if isinstance(value, pa.Table):
+            return ArrowValue(value, b"table")
+        if isinstance(value, pa.RecordBatch):
+            return ArrowValue(value, b"record_batch")
+        if isinstance(value, pa.ChunkedArray):
+            return ArrowValue(pa.table({"array": value}), b"chunked_array")
+        if isinstance(value, pa.Array):
+            return ArrowValue(pa.table({"array": value}), b"array")
+    pd = sys.modules.get("pandas")
+    if pd is not None and type(value) is pd.DataFrame:
+        table = _frame_as_table(value)
+        if table is not None:
+            return ArrowValue(table, b"pandas")
+    return None
+
+
+def _frame_as_table(df: Any) -> Any:
+    """The DataFrame as an Arrow table when it comes back from one exactly (dtypes,
+    index, column names); None otherwise (it is pickled instead)."""
+    import pandas as pd
+    cols = df.columns
+    if df.attrs or type(cols) is not pd.Index or cols.name is not None or not cols.is_unique \
+            or not all(type(c) is str for c in cols):
+        return None
+    if not all(_lossless(t) for t in df.dtypes):
+        return None
+    index = df.index
+    if type(index) is not pd.RangeIndex and not (
+            type(index) is pd.Index and _lossless(index.dtype)
+            and (index.name is None or (type(index.name) is str and index.name not in cols))):
+        return None
+    import pyarrow as pa
+    try:
+        return pa.Table.from_pandas(df, preserve_index=None, nthreads=1)
+    except (pa.ArrowException, TypeError, ValueError):
+        return None
+
+
+def _lossless(dtype: Any) -> bool:
+    """A column dtype that comes back from Arrow as it was: numpy booleans and numbers
+    in native byte order (not float16), and pandas' Arrow-backed dtypes (ArrowDtype,
+    and strings stored in Arrow: pandas 3's default ``str``)."""
+    import numpy as np
+    import pandas as pd
+    if isinstance(dtype, np.dtype):
+        return dtype.byteorder in "=|" and (
+            dtype.kind in "biu" or (dtype.kind == "f" and dtype.itemsize >= 4))
+    return isinstance(dtype, pd.ArrowDtype) or (
+        isinstance(dtype, pd.StringDtype) and dtype.storage == "pyarrow")
 
 
 def note_contained_ref(object_id: bytes) -> None:
@@ -144,25 +320,90 @@ def note_contained_ref(object_id: bytes) -> None:
         refs.append(object_id)
 
 
-def deserialize(data: bytes | memoryview) -> Any:
-    """Inverse of Serialized.to_bytes / write_into; raises DeserializationError naming
-    the cause (a class this process cannot import, a __reduce__ or __setstate__ that
-    raised) with the original error as __cause__."""
+def deserialize(data: bytes | memoryview, what: str = "a value") -> Any:
+    """The value of an inline form or an Arrow stream (``what`` names it in errors).
+    Raises DeserializationError naming the cause: a stream that does not parse, a class
+    this process cannot import, a __reduce__ or __setstate__ that raised (the original
+    error as __cause__)."""
     view = memoryview(data)
     try:
-        if view[:4] != MAGIC:
-            return pickle.loads(view)
-        _, n, pickle_len = _HEADER.unpack_from(view, 0)
-        start = _align(_HEADER.size + _ENTRY.size * n)
-        bufs = []
-        for i in range(n):
-            off, length = _ENTRY.unpack_from(view, _HEADER.size + _ENTRY.size * i)
-            bufs.append(view[off: off + length])
-        return pickle.loads(view[start: start + pickle_len], buffers=bufs)
+        if view[:4] == STREAM_MAGIC:
+            return _read_stream(view, what)
+        return pickle.loads(view)
+    except DeserializationError:
+        raise
     except Exception as exc:
         # Bare, the user's error (RuntimeError from a __reduce__, ModuleNotFoundError)
         # reached get() with nothing saying that a result failed to unpickle, or where.
-        raise deserialization_error(exc, "a value", "this process") from exc
+        raise deserialization_error(exc, what, "this process") from exc
+
+
+_SCHEMA_CACHE: dict[bytes, Any] = {}
+
+
+def _read_stream(view: memoryview, what: str) -> Any:
+    import pyarrow as pa
+    import pyarrow.ipc  # noqa: F401 - pa.ipc
+    buf = pa.py_buffer(view)
+    try:
+        reader = pa.BufferReader(buf)
+        schema = _schema(pa.ipc.read_message(reader))
+        kind = (schema.metadata or {}).get(KIND)
+        if kind == b"pickle5":
+            batch = pa.ipc.read_record_batch(pa.ipc.read_message(reader), schema)
+            batch.validate(full=True)   # one row: checks every offset against its data
+            parts = [_value_of(column) for column in batch.columns]
+        else:
+            stream = pa.ipc.open_stream(buf)
+            table = stream.read_next_batch() if kind == b"record_batch" else stream.read_all()
+            table.validate()
+    except (pa.ArrowException, OSError, ValueError, IndexError) as exc:
+        raise DeserializationError(
+            f"could not deserialize {what} in this process (pid={os.getpid()}): its data is "
+            f"not a valid Arrow IPC stream ({type(exc).__name__}: {exc}). The object's bytes "
+            "were changed after it was written: put it again.") from exc
+    if kind == b"pickle5":
+        return pickle.loads(parts[0], buffers=parts[2::2])
+    return _from_table(table, kind)
+
+
+def _value_of(column: Any) -> memoryview:
+    """The one value of a large_binary column, a view of the stream's bytes (a scalar's
+    as_buffer() would copy it)."""
+    _, offsets, data = column.buffers()
+    start, end = _OFFSETS_OF.unpack_from(offsets)
+    return memoryview(data)[start:end] if data is not None else memoryview(b"")
+
+
+def _schema(message: Any) -> Any:
+    """The schema of a schema message; pickle5 schemas are parsed once per process."""
+    import pyarrow as pa
+    key = message.metadata.to_pybytes()
+    schema = _SCHEMA_CACHE.get(key)
+    if schema is None:
+        schema = pa.ipc.read_schema(message)
+        if (schema.metadata or {}).get(KIND) == b"pickle5" and len(_SCHEMA_CACHE) < 64:
+            _SCHEMA_CACHE[key] = schema
+    return schema
+
+
+def _from_table(table: Any, kind: bytes | None) -> Any:
+    """The value a table (or record batch) read from a stream stands for; a stream of
+    another writer: the table itself."""
+    import pyarrow as pa
+    meta = {k: v for k, v in (table.schema.metadata or {}).items() if k not in _OWN_KEYS}
+    if kind == b"pandas":
+        return table.to_pandas(split_blocks=True)
+    table = table.replace_schema_metadata(meta or None)
+    if kind in (None, b"table", b"record_batch"):
+        return table
+    if kind == b"chunked_array":
+        return table.column(0)
+    if kind == b"array":
+        column = table.column(0)
+        return column.chunk(0) if column.num_chunks == 1 else pa.concat_arrays(column.chunks) \
+            if column.num_chunks else pa.array([], type=column.type)
+    raise ValueError(f"unknown {KIND.decode()} {kind!r}")
 
 
 def deserialization_error(exc: BaseException, what: str, where: str) -> DeserializationError:

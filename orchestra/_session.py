@@ -38,7 +38,9 @@ from .exceptions import ClusterLostError, ObjectLostError, OrchestraError
 
 SESSION_PREFIX = "orchestra-session-"
 _HEAD_EXIT_TIMEOUT_S = 5.0
-_PRELOAD = ("numpy",)   # imported by the fork server when the driver has (see _zygote.py)
+# Imported by the fork server when the driver has the first (see _zygote.py): a driver
+# with numpy makes large objects, and reading one takes pyarrow (their Arrow streams).
+_PRELOAD = {"numpy": ("numpy", "pyarrow.ipc"), "pyarrow": ("pyarrow.ipc",), "pandas": ("pandas",)}
 
 
 class Session:
@@ -252,7 +254,7 @@ def build_cfg(*, num_cpus: int | None = None, num_gpus: int | None = None,
         "sys_path": [os.path.abspath(p) if p else os.getcwd() for p in sys.path],
         # Heavy modules the driver has imported: the fork server imports them too once
         # the cluster is idle, so that workers started later have them.
-        "preload": [m for m in _PRELOAD if m in sys.modules],
+        "preload": sorted({m for k, ms in _PRELOAD.items() if k in sys.modules for m in ms}),
         # The node (store, workers, fork server) in a process of its own instead of the
         # head's (_node_process.py): _system_config={"node_process": True}, or this
         # variable for a whole run (tests of the default mode in that mode).

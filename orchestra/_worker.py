@@ -606,7 +606,8 @@ class WorkerRuntime:
                 if kind == "inline":
                     out.append(deserialize(data.inline))
                 elif kind == "segment":
-                    out.append(deserialize(self.client.map_object(data)[0]))
+                    view = self.client.map_object(data)[0]
+                    out.append(deserialize(view, f"object {data.object_id.hex()}"))
                 else:
                     return _load_error(data.error)
         return None

@@ -36,6 +36,24 @@ def shm_entries_of(head_pid: int) -> list[str]:
     return sorted(entries)
 
 
+def mapped_file(address: int, pid: int | str = "self") -> str | None:
+    """The file whose map in process ``pid`` holds ``address`` (from /proc/PID/maps),
+    None for anonymous memory: a value read "zero-copy" from a segment must lie in the
+    segment's file under /dev/shm/orchestra-..., not in the heap."""
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < end:
+                return fields[5].strip() if len(fields) == 6 and fields[5].strip() else None
+    return None
+
+
+def in_segment(address: int, pid: int | str = "self") -> bool:
+    path = mapped_file(address, pid)
+    return path is not None and path.startswith(f"{SHM_DIR}/orchestra-")
+
+
 def pid_gone(pid: int) -> bool:
     """True when the process no longer runs. A zombie counts as gone: PID 1 in this
     sandbox need not reap orphans, and a zombie holds no memory and no segment."""

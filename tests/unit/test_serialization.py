@@ -1,4 +1,5 @@
-"""Serialization: values to bytes and back, out-of-band buffers, refs collected while
+"""Serialization: values to bytes and back (pickles inline, Arrow streams in segments),
+out-of-band buffers, Arrow data and DataFrames, damaged streams, refs collected while
 pickling, and TaskError (no processes, no sockets)."""
 from __future__ import annotations
 
@@ -17,7 +18,15 @@ import pytest
 
 from orchestra import _context
 from orchestra._object_ref import ObjectRef
-from orchestra._serialization import Serialized, deserialize, dumps_exception, dumps_function, serialize
+from orchestra._serialization import (
+    STREAM_MAGIC,
+    ArrowValue,
+    Serialized,
+    deserialize,
+    dumps_exception,
+    dumps_function,
+    serialize,
+)
 from orchestra.exceptions import (
     DeserializationError,
     InfeasibleResourcesError,
@@ -35,11 +44,22 @@ def round_trip(value: Any) -> Any:
 
 def read_only_copy(ser: Serialized) -> memoryview:
     """The layout in a read-only shared map, as a reader of a segment sees it."""
-    mm = mmap.mmap(-1, max(ser.size, 1))
+    size = ser.stream_size()
+    mm = mmap.mmap(-1, max(size, 1))
     ser.write_into(memoryview(mm))
-    ro = mmap.mmap(-1, max(ser.size, 1))
+    ro = mmap.mmap(-1, max(size, 1))
     ro.write(mm[:])
-    return memoryview(ro).toreadonly()
+    return memoryview(ro).toreadonly()[:size]
+
+
+def _address(view: memoryview) -> int:
+    return int(np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0])
+
+
+def _within(address: int, view: memoryview) -> bool:
+    """``address`` lies in ``view``'s memory: a value read from it is not a copy."""
+    start = _address(view)
+    return start <= address < start + len(view)
 
 
 class Point:
@@ -72,16 +92,25 @@ def test_plain_values_carry_no_buffers_and_no_refs():
     ser = serialize({"k": [1, 2, "x"]})
     assert ser.buffers == [] and ser.contained == []
     assert ser.size == len(ser.to_bytes())
+    assert ser.to_bytes()[:1] == b"\x80"   # inline: the bare pickle stream
 
 
-def test_a_numpy_array_travels_out_of_band():
+def test_buffers_under_64_kib_are_pickled_in_band():
+    arr = np.arange(1000, dtype=np.float64)
+    ser = serialize(arr)
+    assert ser.buffers == [] and ser.to_bytes()[:1] == b"\x80"
+    np.testing.assert_array_equal(round_trip(arr), arr)
+
+
+def test_a_numpy_array_travels_out_of_band_in_an_arrow_stream():
     arr = np.arange(100_000, dtype=np.float64)
     ser = serialize(arr)
     assert len(ser.buffers) == 1 and ser.buffers[0].nbytes == arr.nbytes
     assert len(ser.pickled) < 1000            # the data is not in the pickle stream
-    assert ser.size >= arr.nbytes
-    got = deserialize(ser.to_bytes())
-    np.testing.assert_array_equal(got, arr)
+    assert ser.size == ser.stream_size() >= arr.nbytes
+    data = ser.to_bytes()
+    assert data[:4] == STREAM_MAGIC and len(data) == ser.stream_size()
+    np.testing.assert_array_equal(deserialize(data), arr)
 
 
 def test_a_numpy_array_read_from_shared_memory_is_a_read_only_view():
@@ -90,18 +119,18 @@ def test_a_numpy_array_read_from_shared_memory_is_a_read_only_view():
     got = deserialize(view)
     np.testing.assert_array_equal(got, arr)
     assert not got.flags.writeable
-    base = got
-    while isinstance(base, np.ndarray) and base.base is not None:
-        base = base.base
-    assert isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
+    assert _within(got.__array_interface__["data"][0], view)   # a view of the map
 
 
-def test_out_of_band_buffers_are_64_byte_aligned():
-    ser = serialize([np.ones(7, dtype=np.uint8), np.ones(1000, dtype=np.float64)])
-    view = read_only_copy(ser)
-    a, b = deserialize(view)
-    for arr in (a, b):
-        assert arr.__array_interface__["data"][0] % 64 == 0
+def test_out_of_band_buffers_are_64_byte_aligned_at_their_sources_page_offset():
+    arrays = [np.ones(70_000, dtype=np.uint8), np.ones(100_000, dtype=np.float64),
+              np.ones(200_001, dtype=np.uint8)[1:]]   # a source 1 byte past an allocation
+    view = read_only_copy(serialize(arrays))
+    base = _address(view)
+    for src, got in zip(arrays, deserialize(view), strict=True):
+        at = got.__array_interface__["data"][0] - base
+        assert at % 64 == 0
+        assert at % 4096 == (src.__array_interface__["data"][0] % 4096) & ~63
 
 
 def test_a_non_contiguous_array_round_trips():
@@ -110,35 +139,151 @@ def test_a_non_contiguous_array_round_trips():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int8", "complex128", "bool", "datetime64[ns]"])
-def test_numpy_dtypes_round_trip(dtype):
-    arr = np.zeros(1000, dtype=dtype)
-    got = round_trip(arr)
+@pytest.mark.parametrize("n", [1000, 100_000])
+def test_numpy_dtypes_round_trip(dtype, n):
+    arr = np.zeros(n, dtype=dtype)
+    got = deserialize(read_only_copy(serialize(arr)))
     assert got.dtype == arr.dtype
     np.testing.assert_array_equal(got, arr)
 
 
-def test_a_pandas_dataframe_round_trips_with_its_columns_out_of_band():
-    df = pd.DataFrame({"i": np.arange(50_000), "f": np.linspace(0, 1, 50_000),
-                       "s": ["a", "b"] * 25_000,
-                       "c": pd.Categorical(["x", "y"] * 25_000)},
-                      index=pd.RangeIndex(50_000, name="row"))
+def test_a_pickled_value_is_an_arrow_stream_any_arrow_reader_opens():
+    value = {"a": np.arange(50_000, dtype=np.float64), "b": "text"}
+    view = read_only_copy(serialize(value))
+    table = pa.ipc.open_stream(view).read_all()
+    assert table.schema.metadata[b"orchestra.kind"] == b"pickle5"
+    assert table.column_names == ["pickle", "pad0", "buffer0"]
+    assert table.column("buffer0")[0].as_py() == value["a"].tobytes()
+    assert pickle.loads(table.column("pickle")[0].as_py(),
+                        buffers=[table.column("buffer0")[0].as_py()])["b"] == "text"
+
+
+def test_a_large_pickle_without_buffers_is_an_arrow_stream_in_a_segment():
+    value = list(range(100_000))
+    ser = serialize(value)
+    assert ser.to_bytes()[:1] == b"\x80"              # inline form
+    assert deserialize(read_only_copy(ser)) == value  # the segment's form: a stream
+
+
+# ------------------------------------------------------------------ Arrow data and pandas
+
+def test_a_pyarrow_table_is_written_as_itself_and_read_back_zero_copy():
+    table = pa.table({"n": pa.array(np.arange(100_000)), "s": pa.array(["x"] * 100_000),
+                      "l": pa.array([[1, 2]] * 100_000)}).replace_schema_metadata({"own": "kept"})
+    ser = serialize(table)
+    assert isinstance(ser, ArrowValue) and ser.contained == []
+    view = read_only_copy(ser)
+    got = deserialize(view)
+    assert got.equals(table) and got.schema.metadata == {b"own": b"kept"}
+    assert _within(got.column("n").chunk(0).buffers()[1].address, view)
+    # the segment is a plain Arrow stream of the same table
+    plain = pa.ipc.open_stream(view).read_all()
+    assert plain.schema.metadata[b"orchestra.kind"] == b"table"
+    assert plain.drop_columns([]).equals(table)
+
+
+@pytest.mark.parametrize("value", [
+    pa.record_batch({"a": pa.array([1, 2, 3]), "b": pa.array(["x", None, "z"])}),
+    pa.chunked_array([pa.array([1, 2]), pa.array([3])]),
+    pa.array([1.5, None, 3.5]),
+    pa.array(["a", "b"]).dictionary_encode(),
+    pa.array([], pa.int32()),
+    pa.record_batch({"a": pa.array([], pa.int8())}),
+    pa.table({"t": pa.array([1, 2], pa.timestamp("us", tz="UTC"))}),
+], ids=lambda v: type(v).__name__)
+def test_arrow_values_come_back_as_the_same_type(value):
+    ser = serialize(value)
+    assert isinstance(ser, ArrowValue)
+    for data in (ser.to_bytes(), read_only_copy(ser)):
+        got = deserialize(data)
+        assert type(got) is type(value) and got.equals(value)
+
+
+def test_a_stream_of_another_writer_comes_back_as_a_table():
+    table = pa.table({"x": [1, 2, 3]})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    assert deserialize(sink.getvalue().to_pybytes()).equals(table)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: pd.DataFrame({"f": np.linspace(0, 1, 50_000), "i": np.arange(50_000),
+                          "b": np.arange(50_000) % 2 == 0, "u": np.arange(50_000, dtype=np.uint8)}),
+    lambda: pd.DataFrame({"f": [1.0, np.nan, 3.0]}, index=pd.Index([10, 20, 30])),
+    lambda: pd.DataFrame({"f": np.arange(4.0), "k": np.arange(4)}).set_index("k"),
+    lambda: pd.DataFrame({"a": pd.array([1, None, 3], dtype="int64[pyarrow]")}),
+    lambda: pd.DataFrame({"s": pd.array(["x", None], dtype="string[pyarrow]")}),
+    lambda: pd.DataFrame({"f": np.arange(3.0)}, index=pd.RangeIndex(5, 11, 2, name="row")),
+], ids=["numeric", "nan-and-index", "named-index", "arrow-dtype", "arrow-strings", "range"])
+def test_a_dataframe_that_converts_without_loss_takes_the_arrow_path(make):
+    df = make()
     ser = serialize(df)
-    assert sum(b.nbytes for b in ser.buffers) >= df["i"].to_numpy().nbytes
+    assert isinstance(ser, ArrowValue)
+    view = read_only_copy(ser)
+    got = deserialize(view)
+    pd.testing.assert_frame_equal(got, df, check_exact=True)
+    assert got.index.equals(df.index) and type(got.index) is type(df.index)
+    assert pa.ipc.open_stream(view).read_all().schema.metadata[b"orchestra.kind"] == b"pandas"
+
+
+def test_numeric_dataframe_columns_are_read_zero_copy():
+    df = pd.DataFrame({f"c{i}": np.arange(100_000, dtype=np.float64) + i for i in range(3)})
+    view = read_only_copy(serialize(df))
+    got = deserialize(view)
+    for name in df.columns:
+        column = got[name].to_numpy()
+        assert _within(column.__array_interface__["data"][0], view)
+        assert not column.flags.writeable
+
+
+@pytest.mark.parametrize("make", [
+    lambda: pd.DataFrame({"o": [object(), 1]}).assign(o=lambda d: d.o.astype(str)),
+    lambda: pd.DataFrame({"c": pd.Categorical(["x", "y"] * 5)}),
+    lambda: pd.DataFrame({"i": [1, 2]}, index=pd.MultiIndex.from_tuples([(1, "a"), (2, "b")])),
+    lambda: pd.DataFrame({("a", "b"): [1, 2]}),
+    lambda: pd.DataFrame({1: [1, 2]}),
+    lambda: pd.DataFrame({"h": np.zeros(3, dtype=np.float16)}),
+    lambda: pd.DataFrame({"t": pd.to_datetime(["2024-01-01", "2024-01-02"])}),
+    lambda: pd.DataFrame({"i": [1, 2]}, index=pd.Index(["a", "b"], dtype=object)),
+    lambda: pd.DataFrame({"i": np.arange(3)}).rename_axis(columns="cols"),
+], ids=["objects", "categorical", "multiindex", "tuple-names", "int-names", "float16",
+        "datetime", "object-index", "named-columns"])
+def test_other_dataframes_are_pickled_and_round_trip_exactly(make):
+    df = make()
+    df.attrs = {} if len(df.columns) else df.attrs
+    ser = serialize(df)
     got = deserialize(read_only_copy(ser))
+    pd.testing.assert_frame_equal(got, df, check_exact=True)
+
+
+def test_a_dataframe_with_attrs_keeps_them():
+    df = pd.DataFrame({"f": np.arange(3.0)})
+    df.attrs["unit"] = "m"
+    got = round_trip(df)
+    assert got.attrs == {"unit": "m"}
     pd.testing.assert_frame_equal(got, df)
 
 
-def test_a_pyarrow_table_round_trips_with_its_buffers_out_of_band():
-    table = pa.table({"n": pa.array(np.arange(100_000)), "s": pa.array(["x"] * 100_000),
-                      "l": pa.array([[1, 2]] * 100_000)})
-    ser = serialize(table)
-    assert sum(b.nbytes for b in ser.buffers) >= 100_000 * 8
-    view = read_only_copy(ser)
-    got = deserialize(view)
-    assert got.equals(table)
-    data = got.column("n").chunk(0).buffers()[1]
-    start = np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0]
-    assert start <= data.address < start + len(view)   # a view of the map, not a copy
+# ------------------------------------------------------------------ damaged streams
+
+@pytest.mark.parametrize("value", [np.arange(50_000.0), pa.table({"x": np.arange(50_000)})],
+                         ids=["pickle5", "table"])
+@pytest.mark.parametrize("damage", ["truncated", "schema", "batch-header"])
+def test_a_stream_that_does_not_parse_raises_deserialization_error(value, damage):
+    ser = serialize(value)
+    data = bytearray(ser.stream_size())
+    ser.write_into(memoryview(data))
+    if damage == "truncated":
+        data = data[: len(data) // 2]
+    elif damage == "schema":
+        data[8:200] = b"\x5a" * 192
+    else:
+        at = data.index(STREAM_MAGIC, 4) + 8   # the record batch's metadata
+        data[at: at + 96] = b"\xee" * 96
+    with pytest.raises(DeserializationError) as info:
+        deserialize(bytes(data), "object 00ff")
+    assert "object 00ff" in str(info.value)
 
 
 # ------------------------------------------------------------------ refs inside values
