@@ -159,9 +159,11 @@ class ObjectIO:
             if cached is not None:
                 view = cached[0][: data.segment.size]
             else:
-                view = self.own_view(data.segment)
+                own = self.own_view(data.segment)
                 name = data.segment.name
-                if view is None:
+                if own is not None:
+                    view = own
+                else:
                     view, seg = self.map_object(data)
                     name = seg.name
                 with self.refs.lock:

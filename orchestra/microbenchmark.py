@@ -110,12 +110,13 @@ def run_framework(name: str, quick: bool) -> dict[str, Any]:
     big = (8 if quick else 512) * MiB
     res: dict[str, Any] = {"framework": name, "version": getattr(fw, "__version__", "?")}
 
+    store = big * 3 + (32 if quick else 2048) * MiB   # room for the 1 GiB table too
     t = time.perf_counter()
     if name == "ray":
-        fw.init(num_cpus=os.cpu_count(), object_store_memory=big * 3 + 256 * MiB,
+        fw.init(num_cpus=os.cpu_count(), object_store_memory=store,
                 include_dashboard=False, log_to_driver=False)
     else:
-        fw.init(num_cpus=os.cpu_count(), object_store_memory=big * 3 + 256 * MiB)
+        fw.init(num_cpus=os.cpu_count(), object_store_memory=store)
     res["init_s"] = time.perf_counter() - t
 
     @fw.remote
@@ -172,6 +173,8 @@ def run_framework(name: str, quick: bool) -> dict[str, Any]:
     res.update({f"idle_{k}": v for k, v in cluster_memory().items()})
 
     res.update(_large_object(fw, big, checksum))
+    gc.collect()
+    res.update(_columnar(fw, quick))
 
     t = time.perf_counter()
     fw.shutdown()
@@ -188,13 +191,73 @@ def _large_object(fw: Any, big: int, checksum: Any) -> dict[str, float]:
     import numpy as np
     data = np.random.default_rng(0).random(big // 8)
     out = {}
-    t = time.perf_counter()
-    ref = fw.put(data)
-    out["put_large_gb_per_s"] = big / (time.perf_counter() - t) / 1e9
+    puts, first_gets = [], []
+    for _ in range(3):   # each a fresh put, read once at once
+        t = time.perf_counter()
+        ref = fw.put(data)
+        puts.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        fw.get(ref)
+        first_gets.append(time.perf_counter() - t)
+    out["put_large_gb_per_s"] = big / statistics.median(puts) / 1e9
+    out["get_large_first_us"] = statistics.median(first_gets) * 1e6
     out["get_large_us"] = _lat(lambda: fw.get(ref), 20, 5)["median_us"]
     t = time.perf_counter()
     fw.get(checksum.remote(ref))
     out["task_read_large_ms"] = (time.perf_counter() - t) * 1e3
+    return out
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _columnar(fw: Any, quick: bool) -> dict[str, float]:
+    """A 1 GiB Arrow table (8 float64 columns) and a 10-million-row DataFrame (10 numeric
+    columns): put, a first get of each fresh put with the driver's RSS growth over it,
+    and a task summing one column."""
+    import numpy as np
+    import pandas as pd
+    import pyarrow as pa
+
+    @fw.remote
+    def table_sum(t: Any) -> float:
+        import pyarrow.compute as pc
+        return float(pc.sum(t.column("c0")).as_py())
+
+    @fw.remote
+    def frame_sum(df: Any) -> float:
+        return float(df["c0"].sum())
+
+    rows = (1 << 17) if quick else (1 << 24)
+    table = pa.table({f"c{i}": np.full(rows, float(i)) for i in range(8)})
+    frame_rows = 100_000 if quick else 10_000_000
+    frame = pd.DataFrame({f"c{i}": np.arange(frame_rows, dtype=np.float64 if i % 2 else np.int64)
+                          for i in range(10)})
+    out: dict[str, float] = {}
+    for label, value, nbytes, fn in (
+            ("table", table, table.nbytes, table_sum),
+            ("frame", frame, int(frame.memory_usage(index=False).sum()), frame_sum)):
+        puts, gets, growth = [], [], []
+        for _ in range(3):
+            t = time.perf_counter()
+            ref = fw.put(value)
+            puts.append(time.perf_counter() - t)
+            before = _rss()
+            t = time.perf_counter()
+            got = fw.get(ref)
+            gets.append(time.perf_counter() - t)
+            growth.append(_rss() - before)
+            del got
+        out[f"put_{label}_gb_per_s"] = nbytes / statistics.median(puts) / 1e9
+        out[f"get_{label}_us"] = statistics.median(gets) * 1e6
+        out[f"get_{label}_rss_mb"] = max(growth) / MiB
+        fw.get(fn.remote(ref))   # the worker imports what it needs
+        t = time.perf_counter()
+        fw.get(fn.remote(ref))
+        out[f"task_{label}_sum_ms"] = (time.perf_counter() - t) * 1e3
+        del ref
     return out
 
 
@@ -284,8 +347,17 @@ ROWS = [
     ("put_small_per_s", "put small values/s", True),
     ("get_small_per_s", "get small values/s", True),
     ("put_large_gb_per_s", "put 512 MiB array (GB/s)", True),
-    ("get_large_us", "get 512 MiB array (us)", False),
+    ("get_large_first_us", "get 512 MiB array, first after its put (us)", False),
+    ("get_large_us", "get 512 MiB array, again (us)", False),
     ("task_read_large_ms", "task reading the 512 MiB object (ms)", False),
+    ("put_table_gb_per_s", "put 1 GiB Arrow table (GB/s)", True),
+    ("get_table_us", "get 1 GiB Arrow table (us)", False),
+    ("get_table_rss_mb", "  driver's RSS growth over that get (MB)", False),
+    ("task_table_sum_ms", "task summing a column of the table (ms)", False),
+    ("put_frame_gb_per_s", "put 10M-row DataFrame, 10 columns (GB/s)", True),
+    ("get_frame_us", "get 10M-row DataFrame (us)", False),
+    ("get_frame_rss_mb", "  driver's RSS growth over that get (MB)", False),
+    ("task_frame_sum_ms", "task summing a column of the DataFrame (ms)", False),
     ("wait_1000_refs_us", "wait on 1000 ready refs (us)", False),
     ("idle_rss_mb", "idle memory, RSS of all processes (MB)", False),
     ("idle_pss_mb", "idle memory, PSS of all processes (MB)", False),
