@@ -139,3 +139,14 @@ class Cluster:
                    "all resources free (a task of the test still runs)")
 
 
+
+
+def segment_file(ref: Any) -> str:
+    """The file in /dev/shm holding a large object this driver knows the location of."""
+    from orchestra import _context
+    from orchestra._store import segment_path
+    client = _context._client
+    orchestra.wait([ref], timeout=30)
+    data = client.results[ref.binary()]
+    assert data.WhichOneof("data") == "segment", f"{ref} is not in shared memory"
+    return segment_path(client.shm_dir, data.segment.name)

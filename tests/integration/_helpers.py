@@ -357,3 +357,35 @@ def joined_cluster(head: dict[str, Any], *nodes: dict[str, Any]) -> Iterator[tup
 def node_of() -> str:
     """The node this task ran on."""
     return orchestra.get_runtime_context().get_node_id()
+
+
+def _in_segment(address: int) -> bool:
+    """``address`` lies in a map of a segment file (/dev/shm/orchestra-...) here."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < end:
+                return len(fields) == 6 and fields[5].startswith("/dev/shm/orchestra-")
+    return False
+
+
+@orchestra.remote
+def column_sum_in_place(value: Any, name: str) -> tuple[float, bool]:
+    """A table's or DataFrame's column sum, and whether the column's data was read where
+    it lies in shared memory (no copy into this worker)."""
+    import pyarrow as pa
+    if isinstance(value, pa.Table):
+        chunk = value.column(name).chunk(0)
+        return float(sum(c.to_numpy().sum() for c in value.column(name).chunks)), \
+            _in_segment(chunk.buffers()[1].address)
+    column = value[name].to_numpy()
+    return float(column.sum()), _in_segment(column.__array_interface__["data"][0])
+
+
+@orchestra.remote
+def make_table(rows: int) -> Any:
+    import numpy as np
+    import pyarrow as pa
+    return pa.table({"i": np.arange(rows), "f": np.linspace(0, 1, rows),
+                     "s": pa.array([f"r{k % 100}" for k in range(rows)])})

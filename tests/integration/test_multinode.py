@@ -121,6 +121,15 @@ def test_a_put_by_the_driver_is_read_by_tasks_on_other_nodes(three_nodes):
     assert orchestra.get(digest.options(resources={"b": 1}).remote(ref))[0] == want
 
 
+def test_an_arrow_table_moves_between_nodes_as_its_stream_and_is_read_in_place(three_nodes):
+    import _helpers as h
+    ref = h.make_table.options(resources={"a": 1}).remote(400_000)
+    total, in_place = orchestra.get(h.column_sum_in_place.options(resources={"b": 1}).remote(ref, "i"))
+    assert total == float(400_000 * 399_999 // 2) and in_place   # read in b's own store
+    table = orchestra.get(ref)                                      # and in the head's
+    assert table.num_rows == 400_000 and table.column("s")[-1].as_py() == "r99"
+
+
 def test_readers_on_one_node_share_one_copy_and_the_last_ref_frees_every_copy(three_nodes):
     c, a, b = three_nodes
     base_a, base_b = _wait_used(a.node_id, 0), _wait_used(b.node_id, 0)
