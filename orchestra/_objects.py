@@ -2,11 +2,16 @@
 and the maps of segments it keeps.
 
     put/result --serialize--> small: ObjectData.inline
-                          \\-> large: create_segment (head) -> map -> write -> ObjectData.segment
-    get --ObjectData--> inline: unpickle | segment: map read-only (pinned) -> unpickle
-        with the segment's buffers (numpy arrays come back as views of shared memory)
+                          \\-> large: create_segment (head) -> map -> write the Arrow
+                               stream -> ObjectData.segment
+    get --ObjectData--> inline: deserialize | segment: a read-only view (pinned) ->
+        deserialize over it (Arrow data, DataFrame columns and numpy arrays come back
+        as views of shared memory)
 
-Maps kept: ``maps`` (object id -> read map, while a ref lives here: a second get is
+The view of a segment this process filled itself (a put read back) is made over its
+read-write map in ``wmaps``, read-only, ~1 us; any other is a new read-only map.
+
+Maps kept: ``maps`` (object id -> read view, while a ref lives here: a second get is
 ~15 us, a new map of 512 MiB ~80 us), given up when the store wants to spill
 (RELEASE_MAPS); ``wmaps`` (segment name -> read-write map of a segment this process
 filled, for when the store hands the segment back: a new map of 512 MiB costs ~100 ms,
@@ -15,7 +20,6 @@ reserve, mapped ahead while idle (MAP_AHEAD).
 """
 from __future__ import annotations
 
-import ctypes
 import mmap
 import pickle
 import threading
@@ -25,7 +29,7 @@ from typing import Any, Protocol
 
 from . import _pb as pb
 from ._refs import RefCounts
-from ._serialization import Serialized, deserialize
+from ._serialization import Parsed, Serialized, deserialize, parse
 from ._store import map_ahead, map_segment, open_segment, write_into
 from .exceptions import ObjectLostError, OrchestraError
 
@@ -51,7 +55,8 @@ class ObjectIO:
         self.refs = client.refs
         self.shm_dir = shm_dir   # the session's private directory of segments
         self.inline_threshold = inline_threshold
-        self.maps: dict[bytes, tuple[memoryview, str]] = {}   # object id -> (read view, segment)
+        # object id -> (read view, segment, its stream parsed)
+        self.maps: dict[bytes, tuple[memoryview, str, Parsed]] = {}
         self.wmaps: dict[str, mmap.mmap] = {}
         self.mapping_ahead: dict[str, bool] = {}   # name -> still wanted
 
@@ -126,7 +131,7 @@ class ObjectIO:
         (a map still viewed by a value stays, and so does its pin)."""
         wanted = set(names)
         with self.refs.lock:
-            for oid in [o for o, (_, name) in self.maps.items() if name in wanted]:
+            for oid in [o for o, (_, name, _) in self.maps.items() if name in wanted]:
                 del self.maps[oid]
 
     def map_ahead(self, names: Sequence[str]) -> None:
@@ -157,19 +162,19 @@ class ObjectIO:
         if kind == "segment":
             cached = self.maps.get(oid)
             if cached is not None:
-                view = cached[0][: data.segment.size]
+                return cached[2].value()
+            own = self.own_view(data.segment)
+            name = data.segment.name
+            if own is not None:
+                view = own
             else:
-                own = self.own_view(data.segment)
-                name = data.segment.name
-                if own is not None:
-                    view = own
-                else:
-                    view, seg = self.map_object(data)
-                    name = seg.name
-                with self.refs.lock:
-                    if oid in self.refs.local:
-                        self.maps[oid] = (view, name)
-            return deserialize(view, f"object {oid.hex()}")
+                view, seg = self.map_object(data)
+                name = seg.name
+            parsed = parse(view, f"object {oid.hex()}")
+            with self.refs.lock:
+                if oid in self.refs.local:
+                    self.maps[oid] = (view, name, parsed)
+            return parsed.value()
         raise pickle.loads(data.error)
 
     def own_view(self, segment: Any) -> memoryview | None:
@@ -181,17 +186,21 @@ class ObjectIO:
         mm = self.wmaps.get(segment.name)
         if mm is None:
             return None
+        import numpy as np
         try:
             # A buffer of its own over the map: its finalizer tells when the last view
             # of the value is gone (the map itself stays in wmaps for the next put).
-            export = (ctypes.c_ubyte * segment.size).from_buffer(mm)
+            export = np.frombuffer(mm, dtype=np.uint8)
         except (ValueError, TypeError, BufferError):
-            return None   # closed by DROP_MAPS meanwhile, or smaller: map it anew
+            return None   # closed by DROP_MAPS meanwhile: map it anew
+        if export.nbytes < segment.size:
+            return None
+        export.flags.writeable = False
         name = segment.name
         with self.refs.lock:
             self.refs.pin.append(name)
         weakref.finalize(export, self._unmapped, name)
-        return memoryview(export).cast("B").toreadonly()
+        return memoryview(export)[: segment.size]  # type: ignore[arg-type]
 
     def map_object(self, data: Any) -> tuple[memoryview, Any]:
         """Map a large object read-only, wherever it is now: a reader may have learnt

@@ -410,45 +410,90 @@ def deserialize(data: bytes | memoryview, what: str = "a value") -> Any:
     this process cannot import, a __reduce__ or __setstate__ that raised (the original
     error as __cause__)."""
     view = memoryview(data)
+    if view[:4] == STREAM_MAGIC:
+        return parse(view, what).value()
     try:
-        if view[:4] == STREAM_MAGIC:
-            return _read_stream(view, what)
         return pickle.loads(view)
-    except DeserializationError:
-        raise
     except Exception as exc:
         # Bare, the user's error (RuntimeError from a __reduce__, ModuleNotFoundError)
         # reached get() with nothing saying that a result failed to unpickle, or where.
         raise deserialization_error(exc, what, "this process") from exc
 
 
+class Parsed:
+    """An Arrow stream, parsed: value() builds the value over the stream's memory. A
+    reader keeps it with its map, so a second get of the object parses nothing."""
+
+    __slots__ = ("kind", "data", "what")
+
+    def __init__(self, kind: bytes | None, data: Any, what: str) -> None:
+        self.kind = kind   # orchestra.kind
+        self.data = data   # pickle5: [pickle, pad0, buffer0, ...]; else the table or batch
+        self.what = what
+
+    def value(self) -> Any:
+        try:
+            if self.kind == b"pickle5":
+                return pickle.loads(self.data[0], buffers=self.data[2::2])
+            return _from_table(self.data, self.kind)
+        except Exception as exc:
+            raise deserialization_error(exc, self.what, "this process") from exc
+
+
 _SCHEMA_CACHE: dict[bytes, Any] = {}
 
 
-def _read_stream(view: memoryview, what: str) -> Any:
+def parse(view: memoryview, what: str) -> Parsed:
+    """Parse and validate the Arrow stream in ``view`` (no copy of its data);
+    DeserializationError naming ``what`` when it does not parse."""
     import pyarrow as pa
     import pyarrow.ipc  # noqa: F401 - pa.ipc
     buf = pa.py_buffer(view)
     try:
         reader = pa.BufferReader(buf)
         schema = _schema(pa.ipc.read_message(reader))
-        kind = (schema.metadata or {}).get(KIND)
+        meta = schema.metadata or {}
+        kind = meta.get(KIND)
         if kind == b"pickle5":
             batch = pa.ipc.read_record_batch(pa.ipc.read_message(reader), schema)
             batch.validate(full=True)   # one row: checks every offset against its data
-            parts = [_value_of(column) for column in batch.columns]
-        else:
-            stream = pa.ipc.open_stream(buf)
-            table = stream.read_next_batch() if kind == b"record_batch" else stream.read_all()
-            table.validate()
-    except (pa.ArrowException, OSError, ValueError, IndexError) as exc:
+            return Parsed(kind, [_value_of(column) for column in batch.columns], what)
+        return Parsed(kind, _read_batches(buf, reader, schema, meta, kind), what)
+    except (pa.ArrowException, OSError, ValueError, IndexError, EOFError) as exc:
         raise DeserializationError(
             f"could not deserialize {what} in this process (pid={os.getpid()}): its data is "
             f"not a valid Arrow IPC stream ({type(exc).__name__}: {exc}). The object's bytes "
             "were changed after it was written: put it again.") from exc
-    if kind == b"pickle5":
-        return pickle.loads(parts[0], buffers=parts[2::2])
-    return _from_table(table, kind)
+
+
+def _read_batches(buf: Any, reader: Any, schema: Any, meta: dict[bytes, bytes],
+                  kind: bytes | None) -> Any:
+    """The table (the batch, for a record_batch stream) after the schema message, with
+    the schema's metadata less orchestra's own keys. Message by message: pyarrow's
+    stream reader costs ~50 us more in Python around it; it reads streams with
+    dictionaries (their batches come before the data's)."""
+    import pyarrow as pa
+    own = {k: v for k, v in meta.items() if k not in _OWN_KEYS}
+    clean = schema.with_metadata(own) if own else schema.remove_metadata()
+    if any("dictionary<" in str(field.type) for field in schema):
+        stream = pa.ipc.open_stream(buf)
+        data = stream.read_next_batch() if kind == b"record_batch" else stream.read_all()
+        data.validate()
+        return data.replace_schema_metadata(own or None)
+    batches = []
+    while True:
+        try:
+            message = pa.ipc.read_message(reader)
+        except EOFError:
+            break
+        batch = pa.ipc.read_record_batch(message, clean)
+        batch.validate()
+        if kind == b"record_batch":
+            return batch
+        batches.append(batch)
+    if kind == b"record_batch":
+        raise ValueError("the stream holds no record batch")
+    return pa.Table.from_batches(batches, schema=clean)
 
 
 def _value_of(column: Any) -> memoryview:
@@ -475,10 +520,8 @@ def _from_table(table: Any, kind: bytes | None) -> Any:
     """The value a table (or record batch) read from a stream stands for; a stream of
     another writer: the table itself."""
     import pyarrow as pa
-    meta = {k: v for k, v in (table.schema.metadata or {}).items() if k not in _OWN_KEYS}
     if kind == b"pandas":
         return table.to_pandas(split_blocks=True, use_threads=False)
-    table = table.replace_schema_metadata(meta or None)
     if kind in (None, b"table", b"record_batch"):
         return table
     if kind == b"chunked_array":
