@@ -393,8 +393,10 @@ def _lossless(dtype: Any) -> bool:
     if isinstance(dtype, np.dtype):
         return dtype.byteorder in "=|" and (
             dtype.kind in "biu" or (dtype.kind == "f" and dtype.itemsize >= 4))
+    # Arrow strings come back as such from pandas 3 on (pandas 2 makes them python ones).
     return isinstance(dtype, pd.ArrowDtype) or (
-        isinstance(dtype, pd.StringDtype) and dtype.storage == "pyarrow")
+        isinstance(dtype, pd.StringDtype) and dtype.storage == "pyarrow"
+        and int(pd.__version__.split(".")[0]) >= 3)
 
 
 def note_contained_ref(object_id: bytes) -> None:

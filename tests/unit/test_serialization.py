@@ -219,12 +219,15 @@ def test_a_stream_of_another_writer_comes_back_as_a_table():
 def test_a_dataframe_that_converts_without_loss_takes_the_arrow_path(make):
     df = make()
     ser = serialize(df)
-    assert isinstance(ser, ArrowValue)
+    # pandas 2 reads Arrow strings back as python ones: it pickles them instead
+    pandas_2_strings = str(df.dtypes.iloc[0]) == "string" and pd.__version__ < "3"
+    assert isinstance(ser, ArrowValue) or pandas_2_strings
     view = read_only_copy(ser)
     got = deserialize(view)
     pd.testing.assert_frame_equal(got, df, check_exact=True)
     assert got.index.equals(df.index) and type(got.index) is type(df.index)
-    assert pa.ipc.open_stream(view).read_all().schema.metadata[b"orchestra.kind"] == b"pandas"
+    kind = pa.ipc.open_stream(view).read_all().schema.metadata[b"orchestra.kind"]
+    assert kind == (b"pickle5" if pandas_2_strings else b"pandas")
 
 
 def test_numeric_dataframe_columns_are_read_zero_copy():
