@@ -150,9 +150,9 @@ ROWS: dict[str, tuple[tuple[Any, ...], dict[str, Any], Expect, Expect]] = {
                also=TypeError)),
     "unloadable_result": (
         (), {},
-        Expect(DeserializationError, ("could not deserialize a value in this process",
+        Expect(DeserializationError, ("could not deserialize object ",
                                       "RefusesToUnpickle cannot be rebuilt", "in _refuse")),
-        Expect(DeserializationError, ("could not deserialize a value in this process",
+        Expect(DeserializationError, ("could not deserialize object ",
                                       "RefusesToUnpickle cannot be rebuilt", "in _refuse"))),
     "unloadable_result_in_shared_memory": (
         (), {},
