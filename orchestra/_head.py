@@ -347,6 +347,12 @@ class Head:
                 self._hello(conn, msg)
             elif kind == _wire.WORKER_ADDRESS:
                 state.worker_address(cid, msg.address)
+            elif kind == _wire.GENERATOR_ITEM:
+                if msg.data.WhichOneof("data") == "segment":
+                    node.seal(msg.data.segment.name)
+                state.generator_item(cid, msg)
+            elif kind == _wire.GENERATOR_ACK:
+                state.generator_ack(msg)
             elif kind == _wire.SHUTDOWN:
                 self.loop.call_soon(self.shutdown, "the driver called shutdown()")
         self.carry_out()

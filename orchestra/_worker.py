@@ -33,6 +33,7 @@ from . import _context, _wire
 from . import _pb as pb
 from ._client import CoreClient
 from ._procutil import die_with_parent
+from ._producer import Acks, produce, produce_async
 from ._serialization import deserialization_error, deserialize, dumps_exception, serialize
 from .exceptions import ActorDiedError, DeserializationError, TaskError
 
@@ -91,6 +92,7 @@ class WorkerRuntime:
         # Tasks whose results are in shared memory or hold refs, until answered: a
         # direct caller gets those through the head.
         self.heavy: set[bytes] = set()
+        self.acks = Acks()   # items read by the consumers of streams made here (_producer.py)
         self.main_ident = threading.get_ident()
         # Orchestra's GPU ids index the devices the driver could see: with
         # CUDA_VISIBLE_DEVICES=2,3 in the driver's environment, id 0 is device 2.
@@ -156,6 +158,8 @@ class WorkerRuntime:
             self._cancel(msg.task_id)
         elif kind == _wire.STEAL:
             self._give_back(set(msg.task_ids))
+        elif kind == _wire.GENERATOR_ACK:
+            self.acks.ack(msg.task_id, msg.consumed)
         elif kind == _wire.SHUTDOWN:
             os._exit(0)
 
@@ -180,6 +184,8 @@ class WorkerRuntime:
             for tid in back:
                 self.reply_to.pop(tid, None)
             peer.send(_wire.encode(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=back)))
+        elif kind == _wire.GENERATOR_ACK:
+            self.acks.ack(msg.task_id, msg.consumed)
 
     def send_done(self, done: Any) -> None:
         """Answer a call: to the head, or straight to the caller that sent it here. A
@@ -485,6 +491,12 @@ class WorkerRuntime:
         return fn, args, kwargs
 
     def finish(self, inv: Any, result: Any) -> Any:
+        """TaskDone carrying what a call returned (a generator call's: run it first)."""
+        if inv.call.generator:
+            result = produce(self, inv.call, result)
+        return self.finish_value(inv, result)
+
+    def finish_value(self, inv: Any, result: Any) -> Any:
         call = inv.call
         tid = call.task_id
         n = call.num_returns
@@ -714,7 +726,11 @@ class ActorRuntime:
                         result = fn(*args, **kwargs)
                         if inspect.isawaitable(result):
                             result = await result
-                        if not self._was_cancelled(tid):
+                        if inv.call.generator and inspect.isasyncgen(result):
+                            result = await produce_async(w, inv.call, result)
+                            if not self._was_cancelled(tid):
+                                done = w.finish_value(inv, result)
+                        elif not self._was_cancelled(tid):
                             done = w.finish(inv, result)
                     except BaseException as exc:  # noqa: BLE001 - reported to the caller
                         if not self._was_cancelled(tid):
