@@ -756,7 +756,7 @@ class SchedulerState:
             return
         t = self.tasks.get(msg.task_id)
         if t is None or t.state is not TaskState.DISPATCHED or msg.index <= t.streamed \
-                or t.owner not in self.clients:
+                or t.owner not in self.clients or data.object_id in self.objects:
             # Taken already (a retry yields its items again), or nobody waits for it.
             if data.WhichOneof("data") == "segment":
                 self._free_segment(data.segment)
