@@ -24,6 +24,7 @@ from ._generators import (
     STREAMING,
     ObjectRefGenerator,
     check_backpressure,
+    close_stream,
     generator_mode,
     is_generator_function,
     open_stream,
@@ -219,8 +220,12 @@ class ActorMethod:
         if self._generator == STREAMING:
             tid = _ids.next_task_id()
             stream = open_stream(client, tid)
-            end = client.submit_actor(h._actor_id, h._token, template, 1, args, kwargs,
-                                      f"{h._spec.class_name}.{self._name}", tid)
+            try:
+                end = client.submit_actor(h._actor_id, h._token, template, 1, args, kwargs,
+                                          f"{h._spec.class_name}.{self._name}", tid)
+            except BaseException:
+                close_stream(client, tid)
+                raise
             return ObjectRefGenerator(client, stream, end[0], self._backpressure)
         refs = client.submit_actor(h._actor_id, h._token, template, self._num_returns, args, kwargs,
                                    f"{h._spec.class_name}.{self._name}")

@@ -99,6 +99,12 @@ class Stream:
             self.end = None
 
 
+def close_stream(client: Any, tid: bytes) -> None:
+    """Forget a stream whose call was never sent (its submit raised)."""
+    with client.refs.lock:
+        client.streams.pop(tid, None)
+
+
 def open_stream(client: Any, tid: bytes) -> Stream:
     """Register a stream before its call is sent (its items may come at once)."""
     st = Stream(tid)
@@ -243,7 +249,10 @@ class ObjectRefGenerator:
             st.items.clear()
         if self._backpressure and client.lost is None:
             if in_finalizer:   # a finalizer may run inside a send: never send from it
-                threading.Thread(target=self._release_producer, daemon=True).start()
+                try:
+                    threading.Thread(target=self._release_producer, daemon=True).start()
+                except RuntimeError:   # the interpreter is exiting: so is the cluster
+                    pass
             else:
                 self._release_producer()
 

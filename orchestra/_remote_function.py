@@ -20,6 +20,7 @@ from ._generators import (
     STREAMING,
     ObjectRefGenerator,
     check_backpressure,
+    close_stream,
     generator_mode,
     is_generator_function,
     open_stream,
@@ -172,7 +173,12 @@ class RemoteFunction:
         """Submit a streaming generator task (through the head: its items go there)."""
         tid = _ids.next_task_id()
         stream = open_stream(client, tid)
-        end = client.submit(self._template, 1, args, kwargs, None, self._name, self._function_id, tid)
+        try:
+            end = client.submit(self._template, 1, args, kwargs, None, self._name,
+                                self._function_id, tid)
+        except BaseException:
+            close_stream(client, tid)
+            raise
         return ObjectRefGenerator(client, stream, end[0], check_backpressure(
             self._options.get("_generator_backpressure_num_objects")))
 

@@ -726,12 +726,12 @@ class ActorRuntime:
                         result = fn(*args, **kwargs)
                         if inspect.isawaitable(result):
                             result = await result
+                        finish = w.finish
                         if inv.call.generator and inspect.isasyncgen(result):
                             result = await produce_async(w, inv.call, result)
-                            if not self._was_cancelled(tid):
-                                done = w.finish_value(inv, result)
-                        elif not self._was_cancelled(tid):
-                            done = w.finish(inv, result)
+                            finish = w.finish_value   # run already, on this loop
+                        if not self._was_cancelled(tid):
+                            done = finish(inv, result)
                     except BaseException as exc:  # noqa: BLE001 - reported to the caller
                         if not self._was_cancelled(tid):
                             done = w.failed(inv, exc)

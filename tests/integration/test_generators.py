@@ -226,6 +226,20 @@ def test_a_task_can_consume_a_stream(cluster):
     assert get(sum_of_stream.remote(10)) == 45
 
 
+def test_tasks_consuming_streams_lend_their_cpus_to_the_producers(cluster):
+    # Three consumers on two CPUs: each producer runs on a CPU a blocked consumer lent.
+    assert get([sum_of_stream.remote(10) for _ in range(3)]) == [45, 45, 45]
+
+
+def test_an_argument_that_cannot_be_pickled_leaves_no_stream_behind(cluster):
+    import threading
+
+    from orchestra import _context
+    with pytest.raises(TypeError):
+        count_to.remote(threading.Lock())
+    assert _context.current_client().streams == {}
+
+
 def test_next_with_async_for(cluster):
     async def main() -> list[int]:
         return [await ref async for ref in count_to.remote(4)]
