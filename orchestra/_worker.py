@@ -490,14 +490,12 @@ class WorkerRuntime:
             args = args[:-nk]
         return fn, args, kwargs
 
-    def finish(self, inv: Any, result: Any) -> Any:
-        """TaskDone carrying what a call returned (a generator call's: run it first)."""
-        if inv.call.generator:
-            result = produce(self, inv.call, result)
-        return self.finish_value(inv, result)
-
-    def finish_value(self, inv: Any, result: Any) -> Any:
+    def finish(self, inv: Any, result: Any, produced: bool = False) -> Any:
+        """TaskDone carrying what a call returned. A generator call's generator runs
+        here first (_producer.py), unless ``produced`` already."""
         call = inv.call
+        if call.generator and not produced:
+            result = produce(self, call, result)
         tid = call.task_id
         n = call.num_returns
         values = [result] if n == 1 else _split_returns(result, n, call.name)
@@ -726,12 +724,11 @@ class ActorRuntime:
                         result = fn(*args, **kwargs)
                         if inspect.isawaitable(result):
                             result = await result
-                        finish = w.finish
-                        if inv.call.generator and inspect.isasyncgen(result):
+                        produced = bool(inv.call.generator) and inspect.isasyncgen(result)
+                        if produced:   # run here, on this loop
                             result = await produce_async(w, inv.call, result)
-                            finish = w.finish_value   # run already, on this loop
                         if not self._was_cancelled(tid):
-                            done = finish(inv, result)
+                            done = w.finish(inv, result, produced)
                     except BaseException as exc:  # noqa: BLE001 - reported to the caller
                         if not self._was_cancelled(tid):
                             done = w.failed(inv, exc)
