@@ -241,7 +241,8 @@ def _stream_workloads(fw: Any, scale: float) -> dict[str, float]:
 
     @fw.remote
     def items(n: int) -> Any:
-        yield from range(n)
+        for i in range(n):  # noqa: UP028 - Ray's generator tasks fail on `yield from range()`
+            yield i
 
     streaming = items.options(num_returns="streaming")
     n = max(200, int(10000 * scale))
