@@ -274,6 +274,29 @@ class ObjectRefGenerator:
         return f"ObjectRefGenerator({self._stream.tid.hex()}, {self._taken} taken)"
 
 
+def wait_with_generators(client: Any, items: list[Any], num_returns: int,
+                         timeout: float | None) -> tuple[list[Any], list[Any]]:
+    """orchestra.wait over refs and ObjectRefGenerators: a generator is ready when next()
+    on it returns at once (an item is here, or the stream has ended)."""
+    results = client.results
+    client.subscribe_missing([x._id for x in items if isinstance(x, ObjectRef)])
+
+    def is_ready(x: Any) -> bool:
+        if isinstance(x, ObjectRef):
+            return x._id in results
+        return bool(x.next_ready() or x.is_finished())
+
+    def enough() -> bool:
+        return sum(1 for x in items if is_ready(x)) >= num_returns
+
+    client.wait_for(enough, None if timeout is None else time.monotonic() + timeout)
+    ready: list[Any] = []
+    not_ready: list[Any] = []
+    for x in items:
+        (ready if len(ready) < num_returns and is_ready(x) else not_ready).append(x)
+    return ready, not_ready
+
+
 class DynamicObjectRefGenerator:
     """The value of a num_returns="dynamic" task: a ref per item it yielded, in order."""
 

@@ -246,6 +246,21 @@ def test_next_with_async_for(cluster):
     assert asyncio.run(main()) == [0, 1, 2, 3]
 
 
+def test_wait_takes_a_generator_ready_when_its_next_item_is(cluster, gates):
+    gate = gates("wait")
+    gen = first_then_gate.remote(gate)
+    slow = h.gated.remote(gates("other"), 1)
+    ready, not_ready = orchestra.wait([slow, gen], num_returns=1, timeout=T)
+    assert ready == [gen] and not_ready == [slow]
+    assert get(next(gen)) == "first"
+    ready, _ = orchestra.wait([gen], timeout=0.2)   # the task waits at the gate
+    assert ready == []
+    gate.open()
+    assert orchestra.wait([gen], timeout=T)[0] == [gen]
+    assert get(next(gen)) == "second"
+    assert orchestra.wait([gen], timeout=T)[0] == [gen]   # ended: next() stops at once
+
+
 # ------------------------------------------------------------------ dynamic
 
 def test_dynamic_returns_a_ref_to_a_dynamic_generator(cluster):
