@@ -19,6 +19,7 @@ import pytest
 
 import _helpers as h
 import orchestra
+from _helpers import joined_cluster
 from _probes import wait_until
 from orchestra import DynamicObjectRefGenerator, ObjectRefGenerator
 from orchestra.exceptions import (
@@ -105,6 +106,21 @@ def arrays(n: int, nbytes: int) -> Any:
 
 
 @orchestra.remote
+def boxed_refs(n: int) -> Any:
+    """Items that hold refs: each a list with a ref to a put value."""
+    for i in range(n):
+        yield [orchestra.put(i * 100)]
+
+
+@orchestra.remote(resources={"far": 1})
+def far_arrays(n: int, nbytes: int) -> Any:
+    """Runs on the node with resource "far": its items are in that node's store."""
+    node = orchestra.get_runtime_context().get_node_id()
+    for i in range(n):
+        yield node, np.full(nbytes // 8, i, dtype=np.int64)
+
+
+@orchestra.remote
 def sum_of_stream(n: int) -> int:
     """A task consuming a stream of another task."""
     return sum(orchestra.get(list(count_to.remote(n))))
@@ -158,6 +174,10 @@ class AsyncSource:
 
     async def ping(self) -> str:
         return "pong"
+
+    async def squares(self, n: int) -> Any:
+        for i in range(n):
+            yield i * i
 
 
 # ------------------------------------------------------------------ tasks, streaming
@@ -220,6 +240,12 @@ def test_items_may_be_large_and_come_from_shared_memory(cluster):
     values = [get(r) for r in arrays.remote(3, 4 << 20)]
     assert [int(v[0]) for v in values] == [0, 1, 2]
     assert all(v.nbytes == 4 << 20 and not v.flags.writeable for v in values)
+
+
+def test_items_may_hold_refs_that_live_as_long_as_the_item(cluster):
+    boxes = [get(r) for r in boxed_refs.remote(3)]
+    gc.collect()
+    assert [get(box[0]) for box in boxes] == [0, 100, 200]
 
 
 def test_a_task_can_consume_a_stream(cluster):
@@ -318,6 +344,11 @@ def test_an_async_actor_async_generator_streams(cluster):
     a = AsyncSource.remote()
     assert [get(r) for r in a.ticks.remote(5)] == [0, 1, 2, 3, 4]
     assert get(a.ping.remote()) == "pong"
+
+
+def test_an_async_actor_method_with_num_returns_dynamic(cluster):
+    a = AsyncSource.remote()
+    assert get(list(get(a.squares.options(num_returns="dynamic").remote(4)))) == [0, 1, 4, 9]
 
 
 def test_an_async_actor_error_midway_arrives_at_the_failing_item(cluster):
@@ -456,6 +487,15 @@ def test_an_item_ref_lives_after_the_generator(cluster):
     del gen
     gc.collect()
     assert get(first) == 0
+
+
+def test_a_stream_from_another_node_brings_its_large_items_here():
+    with joined_cluster({"num_cpus": 1}, {"num_cpus": 1, "resources": {"far": 1}}):
+        here = orchestra.get_runtime_context().get_node_id()
+        got = [get(r) for r in far_arrays.remote(4, 2 << 20)]
+        assert {node for node, _ in got} != {here}
+        assert [int(a[0]) for _, a in got] == [0, 1, 2, 3]
+        assert all(a.nbytes == 2 << 20 for _, a in got)
 
 
 # ------------------------------------------------------------------ bad input
