@@ -67,8 +67,9 @@ class _Sender:
         self.limit = call.generator_backpressure
         route = worker.reply_to.get(self.tid)
         self.owner = route[1] if route is not None else 0
-        if route is not None:
-            worker.heavy.add(self.tid)   # the end goes through the head, after the items
+        if route is not None:   # the end goes through the head, after the items
+            worker.heavy.add(self.tid)
+            worker.direct_streams[self.tid] = call.name
         self.count = 0
         if self.limit:
             worker.acks.start(self.tid)

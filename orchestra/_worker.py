@@ -32,6 +32,7 @@ import cloudpickle
 from . import _context, _wire
 from . import _pb as pb
 from ._client import CoreClient
+from ._errors import make_error
 from ._procutil import die_with_parent
 from ._producer import Acks, produce, produce_async
 from ._serialization import deserialization_error, deserialize, dumps_exception, serialize
@@ -93,6 +94,9 @@ class WorkerRuntime:
         # direct caller gets those through the head.
         self.heavy: set[bytes] = set()
         self.acks = Acks()   # items read by the consumers of streams made here (_producer.py)
+        # Streams of direct calls, until answered: task id -> call name. Their answer goes
+        # through the head after their items, a cancel's too (with its error).
+        self.direct_streams: dict[bytes, str] = {}
         self.main_ident = threading.get_ident()
         # Orchestra's GPU ids index the devices the driver could see: with
         # CUDA_VISIBLE_DEVICES=2,3 in the driver's environment, id 0 is device 2.
@@ -208,6 +212,10 @@ class WorkerRuntime:
             return
         peer, owner, held = route
         if done.task_id in self.heavy:
+            name = self.direct_streams.pop(done.task_id, None) if self.direct_streams else None
+            if name is not None and done.cancelled:
+                done.returns.add(object_id=done.task_id + bytes(4),
+                                 error=make_error("cancelled", name=name))
             done.owner = owner
             client.send(_wire.TASK_DONE, done)
             frame = _wire.encode(_wire.TASK_DONE, pb.TaskDone(task_id=done.task_id, owner=owner))

@@ -156,6 +156,12 @@ class Store:
         yield from range(n)
         raise KeyError("stream broke")
 
+    def slow(self, gate: h.Gate) -> Any:
+        yield 0
+        h.touch(gate.started)
+        time.sleep(h.DEADLINE_S)
+        yield 1
+
     def plain(self) -> int:
         return 1
 
@@ -410,6 +416,19 @@ def test_a_cancelled_stream_fails_the_next_item(cluster, gates):
     orchestra.cancel(gen.completed())
     with pytest.raises(TaskCancelledError):
         get(next(gen))
+
+
+def test_a_cancelled_actor_stream_fails_the_next_item(cluster, gates):
+    gate = gates("actor-cancel")
+    s = Store.remote()
+    get(s.plain.remote())   # calls go straight to the actor's process from here on
+    gen = s.slow.remote(gate)
+    assert get(next(gen)) == 0
+    gate.wait_started()
+    orchestra.cancel(gen.completed())
+    with pytest.raises(TaskCancelledError):
+        get(next(gen))
+    assert get(s.plain.remote()) == 1
 
 
 def test_next_with_a_timeout_raises_get_timeout_error(cluster, gates):
