@@ -751,6 +751,8 @@ class SchedulerState:
         task's owner, pushed to it now. Items come before their task's TaskDone, on the
         worker's connection, so the owner has them all when it learns the end."""
         data = msg.data
+        if data.object_id != msg.task_id + msg.index.to_bytes(4, "big") or not msg.index:
+            return   # not an item's id: never made by a worker of ours
         if msg.owner:   # a call its caller sent straight to the actor
             self.put_for(msg.owner, data)
             return

@@ -111,6 +111,18 @@ def test_a_repeated_item_in_shared_memory_is_freed():
     assert freed_segments(c.take()) == ["seg-b"]
 
 
+def test_an_item_whose_id_is_not_its_tasks_is_dropped():
+    c = Cluster(cpus=1)
+    call, wid = running_stream(c)
+    other = make_call("other")
+    c.s.generator_item(worker_conn(wid), pb.GeneratorItem(
+        task_id=call.task_id, index=1, data=inline_data(rid(other, 1))))
+    c.s.generator_item(worker_conn(wid), pb.GeneratorItem(
+        task_id=call.task_id, index=0, data=inline_data(rid(call, 0))))
+    assert pushes(c.take()) == {}
+    assert rid(other, 1) not in c.s.objects and rid(call, 0) in c.s.objects   # the end, pending
+
+
 def test_an_item_of_a_task_that_ended_is_dropped():
     c = Cluster(cpus=1)
     call, wid = running_stream(c)
