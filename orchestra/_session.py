@@ -553,7 +553,10 @@ def wait(refs: Sequence[ObjectRef], *, num_returns: int = 1,
 
 
 def cancel(ref: ObjectRef, *, force: bool = False) -> None:
-    """Stop the task behind ``ref``: queued, waiting for arguments, or running."""
+    """Stop the task behind ``ref``: queued, waiting for arguments, or running (``ref``
+    may be an ObjectRefGenerator: its task)."""
+    if isinstance(ref, ObjectRefGenerator):
+        ref = ref.completed()
     if not isinstance(ref, ObjectRef):
         raise TypeError(f"cancel() takes an ObjectRef, not a {type(ref).__name__}")
     _client().cancel(ref.binary(), bool(force))

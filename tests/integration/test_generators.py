@@ -413,7 +413,7 @@ def test_a_cancelled_stream_fails_the_next_item(cluster, gates):
     gen = sleeper_stream.remote(gate)
     assert get(next(gen)) == 0
     gate.wait_started()
-    orchestra.cancel(gen.completed())
+    orchestra.cancel(gen)   # the generator stands for its task, as in Ray
     with pytest.raises(TaskCancelledError):
         get(next(gen))
 
