@@ -18,6 +18,7 @@ itself when it can, else the background reader).
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import os
@@ -109,8 +110,9 @@ class CoreClient:
         self.function_frames: dict[bytes, bytes] = {}   # for lent workers
         self.templates: dict[Any, bytes] = {}   # serialized Call templates of actor methods
         # Streams this process consumes (task id -> _generators.Stream): their items are
-        # pushed here before next() makes their refs.
+        # pushed here before next() makes their refs; and the last ones ended, in order.
         self.streams: dict[bytes, Any] = {}
+        self.closed_streams: collections.deque[bytes] = collections.deque()
         self._keep_until_sent: list[ObjectRef] = []
         self.lost: str | None = None
         self.closing = False

@@ -37,6 +37,10 @@ NONE, DYNAMIC, STREAMING = 0, 1, 2
 MODES = {"dynamic": DYNAMIC, "streaming": STREAMING}
 # Acked for a generator dropped before its end: its producer never pauses again.
 _RELEASE_ALL = 1 << 62
+# Streams remembered after their generator ended or was dropped, so items that still
+# come are released: those of a dropped generator, or of a call that failed when the
+# head learnt the death of its actor before the items the actor had sent.
+_KEEP_CLOSED = 256
 
 
 def is_generator_function(fn: Any) -> bool:
@@ -78,25 +82,19 @@ class Stream:
     """What one process keeps of a stream it consumes: items pushed here before next()
     made their refs (object id -> ObjectData). Touched under the client's ref lock."""
 
-    __slots__ = ("tid", "items", "closed", "end")
+    __slots__ = ("tid", "items", "closed")
 
     def __init__(self, tid: bytes) -> None:
         self.tid = tid
         self.items: dict[bytes, Any] = {}
-        self.closed = False   # the generator was dropped: release items as they come
-        self.end: ObjectRef | None = None   # held after close, until the end is here
+        self.closed = False   # ended or dropped: release items as they come
 
     def arrived(self, client: Any, oid: bytes, data: Any) -> None:
         """An item was pushed here (reader thread, under the ref lock)."""
         if not self.closed:
             self.items[oid] = data
-            return
-        if not client.refs.lost:
+        elif not client.refs.lost:
             client.refs.decr.append(oid)   # the head counted it for this process
-        end = self.end
-        if end is not None and end._id in client.results:   # nothing more will come
-            client.streams.pop(self.tid, None)
-            self.end = None
 
 
 def close_stream(client: Any, tid: bytes) -> None:
@@ -109,13 +107,22 @@ def open_stream(client: Any, tid: bytes) -> Stream:
     """Register a stream before its call is sent (its items may come at once)."""
     st = Stream(tid)
     with client.refs.lock:
-        streams = client.streams
-        for other in [s for s in streams.values() if s.closed]:
-            if other.end is None or other.end._id in client.results:
-                streams.pop(other.tid, None)
-                other.end = None
-        streams[tid] = st
+        client.streams[tid] = st
     return st
+
+
+def _retire(client: Any, st: Stream) -> None:
+    """The stream's generator ended or was dropped (under the ref lock): items not taken
+    are released, now and as they come, for the next _KEEP_CLOSED streams' time."""
+    st.closed = True
+    if st.items:
+        if not client.refs.lost:
+            client.refs.decr.extend(st.items)
+        st.items.clear()
+    closed = client.closed_streams
+    closed.append(st.tid)
+    while len(closed) > _KEEP_CLOSED:
+        client.streams.pop(closed.popleft(), None)
 
 
 class ObjectRefGenerator:
@@ -189,7 +196,7 @@ class ObjectRefGenerator:
         self._done = True
         client = self._client
         with client.refs.lock:
-            client.streams.pop(self._stream.tid, None)
+            _retire(client, self._stream)
 
     def _ack(self, consumed: int) -> None:
         """Tell the producer how many items were read: on the call's own connection when
@@ -242,11 +249,7 @@ class ObjectRefGenerator:
         client = self._client
         st = self._stream
         with client.refs.lock:
-            st.closed = True
-            st.end = self._end
-            if not client.refs.lost:
-                client.refs.decr.extend(st.items)
-            st.items.clear()
+            _retire(client, st)
         if self._backpressure and client.lost is None:
             if in_finalizer:   # a finalizer may run inside a send: never send from it
                 try:

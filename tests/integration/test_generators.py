@@ -267,9 +267,11 @@ def test_an_argument_that_cannot_be_pickled_leaves_no_stream_behind(cluster):
     import threading
 
     from orchestra import _context
+    streams = _context.current_client().streams
+    before = set(streams)
     with pytest.raises(TypeError):
         count_to.remote(threading.Lock())
-    assert _context.current_client().streams == {}
+    assert set(streams) == before
 
 
 def test_next_with_async_for(cluster):
@@ -498,6 +500,14 @@ def test_items_of_a_dropped_generator_are_freed(cluster):
     gc.collect()
     item_ids = {tid + i.to_bytes(4, "big") for i in range(1, 6)}
     wait_until(lambda: not item_ids & set(cluster.objects()), 10, "the items freed")
+
+
+def test_a_consumer_remembers_only_the_last_streams_it_ended(cluster):
+    from orchestra import _context
+    from orchestra._generators import _KEEP_CLOSED
+    for _ in range(_KEEP_CLOSED + 20):
+        list(count_to.remote(0))
+    assert len(_context.current_client().streams) <= _KEEP_CLOSED
 
 
 def test_an_item_ref_lives_after_the_generator(cluster):
