@@ -10,6 +10,7 @@ from ._context import RuntimeContext, get_runtime_context
 from ._gang import Gang, gang
 from ._gang_errors import GangAbortedError, GangError, GangMemberDiedError, GangTimeoutError
 from ._gang_member import GangContext, GangDevice, gang_context
+from ._generators import DynamicObjectRefGenerator, ObjectRefGenerator
 from ._object_ref import ObjectRef
 from ._remote_function import RemoteFunction
 from ._session import (
@@ -32,6 +33,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "remote", "RemoteFunction", "get", "put", "wait",
     "cancel", "get_gpu_ids", "nodes", "get_runtime_context", "RuntimeContext",
     "cluster_resources", "available_resources", "ObjectRef",
+    "ObjectRefGenerator", "DynamicObjectRefGenerator",
     "exceptions", "ActorClass", "ActorHandle", "get_actor", "kill",
     "gang", "Gang", "gang_context", "GangContext", "GangDevice", "GangError",
     "GangAbortedError", "GangTimeoutError", "GangMemberDiedError",

@@ -19,6 +19,16 @@ from typing import Any
 
 from . import _context, _ids, _wire
 from . import _pb as pb
+from ._generators import (
+    NONE,
+    STREAMING,
+    ObjectRefGenerator,
+    check_backpressure,
+    close_stream,
+    generator_mode,
+    is_generator_function,
+    open_stream,
+)
 from ._object_ref import ObjectRef
 from ._remote_function import placement_of
 from ._resources import check_feasible, make_request
@@ -29,15 +39,18 @@ ACTOR_OPTIONS = frozenset({"num_cpus", "num_gpus", "resources", "max_restarts", 
 DEFAULT_ASYNC_CONCURRENCY = 1000
 
 
-def _public_methods(cls: type) -> tuple[list[str], bool]:
-    names, is_async = [], False
+def _public_methods(cls: type) -> tuple[list[str], bool, list[str]]:
+    """The class's method names, whether any is async, and which are generators."""
+    names, is_async, generators = [], False, []
     for name, member in inspect.getmembers(cls):
         if name.startswith("__") or not callable(member):
             continue
         names.append(name)
         if inspect.iscoroutinefunction(member) or inspect.isasyncgenfunction(member):
             is_async = True
-    return names, is_async
+        if is_generator_function(member):
+            generators.append(name)
+    return names, is_async, generators
 
 
 def _validate(opts: dict[str, Any], cls_name: str) -> dict[str, Any]:
@@ -67,7 +80,7 @@ class ActorClass:
         self._cls = cls
         self._options = _validate(dict(options), cls.__name__)
         self._function_id = function_id or _ids.next_task_id() + b"\0" * 4
-        self._methods, self._is_async = _public_methods(cls)
+        self._methods, self._is_async, self._generators = _public_methods(cls)
         self._resources = make_request(options.get("num_cpus"), options.get("num_gpus"),
                                        options.get("resources"), default_cpus=0)
         self._client: Any = None
@@ -102,7 +115,8 @@ class ActorClass:
         spec = pb.ActorSpec(actor_id=actor_id, name=opts.get("name") or "",
                             max_restarts=opts.get("max_restarts", 0), max_concurrency=concurrency,
                             is_async=self._is_async, methods=self._methods,
-                            class_name=self._cls.__qualname__)
+                            class_name=self._cls.__qualname__,
+                            generator_methods=self._generators)
         call = client.build_call(tid, self._function_id, args, kwargs, num_returns=0,
                                  resources=self._resources, name=f"{self._cls.__qualname__}.__init__")
         call.actor.CopyFrom(spec)
@@ -126,6 +140,7 @@ class ActorHandle:
         self._spec = spec
         self._actor_id = spec.actor_id
         self._methods = frozenset(spec.methods)
+        self._generators = frozenset(spec.generator_methods)
         self._token = ObjectRef(spec.actor_id, client, counted=counted)
 
     def __getattr__(self, name: str) -> ActorMethod:
@@ -134,7 +149,7 @@ class ActorHandle:
         if name not in self._methods:
             raise AttributeError(f"actor {self._spec.class_name} has no method {name!r}; "
                                  f"its methods: {', '.join(sorted(self._methods)) or 'none'}")
-        return ActorMethod(self, name, 1)
+        return ActorMethod(self, name, None)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The token pickles as a ref contained in whatever holds the handle.
@@ -156,33 +171,62 @@ def _rebuild_handle(spec_bytes: bytes, token: ObjectRef) -> ActorHandle:
     h._spec = spec
     h._actor_id = spec.actor_id
     h._methods = frozenset(spec.methods)
+    h._generators = frozenset(spec.generator_methods)
     h._token = token
     return h
 
 
 class ActorMethod:
-    __slots__ = ("_handle", "_name", "_num_returns")
+    __slots__ = ("_handle", "_name", "_num_returns", "_generator", "_backpressure")
 
-    def __init__(self, handle: ActorHandle, name: str, num_returns: int) -> None:
+    def __init__(self, handle: ActorHandle, name: str, num_returns: int | str | None,
+                 backpressure: int = 0) -> None:
         self._handle = handle
         self._name = name
-        self._num_returns = num_returns
+        # A generator method streams its items unless num_returns says otherwise
+        # (_generators.py); its one return is the stream's end.
+        if num_returns is None:
+            self._generator = STREAMING if name in handle._generators else NONE
+            self._num_returns = 1
+        elif isinstance(num_returns, str):
+            self._generator = generator_mode(num_returns, name in handle._generators,
+                                             f"{handle._spec.class_name}.{name}()")
+            self._num_returns = 1
+        else:
+            self._generator = NONE
+            self._num_returns = num_returns
+        self._backpressure = backpressure
 
-    def options(self, *, num_returns: int = 1) -> ActorMethod:
-        if isinstance(num_returns, bool) or not isinstance(num_returns, int) or num_returns < 0:
-            raise ValueError(f"num_returns must be an int >= 0, got {num_returns!r}")
-        return ActorMethod(self._handle, self._name, num_returns)
+    def options(self, *, num_returns: int | str | None = None,
+                _generator_backpressure_num_objects: int | None = None) -> ActorMethod:
+        if not isinstance(num_returns, (str, type(None))) and (
+                isinstance(num_returns, bool) or not isinstance(num_returns, int) or num_returns < 0):
+            raise ValueError(f"num_returns must be an int >= 0, \"dynamic\" or \"streaming\"; "
+                             f"got {num_returns!r}")
+        return ActorMethod(self._handle, self._name, num_returns,
+                           check_backpressure(_generator_backpressure_num_objects))
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         client = _context.current_client()
         h = self._handle
-        key = (h._actor_id, self._name, self._num_returns)
+        key = (h._actor_id, self._name, self._num_returns, self._generator, self._backpressure)
         template = client.templates.get(key)
         if template is None:
             template = pb.Call(num_returns=self._num_returns, max_retries=0, actor_id=h._actor_id,
-                               method=self._name,
-                               name=f"{h._spec.class_name}.{self._name}").SerializeToString()
+                               method=self._name, name=f"{h._spec.class_name}.{self._name}",
+                               generator=self._generator,
+                               generator_backpressure=self._backpressure).SerializeToString()
             client.templates[key] = template
+        if self._generator == STREAMING:
+            tid = _ids.next_task_id()
+            stream = open_stream(client, tid)
+            try:
+                end = client.submit_actor(h._actor_id, h._token, template, 1, args, kwargs,
+                                          f"{h._spec.class_name}.{self._name}", tid)
+            except BaseException:
+                close_stream(client, tid)
+                raise
+            return ObjectRefGenerator(client, stream, end[0], self._backpressure)
         refs = client.submit_actor(h._actor_id, h._token, template, self._num_returns, args, kwargs,
                                    f"{h._spec.class_name}.{self._name}")
         if self._num_returns == 1:

@@ -18,6 +18,7 @@ itself when it can, else the background reader).
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import os
@@ -108,6 +109,10 @@ class CoreClient:
         self._registered: set[bytes] = set()
         self.function_frames: dict[bytes, bytes] = {}   # for lent workers
         self.templates: dict[Any, bytes] = {}   # serialized Call templates of actor methods
+        # Streams this process consumes (task id -> _generators.Stream): their items are
+        # pushed here before next() makes their refs; and the last ones ended, in order.
+        self.streams: dict[bytes, Any] = {}
+        self.closed_streams: collections.deque[bytes] = collections.deque()
         self._keep_until_sent: list[ObjectRef] = []
         self.lost: str | None = None
         self.closing = False
@@ -294,11 +299,12 @@ class CoreClient:
 
     def submit(self, template: bytes, num_returns: int, args: Sequence[Any],
                kwargs: dict[str, Any], shape: tuple[tuple[str, float], ...] | None = None,
-               name: str = "", function_id: bytes = b"") -> list[ObjectRef]:
+               name: str = "", function_id: bytes = b"", tid: bytes = b"") -> list[ObjectRef]:
         """Submit one task. ``template`` is a serialized Call with the per-function fields.
         ``shape``: its resource shape, when it may go straight to a worker lent to this
-        process (then it does, if one of that shape is lent and its arguments are here)."""
-        tid = _ids.next_task_id()
+        process (then it does, if one of that shape is lent and its arguments are here).
+        ``tid``: its task id, when the caller made one (a stream registered first)."""
+        tid = tid or _ids.next_task_id()
         refs: list[ObjectRef] = []     # puts made for large args live until the Submit is sent
         direct = self.direct
         hold: list[ObjectRef] | None = [] if shape is not None and direct.loans else None
@@ -325,11 +331,12 @@ class CoreClient:
         self.send_raw(_codec.submit_frame(call))
 
     def submit_actor(self, actor_id: bytes, token: ObjectRef, template: bytes, num_returns: int,
-                     args: Sequence[Any], kwargs: dict[str, Any], name: str) -> list[ObjectRef]:
+                     args: Sequence[Any], kwargs: dict[str, Any], name: str,
+                     tid: bytes = b"") -> list[ObjectRef]:
         """Call an actor: straight to its process once the head gave its address and
         every call sent through the head before is there; through the head otherwise."""
         route = self.direct.routes.get(actor_id) or self.direct.route(actor_id)
-        tid = _ids.next_task_id()
+        tid = tid or _ids.next_task_id()
         refs: list[ObjectRef] = []
         # Refs pickled in the arguments live here until the actor answers: the actor
         # counts those it keeps before answering (see WorkerRuntime.send_done).
@@ -466,6 +473,22 @@ class CoreClient:
                     "the tasks keep running. Call get() again later or raise the timeout.")
         finally:
             if blocked and self.on_block is not None:
+                self.on_block(False, ())
+
+    def wait_for(self, ready: Callable[[], bool], deadline: float | None) -> bool:
+        """wait_until(ready) as get() waits: a task blocked here lends its CPU (naming
+        no object: nothing it waits for may run inline on this thread)."""
+        if ready():
+            return True
+        if self.on_block is None:
+            return self.wait_until(ready, deadline)
+        inline = self.on_block(True, ())
+        try:
+            if inline:
+                return self._wait_running_nested(ready, deadline)
+            return self.wait_until(ready, deadline)
+        finally:
+            if self.on_block is not None:
                 self.on_block(False, ())
 
     def _wait_running_nested(self, ready: Callable[[], bool], deadline: float | None) -> bool:
@@ -619,10 +642,13 @@ class CoreClient:
             if kind == _wire.OBJECTS:
                 with self.refs.lock:
                     local, results, owned = self.refs.local, self.results, self.owned
+                    streams = self.streams
                     for d in msg.objects:
                         oid = d.object_id
                         if oid in local:
                             results[oid] = d
+                        elif streams and oid[:_ids.TASK_ID_LEN] in streams:
+                            streams[oid[:_ids.TASK_ID_LEN]].arrived(self, oid, d)
                         owned.discard(oid)
                     if direct.watching():
                         woken = direct.pushed(msg.objects)

@@ -347,6 +347,16 @@ class Head:
                 self._hello(conn, msg)
             elif kind == _wire.WORKER_ADDRESS:
                 state.worker_address(cid, msg.address)
+            elif kind == _wire.GENERATOR_ITEM:
+                if msg.data.WhichOneof("data") == "segment":
+                    node.seal(msg.data.segment.name)
+                state.generator_item(cid, msg)
+                if msg.index == 1:
+                    # A stream's first item goes out now, not after the rest of a read
+                    # that a fast producer filled with hundreds more (~10 ms later).
+                    self.carry_out()
+            elif kind == _wire.GENERATOR_ACK:
+                state.generator_ack(msg)
             elif kind == _wire.SHUTDOWN:
                 self.loop.call_soon(self.shutdown, "the driver called shutdown()")
         self.carry_out()

@@ -14,8 +14,17 @@ from typing import Any
 
 import cloudpickle
 
-from . import _context, _wire
+from . import _context, _ids, _wire
 from . import _pb as pb
+from ._generators import (
+    STREAMING,
+    ObjectRefGenerator,
+    check_backpressure,
+    close_stream,
+    generator_mode,
+    is_generator_function,
+    open_stream,
+)
 from ._ids import node_from_hex
 from ._proto import types_pb2
 from ._resources import check_feasible, make_request, pinned_key, shape_key
@@ -25,7 +34,8 @@ from .util.scheduling_strategies import NodeAffinitySchedulingStrategy
 DEFAULT_MAX_RETRIES = 3
 
 TASK_OPTIONS = frozenset({"num_returns", "num_cpus", "num_gpus", "resources", "max_retries",
-                          "retry_exceptions", "name", "scheduling_strategy"})
+                          "retry_exceptions", "name", "scheduling_strategy",
+                          "_generator_backpressure_num_objects"})
 
 
 def validate_options(opts: dict[str, Any], allowed: frozenset[str], what: str) -> dict[str, Any]:
@@ -34,8 +44,11 @@ def validate_options(opts: dict[str, Any], allowed: frozenset[str], what: str) -
         raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))} for {what}; "
                         f"valid options: {', '.join(sorted(allowed))}")
     nr = opts.get("num_returns", 1)
-    if isinstance(nr, bool) or not isinstance(nr, int) or nr < 0:
-        raise ValueError(f"num_returns must be an int >= 0, got {nr!r}")
+    if isinstance(nr, str):
+        generator_mode(nr, True, what)   # "dynamic" or "streaming"; checked against the function later
+    elif isinstance(nr, bool) or not isinstance(nr, int) or nr < 0:
+        raise ValueError(f"num_returns must be an int >= 0, \"dynamic\" or \"streaming\"; got {nr!r}")
+    check_backpressure(opts.get("_generator_backpressure_num_objects"))
     mr = opts.get("max_retries", DEFAULT_MAX_RETRIES)
     if isinstance(mr, bool) or not isinstance(mr, int) or mr < -1:
         raise ValueError(f"max_retries must be an int >= 0, or -1 for no limit; got {mr!r}")
@@ -86,7 +99,11 @@ class RemoteFunction:
         self._options = validate_options(dict(options), TASK_OPTIONS, f"{_name(fn)}()")
         self._function_id = function_id or os.urandom(16)
         self._name = _name(fn)
-        self._num_returns = int(self._options.get("num_returns", 1))
+        # A generator function streams its items unless num_returns says otherwise; its
+        # one return is the stream's end (_generators.py).
+        self._generator = generator_mode(self._options.get("num_returns"), is_generator_function(fn),
+                                         f"{self._name}()")
+        self._num_returns = 1 if self._generator else int(self._options.get("num_returns", 1))
         self._resources = make_request(self._options.get("num_cpus"), self._options.get("num_gpus"),
                                        self._options.get("resources"))
         self._client: Any = None
@@ -114,6 +131,10 @@ class RemoteFunction:
             resources=self._resources, max_retries=opts.get("max_retries", DEFAULT_MAX_RETRIES),
             name=self._name, retry_exceptions=bool(opts.get("retry_exceptions", False)),
             retry_on=retry_on(opts.get("retry_exceptions", False)))
+        if self._generator:
+            call.generator = self._generator
+            call.generator_backpressure = check_backpressure(
+                opts.get("_generator_backpressure_num_objects"))
         placement = placement_of(opts.get("scheduling_strategy"))
         if placement is not None:
             call.placement.CopyFrom(placement)
@@ -125,7 +146,7 @@ class RemoteFunction:
         pinned = placement.node_id + 1 if placement is not None and \
             placement.strategy == "NODE_AFFINITY" and not placement.soft else 0
         self._direct_shape = None if opts.get("retry_exceptions") or self._resources.get("GPU") \
-            or (placement is not None and not pinned) \
+            or (placement is not None and not pinned) or self._generator == STREAMING \
             else pinned_key(shape_key(self._resources), pinned)
         reg = pb.RegisterFunctionRequest(function_id=self._function_id, fnname=self._name,
                                          num_return_vals=self._num_returns,
@@ -138,6 +159,8 @@ class RemoteFunction:
         if client is not self._client:
             self._bind(client)
         client.register_function(self._function_id, self._register_frame)
+        if self._generator == STREAMING:
+            return self._stream(client, args, kwargs)
         refs = client.submit(self._template, self._num_returns, args, kwargs, self._direct_shape,
                              self._name, self._function_id)
         if self._num_returns == 1:
@@ -145,6 +168,19 @@ class RemoteFunction:
         if self._num_returns == 0:
             return None
         return refs
+
+    def _stream(self, client: Any, args: Any, kwargs: Any) -> ObjectRefGenerator:
+        """Submit a streaming generator task (through the head: its items go there)."""
+        tid = _ids.next_task_id()
+        stream = open_stream(client, tid)
+        try:
+            end = client.submit(self._template, 1, args, kwargs, None, self._name,
+                                self._function_id, tid)
+        except BaseException:
+            close_stream(client, tid)
+            raise
+        return ObjectRefGenerator(client, stream, end[0], check_backpressure(
+            self._options.get("_generator_backpressure_num_objects")))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (RemoteFunction, (self._fn, self._options, self._function_id))

@@ -77,7 +77,7 @@ class IllegalTransition(RuntimeError):
 class Task:
     __slots__ = ("call", "owner", "state", "deps", "worker", "retries_left", "cancelled",
                  "shape", "resources", "attempt", "arg_ids", "return_ids",
-                 "depth", "qkey", "placement")
+                 "depth", "qkey", "placement", "streamed", "acked")
 
     def __init__(self, call: Any, owner: int) -> None:
         self.call = call
@@ -102,6 +102,10 @@ class Task:
         self.arg_ids: list[bytes] = []
         tid = call.task_id
         self.return_ids = [tid + i.to_bytes(4, "big") for i in range(call.num_returns)]
+        # A streaming generator: items taken so far (a retry yields them again, and
+        # they are dropped), and read by its consumer (told again to a retry).
+        self.streamed = 0
+        self.acked = 0
 
     def move(self, new: TaskState) -> None:
         if new not in TASK_TRANSITIONS[self.state]:

@@ -46,7 +46,7 @@ from ._sched_types import (
     Worker,
     WorkerState,
 )
-from ._wire import CANCEL_TASK, EXECUTE, FUNCTION, STEAL
+from ._wire import CANCEL_TASK, EXECUTE, FUNCTION, GENERATOR_ACK, STEAL
 
 __all__ = ["TASK_TRANSITIONS", "Client", "IllegalTransition", "Node", "Obj", "SchedulerState",
            "Task", "TaskState", "Worker", "WorkerState"]
@@ -744,6 +744,41 @@ class SchedulerState:
         if oid not in self.objects:
             self.new_object(conn, oid)
         self._seal(oid, data)
+
+    # ------------------------------------------------------------------ generators
+    def generator_item(self, conn: int, msg: Any) -> None:
+        """An item a streaming generator yielded (GeneratorItem): an object of the
+        task's owner, pushed to it now. Items come before their task's TaskDone, on the
+        worker's connection, so the owner has them all when it learns the end."""
+        data = msg.data
+        if data.object_id != msg.task_id + msg.index.to_bytes(4, "big") or not msg.index:
+            return   # not an item's id: never made by a worker of ours
+        if msg.owner:   # a call its caller sent straight to the actor
+            self.put_for(msg.owner, data)
+            return
+        t = self.tasks.get(msg.task_id)
+        if t is None or t.state is not TaskState.DISPATCHED or msg.index <= t.streamed \
+                or t.owner not in self.clients or data.object_id in self.objects:
+            # Taken already (a retry yields its items again), or nobody waits for it.
+            if data.WhichOneof("data") == "segment":
+                self._free_segment(data.segment)
+            if t is not None and t.acked and msg.index <= t.streamed:
+                # A retry pauses for acks the consumer sent its first attempt.
+                self.out.append(Send(conn, GENERATOR_ACK, pb.GeneratorAck(
+                    task_id=msg.task_id, consumed=t.acked)))
+            return
+        t.streamed = msg.index
+        self.new_object(t.owner, data.object_id)
+        self._seal(data.object_id, data)
+
+    def generator_ack(self, msg: Any) -> None:
+        """The consumer read ``msg.consumed`` items: tell the worker producing them."""
+        t = self.tasks.get(msg.task_id)
+        if t is None:
+            return
+        t.acked = max(t.acked, msg.consumed)
+        if t.worker is not None and t.state is TaskState.DISPATCHED:
+            self.out.append(Send(t.worker.conn, GENERATOR_ACK, msg))
 
     def register_pending(self, conn: int, ids: Iterable[bytes]) -> None:
         """Results of direct calls ``conn`` made to an actor, not answered yet, whose

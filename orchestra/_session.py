@@ -29,6 +29,7 @@ from . import _pb as pb
 from ._bootstrap import BOOTSTRAP as HEAD_BOOTSTRAP
 from ._client import CoreClient
 from ._connection import parse_address
+from ._generators import ObjectRefGenerator, wait_with_generators
 from ._gpus import detect_num_gpus
 from ._ids import machine_id, node_hex
 from ._object_ref import ObjectRef
@@ -522,19 +523,24 @@ def put(value: Any) -> ObjectRef:
 
 def wait(refs: Sequence[ObjectRef], *, num_returns: int = 1,
          timeout: float | None = None) -> tuple[list[ObjectRef], list[ObjectRef]]:
-    """(ready, not_ready): the first ``num_returns`` refs ready, in input order."""
+    """(ready, not_ready): the first ``num_returns`` refs ready, in input order. An
+    ObjectRefGenerator among them is ready when next() on it returns at once."""
     if isinstance(refs, ObjectRef) or not isinstance(refs, (list, tuple)):
         raise TypeError(f"wait() takes a list of ObjectRefs, not a {type(refs).__name__}")
     client = _client() if refs else None
     # One comprehension: wait() over thousands of refs is on users' hot paths. A ref of
     # another class or session is left out, and the slow pass below names it.
     ids = {r._id for r in refs if r.__class__ is ObjectRef and r._client is client}
+    streams = False
     if len(ids) != len(refs):
         for r in refs:
+            if isinstance(r, ObjectRefGenerator) and r._client is client:
+                streams = True
+                continue
             if not isinstance(r, ObjectRef):
                 raise TypeError(f"wait() takes a list of ObjectRefs; it holds a {type(r).__name__}")
             _check_session(r, client)
-        if len({r._id for r in refs}) != len(refs):
+        if len({id(r) if streams else r._id for r in refs}) != len(refs):
             raise ValueError("wait() got the same ObjectRef twice; pass each ref once")
     if isinstance(num_returns, bool) or not isinstance(num_returns, int):
         raise TypeError(f"num_returns must be an int, got {num_returns!r}")
@@ -543,11 +549,16 @@ def wait(refs: Sequence[ObjectRef], *, num_returns: int = 1,
             return [], []
         raise ValueError(f"num_returns must be between 1 and len(refs)={len(refs)}, got {num_returns}")
     timeout = _check_timeout(timeout)
+    if streams:
+        return wait_with_generators(_client(), list(refs), num_returns, timeout)
     return _client().wait(list(refs), num_returns, timeout)
 
 
 def cancel(ref: ObjectRef, *, force: bool = False) -> None:
-    """Stop the task behind ``ref``: queued, waiting for arguments, or running."""
+    """Stop the task behind ``ref``: queued, waiting for arguments, or running (``ref``
+    may be an ObjectRefGenerator: its task)."""
+    if isinstance(ref, ObjectRefGenerator):
+        ref = ref.completed()
     if not isinstance(ref, ObjectRef):
         raise TypeError(f"cancel() takes an ObjectRef, not a {type(ref).__name__}")
     _client().cancel(ref.binary(), bool(force))

@@ -49,6 +49,9 @@ NODE_EVENT = 31    # NodeEvent, that node -> head (_remote_node.py)
 CLOSING = 32       # Closing, head -> client: the head stops, and why (its last frame)
 WARNING = 33       # ClusterWarning, head -> a task's owner: its request waits for a node to join
 WORKER_ADDRESS = 34  # WorkerAddress, worker -> head: it takes direct calls over TCP there
+GENERATOR_ITEM = 35  # GeneratorItem, worker -> head: an item a streaming generator yielded
+GENERATOR_ACK = 36   # GeneratorAck, consumer -> head -> worker (or straight to an actor's
+                     # process): items read, for a producer with backpressure
 
 MESSAGES: dict[int, Any] = {
     HELLO: pb.Hello, HELLO_REPLY: pb.HelloReply, FUNCTION: pb.RegisterFunctionRequest,
@@ -63,6 +66,7 @@ MESSAGES: dict[int, Any] = {
     EXECUTE_NESTED: pb.Execute, STALLED: pb.Stalled, LOAN_REQUEST: pb.LoanRequest,
     NODE_COMMAND: pb.NodeCommand, NODE_EVENT: pb.NodeEvent, CLOSING: pb.Closing,
     WARNING: pb.ClusterWarning, WORKER_ADDRESS: pb.WorkerAddress,
+    GENERATOR_ITEM: pb.GeneratorItem, GENERATOR_ACK: pb.GeneratorAck,
 }
 
 MAX_FRAME = 1 << 31

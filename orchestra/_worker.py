@@ -32,7 +32,9 @@ import cloudpickle
 from . import _context, _wire
 from . import _pb as pb
 from ._client import CoreClient
+from ._errors import make_error
 from ._procutil import die_with_parent
+from ._producer import Acks, produce, produce_async
 from ._serialization import deserialization_error, deserialize, dumps_exception, serialize
 from .exceptions import ActorDiedError, DeserializationError, TaskError
 
@@ -91,6 +93,10 @@ class WorkerRuntime:
         # Tasks whose results are in shared memory or hold refs, until answered: a
         # direct caller gets those through the head.
         self.heavy: set[bytes] = set()
+        self.acks = Acks()   # items read by the consumers of streams made here (_producer.py)
+        # Streams of direct calls, until answered: task id -> call name. Their answer goes
+        # through the head after their items, a cancel's too (with its error).
+        self.direct_streams: dict[bytes, str] = {}
         self.main_ident = threading.get_ident()
         # Orchestra's GPU ids index the devices the driver could see: with
         # CUDA_VISIBLE_DEVICES=2,3 in the driver's environment, id 0 is device 2.
@@ -156,6 +162,8 @@ class WorkerRuntime:
             self._cancel(msg.task_id)
         elif kind == _wire.STEAL:
             self._give_back(set(msg.task_ids))
+        elif kind == _wire.GENERATOR_ACK:
+            self.acks.ack(msg.task_id, msg.consumed)
         elif kind == _wire.SHUTDOWN:
             os._exit(0)
 
@@ -180,6 +188,8 @@ class WorkerRuntime:
             for tid in back:
                 self.reply_to.pop(tid, None)
             peer.send(_wire.encode(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=back)))
+        elif kind == _wire.GENERATOR_ACK:
+            self.acks.ack(msg.task_id, msg.consumed)
 
     def send_done(self, done: Any) -> None:
         """Answer a call: to the head, or straight to the caller that sent it here. A
@@ -202,6 +212,10 @@ class WorkerRuntime:
             return
         peer, owner, held = route
         if done.task_id in self.heavy:
+            name = self.direct_streams.pop(done.task_id, None) if self.direct_streams else None
+            if name is not None and done.cancelled:
+                done.returns.add(object_id=done.task_id + bytes(4),
+                                 error=make_error("cancelled", name=name))
             done.owner = owner
             client.send(_wire.TASK_DONE, done)
             frame = _wire.encode(_wire.TASK_DONE, pb.TaskDone(task_id=done.task_id, owner=owner))
@@ -484,8 +498,12 @@ class WorkerRuntime:
             args = args[:-nk]
         return fn, args, kwargs
 
-    def finish(self, inv: Any, result: Any) -> Any:
+    def finish(self, inv: Any, result: Any, produced: bool = False) -> Any:
+        """TaskDone carrying what a call returned. A generator call's generator runs
+        here first (_producer.py), unless ``produced`` already."""
         call = inv.call
+        if call.generator and not produced:
+            result = produce(self, call, result)
         tid = call.task_id
         n = call.num_returns
         values = [result] if n == 1 else _split_returns(result, n, call.name)
@@ -715,8 +733,11 @@ class ActorRuntime:
                         result = fn(*args, **kwargs)
                         if inspect.isawaitable(result):
                             result = await result
+                        produced = bool(inv.call.generator) and inspect.isasyncgen(result)
+                        if produced:   # run here, on this loop
+                            result = await produce_async(w, inv.call, result)
                         if not self._was_cancelled(tid):
-                            done = w.finish(inv, result)
+                            done = w.finish(inv, result, produced)
                     except BaseException as exc:  # noqa: BLE001 - reported to the caller
                         if not self._was_cancelled(tid):
                             done = w.failed(inv, exc)

@@ -168,6 +168,8 @@ def run_framework(name: str, quick: bool) -> dict[str, Any]:
     except NotImplementedError as exc:
         res["actors"] = f"not supported: {str(exc)[:60]}"
 
+    res.update(_stream_workloads(fw, scale))
+
     gc.collect()
     time.sleep(0.5)
     res.update({f"idle_{k}": v for k, v in cluster_memory().items()})
@@ -309,6 +311,30 @@ def _actor_workloads(fw: Any, scale: float) -> dict[str, Any]:
     return out
 
 
+def _stream_workloads(fw: Any, scale: float) -> dict[str, float]:
+    """A streaming generator task of small items, read as they come: items/s (each
+    item's ref taken and its value read), and the time from .remote() to the first
+    item's value in hand. The best of a few runs (one is ~0.5 s)."""
+
+    @fw.remote
+    def items(n: int) -> Any:
+        for i in range(n):  # noqa: UP028 - Ray's generator tasks fail on `yield from range()`
+            yield i
+
+    streaming = items.options(num_returns="streaming")
+    n = max(200, int(10000 * scale))
+    first_ms, rate = [], []
+    for _ in range(3):
+        t = time.perf_counter()
+        gen = streaming.remote(n)
+        fw.get(next(gen))
+        first_ms.append((time.perf_counter() - t) * 1e3)
+        for ref in gen:
+            fw.get(ref)
+        rate.append(n / (time.perf_counter() - t))
+    return {"stream_items_per_s": max(rate), "stream_first_item_ms": min(first_ms)}
+
+
 def run_pool(quick: bool) -> dict[str, Any]:
     import multiprocessing as mp
 
@@ -358,6 +384,8 @@ ROWS = [
     ("actor_calls_per_s", "actor calls/s (5k, then get)", True),
     ("async_actor_call_latency_median_us", "async actor call latency, median (us)", False),
     ("async_actor_calls_per_s", "async actor calls/s", True),
+    ("stream_items_per_s", "streaming generator: items/s (10k small items)", True),
+    ("stream_first_item_ms", "streaming generator: time to first item (ms)", False),
     ("put_small_per_s", "put small values/s", True),
     ("get_small_per_s", "get small values/s", True),
     ("put_large_gb_per_s", "put 512 MiB array (GB/s)", True),

@@ -813,3 +813,23 @@ class NodeRelocate(_message.Message):
     object_id: bytes
     segment: _types_pb2.Segment
     def __init__(self, object_id: _Optional[bytes] = ..., segment: _Optional[_Union[_types_pb2.Segment, _Mapping]] = ...) -> None: ...
+
+class GeneratorItem(_message.Message):
+    __slots__ = ("task_id", "index", "data", "owner")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    task_id: bytes
+    index: int
+    data: _types_pb2.ObjectData
+    owner: int
+    def __init__(self, task_id: _Optional[bytes] = ..., index: _Optional[int] = ..., data: _Optional[_Union[_types_pb2.ObjectData, _Mapping]] = ..., owner: _Optional[int] = ...) -> None: ...
+
+class GeneratorAck(_message.Message):
+    __slots__ = ("task_id", "consumed")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_FIELD_NUMBER: _ClassVar[int]
+    task_id: bytes
+    consumed: int
+    def __init__(self, task_id: _Optional[bytes] = ..., consumed: _Optional[int] = ...) -> None: ...

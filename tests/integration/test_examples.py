@@ -102,6 +102,13 @@ def test_parameter_server_moves_the_weights_to_the_target(tmp_path: Path) -> Non
     assert re.search(r"^time: [0-9.]+ s$", out, re.MULTILINE)
 
 
+def test_streaming_generator_reads_every_chunk_and_word(tmp_path: Path) -> None:
+    out = run_script([str(EXAMPLES / "streaming_generator.py"), "--chunks", "5", "--mb", "2",
+                      "--num-cpus", "2"], tmp_path)
+    assert "5 chunks of 2 MB, sum of firsts = 10" in out   # 0 + 1 + 2 + 3 + 4
+    assert "words: streams arrive while the task runs" in out
+
+
 def test_gang_allreduce_sums_over_four_members(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     out = run_script([str(EXAMPLES / "gang_allreduce.py"), "--members", "4", "--num-cpus", "1",

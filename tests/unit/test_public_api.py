@@ -30,6 +30,7 @@ DOCUMENTED_API = [
     "init", "shutdown", "is_initialized", "remote", "RemoteFunction", "get", "put", "wait",
     "cancel", "get_gpu_ids", "cluster_resources", "available_resources", "ObjectRef",
     "nodes", "get_runtime_context", "RuntimeContext", "exceptions", "ActorClass", "ActorHandle",
+    "ObjectRefGenerator", "DynamicObjectRefGenerator",
     "get_actor", "kill",
     "gang", "Gang", "gang_context", "GangContext", "GangDevice", "GangError",
     "GangAbortedError", "GangTimeoutError", "GangMemberDiedError",
