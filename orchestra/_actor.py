@@ -20,12 +20,12 @@ from typing import Any
 from . import _context, _ids, _wire
 from . import _pb as pb
 from ._object_ref import ObjectRef
-from ._remote_function import placement_of
+from ._remote_function import GROUP_OPTIONS, legacy_group, placement_of
 from ._resources import check_feasible, make_request
 from ._serialization import dumps_function
 
 ACTOR_OPTIONS = frozenset({"num_cpus", "num_gpus", "resources", "max_restarts", "max_concurrency",
-                           "name", "scheduling_strategy"})
+                           "name", "scheduling_strategy", *GROUP_OPTIONS})
 DEFAULT_ASYNC_CONCURRENCY = 1000
 
 
@@ -65,6 +65,7 @@ class ActorClass:
 
     def __init__(self, cls: type, options: dict[str, Any], function_id: bytes | None = None) -> None:
         self._cls = cls
+        options = legacy_group(options)
         self._options = _validate(dict(options), cls.__name__)
         self._function_id = function_id or _ids.next_task_id() + b"\0" * 4
         self._methods, self._is_async = _public_methods(cls)

@@ -271,7 +271,7 @@ class ActorTable:
         if w is not None:
             self.s.out.append(KillWorker(w.node_id, w.worker_id, reason))
 
-    def kill(self, actor_id: bytes, no_restart: bool) -> None:
+    def kill(self, actor_id: bytes, no_restart: bool, reason: str = "killed by orchestra.kill()") -> None:
         a = self.actors.get(actor_id)
         if a is None or a.state is ActorState.DEAD:
             return
@@ -287,11 +287,10 @@ class ActorTable:
             a.killing = True
             if no_restart:
                 self._release_name(a)   # get_actor() fails as soon as kill() returns
-            self.s.out.append(KillWorker(a.worker.node_id, a.worker.worker_id,
-                                         "killed by orchestra.kill()"))
+            self.s.out.append(KillWorker(a.worker.node_id, a.worker.worker_id, reason))
         elif no_restart or a.state is ActorState.PENDING:
             self._die(a, self.s.error("actor_dead", name=a.spec.class_name,
-                                       reason="killed by orchestra.kill() before it started"))
+                                       reason=f"{reason} before it started"))
 
     def handles_gone(self, actor_id: bytes) -> None:
         a = self.actors.get(actor_id)

@@ -42,6 +42,7 @@ from ._serialization import Serialized, serialize
 from .exceptions import (
     ClusterLostError,
     GetTimeoutError,
+    InfeasibleResourcesError,
     ObjectLostError,
     ObjectStoreFullError,
     OrchestraError,
@@ -65,6 +66,7 @@ _REPLY_ERRORS: dict[str, type[Exception]] = {
     "ObjectStoreFullError": ObjectStoreFullError,
     "ObjectLostError": ObjectLostError,
     "ValueError": ValueError,
+    "InfeasibleResourcesError": InfeasibleResourcesError,
 }
 
 

@@ -85,6 +85,9 @@ def make_error(kind: str, **d: Any) -> bytes:
         else:
             exc = InfeasibleResourcesError(
                 f"task {name}() asks for {res}, which no node of the cluster has")
+    elif kind == "group":   # placement groups (_pg_state.py): gone, or too small
+        text = d.get("text", "")
+        exc = TaskCancelledError(text) if d.get("cancelled") else InfeasibleResourcesError(text)
     else:
         exc = RuntimeError(f"task {name}() failed: {kind}")
     return dumps_exception(exc)

@@ -20,12 +20,33 @@ from ._ids import node_from_hex
 from ._proto import types_pb2
 from ._resources import check_feasible, make_request, pinned_key, shape_key
 from ._serialization import dumps_function
-from .util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from .util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 DEFAULT_MAX_RETRIES = 3
 
 TASK_OPTIONS = frozenset({"num_returns", "num_cpus", "num_gpus", "resources", "max_retries",
-                          "retry_exceptions", "name", "scheduling_strategy"})
+                          "retry_exceptions", "name", "scheduling_strategy", "placement_group",
+                          "placement_group_bundle_index", "placement_group_capture_child_tasks"})
+# Ray's older way to name a placement group: folded into scheduling_strategy= (legacy_group).
+GROUP_OPTIONS = ("placement_group", "placement_group_bundle_index",
+                 "placement_group_capture_child_tasks")
+
+
+def legacy_group(opts: dict[str, Any]) -> dict[str, Any]:
+    """placement_group=pg (with placement_group_bundle_index=, ..._capture_child_tasks=)
+    as scheduling_strategy=PlacementGroupSchedulingStrategy(...), as Ray reads them."""
+    if not any(k in opts for k in GROUP_OPTIONS):
+        return opts
+    opts = dict(opts)
+    pg = opts.pop("placement_group", None)
+    idx = opts.pop("placement_group_bundle_index", -1)
+    cap = opts.pop("placement_group_capture_child_tasks", None)
+    if pg is None or pg == "default":
+        return opts
+    if opts.get("scheduling_strategy") is not None:
+        raise ValueError("give either scheduling_strategy= or placement_group=, not both")
+    opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, idx, cap)
+    return opts
 
 
 def validate_options(opts: dict[str, Any], allowed: frozenset[str], what: str) -> dict[str, Any]:
@@ -55,9 +76,15 @@ def placement_of(strategy: Any) -> Any:
     if isinstance(strategy, NodeAffinitySchedulingStrategy):
         return types_pb2.Placement(strategy="NODE_AFFINITY", node_id=node_from_hex(strategy.node_id),
                                    soft=strategy.soft)
+    if isinstance(strategy, PlacementGroupSchedulingStrategy):
+        return types_pb2.Placement(
+            strategy="PLACEMENT_GROUP", group_id=strategy.placement_group.id,
+            bundle_index=strategy.placement_group_bundle_index,
+            capture_child_tasks=bool(strategy.placement_group_capture_child_tasks))
     msg = (f"scheduling_strategy={strategy!r} is not one orchestra knows; accepted: None or "
            "\"DEFAULT\", \"SPREAD\", or orchestra.util.scheduling_strategies."
-           "NodeAffinitySchedulingStrategy(node_id, soft=False)")
+           "NodeAffinitySchedulingStrategy(node_id, soft=False) or "
+           "PlacementGroupSchedulingStrategy(pg, bundle_index)")
     if isinstance(strategy, str):
         raise ValueError(msg)
     raise TypeError(msg)
@@ -83,7 +110,7 @@ class RemoteFunction:
         if not callable(fn):
             raise TypeError(f"@orchestra.remote needs a function or class, got {fn!r}")
         self._fn = fn
-        self._options = validate_options(dict(options), TASK_OPTIONS, f"{_name(fn)}()")
+        self._options = validate_options(legacy_group(options), TASK_OPTIONS, f"{_name(fn)}()")
         self._function_id = function_id or os.urandom(16)
         self._name = _name(fn)
         self._num_returns = int(self._options.get("num_returns", 1))

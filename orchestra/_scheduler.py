@@ -33,8 +33,10 @@ from ._actor_state import ActorTable
 from ._blocking import Blocking
 from ._instructions import FreeSegment, Instruction, KillWorker, Pull, Push, Send, StartWorker, StopWorker
 from ._loans import Loans
+from ._pg_state import PlacementGroups
 from ._placement import Placer, hard_node
 from ._sched_types import (
+    PLACEMENT_GROUP,
     TASK_TRANSITIONS,
     Client,
     IllegalTransition,
@@ -93,6 +95,8 @@ class SchedulerState:
         # Which node a task or actor goes to, with several nodes or a strategy
         # (_placement.py). joinable: nodes may join, so a request no node holds waits.
         self.placer = Placer(self, joinable)
+        # Placement groups: bundles reserved on nodes (_pg_state.py).
+        self.groups = PlacementGroups(self, joinable)
 
     # ------------------------------------------------------------------ nodes, workers
     def add_node(self, node_id: int, resources: dict[str, float], *, num_workers: int,
@@ -131,6 +135,8 @@ class SchedulerState:
         if c.worker is not None:
             self.worker_died(c.worker.worker_id, exit_reason or "its connection closed")
         self.loans.client_gone(conn)
+        if self.groups.groups:
+            self.groups.client_gone(conn)
         for oid, n in c.holds.items():
             self._decr(oid, n)
         c.holds.clear()
@@ -184,7 +190,7 @@ class SchedulerState:
             t.worker = None
             if i < running:  # a running task
                 if t.cancelled:
-                    self.fail_task(t, self.error("cancelled", name=t.call.name))
+                    self.fail_task(t, self._cancelled_error(t))
                 elif t.retries_left != 0:
                     t.retries_left -= 1 if t.retries_left > 0 else 0
                     t.move(TaskState.READY)
@@ -193,7 +199,7 @@ class SchedulerState:
                     self.fail_task(t, self.error("crashed", name=t.call.name, pid=w.pid,
                                                    reason=reason, attempts=t.attempt))
             elif t.cancelled:   # cancelled while queued there: see return_tasks
-                self.fail_task(t, self.error("cancelled", name=t.call.name))
+                self.fail_task(t, self._cancelled_error(t))
             else:  # never started there: schedule again, no retry spent
                 t.move(TaskState.READY)
                 self._enqueue_ready(t, front=True)
@@ -227,6 +233,7 @@ class SchedulerState:
         if self.nodes.pop(node_id, None) is None:
             return
         self._feasible.clear()
+        self.groups.node_removed(node_id)
         rebuild: dict[bytes, tuple[Any, int, int]] = {}
         for w in [w for w in self.workers.values() if w.node_id == node_id]:
             if w.state is WorkerState.STARTING:
@@ -288,7 +295,10 @@ class SchedulerState:
         t = Task(call, conn)
         c = self.clients.get(conn)
         if c is not None and c.worker is not None and c.worker.queue:
-            t.depth = c.worker.queue[0].depth + 1
+            parent = c.worker.queue[0]
+            if t.placement is None and self.groups.groups and not call.actor_id:
+                t = self._captured(t, c.worker) or t
+            t.depth = parent.depth + 1
             t.qkey = (-t.depth, t.shape) if t.placement is None else (-t.depth, t.shape, t.placement)
         self.tasks[call.task_id] = t
         for rid in t.return_ids:
@@ -302,7 +312,10 @@ class SchedulerState:
     def create_actor(self, conn: int, call: Any) -> None:
         """Raises ValueError when the actor's name is taken."""
         t = Task(call, conn)
-        self.actor_table.create(conn, call, t)
+        c = self.clients.get(conn)
+        if c is not None and c.worker is not None and t.placement is None and self.groups.groups:
+            t = self._captured(t, c.worker) or t
+        self.actor_table.create(conn, t.call, t)
         self.tasks[call.task_id] = t
         if self._hold_args(t) and not t.deps:
             self.actor_table.creation_deps_met(t)
@@ -378,6 +391,8 @@ class SchedulerState:
     def schedule(self) -> None:
         """Give ready tasks to workers: idle workers first, then pipelining on the
         workers granted that shape."""
+        if self.groups.pending:   # bundles first: they wait for resources tasks free
+            self.groups.place_pending()
         self.actor_table.place_pending()
         waiting = False
         waiting_for = self.blocking.waiting_for
@@ -699,7 +714,7 @@ class SchedulerState:
             if t.cancelled:
                 # The worker handed it back before our CancelTask reached it, and then
                 # ignored the cancel for a task it no longer had: re-queued, it ran.
-                self.fail_task(t, self.error("cancelled", name=t.call.name))
+                self.fail_task(t, self._cancelled_error(t))
                 continue
             t.move(TaskState.READY)
             self._enqueue_ready(t, front=True)
@@ -979,6 +994,52 @@ class SchedulerState:
                     self._free_segment(seg)
         for cid in data.contained:
             self._decr(cid)
+
+    # ------------------------------------------------------------------ placement groups
+    def _captured(self, t: Task, w: Worker) -> Task | None:
+        """``t``, submitted with no strategy by a task or actor running in a placement
+        group with placement_group_capture_child_tasks=True: the same task in that group
+        (any bundle). None when it is not captured."""
+        parent = w.actor.creation if w.actor is not None else w.queue[0] if w.queue else None
+        p = parent.placement if parent is not None else None
+        if parent is None or p is None or p[0] != PLACEMENT_GROUP or not p[2]:
+            return None
+        call = t.call
+        call.placement.CopyFrom(pb.Placement(strategy=PLACEMENT_GROUP, bundle_index=-1,
+                                             group_id=parent.call.placement.group_id,
+                                             capture_child_tasks=True))
+        return Task(call, t.owner)
+
+    def _cancelled_error(self, t: Task) -> bytes:
+        """The error of a cancelled task: killed with its placement group, or cancel()."""
+        doomed = self.groups.doomed.pop(t.call.task_id, None) if self.groups.doomed else None
+        return doomed or self.error("cancelled", name=t.call.name)
+
+    def kill_actor(self, actor_id: bytes, reason: str) -> None:
+        """Stop the actor for good (no restart), saying why."""
+        self.actor_table.kill(actor_id, True, reason=reason)
+
+    def actors_in_group(self, group_id: bytes) -> list[bytes]:
+        """The ids of the live actors created in that placement group."""
+        out = []
+        for aid, a in self.actor_table.actors.items():
+            p = a.creation.placement
+            if p is not None and p[0] == PLACEMENT_GROUP and a.state.value != "dead" \
+                    and a.creation.call.placement.group_id == group_id:
+                out.append(aid)
+        return out
+
+    def group_unplaceable(self, t: Task) -> bytes | None:
+        """The error of a task whose placement group is gone or cannot hold it."""
+        return self.groups.unplaceable(t)
+
+    def seal(self, oid: bytes, data: Any) -> None:
+        """The object ``oid`` is made: push it to its owner and subscribers."""
+        self._seal(oid, data)
+
+    def drop_hold(self, oid: bytes) -> None:
+        """One count of ``oid`` is gone (freed at zero)."""
+        self._decr(oid)
 
     # ------------------------------------------------------------------ placement
     def node_order(self, t: Task) -> list[Node]:

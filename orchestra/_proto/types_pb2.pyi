@@ -86,14 +86,20 @@ class Call(_message.Message):
     def __init__(self, task_id: _Optional[bytes] = ..., function_id: _Optional[bytes] = ..., args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., kwarg_names: _Optional[_Iterable[str]] = ..., num_returns: _Optional[int] = ..., resources: _Optional[_Mapping[str, float]] = ..., max_retries: _Optional[int] = ..., name: _Optional[str] = ..., nested: _Optional[_Iterable[bytes]] = ..., retry_exceptions: _Optional[bool] = ..., actor: _Optional[_Union[ActorSpec, _Mapping]] = ..., actor_id: _Optional[bytes] = ..., method: _Optional[str] = ..., retry_on: _Optional[bytes] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ...) -> None: ...
 
 class Placement(_message.Message):
-    __slots__ = ("strategy", "node_id", "soft")
+    __slots__ = ("strategy", "node_id", "soft", "group_id", "bundle_index", "capture_child_tasks")
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SOFT_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    BUNDLE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CAPTURE_CHILD_TASKS_FIELD_NUMBER: _ClassVar[int]
     strategy: str
     node_id: int
     soft: bool
-    def __init__(self, strategy: _Optional[str] = ..., node_id: _Optional[int] = ..., soft: _Optional[bool] = ...) -> None: ...
+    group_id: bytes
+    bundle_index: int
+    capture_child_tasks: bool
+    def __init__(self, strategy: _Optional[str] = ..., node_id: _Optional[int] = ..., soft: _Optional[bool] = ..., group_id: _Optional[bytes] = ..., bundle_index: _Optional[int] = ..., capture_child_tasks: _Optional[bool] = ...) -> None: ...
 
 class ActorSpec(_message.Message):
     __slots__ = ("actor_id", "name", "max_restarts", "max_concurrency", "is_async", "methods", "class_name")
