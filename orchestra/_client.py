@@ -110,6 +110,10 @@ class CoreClient:
         self._registered: set[bytes] = set()
         self.function_frames: dict[bytes, bytes] = {}   # for lent workers
         self.templates: dict[Any, bytes] = {}   # serialized Call templates of actor methods
+        # Where this driver's actor names live ("" in a worker: the head knows whose task
+        # it runs), and init()'s runtime_env (a RuntimeEnvSpec, or None).
+        self.namespace: str = hello.namespace
+        self.runtime_env: Any = None
         self._keep_until_sent: list[ObjectRef] = []
         self.lost: str | None = None
         self.closing = False

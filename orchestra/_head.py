@@ -461,7 +461,16 @@ class Head:
             return
         elif body == "create_actor":
             try:
-                self.state.create_actor(conn.conn_id, req.create_actor)
+                existing = self.state.create_actor(conn.conn_id, req.create_actor)
+                if existing is not None:   # get_if_exists: the live one's handle
+                    reply.actor.CopyFrom(existing)
+            except ValueError as exc:
+                reply.error, reply.error_kind = str(exc), "ValueError"
+        elif body == "get_actor_in":
+            try:
+                lookup = req.get_actor_in
+                reply.actor.CopyFrom(self.state.actor_table.get(lookup.name, lookup.namespace,
+                                                                conn=conn.conn_id))
             except ValueError as exc:
                 reply.error, reply.error_kind = str(exc), "ValueError"
         elif body in _GROUP_REQUESTS:
@@ -473,7 +482,7 @@ class Head:
             self.state.actor_table.kill(req.kill_actor.actor_id, req.kill_actor.no_restart)
         elif body == "get_actor":
             try:
-                reply.actor.CopyFrom(self.state.actor_table.get(req.get_actor))
+                reply.actor.CopyFrom(self.state.actor_table.get(req.get_actor, conn=conn.conn_id))
             except ValueError as exc:
                 reply.error, reply.error_kind = str(exc), "ValueError"
         elif body == "query":

@@ -14,7 +14,7 @@ from typing import Any
 
 import cloudpickle
 
-from . import _context, _wire
+from . import _context, _runtime_env, _wire
 from . import _pb as pb
 from ._ids import node_from_hex
 from ._proto import types_pb2
@@ -25,7 +25,8 @@ from .util.scheduling_strategies import NodeAffinitySchedulingStrategy, Placemen
 DEFAULT_MAX_RETRIES = 3
 
 TASK_OPTIONS = frozenset({"num_returns", "num_cpus", "num_gpus", "resources", "max_retries",
-                          "retry_exceptions", "name", "scheduling_strategy", "placement_group",
+                          "retry_exceptions", "name", "scheduling_strategy", "memory", "max_calls",
+                          "runtime_env", "placement_group",
                           "placement_group_bundle_index", "placement_group_capture_child_tasks"})
 # Ray's older way to name a placement group: folded into scheduling_strategy= (legacy_group).
 GROUP_OPTIONS = ("placement_group", "placement_group_bundle_index",
@@ -61,8 +62,13 @@ def validate_options(opts: dict[str, Any], allowed: frozenset[str], what: str) -
     if isinstance(mr, bool) or not isinstance(mr, int) or mr < -1:
         raise ValueError(f"max_retries must be an int >= 0, or -1 for no limit; got {mr!r}")
     retry_on(opts.get("retry_exceptions", False))
-    make_request(opts.get("num_cpus"), opts.get("num_gpus"), opts.get("resources"))
+    make_request(opts.get("num_cpus"), opts.get("num_gpus"), opts.get("resources"),
+                 memory=opts.get("memory"))
     placement_of(opts.get("scheduling_strategy"))
+    mc = opts.get("max_calls", 0)
+    if isinstance(mc, bool) or not isinstance(mc, int) or mc < 0:
+        raise ValueError(f"max_calls must be an int >= 0 (0: no limit), got {mc!r}")
+    _runtime_env.check(opts.get("runtime_env"))
     return opts
 
 
@@ -115,7 +121,7 @@ class RemoteFunction:
         self._name = _name(fn)
         self._num_returns = int(self._options.get("num_returns", 1))
         self._resources = make_request(self._options.get("num_cpus"), self._options.get("num_gpus"),
-                                       self._options.get("resources"))
+                                       self._options.get("resources"), memory=self._options.get("memory"))
         self._client: Any = None
         self._template = b""
         self._direct_shape: tuple[tuple[str, float], ...] | None = None
@@ -144,6 +150,10 @@ class RemoteFunction:
         placement = placement_of(opts.get("scheduling_strategy"))
         if placement is not None:
             call.placement.CopyFrom(placement)
+        call.max_calls = opts.get("max_calls", 0)
+        env = _runtime_env.merge(client.runtime_env, _runtime_env.check(opts.get("runtime_env")))
+        if env is not None:
+            call.runtime_env.CopyFrom(env)
         self._template = call.SerializeToString()
         # Tasks that may go straight to a worker lent to the driver: not those retried on
         # exceptions (the head decides that), nor GPU ones (no GPU worker is lent), nor
@@ -151,8 +161,9 @@ class RemoteFunction:
         # A task bound to a node (hard affinity) may go to a worker lent on that node.
         pinned = placement.node_id + 1 if placement is not None and \
             placement.strategy == "NODE_AFFINITY" and not placement.soft else 0
+        # Nor those with max_calls= (the head counts calls to replace the worker).
         self._direct_shape = None if opts.get("retry_exceptions") or self._resources.get("GPU") \
-            or (placement is not None and not pinned) \
+            or (placement is not None and not pinned) or opts.get("max_calls") \
             else pinned_key(shape_key(self._resources), pinned)
         reg = pb.RegisterFunctionRequest(function_id=self._function_id, fnname=self._name,
                                          num_return_vals=self._num_returns,

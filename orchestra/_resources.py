@@ -12,23 +12,26 @@ from .exceptions import InfeasibleResourcesError
 
 CPU = "CPU"
 GPU = "GPU"
+MEMORY = "memory"   # bytes of RAM a task or actor holds (memory=); a node's: see _session
 _EPS = 1e-9
 
 
 def make_request(num_cpus: float | None, num_gpus: float | None,
-                 resources: Mapping[str, float] | None, *, default_cpus: float = 1.0) -> dict[str, float]:
+                 resources: Mapping[str, float] | None, *, default_cpus: float = 1.0,
+                 memory: float | None = None) -> dict[str, float]:
     """Validate a task's resource options into one request dict."""
     req: dict[str, float] = {}
     cpus = default_cpus if num_cpus is None else num_cpus
-    for name, amount in ((CPU, cpus), (GPU, num_gpus or 0)):
+    for name, amount in ((CPU, cpus), (GPU, num_gpus or 0), (MEMORY, memory or 0)):
         _check_amount(name, amount)
         if amount:
             req[name] = float(amount)
     for name, amount in (resources or {}).items():
         if not isinstance(name, str) or not name:
             raise TypeError(f"resource names must be non-empty strings, got {name!r}")
-        if name in (CPU, GPU):
-            raise ValueError(f"use num_cpus= / num_gpus= for {name}, not resources={{{name!r}: ...}}")
+        if name in (CPU, GPU, MEMORY):
+            raise ValueError(f"use num_cpus= / num_gpus= / memory= for {name}, not "
+                             f"resources={{{name!r}: ...}}")
         _check_amount(name, amount)
         if amount:
             req[name] = float(amount)

@@ -145,7 +145,7 @@ class Wait:
 class Worker:
     __slots__ = ("worker_id", "node_id", "pid", "conn", "state", "queue", "grant",
                  "gpu_ids", "functions", "grant_shape", "actor", "lent_to", "recalling",
-                 "waits", "nested", "address")
+                 "waits", "nested", "address", "calls", "retiring")
 
     def __init__(self, worker_id: int, node_id: int) -> None:
         self.worker_id = worker_id
@@ -170,6 +170,10 @@ class Worker:
         # inside them (_blocking.py); the innermost running task is queue[0].
         self.waits: list[Wait] = []
         self.nested: list[Task] = []
+        # Calls run per function id, counted for functions with max_calls= only; at the
+        # limit it is retiring: no more work, replaced once its queue is empty.
+        self.calls: dict[bytes, int] | None = None
+        self.retiring = False
 
 
 class Obj:
@@ -193,10 +197,11 @@ class Obj:
 
 
 class Client:
-    __slots__ = ("conn", "kind", "pid", "holds", "worker", "node_id")
+    __slots__ = ("conn", "kind", "pid", "holds", "worker", "node_id", "namespace")
 
     def __init__(self, conn: int, kind: str, pid: int, node_id: int = 0) -> None:
         self.conn = conn
+        self.namespace = ""   # a driver's (Hello.namespace): where its actor names live
         self.kind = kind
         self.pid = pid
         self.node_id = node_id         # the node whose store it maps

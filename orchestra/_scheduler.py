@@ -115,6 +115,7 @@ class SchedulerState:
 
     def client_connected(self, conn: int, hello: Any, node_id: int = 0) -> Client:
         c = Client(conn, hello.kind, hello.pid, node_id)
+        c.namespace = hello.namespace
         self.clients[conn] = c
         if hello.kind == "worker":
             w = self.workers.get(hello.workerid)
@@ -134,6 +135,8 @@ class SchedulerState:
             return
         if c.worker is not None:
             self.worker_died(c.worker.worker_id, exit_reason or "its connection closed")
+        elif c.kind == "driver":
+            self.actor_table.driver_gone(conn)
         self.loans.client_gone(conn)
         if self.groups.groups:
             self.groups.client_gone(conn)
@@ -309,16 +312,21 @@ class SchedulerState:
             elif not t.deps:
                 self._deps_met(t)
 
-    def create_actor(self, conn: int, call: Any) -> None:
-        """Raises ValueError when the actor's name is taken."""
+    def create_actor(self, conn: int, call: Any) -> Any:
+        """Raises ValueError when the actor's name is taken in its namespace; with
+        get_if_exists, returns the live actor's spec instead (nothing is created).
+        None: created."""
         t = Task(call, conn)
         c = self.clients.get(conn)
         if c is not None and c.worker is not None and t.placement is None and self.groups.groups:
             t = self._captured(t, c.worker) or t
-        self.actor_table.create(conn, t.call, t)
+        existing = self.actor_table.create(conn, t.call, t)
+        if existing is not None:
+            return existing
         self.tasks[call.task_id] = t
         if self._hold_args(t) and not t.deps:
             self.actor_table.creation_deps_met(t)
+        return None
 
     def _hold_args(self, t: Task) -> bool:
         """The task holds its arguments; False when it already failed (lost or failed
@@ -608,6 +616,8 @@ class SchedulerState:
                 self._seal(data.object_id, data)
             if len(self.nodes) > 1 and t.retries_left != 0 and not t.call.actor_id:
                 self._keep_lineage(t, msg.returns)
+        if t.call.max_calls and w is not None and w.actor is None:
+            self._count_call(w, t.call)
         self.after_worker_step(w, t)
 
     def _keep_lineage(self, t: Task, returns: Any) -> None:
@@ -621,6 +631,10 @@ class SchedulerState:
         """``w`` ended a task (``done``, when it ran to its end)."""
         if w is not None and w.actor is not None:
             self.actor_table.call_done(w)
+            return
+        if w is not None and w.retiring:
+            self._retire(w)
+            self.schedule()
             return
         if w is not None and not w.queue and w.state is WorkerState.BUSY and w.lent_to is None:
             if done is not None and self.lending and self.loans.lend_after_task(w, done):
@@ -642,6 +656,32 @@ class SchedulerState:
         self.schedule()
         if w is not None and w.state is WorkerState.IDLE and not self.has_ready():
             self._steal_for(w)
+
+    def _count_call(self, w: Worker, call: Any) -> None:
+        """``w`` ran a call of a function with max_calls=: at the limit it retires, and
+        the tasks queued there that have not started are asked back (STEAL)."""
+        calls = w.calls if w.calls is not None else {}
+        w.calls = calls
+        n = calls[call.function_id] = calls.get(call.function_id, 0) + 1
+        if n >= call.max_calls and not w.retiring:
+            w.retiring = True
+            w.grant_shape = ()   # nothing more is pipelined there
+            if w.queue:
+                ids = [t.call.task_id for t in w.queue]
+                self.out.append(Send(w.conn, STEAL, pb.ReturnTasks(task_ids=ids)))
+
+    def _retire(self, w: Worker) -> None:
+        """A worker at a function's max_calls: once its queue is empty, stop it and
+        start a fresh one in its place."""
+        if w.queue or w.state is WorkerState.DEAD:
+            return
+        self.release_grant(w)
+        w.state = WorkerState.DEAD
+        del self.workers[w.worker_id]
+        self.out.append(StopWorker(w.node_id, w.worker_id))
+        node = self.nodes.get(w.node_id)
+        if node is not None and len(self.pool(w.node_id)) < max(node.num_cpus, 1):
+            self.start_worker(w.node_id)
 
     def _idle_on(self, node_id: int) -> int:
         return sum(1 for x in self.workers.values()
@@ -782,6 +822,15 @@ class SchedulerState:
             t = self._adopted(conn, call)
             if t is None:
                 continue
+            if call.max_retries and a is not None and a.state.value != "dead":
+                # max_task_retries=: it may run again on the restarted instance, which
+                # reads its arguments through the head.
+                if not self._hold_args(t):
+                    continue
+                if not alive:
+                    t.retries_left -= 1 if t.retries_left > 0 else 0
+                    self.actor_table.submit_call(t)
+                    continue
             if alive:
                 assert w is not None
                 self._queued_on(t, w)

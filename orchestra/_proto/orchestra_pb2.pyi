@@ -259,7 +259,7 @@ class InvokeCallReply(_message.Message):
     def __init__(self) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("kind", "pid", "workerid", "cwd", "sys_path", "node_id", "machine")
+    __slots__ = ("kind", "pid", "workerid", "cwd", "sys_path", "node_id", "machine", "namespace")
     KIND_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     WORKERID_FIELD_NUMBER: _ClassVar[int]
@@ -267,6 +267,7 @@ class Hello(_message.Message):
     SYS_PATH_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     MACHINE_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     kind: str
     pid: int
     workerid: int
@@ -274,7 +275,8 @@ class Hello(_message.Message):
     sys_path: _containers.RepeatedScalarFieldContainer[str]
     node_id: int
     machine: str
-    def __init__(self, kind: _Optional[str] = ..., pid: _Optional[int] = ..., workerid: _Optional[int] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., node_id: _Optional[int] = ..., machine: _Optional[str] = ...) -> None: ...
+    namespace: str
+    def __init__(self, kind: _Optional[str] = ..., pid: _Optional[int] = ..., workerid: _Optional[int] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., node_id: _Optional[int] = ..., machine: _Optional[str] = ..., namespace: _Optional[str] = ...) -> None: ...
 
 class HelloReply(_message.Message):
     __slots__ = ("session_id", "node_id", "node_resources", "store_capacity", "session_dir", "cwd", "sys_path", "inline_threshold", "conn_id", "shm_dir", "node_dir", "joinable", "node_address")
@@ -502,7 +504,7 @@ class CancelTask(_message.Message):
     def __init__(self, task_id: _Optional[bytes] = ...) -> None: ...
 
 class Request(_message.Message):
-    __slots__ = ("req_id", "create_segment", "query", "create_actor", "kill_actor", "get_actor", "locate", "abort_segment", "create_placement_group", "remove_placement_group", "get_placement_group", "placement_group_table")
+    __slots__ = ("req_id", "create_segment", "query", "create_actor", "kill_actor", "get_actor", "locate", "abort_segment", "create_placement_group", "remove_placement_group", "get_placement_group", "placement_group_table", "get_actor_in")
     REQ_ID_FIELD_NUMBER: _ClassVar[int]
     CREATE_SEGMENT_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
@@ -515,6 +517,7 @@ class Request(_message.Message):
     REMOVE_PLACEMENT_GROUP_FIELD_NUMBER: _ClassVar[int]
     GET_PLACEMENT_GROUP_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_GROUP_TABLE_FIELD_NUMBER: _ClassVar[int]
+    GET_ACTOR_IN_FIELD_NUMBER: _ClassVar[int]
     req_id: int
     create_segment: CreateSegment
     query: str
@@ -527,7 +530,16 @@ class Request(_message.Message):
     remove_placement_group: bytes
     get_placement_group: str
     placement_group_table: bytes
-    def __init__(self, req_id: _Optional[int] = ..., create_segment: _Optional[_Union[CreateSegment, _Mapping]] = ..., query: _Optional[str] = ..., create_actor: _Optional[_Union[_types_pb2.Call, _Mapping]] = ..., kill_actor: _Optional[_Union[KillActor, _Mapping]] = ..., get_actor: _Optional[str] = ..., locate: _Optional[bytes] = ..., abort_segment: _Optional[str] = ..., create_placement_group: _Optional[_Union[PlacementGroupSpec, _Mapping]] = ..., remove_placement_group: _Optional[bytes] = ..., get_placement_group: _Optional[str] = ..., placement_group_table: _Optional[bytes] = ...) -> None: ...
+    get_actor_in: ActorLookup
+    def __init__(self, req_id: _Optional[int] = ..., create_segment: _Optional[_Union[CreateSegment, _Mapping]] = ..., query: _Optional[str] = ..., create_actor: _Optional[_Union[_types_pb2.Call, _Mapping]] = ..., kill_actor: _Optional[_Union[KillActor, _Mapping]] = ..., get_actor: _Optional[str] = ..., locate: _Optional[bytes] = ..., abort_segment: _Optional[str] = ..., create_placement_group: _Optional[_Union[PlacementGroupSpec, _Mapping]] = ..., remove_placement_group: _Optional[bytes] = ..., get_placement_group: _Optional[str] = ..., placement_group_table: _Optional[bytes] = ..., get_actor_in: _Optional[_Union[ActorLookup, _Mapping]] = ...) -> None: ...
+
+class ActorLookup(_message.Message):
+    __slots__ = ("name", "namespace")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    namespace: str
+    def __init__(self, name: _Optional[str] = ..., namespace: _Optional[str] = ...) -> None: ...
 
 class PlacementGroupSpec(_message.Message):
     __slots__ = ("group_id", "bundles", "strategy", "name", "detached")

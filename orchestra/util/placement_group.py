@@ -20,6 +20,7 @@ from typing import Any
 
 from .. import _context, _ids
 from .. import _pb as pb
+from .._errors import private_detached
 from .._object_ref import ObjectRef
 
 _STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -119,20 +120,13 @@ def placement_group(bundles: list[dict[str, float]], strategy: str = "PACK", nam
     client = _context.current_client()
     detached = lifetime == "detached"
     if detached and not client.info.joinable:
-        raise ValueError(_PRIVATE_DETACHED.format(what="placement group"))
+        raise ValueError(private_detached("placement group"))
     gid = _ids.next_task_id()
     spec = pb.PlacementGroupSpec(group_id=gid, strategy=strategy, name=name, detached=detached,
                                  bundles=[pb.PlacementBundle(resources=b) for b in specs])
     client.request(pb.Request(create_placement_group=spec))
     ready = ObjectRef(gid + _READY_SUFFIX, client, counted=True)   # the head counts it for us
     return PlacementGroup(gid, specs, ready)
-
-
-_PRIVATE_DETACHED = (
-    "lifetime=\"detached\" {what}: this cluster was started by orchestra.init() in this "
-    "process and stops when it exits, so nothing can outlive it here. Start a cluster "
-    "with `orchestra start --head` and connect with orchestra.init(address=...) to keep "
-    "detached {what}s across drivers.")
 
 
 def remove_placement_group(placement_group: PlacementGroup) -> None:
