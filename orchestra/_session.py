@@ -326,7 +326,7 @@ def launch_head(cfg: dict[str, Any], *, stdout: Any = None, stderr: Any = None) 
     return head
 
 
-def _hello(namespace: str) -> Any:
+def _hello(namespace: str = "") -> Any:
     return pb.Hello(kind="driver", pid=os.getpid(), cwd=os.getcwd(), sys_path=sys.path,
                     machine=machine_id(), namespace=namespace)
 
