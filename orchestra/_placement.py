@@ -112,7 +112,7 @@ class Placer:
             return fitting
         held = self.arg_bytes(t) if t.arg_ids else {}
         fitting.sort(key=lambda n: (-held.get(n.node_id, 0), -cpu_share_free(n), n.node_id))
-        if p is not None:   # soft affinity: its node first when it fits
+        if p is not None and p[0] == NODE_AFFINITY:   # soft: its node first when it fits
             for i, n in enumerate(fitting):
                 if n.node_id == p[1]:
                     fitting.insert(0, fitting.pop(i))

@@ -218,6 +218,7 @@ def test_detached_needs_a_name(cluster):
 
 _DRIVER = """
 import json, os, sys, orchestra
+from orchestra.util import get_placement_group, placement_group, remove_placement_group
 orchestra.init(address=os.environ["ORCH_ADDRESS"], token=os.environ["ORCH_TOKEN"],
                namespace="svc")
 
@@ -241,7 +242,7 @@ def _driver(c, code: str) -> object:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def test_a_detached_actor_outlives_its_driver_and_a_plain_one_does_not(tmp_path):
+def test_detached_actors_and_groups_outlive_their_driver_and_plain_ones_do_not(tmp_path):
     from orchestra.cluster_utils import Cluster
     if orchestra.is_initialized():
         orchestra.shutdown()
@@ -250,6 +251,9 @@ def test_a_detached_actor_outlives_its_driver_and_a_plain_one_does_not(tmp_path)
         assert _driver(c, """
             d = Counter.options(name="kept", lifetime="detached").remote()
             p = Counter.options(name="plain").remote()
+            kept = placement_group([{"CPU": 0.5}], name="kept-pg", lifetime="detached")
+            placement_group([{"CPU": 0.25}], name="plain-pg")
+            assert kept.wait(30)
             print(json.dumps(orchestra.get([d.inc.remote(), p.inc.remote()])))
         """) == [1, 1]
         assert _driver(c, """
@@ -259,8 +263,16 @@ def test_a_detached_actor_outlives_its_driver_and_a_plain_one_does_not(tmp_path)
                 plain = "alive"
             except ValueError:
                 plain = "gone"
-            print(json.dumps([orchestra.get(d.inc.remote()), plain]))
-        """) == [2, "gone"]
+            try:
+                get_placement_group("plain-pg")
+                plain_pg = "alive"
+            except ValueError:
+                plain_pg = "gone"
+            kept = get_placement_group("kept-pg")
+            assert kept.wait(30)
+            remove_placement_group(kept)
+            print(json.dumps([orchestra.get(d.inc.remote()), plain, plain_pg]))
+        """) == [2, "gone", "gone"]
         assert _driver(c, """
             orchestra.kill(orchestra.get_actor("kept", namespace="svc"))
             try:
