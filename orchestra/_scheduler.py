@@ -438,7 +438,8 @@ class SchedulerState:
                     w.grant_shape = t.shape
                     w.gpu_ids = node.resources.acquire(req)
                     w.state = WorkerState.BUSY
-                    if self.lending and w.actor is None and not t.call.retry_exceptions:
+                    if self.lending and w.actor is None and not t.call.retry_exceptions \
+                            and not t.call.max_calls:   # (its worker may retire: never lent)
                         self.loans.fresh.append((t.owner, w))
                     return w
             elif st is WorkerState.BUSY and w.grant_shape == t.shape and w.lent_to is None \
@@ -494,7 +495,8 @@ class SchedulerState:
                 took.gpu_ids = node.resources.acquire(req)
                 took.state = WorkerState.BUSY
                 self.placer.placed(t, node.node_id)
-                if self.lending and took.actor is None and not t.call.retry_exceptions:
+                if self.lending and took.actor is None and not t.call.retry_exceptions \
+                        and not t.call.max_calls:
                     if t.placement is None:
                         self.loans.fresh.append((t.owner, took))
                     elif only == took.node_id:   # bound to this node: lent for those
@@ -673,8 +675,8 @@ class SchedulerState:
     def _retire(self, w: Worker) -> None:
         """A worker at a function's max_calls: once its queue is empty, stop it and
         start a fresh one in its place."""
-        if w.queue or w.state is WorkerState.DEAD:
-            return
+        if w.queue or w.state is WorkerState.DEAD or w.lent_to is not None:
+            return   # (a lent worker retires once given back: return_loan steps it here)
         self.release_grant(w)
         w.state = WorkerState.DEAD
         del self.workers[w.worker_id]

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from _sched_helpers import DRIVER, Cluster, error_of, executed, make_call, rid, sent, worker_conn
+from _sched_helpers import DRIVER, Cluster, error_of, executed, make_call, rid, sent, sent_late, worker_conn
 from orchestra import _pb as pb
 from orchestra import _wire
 from orchestra._actor_state import ActorState
@@ -174,3 +174,15 @@ def test_tasks_queued_behind_the_last_call_are_asked_back():
     c.s.return_tasks(worker_conn(wid), [calls[1].task_id])
     out = c.take()
     assert [i.worker_id for i in out if type(i) is StopWorker] == [wid]
+
+
+def test_a_worker_running_a_max_calls_task_is_never_lent():
+    c = Cluster(cpus=1, lending=True)
+    call = make_call("f")
+    call.max_calls = 1
+    c.submit(call)
+    out = c.take()
+    [(wid, _)] = executed(out)
+    c.done(wid, call)
+    out += c.take()
+    assert not sent_late(out, _wire.LOAN) and [i for i in out if type(i) is StopWorker]
