@@ -29,7 +29,7 @@ from typing import Any
 
 from . import _ids
 from . import _pb as pb
-from ._actor_state import ActorTable
+from ._actor_state import ActorState, ActorTable
 from ._blocking import Blocking
 from ._instructions import FreeSegment, Instruction, KillWorker, Pull, Push, Send, StartWorker, StopWorker
 from ._loans import Loans
@@ -824,7 +824,7 @@ class SchedulerState:
             t = self._adopted(conn, call)
             if t is None:
                 continue
-            if call.max_retries and a is not None and a.state.value != "dead":
+            if call.max_retries and a is not None and a.state is not ActorState.DEAD:
                 # max_task_retries=: it may run again on the restarted instance, which
                 # reads its arguments through the head.
                 if not self._hold_args(t):
@@ -1075,7 +1075,7 @@ class SchedulerState:
         out = []
         for aid, a in self.actor_table.actors.items():
             p = a.creation.placement
-            if p is not None and p[0] == PLACEMENT_GROUP and a.state.value != "dead" \
+            if p is not None and p[0] == PLACEMENT_GROUP and a.state is not ActorState.DEAD \
                     and a.creation.call.placement.group_id == group_id:
                 out.append(aid)
         return out
