@@ -7,6 +7,8 @@
         resources leave its node's free pool and come back there under the bundle's own
         names; the group's ready pseudo-object is sealed (pg.ready() resolves)
     CREATED --a node holding bundles died--> PENDING: those bundles are placed again
+    a task or actor started with no strategy by one running in the group with
+        capture_child_tasks=True --capture--> in the same group, any bundle
     remove_placement_group, or its creator's connection closed (unless detached)
         --> REMOVED: its actors are killed, tasks running in it are killed (their
         workers too) and fail, queued ones fail, the bundles return to their nodes
@@ -33,7 +35,7 @@ from typing import Any
 from . import _pb as pb
 from ._ids import node_hex
 from ._instructions import KillWorker, Send
-from ._sched_types import PLACEMENT_GROUP, SchedulerCore, Task, TaskState
+from ._sched_types import PLACEMENT_GROUP, SchedulerCore, Task, TaskState, Worker
 from ._serialization import serialize
 from ._wire import WARNING
 from .exceptions import InfeasibleResourcesError
@@ -299,6 +301,21 @@ class PlacementGroups:
                 f"{self._label(g)} holds ({'; '.join(_fmt(b) for b in bundles)}). Ask for less "
                 "in .options(...), or make the bundle larger."))
         return None
+
+    @staticmethod
+    def capture(t: Task, w: Worker) -> Task | None:
+        """``t``, submitted with no strategy by a task or actor running in a placement
+        group with placement_group_capture_child_tasks=True: the same task in that group
+        (any bundle). None when it is not captured."""
+        parent = w.actor.creation if w.actor is not None else w.queue[0] if w.queue else None
+        p = parent.placement if parent is not None else None
+        if parent is None or p is None or p[0] != PLACEMENT_GROUP or not p[2]:
+            return None
+        call = t.call
+        call.placement.CopyFrom(pb.Placement(strategy=PLACEMENT_GROUP, bundle_index=-1,
+                                             group_id=parent.call.placement.group_id,
+                                             capture_child_tasks=True))
+        return Task(call, t.owner)
 
     # ------------------------------------------------------------------ removal
     def remove(self, gid: bytes, reason: str = "removed by remove_placement_group()") -> None:

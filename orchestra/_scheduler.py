@@ -300,7 +300,7 @@ class SchedulerState:
         if c is not None and c.worker is not None and c.worker.queue:
             parent = c.worker.queue[0]
             if t.placement is None and self.groups.groups and not call.actor_id:
-                t = self._captured(t, c.worker) or t
+                t = self.groups.capture(t, c.worker) or t
             t.depth = parent.depth + 1
             t.qkey = (-t.depth, t.shape) if t.placement is None else (-t.depth, t.shape, t.placement)
         self.tasks[call.task_id] = t
@@ -319,7 +319,7 @@ class SchedulerState:
         t = Task(call, conn)
         c = self.clients.get(conn)
         if c is not None and c.worker is not None and t.placement is None and self.groups.groups:
-            t = self._captured(t, c.worker) or t
+            t = self.groups.capture(t, c.worker) or t
         existing = self.actor_table.create(conn, t.call, t)
         if existing is not None:
             return existing
@@ -1047,20 +1047,6 @@ class SchedulerState:
             self._decr(cid)
 
     # ------------------------------------------------------------------ placement groups
-    def _captured(self, t: Task, w: Worker) -> Task | None:
-        """``t``, submitted with no strategy by a task or actor running in a placement
-        group with placement_group_capture_child_tasks=True: the same task in that group
-        (any bundle). None when it is not captured."""
-        parent = w.actor.creation if w.actor is not None else w.queue[0] if w.queue else None
-        p = parent.placement if parent is not None else None
-        if parent is None or p is None or p[0] != PLACEMENT_GROUP or not p[2]:
-            return None
-        call = t.call
-        call.placement.CopyFrom(pb.Placement(strategy=PLACEMENT_GROUP, bundle_index=-1,
-                                             group_id=parent.call.placement.group_id,
-                                             capture_child_tasks=True))
-        return Task(call, t.owner)
-
     def _cancelled_error(self, t: Task) -> bytes:
         """The error of a cancelled task: killed with its placement group, or cancel()."""
         doomed = self.groups.doomed.pop(t.call.task_id, None) if self.groups.doomed else None
