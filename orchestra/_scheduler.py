@@ -54,6 +54,7 @@ __all__ = ["TASK_TRANSITIONS", "Client", "IllegalTransition", "Node", "Obj", "Sc
            "Task", "TaskState", "Worker", "WorkerState"]
 
 _MAX_START_FAILURES = 3
+_RETIRING = (("@retiring", 1.0),)   # the grant shape of a worker at max_calls (no task's)
 
 
 class SchedulerState:
@@ -667,7 +668,7 @@ class SchedulerState:
         n = calls[call.function_id] = calls.get(call.function_id, 0) + 1
         if n >= call.max_calls and not w.retiring:
             w.retiring = True
-            w.grant_shape = ()   # nothing more is pipelined there
+            w.grant_shape = _RETIRING   # no task has this shape: none is pipelined there
             if w.queue:
                 ids = [t.call.task_id for t in w.queue]
                 self.out.append(Send(w.conn, STEAL, pb.ReturnTasks(task_ids=ids)))

@@ -186,3 +186,18 @@ def test_a_worker_running_a_max_calls_task_is_never_lent():
     c.done(wid, call)
     out += c.take()
     assert not sent_late(out, _wire.LOAN) and [i for i in out if type(i) is StopWorker]
+
+
+def test_nothing_is_pipelined_onto_a_retiring_worker_not_even_a_task_asking_for_nothing():
+    c = Cluster(cpus=1, workers=1, max_workers=1, pipeline_depth=3)
+    long = c.submit(make_call("long", cpus=0))
+    last = make_call("f", cpus=0)
+    last.max_calls = 1
+    c.submit(last)
+    [wid] = {w for w, _ in executed(c.take())}
+    c.done(wid, last)   # the limit: it retires once "long" ends
+    c.take()
+    c.submit(make_call("free", cpus=0))
+    assert executed(c.take()) == []
+    c.done(wid, long)
+    assert [i.worker_id for i in c.take() if type(i) is StopWorker] == [wid]
