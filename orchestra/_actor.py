@@ -17,8 +17,9 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from . import _context, _ids, _wire
+from . import _context, _ids, _runtime_env, _wire
 from . import _pb as pb
+from ._errors import private_detached
 from ._generators import (
     NONE,
     STREAMING,
@@ -30,12 +31,13 @@ from ._generators import (
     open_stream,
 )
 from ._object_ref import ObjectRef
-from ._remote_function import placement_of
+from ._remote_function import GROUP_OPTIONS, legacy_group, placement_of
 from ._resources import check_feasible, make_request
 from ._serialization import dumps_function
 
 ACTOR_OPTIONS = frozenset({"num_cpus", "num_gpus", "resources", "max_restarts", "max_concurrency",
-                           "name", "scheduling_strategy"})
+                           "name", "scheduling_strategy", "memory", "namespace", "get_if_exists",
+                           "lifetime", "max_task_retries", "runtime_env", *GROUP_OPTIONS})
 DEFAULT_ASYNC_CONCURRENCY = 1000
 
 
@@ -67,8 +69,25 @@ def _validate(opts: dict[str, Any], cls_name: str) -> dict[str, Any]:
     name = opts.get("name")
     if name is not None and (not isinstance(name, str) or not name):
         raise ValueError(f"name must be a non-empty string, got {name!r}")
+    mtr = opts.get("max_task_retries", 0)
+    if isinstance(mtr, bool) or not isinstance(mtr, int) or mtr < -1:
+        raise ValueError(f"max_task_retries must be an int >= 0, or -1 for no limit; got {mtr!r}")
+    ns = opts.get("namespace")
+    if ns is not None and (not isinstance(ns, str) or not ns):
+        raise ValueError(f"namespace must be a non-empty string, got {ns!r}")
+    if opts.get("get_if_exists") and not name:
+        raise ValueError("get_if_exists=True needs name=: it finds the live actor of that name")
+    lifetime = opts.get("lifetime")
+    if lifetime not in (None, "detached", "non_detached"):
+        raise ValueError(f"lifetime={lifetime!r}: use None (the actor ends with its driver) or "
+                         "\"detached\"")
+    if lifetime == "detached" and not name:
+        raise ValueError("lifetime=\"detached\" needs name=: nothing could reach the actor "
+                         "after its driver exits but get_actor(name)")
+    _runtime_env.check(opts.get("runtime_env"))
     # Actors hold no CPU unless asked (as in Ray): many can live on few cores.
-    make_request(opts.get("num_cpus"), opts.get("num_gpus"), opts.get("resources"), default_cpus=0)
+    make_request(opts.get("num_cpus"), opts.get("num_gpus"), opts.get("resources"), default_cpus=0,
+                 memory=opts.get("memory"))
     placement_of(opts.get("scheduling_strategy"))
     return opts
 
@@ -78,11 +97,13 @@ class ActorClass:
 
     def __init__(self, cls: type, options: dict[str, Any], function_id: bytes | None = None) -> None:
         self._cls = cls
+        options = legacy_group(options)
         self._options = _validate(dict(options), cls.__name__)
         self._function_id = function_id or _ids.next_task_id() + b"\0" * 4
         self._methods, self._is_async, self._generators = _public_methods(cls)
         self._resources = make_request(options.get("num_cpus"), options.get("num_gpus"),
-                                       options.get("resources"), default_cpus=0)
+                                       options.get("resources"), default_cpus=0,
+                                       memory=options.get("memory"))
         self._client: Any = None
         self._register_frame = b""
         self.__name__ = cls.__name__
@@ -112,18 +133,29 @@ class ActorClass:
         tid = _ids.next_task_id()
         actor_id = tid + b"\xff\xff\xff\xff"
         concurrency = opts.get("max_concurrency") or (DEFAULT_ASYNC_CONCURRENCY if self._is_async else 1)
+        detached = opts.get("lifetime") == "detached"
+        if detached and not client.info.joinable:
+            raise ValueError(private_detached("actor"))
         spec = pb.ActorSpec(actor_id=actor_id, name=opts.get("name") or "",
                             max_restarts=opts.get("max_restarts", 0), max_concurrency=concurrency,
                             is_async=self._is_async, methods=self._methods,
                             class_name=self._cls.__qualname__,
-                            generator_methods=self._generators)
+                            generator_methods=self._generators,
+                            namespace=opts.get("namespace") or client.namespace,
+                            get_if_exists=bool(opts.get("get_if_exists")), detached=detached,
+                            max_task_retries=opts.get("max_task_retries", 0))
         call = client.build_call(tid, self._function_id, args, kwargs, num_returns=0,
                                  resources=self._resources, name=f"{self._cls.__qualname__}.__init__")
         call.actor.CopyFrom(spec)
         placement = placement_of(opts.get("scheduling_strategy"))
         if placement is not None:
             call.placement.CopyFrom(placement)
-        client.request(pb.Request(create_actor=call))   # ValueError: the name is taken
+        env = _runtime_env.merge(client.runtime_env, _runtime_env.check(opts.get("runtime_env")))
+        if env is not None:
+            call.runtime_env.CopyFrom(env)
+        reply = client.request(pb.Request(create_actor=call))   # ValueError: the name is taken
+        if reply.HasField("actor"):   # get_if_exists: the live actor of that name
+            return ActorHandle(reply.actor, client)
         return ActorHandle(spec, client, counted=True)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -212,7 +244,8 @@ class ActorMethod:
         key = (h._actor_id, self._name, self._num_returns, self._generator, self._backpressure)
         template = client.templates.get(key)
         if template is None:
-            template = pb.Call(num_returns=self._num_returns, max_retries=0, actor_id=h._actor_id,
+            template = pb.Call(num_returns=self._num_returns, max_retries=h._spec.max_task_retries,
+                               actor_id=h._actor_id,
                                method=self._name, name=f"{h._spec.class_name}.{self._name}",
                                generator=self._generator,
                                generator_backpressure=self._backpressure).SerializeToString()
@@ -238,12 +271,16 @@ class ActorMethod:
                         f"handle.{self._name}.remote(...)")
 
 
-def get_actor(name: str) -> ActorHandle:
-    """The handle of the named actor; ValueError if no live actor has that name."""
+def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
+    """The handle of the named actor in ``namespace`` (None: this driver's); ValueError
+    if no live actor there has that name."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"get_actor() takes an actor name (str), got {name!r}")
+    if namespace is not None and (not isinstance(namespace, str) or not namespace):
+        raise TypeError(f"get_actor(namespace=) takes a non-empty string, got {namespace!r}")
     client = _context.current_client()
-    reply = client.request(pb.Request(get_actor=name))   # ValueError: no such actor
+    reply = client.request(pb.Request(get_actor_in=pb.ActorLookup(
+        name=name, namespace=namespace or client.namespace)))   # ValueError: no such actor
     return ActorHandle(reply.actor, client)
 
 

@@ -61,23 +61,53 @@ class ActorTable:
     def __init__(self, state: SchedulerCore) -> None:
         self.s = state
         self.actors: dict[bytes, Actor] = {}
-        self.names: dict[str, bytes] = {}
+        self.names: dict[tuple[str, str], bytes] = {}   # (namespace, name) -> actor id
         self.pending: list[Actor] = []
 
     # ------------------------------------------------------------------ creation
-    def create(self, conn: int, call: Any, task: Task) -> None:
-        """Raises ValueError for a taken name (the head answers the request with it)."""
+    def create(self, conn: int, call: Any, task: Task) -> Any:
+        """Raises ValueError for a name taken in its namespace (the head answers the
+        request with it); with get_if_exists, the live actor's spec (nothing made)."""
         spec = call.actor
-        if spec.name and spec.name in self.names:
-            raise ValueError(f"an actor named {spec.name!r} already taken: names are unique "
-                             "among live actors; pick another, or get_actor() the existing one")
+        if not spec.namespace:
+            spec.namespace = self.namespace_of(conn)
+        key = (spec.namespace, spec.name)
+        if spec.name and key in self.names:
+            if spec.get_if_exists:
+                return self.actors[self.names[key]].spec
+            raise ValueError(f"the actor name {spec.name!r} is already taken in namespace "
+                             f"{spec.namespace!r}: names are unique among live actors of a "
+                             "namespace; pick another, get_actor() the existing one, or pass "
+                             "get_if_exists=True")
         a = Actor(spec, task, conn)
         self.actors[spec.actor_id] = a
         if spec.name:
-            self.names[spec.name] = spec.actor_id
+            self.names[key] = spec.actor_id
         s = self.s
         token = s.new_object(conn, spec.actor_id)   # the handle's pseudo-object
         token.data = pb.ObjectData(object_id=spec.actor_id, inline=b"")
+        return None
+
+    def namespace_of(self, conn: int) -> str:
+        """The namespace a connection acts in: a driver's own; a worker's, that of the
+        driver whose task it runs (through tasks of tasks); an actor's, its own."""
+        s = self.s
+        for _ in range(256):   # a chain of owners, never a cycle; bounded all the same
+            c = s.clients.get(conn)
+            if c is None:
+                return ""
+            w = c.worker
+            if w is None:
+                return c.namespace
+            if w.actor is not None:
+                return w.actor.spec.namespace
+            if w.queue:
+                conn = w.queue[0].owner
+            elif w.lent_to is not None:
+                conn = w.lent_to
+            else:
+                return ""
+        return ""
 
     def creation_deps_met(self, task: Task) -> None:
         a = self.actors.get(task.call.actor.actor_id)
@@ -227,16 +257,27 @@ class ActorTable:
         inflight = [t for t in w.queue if t is not a.creation]
         w.queue.clear()
         name = a.spec.class_name
+        limit = a.spec.max_restarts
+        restarts = a.state is not ActorState.DEAD and not a.no_restart and not a.draining \
+            and (limit < 0 or a.restarts < limit)
+        retried = []
         for t in inflight:
             t.worker = None
+            if restarts and t.retries_left != 0 and t.state is not TaskState.DONE:
+                # max_task_retries=: run it again on the restarted instance, first.
+                t.retries_left -= 1 if t.retries_left > 0 else 0
+                retried.append(t)
+                continue
             # Named for the actor (not "actor Counter.inc is dead") and its process.
             self.s.fail_task(t, self.s.error(
                 "actor_dead", name=name,
                 reason=f"its process (pid={w.pid}) died while running {t.call.name}() ({reason})"))
+        for t in reversed(retried):
+            a.queue.appendleft(t)
+            a.handled[t.owner] = a.handled.get(t.owner, 0) - 1   # sent again: counted again
         if a.state is ActorState.DEAD:
             return
-        limit = a.spec.max_restarts
-        if not a.no_restart and not a.draining and (limit < 0 or a.restarts < limit):
+        if restarts:
             a.restarts += 1
             a.creation.state = TaskState.READY
             if not self._place(a):
@@ -250,8 +291,9 @@ class ActorTable:
                                        restarts=a.restarts, max_restarts=limit))
 
     def _release_name(self, a: Actor) -> None:
-        if a.spec.name and self.names.get(a.spec.name) == a.spec.actor_id:
-            del self.names[a.spec.name]
+        key = (a.spec.namespace, a.spec.name)
+        if a.spec.name and self.names.get(key) == a.spec.actor_id:
+            del self.names[key]
 
     def _die(self, a: Actor, blob: bytes) -> None:
         a.state = ActorState.DEAD
@@ -271,7 +313,7 @@ class ActorTable:
         if w is not None:
             self.s.out.append(KillWorker(w.node_id, w.worker_id, reason))
 
-    def kill(self, actor_id: bytes, no_restart: bool) -> None:
+    def kill(self, actor_id: bytes, no_restart: bool, reason: str = "killed by orchestra.kill()") -> None:
         a = self.actors.get(actor_id)
         if a is None or a.state is ActorState.DEAD:
             return
@@ -287,11 +329,10 @@ class ActorTable:
             a.killing = True
             if no_restart:
                 self._release_name(a)   # get_actor() fails as soon as kill() returns
-            self.s.out.append(KillWorker(a.worker.node_id, a.worker.worker_id,
-                                         "killed by orchestra.kill()"))
+            self.s.out.append(KillWorker(a.worker.node_id, a.worker.worker_id, reason))
         elif no_restart or a.state is ActorState.PENDING:
             self._die(a, self.s.error("actor_dead", name=a.spec.class_name,
-                                       reason="killed by orchestra.kill() before it started"))
+                                       reason=f"{reason} before it started"))
 
     def handles_gone(self, actor_id: bytes) -> None:
         a = self.actors.get(actor_id)
@@ -302,9 +343,23 @@ class ActorTable:
                                                       if t is not a.creation]):
             self._stop(a, "no handle to it is left")
 
-    def get(self, name: str) -> Any:
-        aid = self.names.get(name)
+    def get(self, name: str, namespace: str = "", conn: int | None = None) -> Any:
+        """The spec of the live actor ``name`` in ``namespace`` ("": ``conn``'s own)."""
+        if not namespace and conn is not None:
+            namespace = self.namespace_of(conn)
+        aid = self.names.get((namespace, name))
         if aid is None:
-            raise ValueError(f"no live actor is named {name!r}; named actors are created with "
-                             "Cls.options(name=...).remote()")
+            elsewhere = sorted(ns for ns, n in self.names if n == name)
+            hint = (f" (actors of that name live in namespace(s) {', '.join(map(repr, elsewhere))}: "
+                    "pass namespace=)") if elsewhere else ""
+            raise ValueError(f"no live actor is named {name!r} in namespace {namespace!r}{hint}; "
+                             "named actors are created with Cls.options(name=...).remote()")
         return self.actors[aid].spec
+
+    def driver_gone(self, conn: int) -> None:
+        """A driver's connection closed: the actors it made die with it, unless detached
+        (lifetime="detached"), as in Ray."""
+        for a in list(self.actors.values()):
+            if a.owner == conn and not a.spec.detached and a.state is not ActorState.DEAD:
+                self._stop(a, "the driver that created it exited (pass lifetime=\"detached\" "
+                              "to keep an actor past its driver)")

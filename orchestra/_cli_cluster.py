@@ -235,6 +235,13 @@ def status(argv: list[str]) -> int:
     return 0
 
 
+def _status_order(res: dict[str, float]) -> list[str]:
+    """Resource names as status prints them: by name, memory (in bytes) last, and no
+    placement group's bundle names (CPU_group_..., shown by placement_group_table())."""
+    names = sorted(k for k in res if "_group_" not in k)
+    return [k for k in names if k != "memory"] + (["memory"] if "memory" in res else [])
+
+
 def _fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
@@ -260,18 +267,20 @@ def format_status(nodes: list[dict[str, Any]], total: dict[str, float],
         res = n.get("Resources") or {}
         free = n.get("AvailableResources")
         parts = []
-        for k in sorted(res):
+        for k in _status_order(res):
+            fmt = _fmt_bytes if k == "memory" else _fmt_amount
             if free is not None:
-                parts.append(f"{k} {_fmt_amount(res[k] - free.get(k, 0.0))}/"
-                             f"{_fmt_amount(res[k])}")
+                parts.append(f"{k} {fmt(res[k] - free.get(k, 0.0))}/{fmt(res[k])}")
             else:
-                parts.append(f"{k} {_fmt_amount(res[k])}")
+                parts.append(f"{k} {fmt(res[k])}")
         label = "resources (in use/total)" if free is not None else "resources"
         lines.append(f"  {label}: {', '.join(parts) or 'none'}")
         if "ObjectStoreCapacity" in n:
             lines.append(f"  object store: {_fmt_bytes(n.get('ObjectStoreUsed', 0))} used of "
                          f"{_fmt_bytes(n['ObjectStoreCapacity'])}")
     parts = [f"{k} {_fmt_amount(total[k] - available.get(k, 0.0))}/{_fmt_amount(total[k])}"
-             for k in sorted(total)]
+             if k != "memory" else
+             f"{k} {_fmt_bytes(total[k] - available.get(k, 0.0))}/{_fmt_bytes(total[k])}"
+             for k in _status_order(total)]
     lines.append(f"cluster resources (in use/total): {', '.join(parts) or 'none'}")
     return "\n".join(lines)

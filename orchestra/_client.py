@@ -43,6 +43,7 @@ from ._serialization import Serialized, serialize
 from .exceptions import (
     ClusterLostError,
     GetTimeoutError,
+    InfeasibleResourcesError,
     ObjectLostError,
     ObjectStoreFullError,
     OrchestraError,
@@ -66,6 +67,7 @@ _REPLY_ERRORS: dict[str, type[Exception]] = {
     "ObjectStoreFullError": ObjectStoreFullError,
     "ObjectLostError": ObjectLostError,
     "ValueError": ValueError,
+    "InfeasibleResourcesError": InfeasibleResourcesError,
 }
 
 
@@ -113,6 +115,10 @@ class CoreClient:
         # pushed here before next() makes their refs; and the last ones ended, in order.
         self.streams: dict[bytes, Any] = {}
         self.closed_streams: collections.deque[bytes] = collections.deque()
+        # Where this driver's actor names live ("" in a worker: the head knows whose task
+        # it runs), and init()'s runtime_env (a RuntimeEnvSpec, or None).
+        self.namespace: str = hello.namespace
+        self.runtime_env: Any = None
         self._keep_until_sent: list[ObjectRef] = []
         self.lost: str | None = None
         self.closing = False

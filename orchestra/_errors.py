@@ -38,6 +38,14 @@ def describe_exit(returncode: int | None) -> str:
     return f"signal {name} ({hint})"
 
 
+def private_detached(what: str) -> str:
+    """Why lifetime="detached" is refused on a private cluster."""
+    return (f"lifetime=\"detached\" {what}: this cluster was started by orchestra.init() in "
+            "this process and stops when it exits, so nothing can outlive it here. Start a "
+            "cluster with `orchestra start --head` and connect with "
+            f"orchestra.init(address=...) to keep detached {what}s across drivers.")
+
+
 def make_error(kind: str, **d: Any) -> bytes:
     name = d.get("name") or "?"
     exc: BaseException
@@ -85,6 +93,9 @@ def make_error(kind: str, **d: Any) -> bytes:
         else:
             exc = InfeasibleResourcesError(
                 f"task {name}() asks for {res}, which no node of the cluster has")
+    elif kind == "group":   # placement groups (_pg_state.py): gone, or too small
+        text = d.get("text", "")
+        exc = TaskCancelledError(text) if d.get("cancelled") else InfeasibleResourcesError(text)
     else:
         exc = RuntimeError(f"task {name}() failed: {kind}")
     return dumps_exception(exc)

@@ -48,6 +48,7 @@ from ._node_process import routable
 from ._procutil import watch_parent
 from ._remote_node import RemoteNode
 from ._scheduler import SchedulerState, WorkerState
+from .exceptions import InfeasibleResourcesError
 
 # The node that runs in this process. Nodes of other machines will get ids of their own
 # when they join; nothing else names this one.
@@ -56,6 +57,8 @@ LOCAL_NODE_ID = 0
 NODE_PROCESS_ID = 1
 # Deadlocked clusters are noticed (and the drivers told) this often.
 _TICK_S = 0.5
+_GROUP_REQUESTS = frozenset({"create_placement_group", "remove_placement_group",
+                             "get_placement_group", "placement_group_table"})
 # Joined nodes and the head tell each other they live this often (cfg node_timeout_s
 # of silence, 10 s by default, and the other end is dead).
 _HEARTBEAT_S = 1.0
@@ -468,14 +471,28 @@ class Head:
             return
         elif body == "create_actor":
             try:
-                self.state.create_actor(conn.conn_id, req.create_actor)
+                existing = self.state.create_actor(conn.conn_id, req.create_actor)
+                if existing is not None:   # get_if_exists: the live one's handle
+                    reply.actor.CopyFrom(existing)
             except ValueError as exc:
                 reply.error, reply.error_kind = str(exc), "ValueError"
+        elif body == "get_actor_in":
+            try:
+                lookup = req.get_actor_in
+                reply.actor.CopyFrom(self.state.actor_table.get(lookup.name, lookup.namespace,
+                                                                conn=conn.conn_id))
+            except ValueError as exc:
+                reply.error, reply.error_kind = str(exc), "ValueError"
+        elif body in _GROUP_REQUESTS:
+            try:
+                self._group_request(body, req, reply, conn.conn_id)
+            except (ValueError, InfeasibleResourcesError) as exc:
+                reply.error, reply.error_kind = str(exc), type(exc).__name__
         elif body == "kill_actor":
             self.state.actor_table.kill(req.kill_actor.actor_id, req.kill_actor.no_restart)
         elif body == "get_actor":
             try:
-                reply.actor.CopyFrom(self.state.actor_table.get(req.get_actor))
+                reply.actor.CopyFrom(self.state.actor_table.get(req.get_actor, conn=conn.conn_id))
             except ValueError as exc:
                 reply.error, reply.error_kind = str(exc), "ValueError"
         elif body == "query":
@@ -493,6 +510,19 @@ class Head:
             else:
                 reply.error = f"unknown query {q!r}"
         self._queue(conn, _wire.encode(_wire.REPLY, reply))
+
+    def _group_request(self, body: str, req: Any, reply: Any, conn_id: int) -> None:
+        """Placement groups (_pg_state.py): create, remove, find by name, list."""
+        groups = self.state.groups
+        if body == "create_placement_group":
+            groups.create(conn_id, req.create_placement_group)
+            self.state.schedule()
+        elif body == "remove_placement_group":
+            groups.remove(req.remove_placement_group)
+        elif body == "get_placement_group":
+            reply.placement_groups.append(groups.by_name(req.get_placement_group))
+        else:
+            reply.placement_groups.extend(groups.table(req.placement_group_table))
 
     def _locate(self, conn: Conn, req_id: int, object_id: bytes) -> None:
         """Answer where an object's data is now, for a reader on the connection's node

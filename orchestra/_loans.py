@@ -95,7 +95,7 @@ class Loans:
             pinned = w.node_id + 1
         else:
             return False
-        return s.lending and not done.call.retry_exceptions \
+        return s.lending and not done.call.retry_exceptions and not done.call.max_calls \
             and not s.work_waits() and self.lend(done.owner, w, pinned)
 
     def _recall_loans(self) -> None:

@@ -15,6 +15,8 @@ The order, per strategy:
                    two tasks on two idle nodes go one to each), then the lower node id
     SPREAD         least CPU share in use first; ties in turn, after the node chosen last
     NODE_AFFINITY  hard: that node only; soft: that node first, then as DEFAULT
+    PLACEMENT_GROUP  as DEFAULT, over the nodes holding its bundle's reserved names
+                   (_pg_state.py); it waits while its group is not placed
 
 Node ids missing from ``nodes`` (removed) are simply never candidates; a task with hard
 affinity to one fails when it is next scheduled.
@@ -27,7 +29,7 @@ from typing import Any
 from . import _pb as pb
 from ._ids import node_hex
 from ._instructions import Send
-from ._sched_types import NODE_AFFINITY, SPREAD, Node, SchedulerCore, Task
+from ._sched_types import NODE_AFFINITY, PLACEMENT_GROUP, SPREAD, Node, SchedulerCore, Task
 from ._wire import WARNING
 
 
@@ -60,8 +62,8 @@ class Placer:
         """At submit: the error that fails ``t`` now, or None when it may be scheduled
         (or wait for a node to join). ``feasible``: some node can ever hold its request."""
         err = self.unplaceable(t)
-        if err is not None or feasible:
-            return err
+        if err is not None or feasible or t.placement is not None and t.placement[0] == PLACEMENT_GROUP:
+            return err   # (in a group: it waits for its bundle, however long)
         s = self.s
         if not self.joinable:
             return s.error("infeasible", name=t.call.name, resources=t.resources)
@@ -73,7 +75,11 @@ class Placer:
 
     def unplaceable(self, t: Task) -> bytes | None:
         """The error of a task with hard affinity to a node that is not in the cluster,
-        or can never hold its request; None when it may be placed."""
+        or can never hold its request, or in a placement group that is gone or whose
+        bundle cannot hold it; None when it may be placed."""
+        p = t.placement
+        if p is not None and p[0] == PLACEMENT_GROUP:
+            return self.s.group_unplaceable(t)
         nid = hard_node(t)
         if nid is None:
             return None
@@ -106,7 +112,7 @@ class Placer:
             return fitting
         held = self.arg_bytes(t) if t.arg_ids else {}
         fitting.sort(key=lambda n: (-held.get(n.node_id, 0), -cpu_share_free(n), n.node_id))
-        if p is not None:   # soft affinity: its node first when it fits
+        if p is not None and p[0] == NODE_AFFINITY:   # soft: its node first when it fits
             for i, n in enumerate(fitting):
                 if n.node_id == p[1]:
                     fitting.insert(0, fitting.pop(i))

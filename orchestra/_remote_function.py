@@ -14,7 +14,7 @@ from typing import Any
 
 import cloudpickle
 
-from . import _context, _ids, _wire
+from . import _context, _ids, _runtime_env, _wire
 from . import _pb as pb
 from ._generators import (
     STREAMING,
@@ -29,13 +29,35 @@ from ._ids import node_from_hex
 from ._proto import types_pb2
 from ._resources import check_feasible, make_request, pinned_key, shape_key
 from ._serialization import dumps_function
-from .util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from .util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 DEFAULT_MAX_RETRIES = 3
 
 TASK_OPTIONS = frozenset({"num_returns", "num_cpus", "num_gpus", "resources", "max_retries",
-                          "retry_exceptions", "name", "scheduling_strategy",
+                          "retry_exceptions", "name", "scheduling_strategy", "memory", "max_calls",
+                          "runtime_env", "placement_group",
+                          "placement_group_bundle_index", "placement_group_capture_child_tasks",
                           "_generator_backpressure_num_objects"})
+# Ray's older way to name a placement group: folded into scheduling_strategy= (legacy_group).
+GROUP_OPTIONS = ("placement_group", "placement_group_bundle_index",
+                 "placement_group_capture_child_tasks")
+
+
+def legacy_group(opts: dict[str, Any]) -> dict[str, Any]:
+    """placement_group=pg (with placement_group_bundle_index=, ..._capture_child_tasks=)
+    as scheduling_strategy=PlacementGroupSchedulingStrategy(...), as Ray reads them."""
+    if not any(k in opts for k in GROUP_OPTIONS):
+        return opts
+    opts = dict(opts)
+    pg = opts.pop("placement_group", None)
+    idx = opts.pop("placement_group_bundle_index", -1)
+    cap = opts.pop("placement_group_capture_child_tasks", None)
+    if pg is None or pg == "default":
+        return opts
+    if opts.get("scheduling_strategy") is not None:
+        raise ValueError("give either scheduling_strategy= or placement_group=, not both")
+    opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, idx, cap)
+    return opts
 
 
 def validate_options(opts: dict[str, Any], allowed: frozenset[str], what: str) -> dict[str, Any]:
@@ -53,8 +75,13 @@ def validate_options(opts: dict[str, Any], allowed: frozenset[str], what: str) -
     if isinstance(mr, bool) or not isinstance(mr, int) or mr < -1:
         raise ValueError(f"max_retries must be an int >= 0, or -1 for no limit; got {mr!r}")
     retry_on(opts.get("retry_exceptions", False))
-    make_request(opts.get("num_cpus"), opts.get("num_gpus"), opts.get("resources"))
+    make_request(opts.get("num_cpus"), opts.get("num_gpus"), opts.get("resources"),
+                 memory=opts.get("memory"))
     placement_of(opts.get("scheduling_strategy"))
+    mc = opts.get("max_calls", 0)
+    if isinstance(mc, bool) or not isinstance(mc, int) or mc < 0:
+        raise ValueError(f"max_calls must be an int >= 0 (0: no limit), got {mc!r}")
+    _runtime_env.check(opts.get("runtime_env"))
     return opts
 
 
@@ -68,9 +95,15 @@ def placement_of(strategy: Any) -> Any:
     if isinstance(strategy, NodeAffinitySchedulingStrategy):
         return types_pb2.Placement(strategy="NODE_AFFINITY", node_id=node_from_hex(strategy.node_id),
                                    soft=strategy.soft)
+    if isinstance(strategy, PlacementGroupSchedulingStrategy):
+        return types_pb2.Placement(
+            strategy="PLACEMENT_GROUP", group_id=strategy.placement_group.id,
+            bundle_index=strategy.placement_group_bundle_index,
+            capture_child_tasks=bool(strategy.placement_group_capture_child_tasks))
     msg = (f"scheduling_strategy={strategy!r} is not one orchestra knows; accepted: None or "
            "\"DEFAULT\", \"SPREAD\", or orchestra.util.scheduling_strategies."
-           "NodeAffinitySchedulingStrategy(node_id, soft=False)")
+           "NodeAffinitySchedulingStrategy(node_id, soft=False) or "
+           "PlacementGroupSchedulingStrategy(pg, bundle_index)")
     if isinstance(strategy, str):
         raise ValueError(msg)
     raise TypeError(msg)
@@ -96,7 +129,7 @@ class RemoteFunction:
         if not callable(fn):
             raise TypeError(f"@orchestra.remote needs a function or class, got {fn!r}")
         self._fn = fn
-        self._options = validate_options(dict(options), TASK_OPTIONS, f"{_name(fn)}()")
+        self._options = validate_options(legacy_group(options), TASK_OPTIONS, f"{_name(fn)}()")
         self._function_id = function_id or os.urandom(16)
         self._name = _name(fn)
         # A generator function streams its items unless num_returns says otherwise; its
@@ -105,7 +138,7 @@ class RemoteFunction:
                                          f"{self._name}()")
         self._num_returns = 1 if self._generator else int(self._options.get("num_returns", 1))
         self._resources = make_request(self._options.get("num_cpus"), self._options.get("num_gpus"),
-                                       self._options.get("resources"))
+                                       self._options.get("resources"), memory=self._options.get("memory"))
         self._client: Any = None
         self._template = b""
         self._direct_shape: tuple[tuple[str, float], ...] | None = None
@@ -138,6 +171,10 @@ class RemoteFunction:
         placement = placement_of(opts.get("scheduling_strategy"))
         if placement is not None:
             call.placement.CopyFrom(placement)
+        call.max_calls = opts.get("max_calls", 0)
+        env = _runtime_env.merge(client.runtime_env, _runtime_env.check(opts.get("runtime_env")))
+        if env is not None:
+            call.runtime_env.CopyFrom(env)
         self._template = call.SerializeToString()
         # Tasks that may go straight to a worker lent to the driver: not those retried on
         # exceptions (the head decides that), nor GPU ones (no GPU worker is lent), nor
@@ -145,8 +182,10 @@ class RemoteFunction:
         # A task bound to a node (hard affinity) may go to a worker lent on that node.
         pinned = placement.node_id + 1 if placement is not None and \
             placement.strategy == "NODE_AFFINITY" and not placement.soft else 0
+        # Nor those with max_calls= (the head counts calls to replace the worker).
         self._direct_shape = None if opts.get("retry_exceptions") or self._resources.get("GPU") \
             or (placement is not None and not pinned) or self._generator == STREAMING \
+            or opts.get("max_calls") \
             else pinned_key(shape_key(self._resources), pinned)
         reg = pb.RegisterFunctionRequest(function_id=self._function_id, fnname=self._name,
                                          num_return_vals=self._num_returns,

@@ -12,23 +12,26 @@ from .exceptions import InfeasibleResourcesError
 
 CPU = "CPU"
 GPU = "GPU"
+MEMORY = "memory"   # bytes of RAM a task or actor holds (memory=); a node's: see _session
 _EPS = 1e-9
 
 
 def make_request(num_cpus: float | None, num_gpus: float | None,
-                 resources: Mapping[str, float] | None, *, default_cpus: float = 1.0) -> dict[str, float]:
+                 resources: Mapping[str, float] | None, *, default_cpus: float = 1.0,
+                 memory: float | None = None) -> dict[str, float]:
     """Validate a task's resource options into one request dict."""
     req: dict[str, float] = {}
     cpus = default_cpus if num_cpus is None else num_cpus
-    for name, amount in ((CPU, cpus), (GPU, num_gpus or 0)):
+    for name, amount in ((CPU, cpus), (GPU, num_gpus or 0), (MEMORY, memory or 0)):
         _check_amount(name, amount)
         if amount:
             req[name] = float(amount)
     for name, amount in (resources or {}).items():
         if not isinstance(name, str) or not name:
             raise TypeError(f"resource names must be non-empty strings, got {name!r}")
-        if name in (CPU, GPU):
-            raise ValueError(f"use num_cpus= / num_gpus= for {name}, not resources={{{name!r}: ...}}")
+        if name in (CPU, GPU, MEMORY):
+            raise ValueError(f"use num_cpus= / num_gpus= / memory= for {name}, not "
+                             f"resources={{{name!r}: ...}}")
         _check_amount(name, amount)
         if amount:
             req[name] = float(amount)
@@ -80,6 +83,19 @@ def check_feasible(req: Mapping[str, float], node_totals: list[Mapping[str, floa
         "orchestra.init(num_cpus=..., num_gpus=..., resources={...}).")
 
 
+GPU_GROUP = "GPU_group_"   # a placement group's GPUs (_sched_types.bundle_request)
+
+
+def group_gpus(req: Mapping[str, float]) -> float:
+    """The GPUs a request in a placement group's bundle asks for (0: none). A bundle
+    reserves a count of its node's GPUs; its tasks take device ids from the node's ids
+    that are left (the count reserved keeps them from others)."""
+    for k, v in req.items():
+        if k.startswith(GPU_GROUP):
+            return v
+    return 0.0
+
+
 class NodeResources:
     """Totals and free amounts of one node, with GPU ids."""
 
@@ -97,7 +113,7 @@ class NodeResources:
                 return False
         if GPU in req:
             return self._pick_gpus(req[GPU]) is not None
-        return True
+        return True   # (a group's GPUs: its bundle's count holds them, see group_gpus)
 
     def feasible(self, req: Mapping[str, float]) -> bool:
         return all(self.total.get(k, 0.0) + _EPS >= v for k, v in req.items())
@@ -114,11 +130,11 @@ class NodeResources:
     def acquire(self, req: Mapping[str, float]) -> list[int]:
         """Take ``req`` (must fit); returns the GPU ids given."""
         gpus: list[int] = []
-        if GPU in req:
-            picked = self._pick_gpus(req[GPU])
-            assert picked is not None
-            gpus = picked
-            share = req[GPU] if req[GPU] < 1 else 1.0
+        # gpu_free is empty on a node without GPUs: a plain task there pays no more.
+        amount = req.get(GPU, 0.0) or (group_gpus(req) if self.gpu_free else 0.0)
+        if amount:
+            gpus = self._pick_gpus(amount) or []
+            share = amount if amount < 1 else 1.0
             for i in gpus:
                 self.gpu_free[i] -= share
         free = self.free
@@ -131,7 +147,7 @@ class NodeResources:
         for k, v in req.items():
             free[k] = free.get(k, 0.0) + v
         if gpus:
-            share = req.get(GPU, 1.0)
+            share = req.get(GPU, 0.0) or group_gpus(req) or 1.0
             share = share if share < 1 else 1.0
             for i in gpus:
                 self.gpu_free[i] = min(1.0, self.gpu_free[i] + share)

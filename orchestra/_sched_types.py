@@ -28,7 +28,23 @@ Shape = tuple[tuple[str, float], ...]   # a resource request as a hashable key (
 # Call.placement's strategies (_placement.py decides with them); "" is the default.
 SPREAD = "SPREAD"
 NODE_AFFINITY = "NODE_AFFINITY"
-Placement = tuple[str, int, bool]   # (strategy, node id, soft), as Task.placement holds it
+PLACEMENT_GROUP = "PLACEMENT_GROUP"
+# (strategy, node id, soft), as Task.placement holds it; for PLACEMENT_GROUP: (strategy,
+# bundle index or -1, capture_child_tasks), the group's id in call.placement.group_id.
+Placement = tuple[str, int, bool]
+
+
+def bundle_request(req: dict[str, float], group_hex: str, index: int) -> dict[str, float]:
+    """A request in bundle ``index`` of a placement group (-1: any of its bundles), in
+    the names its bundles reserve on their nodes (_pg_state.py): {"CPU": 1} in bundle 0
+    -> {"CPU_group_0_<G>": 1, "CPU_group_<G>": 1}. A request of nothing takes a sliver
+    of the bundle's "bundle" resource, so that it still runs where the bundle is."""
+    out: dict[str, float] = {}
+    for k, v in (req or {"bundle": 0.001}).items():
+        if index >= 0:
+            out[f"{k}_group_{index}_{group_hex}"] = v
+        out[f"{k}_group_{group_hex}"] = v
+    return out
 
 
 def placement_of(call: Any) -> Placement | None:
@@ -38,6 +54,8 @@ def placement_of(call: Any) -> Placement | None:
         return (SPREAD, 0, False)
     if p.strategy == NODE_AFFINITY:
         return (NODE_AFFINITY, p.node_id, p.soft)
+    if p.strategy == PLACEMENT_GROUP:
+        return (PLACEMENT_GROUP, p.bundle_index, p.capture_child_tasks)
     return None   # "" (DEFAULT), or a strategy this head does not know: the default
 
 
@@ -97,6 +115,10 @@ class Task:
         if call.HasField("placement"):
             self.placement = placement_of(call)
             if self.placement is not None:
+                if self.placement[0] == PLACEMENT_GROUP:   # held from its bundle
+                    self.resources = bundle_request(self.resources, call.placement.group_id.hex(),
+                                                    self.placement[1])
+                    self.shape = shape_key(self.resources)
                 self.qkey = (0, self.shape, self.placement)
         self.attempt = 0
         self.arg_ids: list[bytes] = []
@@ -127,7 +149,7 @@ class Wait:
 class Worker:
     __slots__ = ("worker_id", "node_id", "pid", "conn", "state", "queue", "grant",
                  "gpu_ids", "functions", "grant_shape", "actor", "lent_to", "recalling",
-                 "waits", "nested", "address")
+                 "waits", "nested", "address", "calls", "retiring")
 
     def __init__(self, worker_id: int, node_id: int) -> None:
         self.worker_id = worker_id
@@ -152,6 +174,10 @@ class Worker:
         # inside them (_blocking.py); the innermost running task is queue[0].
         self.waits: list[Wait] = []
         self.nested: list[Task] = []
+        # Calls run per function id, counted for functions with max_calls= only; at the
+        # limit it is retiring: no more work, replaced once its queue is empty.
+        self.calls: dict[bytes, int] | None = None
+        self.retiring = False
 
 
 class Obj:
@@ -175,10 +201,11 @@ class Obj:
 
 
 class Client:
-    __slots__ = ("conn", "kind", "pid", "holds", "worker", "node_id")
+    __slots__ = ("conn", "kind", "pid", "holds", "worker", "node_id", "namespace")
 
     def __init__(self, conn: int, kind: str, pid: int, node_id: int = 0) -> None:
         self.conn = conn
+        self.namespace = ""   # a driver's (Hello.namespace): where its actor names live
         self.kind = kind
         self.pid = pid
         self.node_id = node_id         # the node whose store it maps
@@ -277,4 +304,24 @@ class SchedulerCore(Protocol):
 
     def placed_on(self, t: Task, node_id: int) -> None:
         """``t`` took resources on ``node_id`` (the next SPREAD turn starts after it)."""
+        ...
+
+    def kill_actor(self, actor_id: bytes, reason: str) -> None:
+        """Stop the actor for good (no restart), saying why."""
+        ...
+
+    def actors_in_group(self, group_id: bytes) -> list[bytes]:
+        """The ids of the live actors created in that placement group."""
+        ...
+
+    def group_unplaceable(self, t: Task) -> bytes | None:
+        """The error of a task whose placement group is gone or cannot hold it."""
+        ...
+
+    def seal(self, oid: bytes, data: Any) -> None:
+        """The object ``oid`` is made: push it to its owner and subscribers."""
+        ...
+
+    def drop_hold(self, oid: bytes) -> None:
+        """One count of ``oid`` is gone (freed at zero)."""
         ...

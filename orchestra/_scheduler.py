@@ -29,12 +29,14 @@ from typing import Any
 
 from . import _ids
 from . import _pb as pb
-from ._actor_state import ActorTable
+from ._actor_state import ActorState, ActorTable
 from ._blocking import Blocking
 from ._instructions import FreeSegment, Instruction, KillWorker, Pull, Push, Send, StartWorker, StopWorker
 from ._loans import Loans
+from ._pg_state import PlacementGroups
 from ._placement import Placer, hard_node
 from ._sched_types import (
+    PLACEMENT_GROUP,
     TASK_TRANSITIONS,
     Client,
     IllegalTransition,
@@ -52,6 +54,7 @@ __all__ = ["TASK_TRANSITIONS", "Client", "IllegalTransition", "Node", "Obj", "Sc
            "Task", "TaskState", "Worker", "WorkerState"]
 
 _MAX_START_FAILURES = 3
+_RETIRING = (("@retiring", 1.0),)   # the grant shape of a worker at max_calls (no task's)
 
 
 class SchedulerState:
@@ -93,6 +96,8 @@ class SchedulerState:
         # Which node a task or actor goes to, with several nodes or a strategy
         # (_placement.py). joinable: nodes may join, so a request no node holds waits.
         self.placer = Placer(self, joinable)
+        # Placement groups: bundles reserved on nodes (_pg_state.py).
+        self.groups = PlacementGroups(self, joinable)
 
     # ------------------------------------------------------------------ nodes, workers
     def add_node(self, node_id: int, resources: dict[str, float], *, num_workers: int,
@@ -111,6 +116,7 @@ class SchedulerState:
 
     def client_connected(self, conn: int, hello: Any, node_id: int = 0) -> Client:
         c = Client(conn, hello.kind, hello.pid, node_id)
+        c.namespace = hello.namespace
         self.clients[conn] = c
         if hello.kind == "worker":
             w = self.workers.get(hello.workerid)
@@ -130,7 +136,11 @@ class SchedulerState:
             return
         if c.worker is not None:
             self.worker_died(c.worker.worker_id, exit_reason or "its connection closed")
+        elif c.kind == "driver":
+            self.actor_table.driver_gone(conn)
         self.loans.client_gone(conn)
+        if self.groups.groups:
+            self.groups.client_gone(conn)
         for oid, n in c.holds.items():
             self._decr(oid, n)
         c.holds.clear()
@@ -184,7 +194,7 @@ class SchedulerState:
             t.worker = None
             if i < running:  # a running task
                 if t.cancelled:
-                    self.fail_task(t, self.error("cancelled", name=t.call.name))
+                    self.fail_task(t, self._cancelled_error(t))
                 elif t.retries_left != 0:
                     t.retries_left -= 1 if t.retries_left > 0 else 0
                     t.move(TaskState.READY)
@@ -193,7 +203,7 @@ class SchedulerState:
                     self.fail_task(t, self.error("crashed", name=t.call.name, pid=w.pid,
                                                    reason=reason, attempts=t.attempt))
             elif t.cancelled:   # cancelled while queued there: see return_tasks
-                self.fail_task(t, self.error("cancelled", name=t.call.name))
+                self.fail_task(t, self._cancelled_error(t))
             else:  # never started there: schedule again, no retry spent
                 t.move(TaskState.READY)
                 self._enqueue_ready(t, front=True)
@@ -227,6 +237,7 @@ class SchedulerState:
         if self.nodes.pop(node_id, None) is None:
             return
         self._feasible.clear()
+        self.groups.node_removed(node_id)
         rebuild: dict[bytes, tuple[Any, int, int]] = {}
         for w in [w for w in self.workers.values() if w.node_id == node_id]:
             if w.state is WorkerState.STARTING:
@@ -288,7 +299,10 @@ class SchedulerState:
         t = Task(call, conn)
         c = self.clients.get(conn)
         if c is not None and c.worker is not None and c.worker.queue:
-            t.depth = c.worker.queue[0].depth + 1
+            parent = c.worker.queue[0]
+            if t.placement is None and self.groups.groups and not call.actor_id:
+                t = self.groups.capture(t, c.worker) or t
+            t.depth = parent.depth + 1
             t.qkey = (-t.depth, t.shape) if t.placement is None else (-t.depth, t.shape, t.placement)
         self.tasks[call.task_id] = t
         for rid in t.return_ids:
@@ -299,13 +313,21 @@ class SchedulerState:
             elif not t.deps:
                 self._deps_met(t)
 
-    def create_actor(self, conn: int, call: Any) -> None:
-        """Raises ValueError when the actor's name is taken."""
+    def create_actor(self, conn: int, call: Any) -> Any:
+        """Raises ValueError when the actor's name is taken in its namespace; with
+        get_if_exists, returns the live actor's spec instead (nothing is created).
+        None: created."""
         t = Task(call, conn)
-        self.actor_table.create(conn, call, t)
+        c = self.clients.get(conn)
+        if c is not None and c.worker is not None and t.placement is None and self.groups.groups:
+            t = self.groups.capture(t, c.worker) or t
+        existing = self.actor_table.create(conn, t.call, t)
+        if existing is not None:
+            return existing
         self.tasks[call.task_id] = t
         if self._hold_args(t) and not t.deps:
             self.actor_table.creation_deps_met(t)
+        return None
 
     def _hold_args(self, t: Task) -> bool:
         """The task holds its arguments; False when it already failed (lost or failed
@@ -378,6 +400,8 @@ class SchedulerState:
     def schedule(self) -> None:
         """Give ready tasks to workers: idle workers first, then pipelining on the
         workers granted that shape."""
+        if self.groups.pending:   # bundles first: they wait for resources tasks free
+            self.groups.place_pending()
         self.actor_table.place_pending()
         waiting = False
         waiting_for = self.blocking.waiting_for
@@ -415,7 +439,8 @@ class SchedulerState:
                     w.grant_shape = t.shape
                     w.gpu_ids = node.resources.acquire(req)
                     w.state = WorkerState.BUSY
-                    if self.lending and w.actor is None and not t.call.retry_exceptions:
+                    if self.lending and w.actor is None and not t.call.retry_exceptions \
+                            and not t.call.max_calls:   # (its worker may retire: never lent)
                         self.loans.fresh.append((t.owner, w))
                     return w
             elif st is WorkerState.BUSY and w.grant_shape == t.shape and w.lent_to is None \
@@ -471,7 +496,8 @@ class SchedulerState:
                 took.gpu_ids = node.resources.acquire(req)
                 took.state = WorkerState.BUSY
                 self.placer.placed(t, node.node_id)
-                if self.lending and took.actor is None and not t.call.retry_exceptions:
+                if self.lending and took.actor is None and not t.call.retry_exceptions \
+                        and not t.call.max_calls:
                     if t.placement is None:
                         self.loans.fresh.append((t.owner, took))
                     elif only == took.node_id:   # bound to this node: lent for those
@@ -593,6 +619,8 @@ class SchedulerState:
                 self._seal(data.object_id, data)
             if len(self.nodes) > 1 and t.retries_left != 0 and not t.call.actor_id:
                 self._keep_lineage(t, msg.returns)
+        if t.call.max_calls and w is not None and w.actor is None:
+            self._count_call(w, t.call)
         self.after_worker_step(w, t)
 
     def _keep_lineage(self, t: Task, returns: Any) -> None:
@@ -606,6 +634,10 @@ class SchedulerState:
         """``w`` ended a task (``done``, when it ran to its end)."""
         if w is not None and w.actor is not None:
             self.actor_table.call_done(w)
+            return
+        if w is not None and w.retiring:
+            self._retire(w)
+            self.schedule()
             return
         if w is not None and not w.queue and w.state is WorkerState.BUSY and w.lent_to is None:
             if done is not None and self.lending and self.loans.lend_after_task(w, done):
@@ -627,6 +659,32 @@ class SchedulerState:
         self.schedule()
         if w is not None and w.state is WorkerState.IDLE and not self.has_ready():
             self._steal_for(w)
+
+    def _count_call(self, w: Worker, call: Any) -> None:
+        """``w`` ran a call of a function with max_calls=: at the limit it retires, and
+        the tasks queued there that have not started are asked back (STEAL)."""
+        calls = w.calls if w.calls is not None else {}
+        w.calls = calls
+        n = calls[call.function_id] = calls.get(call.function_id, 0) + 1
+        if n >= call.max_calls and not w.retiring:
+            w.retiring = True
+            w.grant_shape = _RETIRING   # no task has this shape: none is pipelined there
+            if w.queue:
+                ids = [t.call.task_id for t in w.queue]
+                self.out.append(Send(w.conn, STEAL, pb.ReturnTasks(task_ids=ids)))
+
+    def _retire(self, w: Worker) -> None:
+        """A worker at a function's max_calls: once its queue is empty, stop it and
+        start a fresh one in its place."""
+        if w.queue or w.state is WorkerState.DEAD or w.lent_to is not None:
+            return   # (a lent worker retires once given back: return_loan steps it here)
+        self.release_grant(w)
+        w.state = WorkerState.DEAD
+        del self.workers[w.worker_id]
+        self.out.append(StopWorker(w.node_id, w.worker_id))
+        node = self.nodes.get(w.node_id)
+        if node is not None and len(self.pool(w.node_id)) < max(node.num_cpus, 1):
+            self.start_worker(w.node_id)
 
     def _idle_on(self, node_id: int) -> int:
         return sum(1 for x in self.workers.values()
@@ -699,7 +757,7 @@ class SchedulerState:
             if t.cancelled:
                 # The worker handed it back before our CancelTask reached it, and then
                 # ignored the cancel for a task it no longer had: re-queued, it ran.
-                self.fail_task(t, self.error("cancelled", name=t.call.name))
+                self.fail_task(t, self._cancelled_error(t))
                 continue
             t.move(TaskState.READY)
             self._enqueue_ready(t, front=True)
@@ -802,6 +860,15 @@ class SchedulerState:
             t = self._adopted(conn, call)
             if t is None:
                 continue
+            if call.max_retries and a is not None and a.state is not ActorState.DEAD:
+                # max_task_retries=: it may run again on the restarted instance, which
+                # reads its arguments through the head.
+                if not self._hold_args(t):
+                    continue
+                if not alive:
+                    t.retries_left -= 1 if t.retries_left > 0 else 0
+                    self.actor_table.submit_call(t)
+                    continue
             if alive:
                 assert w is not None
                 self._queued_on(t, w)
@@ -1014,6 +1081,38 @@ class SchedulerState:
                     self._free_segment(seg)
         for cid in data.contained:
             self._decr(cid)
+
+    # ------------------------------------------------------------------ placement groups
+    def _cancelled_error(self, t: Task) -> bytes:
+        """The error of a cancelled task: killed with its placement group, or cancel()."""
+        doomed = self.groups.doomed.pop(t.call.task_id, None) if self.groups.doomed else None
+        return doomed or self.error("cancelled", name=t.call.name)
+
+    def kill_actor(self, actor_id: bytes, reason: str) -> None:
+        """Stop the actor for good (no restart), saying why."""
+        self.actor_table.kill(actor_id, True, reason=reason)
+
+    def actors_in_group(self, group_id: bytes) -> list[bytes]:
+        """The ids of the live actors created in that placement group."""
+        out = []
+        for aid, a in self.actor_table.actors.items():
+            p = a.creation.placement
+            if p is not None and p[0] == PLACEMENT_GROUP and a.state is not ActorState.DEAD \
+                    and a.creation.call.placement.group_id == group_id:
+                out.append(aid)
+        return out
+
+    def group_unplaceable(self, t: Task) -> bytes | None:
+        """The error of a task whose placement group is gone or cannot hold it."""
+        return self.groups.unplaceable(t)
+
+    def seal(self, oid: bytes, data: Any) -> None:
+        """The object ``oid`` is made: push it to its owner and subscribers."""
+        self._seal(oid, data)
+
+    def drop_hold(self, oid: bytes) -> None:
+        """One count of ``oid`` is gone (freed at zero)."""
+        self._decr(oid)
 
     # ------------------------------------------------------------------ placement
     def node_order(self, t: Task) -> list[Node]:

@@ -20,11 +20,12 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import _context, _wire
+from . import _context, _runtime_env, _wire
 from . import _pb as pb
 from ._bootstrap import BOOTSTRAP as HEAD_BOOTSTRAP
 from ._client import CoreClient
@@ -98,6 +99,9 @@ def _shm_free() -> int | None:
     return st.f_bavail * st.f_frsize
 
 
+_MEMORY_SHARE = 0.7
+
+
 def _ram() -> int:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -162,6 +166,7 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
          num_gpus: int | None = None, resources: dict[str, float] | None = None,
          object_store_memory: int | None = None, spill_dir: str | os.PathLike[str] | None = None,
          ignore_reinit_error: bool = False, token: str | None = None,
+         namespace: str | None = None, runtime_env: dict[str, Any] | None = None,
          _system_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """Start a local cluster (or connect to one) and make it this process's session.
 
@@ -171,7 +176,11 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     variable); this driver uses the store of the cluster's node on this machine. "auto"
     connects to the cluster ``orchestra start`` started on this machine (its token with
     it). A session directory or its head.sock connects to another driver's private
-    cluster of this user."""
+    cluster of this user.
+
+    ``namespace``: where this driver's actor names live (default: an anonymous one of
+    its own). ``runtime_env``: env_vars / working_dir / py_modules for every task and
+    actor this driver starts (their own runtime_env= is merged over it)."""
     global _session
     if _session is not None and _session.client.lost is not None:
         _forget_lost_session()
@@ -183,9 +192,16 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     if _context.client_or_none() is not None:
         raise RuntimeError("orchestra.init() inside a task: the task is already connected "
                            "to its cluster; call remote functions directly")
+    if namespace is not None and (not isinstance(namespace, str) or not namespace):
+        raise ValueError(f"namespace must be a non-empty string, got {namespace!r}")
+    env = _runtime_env.check(runtime_env)
+    # Names of actors are per namespace; a driver without one gets one of its own (Ray's
+    # anonymous namespace).
+    ns = namespace or f"anonymous-{uuid.uuid4().hex}"
     address, token = resolve_address(address, token)
     if address is not None:
-        _session = _connect(address, token)
+        _session = _connect(address, token, ns)
+        _session.client.runtime_env = env
         _context.set_client(_session.client)
         return _info(_session)
     store_warning, cfg = build_cfg(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources,
@@ -200,13 +216,14 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     head = launch_head(cfg)
     sock = os.path.join(session_dir, "head.sock")
     try:
-        client = _connect_client(sock, head)
+        client = _connect_client(sock, head, ns)
     except BaseException:
         head.kill()
         head.wait()
         shutil.rmtree(session_dir, ignore_errors=True)
         raise
     _session = Session(client, session_dir, head)
+    client.runtime_env = env
     _session.spill_dir = cfg["spill_dir"]
     _context.set_client(client)
     atexit.register(_shutdown_at_exit)
@@ -245,6 +262,9 @@ def build_cfg(*, num_cpus: int | None = None, num_gpus: int | None = None,
         if not os.access(spill_dir, os.W_OK | os.X_OK):
             raise ValueError(f"spill_dir {spill_dir!r} is not writable by this user")
     store, warning = store_memory(object_store_memory, _ram(), _shm_free())
+    # The node's "memory" (what tasks' and actors' memory= hold): 70% of RAM beside the
+    # object store, as Ray counts it.
+    req["memory"] = float(max(int(_ram() * _MEMORY_SHARE) - store, 0))
     cfg = {
         # None: under the session's directory (new_session_dir() decides).
         "_spill_root": spill_dir,
@@ -309,12 +329,12 @@ def launch_head(cfg: dict[str, Any], *, stdout: Any = None, stderr: Any = None) 
     return head
 
 
-def _hello() -> Any:
+def _hello(namespace: str = "") -> Any:
     return pb.Hello(kind="driver", pid=os.getpid(), cwd=os.getcwd(), sys_path=sys.path,
-                    machine=machine_id())
+                    machine=machine_id(), namespace=namespace)
 
 
-def _connect_client(sock: str, head: subprocess.Popen[bytes]) -> CoreClient:
+def _connect_client(sock: str, head: subprocess.Popen[bytes], namespace: str) -> CoreClient:
     deadline = time.monotonic() + 30
     while not os.path.exists(sock):
         if head.poll() is not None:
@@ -323,7 +343,7 @@ def _connect_client(sock: str, head: subprocess.Popen[bytes]) -> CoreClient:
         if time.monotonic() > deadline:
             raise OrchestraError("the head process did not start within 30 s")
         time.sleep(0.002)
-    return CoreClient(sock, _hello())
+    return CoreClient(sock, _hello(namespace))
 
 
 def resolve_address(address: str | None, token: str | None) -> tuple[str | None, str | None]:
@@ -345,10 +365,10 @@ def resolve_address(address: str | None, token: str | None) -> tuple[str | None,
     return found_address, (found_token if token is None else token)
 
 
-def _connect(address: str, token: str | None = None) -> Session:
+def _connect(address: str, token: str | None = None, namespace: str = "") -> Session:
     if parse_address(address)[0] != socket.AF_UNIX:   # a cluster's HOST:PORT
         try:
-            client = CoreClient(address, _hello(), token=token, connect_timeout_s=10.0)
+            client = CoreClient(address, _hello(namespace), token=token, connect_timeout_s=10.0)
         except ClusterLostError as exc:
             raise ConnectionError(f"no orchestra cluster answers at {address}: {exc}. Start "
                                   "one with `orchestra start --head`, or check the address "
@@ -359,7 +379,7 @@ def _connect(address: str, token: str | None = None) -> Session:
         sock = os.path.join(address, "head.sock")
     try:
         os.stat(sock)
-        client = CoreClient(sock, _hello())
+        client = CoreClient(sock, _hello(namespace))
     except PermissionError as exc:
         # The session directory is 0700 and its socket 0600: another user's session
         # was reported as "not a running orchestra session", which sent users hunting

@@ -29,7 +29,7 @@ from typing import Any
 
 import cloudpickle
 
-from . import _context, _wire
+from . import _context, _runtime_env, _wire
 from . import _pb as pb
 from ._client import CoreClient
 from ._errors import make_error
@@ -42,10 +42,10 @@ _HEAD_ROUTE = (None, 0, False)   # reply_to's answer for a task the head sent
 
 # Tasks run nested inside blocked get()s (_run_nested) stack up on the main thread. Each
 # level costs the frames below: user function -> get -> _wait -> nested wait ->
-# _run_nested -> _execute -> function: 7, measured (rec(10) on one worker); twice that
-# leaves room for wrappers around them. The recursion limit rises by that much per level,
-# so the innermost task keeps the room a task has on its own (an infinite recursion still
-# ends at the usual depth).
+# _run_nested -> _execute -> function: 7, measured (rec(10) on one worker; one more since
+# _execute_plain); twice that leaves room for wrappers around them. The recursion limit
+# rises by that much per level, so the innermost task keeps the room a task has on its
+# own (an infinite recursion still ends at the usual depth).
 _FRAMES_PER_NESTED = 16
 # Nesting is bounded by the C stack the main thread may grow to: measured on CPython 3.10
 # (each Python frame is a C frame there too) ~340 bytes per frame, so 512 keeps a margin;
@@ -453,6 +453,22 @@ class WorkerRuntime:
         return fn
 
     def _execute(self, inv: Any) -> Any:
+        call = inv.call
+        if call.HasField("runtime_env"):
+            return self._execute_in_env(inv)
+        return self._execute_plain(inv)
+
+    def _execute_in_env(self, inv: Any) -> Any:
+        """A call with runtime_env=: applied around it; an actor's constructor keeps it
+        for the actor's life."""
+        undo = _runtime_env.enter(inv.call.runtime_env)
+        try:
+            return self._execute_plain(inv)
+        finally:
+            if not inv.call.HasField("actor"):
+                undo()
+
+    def _execute_plain(self, inv: Any) -> Any:
         call = inv.call
         tid = call.task_id
         # An actor holds the GPUs given to its constructor for life (a call sent straight

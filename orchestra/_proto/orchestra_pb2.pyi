@@ -259,7 +259,7 @@ class InvokeCallReply(_message.Message):
     def __init__(self) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("kind", "pid", "workerid", "cwd", "sys_path", "node_id", "machine")
+    __slots__ = ("kind", "pid", "workerid", "cwd", "sys_path", "node_id", "machine", "namespace")
     KIND_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     WORKERID_FIELD_NUMBER: _ClassVar[int]
@@ -267,6 +267,7 @@ class Hello(_message.Message):
     SYS_PATH_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     MACHINE_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     kind: str
     pid: int
     workerid: int
@@ -274,7 +275,8 @@ class Hello(_message.Message):
     sys_path: _containers.RepeatedScalarFieldContainer[str]
     node_id: int
     machine: str
-    def __init__(self, kind: _Optional[str] = ..., pid: _Optional[int] = ..., workerid: _Optional[int] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., node_id: _Optional[int] = ..., machine: _Optional[str] = ...) -> None: ...
+    namespace: str
+    def __init__(self, kind: _Optional[str] = ..., pid: _Optional[int] = ..., workerid: _Optional[int] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., node_id: _Optional[int] = ..., machine: _Optional[str] = ..., namespace: _Optional[str] = ...) -> None: ...
 
 class HelloReply(_message.Message):
     __slots__ = ("session_id", "node_id", "node_resources", "store_capacity", "session_dir", "cwd", "sys_path", "inline_threshold", "conn_id", "shm_dir", "node_dir", "joinable", "node_address")
@@ -502,7 +504,7 @@ class CancelTask(_message.Message):
     def __init__(self, task_id: _Optional[bytes] = ...) -> None: ...
 
 class Request(_message.Message):
-    __slots__ = ("req_id", "create_segment", "query", "create_actor", "kill_actor", "get_actor", "locate", "abort_segment")
+    __slots__ = ("req_id", "create_segment", "query", "create_actor", "kill_actor", "get_actor", "locate", "abort_segment", "create_placement_group", "remove_placement_group", "get_placement_group", "placement_group_table", "get_actor_in")
     REQ_ID_FIELD_NUMBER: _ClassVar[int]
     CREATE_SEGMENT_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
@@ -511,6 +513,11 @@ class Request(_message.Message):
     GET_ACTOR_FIELD_NUMBER: _ClassVar[int]
     LOCATE_FIELD_NUMBER: _ClassVar[int]
     ABORT_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    CREATE_PLACEMENT_GROUP_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_PLACEMENT_GROUP_FIELD_NUMBER: _ClassVar[int]
+    GET_PLACEMENT_GROUP_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_GROUP_TABLE_FIELD_NUMBER: _ClassVar[int]
+    GET_ACTOR_IN_FIELD_NUMBER: _ClassVar[int]
     req_id: int
     create_segment: CreateSegment
     query: str
@@ -519,7 +526,57 @@ class Request(_message.Message):
     get_actor: str
     locate: bytes
     abort_segment: str
-    def __init__(self, req_id: _Optional[int] = ..., create_segment: _Optional[_Union[CreateSegment, _Mapping]] = ..., query: _Optional[str] = ..., create_actor: _Optional[_Union[_types_pb2.Call, _Mapping]] = ..., kill_actor: _Optional[_Union[KillActor, _Mapping]] = ..., get_actor: _Optional[str] = ..., locate: _Optional[bytes] = ..., abort_segment: _Optional[str] = ...) -> None: ...
+    create_placement_group: PlacementGroupSpec
+    remove_placement_group: bytes
+    get_placement_group: str
+    placement_group_table: bytes
+    get_actor_in: ActorLookup
+    def __init__(self, req_id: _Optional[int] = ..., create_segment: _Optional[_Union[CreateSegment, _Mapping]] = ..., query: _Optional[str] = ..., create_actor: _Optional[_Union[_types_pb2.Call, _Mapping]] = ..., kill_actor: _Optional[_Union[KillActor, _Mapping]] = ..., get_actor: _Optional[str] = ..., locate: _Optional[bytes] = ..., abort_segment: _Optional[str] = ..., create_placement_group: _Optional[_Union[PlacementGroupSpec, _Mapping]] = ..., remove_placement_group: _Optional[bytes] = ..., get_placement_group: _Optional[str] = ..., placement_group_table: _Optional[bytes] = ..., get_actor_in: _Optional[_Union[ActorLookup, _Mapping]] = ...) -> None: ...
+
+class ActorLookup(_message.Message):
+    __slots__ = ("name", "namespace")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    namespace: str
+    def __init__(self, name: _Optional[str] = ..., namespace: _Optional[str] = ...) -> None: ...
+
+class PlacementGroupSpec(_message.Message):
+    __slots__ = ("group_id", "bundles", "strategy", "name", "detached")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    BUNDLES_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DETACHED_FIELD_NUMBER: _ClassVar[int]
+    group_id: bytes
+    bundles: _containers.RepeatedCompositeFieldContainer[PlacementBundle]
+    strategy: str
+    name: str
+    detached: bool
+    def __init__(self, group_id: _Optional[bytes] = ..., bundles: _Optional[_Iterable[_Union[PlacementBundle, _Mapping]]] = ..., strategy: _Optional[str] = ..., name: _Optional[str] = ..., detached: _Optional[bool] = ...) -> None: ...
+
+class PlacementBundle(_message.Message):
+    __slots__ = ("resources",)
+    class ResourcesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    resources: _containers.ScalarMap[str, float]
+    def __init__(self, resources: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class PlacementGroupInfo(_message.Message):
+    __slots__ = ("spec", "state", "bundle_nodes")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    BUNDLE_NODES_FIELD_NUMBER: _ClassVar[int]
+    spec: PlacementGroupSpec
+    state: str
+    bundle_nodes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, spec: _Optional[_Union[PlacementGroupSpec, _Mapping]] = ..., state: _Optional[str] = ..., bundle_nodes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class KillActor(_message.Message):
     __slots__ = ("actor_id", "no_restart")
@@ -538,7 +595,7 @@ class CreateSegment(_message.Message):
     def __init__(self, object_id: _Optional[bytes] = ..., size: _Optional[int] = ...) -> None: ...
 
 class Reply(_message.Message):
-    __slots__ = ("req_id", "error", "error_kind", "segment", "resources", "debug", "actor", "object", "nodes")
+    __slots__ = ("req_id", "error", "error_kind", "segment", "resources", "debug", "actor", "object", "nodes", "placement_groups")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -555,6 +612,7 @@ class Reply(_message.Message):
     ACTOR_FIELD_NUMBER: _ClassVar[int]
     OBJECT_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_GROUPS_FIELD_NUMBER: _ClassVar[int]
     req_id: int
     error: str
     error_kind: str
@@ -564,7 +622,8 @@ class Reply(_message.Message):
     actor: _types_pb2.ActorSpec
     object: _types_pb2.ObjectData
     nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
-    def __init__(self, req_id: _Optional[int] = ..., error: _Optional[str] = ..., error_kind: _Optional[str] = ..., segment: _Optional[_Union[_types_pb2.Segment, _Mapping]] = ..., resources: _Optional[_Mapping[str, float]] = ..., debug: _Optional[_Union[SchedulerDebugInfoReply, _Mapping]] = ..., actor: _Optional[_Union[_types_pb2.ActorSpec, _Mapping]] = ..., object: _Optional[_Union[_types_pb2.ObjectData, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ...) -> None: ...
+    placement_groups: _containers.RepeatedCompositeFieldContainer[PlacementGroupInfo]
+    def __init__(self, req_id: _Optional[int] = ..., error: _Optional[str] = ..., error_kind: _Optional[str] = ..., segment: _Optional[_Union[_types_pb2.Segment, _Mapping]] = ..., resources: _Optional[_Mapping[str, float]] = ..., debug: _Optional[_Union[SchedulerDebugInfoReply, _Mapping]] = ..., actor: _Optional[_Union[_types_pb2.ActorSpec, _Mapping]] = ..., object: _Optional[_Union[_types_pb2.ObjectData, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., placement_groups: _Optional[_Iterable[_Union[PlacementGroupInfo, _Mapping]]] = ...) -> None: ...
 
 class WorkerAddress(_message.Message):
     __slots__ = ("address",)

@@ -45,7 +45,7 @@ class ObjectData(_message.Message):
     def __init__(self, object_id: _Optional[bytes] = ..., inline: _Optional[bytes] = ..., segment: _Optional[_Union[Segment, _Mapping]] = ..., error: _Optional[bytes] = ..., contained: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Call(_message.Message):
-    __slots__ = ("task_id", "function_id", "args", "kwarg_names", "num_returns", "resources", "max_retries", "name", "nested", "retry_exceptions", "actor", "actor_id", "method", "retry_on", "placement", "generator", "generator_backpressure")
+    __slots__ = ("task_id", "function_id", "args", "kwarg_names", "num_returns", "resources", "max_retries", "name", "nested", "retry_exceptions", "actor", "actor_id", "method", "retry_on", "placement", "generator", "generator_backpressure", "max_calls", "runtime_env")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +70,8 @@ class Call(_message.Message):
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     GENERATOR_FIELD_NUMBER: _ClassVar[int]
     GENERATOR_BACKPRESSURE_FIELD_NUMBER: _ClassVar[int]
+    MAX_CALLS_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_ENV_FIELD_NUMBER: _ClassVar[int]
     task_id: bytes
     function_id: bytes
     args: _containers.RepeatedCompositeFieldContainer[Value]
@@ -87,20 +89,45 @@ class Call(_message.Message):
     placement: Placement
     generator: int
     generator_backpressure: int
-    def __init__(self, task_id: _Optional[bytes] = ..., function_id: _Optional[bytes] = ..., args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., kwarg_names: _Optional[_Iterable[str]] = ..., num_returns: _Optional[int] = ..., resources: _Optional[_Mapping[str, float]] = ..., max_retries: _Optional[int] = ..., name: _Optional[str] = ..., nested: _Optional[_Iterable[bytes]] = ..., retry_exceptions: _Optional[bool] = ..., actor: _Optional[_Union[ActorSpec, _Mapping]] = ..., actor_id: _Optional[bytes] = ..., method: _Optional[str] = ..., retry_on: _Optional[bytes] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., generator: _Optional[int] = ..., generator_backpressure: _Optional[int] = ...) -> None: ...
+    max_calls: int
+    runtime_env: RuntimeEnvSpec
+    def __init__(self, task_id: _Optional[bytes] = ..., function_id: _Optional[bytes] = ..., args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., kwarg_names: _Optional[_Iterable[str]] = ..., num_returns: _Optional[int] = ..., resources: _Optional[_Mapping[str, float]] = ..., max_retries: _Optional[int] = ..., name: _Optional[str] = ..., nested: _Optional[_Iterable[bytes]] = ..., retry_exceptions: _Optional[bool] = ..., actor: _Optional[_Union[ActorSpec, _Mapping]] = ..., actor_id: _Optional[bytes] = ..., method: _Optional[str] = ..., retry_on: _Optional[bytes] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., generator: _Optional[int] = ..., generator_backpressure: _Optional[int] = ..., max_calls: _Optional[int] = ..., runtime_env: _Optional[_Union[RuntimeEnvSpec, _Mapping]] = ...) -> None: ...
+
+class RuntimeEnvSpec(_message.Message):
+    __slots__ = ("env_vars", "working_dir", "py_modules")
+    class EnvVarsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ENV_VARS_FIELD_NUMBER: _ClassVar[int]
+    WORKING_DIR_FIELD_NUMBER: _ClassVar[int]
+    PY_MODULES_FIELD_NUMBER: _ClassVar[int]
+    env_vars: _containers.ScalarMap[str, str]
+    working_dir: str
+    py_modules: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, env_vars: _Optional[_Mapping[str, str]] = ..., working_dir: _Optional[str] = ..., py_modules: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Placement(_message.Message):
-    __slots__ = ("strategy", "node_id", "soft")
+    __slots__ = ("strategy", "node_id", "soft", "group_id", "bundle_index", "capture_child_tasks")
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SOFT_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    BUNDLE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CAPTURE_CHILD_TASKS_FIELD_NUMBER: _ClassVar[int]
     strategy: str
     node_id: int
     soft: bool
-    def __init__(self, strategy: _Optional[str] = ..., node_id: _Optional[int] = ..., soft: _Optional[bool] = ...) -> None: ...
+    group_id: bytes
+    bundle_index: int
+    capture_child_tasks: bool
+    def __init__(self, strategy: _Optional[str] = ..., node_id: _Optional[int] = ..., soft: _Optional[bool] = ..., group_id: _Optional[bytes] = ..., bundle_index: _Optional[int] = ..., capture_child_tasks: _Optional[bool] = ...) -> None: ...
 
 class ActorSpec(_message.Message):
-    __slots__ = ("actor_id", "name", "max_restarts", "max_concurrency", "is_async", "methods", "class_name", "generator_methods")
+    __slots__ = ("actor_id", "name", "max_restarts", "max_concurrency", "is_async", "methods", "class_name", "generator_methods", "namespace", "get_if_exists", "detached", "max_task_retries")
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +136,10 @@ class ActorSpec(_message.Message):
     METHODS_FIELD_NUMBER: _ClassVar[int]
     CLASS_NAME_FIELD_NUMBER: _ClassVar[int]
     GENERATOR_METHODS_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    GET_IF_EXISTS_FIELD_NUMBER: _ClassVar[int]
+    DETACHED_FIELD_NUMBER: _ClassVar[int]
+    MAX_TASK_RETRIES_FIELD_NUMBER: _ClassVar[int]
     actor_id: bytes
     name: str
     max_restarts: int
@@ -117,4 +148,8 @@ class ActorSpec(_message.Message):
     methods: _containers.RepeatedScalarFieldContainer[str]
     class_name: str
     generator_methods: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, actor_id: _Optional[bytes] = ..., name: _Optional[str] = ..., max_restarts: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., is_async: _Optional[bool] = ..., methods: _Optional[_Iterable[str]] = ..., class_name: _Optional[str] = ..., generator_methods: _Optional[_Iterable[str]] = ...) -> None: ...
+    namespace: str
+    get_if_exists: bool
+    detached: bool
+    max_task_retries: int
+    def __init__(self, actor_id: _Optional[bytes] = ..., name: _Optional[str] = ..., max_restarts: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., is_async: _Optional[bool] = ..., methods: _Optional[_Iterable[str]] = ..., class_name: _Optional[str] = ..., generator_methods: _Optional[_Iterable[str]] = ..., namespace: _Optional[str] = ..., get_if_exists: _Optional[bool] = ..., detached: _Optional[bool] = ..., max_task_retries: _Optional[int] = ...) -> None: ...

@@ -44,7 +44,7 @@ def test_debug_info_lists_workers_objects_and_resources(channel):
     ref = one.remote()
     assert orchestra.get(ref) == 1
     info = rpc.SchedulerStub(channel).SchedulerDebugInfo(pb.SchedulerDebugInfoRequest(), timeout=10)
-    assert dict(info.total_resources) == {"CPU": 2.0}
+    assert dict(info.total_resources)["CPU"] == 2.0
     assert any(w.pid > 0 for w in info.workers)
     assert ref.binary() in [o.objref for o in info.objects]
 
