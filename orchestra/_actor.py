@@ -29,15 +29,42 @@ ACTOR_OPTIONS = frozenset({"num_cpus", "num_gpus", "resources", "max_restarts", 
 DEFAULT_ASYNC_CONCURRENCY = 1000
 
 
-def _public_methods(cls: type) -> tuple[list[str], bool]:
-    names, is_async = [], False
+def method(*args: Any, **options: Any) -> Any:
+    """``@orchestra.method(num_returns=N)`` on an actor method: its calls return N refs
+    (0: None), as ``handle.m.options(num_returns=N).remote()`` would."""
+    if args or set(options) != {"num_returns"}:
+        raise TypeError("@orchestra.method takes one keyword option, num_returns, e.g. "
+                        "@orchestra.method(num_returns=2); got "
+                        f"{', '.join([repr(a) for a in args] + sorted(options)) or 'nothing'}")
+    n = _check_num_returns(options["num_returns"])
+
+    def decorator(fn: Any) -> Any:
+        if not callable(fn):
+            raise TypeError(f"@orchestra.method goes on a method, not on {fn!r}")
+        fn.__orchestra_num_returns__ = n
+        return fn
+    return decorator
+
+
+def _check_num_returns(n: Any) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"num_returns must be an int >= 0, got {n!r}")
+    return n
+
+
+def _public_methods(cls: type) -> tuple[list[str], bool, dict[str, int]]:
+    """Public method names, whether any is async, and @orchestra.method num_returns."""
+    names, is_async, num_returns = [], False, {}
     for name, member in inspect.getmembers(cls):
         if name.startswith("__") or not callable(member):
             continue
         names.append(name)
         if inspect.iscoroutinefunction(member) or inspect.isasyncgenfunction(member):
             is_async = True
-    return names, is_async
+        n = getattr(member, "__orchestra_num_returns__", None)
+        if n is not None and n != 1:
+            num_returns[name] = n
+    return names, is_async, num_returns
 
 
 def _validate(opts: dict[str, Any], cls_name: str) -> dict[str, Any]:
@@ -67,7 +94,7 @@ class ActorClass:
         self._cls = cls
         self._options = _validate(dict(options), cls.__name__)
         self._function_id = function_id or _ids.next_task_id() + b"\0" * 4
-        self._methods, self._is_async = _public_methods(cls)
+        self._methods, self._is_async, self._num_returns = _public_methods(cls)
         self._resources = make_request(options.get("num_cpus"), options.get("num_gpus"),
                                        options.get("resources"), default_cpus=0)
         self._client: Any = None
@@ -102,7 +129,8 @@ class ActorClass:
         spec = pb.ActorSpec(actor_id=actor_id, name=opts.get("name") or "",
                             max_restarts=opts.get("max_restarts", 0), max_concurrency=concurrency,
                             is_async=self._is_async, methods=self._methods,
-                            class_name=self._cls.__qualname__)
+                            class_name=self._cls.__qualname__,
+                            method_num_returns=self._num_returns)
         call = client.build_call(tid, self._function_id, args, kwargs, num_returns=0,
                                  resources=self._resources, name=f"{self._cls.__qualname__}.__init__")
         call.actor.CopyFrom(spec)
@@ -126,6 +154,7 @@ class ActorHandle:
         self._spec = spec
         self._actor_id = spec.actor_id
         self._methods = frozenset(spec.methods)
+        self._num_returns = dict(spec.method_num_returns)
         self._token = ObjectRef(spec.actor_id, client, counted=counted)
 
     def __getattr__(self, name: str) -> ActorMethod:
@@ -134,7 +163,7 @@ class ActorHandle:
         if name not in self._methods:
             raise AttributeError(f"actor {self._spec.class_name} has no method {name!r}; "
                                  f"its methods: {', '.join(sorted(self._methods)) or 'none'}")
-        return ActorMethod(self, name, 1)
+        return ActorMethod(self, name, self._num_returns.get(name, 1))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The token pickles as a ref contained in whatever holds the handle.
@@ -156,6 +185,7 @@ def _rebuild_handle(spec_bytes: bytes, token: ObjectRef) -> ActorHandle:
     h._spec = spec
     h._actor_id = spec.actor_id
     h._methods = frozenset(spec.methods)
+    h._num_returns = dict(spec.method_num_returns)
     h._token = token
     return h
 
@@ -169,9 +199,7 @@ class ActorMethod:
         self._num_returns = num_returns
 
     def options(self, *, num_returns: int = 1) -> ActorMethod:
-        if isinstance(num_returns, bool) or not isinstance(num_returns, int) or num_returns < 0:
-            raise ValueError(f"num_returns must be an int >= 0, got {num_returns!r}")
-        return ActorMethod(self._handle, self._name, num_returns)
+        return ActorMethod(self._handle, self._name, _check_num_returns(num_returns))
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         client = _context.current_client()

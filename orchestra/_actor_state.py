@@ -238,6 +238,8 @@ class ActorTable:
         limit = a.spec.max_restarts
         if not a.no_restart and not a.draining and (limit < 0 or a.restarts < limit):
             a.restarts += 1
+            # The new instance learns it is one (was_current_actor_reconstructed()).
+            a.creation.call.actor.restart_count = a.restarts
             a.creation.state = TaskState.READY
             if not self._place(a):
                 a.state = ActorState.RESTARTING
@@ -271,7 +273,8 @@ class ActorTable:
         if w is not None:
             self.s.out.append(KillWorker(w.node_id, w.worker_id, reason))
 
-    def kill(self, actor_id: bytes, no_restart: bool) -> None:
+    def kill(self, actor_id: bytes, no_restart: bool, reason: str = "") -> None:
+        """orchestra.kill(), or (``reason`` given) the actor's own exit_actor()."""
         a = self.actors.get(actor_id)
         if a is None or a.state is ActorState.DEAD:
             return
@@ -288,10 +291,10 @@ class ActorTable:
             if no_restart:
                 self._release_name(a)   # get_actor() fails as soon as kill() returns
             self.s.out.append(KillWorker(a.worker.node_id, a.worker.worker_id,
-                                         "killed by orchestra.kill()"))
+                                         reason or "killed by orchestra.kill()"))
         elif no_restart or a.state is ActorState.PENDING:
             self._die(a, self.s.error("actor_dead", name=a.spec.class_name,
-                                       reason="killed by orchestra.kill() before it started"))
+                                       reason=reason or "killed by orchestra.kill() before it started"))
 
     def handles_gone(self, actor_id: bytes) -> None:
         a = self.actors.get(actor_id)

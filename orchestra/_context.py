@@ -1,11 +1,28 @@
-"""The connection of this process to its cluster, set by init() or by the worker main.
+"""The connection of this process to its cluster, set by init() or by the worker main,
+and what ``get_runtime_context()`` reads.
 
-Nothing is set at import; ``current_client`` raises a clear error before ``init``, and
+Nothing is set at import; ``current_client`` starts a local cluster with the defaults
+the first time a driver needs one before ``init`` (as Ray does), and raises
 ClusterLostError once the cluster's head is gone.
+
+What the runtime context says, and who sets it:
+
+    driver:  init() -> set_client                      job, node, worker (its connection)
+    worker:  main -> set_client, set_worker_id         job, node, worker
+             each task/call -> set_call(call) (a ContextVar: per thread and per
+             coroutine, so concurrent actor calls each see their own)   task id, resources
+             become_actor -> set_actor(...)             actor id, restarts, its resources
 """
 from __future__ import annotations
 
+import contextvars
+import logging
+import sys
+import threading
+import uuid
 from typing import Any
+
+_log = logging.getLogger("orchestra")
 
 _client: Any = None
 
@@ -19,12 +36,37 @@ def current_client() -> Any:
     client = _client
     if client is None or client.lost is not None:
         if client is None:
-            raise RuntimeError("orchestra is not initialized: call orchestra.init() first")
+            return _implicit_init()
         # The head died: every later call fails at once with the same error, also
         # those that would otherwise go straight to a (dying) worker.
         from .exceptions import ClusterLostError
         raise ClusterLostError(client.lost)
     return client
+
+
+def _implicit_init() -> Any:
+    """The first call that needs a cluster before init(): start one with the defaults
+    (Ray's behaviour), saying so once. Only on this path: an initialised process never
+    comes here."""
+    from . import _session
+    with _init_lock:
+        if _client is not None:   # another thread started it meanwhile
+            return current_client()
+        if _session.exiting or sys.is_finalizing():
+            # After the cluster stopped at exit: never start a new one then.
+            raise RuntimeError("orchestra is not initialized (the cluster stopped when "
+                               "the interpreter began to exit)")
+        _start_implicitly(_session)
+    return current_client()
+
+
+def _start_implicitly(session: Any) -> None:
+    _log.info("orchestra.init() was not called: starting a local cluster with the defaults "
+              "(call orchestra.init(...) first to choose its size or address)")
+    session.init()
+
+
+_init_lock = threading.Lock()
 
 
 def client_or_none() -> Any:
@@ -43,8 +85,36 @@ def gpu_ids() -> list[int]:
     return list(_gpu_ids)
 
 
+# ---------------------------------------------------------------- runtime context state
+
+# The Call the current thread or coroutine runs (None in a driver, between tasks).
+current_call: contextvars.ContextVar[Any] = contextvars.ContextVar("orchestra_call", default=None)
+set_call = current_call.set
+
+_worker_id: int | None = None   # set in worker processes
+_actor: tuple[bytes, int, dict[str, float]] | None = None   # (id, restarts, resources)
+# The namespace given to init() (None: this job's anonymous one, as in Ray).
+namespace: str | None = None
+
+
+def set_worker_id(worker_id: int) -> None:
+    global _worker_id
+    _worker_id = worker_id
+
+
+def set_actor(actor_id: bytes, restarts: int, resources: dict[str, float]) -> None:
+    global _actor
+    _actor = (actor_id, restarts, resources)
+
+
+def in_actor() -> bool:
+    return _actor is not None
+
+
 class RuntimeContext:
-    """What this process is within its cluster (``orchestra.get_runtime_context()``)."""
+    """What this process is within its cluster (``orchestra.get_runtime_context()``).
+
+    Ids are hex strings, as in Ray. In a driver the task and actor ids are None."""
 
     def get_node_id(self) -> str:
         """The id of the node this process runs on (as ``orchestra.nodes()`` names it)."""
@@ -54,6 +124,73 @@ class RuntimeContext:
     @property
     def node_id(self) -> str:
         return self.get_node_id()
+
+    def get_job_id(self) -> str:
+        """The job: one per cluster session (the driver and every task and actor of it)."""
+        return bytes(current_client().info.session_id).hex()
+
+    @property
+    def job_id(self) -> str:
+        return self.get_job_id()
+
+    def get_task_id(self) -> str | None:
+        """The id of the task or actor call running here (None in a driver)."""
+        call = current_call.get()
+        return call.task_id.hex() if call is not None else None
+
+    @property
+    def task_id(self) -> str | None:
+        return self.get_task_id()
+
+    def get_actor_id(self) -> str | None:
+        """The id of the actor this process serves (None outside an actor)."""
+        if _actor is not None:
+            return _actor[0].hex()
+        call = current_call.get()   # in the constructor, before the actor is set
+        if call is not None and call.HasField("actor"):
+            return bytes(call.actor.actor_id).hex()
+        return None
+
+    @property
+    def actor_id(self) -> str | None:
+        return self.get_actor_id()
+
+    def get_worker_id(self) -> str:
+        """This process's id: its worker id in a worker, its connection's in a driver."""
+        if _worker_id is not None:
+            return f"{_worker_id:016x}"
+        return f"{current_client().conn_id:016x}"
+
+    @property
+    def worker_id(self) -> str:
+        return self.get_worker_id()
+
+    @property
+    def namespace(self) -> str:
+        """The namespace given to init(); else this job's anonymous one (a uuid, as in Ray)."""
+        if namespace is not None:
+            return namespace
+        return str(uuid.uuid5(uuid.NAMESPACE_OID, "orchestra-" + self.get_job_id()))
+
+    def get_assigned_resources(self) -> dict[str, float]:
+        """The resources the running task (or this actor) holds: {} in a driver."""
+        if _actor is not None:
+            return dict(_actor[2])
+        call = current_call.get()
+        return dict(call.resources) if call is not None else {}
+
+    def was_current_actor_reconstructed(self) -> bool:
+        """True in an actor that the cluster restarted after its process died."""
+        if _actor is not None:
+            return _actor[1] > 0
+        call = current_call.get()
+        return call is not None and call.HasField("actor") and call.actor.restart_count > 0
+
+    def get(self) -> dict[str, Any]:
+        """The context as a dict (Ray's keys)."""
+        return {"job_id": self.get_job_id(), "node_id": self.get_node_id(),
+                "task_id": self.get_task_id(), "actor_id": self.get_actor_id(),
+                "namespace": self.namespace}
 
 
 def get_runtime_context() -> RuntimeContext:

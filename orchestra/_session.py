@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import math
 import os
 import shutil
@@ -38,6 +39,12 @@ from .exceptions import ClusterLostError, ObjectLostError, OrchestraError
 
 SESSION_PREFIX = "orchestra-session-"
 _HEAD_EXIT_TIMEOUT_S = 5.0
+# At interpreter exit, tasks and actor calls still pending get this long to finish
+# before the cluster stops (init(exit_grace_s=...) or ORCHESTRA_EXIT_GRACE_S). An exit
+# with nothing pending costs one request to the head (~1 ms), then stops as before.
+DEFAULT_EXIT_GRACE_S = 5.0
+_EXIT_POLL_S = 0.02
+_log = logging.getLogger("orchestra")
 _PRELOAD = ("numpy",)   # imported by the fork server when the driver has (see _zygote.py)
 
 
@@ -47,6 +54,7 @@ class Session:
         self.session_dir = session_dir
         self.head = head
         self.spill_dir = ""   # when outside session_dir: removed here too if the head was not
+        self.exit_grace_s = DEFAULT_EXIT_GRACE_S
 
     def stop(self) -> None:
         client = self.client
@@ -72,6 +80,7 @@ class Session:
 
 
 _session: Session | None = None
+exiting = False   # set at interpreter exit: no implicit init() after the cluster stopped
 # Run by shutdown() once the cluster is gone (the gang module stops its coordinators):
 # registered by those modules, so this one imports none of them.
 _shutdown_hooks: list[Callable[[], None]] = []
@@ -159,6 +168,7 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
          num_gpus: int | None = None, resources: dict[str, float] | None = None,
          object_store_memory: int | None = None, spill_dir: str | os.PathLike[str] | None = None,
          ignore_reinit_error: bool = False, token: str | None = None,
+         exit_grace_s: float | None = None,
          _system_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """Start a local cluster (or connect to one) and make it this process's session.
 
@@ -168,8 +178,13 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     variable); this driver uses the store of the cluster's node on this machine. "auto"
     connects to the cluster ``orchestra start`` started on this machine (its token with
     it). A session directory or its head.sock connects to another driver's private
-    cluster of this user."""
+    cluster of this user.
+
+    ``exit_grace_s``: at interpreter exit, how long tasks and actor calls still pending
+    may run before the cluster stops (default: ORCHESTRA_EXIT_GRACE_S, else 5 s; 0 stops
+    at once). An exit with nothing pending does not wait."""
     global _session
+    grace = exit_grace(exit_grace_s)
     if _session is not None and _session.client.lost is not None:
         _forget_lost_session()
     if _session is not None:
@@ -183,7 +198,9 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     address, token = resolve_address(address, token)
     if address is not None:
         _session = _connect(address, token)
+        _session.exit_grace_s = grace
         _context.set_client(_session.client)
+        atexit.register(_shutdown_at_exit)
         return _info(_session)
     store_warning, cfg = build_cfg(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources,
                                    object_store_memory=object_store_memory,
@@ -205,6 +222,7 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
         raise
     _session = Session(client, session_dir, head)
     _session.spill_dir = cfg["spill_dir"]
+    _session.exit_grace_s = grace
     _context.set_client(client)
     atexit.register(_shutdown_at_exit)
     return _info(_session)
@@ -441,7 +459,69 @@ def shutdown() -> None:
         signal.raise_signal(signal.SIGINT)   # the Ctrl-C, deferred to its own handler
 
 
+def exit_grace(asked: float | None) -> float:
+    """init()'s exit_grace_s, else ORCHESTRA_EXIT_GRACE_S, else the default; checked."""
+    where = "exit_grace_s"
+    if asked is None:
+        env = os.environ.get("ORCHESTRA_EXIT_GRACE_S")
+        if not env:
+            return DEFAULT_EXIT_GRACE_S
+        where = "ORCHESTRA_EXIT_GRACE_S"
+        try:
+            asked = float(env)
+        except ValueError:
+            raise ValueError(f"ORCHESTRA_EXIT_GRACE_S={env!r} is not a number of seconds; "
+                             "set it to e.g. 5, or 0 to stop at exit at once") from None
+    if isinstance(asked, bool) or not isinstance(asked, (int, float)) or math.isnan(asked) \
+            or asked < 0:
+        raise ValueError(f"{where} must be a number of seconds >= 0, got {asked!r}")
+    return float(asked)
+
+
+def pending_tasks(client: CoreClient) -> int:
+    """Tasks and actor calls of this driver (and those its tasks made) not finished:
+    the head's count, and calls this process sent straight to workers."""
+    direct = client.direct
+    n = len(direct.call_route) + sum(len(q) for q in list(direct.loan_queue.values()))
+    return n + client.request(pb.Request(query="pending"), timeout_s=10).pending_tasks
+
+
+def _drain(s: Session) -> None:
+    """At exit: let pending tasks run for up to the session's grace (Ray users expect
+    `f.remote()` at the end of a script to run). Returns at once when none is pending."""
+    if s.exit_grace_s <= 0 or s.client.lost is not None:
+        return
+    deadline = time.monotonic() + s.exit_grace_s
+    said = False
+    while True:
+        try:
+            n = pending_tasks(s.client)
+        except (ClusterLostError, OrchestraError, TimeoutError):
+            return
+        if n == 0:
+            return
+        if time.monotonic() >= deadline:
+            _log.warning("orchestra: %d task(s) still pending %g s after the script ended; "
+                         "stopping the cluster (raise init(exit_grace_s=...) or "
+                         "ORCHESTRA_EXIT_GRACE_S to wait longer, or get() their results)",
+                         n, s.exit_grace_s)
+            return
+        if not said:
+            said = True
+            _log.info("orchestra: waiting up to %g s for %d pending task(s) before stopping",
+                      s.exit_grace_s, n)
+        time.sleep(_EXIT_POLL_S)
+
+
 def _shutdown_at_exit() -> None:
+    global exiting
+    exiting = True
+    s = _session
+    if s is not None:
+        try:
+            _drain(s)
+        except KeyboardInterrupt:
+            pass   # Ctrl-C cuts the grace short; the cluster still stops below
     try:
         shutdown()
     except KeyboardInterrupt:
@@ -519,8 +599,14 @@ def put(value: Any) -> ObjectRef:
 
 
 def wait(refs: Sequence[ObjectRef], *, num_returns: int = 1,
-         timeout: float | None = None) -> tuple[list[ObjectRef], list[ObjectRef]]:
-    """(ready, not_ready): the first ``num_returns`` refs ready, in input order."""
+         timeout: float | None = None, fetch_local: bool = True) -> tuple[list[ObjectRef], list[ObjectRef]]:
+    """(ready, not_ready): the first ``num_returns`` refs ready, in input order.
+
+    ``fetch_local`` is accepted for Ray's scripts: a ref counts as ready once its value
+    exists anywhere in the cluster either way; a value on another node is copied to
+    this one when get() reads it."""
+    if not isinstance(fetch_local, bool):
+        raise TypeError(f"fetch_local must be True or False, got {fetch_local!r}")
     if isinstance(refs, ObjectRef) or not isinstance(refs, (list, tuple)):
         raise TypeError(f"wait() takes a list of ObjectRefs, not a {type(refs).__name__}")
     client = _client() if refs else None
@@ -544,11 +630,13 @@ def wait(refs: Sequence[ObjectRef], *, num_returns: int = 1,
     return _client().wait(list(refs), num_returns, timeout)
 
 
-def cancel(ref: ObjectRef, *, force: bool = False) -> None:
-    """Stop the task behind ``ref``: queued, waiting for arguments, or running."""
+def cancel(ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> None:
+    """Stop the task behind ``ref``: queued, waiting for arguments, or running.
+    ``recursive`` (default, as in Ray): the tasks it submitted that have not finished
+    are cancelled too, and theirs."""
     if not isinstance(ref, ObjectRef):
         raise TypeError(f"cancel() takes an ObjectRef, not a {type(ref).__name__}")
-    _client().cancel(ref.binary(), bool(force))
+    _client().cancel(ref.binary(), bool(force), bool(recursive))
 
 
 def nodes() -> list[dict[str, Any]]:

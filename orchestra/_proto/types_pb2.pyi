@@ -96,7 +96,14 @@ class Placement(_message.Message):
     def __init__(self, strategy: _Optional[str] = ..., node_id: _Optional[int] = ..., soft: _Optional[bool] = ...) -> None: ...
 
 class ActorSpec(_message.Message):
-    __slots__ = ("actor_id", "name", "max_restarts", "max_concurrency", "is_async", "methods", "class_name")
+    __slots__ = ("actor_id", "name", "max_restarts", "max_concurrency", "is_async", "methods", "class_name", "method_num_returns", "restart_count")
+    class MethodNumReturnsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +111,8 @@ class ActorSpec(_message.Message):
     IS_ASYNC_FIELD_NUMBER: _ClassVar[int]
     METHODS_FIELD_NUMBER: _ClassVar[int]
     CLASS_NAME_FIELD_NUMBER: _ClassVar[int]
+    METHOD_NUM_RETURNS_FIELD_NUMBER: _ClassVar[int]
+    RESTART_COUNT_FIELD_NUMBER: _ClassVar[int]
     actor_id: bytes
     name: str
     max_restarts: int
@@ -111,4 +120,6 @@ class ActorSpec(_message.Message):
     is_async: bool
     methods: _containers.RepeatedScalarFieldContainer[str]
     class_name: str
-    def __init__(self, actor_id: _Optional[bytes] = ..., name: _Optional[str] = ..., max_restarts: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., is_async: _Optional[bool] = ..., methods: _Optional[_Iterable[str]] = ..., class_name: _Optional[str] = ...) -> None: ...
+    method_num_returns: _containers.ScalarMap[str, int]
+    restart_count: int
+    def __init__(self, actor_id: _Optional[bytes] = ..., name: _Optional[str] = ..., max_restarts: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., is_async: _Optional[bool] = ..., methods: _Optional[_Iterable[str]] = ..., class_name: _Optional[str] = ..., method_num_returns: _Optional[_Mapping[str, int]] = ..., restart_count: _Optional[int] = ...) -> None: ...

@@ -30,7 +30,7 @@ DOCUMENTED_API = [
     "init", "shutdown", "is_initialized", "remote", "RemoteFunction", "get", "put", "wait",
     "cancel", "get_gpu_ids", "cluster_resources", "available_resources", "ObjectRef",
     "nodes", "get_runtime_context", "RuntimeContext", "exceptions", "ActorClass", "ActorHandle",
-    "get_actor", "kill",
+    "get_actor", "kill", "method", "actor", "util",
     "gang", "Gang", "gang_context", "GangContext", "GangDevice", "GangError",
     "GangAbortedError", "GangTimeoutError", "GangMemberDiedError",
 ]
