@@ -8,7 +8,7 @@ ClusterLostError once the cluster's head is gone.
 What the runtime context says, and who sets it:
 
     driver:  init() -> set_client                      job, node, worker (its connection)
-    worker:  main -> set_client, set_worker_id         job, node, worker
+    worker:  main -> set_client                        job, node, worker (its connection)
              each task/call -> set_call(call) (a ContextVar: per thread and per
              coroutine, so concurrent actor calls each see their own)   task id, resources
              become_actor -> set_actor(...)             actor id, restarts, its resources
@@ -61,7 +61,9 @@ def _implicit_init() -> Any:
 
 
 def _start_implicitly(session: Any) -> None:
-    _log.info("orchestra.init() was not called: starting a local cluster with the defaults "
+    # WARNING, not INFO: Python shows warnings with no logging set up, and a cluster
+    # that starts unasked (processes, shared memory) should be seen once.
+    _log.warning("orchestra.init() was not called: starting a local cluster with the defaults "
               "(call orchestra.init(...) first to choose its size or address)")
     session.init()
 
@@ -91,15 +93,9 @@ def gpu_ids() -> list[int]:
 current_call: contextvars.ContextVar[Any] = contextvars.ContextVar("orchestra_call", default=None)
 set_call = current_call.set
 
-_worker_id: int | None = None   # set in worker processes
 _actor: tuple[bytes, int, dict[str, float]] | None = None   # (id, restarts, resources)
 # The namespace given to init() (None: this job's anonymous one, as in Ray).
 namespace: str | None = None
-
-
-def set_worker_id(worker_id: int) -> None:
-    global _worker_id
-    _worker_id = worker_id
 
 
 def set_actor(actor_id: bytes, restarts: int, resources: dict[str, float]) -> None:
@@ -156,9 +152,8 @@ class RuntimeContext:
         return self.get_actor_id()
 
     def get_worker_id(self) -> str:
-        """This process's id: its worker id in a worker, its connection's in a driver."""
-        if _worker_id is not None:
-            return f"{_worker_id:016x}"
+        """This process's id (a driver's or a worker's): its connection's at the head,
+        unique in the cluster."""
         return f"{current_client().conn_id:016x}"
 
     @property

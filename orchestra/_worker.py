@@ -814,7 +814,6 @@ def main(argv: list[str] | None = None) -> None:
     # Ctrl-C in the driver's terminal reaches the whole process group: the driver
     # handles it; a worker must not die of it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _context.set_worker_id(worker_id)
     runtime = WorkerRuntime(sock_path, worker_id)
     runtime.run()
 

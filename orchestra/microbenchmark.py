@@ -166,6 +166,7 @@ def run_framework(name: str, quick: bool) -> dict[str, Any]:
         res.update(_actor_workloads(fw, scale))
     except NotImplementedError as exc:
         res["actors"] = f"not supported: {str(exc)[:60]}"
+    res.update(_util_workloads(name, fw, scale))
 
     gc.collect()
     time.sleep(0.5)
@@ -232,6 +233,36 @@ def _actor_workloads(fw: Any, scale: float) -> dict[str, Any]:
     return out
 
 
+def _util_workloads(name: str, fw: Any, scale: float) -> dict[str, Any]:
+    """ActorPool.map over small items with 2 actors, and Queue put+get round trips
+    (``<framework>.util.ActorPool``, ``<framework>.util.queue.Queue``: Ray's names)."""
+    out: dict[str, Any] = {}
+    util = importlib.import_module(f"{name}.util")
+    queue_mod = importlib.import_module(f"{name}.util.queue")
+
+    class Doubler:
+        def double(self, v: int) -> int:
+            return 2 * v
+
+    actor_cls = fw.remote(Doubler)
+    pool = util.ActorPool([actor_cls.remote(), actor_cls.remote()])
+    n = max(200, int(10000 * scale))
+    out["actor_pool_map_items_per_s"] = _rate(
+        lambda k: list(pool.map(lambda a, v: a.double.remote(v), range(k))), n)
+    q = queue_mod.Queue()
+    n = max(100, int(2000 * scale))
+
+    def round_trips(k: int) -> None:
+        for i in range(k):
+            q.put(i)
+            q.get()
+    q.put(0)
+    q.get()   # the queue's actor is up
+    out["queue_round_trips_per_s"] = _rate(round_trips, n)
+    q.shutdown()
+    return out
+
+
 def run_pool(quick: bool) -> dict[str, Any]:
     import multiprocessing as mp
 
@@ -281,6 +312,8 @@ ROWS = [
     ("actor_calls_per_s", "actor calls/s (5k, then get)", True),
     ("async_actor_call_latency_median_us", "async actor call latency, median (us)", False),
     ("async_actor_calls_per_s", "async actor calls/s", True),
+    ("actor_pool_map_items_per_s", "ActorPool.map, 2 actors: small items/s (10k)", True),
+    ("queue_round_trips_per_s", "Queue put+get round trips/s", True),
     ("put_small_per_s", "put small values/s", True),
     ("get_small_per_s", "get small values/s", True),
     ("put_large_gb_per_s", "put 512 MiB array (GB/s)", True),
