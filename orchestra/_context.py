@@ -16,13 +16,10 @@ What the runtime context says, and who sets it:
 from __future__ import annotations
 
 import contextvars
-import logging
-import sys
 import threading
 import uuid
+from collections.abc import Callable
 from typing import Any
-
-_log = logging.getLogger("orchestra")
 
 _client: Any = None
 
@@ -46,29 +43,24 @@ def current_client() -> Any:
 
 def _implicit_init() -> Any:
     """The first call that needs a cluster before init(): start one with the defaults
-    (Ray's behaviour), saying so once. Only on this path: an initialised process never
-    comes here."""
-    from . import _session
+    (Ray's behaviour). Only on this path: an initialised process never comes here."""
     with _init_lock:
-        if _client is not None:   # another thread started it meanwhile
-            return current_client()
-        if _session.exiting or sys.is_finalizing():
-            # After the cluster stopped at exit: never start a new one then.
-            raise RuntimeError("orchestra is not initialized (the cluster stopped when "
-                               "the interpreter began to exit)")
-        _start_implicitly(_session)
+        if _client is None:   # else another thread started it meanwhile
+            if _starter is None:
+                raise RuntimeError("orchestra is not initialized: call orchestra.init() first")
+            _starter()
     return current_client()
 
 
-def _start_implicitly(session: Any) -> None:
-    # WARNING, not INFO: Python shows warnings with no logging set up, and a cluster
-    # that starts unasked (processes, shared memory) should be seen once.
-    _log.warning("orchestra.init() was not called: starting a local cluster with the defaults "
-              "(call orchestra.init(...) first to choose its size or address)")
-    session.init()
-
-
+# init() with the defaults, set by the session module (which imports this one): None in
+# a process that never imported it.
+_starter: Callable[[], None] | None = None
 _init_lock = threading.Lock()
+
+
+def set_starter(starter: Callable[[], None]) -> None:
+    global _starter
+    _starter = starter
 
 
 def client_or_none() -> Any:

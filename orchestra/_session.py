@@ -530,6 +530,23 @@ def _shutdown_at_exit() -> None:
         print(f"orchestra: error during shutdown at exit: {exc}", file=sys.stderr)
 
 
+def _start_implicitly() -> None:
+    """init() with the defaults, for the first call that needs a cluster before init()
+    (as in Ray), said once on the orchestra logger. Never after the cluster stopped at
+    interpreter exit."""
+    if exiting or sys.is_finalizing():
+        raise RuntimeError("orchestra is not initialized (the cluster stopped when the "
+                           "interpreter began to exit)")
+    # WARNING, not INFO: Python shows warnings with no logging set up, and a cluster
+    # that starts unasked (processes, shared memory) should be seen once.
+    _log.warning("orchestra.init() was not called: starting a local cluster with the "
+                 "defaults (call orchestra.init(...) first to choose its size or address)")
+    init()
+
+
+_context.set_starter(_start_implicitly)
+
+
 def is_initialized() -> bool:
     """True between init() and shutdown(), while the cluster's head is alive."""
     return _session is not None and _session.client.lost is None
