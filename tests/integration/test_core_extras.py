@@ -103,6 +103,23 @@ def test_tasks_submitted_when_the_script_ends_still_run(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path)) == ["done-0", "done-1", "done-2"]
 
 
+def test_actor_calls_made_when_the_script_ends_still_run(tmp_path: Path) -> None:
+    run_script(f"""
+        import time, orchestra
+        orchestra.init(num_cpus=1)
+        @orchestra.remote
+        class Writer:
+            def write(self, path):
+                time.sleep(0.2)
+                open(path, "w").close()
+        w = Writer.remote()
+        orchestra.get(w.write.remote("{tmp_path}/first"))   # later calls go straight to it
+        for i in range(3):
+            w.write.remote(f"{tmp_path}/call-{{i}}")
+    """)
+    assert sorted(os.listdir(tmp_path)) == ["call-0", "call-1", "call-2", "first"]
+
+
 def test_the_exit_grace_is_bounded_and_says_what_it_left(tmp_path: Path) -> None:
     t = time.monotonic()
     r = run_script(GRACE_SCRIPT.format(grace=", exit_grace_s=0.5", tmp=tmp_path, sleep=30))
