@@ -477,8 +477,8 @@ class Head:
                 reply.resources.update(self.state.available_resources())
             elif q == "debug":
                 reply.debug.CopyFrom(self.debug_info())
-            elif q == "pending":
-                reply.pending_tasks = self.state.pending_tasks(conn.conn_id)
+            elif q in ("pending", "pending_own"):
+                reply.pending_tasks = self.state.pending_tasks(conn.conn_id, q == "pending_own")
             elif q == "sync":
                 pass   # the reply says every frame sent before the request was handled
             elif q == "nodes":

@@ -736,9 +736,10 @@ class SchedulerState:
         for child in children:
             self.cancel(child.call.task_id + b"\0\0\0\0", force, True)
 
-    def pending_tasks(self, conn: int) -> int:
-        """Tasks and actor calls not finished that ``conn`` or any worker submitted (not
-        those of other drivers): what a driver's exit waits for."""
+    def pending_tasks(self, conn: int, own_only: bool = False) -> int:
+        """Tasks and actor calls not finished that ``conn`` submitted, and (unless
+        ``own_only``: a cluster shared with other drivers) those any worker submitted:
+        what a driver's exit waits for."""
         clients = self.clients
         n = 0
         for t in self.tasks.values():
@@ -746,7 +747,7 @@ class SchedulerState:
                 continue
             if t.owner == conn:
                 n += 1
-            else:
+            elif not own_only:
                 c = clients.get(t.owner)
                 if c is None or c.kind != "driver":
                     n += 1

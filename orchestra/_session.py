@@ -478,12 +478,14 @@ def exit_grace(asked: float | None) -> float:
     return float(asked)
 
 
-def pending_tasks(client: CoreClient) -> int:
-    """Tasks and actor calls of this driver (and those its tasks made) not finished:
-    the head's count, and calls this process sent straight to workers."""
+def pending_tasks(client: CoreClient, own_only: bool = False) -> int:
+    """Tasks and actor calls of this driver (and, unless ``own_only``, those tasks made)
+    not finished: the head's count, and calls this process sent straight to workers.
+    ``own_only`` on a cluster other drivers share: their tasks' tasks are not ours."""
     direct = client.direct
     n = len(direct.call_route) + sum(len(q) for q in list(direct.loan_queue.values()))
-    return n + client.request(pb.Request(query="pending"), timeout_s=10).pending_tasks
+    query = "pending_own" if own_only else "pending"
+    return n + client.request(pb.Request(query=query), timeout_s=10).pending_tasks
 
 
 def _drain(s: Session) -> None:
@@ -495,7 +497,7 @@ def _drain(s: Session) -> None:
     said = False
     while True:
         try:
-            n = pending_tasks(s.client)
+            n = pending_tasks(s.client, own_only=s.head is None)
         except (ClusterLostError, OrchestraError, TimeoutError):
             return
         if n == 0:

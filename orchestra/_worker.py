@@ -259,7 +259,8 @@ class WorkerRuntime:
             peer.send(_wire.encode(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=ids)))
 
     def _cancel(self, task_id: bytes, recursive: bool = False) -> None:
-        if recursive and (self.running == task_id or task_id in self.outer):
+        # An actor's process serves many callers: what it submitted is not one call's.
+        if recursive and self.actor is None and (self.running == task_id or task_id in self.outer):
             self.client.cancel_submitted()   # its children first, then the task itself
         with self.cond:
             if self.running == task_id:
