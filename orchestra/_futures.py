@@ -14,7 +14,7 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
-from .exceptions import ClusterLostError
+from .exceptions import ClusterLostError, ObjectLostError
 
 # How long the waiter waits before looking again when nothing came: it is woken by every
 # frame the client reads, so this only bounds how long it lingers.
@@ -98,10 +98,15 @@ def _resolve(client: Any, fut: Future[Any], ref: Any) -> None:
 
 def future_of(ref: Any) -> Future[Any]:
     """A concurrent.futures.Future of ``ref``'s value (or error)."""
+    from ._context import client_or_none
     client = ref._client
-    if client is None or client.lost is not None:
-        from ._context import current_client
-        client = current_client()   # raises the clear error of a lost cluster
+    if client is not client_or_none():
+        # Waited for on a closed connection, it would never resolve.
+        raise ObjectLostError(
+            f"{ref!r} belongs to a session that was shut down; refs do not outlive "
+            "orchestra.shutdown(). Put the value again, or re-run its task, in this session.")
+    if client.lost is not None:
+        raise ClusterLostError(client.lost)
     futures = client.__dict__.get("ref_futures")
     if futures is None:
         futures = client.__dict__.setdefault("ref_futures", RefFutures(client))

@@ -22,7 +22,7 @@ import pytest
 import _helpers as h
 import orchestra
 from _probes import wait_until
-from orchestra.exceptions import ActorDiedError, TaskCancelledError
+from orchestra.exceptions import ActorDiedError, ObjectLostError, TaskCancelledError
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -345,6 +345,15 @@ def test_many_futures_resolve_without_a_thread_each(cluster: Any, tmp_path: Path
     assert not any(f.done() for f in futs)
     gate.open()
     assert [f.result(timeout=T) for f in futs] == list(range(50))
+
+
+def test_future_of_a_ref_from_a_shut_down_session_is_refused(start_cluster: Any) -> None:
+    start_cluster(num_cpus=1)
+    ref = orchestra.put(1)
+    orchestra.shutdown()
+    with pytest.raises(ObjectLostError, match="shut down"):
+        ref.future()
+    assert not orchestra.is_initialized()   # no cluster started for it
 
 
 def test_await_ref_in_async_code(cluster: Any) -> None:
