@@ -2,8 +2,8 @@
 
 The public API; everything else lives in private modules.
 """
-from . import exceptions
-from ._actor import ActorClass, ActorHandle, get_actor, kill
+from . import actor, exceptions, util
+from ._actor import ActorClass, ActorHandle, get_actor, kill, method
 from ._api import remote
 from ._auth import VERSION as _VERSION
 from ._context import RuntimeContext, get_runtime_context
@@ -34,7 +34,7 @@ __all__ = [
     "cancel", "get_gpu_ids", "nodes", "get_runtime_context", "RuntimeContext",
     "cluster_resources", "available_resources", "ObjectRef",
     "ObjectRefGenerator", "DynamicObjectRefGenerator",
-    "exceptions", "ActorClass", "ActorHandle", "get_actor", "kill",
+    "exceptions", "ActorClass", "ActorHandle", "get_actor", "kill", "method", "actor", "util",
     "gang", "Gang", "gang_context", "GangContext", "GangDevice", "GangError",
     "GangAbortedError", "GangTimeoutError", "GangMemberDiedError",
 ]

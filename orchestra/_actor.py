@@ -41,9 +41,33 @@ ACTOR_OPTIONS = frozenset({"num_cpus", "num_gpus", "resources", "max_restarts", 
 DEFAULT_ASYNC_CONCURRENCY = 1000
 
 
-def _public_methods(cls: type) -> tuple[list[str], bool, list[str]]:
-    """The class's method names, whether any is async, and which are generators."""
-    names, is_async, generators = [], False, []
+def method(*args: Any, **options: Any) -> Any:
+    """``@orchestra.method(num_returns=N)`` on an actor method: its calls return N refs
+    (0: None), as ``handle.m.options(num_returns=N).remote()`` would."""
+    if args or set(options) != {"num_returns"}:
+        raise TypeError("@orchestra.method takes one keyword option, num_returns, e.g. "
+                        "@orchestra.method(num_returns=2); got "
+                        f"{', '.join([repr(a) for a in args] + sorted(options)) or 'nothing'}")
+    n = _check_num_returns(options["num_returns"])
+
+    def decorator(fn: Any) -> Any:
+        if not callable(fn):
+            raise TypeError(f"@orchestra.method goes on a method, not on {fn!r}")
+        fn.__orchestra_num_returns__ = n
+        return fn
+    return decorator
+
+
+def _check_num_returns(n: Any) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"num_returns must be an int >= 0, got {n!r}")
+    return n
+
+
+def _public_methods(cls: type) -> tuple[list[str], bool, list[str], dict[str, int]]:
+    """Public method names, whether any is async, which are generators, and
+    @orchestra.method num_returns."""
+    names, is_async, generators, num_returns = [], False, [], {}
     for name, member in inspect.getmembers(cls):
         if name.startswith("__") or not callable(member):
             continue
@@ -52,7 +76,10 @@ def _public_methods(cls: type) -> tuple[list[str], bool, list[str]]:
             is_async = True
         if is_generator_function(member):
             generators.append(name)
-    return names, is_async, generators
+        n = getattr(member, "__orchestra_num_returns__", None)
+        if n is not None and n != 1:
+            num_returns[name] = n
+    return names, is_async, generators, num_returns
 
 
 def _validate(opts: dict[str, Any], cls_name: str) -> dict[str, Any]:
@@ -100,7 +127,7 @@ class ActorClass:
         options = legacy_group(options)
         self._options = _validate(dict(options), cls.__name__)
         self._function_id = function_id or _ids.next_task_id() + b"\0" * 4
-        self._methods, self._is_async, self._generators = _public_methods(cls)
+        self._methods, self._is_async, self._generators, self._num_returns = _public_methods(cls)
         self._resources = make_request(options.get("num_cpus"), options.get("num_gpus"),
                                        options.get("resources"), default_cpus=0,
                                        memory=options.get("memory"))
@@ -143,7 +170,8 @@ class ActorClass:
                             generator_methods=self._generators,
                             namespace=opts.get("namespace") or client.namespace,
                             get_if_exists=bool(opts.get("get_if_exists")), detached=detached,
-                            max_task_retries=opts.get("max_task_retries", 0))
+                            max_task_retries=opts.get("max_task_retries", 0),
+                            method_num_returns=self._num_returns)
         call = client.build_call(tid, self._function_id, args, kwargs, num_returns=0,
                                  resources=self._resources, name=f"{self._cls.__qualname__}.__init__")
         call.actor.CopyFrom(spec)
@@ -173,6 +201,7 @@ class ActorHandle:
         self._actor_id = spec.actor_id
         self._methods = frozenset(spec.methods)
         self._generators = frozenset(spec.generator_methods)
+        self._num_returns = dict(spec.method_num_returns)
         self._token = ObjectRef(spec.actor_id, client, counted=counted)
 
     def __getattr__(self, name: str) -> ActorMethod:
@@ -181,7 +210,7 @@ class ActorHandle:
         if name not in self._methods:
             raise AttributeError(f"actor {self._spec.class_name} has no method {name!r}; "
                                  f"its methods: {', '.join(sorted(self._methods)) or 'none'}")
-        return ActorMethod(self, name, None)
+        return ActorMethod(self, name, self._num_returns.get(name))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The token pickles as a ref contained in whatever holds the handle.
@@ -204,6 +233,7 @@ def _rebuild_handle(spec_bytes: bytes, token: ObjectRef) -> ActorHandle:
     h._actor_id = spec.actor_id
     h._methods = frozenset(spec.methods)
     h._generators = frozenset(spec.generator_methods)
+    h._num_returns = dict(spec.method_num_returns)
     h._token = token
     return h
 

@@ -279,6 +279,8 @@ class ActorTable:
             return
         if restarts:
             a.restarts += 1
+            # The new instance learns it is one (was_current_actor_reconstructed()).
+            a.creation.call.actor.restart_count = a.restarts
             a.creation.state = TaskState.READY
             if not self._place(a):
                 a.state = ActorState.RESTARTING
@@ -313,7 +315,8 @@ class ActorTable:
         if w is not None:
             self.s.out.append(KillWorker(w.node_id, w.worker_id, reason))
 
-    def kill(self, actor_id: bytes, no_restart: bool, reason: str = "killed by orchestra.kill()") -> None:
+    def kill(self, actor_id: bytes, no_restart: bool, reason: str = "") -> None:
+        """orchestra.kill(), or (``reason`` given) the actor's own exit_actor()."""
         a = self.actors.get(actor_id)
         if a is None or a.state is ActorState.DEAD:
             return
@@ -329,10 +332,11 @@ class ActorTable:
             a.killing = True
             if no_restart:
                 self._release_name(a)   # get_actor() fails as soon as kill() returns
-            self.s.out.append(KillWorker(a.worker.node_id, a.worker.worker_id, reason))
+            self.s.out.append(KillWorker(a.worker.node_id, a.worker.worker_id,
+                                         reason or "killed by orchestra.kill()"))
         elif no_restart or a.state is ActorState.PENDING:
             self._die(a, self.s.error("actor_dead", name=a.spec.class_name,
-                                       reason=f"{reason} before it started"))
+                                       reason=f"{reason or 'killed by orchestra.kill()'} before it started"))
 
     def handles_gone(self, actor_id: bytes) -> None:
         a = self.actors.get(actor_id)

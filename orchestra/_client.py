@@ -363,9 +363,22 @@ class CoreClient:
         """The actor is being killed: later calls go through the head."""
         self.direct.retire_route(actor_id)
 
-    def cancel(self, object_id: bytes, force: bool) -> None:
-        if not self.direct.cancel(_ids.task_of(object_id), force):
-            self.send(_wire.CANCEL, pb.CancelRequest(object_id=object_id, force=force))
+    def cancel(self, object_id: bytes, force: bool, recursive: bool = False) -> None:
+        if not self.direct.cancel(_ids.task_of(object_id), force, recursive):
+            self.send(_wire.CANCEL, pb.CancelRequest(object_id=object_id, force=force,
+                                                     recursive=recursive))
+
+    def cancel_submitted(self) -> None:
+        """Cancel (recursively) every task this process submitted that has not answered
+        yet and whose refs it still holds: a cancel(recursive=True) of the task running
+        here reaches its children this way wherever they went (head, lent workers)."""
+        tids = {_ids.task_of(oid) for oid in list(self.owned)}
+        tids.update(list(self.direct.call_route))
+        for tid in tids:
+            try:
+                self.cancel(_ids.object_id(tid, 0), False, True)
+            except ClusterLostError:
+                return
 
     def listen(self, path: str) -> None:
         """Take direct calls to this process (an actor's or a lent worker) at ``path``."""

@@ -497,18 +497,19 @@ class DirectCalls:
             route.peer = self._add_peer(conn, route, msg.worker_id)
 
     # ------------------------------------------------------------------ cancel
-    def cancel(self, tid: bytes, force: bool) -> bool:
+    def cancel(self, tid: bytes, force: bool, recursive: bool = False) -> bool:
         """Cancel a direct call here; False when the head must do it."""
         route = self.call_route.get(tid)
         if isinstance(route, Loan) or (route is None and self.loans):
-            if self._cancel_on_loan(tid, force, route):
+            if self._cancel_on_loan(tid, force, route, recursive):
                 return True
             route = None
         if isinstance(route, ActorRoute):
             with route.lock:
                 c = route.inflight.get(tid)
                 if c is not None and c.peer is not None:
-                    c.peer.send(_wire.encode(_wire.CANCEL_TASK, pb.CancelTask(task_id=tid)))
+                    c.peer.send(_wire.encode(_wire.CANCEL_TASK, pb.CancelTask(
+                        task_id=tid, recursive=recursive)))
                     return True
                 for c in route.queue:
                     if c.tid == tid:
@@ -517,7 +518,8 @@ class DirectCalls:
                         return True
         return False
 
-    def _cancel_on_loan(self, tid: bytes, force: bool, loan: Loan | None) -> bool:
+    def _cancel_on_loan(self, tid: bytes, force: bool, loan: Loan | None,
+                        recursive: bool = False) -> bool:
         with self.loan_lock:
             if loan is not None:
                 c = loan.inflight.get(tid)
@@ -529,7 +531,8 @@ class DirectCalls:
                         except ProcessLookupError:
                             pass
                     else:
-                        loan.peer.send(_wire.encode(_wire.CANCEL_TASK, pb.CancelTask(task_id=tid)))
+                        loan.peer.send(_wire.encode(_wire.CANCEL_TASK, pb.CancelTask(
+                            task_id=tid, recursive=recursive)))
                     return True
             for q in self.loan_queue.values():
                 for c in q:

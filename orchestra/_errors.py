@@ -71,7 +71,12 @@ def make_error(kind: str, **d: Any) -> bytes:
             "have lost results rebuilt.")
     elif kind == "actor_dead":
         limit = d.get("max_restarts", 0)
-        if limit:
+        if "exit_actor()" in str(d.get("reason")):
+            # It ended itself (orchestra.actor.exit_actor()): nothing crashed, and no
+            # max_restarts would have brought it back.
+            exc = ActorDiedError(f"actor {name} is dead: {d.get('reason')}. Calls to it "
+                                 "fail; start a new one if more work is needed.")
+        elif limit:
             # It had restarts and used them all: advising max_restarts= misled.
             exc = ActorDiedError(
                 f"actor {name} is dead: {d.get('reason')}. It was restarted "

@@ -333,7 +333,7 @@ class Head:
             elif kind == _wire.RETURN_TASKS:
                 state.return_tasks(cid, msg.task_ids)
             elif kind == _wire.CANCEL:
-                state.cancel(msg.object_id, msg.force)
+                state.cancel(msg.object_id, msg.force, msg.recursive)
             elif kind == _wire.ADOPT:
                 state.adopt_calls(cid, msg)
             elif kind == _wire.LOAN_RETURN:
@@ -489,7 +489,8 @@ class Head:
             except (ValueError, InfeasibleResourcesError) as exc:
                 reply.error, reply.error_kind = str(exc), type(exc).__name__
         elif body == "kill_actor":
-            self.state.actor_table.kill(req.kill_actor.actor_id, req.kill_actor.no_restart)
+            self.state.actor_table.kill(req.kill_actor.actor_id, req.kill_actor.no_restart,
+                                        req.kill_actor.reason)
         elif body == "get_actor":
             try:
                 reply.actor.CopyFrom(self.state.actor_table.get(req.get_actor, conn=conn.conn_id))
@@ -503,6 +504,8 @@ class Head:
                 reply.resources.update(self.state.available_resources())
             elif q == "debug":
                 reply.debug.CopyFrom(self.debug_info())
+            elif q in ("pending", "pending_own"):
+                reply.pending_tasks = self.state.pending_tasks(conn.conn_id, q == "pending_own")
             elif q == "sync":
                 pass   # the reply says every frame sent before the request was handled
             elif q == "nodes":

@@ -45,14 +45,17 @@ class ObjectRef:
         note_contained_ref(self._id)
         return (_rebuild_ref, (self._id,))
 
-    def __await__(self) -> Any:
-        """``await ref`` inside async code: get() on a thread, the loop keeps running."""
-        import asyncio
+    def future(self) -> Any:
+        """A ``concurrent.futures.Future`` of the value (its exception: the task's error).
+        One thread per process resolves every ref's Future (_futures.py)."""
+        from ._futures import future_of
+        return future_of(self)
 
-        from ._context import current_client
-        client = current_client()
-        return asyncio.get_running_loop().run_in_executor(
-            None, client.get_one, self, None).__await__()
+    def __await__(self) -> Any:
+        """``await ref`` inside async code: the value, while the loop keeps running (an
+        asyncio wrap of ``future()``: no thread per awaited ref)."""
+        import asyncio
+        return asyncio.wrap_future(self.future()).__await__()
 
 
 def _rebuild_ref(object_id: bytes) -> ObjectRef:

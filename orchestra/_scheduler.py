@@ -763,7 +763,11 @@ class SchedulerState:
             self._enqueue_ready(t, front=True)
         self.after_worker_step(w)
 
-    def cancel(self, object_id: bytes, force: bool) -> None:
+    def cancel(self, object_id: bytes, force: bool, recursive: bool = False) -> None:
+        """Cancel a task: failed at once while it waits, interrupted (or its worker
+        killed, with ``force``) while it runs. ``recursive``: the tasks it submitted
+        too, those known here (its worker's connection owns them) and, told by the
+        CancelTask, those its worker sent elsewhere."""
         t = self.tasks.get(_ids.task_of(object_id))
         if t is None or t.state is TaskState.DONE:
             return  # finished (or a put): nothing to do
@@ -774,10 +778,38 @@ class SchedulerState:
         w = t.worker
         if w is None:
             return
+        if recursive and w.actor is None and w.queue and w.queue[0] is t:
+            self._cancel_children(w.conn, force)
         if force and w.queue and w.queue[0] is t:
             self.out.append(KillWorker(w.node_id, w.worker_id, "cancelled with force=True"))
         else:
-            self.out.append(Send(w.conn, CANCEL_TASK, pb.CancelTask(task_id=t.call.task_id)))
+            self.out.append(Send(w.conn, CANCEL_TASK, pb.CancelTask(task_id=t.call.task_id,
+                                                                    recursive=recursive)))
+
+    def _cancel_children(self, conn: int, force: bool) -> None:
+        """The unfinished tasks a task worker's connection submitted (the task running
+        there made them), each cancelled recursively."""
+        children = [t for t in self.tasks.values()
+                    if t.owner == conn and t.state is not TaskState.DONE and not t.cancelled]
+        for child in children:
+            self.cancel(child.call.task_id + b"\0\0\0\0", force, True)
+
+    def pending_tasks(self, conn: int, own_only: bool = False) -> int:
+        """Tasks and actor calls not finished that ``conn`` submitted, and (unless
+        ``own_only``: a cluster shared with other drivers) those any worker submitted:
+        what a driver's exit waits for."""
+        clients = self.clients
+        n = 0
+        for t in self.tasks.values():
+            if t.state is TaskState.DONE or t.call.HasField("actor"):
+                continue
+            if t.owner == conn:
+                n += 1
+            elif not own_only:
+                c = clients.get(t.owner)
+                if c is None or c.kind != "driver":
+                    n += 1
+        return n
 
     # ------------------------------------------------------------------ objects
     def put(self, conn: int, data: Any) -> None:

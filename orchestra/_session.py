@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import math
 import os
 import shutil
@@ -43,6 +44,12 @@ _HEAD_EXIT_TIMEOUT_S = 5.0
 # Imported by the fork server when the driver has the first (see _zygote.py): a driver
 # with numpy makes large objects, and reading one takes pyarrow (their Arrow streams).
 _PRELOAD = {"numpy": ("numpy", "pyarrow.ipc"), "pyarrow": ("pyarrow.ipc",), "pandas": ("pandas",)}
+# At interpreter exit, tasks and actor calls still pending get this long to finish
+# before the cluster stops (init(exit_grace_s=...) or ORCHESTRA_EXIT_GRACE_S). An exit
+# with nothing pending costs one request to the head (~1 ms), then stops as before.
+DEFAULT_EXIT_GRACE_S = 5.0
+_EXIT_POLL_S = 0.02
+_log = logging.getLogger("orchestra")
 
 
 class Session:
@@ -51,6 +58,7 @@ class Session:
         self.session_dir = session_dir
         self.head = head
         self.spill_dir = ""   # when outside session_dir: removed here too if the head was not
+        self.exit_grace_s = DEFAULT_EXIT_GRACE_S
 
     def stop(self) -> None:
         client = self.client
@@ -76,6 +84,7 @@ class Session:
 
 
 _session: Session | None = None
+exiting = False   # set at interpreter exit: no implicit init() after the cluster stopped
 # Run by shutdown() once the cluster is gone (the gang module stops its coordinators):
 # registered by those modules, so this one imports none of them.
 _shutdown_hooks: list[Callable[[], None]] = []
@@ -167,6 +176,7 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
          object_store_memory: int | None = None, spill_dir: str | os.PathLike[str] | None = None,
          ignore_reinit_error: bool = False, token: str | None = None,
          namespace: str | None = None, runtime_env: dict[str, Any] | None = None,
+         exit_grace_s: float | None = None,
          _system_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """Start a local cluster (or connect to one) and make it this process's session.
 
@@ -180,8 +190,13 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
 
     ``namespace``: where this driver's actor names live (default: an anonymous one of
     its own). ``runtime_env``: env_vars / working_dir / py_modules for every task and
-    actor this driver starts (their own runtime_env= is merged over it)."""
+    actor this driver starts (their own runtime_env= is merged over it).
+
+    ``exit_grace_s``: at interpreter exit, how long tasks and actor calls still pending
+    may run before the cluster stops (default: ORCHESTRA_EXIT_GRACE_S, else 5 s; 0 stops
+    at once). An exit with nothing pending does not wait."""
     global _session
+    grace = exit_grace(exit_grace_s)
     if _session is not None and _session.client.lost is not None:
         _forget_lost_session()
     if _session is not None:
@@ -202,7 +217,9 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     if address is not None:
         _session = _connect(address, token, ns)
         _session.client.runtime_env = env
+        _session.exit_grace_s = grace
         _context.set_client(_session.client)
+        atexit.register(_shutdown_at_exit)
         return _info(_session)
     store_warning, cfg = build_cfg(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources,
                                    object_store_memory=object_store_memory,
@@ -225,6 +242,7 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     _session = Session(client, session_dir, head)
     client.runtime_env = env
     _session.spill_dir = cfg["spill_dir"]
+    _session.exit_grace_s = grace
     _context.set_client(client)
     atexit.register(_shutdown_at_exit)
     return _info(_session)
@@ -464,13 +482,94 @@ def shutdown() -> None:
         signal.raise_signal(signal.SIGINT)   # the Ctrl-C, deferred to its own handler
 
 
+def exit_grace(asked: float | None) -> float:
+    """init()'s exit_grace_s, else ORCHESTRA_EXIT_GRACE_S, else the default; checked."""
+    where = "exit_grace_s"
+    if asked is None:
+        env = os.environ.get("ORCHESTRA_EXIT_GRACE_S")
+        if not env:
+            return DEFAULT_EXIT_GRACE_S
+        where = "ORCHESTRA_EXIT_GRACE_S"
+        try:
+            asked = float(env)
+        except ValueError:
+            raise ValueError(f"ORCHESTRA_EXIT_GRACE_S={env!r} is not a number of seconds; "
+                             "set it to e.g. 5, or 0 to stop at exit at once") from None
+    if isinstance(asked, bool) or not isinstance(asked, (int, float)) or math.isnan(asked) \
+            or asked < 0:
+        raise ValueError(f"{where} must be a number of seconds >= 0, got {asked!r}")
+    return float(asked)
+
+
+def pending_tasks(client: CoreClient, own_only: bool = False) -> int:
+    """Tasks and actor calls of this driver (and, unless ``own_only``, those tasks made)
+    not finished: the head's count, and calls this process sent straight to workers.
+    ``own_only`` on a cluster other drivers share: their tasks' tasks are not ours."""
+    direct = client.direct
+    n = len(direct.call_route) + sum(len(q) for q in list(direct.loan_queue.values()))
+    query = "pending_own" if own_only else "pending"
+    return n + client.request(pb.Request(query=query), timeout_s=10).pending_tasks
+
+
+def _drain(s: Session) -> None:
+    """At exit: let pending tasks run for up to the session's grace (Ray users expect
+    `f.remote()` at the end of a script to run). Returns at once when none is pending."""
+    if s.exit_grace_s <= 0 or s.client.lost is not None:
+        return
+    deadline = time.monotonic() + s.exit_grace_s
+    said = False
+    while True:
+        try:
+            n = pending_tasks(s.client, own_only=s.head is None)
+        except (ClusterLostError, OrchestraError, TimeoutError):
+            return
+        if n == 0:
+            return
+        if time.monotonic() >= deadline:
+            _log.warning("orchestra: %d task(s) still pending %g s after the script ended; "
+                         "stopping the cluster (raise init(exit_grace_s=...) or "
+                         "ORCHESTRA_EXIT_GRACE_S to wait longer, or get() their results)",
+                         n, s.exit_grace_s)
+            return
+        if not said:
+            said = True
+            _log.info("orchestra: waiting up to %g s for %d pending task(s) before stopping",
+                      s.exit_grace_s, n)
+        time.sleep(_EXIT_POLL_S)
+
+
 def _shutdown_at_exit() -> None:
+    global exiting
+    exiting = True
+    s = _session
+    if s is not None:
+        try:
+            _drain(s)
+        except KeyboardInterrupt:
+            pass   # Ctrl-C cuts the grace short; the cluster still stops below
     try:
         shutdown()
     except KeyboardInterrupt:
         pass   # Ctrl-C while exiting: the cleanup finished anyway (see shutdown())
     except Exception as exc:  # noqa: BLE001 - interpreter exit: report, never raise
         print(f"orchestra: error during shutdown at exit: {exc}", file=sys.stderr)
+
+
+def _start_implicitly() -> None:
+    """init() with the defaults, for the first call that needs a cluster before init()
+    (as in Ray), said once on the orchestra logger. Never after the cluster stopped at
+    interpreter exit."""
+    if exiting or sys.is_finalizing():
+        raise RuntimeError("orchestra is not initialized (the cluster stopped when the "
+                           "interpreter began to exit)")
+    # WARNING, not INFO: Python shows warnings with no logging set up, and a cluster
+    # that starts unasked (processes, shared memory) should be seen once.
+    _log.warning("orchestra.init() was not called: starting a local cluster with the "
+                 "defaults (call orchestra.init(...) first to choose its size or address)")
+    init()
+
+
+_context.set_starter(_start_implicitly)
 
 
 def is_initialized() -> bool:
@@ -542,9 +641,15 @@ def put(value: Any) -> ObjectRef:
 
 
 def wait(refs: Sequence[ObjectRef], *, num_returns: int = 1,
-         timeout: float | None = None) -> tuple[list[ObjectRef], list[ObjectRef]]:
+         timeout: float | None = None, fetch_local: bool = True) -> tuple[list[ObjectRef], list[ObjectRef]]:
     """(ready, not_ready): the first ``num_returns`` refs ready, in input order. An
-    ObjectRefGenerator among them is ready when next() on it returns at once."""
+    ObjectRefGenerator among them is ready when next() on it returns at once.
+
+    ``fetch_local`` is accepted for Ray's scripts: a ref counts as ready once its value
+    exists anywhere in the cluster either way; a value on another node is copied to
+    this one when get() reads it."""
+    if not isinstance(fetch_local, bool):
+        raise TypeError(f"fetch_local must be True or False, got {fetch_local!r}")
     if isinstance(refs, ObjectRef) or not isinstance(refs, (list, tuple)):
         raise TypeError(f"wait() takes a list of ObjectRefs, not a {type(refs).__name__}")
     client = _client() if refs else None
@@ -574,14 +679,15 @@ def wait(refs: Sequence[ObjectRef], *, num_returns: int = 1,
     return _client().wait(list(refs), num_returns, timeout)
 
 
-def cancel(ref: ObjectRef, *, force: bool = False) -> None:
-    """Stop the task behind ``ref``: queued, waiting for arguments, or running (``ref``
-    may be an ObjectRefGenerator: its task)."""
+def cancel(ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> None:
+    """Stop the task behind ``ref``: queued, waiting for arguments, or running.
+    ``recursive`` (default, as in Ray): the tasks it submitted that have not finished
+    are cancelled too, and theirs. ``ref`` may be an ObjectRefGenerator: its task."""
     if isinstance(ref, ObjectRefGenerator):
         ref = ref.completed()
     if not isinstance(ref, ObjectRef):
         raise TypeError(f"cancel() takes an ObjectRef, not a {type(ref).__name__}")
-    _client().cancel(ref.binary(), bool(force))
+    _client().cancel(ref.binary(), bool(force), bool(recursive))
 
 
 def nodes() -> list[dict[str, Any]]:

@@ -36,8 +36,10 @@ from ._errors import make_error
 from ._procutil import die_with_parent
 from ._producer import Acks, produce, produce_async
 from ._serialization import deserialization_error, deserialize, dumps_exception, serialize
+from .actor import ActorExitRequest
 from .exceptions import ActorDiedError, DeserializationError, TaskError
 
+_set_call = _context.set_call
 _HEAD_ROUTE = (None, 0, False)   # reply_to's answer for a task the head sent
 
 # Tasks run nested inside blocked get()s (_run_nested) stack up on the main thread. Each
@@ -159,7 +161,7 @@ class WorkerRuntime:
         elif kind == _wire.FUNCTION:
             self.functions[msg.function_id] = msg
         elif kind == _wire.CANCEL_TASK:
-            self._cancel(msg.task_id)
+            self._cancel(msg.task_id, msg.recursive)
         elif kind == _wire.STEAL:
             self._give_back(set(msg.task_ids))
         elif kind == _wire.GENERATOR_ACK:
@@ -180,7 +182,7 @@ class WorkerRuntime:
             # Blocked in get(): hand it back to its sender, to run elsewhere.
             peer.send(_wire.encode(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=[inv.call.task_id])))
         elif kind == _wire.CANCEL_TASK:
-            self._cancel(msg.task_id)
+            self._cancel(msg.task_id, msg.recursive)
         elif kind == _wire.FUNCTION:
             self.functions.setdefault(msg.function_id, msg)
         elif kind == _wire.STEAL:   # always answered, so the sender knows what stays
@@ -270,7 +272,10 @@ class WorkerRuntime:
         for peer, ids in to_peers.items():
             peer.send(_wire.encode(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=ids)))
 
-    def _cancel(self, task_id: bytes) -> None:
+    def _cancel(self, task_id: bytes, recursive: bool = False) -> None:
+        # An actor's process serves many callers: what it submitted is not one call's.
+        if recursive and self.actor is None and (self.running == task_id or task_id in self.outer):
+            self.client.cancel_submitted()   # its children first, then the task itself
         with self.cond:
             if self.running == task_id:
                 self.cancel_target = task_id
@@ -481,7 +486,7 @@ class WorkerRuntime:
             result = fn(*args, **kwargs)
             del args, kwargs
             if call.HasField("actor"):
-                self.become_actor(call.actor, result, list(inv.gpu_ids))
+                self.become_actor(call.actor, result, list(inv.gpu_ids), dict(call.resources))
                 return pb.TaskDone(task_id=tid)
             return self.finish(inv, result)
         except _Cancelled:
@@ -501,6 +506,7 @@ class WorkerRuntime:
     def prepare(self, inv: Any) -> tuple[Any, list[Any], dict[str, Any]]:
         """The callable and decoded arguments of a task, constructor or actor method."""
         call = inv.call
+        _set_call(call)   # get_runtime_context(): per thread and per coroutine
         if call.actor_id:
             assert self.actor is not None, "an actor call reached a worker with no actor"
             fn = getattr(self.actor.instance, call.method)
@@ -550,6 +556,8 @@ class WorkerRuntime:
 
     def failed(self, inv: Any, exc: BaseException) -> Any:
         """TaskDone carrying the error of user code (an ActorDiedError for a constructor)."""
+        if isinstance(exc, ActorExitRequest) and self.actor is not None:
+            return self._exit_actor(inv)
         try:
             return self._failed(inv, exc)
         except RecursionError:
@@ -568,6 +576,25 @@ class WorkerRuntime:
             return pb.TaskDone(task_id=tid, user_error=True, returns=[
                 pb.ObjectData(object_id=tid + i.to_bytes(4, "big"), error=dumps_exception(err))
                 for i in range(inv.call.num_returns)])
+
+    def _exit_actor(self, inv: Any) -> Any:
+        """exit_actor() in a method: the head ends the actor for good (queued and later
+        calls fail with why) and stops this process; the calling method's caller gets
+        ActorDiedError (Ray's answer) here, or as a call in flight if the process ends
+        first. Either error says the actor exited on purpose."""
+        assert self.actor is not None
+        spec = self.actor.spec
+        reason = f"it exited on purpose: exit_actor() was called in {inv.call.name}()"
+        try:
+            self.client.request(pb.Request(kill_actor=pb.KillActor(
+                actor_id=spec.actor_id, no_restart=True, reason=reason)))
+        except Exception:  # noqa: BLE001 - the cluster is going: the process ends anyway
+            os._exit(0)
+        err = ActorDiedError(f"actor {spec.class_name} is dead: {reason}")
+        tid = inv.call.task_id
+        return pb.TaskDone(task_id=tid, user_error=True, returns=[
+            pb.ObjectData(object_id=tid + i.to_bytes(4, "big"), error=dumps_exception(err))
+            for i in range(inv.call.num_returns)])
 
     def _failed(self, inv: Any, exc: BaseException) -> Any:
         call = inv.call
@@ -611,9 +638,11 @@ class WorkerRuntime:
         return pb.TaskDone(task_id=tid, user_error=True, not_retryable=not_retryable,
                            returns=[pb.ObjectData(object_id=o, error=blob) for o in oids])
 
-    def become_actor(self, spec: Any, instance: Any, gpu_ids: list[int]) -> None:
+    def become_actor(self, spec: Any, instance: Any, gpu_ids: list[int],
+                     resources: dict[str, float]) -> None:
         """This worker now serves one actor for life."""
         self.actor = ActorRuntime(self, spec, instance, gpu_ids)
+        _context.set_actor(spec.actor_id, spec.restart_count, resources)
         # Calls queued behind a blocking get() belong to this actor: never hand them back.
         self.client.on_block = None
 

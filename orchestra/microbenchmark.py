@@ -167,6 +167,7 @@ def run_framework(name: str, quick: bool) -> dict[str, Any]:
         res.update(_actor_workloads(fw, scale))
     except NotImplementedError as exc:
         res["actors"] = f"not supported: {str(exc)[:60]}"
+    res.update(_util_workloads(name, fw, scale))
 
     res.update(_stream_workloads(fw, scale))
 
@@ -335,6 +336,36 @@ def _stream_workloads(fw: Any, scale: float) -> dict[str, float]:
     return {"stream_items_per_s": max(rate), "stream_first_item_ms": min(first_ms)}
 
 
+def _util_workloads(name: str, fw: Any, scale: float) -> dict[str, Any]:
+    """ActorPool.map over small items with 2 actors, and Queue put+get round trips
+    (``<framework>.util.ActorPool``, ``<framework>.util.queue.Queue``: Ray's names)."""
+    out: dict[str, Any] = {}
+    util = importlib.import_module(f"{name}.util")
+    queue_mod = importlib.import_module(f"{name}.util.queue")
+
+    class Doubler:
+        def double(self, v: int) -> int:
+            return 2 * v
+
+    actor_cls = fw.remote(Doubler)
+    pool = util.ActorPool([actor_cls.remote(), actor_cls.remote()])
+    n = max(200, int(10000 * scale))
+    out["actor_pool_map_items_per_s"] = _rate(
+        lambda k: list(pool.map(lambda a, v: a.double.remote(v), range(k))), n)
+    q = queue_mod.Queue()
+    n = max(100, int(2000 * scale))
+
+    def round_trips(k: int) -> None:
+        for i in range(k):
+            q.put(i)
+            q.get()
+    q.put(0)
+    q.get()   # the queue's actor is up
+    out["queue_round_trips_per_s"] = _rate(round_trips, n)
+    q.shutdown()
+    return out
+
+
 def run_pool(quick: bool) -> dict[str, Any]:
     import multiprocessing as mp
 
@@ -386,6 +417,8 @@ ROWS = [
     ("async_actor_calls_per_s", "async actor calls/s", True),
     ("stream_items_per_s", "streaming generator: items/s (10k small items)", True),
     ("stream_first_item_ms", "streaming generator: time to first item (ms)", False),
+    ("actor_pool_map_items_per_s", "ActorPool.map, 2 actors: small items/s (10k)", True),
+    ("queue_round_trips_per_s", "Queue put+get round trips/s", True),
     ("put_small_per_s", "put small values/s", True),
     ("get_small_per_s", "get small values/s", True),
     ("put_large_gb_per_s", "put 512 MiB array (GB/s)", True),

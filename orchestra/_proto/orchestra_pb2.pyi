@@ -354,12 +354,14 @@ class RefDelta(_message.Message):
     def __init__(self, incr: _Optional[_Iterable[bytes]] = ..., decr: _Optional[_Iterable[bytes]] = ..., pin: _Optional[_Iterable[str]] = ..., unpin: _Optional[_Iterable[str]] = ..., pending: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
-    __slots__ = ("object_id", "force")
+    __slots__ = ("object_id", "force", "recursive")
     OBJECT_ID_FIELD_NUMBER: _ClassVar[int]
     FORCE_FIELD_NUMBER: _ClassVar[int]
+    RECURSIVE_FIELD_NUMBER: _ClassVar[int]
     object_id: bytes
     force: bool
-    def __init__(self, object_id: _Optional[bytes] = ..., force: _Optional[bool] = ...) -> None: ...
+    recursive: bool
+    def __init__(self, object_id: _Optional[bytes] = ..., force: _Optional[bool] = ..., recursive: _Optional[bool] = ...) -> None: ...
 
 class Execute(_message.Message):
     __slots__ = ("invoke",)
@@ -498,10 +500,12 @@ class Stalled(_message.Message):
     def __init__(self, text: _Optional[str] = ..., task_ids: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class CancelTask(_message.Message):
-    __slots__ = ("task_id",)
+    __slots__ = ("task_id", "recursive")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    RECURSIVE_FIELD_NUMBER: _ClassVar[int]
     task_id: bytes
-    def __init__(self, task_id: _Optional[bytes] = ...) -> None: ...
+    recursive: bool
+    def __init__(self, task_id: _Optional[bytes] = ..., recursive: _Optional[bool] = ...) -> None: ...
 
 class Request(_message.Message):
     __slots__ = ("req_id", "create_segment", "query", "create_actor", "kill_actor", "get_actor", "locate", "abort_segment", "create_placement_group", "remove_placement_group", "get_placement_group", "placement_group_table", "get_actor_in")
@@ -579,12 +583,14 @@ class PlacementGroupInfo(_message.Message):
     def __init__(self, spec: _Optional[_Union[PlacementGroupSpec, _Mapping]] = ..., state: _Optional[str] = ..., bundle_nodes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class KillActor(_message.Message):
-    __slots__ = ("actor_id", "no_restart")
+    __slots__ = ("actor_id", "no_restart", "reason")
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     NO_RESTART_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     actor_id: bytes
     no_restart: bool
-    def __init__(self, actor_id: _Optional[bytes] = ..., no_restart: _Optional[bool] = ...) -> None: ...
+    reason: str
+    def __init__(self, actor_id: _Optional[bytes] = ..., no_restart: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class CreateSegment(_message.Message):
     __slots__ = ("object_id", "size")
@@ -595,7 +601,7 @@ class CreateSegment(_message.Message):
     def __init__(self, object_id: _Optional[bytes] = ..., size: _Optional[int] = ...) -> None: ...
 
 class Reply(_message.Message):
-    __slots__ = ("req_id", "error", "error_kind", "segment", "resources", "debug", "actor", "object", "nodes", "placement_groups")
+    __slots__ = ("req_id", "error", "error_kind", "segment", "resources", "debug", "actor", "object", "nodes", "placement_groups", "pending_tasks")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -613,6 +619,7 @@ class Reply(_message.Message):
     OBJECT_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_TASKS_FIELD_NUMBER: _ClassVar[int]
     req_id: int
     error: str
     error_kind: str
@@ -623,7 +630,8 @@ class Reply(_message.Message):
     object: _types_pb2.ObjectData
     nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
     placement_groups: _containers.RepeatedCompositeFieldContainer[PlacementGroupInfo]
-    def __init__(self, req_id: _Optional[int] = ..., error: _Optional[str] = ..., error_kind: _Optional[str] = ..., segment: _Optional[_Union[_types_pb2.Segment, _Mapping]] = ..., resources: _Optional[_Mapping[str, float]] = ..., debug: _Optional[_Union[SchedulerDebugInfoReply, _Mapping]] = ..., actor: _Optional[_Union[_types_pb2.ActorSpec, _Mapping]] = ..., object: _Optional[_Union[_types_pb2.ObjectData, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., placement_groups: _Optional[_Iterable[_Union[PlacementGroupInfo, _Mapping]]] = ...) -> None: ...
+    pending_tasks: int
+    def __init__(self, req_id: _Optional[int] = ..., error: _Optional[str] = ..., error_kind: _Optional[str] = ..., segment: _Optional[_Union[_types_pb2.Segment, _Mapping]] = ..., resources: _Optional[_Mapping[str, float]] = ..., debug: _Optional[_Union[SchedulerDebugInfoReply, _Mapping]] = ..., actor: _Optional[_Union[_types_pb2.ActorSpec, _Mapping]] = ..., object: _Optional[_Union[_types_pb2.ObjectData, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., placement_groups: _Optional[_Iterable[_Union[PlacementGroupInfo, _Mapping]]] = ..., pending_tasks: _Optional[int] = ...) -> None: ...
 
 class WorkerAddress(_message.Message):
     __slots__ = ("address",)

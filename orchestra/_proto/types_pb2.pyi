@@ -127,7 +127,14 @@ class Placement(_message.Message):
     def __init__(self, strategy: _Optional[str] = ..., node_id: _Optional[int] = ..., soft: _Optional[bool] = ..., group_id: _Optional[bytes] = ..., bundle_index: _Optional[int] = ..., capture_child_tasks: _Optional[bool] = ...) -> None: ...
 
 class ActorSpec(_message.Message):
-    __slots__ = ("actor_id", "name", "max_restarts", "max_concurrency", "is_async", "methods", "class_name", "generator_methods", "namespace", "get_if_exists", "detached", "max_task_retries")
+    __slots__ = ("actor_id", "name", "max_restarts", "max_concurrency", "is_async", "methods", "class_name", "generator_methods", "namespace", "get_if_exists", "detached", "max_task_retries", "method_num_returns", "restart_count")
+    class MethodNumReturnsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +147,8 @@ class ActorSpec(_message.Message):
     GET_IF_EXISTS_FIELD_NUMBER: _ClassVar[int]
     DETACHED_FIELD_NUMBER: _ClassVar[int]
     MAX_TASK_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    METHOD_NUM_RETURNS_FIELD_NUMBER: _ClassVar[int]
+    RESTART_COUNT_FIELD_NUMBER: _ClassVar[int]
     actor_id: bytes
     name: str
     max_restarts: int
@@ -152,4 +161,6 @@ class ActorSpec(_message.Message):
     get_if_exists: bool
     detached: bool
     max_task_retries: int
-    def __init__(self, actor_id: _Optional[bytes] = ..., name: _Optional[str] = ..., max_restarts: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., is_async: _Optional[bool] = ..., methods: _Optional[_Iterable[str]] = ..., class_name: _Optional[str] = ..., generator_methods: _Optional[_Iterable[str]] = ..., namespace: _Optional[str] = ..., get_if_exists: _Optional[bool] = ..., detached: _Optional[bool] = ..., max_task_retries: _Optional[int] = ...) -> None: ...
+    method_num_returns: _containers.ScalarMap[str, int]
+    restart_count: int
+    def __init__(self, actor_id: _Optional[bytes] = ..., name: _Optional[str] = ..., max_restarts: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., is_async: _Optional[bool] = ..., methods: _Optional[_Iterable[str]] = ..., class_name: _Optional[str] = ..., generator_methods: _Optional[_Iterable[str]] = ..., namespace: _Optional[str] = ..., get_if_exists: _Optional[bool] = ..., detached: _Optional[bool] = ..., max_task_retries: _Optional[int] = ..., method_num_returns: _Optional[_Mapping[str, int]] = ..., restart_count: _Optional[int] = ...) -> None: ...

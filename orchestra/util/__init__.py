@@ -1,5 +1,7 @@
-"""Utilities beside the core API, named as in Ray: ``orchestra.util.scheduling_strategies``,
-placement groups (``orchestra.util.placement_group`` and the names below)."""
+"""Utilities beside the core API, named as in Ray: ``orchestra.util.ActorPool``,
+``orchestra.util.queue.Queue``, ``orchestra.util.scheduling_strategies``, placement groups
+(``orchestra.util.placement_group`` and the names below)."""
+from .actor_pool import ActorPool
 from .placement_group import (
     PlacementGroup,
     get_placement_group,
@@ -8,5 +10,5 @@ from .placement_group import (
     remove_placement_group,
 )
 
-__all__ = ["PlacementGroup", "get_placement_group", "placement_group", "placement_group_table",
-           "remove_placement_group"]
+__all__ = ["ActorPool", "PlacementGroup", "get_placement_group", "placement_group",
+           "placement_group_table", "remove_placement_group"]

@@ -70,11 +70,17 @@ def test_init_rejects_bad_arguments(no_cluster, kwargs, error):
     assert not orchestra.is_initialized()
 
 
-def test_calls_before_init_raise_naming_init(no_cluster):
+def test_calls_before_init_start_a_local_cluster_as_in_ray(no_cluster, caplog):
     for call in (lambda: orchestra.put(1), lambda: h.identity.remote(1),
                  orchestra.available_resources):
-        with pytest.raises(RuntimeError, match=r"orchestra\.init\(\)"):
-            call()
+        try:
+            with caplog.at_level("WARNING", logger="orchestra"):
+                call()
+            assert orchestra.is_initialized()
+            assert "orchestra.init() was not called: starting a local cluster" in caplog.text
+        finally:
+            orchestra.shutdown()
+        caplog.clear()
 
 
 def test_shutdown_without_init_and_twice_does_nothing(no_cluster):

@@ -574,6 +574,50 @@ def test_cancel_a_running_task_asks_its_worker():
     assert c.worker(1).state is WorkerState.IDLE
 
 
+def test_a_recursive_cancel_cancels_what_the_running_task_submitted():
+    c = Cluster(cpus=2)
+    parent = c.submit(make_call("parent"))
+    c.take()
+    # Waits for its argument: the parent's own result.
+    child = c.submit(make_call("child", (ref(rid(parent)),)), conn=worker_conn(1))
+    grandchild_of_other = c.submit(make_call("other"))
+    c.take()
+    c.s.cancel(rid(parent), force=False, recursive=True)
+    out = c.take()
+    child_result = pushes(out, worker_conn(1))[rid(child)]   # to its owner, the worker
+    assert b"cancelled" in child_result.error
+    assert Send(worker_conn(1), _wire.CANCEL_TASK,
+                pb.CancelTask(task_id=parent.task_id, recursive=True)) in out
+    assert not c.s.tasks[grandchild_of_other.task_id].cancelled
+
+
+def test_a_cancel_that_is_not_recursive_leaves_the_children():
+    c = Cluster(cpus=2)
+    parent = c.submit(make_call("parent"))
+    c.take()
+    child = c.submit(make_call("child", (ref(rid(parent)),)), conn=worker_conn(1))
+    c.take()
+    c.s.cancel(rid(parent), force=False)
+    c.take()
+    assert not c.s.tasks[child.task_id].cancelled
+
+
+def test_pending_tasks_counts_a_drivers_tasks_and_those_its_tasks_made():
+    c = Cluster(cpus=1)
+    first = c.submit(make_call("first"))
+    c.submit(make_call("queued"))
+    c.take()
+    c.submit(make_call("child", (ref(rid(first)),)), conn=worker_conn(1))
+    c.s.client_connected(DRIVER + 1, pb.Hello(kind="driver", pid=2))
+    c.submit(make_call("another driver's"), conn=DRIVER + 1)
+    assert c.s.pending_tasks(DRIVER) == 3
+    assert c.s.pending_tasks(DRIVER, own_only=True) == 2
+    c.done(1, first)
+    c.take()
+    assert c.s.pending_tasks(DRIVER, own_only=True) == 1   # "queued"
+    assert c.s.pending_tasks(DRIVER) == 2                   # and the child, now ready
+
+
 def test_cancel_with_force_kills_the_worker_and_does_not_retry():
     c = Cluster(cpus=1)
     call = c.submit(make_call("running", max_retries=3))
