@@ -154,13 +154,9 @@ class RuntimeContext:
 
     @property
     def namespace(self) -> str:
-        """The namespace given to init(); else this job's anonymous one (a uuid, as in Ray).
-        In a worker: its driver's, where actor names are looked up."""
+        """The namespace given to init(); else this job's anonymous one (a uuid, as in Ray)."""
         if namespace is not None:
             return namespace
-        own = getattr(_client, "namespace", "")
-        if own:
-            return str(own)
         return str(uuid.uuid5(uuid.NAMESPACE_OID, "orchestra-" + self.get_job_id()))
 
     def get_assigned_resources(self) -> dict[str, float]:

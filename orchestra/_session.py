@@ -213,6 +213,7 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     # Names of actors are per namespace; a driver without one gets one of its own (Ray's
     # anonymous namespace).
     ns = namespace or f"anonymous-{uuid.uuid4().hex}"
+    _context.namespace = namespace   # get_runtime_context().namespace
     address, token = resolve_address(address, token)
     if address is not None:
         _session = _connect(address, token, ns)
@@ -446,6 +447,7 @@ def shutdown() -> None:
     s = _session
     if s is None:
         return
+    _context.namespace = None
     # A KeyboardInterrupt raised in the head's wait abandoned the cleanup: the head, its
     # zygote and workers, the segments and the session directory all stayed
     # (test_ctrl_c_during_shutdown_cuts_its_wait_short_and_leaves_nothing). Installed

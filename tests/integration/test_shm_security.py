@@ -38,7 +38,7 @@ import pytest
 
 import _helpers as h
 import orchestra
-from _probes import wait_until
+from _probes import segment_file, wait_until
 from orchestra.exceptions import ObjectStoreError, OrchestraError
 
 pytestmark = pytest.mark.timeout(120)
@@ -259,7 +259,10 @@ def _swap_for_symlink(path: str, user: OtherUser) -> None:
 def test_a_segment_that_is_not_the_sessions_own_file_is_never_mapped(
         start_cluster, other_user, swap):
     start_cluster(num_cpus=1, object_store_memory=128 * MiB)
-    ref, path = _put_and_find_segment(np.ones(4 * MiB // 8))
+    # Made by a task: this process has no map of it yet. (A value it put itself is read
+    # back through the map it wrote, made before any swap.)
+    ref = h.make_array.remote(4 * MiB // 8)
+    path = segment_file(ref)
     swap(path, other_user)
     with pytest.raises(ObjectStoreError) as info:
         orchestra.get(ref, timeout=T)
