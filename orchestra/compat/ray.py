@@ -106,12 +106,13 @@ def _exceptions_names() -> dict[str, Any]:
 def _build() -> dict[str, _RayModule]:
     """The module objects, by their Ray names."""
     import orchestra
+
     from .. import actor as oactor
     from .. import util as outil
     from ..util import actor_pool as opool
-    opg = importlib.import_module("orchestra.util.placement_group")  # not the function
     from ..util import queue as oqueue
     from ..util import scheduling_strategies as oss
+    opg = importlib.import_module("orchestra.util.placement_group")  # not the function
 
     exceptions = _module("ray.exceptions", "Ray's exception names, as orchestra's errors.",
                          _exceptions_names())
