@@ -43,24 +43,22 @@ def _missing(name: str) -> str:
     return f"{name} is not available on orchestra (orchestra has no equivalent); {_HINT}"
 
 
-class _RayModule(types.ModuleType):
-    """A module whose attributes are orchestra objects under Ray's names; any other
-    public name raises AttributeError saying orchestra has no equivalent."""
-
-    def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        raise AttributeError(_missing(f"{self.__name__}.{attr}"))
-
-
-def _module(name: str, doc: str, names: dict[str, Any], package: bool = False) -> _RayModule:
-    """A _RayModule called ``name`` holding ``names``, with a spec (so cloudpickle pickles
-    references to it by name, and a worker imports it by name)."""
-    mod = _RayModule(name, doc)
+def _module(name: str, doc: str, names: dict[str, Any],
+            package: bool = False) -> types.ModuleType:
+    """A plain module called ``name`` holding ``names`` (plain, so cloudpickle pickles a
+    reference to it by name and a worker imports it by name), whose ``__getattr__``
+    answers any other public name with AttributeError saying orchestra has none."""
+    mod = types.ModuleType(name, doc)
     mod.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=package)
     if package:
         mod.__path__ = []
-    mod.__dict__.update(names)
+
+    def __getattr__(attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(f"module {name!r} has no attribute {attr!r}")
+        raise AttributeError(_missing(f"{name}.{attr}"))
+
+    mod.__dict__.update(names, __getattr__=__getattr__, _orchestra_compat=True)
     return mod
 
 
@@ -103,7 +101,7 @@ def _exceptions_names() -> dict[str, Any]:
     return names
 
 
-def _build() -> dict[str, _RayModule]:
+def _build() -> dict[str, types.ModuleType]:
     """The module objects, by their Ray names."""
     import orchestra
 
@@ -163,7 +161,7 @@ def install() -> None:
     """Make ``import ray`` (and its submodules above) resolve to orchestra in this
     process, and set $ORCHESTRA_RAY_COMPAT so the workers it starts do the same."""
     os.environ[ENV] = "1"
-    if isinstance(sys.modules.get("ray"), _RayModule):
+    if getattr(sys.modules.get("ray"), "_orchestra_compat", False):
         return
     sys.modules.update(_build())
     if not any(isinstance(f, _MissingRayFinder) for f in sys.meta_path):

@@ -39,6 +39,10 @@ def uses_ray():
     return ray.get(ray.put(7)) + ray.get(square.remote(2))
 
 @ray.remote
+def via_global(x):
+    return ray.get(square.remote(x)) + 1
+
+@ray.remote
 def boom():
     raise ValueError("bad input")
 
@@ -77,6 +81,7 @@ try:
 except ray.exceptions.RayTaskError as e:
     print("task-error", isinstance(e, ValueError), "bad input" in str(e))
 print("worker-import", ray.get(uses_ray.remote()))
+print("worker-global", ray.get(via_global.remote(3)))
 try:
     ray.timeline()
 except AttributeError as e:
@@ -96,6 +101,7 @@ EXPECTED = [
     "pg 36",
     "task-error True True",
     "worker-import 11",
+    "worker-global 10",
     "missing ray.timeline is not available on orchestra (orchestra has no equivalent); "
     "see README 'Coming from Ray'",
 ]
@@ -157,3 +163,21 @@ def test_script_error_exits_nonzero_and_run_needs_ray_flag(tmp_path: Path) -> No
     assert r.returncode == 3, r.stderr
     r = run(tmp_path, "print('never')\n", ["-m", "orchestra._cli", "run"])
     assert r.returncode == 2 and "--ray" in r.stderr and "never" not in r.stdout
+
+
+def test_helper_module_beside_the_script_uses_ray(tmp_path: Path) -> None:
+    (tmp_path / "helpers.py").write_text(textwrap.dedent("""
+        import ray
+
+        @ray.remote
+        def double(x):
+            return ray.get(ray.put(x)) * 2
+        """))
+    r = run(tmp_path, """
+        import ray
+        from helpers import double
+        ray.init(num_cpus=1)
+        print(ray.get(double.remote(21)))
+        """, CLI)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["42"], r.stderr
