@@ -108,15 +108,24 @@ EXPECTED = [
 
 
 def run(tmp_path: Path, source: str, launcher: list[str], *args: str,
-        ) -> subprocess.CompletedProcess[str]:
+        extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Write ``source`` to tmp_path/script.py and run it with ``launcher``."""
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(source))
     env = dict(os.environ, PYTHONPATH=REPO)
     env.pop("ORCHESTRA_ADDRESS", None)
     env.pop("ORCHESTRA_RAY_COMPAT", None)
+    env.update(extra_env or {})
     return subprocess.run([sys.executable, *launcher, str(script), *args], cwd=tmp_path,
                           capture_output=True, text=True, timeout=100, env=env)
+
+
+def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run the ``orchestra`` command with ``args``, ``env`` over this environment."""
+    full = dict(os.environ, PYTHONPATH=REPO, **env)
+    full.pop("ORCHESTRA_ADDRESS", None)
+    return subprocess.run([sys.executable, "-m", "orchestra._cli", *args],
+                          capture_output=True, text=True, timeout=60, env=full)
 
 
 MODULE = ["-m", "orchestra.compat.ray"]
@@ -181,3 +190,28 @@ def test_helper_module_beside_the_script_uses_ray(tmp_path: Path) -> None:
         """, CLI)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["42"], r.stderr
+
+
+def test_script_on_a_started_cluster(tmp_path: Path) -> None:
+    """A cluster from `orchestra start` started with ORCHESTRA_RAY_COMPAT=1 runs a Ray
+    script's tasks that use ``ray`` (its workers map the name too)."""
+    state = tmp_path / "state"
+    env = {"ORCHESTRA_STATE_DIR": str(state)}
+    start = cli("start", "--head", "--num-cpus", "1", "--object-store-memory",
+                str(64 << 20), env={**env, "ORCHESTRA_RAY_COMPAT": "1"})
+    try:
+        assert start.returncode == 0, start.stderr
+        r = run(tmp_path, """
+            import ray
+            ray.init(address="auto")
+
+            @ray.remote
+            def inc(x):
+                return ray.get(ray.put(x)) + 1
+
+            print(ray.get(inc.remote(1)))
+            """, CLI, extra_env=env)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines() == ["2"], r.stderr
+    finally:
+        cli("stop", "--timeout", "5", env=env)
