@@ -1,5 +1,6 @@
 """The ``orchestra`` command: ``orchestra start|stop|status ...`` (_cli_cluster.py),
-``orchestra microbenchmark ...``, ``orchestra coordinator ...``."""
+``orchestra microbenchmark ...``, ``orchestra coordinator ...``,
+``orchestra run --ray SCRIPT [ARGS]`` (orchestra/compat/ray.py)."""
 from __future__ import annotations
 
 import sys
@@ -15,6 +16,8 @@ commands:
                    --nodes 3 --compare ray,dask: a head and two nodes on this machine)
   coordinator      run an XLA DistributedRuntimeService coordinator (with
                    $ORCHESTRA_COORDINATOR_TOKEN set, it serves only clients sending it)
+  run --ray        run a Ray Core script unchanged: `orchestra run --ray SCRIPT [ARGS]`
+                   (`import ray` gives orchestra under Ray's names)
 """
 
 
@@ -30,11 +33,23 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "microbenchmark":
         from .microbenchmark import main as bench
         return bench(rest)
+    if cmd == "run":
+        return _run(rest)
     if cmd == "coordinator":
         from .coordinator import main as coord
         return coord(rest) or 0
     print(f"orchestra: unknown command {cmd!r}\n\n{_USAGE}", file=sys.stderr)
     return 2
+
+
+def _run(argv: list[str]) -> int:
+    """``run --ray SCRIPT [ARGS]``: the script runs with ``import ray`` mapped to orchestra."""
+    if not argv or argv[0] != "--ray":
+        print("orchestra run: give --ray (the one mode): orchestra run --ray SCRIPT [ARGS]",
+              file=sys.stderr)
+        return 2
+    from .compat.ray import run_script
+    return run_script(argv[1:])
 
 
 if __name__ == "__main__":

@@ -853,6 +853,10 @@ def main(argv: list[str] | None = None) -> None:
     # Ctrl-C in the driver's terminal reaches the whole process group: the driver
     # handles it; a worker must not die of it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if os.environ.get("ORCHESTRA_RAY_COMPAT"):
+        # A driver run with `orchestra run --ray`: `import ray` here means orchestra too.
+        from .compat.ray import install
+        install()
     runtime = WorkerRuntime(sock_path, worker_id)
     runtime.run()
 

@@ -1,0 +1,1 @@
+"""Compatibility layers: ``orchestra.compat.ray`` runs Ray Core scripts unchanged."""

@@ -1,0 +1,198 @@
+"""Run a Ray Core script on orchestra: ``orchestra run --ray SCRIPT [ARGS]`` or
+``python -m orchestra.compat.ray SCRIPT [ARGS]``.
+
+``install()`` puts module objects named ``ray``, ``ray.util``, ``ray.util.queue``,
+``ray.util.actor_pool``, ``ray.util.placement_group``, ``ray.util.scheduling_strategies``,
+``ray.exceptions`` and ``ray.actor`` into sys.modules; each maps Ray's names onto
+orchestra's objects (names only: every behaviour is orchestra's). It also sets
+$ORCHESTRA_RAY_COMPAT, which the workers of this driver's cluster inherit, so that
+orchestra's worker installs the same modules (a task may ``import ray``, and a function
+pickled with a reference to the module finds it). A meta path finder answers any other
+``ray.*`` import with an error naming what is missing.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import os
+import runpy
+import sys
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+ENV = "ORCHESTRA_RAY_COMPAT"
+
+_HINT = "see README 'Coming from Ray'"
+
+# Keyword arguments of ray.init() that only change logging or the dashboard: accepted,
+# without effect.
+_IGNORED_INIT_KWARGS = frozenset({
+    "include_dashboard", "dashboard_host", "dashboard_port", "log_to_driver",
+    "configure_logging", "logging_level", "logging_format",
+})
+# Keyword arguments of ray.init() that orchestra's init() takes under the same name.
+_PASSED_INIT_KWARGS = frozenset({
+    "num_cpus", "num_gpus", "resources", "object_store_memory", "ignore_reinit_error",
+    "namespace", "runtime_env", "_system_config",
+})
+
+
+def _missing(name: str) -> str:
+    return f"{name} is not available on orchestra (orchestra has no equivalent); {_HINT}"
+
+
+def _module(name: str, doc: str, names: dict[str, Any],
+            package: bool = False) -> types.ModuleType:
+    """A plain module called ``name`` holding ``names`` (plain, so cloudpickle pickles a
+    reference to it by name and a worker imports it by name), whose ``__getattr__``
+    answers any other public name with AttributeError saying orchestra has none."""
+    mod = types.ModuleType(name, doc)
+    mod.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=package)
+    if package:
+        mod.__path__ = []
+
+    def __getattr__(attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(f"module {name!r} has no attribute {attr!r}")
+        raise AttributeError(_missing(f"{name}.{attr}"))
+
+    mod.__dict__.update(names, __getattr__=__getattr__, _orchestra_compat=True)
+    return mod
+
+
+def init(address: str | None = None, **kwargs: Any) -> dict[str, Any]:
+    """``ray.init``: Ray's common keyword arguments flow to orchestra.init(); the
+    logging and dashboard ones are accepted without effect; any other raises TypeError
+    naming it (it would change what the script means)."""
+    import orchestra
+    unknown = sorted(set(kwargs) - _IGNORED_INIT_KWARGS - _PASSED_INIT_KWARGS)
+    if unknown:
+        raise TypeError(f"ray.init() got keyword arguments orchestra does not support: "
+                        f"{', '.join(unknown)}; remove them ({_HINT})")
+    passed = {k: v for k, v in kwargs.items() if k in _PASSED_INIT_KWARGS}
+    if isinstance(address, str) and address.startswith("ray://"):
+        raise ValueError(f"ray.init(address={address!r}): Ray Client addresses are not "
+                         f"available on orchestra; give a cluster's HOST:PORT or 'auto' "
+                         f"({_HINT})")
+    return orchestra.init(address, **passed)
+
+
+def _exceptions_names() -> dict[str, Any]:
+    from .. import exceptions as ex
+    names: dict[str, Any] = {
+        "RayError": ex.OrchestraError,
+        "RaySystemError": ex.OrchestraError,
+        "RayTaskError": ex.TaskError,
+        "RayActorError": ex.ActorDiedError,
+        "ActorDiedError": ex.ActorDiedError,
+        "GetTimeoutError": ex.GetTimeoutError,
+        "TaskCancelledError": ex.TaskCancelledError,
+        "WorkerCrashedError": ex.WorkerCrashedError,
+        "ObjectLostError": ex.ObjectLostError,
+        "OwnerDiedError": ex.ObjectLostError,
+        "ObjectReconstructionFailedError": ex.ObjectLostError,
+        "ObjectStoreFullError": ex.ObjectStoreFullError,
+        "OutOfDiskError": ex.ObjectStoreFullError,
+        "LocalRayletDiedError": ex.ClusterLostError,
+        "RaySystemDeserializationError": ex.DeserializationError,
+    }
+    return names
+
+
+def _build() -> dict[str, types.ModuleType]:
+    """The module objects, by their Ray names."""
+    import orchestra
+
+    from .. import actor as oactor
+    from .. import util as outil
+    from ..util import actor_pool as opool
+    from ..util import queue as oqueue
+    from ..util import scheduling_strategies as oss
+    opg = importlib.import_module("orchestra.util.placement_group")  # not the function
+
+    exceptions = _module("ray.exceptions", "Ray's exception names, as orchestra's errors.",
+                         _exceptions_names())
+    actor = _module("ray.actor", "ray.actor on orchestra.", {
+        "exit_actor": oactor.exit_actor, "ActorClass": orchestra.ActorClass,
+        "ActorHandle": orchestra.ActorHandle, "method": orchestra.method})
+    queue = _module("ray.util.queue", "ray.util.queue on orchestra.", {
+        "Queue": oqueue.Queue, "Empty": oqueue.Empty, "Full": oqueue.Full})
+    pool = _module("ray.util.actor_pool", "ray.util.actor_pool on orchestra.",
+                   {"ActorPool": opool.ActorPool})
+    pg_names = {n: getattr(opg, n) for n in (
+        "PlacementGroup", "placement_group", "get_placement_group",
+        "remove_placement_group", "placement_group_table")}
+    pg = _module("ray.util.placement_group", "ray.util.placement_group on orchestra.",
+                 pg_names)
+    strategies = _module("ray.util.scheduling_strategies",
+                         "ray.util.scheduling_strategies on orchestra.", {
+                             "PlacementGroupSchedulingStrategy":
+                                 oss.PlacementGroupSchedulingStrategy,
+                             "NodeAffinitySchedulingStrategy":
+                                 oss.NodeAffinitySchedulingStrategy})
+    util = _module("ray.util", "ray.util on orchestra.", {
+        "ActorPool": outil.ActorPool, **pg_names, "queue": queue, "actor_pool": pool,
+        "scheduling_strategies": strategies}, package=True)
+    top = {n: getattr(orchestra, n) for n in (
+        "remote", "get", "put", "wait", "cancel", "kill", "get_actor", "method", "nodes",
+        "cluster_resources", "available_resources", "get_runtime_context", "get_gpu_ids",
+        "shutdown", "is_initialized", "ObjectRef", "ObjectRefGenerator",
+        "DynamicObjectRefGenerator")}
+    ray = _module("ray", "Ray Core's names, as orchestra's objects (orchestra.compat.ray).", {
+        **top, "init": init, "util": util, "exceptions": exceptions, "actor": actor,
+        "__version__": orchestra.__version__}, package=True)
+    return {m.__name__: m for m in (ray, util, queue, pool, pg, strategies, exceptions, actor)}
+
+
+class _MissingRayFinder(importlib.abc.MetaPathFinder):
+    """Answers ``import ray.X`` for a module orchestra has no equivalent of with a
+    ModuleNotFoundError saying so (the known ones are already in sys.modules)."""
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: types.ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname == "ray" or fullname.startswith("ray."):
+            raise ModuleNotFoundError(_missing(fullname), name=fullname)
+        return None
+
+
+def install() -> None:
+    """Make ``import ray`` (and its submodules above) resolve to orchestra in this
+    process, and set $ORCHESTRA_RAY_COMPAT so the workers it starts do the same."""
+    os.environ[ENV] = "1"
+    if getattr(sys.modules.get("ray"), "_orchestra_compat", False):
+        return
+    sys.modules.update(_build())
+    if not any(isinstance(f, _MissingRayFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _MissingRayFinder())
+
+
+def run_script(argv: list[str]) -> int:
+    """``SCRIPT [ARGS]``: install, then run SCRIPT as __main__ with sys.argv = argv."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: orchestra run --ray SCRIPT [ARGS]\n"
+              "       python -m orchestra.compat.ray SCRIPT [ARGS]\n\n"
+              "Runs a Ray Core script on orchestra: `import ray` gives orchestra's objects "
+              "under Ray's names.", file=sys.stderr if not argv else sys.stdout)
+        return 2 if not argv else 0
+    script = argv[0]
+    if not os.path.isfile(script):
+        print(f"orchestra run --ray: no such script {script!r}", file=sys.stderr)
+        return 2
+    install()
+    sys.argv = list(argv)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    runpy.run_path(script, run_name="__main__")
+    return 0
+
+
+def _entry() -> Callable[[list[str]], int]:
+    # Run as ``python -m orchestra.compat.ray``, this file is __main__: use the module
+    # under its package name, so there is one set of ray modules.
+    from orchestra.compat import ray as compat
+    return compat.run_script
+
+
+if __name__ == "__main__":
+    sys.exit(_entry()(sys.argv[1:]))

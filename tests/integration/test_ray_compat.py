@@ -1,0 +1,217 @@
+"""Ray Core scripts run unchanged on orchestra: ``python -m orchestra.compat.ray SCRIPT``
+and ``orchestra run --ray SCRIPT`` map ``import ray`` (driver and workers) onto orchestra.
+
+Each test writes a small Ray script to tmp_path and runs it in a fresh interpreter; the
+script prints what it saw and the test reads its stdout."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+REPO = str(Path(__file__).resolve().parents[2])
+
+RAY_SCRIPT = """
+import sys
+import ray
+from ray.util import ActorPool
+from ray.util.queue import Queue, Empty
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+import ray.exceptions
+
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+@ray.remote
+def square(x):
+    return x * x
+
+@ray.remote
+def uses_ray():
+    import ray
+    import ray.util.queue
+    return ray.get(ray.put(7)) + ray.get(square.remote(2))
+
+@ray.remote
+def via_global(x):
+    return ray.get(square.remote(x)) + 1
+
+@ray.remote
+def boom():
+    raise ValueError("bad input")
+
+@ray.remote
+class Counter:
+    def __init__(self):
+        self.n = 0
+    def add(self, k=1):
+        self.n += k
+        return self.n
+
+print("args", sys.argv[1:])
+print("tasks", ray.get([square.remote(i) for i in range(4)]))
+print("put", ray.get(ray.put({"a": 1})))
+ready, rest = ray.wait([square.remote(3)], num_returns=1, timeout=60)
+print("wait", len(ready), len(rest))
+c = Counter.remote()
+c.add.remote()
+print("actor", ray.get(c.add.remote(2)))
+pool = ActorPool([Counter.remote(), Counter.remote()])
+print("pool", sorted(pool.map(lambda a, v: a.add.remote(v), [10, 20, 30])) != [])
+q = Queue()
+q.put("x")
+print("queue", q.get())
+try:
+    q.get(block=False)
+except Empty:
+    print("queue-empty")
+pg = placement_group([{"CPU": 1}])
+ray.get(pg.ready())
+strategy = PlacementGroupSchedulingStrategy(placement_group=pg)
+print("pg", ray.get(square.options(scheduling_strategy=strategy).remote(6)))
+remove_placement_group(pg)
+try:
+    ray.get(boom.remote())
+except ray.exceptions.RayTaskError as e:
+    print("task-error", isinstance(e, ValueError), "bad input" in str(e))
+print("worker-import", ray.get(uses_ray.remote()))
+print("worker-global", ray.get(via_global.remote(3)))
+try:
+    ray.timeline()
+except AttributeError as e:
+    print("missing", e)
+ray.shutdown()
+"""
+
+EXPECTED = [
+    "args ['one', '--two']",
+    "tasks [0, 1, 4, 9]",
+    "put {'a': 1}",
+    "wait 1 0",
+    "actor 3",
+    "pool True",
+    "queue x",
+    "queue-empty",
+    "pg 36",
+    "task-error True True",
+    "worker-import 11",
+    "worker-global 10",
+    "missing ray.timeline is not available on orchestra (orchestra has no equivalent); "
+    "see README 'Coming from Ray'",
+]
+
+
+def run(tmp_path: Path, source: str, launcher: list[str], *args: str,
+        extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Write ``source`` to tmp_path/script.py and run it with ``launcher``."""
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(source))
+    env = dict(os.environ, PYTHONPATH=REPO)
+    env.pop("ORCHESTRA_ADDRESS", None)
+    env.pop("ORCHESTRA_RAY_COMPAT", None)
+    env.update(extra_env or {})
+    return subprocess.run([sys.executable, *launcher, str(script), *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=100, env=env)
+
+
+def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run the ``orchestra`` command with ``args``, ``env`` over this environment."""
+    full = dict(os.environ, PYTHONPATH=REPO, **env)
+    full.pop("ORCHESTRA_ADDRESS", None)
+    return subprocess.run([sys.executable, "-m", "orchestra._cli", *args],
+                          capture_output=True, text=True, timeout=60, env=full)
+
+
+MODULE = ["-m", "orchestra.compat.ray"]
+CLI = ["-m", "orchestra._cli", "run", "--ray"]
+
+
+@pytest.mark.parametrize("launcher", [MODULE, CLI], ids=["module", "cli"])
+def test_ray_script_runs_unchanged(tmp_path: Path, launcher: list[str]) -> None:
+    r = run(tmp_path, RAY_SCRIPT, launcher, "one", "--two")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == EXPECTED, r.stderr
+
+
+def test_init_refuses_unknown_kwargs_and_missing_modules(tmp_path: Path) -> None:
+    r = run(tmp_path, """
+        import ray
+        try:
+            ray.init(local_mode=True, num_cpus=1)
+        except TypeError as e:
+            print("init", e)
+        try:
+            import ray.data
+        except ImportError as e:
+            print("data", e)
+        try:
+            ray.util.state
+        except AttributeError as e:
+            print("state", e)
+        import ray.util.placement_group
+        print("function", callable(ray.util.placement_group))
+        """, MODULE)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("init ray.init() got keyword arguments orchestra does not "
+                               "support: local_mode"), lines
+    assert lines[1] == ("data ray.data is not available on orchestra (orchestra has no "
+                        "equivalent); see README 'Coming from Ray'"), lines
+    assert lines[2].startswith("state ray.util.state is not available on orchestra"), lines
+    assert lines[3] == "function True", lines
+
+
+def test_script_error_exits_nonzero_and_run_needs_ray_flag(tmp_path: Path) -> None:
+    r = run(tmp_path, "import ray\nraise SystemExit(3)\n", CLI)
+    assert r.returncode == 3, r.stderr
+    r = run(tmp_path, "print('never')\n", ["-m", "orchestra._cli", "run"])
+    assert r.returncode == 2 and "--ray" in r.stderr and "never" not in r.stdout
+
+
+def test_helper_module_beside_the_script_uses_ray(tmp_path: Path) -> None:
+    (tmp_path / "helpers.py").write_text(textwrap.dedent("""
+        import ray
+
+        @ray.remote
+        def double(x):
+            return ray.get(ray.put(x)) * 2
+        """))
+    r = run(tmp_path, """
+        import ray
+        from helpers import double
+        ray.init(num_cpus=1)
+        print(ray.get(double.remote(21)))
+        """, CLI)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["42"], r.stderr
+
+
+def test_script_on_a_started_cluster(tmp_path: Path) -> None:
+    """A cluster from `orchestra start` started with ORCHESTRA_RAY_COMPAT=1 runs a Ray
+    script's tasks that use ``ray`` (its workers map the name too)."""
+    state = tmp_path / "state"
+    env = {"ORCHESTRA_STATE_DIR": str(state)}
+    start = cli("start", "--head", "--num-cpus", "1", "--object-store-memory",
+                str(64 << 20), env={**env, "ORCHESTRA_RAY_COMPAT": "1"})
+    try:
+        assert start.returncode == 0, start.stderr
+        r = run(tmp_path, """
+            import ray
+            ray.init(address="auto")
+
+            @ray.remote
+            def inc(x):
+                return ray.get(ray.put(x)) + 1
+
+            print(ray.get(inc.remote(1)))
+            """, CLI, extra_env=env)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines() == ["2"], r.stderr
+    finally:
+        cli("stop", "--timeout", "5", env=env)
