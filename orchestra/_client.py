@@ -193,17 +193,18 @@ class CoreClient:
             except OSError as exc:
                 failed = exc
         # The head closed the connection: what it sent last may say why (Closing).
-        self._read_what_is_left()
-        if self.lost is None:
+        if self._read_what_is_left() and self.lost is None:
             self.lost = f"{_LOST} ({failed.strerror or failed})"
             self.refs.lost = True
-        raise ClusterLostError(self.lost) from failed
+        # (Another thread still reading: it reads the Closing frame and its end, and
+        # records why; this call fails meanwhile without deciding it.)
+        raise ClusterLostError(self.lost or f"{_LOST} ({failed.strerror or failed})") from failed
 
-    def _read_what_is_left(self) -> None:
+    def _read_what_is_left(self) -> bool:
         """Read the frames the head sent before it closed (another thread reading them
-        finishes at once: they are there)."""
+        finishes at once: they are there). False: another thread kept reading."""
         if not self._read_lock.acquire(timeout=0.5):
-            return
+            return False
         try:
             for _ in range(64):
                 if self.lost is not None or not self._read_once(0):
@@ -212,6 +213,7 @@ class CoreClient:
             pass
         finally:
             self._read_lock.release()
+        return True
 
     def send(self, kind: int, msg: Any) -> None:
         self.send_raw(_wire.encode(kind, msg))

@@ -109,12 +109,17 @@ class ObjectIO:
 
     # ------------------------------------------------------------------ maps
     def drop_maps(self, names: Iterable[str]) -> None:
+        names = set(names)
         with self.refs.lock:
             maps = []
             for n in names:
                 maps.append(self.wmaps.pop(n, None))
                 if n in self.mapping_ahead:
                     self.mapping_ahead[n] = False   # unlinked before its map was made
+            # Reads of them kept for a second get (a get that raced the removal read its
+            # own write map): a later get maps the object where it is now.
+            for oid in [o for o, (_, name, _) in self.maps.items() if name in names]:
+                del self.maps[oid]
         for mm in maps:
             if mm is not None:
                 try:
