@@ -56,12 +56,6 @@ _PLAIN_CONTAINERS = frozenset({list, tuple, dict})
 _collect = threading.local()
 
 
-def _address(buf: memoryview) -> int:
-    """Address of a buffer's first byte (numpy reads it without copying)."""
-    import numpy as np
-    return int(np.frombuffer(buf, dtype=np.uint8).__array_interface__["data"][0])
-
-
 def _pad8(n: int) -> int:
     return (n + 7) & ~7
 

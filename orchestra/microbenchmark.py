@@ -197,18 +197,7 @@ def _large_object(fw: Any, big: int, checksum: Any) -> dict[str, float]:
     import numpy as np
     data = np.random.default_rng(0).random(big // 8)
     out = {}
-    puts, first_gets = [], []
-    ref = None
-    for _ in range(3):   # each a fresh put into the memory the last one freed, read at once
-        ref = None
-        gc.collect()
-        time.sleep(0.2)
-        t = time.perf_counter()
-        ref = fw.put(data)
-        puts.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        fw.get(ref)
-        first_gets.append(time.perf_counter() - t)
+    ref, puts, first_gets, _ = _fresh_puts(fw, data)
     out["put_large_gb_per_s"] = big / statistics.median(puts) / 1e9
     out["get_large_first_us"] = statistics.median(first_gets) * 1e6
     out["get_large_us"] = _lat(lambda: fw.get(ref), 20, 5)["median_us"]
@@ -216,6 +205,27 @@ def _large_object(fw: Any, big: int, checksum: Any) -> dict[str, float]:
     fw.get(checksum.remote(ref))
     out["task_read_large_ms"] = (time.perf_counter() - t) * 1e3
     return out
+
+
+def _fresh_puts(fw: Any, value: Any) -> tuple[Any, list[float], list[float], list[int]]:
+    """Three fresh puts of value, each into the memory the last one freed and read at
+    once: (the last ref, put times, first-get times, the driver's RSS growth per get)."""
+    puts, gets, growth = [], [], []
+    ref = None
+    for _ in range(3):
+        ref = None
+        gc.collect()
+        time.sleep(0.2)
+        t = time.perf_counter()
+        ref = fw.put(value)
+        puts.append(time.perf_counter() - t)
+        before = _rss()
+        t = time.perf_counter()
+        got = fw.get(ref)
+        gets.append(time.perf_counter() - t)
+        growth.append(_rss() - before)
+        del got
+    return ref, puts, gets, growth
 
 
 def _rss() -> int:
@@ -249,21 +259,7 @@ def _columnar(fw: Any, quick: bool) -> dict[str, float]:
     for label, value, nbytes, fn in (
             ("table", table, table.nbytes, table_sum),
             ("frame", frame, int(frame.memory_usage(index=False).sum()), frame_sum)):
-        puts, gets, growth = [], [], []
-        ref = None
-        for _ in range(3):
-            ref = None
-            gc.collect()
-            time.sleep(0.2)
-            t = time.perf_counter()
-            ref = fw.put(value)
-            puts.append(time.perf_counter() - t)
-            before = _rss()
-            t = time.perf_counter()
-            got = fw.get(ref)
-            gets.append(time.perf_counter() - t)
-            growth.append(_rss() - before)
-            del got
+        ref, puts, gets, growth = _fresh_puts(fw, value)
         out[f"put_{label}_gb_per_s"] = nbytes / statistics.median(puts) / 1e9
         out[f"get_{label}_us"] = statistics.median(gets) * 1e6
         out[f"get_{label}_rss_mb"] = max(growth) / MiB
