@@ -101,12 +101,12 @@ def _lines(path: str) -> Iterator[str]:
         return
 
 
-def _marker(line: str) -> tuple[str, str, str] | None:
-    """(kind, id hex, name) of a marker line."""
+def _marker(line: str) -> tuple[str, str, str, str] | None:
+    """(kind, id hex, name, the constructor's task id hex for an actor) of a marker line."""
     if not line.startswith(MARKER):
         return None
-    parts = line[len(MARKER):].split()
-    return (parts[0], parts[1], parts[2] if len(parts) > 2 else "") if len(parts) >= 2 else None
+    parts = line[len(MARKER):].split() + ["", ""]
+    return (parts[0], parts[1], parts[2], parts[3]) if parts[1] else None
 
 
 def _shown(line: str) -> str:
@@ -117,14 +117,15 @@ def _shown(line: str) -> str:
     return f"--- {m[0]} {m[2]} {m[1]} ---\n"
 
 
-def select(files: list[str], target: str | None) -> tuple[list[str], str, str]:
-    """The files to print, and the marker kind and id whose lines alone are printed
-    ("" = all lines): for a PID, an actor id or a task id (a prefix of at least 8 hex
-    digits, or an ObjectRef of the task)."""
+def select(files: list[str], target: str | None) -> tuple[list[str], str, str, str]:
+    """The files to print, the marker kind and id whose lines alone are printed ("" =
+    all lines), and (an actor's) the task marker its lines start at: for a PID, an
+    actor id or a task id (a prefix of at least 8 hex digits, or an ObjectRef of the
+    task)."""
     if target is None:
-        return files, "", ""
+        return files, "", "", ""
     if target.isdigit() and len(target) < 9:
-        return [f for f in files if _pid_of(f) == int(target)], "", ""
+        return [f for f in files if _pid_of(f) == int(target)], "", "", ""
     want = target.lower()
     if len(want) < 8 or not re.fullmatch(r"[0-9a-f]+", want):
         raise ValueError(f"{target!r} is no PID, task id or actor id: give a worker's pid, "
@@ -135,18 +136,18 @@ def select(files: list[str], target: str | None) -> tuple[list[str], str, str]:
             m = _marker(line)
             if m is not None and (m[1].startswith(want) or want.startswith(m[1])):
                 pid = _pid_of(path)
-                return [f for f in files if _pid_of(f) == pid], m[0], m[1]
-    return [], "", want
+                return [f for f in files if _pid_of(f) == pid], m[0], m[1], m[3]
+    return [], "", want, ""
 
 
-def _section(lines: Iterator[str], kind: str, ident: str) -> Iterator[str]:
+def _section(lines: Iterator[str], kind: str, ident: str, start: str = "") -> Iterator[str]:
     """The lines after the marker of (kind, ident): a task's up to the next task marker;
-    an actor's to the end."""
+    an actor's to the end, from its constructor's task marker (``start``) on."""
     inside = not kind
     for line in lines:
         m = _marker(line)
         if m is not None and kind:
-            if m[0] == kind and m[1] == ident:
+            if (m[0] == kind and m[1] == ident) or (start and m[0] == "task" and m[1] == start):
                 inside = True
             elif kind == "task" or m[0] == "actor":
                 inside = False
@@ -154,7 +155,8 @@ def _section(lines: Iterator[str], kind: str, ident: str) -> Iterator[str]:
             yield line
 
 
-def print_files(files: list[str], kind: str, ident: str, out: object = None) -> dict[str, int]:
+def print_files(files: list[str], kind: str, ident: str, start: str = "",
+                out: object = None) -> dict[str, int]:
     """Print the selected lines of each file under a ``==> file <==`` header; the size
     each file had (where --follow goes on from)."""
     stream = out if out is not None else sys.stdout
@@ -164,7 +166,7 @@ def print_files(files: list[str], kind: str, ident: str, out: object = None) -> 
             sizes[path] = os.path.getsize(path)
         except OSError:
             continue
-        body = list(_section(_lines(path), kind, ident))
+        body = list(_section(_lines(path), kind, ident, start))
         if any(_marker(line) is None for line in body):   # not markers alone
             stream.write(f"==> {path} <==\n")   # type: ignore[attr-defined]
             stream.writelines(_shown(line) for line in body)   # type: ignore[attr-defined]
@@ -214,7 +216,7 @@ def logs(argv: list[str]) -> int:
               file=sys.stderr)
         return 1
     try:
-        files, kind, ident = select(worker_files(dirs), args.target)
+        files, kind, ident, start = select(worker_files(dirs), args.target)
     except ValueError as exc:
         print(f"orchestra logs: {exc}", file=sys.stderr)
         return 2
@@ -224,7 +226,7 @@ def logs(argv: list[str]) -> int:
         return 1
     if args.target is None and not args.session:
         files = process_logs() + files
-    sizes = print_files(files, kind, ident)
+    sizes = print_files(files, kind, ident, start)
     if args.follow:
         try:
             follow(dirs, files, sizes, args.target)

@@ -14,7 +14,7 @@ A task that prints nothing costs nothing here (no write, no frame, no syscall): 
 worker looks at one attribute (``dirty``) before it answers. The first line a task
 writes into a file follows a marker line ``:orchestra:task <task id hex> <name>``; an
 actor's process starts its files' actor part with ``:orchestra:actor <actor id hex>
-<class>``. ``orchestra logs TASK|ACTOR|PID`` (_cli_logs.py) finds a task's or actor's
+<class> <constructor's task id hex>``. ``orchestra logs TASK|ACTOR|PID`` (_cli_logs.py) finds a task's or actor's
 output by them.
 
 Files are capped: one past MAX_BYTES (ORCHESTRA_LOG_MAX_BYTES, default 32 MiB) is
@@ -113,7 +113,9 @@ class LogCapture:
         """This process serves an actor from now on: its lines name the class and go to
         the driver that created it (Ray's rule), and its files say which actor."""
         self.actor = (job, class_name)
-        line = f"{MARKER}actor {actor_id.hex()} {class_name}\n".encode()
+        call = self._current_call.get()   # the constructor's: its lines come before
+        ctor = call.task_id.hex() if call is not None else ""
+        line = f"{MARKER}actor {actor_id.hex()} {class_name} {ctor}\n".encode()
         with self.lock:
             for fd in (STDOUT, STDERR):
                 os.write(fd, line)
