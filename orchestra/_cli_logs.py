@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from typing import TextIO
 
 from . import _cluster_file as cf
 from ._log_capture import LOGS_DIR, MARKER
@@ -156,7 +157,7 @@ def _section(lines: Iterator[str], kind: str, ident: str, start: str = "") -> It
 
 
 def print_files(files: list[str], kind: str, ident: str, start: str = "",
-                out: object = None) -> dict[str, int]:
+                out: TextIO | None = None) -> dict[str, int]:
     """Print the selected lines of each file under a ``==> file <==`` header; the size
     each file had (where --follow goes on from)."""
     stream = out if out is not None else sys.stdout
@@ -168,9 +169,9 @@ def print_files(files: list[str], kind: str, ident: str, start: str = "",
             continue
         body = list(_section(_lines(path), kind, ident, start))
         if any(_marker(line) is None for line in body):   # not markers alone
-            stream.write(f"==> {path} <==\n")   # type: ignore[attr-defined]
-            stream.writelines(_shown(line) for line in body)   # type: ignore[attr-defined]
-    stream.flush()   # type: ignore[attr-defined]
+            stream.write(f"==> {path} <==\n")
+            stream.writelines(_shown(line) for line in body)
+    stream.flush()
     return sizes
 
 

@@ -14,8 +14,8 @@ A task that prints nothing costs nothing here (no write, no frame, no syscall): 
 worker looks at one attribute (``dirty``) before it answers. The first line a task
 writes into a file follows a marker line ``:orchestra:task <task id hex> <name>``; an
 actor's process starts its files' actor part with ``:orchestra:actor <actor id hex>
-<class> <constructor's task id hex>``. ``orchestra logs TASK|ACTOR|PID`` (_cli_logs.py) finds a task's or actor's
-output by them.
+<class> <constructor's task id hex>``. ``orchestra logs TASK|ACTOR|PID`` (_cli_logs.py)
+finds a task's or actor's output by them.
 
 Files are capped: one past MAX_BYTES (ORCHESTRA_LOG_MAX_BYTES, default 32 MiB) is
 renamed to ``.1`` (the older ``.1`` dropped) and written anew, so a worker keeps at most
@@ -100,8 +100,8 @@ class LogCapture:
 
     def install(self) -> None:
         """Make sys.stdout and sys.stderr this worker's line writers."""
-        sys.stdout = self.writers[STDOUT]   # type: ignore[assignment]
-        sys.stderr = self.writers[STDERR]   # type: ignore[assignment]
+        sys.stdout = self.writers[STDOUT]
+        sys.stderr = self.writers[STDERR]
 
     @staticmethod
     def _open(fd: int, path: str) -> None:

@@ -124,7 +124,7 @@ class WorkerRuntime:
         # printed it): from here on, also what this constructor prints below.
         self.logs: LogCapture | None = None
         self._job = 0   # Call.job of the task running (an actor's: its creator's)
-        self._title = ""
+        self._title: str | None = ""   # the running call's name; None: idle
         try:
             self.logs = LogCapture(os.path.join(info.node_dir or info.session_dir, LOGS_DIR),
                                    worker_id, self.client.send_raw, _context.current_call)
