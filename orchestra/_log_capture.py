@@ -17,12 +17,12 @@ actor's process starts its files' actor part with ``:orchestra:actor <actor id h
 <class> <constructor's task id hex>``. ``orchestra logs TASK|ACTOR|PID`` (_cli_logs.py)
 finds a task's or actor's output by them.
 
-Files are capped: one past MAX_BYTES (ORCHESTRA_LOG_MAX_BYTES, default 32 MiB) is
-renamed to ``.1`` (the older ``.1`` dropped) and written anew, so a worker keeps at most
-twice that per stream. The check runs with each flush of forwarded lines and every
-_ROTATE_CHECK_S while anything is written, so output written straight to the fds
-(C code) is capped too once any Python output comes; the files go with the session's
-directory.
+Files are capped: one past max_bytes() (ORCHESTRA_LOG_MAX_BYTES, default 32 MiB) is
+renamed to ``.1`` (the older ``.1`` dropped) and written anew, so a worker keeps about
+twice that per stream. The check (an fstat) runs after every 1/8 of the cap written
+through sys.stdout/sys.stderr; output written straight to the fds by C code counts in
+the file's size, but only Python's writes trigger the check. The files go with the
+session's directory.
 """
 from __future__ import annotations
 
@@ -44,7 +44,6 @@ LOGS_DIR = "logs"
 # Lines wait this long for more before they go to the head in one frame: a task printing
 # in a loop sends ~20 frames a second, not one per line.
 _FLUSH_S = 0.05
-_ROTATE_CHECK_S = 1.0
 DEFAULT_MAX_BYTES = 32 << 20
 
 
@@ -142,6 +141,9 @@ class LogCapture:
         with self.lock:
             os.write(stream, marker + data + b"\n" if marker else data + b"\n")
             self._written += len(data) + 1
+            if self._written >= self.max_bytes // 8:   # one fstat per 1/8 of the cap
+                self._written = 0
+                self._rotate_if_full()
             first = not self.pending
             self.pending.extend((job, stream, name, line) for line in text.split("\n"))
             self.dirty = True
@@ -179,18 +181,13 @@ class LogCapture:
                 self.flush()
             except Exception:  # noqa: BLE001 - a lost head ends the worker elsewhere
                 pass
-            if self._written >= self.max_bytes // 8:
-                self._written = 0
-                self.rotate_if_full()
 
-    def rotate_if_full(self) -> None:
-        """A file past max_bytes becomes ``.1`` (replacing the older one); writing goes on
-        in a fresh file."""
+    def _rotate_if_full(self) -> None:
+        """(Holding the lock.) A file past max_bytes becomes ``.1`` (replacing the older
+        one); writing goes on in a fresh file."""
         for fd, path in zip((STDOUT, STDERR), self.paths, strict=True):
             try:
-                if os.fstat(fd).st_size < self.max_bytes:
-                    continue
-                with self.lock:
+                if os.fstat(fd).st_size >= self.max_bytes:
                     os.replace(path, path + ".1")
                     self._open(fd, path)
             except OSError:

@@ -30,6 +30,7 @@ DRIVER = textwrap.dedent('''
     def shout(word):
         print(word)
         print(word + " on stderr", file=sys.stderr)
+        os.write(1, b"written by C code\\n")
         return orchestra.get_runtime_context().get_task_id(), os.getpid()
 
     @orchestra.remote
@@ -249,31 +250,46 @@ def test_identical_lines_of_many_workers_are_folded_into_a_repeated_count(tmp_pa
 
 
 QUIET = textwrap.dedent('''
-    import glob, os, orchestra
+    import glob, json, os
+    os.environ["ORCHESTRA_LOG_MAX_BYTES"] = "4096"   # the workers inherit it
+    import orchestra
 
     @orchestra.remote
     def hidden():
         print("a line kept in the files only")
+        os.write(1, b"written by C code\\n")
+        for i in range(300):
+            print(f"line {i:04d} " + "x" * 90)
+        return os.getpid()
 
     info = orchestra.init(num_cpus=1, log_to_driver=False)
-    orchestra.get(hidden.remote())
-    found = []
-    for path in glob.glob(os.path.join(info["session_dir"], "logs", "worker-*.out")):
-        with open(path) as f:
-            found += [line for line in f if "kept in the files" in line]
-    print("IN FILES", len(found))
+    pid = orchestra.get(hidden.remote())
+    (out,) = glob.glob(os.path.join(info["session_dir"], "logs", f"worker-*-{pid}.out"))
+    with open(out) as f:
+        text = f.read()
+    print("RESULT " + json.dumps({"size": os.path.getsize(out), "rotated": os.path.exists(out + ".1"),
+                                  "last": "line 0299" in text}))
     orchestra.shutdown()
 ''')
 
 
-def test_log_to_driver_false_keeps_output_in_the_files_only(tmp_path):
+def test_log_to_driver_false_prints_nothing_and_capped_files_keep_the_latest(tmp_path):
     path = str(tmp_path / "quiet.py")
     with open(path, "w") as f:
         f.write(QUIET)
     r = _run(path)
     assert r.returncode == 0, r.stderr
-    assert "IN FILES 1" in r.stdout
-    assert "a line kept in the files only" not in r.stdout + r.stderr
+    assert "kept in the files" not in r.stdout + r.stderr
+    assert "line 0001" not in r.stdout and "written by C code" not in r.stdout
+    (line,) = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+    result = json.loads(line[len("RESULT "):])
+    assert result == {"size": result["size"], "rotated": True, "last": True}
+    assert result["size"] < 4096 + 1024
+
+
+def test_c_level_output_of_a_task_lands_in_its_workers_file(driver):
+    _, _, result, _ = driver
+    assert "written by C code" in result["logs"]["pid"]
 
 
 @orchestra.remote(resources={"far": 1})
