@@ -177,7 +177,7 @@ def print_files(files: list[str], kind: str, ident: str, start: str = "",
 
 def follow(dirs: list[str], files: list[str], sizes: dict[str, int], target: str | None) -> None:
     """Print what is appended to the files (and, with no target, new workers' files)."""
-    last = None
+    last = next((p for p in reversed(files) if sizes.get(p)), None)   # its header is up
     while True:
         if target is None:
             files = worker_files(dirs)
