@@ -309,3 +309,39 @@ def test_a_worker_on_another_node_prints_on_the_driver_with_its_address(capfd):
             seen += capfd.readouterr().out
     assert f"(print_far pid={pid}, ip=" in seen
     assert ") printed on the far node" in seen
+
+
+@orchestra.remote
+def print_started() -> int:
+    print("printed on the started cluster")
+    return os.getpid()
+
+
+def test_orchestra_logs_finds_the_cluster_orchestra_start_started_here(tmp_path, monkeypatch):
+    monkeypatch.setenv("ORCHESTRA_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("ORCHESTRA_ADDRESS", raising=False)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "orchestra._cli", *args], env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    r = cli("start", "--head", "--port", "0", "--num-cpus", "1",
+            "--object-store-memory", str(64 << 20))
+    assert r.returncode == 0, r.stderr
+    try:
+        if orchestra.is_initialized():
+            orchestra.shutdown()
+        orchestra.init(address="auto", log_to_driver=False)
+        try:
+            pid = orchestra.get(print_started.remote())
+        finally:
+            orchestra.shutdown()
+        r = cli("logs", str(pid))
+        assert r.returncode == 0, r.stderr
+        assert "printed on the started cluster" in r.stdout
+        assert "printed on the started cluster" in cli("logs").stdout
+        missing = cli("logs", "12345678")
+        assert missing.returncode == 1 and "no worker log names 12345678" in missing.stderr
+    finally:
+        cli("stop", "--timeout", "5")
