@@ -163,6 +163,8 @@ class LogPrinter:
         with self._lock:
             for stream, text in lines:
                 out = sys.stderr if stream == 2 else sys.stdout
+                if out is None:   # pythonw, or a driver that closed its streams
+                    continue
                 try:
                     out.write(text + "\n")
                     out.flush()

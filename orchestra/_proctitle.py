@@ -7,8 +7,8 @@
 setproctitle rewrites the command line (`ps`, /proc/PID/cmdline) and the kernel's short
 name (/proc/PID/comm, what `top` shows, first 15 bytes); without it only the short name
 is set (prctl PR_SET_NAME). One title costs ~1 us (measured here); a worker sets one
-only when it changes (another function, or going idle), so a stream of the same task
-pays nothing per task.
+only when it changes (another function, or idle for 0.1 s), so a stream of the same
+task, or a get() loop of one task at a time, pays nothing per task.
 """
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 import weakref
 from typing import Any
@@ -55,6 +56,9 @@ _FRAMES_PER_NESTED = 16
 # (each Python frame is a C frame there too) ~340 bytes per frame, so 512 keeps a margin;
 # 3.11+ use far less C stack per Python call. With the usual 8 MiB: ~960 levels.
 _FRAME_BYTES = 512
+# A worker without work this long titles itself idle (orchestra::worker); a title costs
+# ~1 us (setproctitle), worth not paying twice per task of a get() loop.
+_IDLE_TITLE_S = 0.1
 
 
 def _max_nested(base_limit: int) -> int:
@@ -436,9 +440,13 @@ class WorkerRuntime:
             if not queue and not nested:
                 # Idle: this thread reads the socket itself, so a task starts without a
                 # hand-off from the reader thread.
-                if self._title is not None:
+                if self._title is None:
+                    self.client.wait_until(has_task, None)
+                elif not self.client.wait_until(has_task, time.monotonic() + _IDLE_TITLE_S):
+                    # The title says idle after a moment without work, so a worker that
+                    # answers one task at a time sets no title per task.
                     self._set_title(None)
-                self.client.wait_until(has_task, None)
+                    self.client.wait_until(has_task, None)
             if self.nested:   # handed over for a get() that ended first
                 self._run_nested()
                 continue

@@ -101,6 +101,7 @@ DRIVER = textwrap.dedent('''
         with open(os.path.join(session, "head.pid")) as f:
             head = int(f.read())
         worker = out["task"][1]
+        time.sleep(0.3)   # idle for longer than a moment: titled idle
         out["titles"] = {"head": cmdline(head), "worker": cmdline(worker),
                          "forkserver": cmdline(ppid(worker)), "actor": cmdline(out["actor"][1])}
         logs = {}
