@@ -12,6 +12,8 @@ commands:
                    (--address IP:PORT --token TOKEN); --block stays in the foreground
   stop             stop every head and node `orchestra start` started on this machine
   status           print the cluster's nodes, resources and object store use
+  logs             print workers' output from their log files: all, or one worker's
+                   (PID), actor's or task's (its id); --follow keeps printing
   microbenchmark   measure the hot path (add --compare ray to run Ray side by side;
                    --nodes 3 --compare ray,dask: a head and two nodes on this machine)
   coordinator      run an XLA DistributedRuntimeService coordinator (with
@@ -30,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     if cmd in ("start", "stop", "status"):
         from . import _cli_cluster
         return int(getattr(_cli_cluster, cmd)(rest))
+    if cmd == "logs":
+        from ._cli_logs import logs
+        return logs(rest)
     if cmd == "microbenchmark":
         from .microbenchmark import main as bench
         return bench(rest)

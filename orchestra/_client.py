@@ -139,6 +139,9 @@ class CoreClient:
         self._early_frames: list[tuple[int, Any]] = []   # came with the handshake's reply
         self.info = self._read_hello(connect_timeout_s)
         self.conn_id = self.info.conn_id
+        # Call.job appended to every call made here: a driver's own connection id (its
+        # tasks' prints go to it); a worker sets that of the task it runs (_worker.py).
+        self.job_suffix = _codec.job_field(self.conn_id) if hello.kind == "driver" else b""
         self.shm_dir = self.info.shm_dir   # the session's private directory of segments
         self.objects = ObjectIO(self, self.shm_dir, self.info.inline_threshold or 100 * 1024,
                                 self.info.node_id)
@@ -283,10 +286,10 @@ class CoreClient:
         made for large values), which must live until the call is sent; ``hold`` gets
         refs to those pickled inside the arguments."""
         if not args and not kwargs:
-            return _codec.call(template, tid)
+            return _codec.call(template, tid) + self.job_suffix
         nested: list[bytes] = []
         values = [self._arg_value(v, refs, nested) for v in itertools.chain(args, kwargs.values())]
-        call = _codec.call(template, tid, values, kwargs, nested)
+        call = _codec.call(template, tid, values, kwargs, nested) + self.job_suffix
         if nested:
             self.escape(nested)
             if hold is not None:

@@ -35,6 +35,7 @@ _INVOKE_CALL = b"\x0a"         # InvokeCallRequest.call = 1
 _INVOKE_RESOLVED = b"\x12"     # InvokeCallRequest.resolved = 2 (ObjectData)
 _INVOKE_ATTEMPT_1 = b"\x20\x01"  # InvokeCallRequest.attempt = 4, value 1
 _INVOKE_OWNER = b"\x28"        # InvokeCallRequest.owner = 5 (varint)
+_CALL_JOB = b"\xf0\x01"        # Call.job = 30 (varint)
 
 
 def varint(n: int) -> bytes:
@@ -50,6 +51,11 @@ def varint(n: int) -> bytes:
 
 
 _SMALL = [bytes((i,)) for i in range(0x80)]   # one-byte varints, without a call
+
+
+def job_field(job: int) -> bytes:
+    """``Call.job``, appended to a call's encoding (a later field wins on merge)."""
+    return _CALL_JOB + varint(job)
 
 
 def field(tag: bytes, payload: bytes) -> bytes:

@@ -53,7 +53,8 @@ def make_error(kind: str, **d: Any) -> bytes:
         exc = WorkerCrashedError(
             f"the worker (pid={d.get('pid')}) running task {name}() died of {d.get('reason')}; "
             f"attempts made: {d.get('attempts')}. Retries are set by max_retries= in "
-            "@orchestra.remote or .options().")
+            "@orchestra.remote or .options(). What it printed last (a native crash's report "
+            f"too) is in its log files: `orchestra logs {d.get('pid')}`.")
     elif kind == "cancelled":
         exc = TaskCancelledError(f"task {name}() was cancelled by orchestra.cancel()")
     elif kind == "lost":

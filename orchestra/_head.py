@@ -43,6 +43,7 @@ from ._errors import make_error
 from ._grpc_service import GRPC_CONN
 from ._ids import machine_id
 from ._instructions import FreeSegment, KillWorker, LateSend, Pull, Push, Send, StartWorker, StopWorker
+from ._log_router import LogRoutes
 from ._node import Node, node_from_cfg, worker_socket
 from ._node_process import routable
 from ._procutil import watch_parent
@@ -159,6 +160,7 @@ class Head:
         self.dirty: set[Conn] = set()
         self._next_conn = 1
         self.primary: int | None = None
+        self.log_routes = LogRoutes()   # drivers' log connections (_log_router.py)
         self.stopping = False
         self.server: Any = None
         self.last_activity = time.monotonic()
@@ -360,12 +362,28 @@ class Head:
                     self.carry_out()
             elif kind == _wire.GENERATOR_ACK:
                 state.generator_ack(msg)
+            elif kind == _wire.LOG_LINES:
+                self._forward_logs(conn, msg)
+            elif kind == _wire.LOG_FLUSH:   # every line sent before this answer
+                self._queue(conn, _wire.encode(_wire.LOG_FLUSH, msg))
             elif kind == _wire.SHUTDOWN:
                 self.loop.call_soon(self.shutdown, "the driver called shutdown()")
         self.carry_out()
 
+    def _forward_logs(self, conn: Conn, msg: Any) -> None:
+        """A worker's lines to the log connections of their jobs' drivers."""
+        ip = self._node_address(conn.node) if len(self.nodes) > 1 else ""
+        for target, lines in self.log_routes.route(msg, self.primary, ip).items():
+            c = self.conns.get(target)
+            if c is not None:
+                self._queue(c, _wire.encode(_wire.LOG_LINES, lines))
+
     def _hello(self, conn: Conn, hello: Any) -> None:
         conn.hello = hello
+        if hello.kind == "logs":   # a driver's second connection: its tasks' output
+            self.log_routes.add(conn.conn_id, hello.log_job)
+            self._queue(conn, _wire.encode(_wire.HELLO_REPLY, pb.HelloReply(conn_id=conn.conn_id)))
+            return
         node = self._node_for(conn, hello)
         if node is None:
             self._refuse(conn, "no node of this cluster runs on this machine (none shares "
@@ -697,7 +715,7 @@ class Head:
     def conn_lost(self, conn: Conn) -> None:
         self.conns.pop(conn.conn_id, None)
         self.dirty.discard(conn)
-        if self.stopping:
+        if self.stopping or self.log_routes.remove(conn.conn_id):
             return
         conn.node.drop_conn(conn.conn_id)
         if conn.conn_id == self.primary:
@@ -859,6 +877,8 @@ def main(argv: list[str] | None = None, zygote: tuple[Any, int, int] | None = No
     with open(argv[0]) as f:
         cfg = json.load(f)
     cfg["_cfg_path"] = argv[0]   # a node process reads the same file
+    from ._proctitle import set_title
+    set_title("orchestra::head")
     # Everything the head creates (sockets, segments) is for this user only; set before
     # any socket exists, so none is ever reachable by others, not even for a moment.
     os.umask(0o077)

@@ -371,6 +371,8 @@ def join_main(cfg_path: str) -> None:
     joins the cluster at cfg head_address (orchestra start --address)."""
     with open(cfg_path) as f:
         cfg = json.load(f)
+    from ._proctitle import set_title
+    set_title("orchestra::node")
     os.umask(0o077)
     session_dir = cfg["session_dir"]
     os.makedirs(session_dir, mode=0o700, exist_ok=True)
@@ -401,6 +403,8 @@ def main(argv: list[str] | None = None, zygote: tuple[Any, int, int] | None = No
         join_main(argv[1])
         return
     cfg_path, node_sock, node_id = argv[0], argv[2], int(argv[3])
+    from ._proctitle import set_title
+    set_title("orchestra::node")
     with open(cfg_path) as f:
         cfg = json.load(f)
     # Segments and sockets for this user only, as in the head.

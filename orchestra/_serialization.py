@@ -544,8 +544,10 @@ def deserialization_error(exc: BaseException, what: str, where: str) -> Deserial
 
 
 def dumps_function(fn: Callable[..., Any]) -> bytes:
+    from ._code_source import dumps_by_value
     try:
-        by_value = cloudpickle.dumps(fn, protocol=5)
+        # File names and source lines kept, for remote tracebacks (_code_source.py).
+        by_value = dumps_by_value(fn)
     except Exception as exc:
         raise TypeError(
             f"could not serialize remote function {_describe(fn)}: {type(exc).__name__}: "

@@ -59,9 +59,22 @@ class Session:
         self.head = head
         self.spill_dir = ""   # when outside session_dir: removed here too if the head was not
         self.exit_grace_s = DEFAULT_EXIT_GRACE_S
+        self.log_printer: Any = None   # _log_printer.LogPrinter, with log_to_driver
+
+    def forward_logs(self) -> None:
+        """Print the output of this driver's tasks and actors here (init's log_to_driver)."""
+        from ._log_printer import LogPrinter
+        client = self.client
+        try:
+            self.log_printer = LogPrinter(client.conn.address, client.conn_id, client.token)
+        except (OSError, ClusterLostError) as exc:
+            _log.warning("orchestra: the output of tasks is not shown here (%s); it is in "
+                         "the session's log files (`orchestra logs`)", exc)
 
     def stop(self) -> None:
         client = self.client
+        if self.log_printer is not None:
+            self.log_printer.close()
         if self.head is not None:
             if client.lost is None:
                 try:
@@ -176,7 +189,7 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
          object_store_memory: int | None = None, spill_dir: str | os.PathLike[str] | None = None,
          ignore_reinit_error: bool = False, token: str | None = None,
          namespace: str | None = None, runtime_env: dict[str, Any] | None = None,
-         exit_grace_s: float | None = None,
+         exit_grace_s: float | None = None, log_to_driver: bool = True,
          _system_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """Start a local cluster (or connect to one) and make it this process's session.
 
@@ -194,7 +207,11 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
 
     ``exit_grace_s``: at interpreter exit, how long tasks and actor calls still pending
     may run before the cluster stops (default: ORCHESTRA_EXIT_GRACE_S, else 5 s; 0 stops
-    at once). An exit with nothing pending does not wait."""
+    at once). An exit with nothing pending does not wait.
+
+    ``log_to_driver``: print what this driver's tasks and actors write to stdout and
+    stderr here, each line prefixed ``(square pid=4242)`` (default True); False keeps
+    it in the session's log files only (``orchestra logs``)."""
     global _session
     grace = exit_grace(exit_grace_s)
     if _session is not None and _session.client.lost is not None:
@@ -219,6 +236,8 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
         _session = _connect(address, token, ns)
         _session.client.runtime_env = env
         _session.exit_grace_s = grace
+        if log_to_driver:
+            _session.forward_logs()
         _context.set_client(_session.client)
         atexit.register(_shutdown_at_exit)
         return _info(_session)
@@ -244,6 +263,8 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     client.runtime_env = env
     _session.spill_dir = cfg["spill_dir"]
     _session.exit_grace_s = grace
+    if log_to_driver:
+        _session.forward_logs()
     _context.set_client(client)
     atexit.register(_shutdown_at_exit)
     return _info(_session)

@@ -52,6 +52,8 @@ WORKER_ADDRESS = 34  # WorkerAddress, worker -> head: it takes direct calls over
 GENERATOR_ITEM = 35  # GeneratorItem, worker -> head: an item a streaming generator yielded
 GENERATOR_ACK = 36   # GeneratorAck, consumer -> head -> worker (or straight to an actor's
                      # process): items read, for a producer with backpressure
+LOG_LINES = 37     # LogLines, worker -> head -> the job's driver (its log connection)
+LOG_FLUSH = 38     # LogFlush, driver -> head -> driver on the log connection: lines sent
 
 MESSAGES: dict[int, Any] = {
     HELLO: pb.Hello, HELLO_REPLY: pb.HelloReply, FUNCTION: pb.RegisterFunctionRequest,
@@ -67,6 +69,7 @@ MESSAGES: dict[int, Any] = {
     NODE_COMMAND: pb.NodeCommand, NODE_EVENT: pb.NodeEvent, CLOSING: pb.Closing,
     WARNING: pb.ClusterWarning, WORKER_ADDRESS: pb.WorkerAddress,
     GENERATOR_ITEM: pb.GeneratorItem, GENERATOR_ACK: pb.GeneratorAck,
+    LOG_LINES: pb.LogLines, LOG_FLUSH: pb.LogFlush,
 }
 
 MAX_FRAME = 1 << 31

@@ -23,16 +23,19 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 import weakref
 from typing import Any
 
 import cloudpickle
 
-from . import _context, _runtime_env, _wire
+from . import _codec, _context, _runtime_env, _wire
 from . import _pb as pb
 from ._client import CoreClient
 from ._errors import make_error
+from ._log_capture import LOGS_DIR, LogCapture, short_name
+from ._proctitle import set_title
 from ._procutil import die_with_parent
 from ._producer import Acks, produce, produce_async
 from ._serialization import deserialization_error, deserialize, dumps_exception, serialize
@@ -53,6 +56,9 @@ _FRAMES_PER_NESTED = 16
 # (each Python frame is a C frame there too) ~340 bytes per frame, so 512 keeps a margin;
 # 3.11+ use far less C stack per Python call. With the usual 8 MiB: ~960 levels.
 _FRAME_BYTES = 512
+# A worker without work this long titles itself idle (orchestra::worker); a title costs
+# ~1 us (setproctitle), worth not paying twice per task of a get() loop.
+_IDLE_TITLE_S = 0.1
 
 
 def _max_nested(base_limit: int) -> int:
@@ -118,6 +124,18 @@ class WorkerRuntime:
                                  on_lost=lambda: os._exit(1), socket_guard=self._guard,
                                  start=False)
         info = self.client.info
+        # Output to the log files (and, line by line, to the driver of the task that
+        # printed it): from here on, also what this constructor prints below.
+        self.logs: LogCapture | None = None
+        self._job = 0   # Call.job of the task running (an actor's: its creator's)
+        self._title: str | None = ""   # the running call's name; None: idle
+        try:
+            self.logs = LogCapture(os.path.join(info.node_dir or info.session_dir, LOGS_DIR),
+                                   worker_id, self.client.send_raw, _context.current_call)
+            self.logs.install()
+        except OSError as exc:
+            print(f"orchestra worker: output stays where it was, no log files: {exc}",
+                  file=sys.stderr)
         if info.cwd and os.path.isdir(info.cwd):
             os.chdir(info.cwd)
         for p in info.sys_path:
@@ -197,7 +215,10 @@ class WorkerRuntime:
         """Answer a call: to the head, or straight to the caller that sent it here. A
         result the caller cannot hold alone (in shared memory, or holding refs) goes
         through the head, which makes it the caller's object; the caller then hears
-        only that the call ended."""
+        only that the call ended. What the call printed goes first."""
+        logs = self.logs
+        if logs is not None and logs.dirty:
+            logs.flush()
         try:
             self._send_done(done)
         finally:
@@ -384,6 +405,7 @@ class WorkerRuntime:
         depth = self.block_depth
         sys.setrecursionlimit(self.base_limit + len(self.outer) * _FRAMES_PER_NESTED)
         done = None
+        job, suffix = self._job, self.client.job_suffix   # the outer task's, restored below
         try:
             done = self._execute(inv)
             with cond:
@@ -394,6 +416,7 @@ class WorkerRuntime:
             if done is None:
                 done = pb.TaskDone(task_id=inv.call.task_id, cancelled=True)
         finally:
+            self._job, self.client.job_suffix = job, suffix
             self.outer.pop()
             sys.setrecursionlimit(self.base_limit + len(self.outer) * _FRAMES_PER_NESTED)
         if self.cancel_target == inv.call.task_id:
@@ -417,7 +440,13 @@ class WorkerRuntime:
             if not queue and not nested:
                 # Idle: this thread reads the socket itself, so a task starts without a
                 # hand-off from the reader thread.
-                self.client.wait_until(has_task, None)
+                if self._title is None:
+                    self.client.wait_until(has_task, None)
+                elif not self.client.wait_until(has_task, time.monotonic() + _IDLE_TITLE_S):
+                    # The title says idle after a moment without work, so a worker that
+                    # answers one task at a time sets no title per task.
+                    self._set_title(None)
+                    self.client.wait_until(has_task, None)
             if self.nested:   # handed over for a get() that ended first
                 self._run_nested()
                 continue
@@ -431,6 +460,8 @@ class WorkerRuntime:
                 self.running = None
                 self.actor.submit(inv)     # runs on the actor's threads or event loop
                 continue
+            if inv.call.name != self._title:
+                self._set_title(inv.call)
             done = None
             try:
                 done = self._execute(inv)
@@ -447,6 +478,21 @@ class WorkerRuntime:
             if self.block_depth:   # a cancel landed in get()'s bookkeeping, past its unblock
                 self._unblock_to(0)
             self.send_done(done)
+
+    def _set_title(self, call: Any) -> None:
+        """The process title: what runs now (``call``), or idle (None). Set only when it
+        changes: ~1 us each (_proctitle.py)."""
+        actor = self.actor
+        if call is None:
+            self._title = None
+            set_title(f"orchestra::actor {actor.spec.class_name}" if actor is not None
+                      else "orchestra::worker")
+            return
+        self._title = call.name
+        if actor is not None or call.actor_id or call.HasField("actor"):
+            set_title(f"orchestra::actor {call.name}")
+        else:
+            set_title(f"orchestra::worker {short_name(call.name)}")
 
     def _function(self, fid: bytes) -> Any:
         fn = self.loaded.get(fid)
@@ -507,6 +553,10 @@ class WorkerRuntime:
         """The callable and decoded arguments of a task, constructor or actor method."""
         call = inv.call
         _set_call(call)   # get_runtime_context(): per thread and per coroutine
+        if call.job != self._job and self.actor is None:
+            # Tasks this one submits print on its driver too (an actor's: its creator's).
+            self._job = call.job
+            self.client.job_suffix = _codec.job_field(call.job)
         if call.actor_id:
             assert self.actor is not None, "an actor call reached a worker with no actor"
             fn = getattr(self.actor.instance, call.method)
@@ -643,6 +693,8 @@ class WorkerRuntime:
         """This worker now serves one actor for life."""
         self.actor = ActorRuntime(self, spec, instance, gpu_ids)
         _context.set_actor(spec.actor_id, spec.restart_count, resources)
+        if self.logs is not None:
+            self.logs.mark_actor(spec.actor_id, spec.class_name, self._job)
         # Calls queued behind a blocking get() belong to this actor: never hand them back.
         self.client.on_block = None
 
@@ -857,6 +909,7 @@ def main(argv: list[str] | None = None) -> None:
         # A driver run with `orchestra run --ray`: `import ray` here means orchestra too.
         from .compat.ray import install
         install()
+    set_title("orchestra::worker")
     runtime = WorkerRuntime(sock_path, worker_id)
     runtime.run()
 

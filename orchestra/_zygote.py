@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> None:
     die_with_parent(signal.SIGKILL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from . import _worker  # the point of the zygote: import once, fork many
+    from ._proctitle import set_title
+    set_title("orchestra::forkserver")
     # SIGCHLD wakes the select through this pipe: exits are reported at once.
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)

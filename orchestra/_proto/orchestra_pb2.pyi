@@ -259,7 +259,7 @@ class InvokeCallReply(_message.Message):
     def __init__(self) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("kind", "pid", "workerid", "cwd", "sys_path", "node_id", "machine", "namespace")
+    __slots__ = ("kind", "pid", "workerid", "cwd", "sys_path", "node_id", "machine", "namespace", "log_job")
     KIND_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     WORKERID_FIELD_NUMBER: _ClassVar[int]
@@ -268,6 +268,7 @@ class Hello(_message.Message):
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     MACHINE_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    LOG_JOB_FIELD_NUMBER: _ClassVar[int]
     kind: str
     pid: int
     workerid: int
@@ -276,7 +277,8 @@ class Hello(_message.Message):
     node_id: int
     machine: str
     namespace: str
-    def __init__(self, kind: _Optional[str] = ..., pid: _Optional[int] = ..., workerid: _Optional[int] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., node_id: _Optional[int] = ..., machine: _Optional[str] = ..., namespace: _Optional[str] = ...) -> None: ...
+    log_job: int
+    def __init__(self, kind: _Optional[str] = ..., pid: _Optional[int] = ..., workerid: _Optional[int] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., node_id: _Optional[int] = ..., machine: _Optional[str] = ..., namespace: _Optional[str] = ..., log_job: _Optional[int] = ...) -> None: ...
 
 class HelloReply(_message.Message):
     __slots__ = ("session_id", "node_id", "node_resources", "store_capacity", "session_dir", "cwd", "sys_path", "inline_threshold", "conn_id", "shm_dir", "node_dir", "joinable", "node_address")
@@ -900,3 +902,31 @@ class GeneratorAck(_message.Message):
     task_id: bytes
     consumed: int
     def __init__(self, task_id: _Optional[bytes] = ..., consumed: _Optional[int] = ...) -> None: ...
+
+class LogChunk(_message.Message):
+    __slots__ = ("job", "stream", "name", "pid", "ip", "lines")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    IP_FIELD_NUMBER: _ClassVar[int]
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    job: int
+    stream: int
+    name: str
+    pid: int
+    ip: str
+    lines: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job: _Optional[int] = ..., stream: _Optional[int] = ..., name: _Optional[str] = ..., pid: _Optional[int] = ..., ip: _Optional[str] = ..., lines: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class LogLines(_message.Message):
+    __slots__ = ("chunks",)
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    chunks: _containers.RepeatedCompositeFieldContainer[LogChunk]
+    def __init__(self, chunks: _Optional[_Iterable[_Union[LogChunk, _Mapping]]] = ...) -> None: ...
+
+class LogFlush(_message.Message):
+    __slots__ = ("seq",)
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    def __init__(self, seq: _Optional[int] = ...) -> None: ...

@@ -45,7 +45,7 @@ class ObjectData(_message.Message):
     def __init__(self, object_id: _Optional[bytes] = ..., inline: _Optional[bytes] = ..., segment: _Optional[_Union[Segment, _Mapping]] = ..., error: _Optional[bytes] = ..., contained: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Call(_message.Message):
-    __slots__ = ("task_id", "function_id", "args", "kwarg_names", "num_returns", "resources", "max_retries", "name", "nested", "retry_exceptions", "actor", "actor_id", "method", "retry_on", "placement", "generator", "generator_backpressure", "max_calls", "runtime_env")
+    __slots__ = ("task_id", "function_id", "args", "kwarg_names", "num_returns", "resources", "max_retries", "name", "nested", "retry_exceptions", "actor", "actor_id", "method", "retry_on", "placement", "generator", "generator_backpressure", "max_calls", "runtime_env", "job")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,7 @@ class Call(_message.Message):
     GENERATOR_BACKPRESSURE_FIELD_NUMBER: _ClassVar[int]
     MAX_CALLS_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_ENV_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
     task_id: bytes
     function_id: bytes
     args: _containers.RepeatedCompositeFieldContainer[Value]
@@ -91,7 +92,8 @@ class Call(_message.Message):
     generator_backpressure: int
     max_calls: int
     runtime_env: RuntimeEnvSpec
-    def __init__(self, task_id: _Optional[bytes] = ..., function_id: _Optional[bytes] = ..., args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., kwarg_names: _Optional[_Iterable[str]] = ..., num_returns: _Optional[int] = ..., resources: _Optional[_Mapping[str, float]] = ..., max_retries: _Optional[int] = ..., name: _Optional[str] = ..., nested: _Optional[_Iterable[bytes]] = ..., retry_exceptions: _Optional[bool] = ..., actor: _Optional[_Union[ActorSpec, _Mapping]] = ..., actor_id: _Optional[bytes] = ..., method: _Optional[str] = ..., retry_on: _Optional[bytes] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., generator: _Optional[int] = ..., generator_backpressure: _Optional[int] = ..., max_calls: _Optional[int] = ..., runtime_env: _Optional[_Union[RuntimeEnvSpec, _Mapping]] = ...) -> None: ...
+    job: int
+    def __init__(self, task_id: _Optional[bytes] = ..., function_id: _Optional[bytes] = ..., args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., kwarg_names: _Optional[_Iterable[str]] = ..., num_returns: _Optional[int] = ..., resources: _Optional[_Mapping[str, float]] = ..., max_retries: _Optional[int] = ..., name: _Optional[str] = ..., nested: _Optional[_Iterable[bytes]] = ..., retry_exceptions: _Optional[bool] = ..., actor: _Optional[_Union[ActorSpec, _Mapping]] = ..., actor_id: _Optional[bytes] = ..., method: _Optional[str] = ..., retry_on: _Optional[bytes] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., generator: _Optional[int] = ..., generator_backpressure: _Optional[int] = ..., max_calls: _Optional[int] = ..., runtime_env: _Optional[_Union[RuntimeEnvSpec, _Mapping]] = ..., job: _Optional[int] = ...) -> None: ...
 
 class RuntimeEnvSpec(_message.Message):
     __slots__ = ("env_vars", "working_dir", "py_modules")

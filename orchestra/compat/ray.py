@@ -29,13 +29,13 @@ _HINT = "see README 'Coming from Ray'"
 # Keyword arguments of ray.init() that only change logging or the dashboard: accepted,
 # without effect.
 _IGNORED_INIT_KWARGS = frozenset({
-    "include_dashboard", "dashboard_host", "dashboard_port", "log_to_driver",
+    "include_dashboard", "dashboard_host", "dashboard_port",
     "configure_logging", "logging_level", "logging_format",
 })
 # Keyword arguments of ray.init() that orchestra's init() takes under the same name.
 _PASSED_INIT_KWARGS = frozenset({
     "num_cpus", "num_gpus", "resources", "object_store_memory", "ignore_reinit_error",
-    "namespace", "runtime_env", "_system_config",
+    "namespace", "runtime_env", "_system_config", "log_to_driver",
 })
 
 

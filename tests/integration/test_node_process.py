@@ -69,7 +69,7 @@ def _cmdline(pid: int) -> str:
 
 
 def _node_pid(c: Cluster) -> int:
-    nodes = [p for p in _children(c.head_pid) if "_node_process" in _cmdline(p)]
+    nodes = [p for p in _children(c.head_pid) if _cmdline(p).startswith("orchestra::node")]
     assert len(nodes) == 1, f"children of the head {c.head_pid}: {_children(c.head_pid)}"
     return nodes[0]
 
