@@ -1,4 +1,5 @@
-"""The head's web dashboard and Prometheus endpoint, served from the head's own loop.
+"""The head's web dashboard and Prometheus endpoint, served from the head's own loop
+on the socket _dashboard_bind.py bound.
 
     browser --GET /--> the page (_dashboard_page.py: one HTML file, inline CSS and JS)
     the page --GET api/summary every 1 s--> summary() -> JSON
@@ -30,8 +31,6 @@ import hmac
 import ipaddress
 import json
 import math
-import os
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -39,13 +38,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._actor_state import ActorState
-from ._connection import parse_host
 from ._ids import node_hex
 from ._sched_types import TaskState, WorkerState
 
-# Ray's dashboard port: what a bookmark finds. Taken (another cluster on this machine),
-# the dashboard takes any free port instead, unless the port was asked for by name.
-DEFAULT_PORT = 8265
 # Many pages open at once (and a scraper) build the summary once per this long.
 SUMMARY_MAX_AGE_S = 0.5
 # A request's head (request line and headers) larger than this is refused (431).
@@ -381,40 +376,6 @@ def encode_response(resp: Response, head_only: bool, keep_alive: bool) -> bytes:
 
 # ---------------------------------------------------------------------------- the server
 
-def bind_address(listen: str) -> tuple[str, bool]:
-    """Where the dashboard binds for a head listening on ``listen`` ("" : a private
-    cluster), and whether its requests must prove the token (beyond loopback)."""
-    if not listen:
-        return "127.0.0.1", False
-    host = parse_host(listen)
-    if host in ("", "0.0.0.0", "::"):
-        return host or "0.0.0.0", True
-    if host == "localhost":
-        return "127.0.0.1", False
-    try:
-        return host, not ipaddress.ip_address(host).is_loopback
-    except ValueError:   # a name: not known to be loopback
-        return host, True
-
-
-def _this_machine_ip() -> str:
-    """This machine's address on its default route (no packet is sent), as
-    ``orchestra start`` shows a head bound to a wildcard address."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect(("10.255.255.255", 9))
-            return str(s.getsockname()[0])
-    except OSError:
-        return "127.0.0.1"
-
-
-def url_for(host: str, port: int) -> str:
-    """The dashboard's URL as users open it (a wildcard bind: this machine's address)."""
-    if host in ("0.0.0.0", "::"):
-        host = _this_machine_ip()
-    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
-
-
 class Dashboard:
     """The HTTP server: one asyncio server on the head's loop; each connection reads
     request heads (keep-alive) and writes respond()'s answers."""
@@ -423,31 +384,15 @@ class Dashboard:
         self.summary = summary
         self.token = token
         self.server: Any = None
-        self.url = ""
         self._cached: tuple[float, dict[str, Any]] | None = None
         self._conns: set[Any] = set()
         self._refused = 0
         self._refusal_logged = 0.0
         self._last_refused_from = ""
 
-    async def start(self, host: str, port: int | None) -> str:
-        """Listen on host:port (None: DEFAULT_PORT, else any free one; 0: any free one);
-        return the URL. OSError naming the port when a port asked for is taken."""
-        want = DEFAULT_PORT if port is None else port
-        try:
-            self.server = await asyncio.start_server(self.serve, host, want, limit=MAX_HEAD_BYTES,
-                                                     reuse_address=True)
-        except OSError as exc:
-            if port is not None:
-                raise OSError(exc.errno, f"the dashboard cannot listen on {host}:{port}: "
-                                         f"{exc.strerror}; pass dashboard_port=0 (or "
-                                         "--dashboard-port 0) for any free port, or "
-                                         "include_dashboard=False") from None
-            self.server = await asyncio.start_server(self.serve, host, 0, limit=MAX_HEAD_BYTES,
-                                                     reuse_address=True)
-        bound = self.server.sockets[0].getsockname()[1]
-        self.url = url_for(host, bound)
-        return self.url
+    async def serve_socket(self, sock: Any) -> None:
+        """Serve the listening socket ``sock`` (bound by _dashboard_bind.listen)."""
+        self.server = await asyncio.start_server(self.serve, sock=sock, limit=MAX_HEAD_BYTES)
 
     def close(self) -> None:
         if self.server is not None:
@@ -522,15 +467,12 @@ class Dashboard:
             self._refused = 0
 
 
-async def serve_head(head: Any) -> Dashboard:
-    """Start the dashboard of a _head.Head on cfg dashboard_port, bound as bind_address()
-    says; write its URL to the session's ``dashboard`` file."""
-    cfg = head.cfg
-    host, needs_token = bind_address(cfg.get("listen", ""))
-    dash = Dashboard(lambda: head_summary(head), head.token if needs_token else "")
-    if needs_token and not head.token:
-        raise RuntimeError("a dashboard beyond loopback needs the cluster token (cfg token)")
-    url = await dash.start(host, cfg.get("dashboard_port"))
-    with open(os.path.join(head.session_dir, "dashboard"), "w") as f:
-        f.write(url)
-    return dash
+async def serve_head(head: Any, sock: Any, token: str) -> None:
+    """Serve the dashboard of a _head.Head on its bound socket: requests prove ``token``
+    ("" on loopback); the data is head_summary(head)."""
+    dash = Dashboard(lambda: head_summary(head), token)
+    await dash.serve_socket(sock)
+    if head.stopping:
+        dash.close()
+    else:
+        head.dashboard = dash

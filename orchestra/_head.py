@@ -176,15 +176,16 @@ class Head:
         # (object id, node id) -> what waits for that node's copy (None: a prefetch)
         self.pulls: dict[tuple[bytes, int], list[Callable[[Any, str], None]]] = {}
         self.address = cfg.get("listen", "")
-        self.dashboard: Any = None                   # _dashboard.Dashboard, when it runs
+        self.dashboard: Any = None                   # _dashboard.Dashboard, once it serves
+        self.dashboard_url = ""
 
     async def start(self) -> None:
         if isinstance(self.local, RemoteNode):
             # Before the clients' socket exists: a HelloReply describes the node.
             await self.local.launch(os.path.join(self.session_dir, "node.sock"))
-        if self.cfg.get("include_dashboard", True):   # before any HelloReply names its URL
-            from ._dashboard import serve_head
-            self.dashboard = await serve_head(self)
+        if self.cfg.get("include_dashboard", True):   # bound before a HelloReply names it
+            from ._dashboard_bind import start_dashboard
+            self.dashboard_url = start_dashboard(self)
         self.server = await self.loop.create_unix_server(self._new_conn, self.sock_path)
         os.chmod(self.sock_path, 0o600)
         self.local.start()
@@ -398,7 +399,7 @@ class Head:
             inline_threshold=int(self.cfg.get("inline_threshold", 100 * 1024)),
             conn_id=conn.conn_id, joinable=bool(self.cfg.get("joinable")),
             node_address=self._node_address(node),
-            dashboard_url=self.dashboard.url if self.dashboard is not None else "")
+            dashboard_url=self.dashboard_url)
         frame = _wire.encode(_wire.HELLO_REPLY, reply)
         if hello.kind == "driver" and self._no_worker_yet():
             # init() returns once a task can start at once: the head is ready before

@@ -195,6 +195,22 @@ def test_without_the_dashboard_init_says_so(start_cluster: Any) -> None:
     assert not os.path.exists(os.path.join(c.session_dir, "dashboard"))
 
 
+def test_the_default_port_taken_the_dashboard_takes_a_free_one() -> None:
+    from orchestra._dashboard_bind import DEFAULT_PORT, listen
+    holder = socket.socket()
+    try:
+        holder.bind(("127.0.0.1", DEFAULT_PORT))
+        holder.listen()
+    except OSError:
+        pass   # someone else holds it: as good
+    try:
+        sock = listen("127.0.0.1", None)
+        assert sock.getsockname()[1] not in (DEFAULT_PORT, 0)
+        sock.close()
+    finally:
+        holder.close()
+
+
 def test_a_dashboard_port_that_is_taken_fails_init_saying_which(no_cluster: None,
                                                                 capfd: Any) -> None:
     with socket.socket() as taken:

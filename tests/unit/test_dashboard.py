@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from orchestra import _dashboard as d
+from orchestra import _dashboard_bind as bind
 from orchestra._actor_state import ActorState
 from orchestra._cli_cluster import parse_start
 from orchestra._sched_types import TaskState
@@ -220,13 +221,13 @@ def test_what_is_not_an_http_request_is_none(raw: bytes) -> None:
 ])
 def test_the_dashboard_binds_where_the_cluster_listens_and_asks_the_token_beyond_loopback(
         listen: str, expected: tuple[str, bool]) -> None:
-    assert d.bind_address(listen) == expected
+    assert bind.bind_address(listen) == expected
 
 
 def test_urls_name_an_address_to_open() -> None:
-    assert d.url_for("127.0.0.1", 8265) == "http://127.0.0.1:8265/"
-    assert d.url_for("::1", 9) == "http://[::1]:9/"
-    assert not d.url_for("0.0.0.0", 9).startswith("http://0.0.0.0")
+    assert bind.url_for("127.0.0.1", 8265) == "http://127.0.0.1:8265/"
+    assert bind.url_for("::1", 9) == "http://[::1]:9/"
+    assert not bind.url_for("0.0.0.0", 9).startswith("http://0.0.0.0")
 
 
 # ---------------------------------------------------------------------------- arguments
