@@ -52,7 +52,6 @@ IDLE_S = 30.0
 MAX_CONNECTIONS = 64
 # Refused requests are logged at most once per this long, as a count.
 _REFUSAL_LOG_S = 60.0
-_COOKIE = "orchestra_dashboard"
 
 TASK_STATES = ("PENDING_ARGS_AVAIL", "PENDING_NODE_ASSIGNMENT", "RUNNING", "FINISHED", "FAILED")
 ACTOR_STATES = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "ALIVE", "RESTARTING", "DEAD")
@@ -278,15 +277,22 @@ def cookie_value(token: str) -> str:
     return hmac.new(token.encode(), b"orchestra dashboard cookie", hashlib.sha256).hexdigest()
 
 
+def cookie_name(token: str) -> str:
+    """The cookie's name, one per cluster: browsers send a host's cookies to all its
+    ports, and two clusters' dashboards on one machine must not overwrite each other's."""
+    return "orchestra_" + hmac.new(token.encode(), b"orchestra dashboard cookie name",
+                                   hashlib.sha256).hexdigest()[:12]
+
+
 def _same(given: str, expected: str) -> bool:
     return hmac.compare_digest(given.encode("utf-8", "surrogateescape"),
                                expected.encode("utf-8", "surrogateescape"))
 
 
-def _cookie(headers: dict[str, str]) -> str | None:
+def _cookie(headers: dict[str, str], wanted: str) -> str | None:
     for part in headers.get("cookie", "").split(";"):
         name, sep, value = part.strip().partition("=")
-        if sep and name == _COOKIE:
+        if sep and name == wanted:
             return value
     return None
 
@@ -301,7 +307,7 @@ def credentials(req: Request, token: str) -> str:
     if auth is not None:
         scheme, _, value = auth.partition(" ")
         return "bearer" if scheme.lower() == "bearer" and _same(value.strip(), token) else "wrong"
-    cookie = _cookie(req.headers)
+    cookie = _cookie(req.headers, cookie_name(token))
     if cookie is not None:
         return "cookie" if _same(cookie, cookie_value(token)) else "wrong"
     return ""
@@ -349,8 +355,8 @@ def respond(req: Request, token: str, summary: Callable[[], dict[str, Any]]) -> 
                           "localhost), not by a host name\n", refused=True)
     if proof == "query" and req.path in ("/", "/index.html"):
         # Into a cookie, and out of the address bar (and the browser's history of it).
-        return Response(303, [("Location", "/"), ("Set-Cookie", f"{_COOKIE}={cookie_value(token)}; "
-                                                 "Path=/; HttpOnly; SameSite=Strict")])
+        cookie = f"{cookie_name(token)}={cookie_value(token)}; Path=/; HttpOnly; SameSite=Strict"
+        return Response(303, [("Location", "/"), ("Set-Cookie", cookie)])
     if req.path in ("/", "/index.html"):
         from ._dashboard_page import CSP, PAGE
         return Response(200, [("Content-Type", "text/html; charset=utf-8"),

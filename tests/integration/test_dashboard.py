@@ -261,7 +261,9 @@ def test_beyond_loopback_a_wrong_token_is_403(open_cluster: Cluster, how: str) -
     elif how == "bearer":
         status = fetch(url + "metrics", {"Authorization": f"Bearer {bad}"})[0]
     else:
-        status = fetch(url + "api/summary", {"Cookie": f"orchestra_dashboard={bad}"})[0]
+        from orchestra._dashboard import cookie_name
+        status = fetch(url + "api/summary",
+                       {"Cookie": f"{cookie_name(open_cluster.token)}={bad}"})[0]
     assert status == 403
 
 

@@ -166,8 +166,8 @@ def test_without_the_token_every_path_is_401(path: str) -> None:
 @pytest.mark.parametrize("proof", [
     {"query": "token=wrong"}, {"query": "token="}, {"query": f"token={TOKEN}x"},
     {"authorization": "Bearer wrong"}, {"authorization": f"Basic {TOKEN}"},
-    {"cookie": "orchestra_dashboard=" + d.cookie_value("wrong")},
-    {"cookie": f"orchestra_dashboard={TOKEN}"},   # the token itself is not the cookie
+    {"cookie": f"{d.cookie_name(TOKEN)}={d.cookie_value('wrong')}"},
+    {"cookie": f"{d.cookie_name(TOKEN)}={TOKEN}"},   # the token itself is not the cookie
 ])
 def test_a_wrong_token_is_403(proof: dict[str, str]) -> None:
     query = proof.pop("query", "")
@@ -184,6 +184,13 @@ def test_the_token_in_the_query_becomes_a_cookie_and_leaves_the_address_bar() ->
     value = cookie.split(";")[0]
     assert get("/", {"cookie": f"other=1; {value}"}, token=TOKEN).status == 200
     assert get("/api/summary", {"cookie": value}, token=TOKEN).status == 200
+
+
+def test_another_clusters_cookie_is_not_this_ones() -> None:
+    other = "another-token"
+    jar = f"{d.cookie_name(other)}={d.cookie_value(other)}"
+    assert d.cookie_name(other) != d.cookie_name(TOKEN)
+    assert get("/api/summary", {"cookie": jar}, token=TOKEN).status == 401
 
 
 def test_a_bearer_token_or_a_query_token_reads_the_endpoints() -> None:
