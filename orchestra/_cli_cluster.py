@@ -244,8 +244,8 @@ def stop(argv: list[str]) -> int:
 
 def status(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="orchestra status",
-                                description="Print the cluster's nodes, resources and object "
-                                            "store use.")
+                                description="Print the cluster's nodes, resources, object "
+                                            "store use and dashboard URL.")
     p.add_argument("--address", default=None,
                    help="the head's IP:PORT (default: the cluster started on this machine)")
     p.add_argument("--token", default=None, help="the cluster token (default: $ORCHESTRA_TOKEN, "

@@ -31,6 +31,7 @@ REPO = str(Path(__file__).resolve().parents[2])
 METRIC_LINE = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? '
                          r'(-?[0-9.e+]+|NaN|[+-]Inf)$')
 TASKS = 20
+NODE: list[str] = []   # the busy cluster's node id (0, or 1 when the node has a process)
 
 
 def _chromium() -> str | None:
@@ -90,13 +91,15 @@ class Counter:
 
 @pytest.fixture
 def busy_cluster(start_cluster: Any) -> Iterator[str]:
-    """A private cluster that ran TASKS tasks and holds one live actor; its dashboard URL.
-    Loans off: every task goes through the head, which counts them."""
+    """A private cluster that ran TASKS tasks and holds one live actor; its dashboard URL
+    (its node's id: NODE[0]). Loans off: every task goes through the head, which counts
+    them."""
     c = start_cluster(num_cpus=2, dashboard_port=0, _system_config={"loans": False})
     assert orchestra.get([square.remote(i) for i in range(TASKS)]) == [i * i for i in range(TASKS)]
     counter = Counter.remote()
     assert orchestra.get(counter.add.remote()) == 1
     url = c.info["dashboard_url"]
+    NODE[:] = [c.info["node_id"]]
     wait_summary(url, lambda s: s["tasks"]["FINISHED"] >= TASKS and s["actors"]["ALIVE"] == 1)
     yield url
     del counter
@@ -134,7 +137,7 @@ def test_the_page_in_chromium_shows_the_node_the_finished_tasks_and_the_live_act
     assert finished == summary(busy_cluster)["tasks"]["FINISHED"]   # the page shows the head's figure
     assert _count(dom, "ALIVE") == 1
     assert _count(dom, "FAILED") == 0
-    assert re.search(r'<tr data-node="0000000000000000">.*?ALIVE', dom)
+    assert re.search(rf'<tr data-node="{NODE[0]}">.*?ALIVE', dom)
     assert re.search(r'<tr data-resource="CPU"><td>CPU</td>', dom)
 
 
@@ -145,7 +148,7 @@ def test_the_summary_has_the_shape_of_the_cluster_summary(busy_cluster: str) -> 
     assert set(s) >= {"session", "nodes", "resources_total", "resources_available", "store",
                       "tasks", "actors", "workers", "drivers", "time"}
     (node,) = s["nodes"]
-    assert node["alive"] is True and node["node_id"] == "0000000000000000"
+    assert node["alive"] is True and node["node_id"] == NODE[0]
     assert node["resources_total"]["CPU"] == 2.0 and node["store_capacity"] > 0
     assert {"store_used", "spilled_bytes", "address", "resources_available"} <= set(node)
     assert set(s["store"]) == {"used", "capacity", "spilled_bytes", "spilled_objects"}
@@ -166,7 +169,7 @@ def test_metrics_parse_and_carry_the_figures(busy_cluster: str) -> None:
     assert 'orchestra_nodes{state="ALIVE"} 1' in text
     assert 'orchestra_actors{state="ALIVE"} 1' in text
     assert re.search(r'orchestra_tasks\{state="FINISHED"\} (\d+)', text)
-    assert 'orchestra_resources_total{resource="CPU",node="0000000000000000"} 2' in text
+    assert f'orchestra_resources_total{{resource="CPU",node="{NODE[0]}"}} 2' in text
     assert "orchestra_object_store_capacity_bytes{node=" in text
 
 
