@@ -393,7 +393,7 @@ class Dashboard:
         self._cached: tuple[float, dict[str, Any]] | None = None
         self._conns: set[Any] = set()
         self._refused = 0
-        self._refusal_logged = 0.0
+        self._refusal_logged: float | None = None
         self._last_refused_from = ""
 
     async def serve_socket(self, sock: Any) -> None:
@@ -465,11 +465,11 @@ class Dashboard:
         peer = writer.get_extra_info("peername")
         self._last_refused_from = str(peer[0]) if peer else "?"
         now = time.monotonic()
-        if now - self._refusal_logged >= _REFUSAL_LOG_S:
+        if self._refusal_logged is None or now - self._refusal_logged >= _REFUSAL_LOG_S:
             self._refusal_logged = now
-            print(f"orchestra head: the dashboard refused {self._refused} request(s) without "
-                  f"the cluster token (the last from {self._last_refused_from})",
-                  file=sys.stderr, flush=True)
+            print(f"orchestra head: the dashboard refused {self._refused} request(s): no "
+                  f"cluster token, a wrong one, or a host name on loopback (the last from "
+                  f"{self._last_refused_from})", file=sys.stderr, flush=True)
             self._refused = 0
 
 
