@@ -27,12 +27,15 @@ from ._launch import DEFAULT_HOST, DEFAULT_PORT, LaunchError
 
 START_HELP = f"""\
 orchestra start --head [--host IP] [--port PORT] [--token TOKEN] [resources] [--block]
+                       [--dashboard-port PORT] [--include-dashboard false]
 orchestra start --address IP:PORT --token TOKEN [--host IP] [resources] [--block]
 
 Starts the cluster's head (its scheduler and this machine's node), or a node that joins
 it, in the background. The head listens on {DEFAULT_HOST}:{DEFAULT_PORT} unless --host and
 --port say otherwise: pass --host with this machine's address on the network the other
-machines share to let them join. Every connection proves the cluster token.
+machines share to let them join. Every connection proves the cluster token. Its web
+dashboard listens on the same address (port 8265, or any free one), and asks for the
+cluster token unless that address is loopback.
 """
 
 
@@ -71,6 +74,15 @@ def _port(text: str) -> int:
     return n
 
 
+def _bool(text: str) -> bool:
+    low = text.lower()
+    if low in ("true", "1", "yes"):
+        return True
+    if low in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 def start_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="orchestra start", usage=START_HELP,
                                 description="Start a cluster head, or a node joining one.")
@@ -91,6 +103,11 @@ def start_parser() -> argparse.ArgumentParser:
                    help='custom resources as JSON, e.g. \'{"widget": 2}\'')
     p.add_argument("--object-store-memory", type=_bytes, default=None, metavar="BYTES",
                    help="the object store's size (default: 30%% of RAM, bounded by /dev/shm)")
+    p.add_argument("--dashboard-port", type=_port, default=None, metavar="PORT",
+                   help="the head's dashboard port (default 8265, or any free port when "
+                        "that is taken; 0: any free port)")
+    p.add_argument("--include-dashboard", type=_bool, default=True, metavar="BOOL",
+                   help="serve the dashboard and /metrics (default true)")
     p.add_argument("--block", action="store_true",
                    help="stay in the foreground until SIGTERM/SIGINT, then stop")
     return p
@@ -103,6 +120,8 @@ def parse_start(argv: list[str]) -> argparse.Namespace:
     if args.address is not None:
         if args.port is not None:
             p.error("--port is the head's; a node joining with --address takes none")
+        if args.dashboard_port is not None:
+            p.error("--dashboard-port is the head's; a node joining with --address takes none")
         try:
             _launch.split_address(args.address)
         except ValueError as exc:
@@ -135,7 +154,8 @@ def start(argv: list[str]) -> int:
             started = _launch.start_head(
                 state, host=args.host, port=args.port, token=args.token,
                 num_cpus=args.num_cpus, num_gpus=args.num_gpus, resources=args.resources,
-                object_store_memory=args.object_store_memory, log=log)
+                object_store_memory=args.object_store_memory, log=log,
+                include_dashboard=args.include_dashboard, dashboard_port=args.dashboard_port)
         else:
             started = _launch.start_node(
                 state, head_address=args.address, token=args.token, host=args.host,
@@ -158,9 +178,22 @@ def _announce(started: _launch.Started) -> None:
               f"Connect a driver with orchestra.init(address=\"{started.address}\", "
               f"token=...) or, on this machine, orchestra.init(address=\"auto\").\n"
               f"Stop with: orchestra stop", flush=True)
+        url = _launch.dashboard_url(started)
+        if url:
+            print(f"Dashboard: {_dashboard_link(url, started.token)}", flush=True)
     else:
         print(f"orchestra: node {started.node_hex} (pid {started.pid}) joined the head at "
               f"{started.address}. Stop with: orchestra stop", flush=True)
+
+
+def _dashboard_link(url: str, token: str) -> str:
+    """The dashboard's URL to print: with the token where the dashboard asks for it
+    (beyond loopback; the page keeps it in a cookie and out of the address bar)."""
+    from urllib.parse import quote, urlsplit
+    host = urlsplit(url).hostname or ""
+    if host in ("127.0.0.1", "::1", "localhost") or host.startswith("127."):
+        return url
+    return f"{url}?token={quote(token, safe='')}"
 
 
 def _block(started: _launch.Started) -> int:
@@ -211,8 +244,8 @@ def stop(argv: list[str]) -> int:
 
 def status(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="orchestra status",
-                                description="Print the cluster's nodes, resources and object "
-                                            "store use.")
+                                description="Print the cluster's nodes, resources, object "
+                                            "store use and dashboard URL.")
     p.add_argument("--address", default=None,
                    help="the head's IP:PORT (default: the cluster started on this machine)")
     p.add_argument("--token", default=None, help="the cluster token (default: $ORCHESTRA_TOKEN, "
@@ -220,8 +253,8 @@ def status(argv: list[str]) -> int:
     args = p.parse_args(argv)
     import orchestra
     try:
-        orchestra.init(address=args.address or os.environ.get("ORCHESTRA_ADDRESS") or "auto",
-                       token=args.token)
+        info = orchestra.init(address=args.address or os.environ.get("ORCHESTRA_ADDRESS")
+                              or "auto", token=args.token)
     except Exception as exc:  # noqa: BLE001 - any failure to connect is reported, not raised
         print(f"orchestra status: cannot connect: {exc}", file=sys.stderr)
         return 1
@@ -232,6 +265,8 @@ def status(argv: list[str]) -> int:
     finally:
         orchestra.shutdown()
     print(format_status(nodes, total, available))
+    if info.get("dashboard_url"):
+        print(f"dashboard: {info['dashboard_url']}")
     return 0
 
 

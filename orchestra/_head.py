@@ -178,11 +178,16 @@ class Head:
         # (object id, node id) -> what waits for that node's copy (None: a prefetch)
         self.pulls: dict[tuple[bytes, int], list[Callable[[Any, str], None]]] = {}
         self.address = cfg.get("listen", "")
+        self.dashboard: Any = None                   # _dashboard.Dashboard, once it serves
+        self.dashboard_url = ""
 
     async def start(self) -> None:
         if isinstance(self.local, RemoteNode):
             # Before the clients' socket exists: a HelloReply describes the node.
             await self.local.launch(os.path.join(self.session_dir, "node.sock"))
+        if self.cfg.get("include_dashboard", True):   # bound before a HelloReply names it
+            from ._dashboard_bind import start_dashboard
+            self.dashboard_url = start_dashboard(self)
         self.server = await self.loop.create_unix_server(self._new_conn, self.sock_path)
         os.chmod(self.sock_path, 0o600)
         self.local.start()
@@ -411,7 +416,8 @@ class Head:
             cwd=self.cfg.get("cwd", ""), sys_path=self.cfg.get("sys_path", []),
             inline_threshold=int(self.cfg.get("inline_threshold", 100 * 1024)),
             conn_id=conn.conn_id, joinable=bool(self.cfg.get("joinable")),
-            node_address=self._node_address(node))
+            node_address=self._node_address(node),
+            dashboard_url=self.dashboard_url)
         frame = _wire.encode(_wire.HELLO_REPLY, reply)
         if hello.kind == "driver" and self._no_worker_yet():
             # init() returns once a task can start at once: the head is ready before
@@ -854,6 +860,8 @@ class Head:
             self.grpc_server.stop(0)
         if self.tcp_server is not None:
             self.tcp_server.close()
+        if self.dashboard is not None:
+            self.dashboard.close()
         for node in self.nodes.values():
             node.close()
         # The clients learn why (a driver's later calls name it), then lose the connection.
@@ -864,7 +872,7 @@ class Head:
             except (OSError, RuntimeError):   # already closed
                 pass
             c.transport.abort()
-        for name in ("head.sock", "grpc.sock", "address"):
+        for name in ("head.sock", "grpc.sock", "address", "dashboard"):
             try:
                 os.unlink(os.path.join(self.session_dir, name))
             except FileNotFoundError:

@@ -118,13 +118,16 @@ def _child_env(sys_path: list[str]) -> dict[str, str]:
 
 def head_cfg(*, host: str, port: int, token: str, num_cpus: int | None = None,
              num_gpus: int | None = None, resources: dict[str, float] | None = None,
-             object_store_memory: int | None = None,
+             object_store_memory: int | None = None, include_dashboard: bool = True,
+             dashboard_port: int | None = None,
              system_config: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
     """The cluster head's cfg: init()'s, listening on HOST:PORT with the token, owned by
     no driver (runs until SIGTERM) and open to nodes. Also the /dev/shm warning."""
     warning, cfg = _session.build_cfg(num_cpus=num_cpus, num_gpus=num_gpus,
                                       resources=resources,
                                       object_store_memory=object_store_memory,
+                                      include_dashboard=include_dashboard,
+                                      dashboard_port=dashboard_port,
                                       system_config=system_config)
     cfg.update(listen=join_address(host, port), token=token, detached=True, joinable=True)
     return warning, cfg
@@ -133,11 +136,14 @@ def head_cfg(*, host: str, port: int, token: str, num_cpus: int | None = None,
 def start_head(state: str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                token: str | None = None, num_cpus: int | None = None,
                num_gpus: int | None = None, resources: dict[str, float] | None = None,
-               object_store_memory: int | None = None,
+               object_store_memory: int | None = None, include_dashboard: bool = True,
+               dashboard_port: int | None = None,
                system_config: dict[str, Any] | None = None, log: bool = True,
                timeout_s: float = READY_TIMEOUT_S) -> Started:
     """Start a cluster head listening on HOST:PORT; return once it authenticates a
-    connection (LaunchError with its log's tail if it exits or stays silent)."""
+    connection (LaunchError with its log's tail if it exits or stays silent). Its
+    dashboard (include_dashboard, dashboard_port: as init()'s) binds HOST too, and asks
+    for the token beyond loopback."""
     token = token or new_token()
     probe = DEFAULT_HOST if host in ("0.0.0.0", "::", "") else host
     if port and _answers(probe, port):
@@ -145,7 +151,8 @@ def start_head(state: str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
     warning, cfg = head_cfg(host=host, port=port, token=token, num_cpus=num_cpus,
                             num_gpus=num_gpus, resources=resources,
                             object_store_memory=object_store_memory,
-                            system_config=system_config)
+                            include_dashboard=include_dashboard,
+                            dashboard_port=dashboard_port, system_config=system_config)
     if warning:
         print(f"orchestra: {warning}", file=sys.stderr)
     _session._sweep_stale_sessions()
@@ -171,6 +178,16 @@ def start_head(state: str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
         raise
     cf.write_record(run_dir, started.record())
     return started
+
+
+def dashboard_url(started: Started) -> str:
+    """The URL of a started head's dashboard ("" when it runs none): the head wrote it
+    to its session's ``dashboard`` file before it accepted connections."""
+    try:
+        with open(os.path.join(started.session_dir, "dashboard")) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def _wait_bound_port(started: Started, timeout_s: float) -> int:

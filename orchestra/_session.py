@@ -190,6 +190,7 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
          ignore_reinit_error: bool = False, token: str | None = None,
          namespace: str | None = None, runtime_env: dict[str, Any] | None = None,
          exit_grace_s: float | None = None, log_to_driver: bool = True,
+         include_dashboard: bool = True, dashboard_port: int | None = None,
          _system_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """Start a local cluster (or connect to one) and make it this process's session.
 
@@ -211,7 +212,15 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
 
     ``log_to_driver``: print what this driver's tasks and actors write to stdout and
     stderr here, each line prefixed ``(square pid=4242)`` (default True); False keeps
-    it in the session's log files only (``orchestra logs``)."""
+    it in the session's log files only (``orchestra logs``).
+
+    ``include_dashboard``: the head serves a web dashboard and Prometheus's ``/metrics``
+    on 127.0.0.1 (its URL is the returned dict's ``dashboard_url``; "" without one).
+    ``dashboard_port``: its port (default 8265, or any free port when that is taken;
+    0: any free port). Both apply to a cluster this call starts.
+
+    Returns a dict: session_dir, address, node_id, node_resources, object_store_memory,
+    dashboard_url."""
     global _session
     grace = exit_grace(exit_grace_s)
     if _session is not None and _session.client.lost is not None:
@@ -243,7 +252,8 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
         return _info(_session)
     store_warning, cfg = build_cfg(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources,
                                    object_store_memory=object_store_memory,
-                                   spill_dir=spill_dir, system_config=_system_config)
+                                   spill_dir=spill_dir, include_dashboard=include_dashboard,
+                                   dashboard_port=dashboard_port, system_config=_system_config)
     global _shm_warned
     if store_warning and not _shm_warned:
         _shm_warned = True
@@ -273,7 +283,8 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
 
 def build_cfg(*, num_cpus: int | None = None, num_gpus: int | None = None,
               resources: dict[str, float] | None = None, object_store_memory: int | None = None,
-              spill_dir: str | os.PathLike[str] | None = None,
+              spill_dir: str | os.PathLike[str] | None = None, include_dashboard: bool = True,
+              dashboard_port: int | None = None,
               system_config: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
     """The head's configuration from init()'s (or ``orchestra start``'s) arguments, checked,
     and the warning to give when /dev/shm is too small ("" when it is not).
@@ -301,6 +312,7 @@ def build_cfg(*, num_cpus: int | None = None, num_gpus: int | None = None,
                              "or leave spill_dir out to spill under the session's directory")
         if not os.access(spill_dir, os.W_OK | os.X_OK):
             raise ValueError(f"spill_dir {spill_dir!r} is not writable by this user")
+    _check_dashboard(include_dashboard, dashboard_port)
     store, warning = store_memory(object_store_memory, _ram(), _shm_free())
     # The node's "memory" (what tasks' and actors' memory= hold): 70% of RAM beside the
     # object store, as Ray counts it.
@@ -310,6 +322,8 @@ def build_cfg(*, num_cpus: int | None = None, num_gpus: int | None = None,
         "_spill_root": spill_dir,
         "resources": req,
         "num_workers": max(int(cpus), 1),
+        "include_dashboard": include_dashboard,
+        "dashboard_port": dashboard_port,
         "object_store_memory": store,
         "cwd": os.getcwd(),
         "sys_path": [os.path.abspath(p) if p else os.getcwd() for p in sys.path],
@@ -323,6 +337,15 @@ def build_cfg(*, num_cpus: int | None = None, num_gpus: int | None = None,
         **(system_config or {}),
     }
     return warning, cfg
+
+
+def _check_dashboard(include: Any, port: Any) -> None:
+    if not isinstance(include, bool):
+        raise TypeError(f"include_dashboard must be True or False, got {include!r}")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int)
+                             or not 0 <= port < 65536):
+        raise ValueError(f"dashboard_port must be a port number 0..65535 (0: any free port) "
+                         f"or None (8265, else any free port), got {port!r}")
 
 
 def new_session_dir(cfg: dict[str, Any]) -> str:
@@ -453,7 +476,8 @@ def _info(s: Session) -> dict[str, Any]:
     address = s.client.conn.address if not s.session_dir else os.path.join(s.session_dir, "head.sock")
     return {"session_dir": s.session_dir, "address": address, "node_id": node_hex(s.client.info.node_id),
             "node_resources": dict(s.client.info.node_resources),
-            "object_store_memory": s.client.info.store_capacity}
+            "object_store_memory": s.client.info.store_capacity,
+            "dashboard_url": s.client.info.dashboard_url}
 
 
 def shutdown() -> None:

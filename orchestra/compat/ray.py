@@ -26,16 +26,17 @@ ENV = "ORCHESTRA_RAY_COMPAT"
 
 _HINT = "see README 'Coming from Ray'"
 
-# Keyword arguments of ray.init() that only change logging or the dashboard: accepted,
-# without effect.
+# Keyword arguments of ray.init() that only change logging or the dashboard's host (it
+# binds where the cluster listens): accepted, without effect.
 _IGNORED_INIT_KWARGS = frozenset({
-    "include_dashboard", "dashboard_host", "dashboard_port",
+    "dashboard_host",
     "configure_logging", "logging_level", "logging_format",
 })
 # Keyword arguments of ray.init() that orchestra's init() takes under the same name.
 _PASSED_INIT_KWARGS = frozenset({
     "num_cpus", "num_gpus", "resources", "object_store_memory", "ignore_reinit_error",
-    "namespace", "runtime_env", "_system_config", "log_to_driver",
+    "namespace", "runtime_env", "_system_config", "log_to_driver", "include_dashboard",
+    "dashboard_port",
 })
 
 
@@ -64,7 +65,7 @@ def _module(name: str, doc: str, names: dict[str, Any],
 
 def init(address: str | None = None, **kwargs: Any) -> dict[str, Any]:
     """``ray.init``: Ray's common keyword arguments flow to orchestra.init(); the
-    logging and dashboard ones are accepted without effect; any other raises TypeError
+    logging ones and dashboard_host are accepted without effect; any other raises TypeError
     naming it (it would change what the script means)."""
     import orchestra
     unknown = sorted(set(kwargs) - _IGNORED_INIT_KWARGS - _PASSED_INIT_KWARGS)
