@@ -52,6 +52,8 @@ WORKER_ADDRESS = 34  # WorkerAddress, worker -> head: it takes direct calls over
 GENERATOR_ITEM = 35  # GeneratorItem, worker -> head: an item a streaming generator yielded
 GENERATOR_ACK = 36   # GeneratorAck, consumer -> head -> worker (or straight to an actor's
                      # process): items read, for a producer with backpressure
+TASK_EVENTS = 40   # TaskEventBatch, worker -> head: tasks started and ended (_state_query.py)
+TASK_EVENTS_FLUSH = 41  # TaskEventFlush, head -> worker: report buffered events now
 
 MESSAGES: dict[int, Any] = {
     HELLO: pb.Hello, HELLO_REPLY: pb.HelloReply, FUNCTION: pb.RegisterFunctionRequest,
@@ -67,6 +69,7 @@ MESSAGES: dict[int, Any] = {
     NODE_COMMAND: pb.NodeCommand, NODE_EVENT: pb.NodeEvent, CLOSING: pb.Closing,
     WARNING: pb.ClusterWarning, WORKER_ADDRESS: pb.WorkerAddress,
     GENERATOR_ITEM: pb.GeneratorItem, GENERATOR_ACK: pb.GeneratorAck,
+    TASK_EVENTS: pb.TaskEventBatch, TASK_EVENTS_FLUSH: pb.TaskEventFlush,
 }
 
 MAX_FRAME = 1 << 31

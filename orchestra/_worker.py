@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 import weakref
 from typing import Any
@@ -36,6 +37,7 @@ from ._errors import make_error
 from ._procutil import die_with_parent
 from ._producer import Acks, produce, produce_async
 from ._serialization import deserialization_error, deserialize, dumps_exception, serialize
+from ._task_events import EventBuffer, end_error_type
 from .actor import ActorExitRequest
 from .exceptions import ActorDiedError, DeserializationError, TaskError
 
@@ -100,6 +102,9 @@ class WorkerRuntime:
         # through the head after their items, a cancel's too (with its error).
         self.direct_streams: dict[bytes, str] = {}
         self.main_ident = threading.get_ident()
+        # What ran here and when, reported to the head in batches (_task_events.py):
+        # one tuple append when a call starts and one when it is answered.
+        self.events = EventBuffer()
         # Orchestra's GPU ids index the devices the driver could see: with
         # CUDA_VISIBLE_DEVICES=2,3 in the driver's environment, id 0 is device 2.
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
@@ -145,6 +150,7 @@ class WorkerRuntime:
                 print(f"orchestra worker: no direct calls from other nodes: {exc}",
                       file=sys.stderr)
         signal.signal(signal.SIGUSR1, self._on_cancel_signal)
+        self.client.on_tick = self._report_events
         self.client.start()
 
     # ------------------------------------------------------------ reader thread side
@@ -166,8 +172,16 @@ class WorkerRuntime:
             self._give_back(set(msg.task_ids))
         elif kind == _wire.GENERATOR_ACK:
             self.acks.ack(msg.task_id, msg.consumed)
+        elif kind == _wire.TASK_EVENTS_FLUSH:   # a state query waits for this answer
+            self.client.send(_wire.TASK_EVENTS, self.events.take(msg.flush_id))
         elif kind == _wire.SHUTDOWN:
             os._exit(0)
+
+    def _report_events(self) -> None:
+        """The client's background thread, every few ms: send the buffered task events
+        when a report is due."""
+        if self.events.due(time.monotonic()):
+            self.client.send(_wire.TASK_EVENTS, self.events.take())
 
     def _on_peer_frame(self, peer: Any, kind: int, msg: Any) -> None:
         """A frame from a caller connected straight to this actor."""
@@ -198,6 +212,10 @@ class WorkerRuntime:
         result the caller cannot hold alone (in shared memory, or holding refs) goes
         through the head, which makes it the caller's object; the caller then hears
         only that the call ended."""
+        events = self.events
+        events.ended.append((done.task_id, time.time(),
+                             end_error_type(done, events.error_types)
+                             if done.user_error or done.cancelled else ""))
         try:
             self._send_done(done)
         finally:
@@ -507,7 +525,15 @@ class WorkerRuntime:
         """The callable and decoded arguments of a task, constructor or actor method."""
         call = inv.call
         _set_call(call)   # get_runtime_context(): per thread and per coroutine
-        if call.actor_id:
+        aid = call.actor_id
+        if aid:
+            self.events.started.append((call.task_id, call.name, aid, 1, inv.owner, time.time()))
+        else:
+            creation = call.HasField("actor")
+            self.events.started.append((call.task_id, call.name,
+                                        call.actor.actor_id if creation else b"",
+                                        2 if creation else 0, inv.owner, time.time()))
+        if aid:
             assert self.actor is not None, "an actor call reached a worker with no actor"
             fn = getattr(self.actor.instance, call.method)
         else:
@@ -558,6 +584,8 @@ class WorkerRuntime:
         """TaskDone carrying the error of user code (an ActorDiedError for a constructor)."""
         if isinstance(exc, ActorExitRequest) and self.actor is not None:
             return self._exit_actor(inv)
+        self.events.error_types[inv.call.task_id] = type(
+            exc.error if isinstance(exc, _ArgumentError) else exc).__name__
         try:
             return self._failed(inv, exc)
         except RecursionError:
