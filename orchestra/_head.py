@@ -339,6 +339,7 @@ class Head:
             elif kind == _wire.CANCEL:
                 state.cancel(msg.object_id, msg.force, msg.recursive)
             elif kind == _wire.ADOPT:
+                self.events.table.adopted(cid, msg.worker_id, msg.calls)
                 state.adopt_calls(cid, msg)
             elif kind == _wire.LOAN_RETURN:
                 state.return_loan(cid, msg.worker_id)

@@ -202,6 +202,20 @@ class TaskTable:
                 r.submit_time = r.submit_time or when
         self._bound()
 
+    def adopted(self, conn: int, worker_id: int, calls: Iterable[Any]) -> None:
+        """Direct calls handed to the head when their connection to ``worker_id`` closed
+        (AdoptCalls): known here even when the worker died before it reported them."""
+        records = self.records
+        for call in calls:
+            r = records.get(call.task_id)
+            if r is None:
+                r = records[call.task_id] = TaskRecord(call.task_id)
+                r.name, r.kind = call.name, (1 if call.actor_id else 0)
+                r.actor_id, r.caller = call.actor_id, conn
+            if r.worker_id < 0:
+                r.worker_id = worker_id
+        self._bound()
+
     def worker_batch(self, batch: Any, worker_id: int, pid: int, node_id: int) -> None:
         """A worker's report: its starts, then its ends (one batch holds both of a call
         that was quick)."""
@@ -278,7 +292,8 @@ class TaskTable:
                 r.move(sched)
             elif flushed or now - r.submit_time > _SETTLE_S:
                 r.move(FAILED)
-                r.end_time, r.error_type = now, NOT_RUN
+                died = r.worker_id >= 0 and not view.worker_alive(r.worker_id)
+                r.end_time, r.error_type = now, (WORKER_DIED if died else NOT_RUN)
 
     def job_of(self, caller: int, is_driver: Callable[[int], bool],
                worker_of_conn: Callable[[int], int]) -> int:

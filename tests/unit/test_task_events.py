@@ -229,3 +229,11 @@ def test_timeline_has_one_complete_event_per_started_call_and_names_its_tracks()
     assert {e["args"]["name"] for e in events if e["ph"] == "M"} == {
         "Node 0000000000000000 (127.0.0.1)", "worker 1 (pid 42)"}
     assert [e["ph"] for e in events if e.get("cat") == "submit"] == ["i", "s", "f"]
+
+
+def test_a_direct_call_adopted_from_a_dead_worker_failed_with_worker_died() -> None:
+    table = TaskTable()
+    table.adopted(7, 3, [pb.Call(task_id=tid(1), name="f")])
+    table.settle(SchedView(no_sched, lambda w: False), flushed=True, now=5.0)
+    r = table.records[tid(1)]
+    assert (r.state, r.error_type, r.caller, r.name) == (FAILED, WORKER_DIED, 7, "f")
