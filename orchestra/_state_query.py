@@ -107,8 +107,8 @@ class StateQueries:
     # -------------------------------------------------------------- queries
     def query(self, conn: Conn, req: Any) -> None:
         """A state query: ask every worker for its buffered events, answer once all
-        did (or _FLUSH_WAIT_S passed). Nodes, workers and the summary need no reports
-        of tasks... except the summary's task counts, so every query flushes."""
+        did (or _FLUSH_WAIT_S passed). Every kind of query asks: the summary counts
+        tasks, and a list of actors or workers is read beside one of tasks."""
         st = self.head.state
         targets = {w.conn for w in st.workers.values()
                    if w.conn >= 0 and w.state is not WorkerState.DEAD and w.conn in self.head.conns}

@@ -114,10 +114,11 @@ class EventBuffer:
 
 def end_error_type(done: Any, error_types: dict[bytes, str]) -> str:
     """The error type of a TaskDone about to be sent ("" for a call that finished)."""
+    raised = error_types.pop(done.task_id, "") if error_types else ""
     if done.cancelled:
         return TASK_CANCELLED
     if done.user_error:
-        return error_types.pop(done.task_id, "") or "TaskError"
+        return raised or "TaskError"
     return ""
 
 
@@ -178,6 +179,31 @@ class TaskTable:
         self.submits: list[tuple[float, int, list[bytes]]] = []
         # worker id -> the task it started last (the job of what that task submits)
         self.last_started: dict[int, TaskRecord] = {}
+        # Kept as records change, so that a summary (the dashboard asks every second)
+        # and settling never walk the whole table: tasks by state, and those not ended.
+        self._counts: dict[str, int] = {}
+        self.live: dict[bytes, TaskRecord] = {}
+
+    def _new(self, tid: bytes, state: str) -> TaskRecord:
+        r = self.records[tid] = TaskRecord(tid)
+        r.state = state
+        self._counts[state] = self._counts.get(state, 0) + 1
+        if state not in ENDED:
+            self.live[tid] = r
+        return r
+
+    def _move(self, r: TaskRecord, new: str) -> None:
+        old = r.state
+        r.move(new)
+        if old == new:
+            return
+        counts = self._counts
+        counts[old] -= 1
+        counts[new] = counts.get(new, 0) + 1
+        if new in ENDED:
+            self.live.pop(r.task_id, None)
+        else:
+            self.live[r.task_id] = r
 
     # -------------------------------------------------------------- feeding
     def submitted(self, conn: int, task_ids: list[bytes], now: float | None = None) -> None:
@@ -193,8 +219,7 @@ class TaskTable:
             for tid in tids:
                 r = records.get(tid)
                 if r is None:
-                    r = records[tid] = TaskRecord(tid)
-                    r.state = PENDING_ARGS_AVAIL
+                    r = self._new(tid, PENDING_ARGS_AVAIL)
                     info = names(tid)
                     if info is not None:
                         r.name, r.kind, r.actor_id = info
@@ -209,7 +234,7 @@ class TaskTable:
         for call in calls:
             r = records.get(call.task_id)
             if r is None:
-                r = records[call.task_id] = TaskRecord(call.task_id)
+                r = self._new(call.task_id, PENDING_NODE_ASSIGNMENT)
                 r.name, r.kind = call.name, (1 if call.actor_id else 0)
                 r.actor_id, r.caller = call.actor_id, conn
             if r.worker_id < 0:
@@ -225,8 +250,8 @@ class TaskTable:
                 batch.start_kind, batch.start_owner, batch.start_time, strict=True):
             r = records.get(tid)
             if r is None:
-                r = records[tid] = TaskRecord(tid)
-            r.move(RUNNING)
+                r = self._new(tid, RUNNING)
+            self._move(r, RUNNING)
             r.name, r.kind, r.actor_id = name, kind, aid
             if owner:
                 r.caller = owner
@@ -239,7 +264,7 @@ class TaskTable:
             r = records.get(tid)
             if r is None:   # dropped meanwhile (the table is full of newer tasks)
                 continue
-            r.move(FAILED if err else FINISHED)
+            self._move(r, FAILED if err else FINISHED)
             r.end_time, r.error_type = t, err
         self._bound()
 
@@ -263,6 +288,8 @@ class TaskTable:
                         break
         for tid in doomed:
             r = records.pop(tid)
+            self._counts[r.state] -= 1
+            self.live.pop(tid, None)
             if self.last_started.get(r.worker_id) is r:
                 del self.last_started[r.worker_id]
         self.dropped += len(doomed)
@@ -275,23 +302,21 @@ class TaskTable:
         has (any more) ended without running. ``flushed``: every worker has just
         reported, so that conclusion needs no waiting."""
         now = time.time() if now is None else now
-        for r in self.records.values():
+        for r in list(self.live.values()):
             st = r.state
-            if st in ENDED:
-                continue
             sched = view.task_state(r.task_id)
             if st == RUNNING:
                 if view.worker_alive(r.worker_id):
                     continue
                 if sched is None:
-                    r.move(FAILED)
+                    self._move(r, FAILED)
                     r.end_time, r.error_type = now, WORKER_DIED
                 else:
-                    r.move(sched)
+                    self._move(r, sched)
             elif sched is not None:
-                r.move(sched)
+                self._move(r, sched)
             elif flushed or now - r.submit_time > _SETTLE_S:
-                r.move(FAILED)
+                self._move(r, FAILED)
                 died = r.worker_id >= 0 and not view.worker_alive(r.worker_id)
                 r.end_time, r.error_type = now, (WORKER_DIED if died else NOT_RUN)
 
@@ -309,11 +334,8 @@ class TaskTable:
         return 0
 
     def counts(self) -> dict[str, int]:
-        """Tasks by state."""
-        out: dict[str, int] = {}
-        for r in self.records.values():
-            out[r.state] = out.get(r.state, 0) + 1
-        return out
+        """Tasks by state (those with none left out)."""
+        return {k: v for k, v in self._counts.items() if v}
 
 
 def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:

@@ -237,3 +237,18 @@ def test_a_direct_call_adopted_from_a_dead_worker_failed_with_worker_died() -> N
     table.settle(SchedView(no_sched, lambda w: False), flushed=True, now=5.0)
     r = table.records[tid(1)]
     assert (r.state, r.error_type, r.caller, r.name) == (FAILED, WORKER_DIED, 7, "f")
+
+
+def test_counts_and_the_live_set_follow_transitions_and_drops() -> None:
+    table = TaskTable(max_tasks=2)
+    table.submitted(1, [tid(1)], now=1.0)
+    table.ingest(lambda t: None)
+    table.worker_batch(batch(starts=[(1, "f", 0, 0, 2.0), (2, "f", 0, 0, 2.0)],
+                             ends=[(1, 3.0, "")]), 2, 42, 0)
+    assert table.counts() == {FINISHED: 1, RUNNING: 1} and set(table.live) == {tid(2)}
+    table.worker_batch(batch(starts=[(3, "f", 0, 0, 4.0)]), 2, 42, 0)   # task 1 dropped
+    assert table.counts() == {RUNNING: 2} and set(table.live) == {tid(2), tid(3)}
+    expected: dict[str, int] = {}
+    for r in table.records.values():
+        expected[r.state] = expected.get(r.state, 0) + 1
+    assert table.counts() == expected
