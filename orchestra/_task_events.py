@@ -243,28 +243,43 @@ class TaskTable:
 
     def worker_batch(self, batch: Any, worker_id: int, pid: int, node_id: int) -> None:
         """A worker's report: its starts, then its ends (one batch holds both of a call
-        that was quick)."""
-        records = self.records
+        that was quick). Every call passes here once or twice: the usual transitions
+        (new -> RUNNING -> ended) are written out, the others go through _move."""
+        records, counts, live = self.records, self._counts, self.live
+        r = None
         for tid, name, aid, kind, owner, t in zip(
                 batch.start_task_id, batch.start_name, batch.start_actor_id,
                 batch.start_kind, batch.start_owner, batch.start_time, strict=True):
             r = records.get(tid)
             if r is None:
-                r = self._new(tid, RUNNING)
-            self._move(r, RUNNING)
+                r = records[tid] = TaskRecord(tid)
+                r.state = RUNNING
+                counts[RUNNING] = counts.get(RUNNING, 0) + 1
+                live[tid] = r
+            else:
+                self._move(r, RUNNING)
+                r.end_time, r.error_type = 0.0, ""
             r.name, r.kind, r.actor_id = name, kind, aid
             if owner:
                 r.caller = owner
-            r.start_time, r.end_time, r.error_type = t, 0.0, ""
+            r.start_time = t
             r.worker_id, r.pid, r.node_id = worker_id, pid, node_id
             r.attempts += 1
+        if r is not None:
             self.last_started[worker_id] = r
         for tid, t, err in zip(batch.end_task_id, batch.end_time, batch.end_error_type,
                                strict=True):
             r = records.get(tid)
             if r is None:   # dropped meanwhile (the table is full of newer tasks)
                 continue
-            self._move(r, FAILED if err else FINISHED)
+            new = FAILED if err else FINISHED
+            if r.state == RUNNING:
+                r.state = new
+                counts[RUNNING] -= 1
+                counts[new] = counts.get(new, 0) + 1
+                del live[tid]
+            else:
+                self._move(r, new)
             r.end_time, r.error_type = t, err
         self._bound()
 
