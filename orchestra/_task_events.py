@@ -18,6 +18,7 @@ are dropped first (counted in ``dropped``), then the oldest of any state.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -70,7 +71,7 @@ class EventBuffer:
     """A worker's events since its last report: tuples appended on the task path
     (list.append is atomic, so any thread may append), taken by the background thread."""
 
-    __slots__ = ("started", "ended", "error_types", "last_report")
+    __slots__ = ("started", "ended", "error_types", "last_report", "lock")
 
     def __init__(self) -> None:
         # (task_id, name, actor_id, kind, owner, unix time)
@@ -80,6 +81,7 @@ class EventBuffer:
         # task id -> the class name of the error user code raised, until its end is noted
         self.error_types: dict[bytes, str] = {}
         self.last_report = time.monotonic()
+        self.lock = threading.Lock()
 
     def due(self, now: float) -> bool:
         """Whether a periodic report is due (something buffered, REPORT_S passed)."""
@@ -87,29 +89,32 @@ class EventBuffer:
 
     def take(self, flush_id: int = 0) -> Any:
         """What was buffered, as one TaskEventBatch; the buffer keeps what is appended
-        meanwhile (slices, then deletes, of the lengths read first)."""
-        self.last_report = time.monotonic()
-        batch = pb.TaskEventBatch(flush_id=flush_id)
-        n = len(self.started)
-        if n:
-            rows = self.started[:n]
-            del self.started[:n]
-            tids, names, actors, kinds, owners, times = zip(*rows, strict=True)
-            batch.start_task_id.extend(tids)
-            batch.start_name.extend(names)
-            batch.start_actor_id.extend(actors)
-            batch.start_kind.extend(kinds)
-            batch.start_owner.extend(owners)
-            batch.start_time.extend(times)
-        n = len(self.ended)
-        if n:
-            ends = self.ended[:n]
-            del self.ended[:n]
-            etids, etimes, errors = zip(*ends, strict=True)
-            batch.end_task_id.extend(etids)
-            batch.end_time.extend(etimes)
-            batch.end_error_type.extend(errors)
-        return batch
+        meanwhile (slices, then deletes, of the lengths read first). The ends are
+        counted before the starts: every end taken then has its start taken too (a
+        call's start is appended before its end), never one batch later, where the
+        head would have seen a call end before it started."""
+        with self.lock:   # the background thread and a flush request may both take
+            self.last_report = time.monotonic()
+            batch = pb.TaskEventBatch(flush_id=flush_id)
+            n_end, n = len(self.ended), len(self.started)
+            if n:
+                rows = self.started[:n]
+                del self.started[:n]
+                tids, names, actors, kinds, owners, times = zip(*rows, strict=True)
+                batch.start_task_id.extend(tids)
+                batch.start_name.extend(names)
+                batch.start_actor_id.extend(actors)
+                batch.start_kind.extend(kinds)
+                batch.start_owner.extend(owners)
+                batch.start_time.extend(times)
+            if n_end:
+                ends = self.ended[:n_end]
+                del self.ended[:n_end]
+                etids, etimes, errors = zip(*ends, strict=True)
+                batch.end_task_id.extend(etids)
+                batch.end_time.extend(etimes)
+                batch.end_error_type.extend(errors)
+            return batch
 
 
 def end_error_type(done: Any, error_types: dict[bytes, str]) -> str:

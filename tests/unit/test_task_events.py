@@ -252,3 +252,31 @@ def test_counts_and_the_live_set_follow_transitions_and_drops() -> None:
     for r in table.records.values():
         expected[r.state] = expected.get(r.state, 0) + 1
     assert table.counts() == expected
+
+
+def test_a_report_never_carries_an_end_without_its_start() -> None:
+    buf = EventBuffer()
+
+    class Racing(list):
+        """The started list of a worker where a call starts and ends while take()
+        reads the ends: that end is left for the next report, with its start."""
+
+        def __len__(self) -> int:
+            n = super().__len__()
+            if not self.raced:
+                self.raced = True
+                self.append((tid(2), "f", b"", 0, 0, 1.0))
+                buf.ended.append((tid(2), 2.0, ""))
+            return n
+
+    started = Racing()
+    started.raced = False
+    buf.started = started
+    buf.ended.append((tid(1), 1.0, ""))
+    started.raced = True
+    started.append((tid(1), "f", b"", 0, 0, 0.5))
+    started.raced = False
+    b = buf.take()
+    assert set(b.end_task_id) <= set(b.start_task_id)
+    b2 = buf.take()
+    assert list(b2.start_task_id) == [tid(2)] and list(b2.end_task_id) == [tid(2)]
