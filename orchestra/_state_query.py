@@ -2,7 +2,8 @@
 summarize_tasks, `orchestra status|list|memory|timeline`, and the cluster summary.
 
     SUBMIT frame         -> StateQueries.table.submitted (a tuple per frame)
-    TASK_EVENTS frame    -> worker_batch: the worker's id, pid and node added
+    TASK_EVENTS frame    -> worker_batch: kept with the worker's id, pid and node, read
+                            into the table when a query or summary needs it (catch_up)
     Request.state_query  -> TASK_EVENTS_FLUSH to every worker -> their TASK_EVENTS
                             (flush_id set) -> or after _FLUSH_WAIT_S -> rows as JSON
                             in Reply.state_json
@@ -76,14 +77,20 @@ class StateQueries:
         self._flush_ids = itertools.count(1)
         # flush id -> (the asker's connection, its request, workers yet to report)
         self.waiting: dict[int, tuple[Conn, Any, set[int]]] = {}
+        # Workers' reports not read into the table yet: (batch, worker id, pid, node id)
+        self.backlog: list[tuple[Any, int, int, int]] = []
+        self.backlog_events = 0
 
     # -------------------------------------------------------------- events in
     def worker_batch(self, conn_id: int, batch: Any) -> None:
-        """A worker's TASK_EVENTS frame."""
+        """A worker's TASK_EVENTS frame: kept as it came until someone asks (catch_up),
+        so a cluster nobody watches spends nothing on its direct calls here beyond
+        reading the frame."""
         c = self.head.state.clients.get(conn_id)
         w = c.worker if c is not None else None
-        if w is not None:
-            self.table.worker_batch(batch, w.worker_id, w.pid, w.node_id)
+        if w is not None and (batch.start_task_id or batch.end_task_id):
+            self.backlog.append((batch, w.worker_id, w.pid, w.node_id))
+            self.backlog_events += len(batch.start_task_id) + len(batch.end_task_id)
         if batch.flush_id:
             q = self.waiting.get(batch.flush_id)
             if q is not None:
@@ -92,7 +99,18 @@ class StateQueries:
                     self._answer(batch.flush_id)
 
     def tick(self) -> None:
-        """The head's timer: read the submits noted since the last tick."""
+        """The head's timer: read the submits noted since the last tick (while the
+        scheduler still has their names), and the workers' reports once they hold as
+        many events as the table keeps tasks (their memory stays bounded)."""
+        self.table.ingest(self._names)
+        if self.backlog_events > self.table.max_tasks:
+            self.catch_up()
+
+    def catch_up(self) -> None:
+        """Bring the table up to date with every report and submit received."""
+        backlog, self.backlog, self.backlog_events = self.backlog, [], 0
+        for batch, worker_id, pid, node_id in backlog:
+            self.table.worker_batch(batch, worker_id, pid, node_id)
         self.table.ingest(self._names)
 
     def _names(self, tid: bytes) -> tuple[str, int, bytes] | None:
@@ -158,7 +176,7 @@ class StateQueries:
     # -------------------------------------------------------------- tasks
     def _settle(self, flushed: bool) -> None:
         st = self.head.state
-        self.tick()
+        self.catch_up()
         for tid, t in st.tasks.items():   # tasks the head holds that no report named yet
             if tid not in self.table.records and t.state is not TaskState.DONE:
                 self.table.submitted(t.owner, [tid], 0.0)   # when: unknown
