@@ -59,12 +59,9 @@ def _filters(items: list[str]) -> list[tuple[str, str, str]]:
 
 
 def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    """Rows as aligned text columns (None as "-", ids shortened to 16 characters)."""
+    """Rows as aligned text columns (None as "-")."""
     def cell(v: Any) -> str:
-        if v is None:
-            return "-"
-        s = str(v)
-        return s[:16] if len(s) > 16 and all(c in "0123456789abcdef" for c in s) else s
+        return "-" if v is None else str(v)
     cells = [[c.upper() for c in columns]] + [[cell(r.get(c)) for c in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()

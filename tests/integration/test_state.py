@@ -32,8 +32,9 @@ def two_nodes():
 
 def cli(cluster: Any, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
+        # --token=: a token may begin with "-"
         [sys.executable, "-m", "orchestra._cli", *args, "--address", cluster.address,
-         "--token", cluster.token], capture_output=True, text=True, timeout=60,
+         f"--token={cluster.token}"], capture_output=True, text=True, timeout=60,
         env=dict(os.environ, PYTHONPATH=REPO))
 
 
