@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -102,9 +103,12 @@ class StateQueries:
         """The head's timer: read the submits noted since the last tick (while the
         scheduler still has their names), and the workers' reports once they hold as
         many events as the table keeps tasks (their memory stays bounded)."""
-        self.table.ingest(self._names)
-        if self.backlog_events > self.table.max_tasks:
-            self.catch_up()
+        try:
+            self.table.ingest(self._names)
+            if self.backlog_events > self.table.max_tasks:
+                self.catch_up()
+        except Exception as exc:  # noqa: BLE001 - a bug of ours must not stop the head's timer
+            print(f"orchestra head: task events not read: {exc!r}", file=sys.stderr)
 
     def catch_up(self) -> None:
         """Bring the table up to date with every report and submit received."""
@@ -151,6 +155,8 @@ class StateQueries:
                                                       sq.limit, sq.detail, flushed=not missing))
         except ValueError as exc:
             reply.error, reply.error_kind = str(exc), "ValueError"
+        except Exception as exc:  # noqa: BLE001 - a bug of ours: the asker hears of it at once
+            reply.error = f"the head could not answer a state query: {exc!r}"
         self.head._queue_if_open(conn, _wire.encode(_wire.REPLY, reply))
         self.head.carry_out()
 

@@ -284,7 +284,10 @@ class TaskTable:
                 counts[new] = counts.get(new, 0) + 1
                 del live[tid]
             else:
-                self._move(r, new)
+                try:
+                    self._move(r, new)
+                except IllegalTaskTransition:
+                    continue   # a second end of one run (never seen): the first stands
             r.end_time, r.error_type = t, err
         self._bound()
 
