@@ -239,3 +239,18 @@ def test_timeline_is_chrome_trace_json(two_nodes, tmp_path) -> None:
     _check_trace(json.loads(out.read_text()))
     orchestra.timeline(str(tmp_path / "again.json"))
     assert json.loads((tmp_path / "again.json").read_text())
+
+
+def test_cluster_summary_has_the_dashboards_keys(two_nodes) -> None:
+    orchestra.get(square.remote(2))
+    s = state.cluster_summary()
+    assert set(s) >= {"session", "nodes", "resources_total", "resources_available", "store",
+                      "tasks", "actors", "workers", "drivers", "time"}
+    assert len(s["nodes"]) == 2 and all(n["alive"] for n in s["nodes"])
+    assert set(s["nodes"][0]) >= {"node_id", "address", "alive", "resources_total",
+                                  "resources_available", "store_used", "store_capacity",
+                                  "spilled_bytes"}
+    assert set(s["store"]) == {"used", "capacity", "spilled_bytes", "spilled_objects"}
+    assert s["tasks"].get("FINISHED", 0) >= 1 and s["drivers"] >= 1 and s["workers"] >= 3
+    assert s["resources_total"]["CPU"] == 3
+    json.dumps(s)
