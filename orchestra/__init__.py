@@ -26,6 +26,7 @@ from ._session import (
     shutdown,
     wait,
 )
+from ._timeline import timeline
 
 __version__ = _VERSION
 
@@ -36,5 +37,5 @@ __all__ = [
     "ObjectRefGenerator", "DynamicObjectRefGenerator",
     "exceptions", "ActorClass", "ActorHandle", "get_actor", "kill", "method", "actor", "util",
     "gang", "Gang", "gang_context", "GangContext", "GangDevice", "GangError",
-    "GangAbortedError", "GangTimeoutError", "GangMemberDiedError",
+    "GangAbortedError", "GangTimeoutError", "GangMemberDiedError", "timeline",
 ]

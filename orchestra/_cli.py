@@ -11,9 +11,14 @@ commands:
   start            start a cluster's head (--head), or a node that joins one
                    (--address IP:PORT --token TOKEN); --block stays in the foreground
   stop             stop every head and node `orchestra start` started on this machine
-  status           print the cluster's nodes, resources and object store use
+  status           print the cluster's nodes, resources, object store use, tasks and
+                   actors by state
   logs             print workers' output from their log files: all, or one worker's
                    (PID), actor's or task's (its id); --follow keeps printing
+  list             list tasks|actors|objects|nodes|workers (a table, or --json;
+                   --filter KEY=VALUE, --limit N)
+  memory           the cluster's objects by size: where each lives, who holds refs
+  timeline         write task and actor calls as a Chrome trace: -o trace.json
   microbenchmark   measure the hot path (add --compare ray to run Ray side by side;
                    --nodes 3 --compare ray,dask: a head and two nodes on this machine)
   coordinator      run an XLA DistributedRuntimeService coordinator (with
@@ -35,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "logs":
         from ._cli_logs import logs
         return logs(rest)
+    if cmd in ("list", "memory", "timeline"):
+        from . import _cli_state
+        return _cli_state.main(cmd, rest)
     if cmd == "microbenchmark":
         from .microbenchmark import main as bench
         return bench(rest)

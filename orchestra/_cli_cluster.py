@@ -7,7 +7,8 @@ from the shell.
     --block           -> the same, then stays in the foreground until SIGTERM/SIGINT
                          (or until what it started exits), and stops what it started
     stop              -> _launch.stop_all over the state directory's records
-    status            -> a driver connection: nodes(), resources, object store use
+    status            -> a driver connection: nodes(), resources, object store use, and
+                         the cluster summary (tasks and actors by state, spilled bytes)
 
 The state directory is per user (_cluster_file.py); ``init(address="auto")`` reads it.
 """
@@ -258,16 +259,36 @@ def status(argv: list[str]) -> int:
     except Exception as exc:  # noqa: BLE001 - any failure to connect is reported, not raised
         print(f"orchestra status: cannot connect: {exc}", file=sys.stderr)
         return 1
+    from .util.state import cluster_summary
     try:
         nodes = orchestra.nodes()
         available = orchestra.available_resources()
         total = orchestra.cluster_resources()
+        summary = cluster_summary()
     finally:
         orchestra.shutdown()
     print(format_status(nodes, total, available))
+    print(format_summary(summary))
     if info.get("dashboard_url"):
         print(f"dashboard: {info['dashboard_url']}")
     return 0
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The lines of ``orchestra status`` from the cluster summary: the object store's
+    use and spilled bytes, tasks and actors by state, workers and drivers."""
+    store = summary["store"]
+
+    def by_state(counts: dict[str, int]) -> str:
+        return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
+
+    lines = [f"object store (in use/total): {_fmt_bytes(store['used'])}/"
+             f"{_fmt_bytes(store['capacity'])}, spilled {_fmt_bytes(store['spilled_bytes'])} "
+             f"({store['spilled_objects']} object(s))",
+             f"tasks: {by_state(summary['tasks'])}",
+             f"actors: {by_state(summary['actors'])}",
+             f"processes: {summary['workers']} worker(s), {summary['drivers']} driver(s)"]
+    return "\n".join(lines)
 
 
 def _status_order(res: dict[str, float]) -> list[str]:

@@ -150,6 +150,9 @@ class CoreClient:
         self._buf = bytearray(1 << 18)
         self._view = memoryview(self._buf)
         self._stop = threading.Event()
+        # Called by the background thread every few ms (a worker reports its task
+        # events from there, _task_events.py); None: nothing to call.
+        self.on_tick: Callable[[], None] | None = None
         self._reader = threading.Thread(target=self._background, name="orchestra-reader", daemon=True)
         if start:
             self.start()
@@ -657,6 +660,11 @@ class CoreClient:
                 except ClusterLostError:
                     return
             self.flush_refs()
+            if self.on_tick is not None:
+                try:
+                    self.on_tick()
+                except ClusterLostError:
+                    return
 
     def _dispatch(self, frames: list[tuple[int, Any]]) -> None:
         wake = False

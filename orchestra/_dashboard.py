@@ -5,7 +5,7 @@ on the socket _dashboard_bind.py bound.
     the page --GET api/summary every 1 s--> summary() -> JSON
     Prometheus --GET /metrics--> summary() -> text exposition format 0.0.4
     summary: a callable the head hands over (head_summary() below: the cluster summary
-        from what the head holds), cached for SUMMARY_MAX_AGE_S, so that many open
+        of the head, task events included), cached for SUMMARY_MAX_AGE_S, so that many open
         pages and a scraper cost the head as much as one
 
 Who may read it (respond() decides, without I/O):
@@ -37,10 +37,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._actor_state import ActorState
-from ._ids import node_hex
-from ._sched_types import TaskState, WorkerState
-
 # Many pages open at once (and a scraper) build the summary once per this long.
 SUMMARY_MAX_AGE_S = 0.5
 # A request's head (request line and headers) larger than this is refused (431).
@@ -55,91 +51,19 @@ _REFUSAL_LOG_S = 60.0
 
 TASK_STATES = ("PENDING_ARGS_AVAIL", "PENDING_NODE_ASSIGNMENT", "RUNNING", "FINISHED", "FAILED")
 ACTOR_STATES = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "ALIVE", "RESTARTING", "DEAD")
-# The scheduler's task states under Ray's names. A dispatched task is in a worker's
-# queue: running, or pipelined behind the one that runs (task_counts tells them apart).
-_TASK_NAMES = {TaskState.WAITING: "PENDING_ARGS_AVAIL", TaskState.READY: "PENDING_NODE_ASSIGNMENT",
-               TaskState.DISPATCHED: "RUNNING"}
-_ACTOR_NAMES = {ActorState.STARTING: "PENDING_CREATION", ActorState.ALIVE: "ALIVE",
-                ActorState.RESTARTING: "RESTARTING", ActorState.DEAD: "DEAD"}
 
 
 # ---------------------------------------------------------------------------- the data
 
 def head_summary(head: Any) -> dict[str, Any]:
-    """The cluster summary (a JSON-able dict) from what ``head`` (a _head.Head) holds:
-    its nodes and their stores, the scheduler's resources, workers and drivers, tasks
-    by state (live ones from the task records, FINISHED and FAILED as counted by the
-    scheduler for the tasks it saw end) and actors by state (the ActorTable)."""
-    st = head.state
-    nodes = []
-    for ni in head.nodes_info():
-        nodes.append({"node_id": node_hex(ni.node_id), "address": ni.address, "alive": ni.alive,
-                      "resources_total": dict(ni.resources),
-                      "resources_available": dict(ni.available),
-                      "store_used": int(ni.store_used), "store_capacity": int(ni.store_capacity),
-                      "spilled_bytes": int(ni.spilled_bytes)})
-    spilled_objects = sum(int(n.store_info().spilled_objects) for n in head.nodes.values())
-    live = [n for n in nodes if n["alive"]]
-    return {
-        "session": str(head.cfg.get("session_id", "")),
-        "nodes": nodes,
-        "resources_total": st.total_resources(),
-        "resources_available": st.available_resources(),
-        "store": {"used": sum(n["store_used"] for n in live),
-                  "capacity": sum(n["store_capacity"] for n in live),
-                  "spilled_bytes": sum(n["spilled_bytes"] for n in live),
-                  "spilled_objects": spilled_objects},
-        "tasks": task_counts(st.tasks.values(), _running(st.workers.values()),
-                             st.tasks_finished, st.tasks_failed),
-        "actors": actor_counts(st.actor_table.actors.values()),
-        "workers": sum(1 for w in st.workers.values() if w.state is not WorkerState.DEAD),
-        "drivers": sum(1 for c in st.clients.values() if c.kind == "driver"),
-        "time": time.time(),
-    }
-
-
-def _running(workers: Any) -> int:
-    """How many tasks workers run now: the first of a worker's queue (the others are
-    pipelined behind it), up to max_concurrency calls of an actor."""
-    n = 0
-    for w in workers:
-        if w.queue:
-            at_once = (w.actor.spec.max_concurrency or 1) if w.actor is not None else 1
-            n += min(len(w.queue), at_once)
-    return n
-
-
-def task_counts(tasks: Any, running: int, finished: int, failed: int) -> dict[str, int]:
-    """Tasks by Ray's state names: the live ones (scheduler Task records), of which
-    ``running`` run now (the other dispatched ones wait in a worker's queue: counted
-    PENDING_NODE_ASSIGNMENT, as those waiting for a worker), and the numbers that
-    finished and failed (raised, or were cancelled or lost). Every state is present (0
-    when none)."""
-    counts = dict.fromkeys(TASK_STATES, 0)
-    for t in tasks:
-        name = _TASK_NAMES.get(t.state)
-        if name is not None:
-            counts[name] += 1
-    queued = max(counts["RUNNING"] - running, 0)
-    counts["RUNNING"] -= queued
-    counts["PENDING_NODE_ASSIGNMENT"] += queued
-    counts["FINISHED"] += finished
-    counts["FAILED"] += failed
-    return counts
-
-
-def actor_counts(actors: Any) -> dict[str, int]:
-    """Actors (ActorTable records) by Ray's state names: a pending actor whose
-    constructor's arguments are not all ready is DEPENDENCIES_UNREADY, else
-    PENDING_CREATION. Every state is present (0 when none)."""
-    counts = dict.fromkeys(ACTOR_STATES, 0)
-    for a in actors:
-        if a.state is ActorState.PENDING:
-            waiting = a.creation.state is TaskState.WAITING
-            counts["DEPENDENCIES_UNREADY" if waiting else "PENDING_CREATION"] += 1
-        else:
-            counts[_ACTOR_NAMES[a.state]] += 1
-    return counts
+    """The cluster summary (a JSON-able dict): ``head.cluster_summary()`` (nodes, their
+    stores, resources, workers, drivers, tasks by state from every worker's task events,
+    actors by state), with every task and actor state present (0 when none), so the page
+    and /metrics show each."""
+    s: dict[str, Any] = head.cluster_summary()
+    s["tasks"] = {**dict.fromkeys(TASK_STATES, 0), **s["tasks"]}
+    s["actors"] = {**dict.fromkeys(ACTOR_STATES, 0), **s["actors"]}
+    return s
 
 
 def shown_resources(res: dict[str, float]) -> list[str]:

@@ -49,6 +49,7 @@ from ._node_process import routable
 from ._procutil import watch_parent
 from ._remote_node import RemoteNode
 from ._scheduler import SchedulerState, WorkerState
+from ._state_query import StateQueries
 from .exceptions import InfeasibleResourcesError
 
 # The node that runs in this process. Nodes of other machines will get ids of their own
@@ -180,6 +181,8 @@ class Head:
         self.address = cfg.get("listen", "")
         self.dashboard: Any = None                   # _dashboard.Dashboard, once it serves
         self.dashboard_url = ""
+        # Task events and the state queries (orchestra.util.state, _state_query.py).
+        self.events = StateQueries(self)
 
     async def start(self) -> None:
         if isinstance(self.local, RemoteNode):
@@ -311,6 +314,7 @@ class Head:
         node = conn.node
         for kind, msg in frames:
             if kind == _wire.SUBMIT:
+                self.events.table.submitted(cid, [call.task_id for call in msg.calls])
                 for call in msg.calls:
                     state.submit(cid, call)
             elif kind == _wire.TASK_DONE:
@@ -342,6 +346,7 @@ class Head:
             elif kind == _wire.CANCEL:
                 state.cancel(msg.object_id, msg.force, msg.recursive)
             elif kind == _wire.ADOPT:
+                self.events.table.adopted(cid, msg.worker_id, msg.calls)
                 state.adopt_calls(cid, msg)
             elif kind == _wire.LOAN_RETURN:
                 state.return_loan(cid, msg.worker_id)
@@ -371,6 +376,8 @@ class Head:
                 self._forward_logs(conn, msg)
             elif kind == _wire.LOG_FLUSH:   # every line sent before this answer
                 self._queue(conn, _wire.encode(_wire.LOG_FLUSH, msg))
+            elif kind == _wire.TASK_EVENTS:
+                self.events.worker_batch(cid, msg)
             elif kind == _wire.SHUTDOWN:
                 self.loop.call_soon(self.shutdown, "the driver called shutdown()")
         self.carry_out()
@@ -493,7 +500,11 @@ class Head:
             else:
                 self._locate(conn, req.req_id, req.locate)
             return
+        elif body == "state_query":
+            self.events.query(conn, req)   # answered once the workers reported
+            return
         elif body == "create_actor":
+            self.events.table.submitted(conn.conn_id, [req.create_actor.task_id])
             try:
                 existing = self.state.create_actor(conn.conn_id, req.create_actor)
                 if existing is not None:   # get_if_exists: the live one's handle
@@ -838,11 +849,17 @@ class Head:
             out.append(ni)
         return out
 
+    def cluster_summary(self) -> dict[str, Any]:
+        """The cluster summary: nodes, resources, object store, tasks and actors by
+        state, workers, drivers (a JSON-able dict; _state_query.py)."""
+        return self.events.cluster_summary()
+
     def _tick(self) -> None:
         """Notice a cluster where no task can progress (the drivers are told)."""
         if self.stopping:
             return
         self.state.blocking.tick(time.monotonic())
+        self.events.tick()
         self.carry_out()
         self.loop.call_later(_TICK_S, self._tick)
 

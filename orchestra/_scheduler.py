@@ -81,9 +81,6 @@ class SchedulerState:
         self.actor_table = ActorTable(self)
         self.blocking = Blocking(self)
         self.start_failures = 0   # consecutive worker processes that died before connecting
-        # Tasks the head saw end, for the dashboard (direct calls end in their callers).
-        self.tasks_finished = 0
-        self.tasks_failed = 0
         self._feasible: dict[Shape, bool] = {}
         # Why recent workers died (worker id -> (pid, reason, whether a task the head
         # sent was running)): direct calls to a dead process may be handed over
@@ -618,10 +615,6 @@ class SchedulerState:
         else:
             t.move(TaskState.DONE)
             self.finish_task(t)
-            if msg.user_error:   # it raised: Ray's FAILED
-                self.tasks_failed += 1
-            else:
-                self.tasks_finished += 1
             for data in msg.returns:
                 self._seal(data.object_id, data)
             if len(self.nodes) > 1 and t.retries_left != 0 and not t.call.actor_id:
@@ -734,7 +727,6 @@ class SchedulerState:
         t.deps.clear()
         t.state = TaskState.DONE
         self.finish_task(t)
-        self.tasks_failed += 1
         for rid in t.return_ids:
             self._seal(rid, pb.ObjectData(object_id=rid, error=error))
 

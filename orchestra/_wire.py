@@ -54,6 +54,8 @@ GENERATOR_ACK = 36   # GeneratorAck, consumer -> head -> worker (or straight to 
                      # process): items read, for a producer with backpressure
 LOG_LINES = 37     # LogLines, worker -> head -> the job's driver (its log connection)
 LOG_FLUSH = 38     # LogFlush, driver -> head -> driver on the log connection: lines sent
+TASK_EVENTS = 40   # TaskEventBatch, worker -> head: tasks started and ended (_state_query.py)
+TASK_EVENTS_FLUSH = 41  # TaskEventFlush, head -> worker: report buffered events now
 
 MESSAGES: dict[int, Any] = {
     HELLO: pb.Hello, HELLO_REPLY: pb.HelloReply, FUNCTION: pb.RegisterFunctionRequest,
@@ -70,6 +72,7 @@ MESSAGES: dict[int, Any] = {
     WARNING: pb.ClusterWarning, WORKER_ADDRESS: pb.WorkerAddress,
     GENERATOR_ITEM: pb.GeneratorItem, GENERATOR_ACK: pb.GeneratorAck,
     LOG_LINES: pb.LogLines, LOG_FLUSH: pb.LogFlush,
+    TASK_EVENTS: pb.TaskEventBatch, TASK_EVENTS_FLUSH: pb.TaskEventFlush,
 }
 
 MAX_FRAME = 1 << 31

@@ -39,6 +39,7 @@ from ._proctitle import set_title
 from ._procutil import die_with_parent
 from ._producer import Acks, produce, produce_async
 from ._serialization import deserialization_error, deserialize, dumps_exception, serialize
+from ._task_events import EventBuffer, end_error_type
 from .actor import ActorExitRequest
 from .exceptions import ActorDiedError, DeserializationError, TaskError
 
@@ -106,6 +107,9 @@ class WorkerRuntime:
         # through the head after their items, a cancel's too (with its error).
         self.direct_streams: dict[bytes, str] = {}
         self.main_ident = threading.get_ident()
+        # What ran here and when, reported to the head in batches (_task_events.py):
+        # one tuple append when a call starts and one when it is answered.
+        self.events = EventBuffer()
         # Orchestra's GPU ids index the devices the driver could see: with
         # CUDA_VISIBLE_DEVICES=2,3 in the driver's environment, id 0 is device 2.
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
@@ -163,6 +167,7 @@ class WorkerRuntime:
                 print(f"orchestra worker: no direct calls from other nodes: {exc}",
                       file=sys.stderr)
         signal.signal(signal.SIGUSR1, self._on_cancel_signal)
+        self.client.on_tick = self._report_events
         self.client.start()
 
     # ------------------------------------------------------------ reader thread side
@@ -184,8 +189,16 @@ class WorkerRuntime:
             self._give_back(set(msg.task_ids))
         elif kind == _wire.GENERATOR_ACK:
             self.acks.ack(msg.task_id, msg.consumed)
+        elif kind == _wire.TASK_EVENTS_FLUSH:   # a state query waits for this answer
+            self.client.send(_wire.TASK_EVENTS, self.events.take(msg.flush_id))
         elif kind == _wire.SHUTDOWN:
             os._exit(0)
+
+    def _report_events(self) -> None:
+        """The client's background thread, every few ms: send the buffered task events
+        when a report is due."""
+        if self.events.due(time.monotonic()):
+            self.client.send(_wire.TASK_EVENTS, self.events.take())
 
     def _on_peer_frame(self, peer: Any, kind: int, msg: Any) -> None:
         """A frame from a caller connected straight to this actor."""
@@ -219,6 +232,10 @@ class WorkerRuntime:
         logs = self.logs
         if logs is not None and logs.dirty:
             logs.flush()
+        events = self.events
+        events.ended.append((done.task_id, time.time(),
+                             end_error_type(done, events.error_types)
+                             if done.user_error or done.cancelled else ""))
         try:
             self._send_done(done)
         finally:
@@ -557,7 +574,15 @@ class WorkerRuntime:
             # Tasks this one submits print on its driver too (an actor's: its creator's).
             self._job = call.job
             self.client.job_suffix = _codec.job_field(call.job)
-        if call.actor_id:
+        aid = call.actor_id
+        if aid:
+            self.events.started.append((call.task_id, call.name, aid, 1, inv.owner, time.time()))
+        else:
+            creation = call.HasField("actor")
+            self.events.started.append((call.task_id, call.name,
+                                        call.actor.actor_id if creation else b"",
+                                        2 if creation else 0, inv.owner, time.time()))
+        if aid:
             assert self.actor is not None, "an actor call reached a worker with no actor"
             fn = getattr(self.actor.instance, call.method)
         else:
@@ -608,6 +633,8 @@ class WorkerRuntime:
         """TaskDone carrying the error of user code (an ActorDiedError for a constructor)."""
         if isinstance(exc, ActorExitRequest) and self.actor is not None:
             return self._exit_actor(inv)
+        self.events.error_types[inv.call.task_id] = type(
+            exc.error if isinstance(exc, _ArgumentError) else exc).__name__
         try:
             return self._failed(inv, exc)
         except RecursionError:

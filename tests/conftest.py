@@ -16,6 +16,7 @@ import pytest
 
 import orchestra
 from _probes import Cluster
+from orchestra import _context
 
 SHARED_INIT: dict[str, Any] = {
     "num_cpus": 2, "num_gpus": 2, "resources": {"widget": 1},
@@ -25,6 +26,7 @@ SHARED_INIT: dict[str, Any] = {
 
 class _Shared:
     cluster: Cluster | None = None
+    client: Any = None      # the shared cluster's driver client
     gates: list[Any] = []   # opened at teardown, so no gated task outlives its test
 
 
@@ -35,9 +37,13 @@ def _open_gates() -> None:
 
 
 def _stop_shared() -> None:
+    """Shut the shared cluster down, unless a module's own cluster replaced it already
+    (a module-scoped fixture is set up before this runs for its first test: shutting
+    down then stopped that fixture's cluster instead)."""
     if _Shared.cluster is not None:
         _Shared.cluster = None
-        orchestra.shutdown()
+        if _context.client_or_none() is _Shared.client:
+            orchestra.shutdown()
 
 
 @pytest.fixture(autouse=True)
@@ -55,7 +61,7 @@ def cluster() -> Iterator[Cluster]:
         if orchestra.is_initialized():  # a test's own cluster left running: never reuse it
             orchestra.shutdown()
         c = Cluster(orchestra.init(**SHARED_INIT))
-        _Shared.cluster = c
+        _Shared.cluster, _Shared.client = c, _context.client_or_none()
         # The pool starts with init; waiting for it keeps tests that expect two tasks
         # to run side by side from pipelining both onto the first worker.
         c.wait_idle_workers(SHARED_INIT["num_cpus"])

@@ -512,7 +512,7 @@ class CancelTask(_message.Message):
     def __init__(self, task_id: _Optional[bytes] = ..., recursive: _Optional[bool] = ...) -> None: ...
 
 class Request(_message.Message):
-    __slots__ = ("req_id", "create_segment", "query", "create_actor", "kill_actor", "get_actor", "locate", "abort_segment", "create_placement_group", "remove_placement_group", "get_placement_group", "placement_group_table", "get_actor_in")
+    __slots__ = ("req_id", "create_segment", "query", "create_actor", "kill_actor", "get_actor", "locate", "abort_segment", "create_placement_group", "remove_placement_group", "get_placement_group", "placement_group_table", "get_actor_in", "state_query")
     REQ_ID_FIELD_NUMBER: _ClassVar[int]
     CREATE_SEGMENT_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
@@ -526,6 +526,7 @@ class Request(_message.Message):
     GET_PLACEMENT_GROUP_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_GROUP_TABLE_FIELD_NUMBER: _ClassVar[int]
     GET_ACTOR_IN_FIELD_NUMBER: _ClassVar[int]
+    STATE_QUERY_FIELD_NUMBER: _ClassVar[int]
     req_id: int
     create_segment: CreateSegment
     query: str
@@ -539,7 +540,20 @@ class Request(_message.Message):
     get_placement_group: str
     placement_group_table: bytes
     get_actor_in: ActorLookup
-    def __init__(self, req_id: _Optional[int] = ..., create_segment: _Optional[_Union[CreateSegment, _Mapping]] = ..., query: _Optional[str] = ..., create_actor: _Optional[_Union[_types_pb2.Call, _Mapping]] = ..., kill_actor: _Optional[_Union[KillActor, _Mapping]] = ..., get_actor: _Optional[str] = ..., locate: _Optional[bytes] = ..., abort_segment: _Optional[str] = ..., create_placement_group: _Optional[_Union[PlacementGroupSpec, _Mapping]] = ..., remove_placement_group: _Optional[bytes] = ..., get_placement_group: _Optional[str] = ..., placement_group_table: _Optional[bytes] = ..., get_actor_in: _Optional[_Union[ActorLookup, _Mapping]] = ...) -> None: ...
+    state_query: StateQuery
+    def __init__(self, req_id: _Optional[int] = ..., create_segment: _Optional[_Union[CreateSegment, _Mapping]] = ..., query: _Optional[str] = ..., create_actor: _Optional[_Union[_types_pb2.Call, _Mapping]] = ..., kill_actor: _Optional[_Union[KillActor, _Mapping]] = ..., get_actor: _Optional[str] = ..., locate: _Optional[bytes] = ..., abort_segment: _Optional[str] = ..., create_placement_group: _Optional[_Union[PlacementGroupSpec, _Mapping]] = ..., remove_placement_group: _Optional[bytes] = ..., get_placement_group: _Optional[str] = ..., placement_group_table: _Optional[bytes] = ..., get_actor_in: _Optional[_Union[ActorLookup, _Mapping]] = ..., state_query: _Optional[_Union[StateQuery, _Mapping]] = ...) -> None: ...
+
+class StateQuery(_message.Message):
+    __slots__ = ("what", "filters_json", "limit", "detail")
+    WHAT_FIELD_NUMBER: _ClassVar[int]
+    FILTERS_JSON_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    what: str
+    filters_json: str
+    limit: int
+    detail: bool
+    def __init__(self, what: _Optional[str] = ..., filters_json: _Optional[str] = ..., limit: _Optional[int] = ..., detail: _Optional[bool] = ...) -> None: ...
 
 class ActorLookup(_message.Message):
     __slots__ = ("name", "namespace")
@@ -605,7 +619,7 @@ class CreateSegment(_message.Message):
     def __init__(self, object_id: _Optional[bytes] = ..., size: _Optional[int] = ...) -> None: ...
 
 class Reply(_message.Message):
-    __slots__ = ("req_id", "error", "error_kind", "segment", "resources", "debug", "actor", "object", "nodes", "placement_groups", "pending_tasks")
+    __slots__ = ("req_id", "error", "error_kind", "segment", "resources", "debug", "actor", "object", "nodes", "placement_groups", "pending_tasks", "state_json")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -624,6 +638,7 @@ class Reply(_message.Message):
     NODES_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_GROUPS_FIELD_NUMBER: _ClassVar[int]
     PENDING_TASKS_FIELD_NUMBER: _ClassVar[int]
+    STATE_JSON_FIELD_NUMBER: _ClassVar[int]
     req_id: int
     error: str
     error_kind: str
@@ -635,7 +650,38 @@ class Reply(_message.Message):
     nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
     placement_groups: _containers.RepeatedCompositeFieldContainer[PlacementGroupInfo]
     pending_tasks: int
-    def __init__(self, req_id: _Optional[int] = ..., error: _Optional[str] = ..., error_kind: _Optional[str] = ..., segment: _Optional[_Union[_types_pb2.Segment, _Mapping]] = ..., resources: _Optional[_Mapping[str, float]] = ..., debug: _Optional[_Union[SchedulerDebugInfoReply, _Mapping]] = ..., actor: _Optional[_Union[_types_pb2.ActorSpec, _Mapping]] = ..., object: _Optional[_Union[_types_pb2.ObjectData, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., placement_groups: _Optional[_Iterable[_Union[PlacementGroupInfo, _Mapping]]] = ..., pending_tasks: _Optional[int] = ...) -> None: ...
+    state_json: str
+    def __init__(self, req_id: _Optional[int] = ..., error: _Optional[str] = ..., error_kind: _Optional[str] = ..., segment: _Optional[_Union[_types_pb2.Segment, _Mapping]] = ..., resources: _Optional[_Mapping[str, float]] = ..., debug: _Optional[_Union[SchedulerDebugInfoReply, _Mapping]] = ..., actor: _Optional[_Union[_types_pb2.ActorSpec, _Mapping]] = ..., object: _Optional[_Union[_types_pb2.ObjectData, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., placement_groups: _Optional[_Iterable[_Union[PlacementGroupInfo, _Mapping]]] = ..., pending_tasks: _Optional[int] = ..., state_json: _Optional[str] = ...) -> None: ...
+
+class TaskEventBatch(_message.Message):
+    __slots__ = ("start_task_id", "start_name", "start_actor_id", "start_kind", "start_owner", "start_time", "end_task_id", "end_time", "end_error_type", "flush_id")
+    START_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    START_NAME_FIELD_NUMBER: _ClassVar[int]
+    START_ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    START_KIND_FIELD_NUMBER: _ClassVar[int]
+    START_OWNER_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_ERROR_TYPE_FIELD_NUMBER: _ClassVar[int]
+    FLUSH_ID_FIELD_NUMBER: _ClassVar[int]
+    start_task_id: _containers.RepeatedScalarFieldContainer[bytes]
+    start_name: _containers.RepeatedScalarFieldContainer[str]
+    start_actor_id: _containers.RepeatedScalarFieldContainer[bytes]
+    start_kind: _containers.RepeatedScalarFieldContainer[int]
+    start_owner: _containers.RepeatedScalarFieldContainer[int]
+    start_time: _containers.RepeatedScalarFieldContainer[float]
+    end_task_id: _containers.RepeatedScalarFieldContainer[bytes]
+    end_time: _containers.RepeatedScalarFieldContainer[float]
+    end_error_type: _containers.RepeatedScalarFieldContainer[str]
+    flush_id: int
+    def __init__(self, start_task_id: _Optional[_Iterable[bytes]] = ..., start_name: _Optional[_Iterable[str]] = ..., start_actor_id: _Optional[_Iterable[bytes]] = ..., start_kind: _Optional[_Iterable[int]] = ..., start_owner: _Optional[_Iterable[int]] = ..., start_time: _Optional[_Iterable[float]] = ..., end_task_id: _Optional[_Iterable[bytes]] = ..., end_time: _Optional[_Iterable[float]] = ..., end_error_type: _Optional[_Iterable[str]] = ..., flush_id: _Optional[int] = ...) -> None: ...
+
+class TaskEventFlush(_message.Message):
+    __slots__ = ("flush_id",)
+    FLUSH_ID_FIELD_NUMBER: _ClassVar[int]
+    flush_id: int
+    def __init__(self, flush_id: _Optional[int] = ...) -> None: ...
 
 class WorkerAddress(_message.Message):
     __slots__ = ("address",)

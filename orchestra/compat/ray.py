@@ -111,6 +111,7 @@ def _build() -> dict[str, types.ModuleType]:
     from ..util import actor_pool as opool
     from ..util import queue as oqueue
     from ..util import scheduling_strategies as oss
+    from ..util import state as ostate
     opg = importlib.import_module("orchestra.util.placement_group")  # not the function
 
     exceptions = _module("ray.exceptions", "Ray's exception names, as orchestra's errors.",
@@ -133,18 +134,22 @@ def _build() -> dict[str, types.ModuleType]:
                                  oss.PlacementGroupSchedulingStrategy,
                              "NodeAffinitySchedulingStrategy":
                                  oss.NodeAffinitySchedulingStrategy})
+    state = _module("ray.util.state", "ray.util.state on orchestra.", {
+        n: getattr(ostate, n) for n in ("list_tasks", "list_actors", "list_objects",
+                                        "list_nodes", "list_workers", "summarize_tasks")})
     util = _module("ray.util", "ray.util on orchestra.", {
         "ActorPool": outil.ActorPool, **pg_names, "queue": queue, "actor_pool": pool,
-        "scheduling_strategies": strategies}, package=True)
+        "scheduling_strategies": strategies, "state": state}, package=True)
     top = {n: getattr(orchestra, n) for n in (
         "remote", "get", "put", "wait", "cancel", "kill", "get_actor", "method", "nodes",
         "cluster_resources", "available_resources", "get_runtime_context", "get_gpu_ids",
         "shutdown", "is_initialized", "ObjectRef", "ObjectRefGenerator",
-        "DynamicObjectRefGenerator")}
+        "DynamicObjectRefGenerator", "timeline")}
     ray = _module("ray", "Ray Core's names, as orchestra's objects (orchestra.compat.ray).", {
         **top, "init": init, "util": util, "exceptions": exceptions, "actor": actor,
         "__version__": orchestra.__version__}, package=True)
-    return {m.__name__: m for m in (ray, util, queue, pool, pg, strategies, exceptions, actor)}
+    return {m.__name__: m for m in (ray, util, queue, pool, pg, strategies, exceptions, actor,
+                                    state)}
 
 
 class _MissingRayFinder(importlib.abc.MetaPathFinder):

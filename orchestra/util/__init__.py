@@ -1,6 +1,7 @@
 """Utilities beside the core API, named as in Ray: ``orchestra.util.ActorPool``,
 ``orchestra.util.queue.Queue``, ``orchestra.util.scheduling_strategies``, placement groups
-(``orchestra.util.placement_group`` and the names below)."""
+(``orchestra.util.placement_group`` and the names below), and the cluster's state
+(``orchestra.util.state``: ``list_tasks``, ``list_actors``, ..., imported when used)."""
 from .actor_pool import ActorPool
 from .placement_group import (
     PlacementGroup,

@@ -92,9 +92,9 @@ class Counter:
 @pytest.fixture
 def busy_cluster(start_cluster: Any) -> Iterator[str]:
     """A private cluster that ran TASKS tasks and holds one live actor; its dashboard URL
-    (its node's id: NODE[0]). Loans off: every task goes through the head, which counts
-    them."""
-    c = start_cluster(num_cpus=2, dashboard_port=0, _system_config={"loans": False})
+    (its node's id: NODE[0]). Loans on: most tasks are direct calls the head never sees,
+    counted from their workers' task events."""
+    c = start_cluster(num_cpus=2, dashboard_port=0)
     assert orchestra.get([square.remote(i) for i in range(TASKS)]) == [i * i for i in range(TASKS)]
     counter = Counter.remote()
     assert orchestra.get(counter.add.remote()) == 1

@@ -82,8 +82,11 @@ except ray.exceptions.RayTaskError as e:
     print("task-error", isinstance(e, ValueError), "bad input" in str(e))
 print("worker-import", ray.get(uses_ray.remote()))
 print("worker-global", ray.get(via_global.remote(3)))
+print("timeline", any(e["ph"] == "X" for e in ray.timeline()))
+from ray.util.state import list_tasks
+print("state", any(t["state"] == "FINISHED" for t in list_tasks()))
 try:
-    ray.timeline()
+    ray.util.metrics
 except AttributeError as e:
     print("missing", e)
 ray.shutdown()
@@ -102,7 +105,9 @@ EXPECTED = [
     "task-error True True",
     "worker-import 11",
     "worker-global 10",
-    "missing ray.timeline is not available on orchestra (orchestra has no equivalent); "
+    "timeline True",
+    "state True",
+    "missing ray.util.metrics is not available on orchestra (orchestra has no equivalent); "
     "see README 'Coming from Ray'",
 ]
 
@@ -151,9 +156,9 @@ def test_init_refuses_unknown_kwargs_and_missing_modules(tmp_path: Path) -> None
         except ImportError as e:
             print("data", e)
         try:
-            ray.util.state
+            ray.util.collective
         except AttributeError as e:
-            print("state", e)
+            print("collective", e)
         import ray.util.placement_group
         print("function", callable(ray.util.placement_group))
         """, MODULE)
@@ -163,7 +168,7 @@ def test_init_refuses_unknown_kwargs_and_missing_modules(tmp_path: Path) -> None
                                "support: local_mode"), lines
     assert lines[1] == ("data ray.data is not available on orchestra (orchestra has no "
                         "equivalent); see README 'Coming from Ray'"), lines
-    assert lines[2].startswith("state ray.util.state is not available on orchestra"), lines
+    assert lines[2].startswith("collective ray.util.collective is not available on orchestra"), lines
     assert lines[3] == "function True", lines
 
 

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import json
 import re
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from orchestra import _dashboard as d
 from orchestra import _dashboard_bind as bind
-from orchestra._actor_state import ActorState
 from orchestra._cli_cluster import parse_start
-from orchestra._sched_types import TaskState
 from orchestra._session import build_cfg
 
 pytestmark = pytest.mark.timeout(10)
@@ -86,33 +83,6 @@ def test_metrics_leave_out_dead_nodes_and_placement_group_bundles_and_escape_lab
 
 
 # ---------------------------------------------------------------------------- states
-
-def test_live_tasks_map_to_ray_states_and_only_running_ones_count_as_running() -> None:
-    tasks = [SimpleNamespace(state=s) for s in
-             (TaskState.WAITING, TaskState.READY, TaskState.DISPATCHED, TaskState.DISPATCHED,
-              TaskState.DISPATCHED)]
-    counts = d.task_counts(tasks, running=2, finished=5, failed=1)
-    assert counts == {"PENDING_ARGS_AVAIL": 1, "PENDING_NODE_ASSIGNMENT": 2, "RUNNING": 2,
-                      "FINISHED": 5, "FAILED": 1}
-
-
-def test_a_worker_runs_the_head_of_its_queue_and_an_actor_up_to_its_concurrency() -> None:
-    plain = SimpleNamespace(queue=[1, 2, 3], actor=None)
-    idle = SimpleNamespace(queue=[], actor=None)
-    actor = SimpleNamespace(queue=[1, 2, 3], actor=SimpleNamespace(spec=SimpleNamespace(max_concurrency=2)))
-    assert d._running([plain, idle, actor]) == 3
-
-
-def test_actors_map_to_ray_states() -> None:
-    def actor(state: ActorState, creation: TaskState = TaskState.READY) -> Any:
-        return SimpleNamespace(state=state, creation=SimpleNamespace(state=creation))
-    counts = d.actor_counts([actor(ActorState.PENDING, TaskState.WAITING),
-                             actor(ActorState.PENDING), actor(ActorState.STARTING),
-                             actor(ActorState.ALIVE), actor(ActorState.RESTARTING),
-                             actor(ActorState.DEAD), actor(ActorState.DEAD)])
-    assert counts == {"DEPENDENCIES_UNREADY": 1, "PENDING_CREATION": 2, "ALIVE": 1,
-                      "RESTARTING": 1, "DEAD": 2}
-
 
 # ---------------------------------------------------------------------------- routes
 

@@ -33,7 +33,7 @@ DOCUMENTED_API = [
     "ObjectRefGenerator", "DynamicObjectRefGenerator",
     "get_actor", "kill", "method", "actor", "util",
     "gang", "Gang", "gang_context", "GangContext", "GangDevice", "GangError",
-    "GangAbortedError", "GangTimeoutError", "GangMemberDiedError",
+    "GangAbortedError", "GangTimeoutError", "GangMemberDiedError", "timeline",
 ]
 
 DOCUMENTED_ERRORS = [
