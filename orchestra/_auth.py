@@ -48,8 +48,9 @@ DEFAULT_TIMEOUT_S = 10.0
 
 
 def new_token() -> str:
-    """A fresh cluster token (192 random bits, URL-safe text)."""
-    return secrets.token_urlsafe(24)
+    """A fresh cluster token: 192 random bits as 48 hex digits (never starting with
+    "-", which a command line would read as an option: ``--token TOKEN``)."""
+    return secrets.token_hex(24)
 
 
 def _mac(token: str, label: bytes, *parts: bytes) -> bytes:

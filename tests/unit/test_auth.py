@@ -37,6 +37,16 @@ def _serve_once(token: str, results: list) -> tuple[socket.socket, threading.Thr
     return lsock, t
 
 
+def test_new_tokens_are_192_random_bits_that_parse_as_a_command_line_value():
+    from orchestra._cli_cluster import parse_start
+    tokens = {_auth.new_token() for _ in range(200)}
+    assert len(tokens) == 200
+    for token in tokens:
+        assert len(token) == 48 and int(token, 16) >= 0
+        args = parse_start(["--address", "127.0.0.1:6380", "--token", token])
+        assert args.token == token
+
+
 def test_the_right_token_is_accepted_and_the_bytes_after_it_arrive_whole():
     results: list = []
     lsock, t = _serve_once(TOKEN, results)
