@@ -202,7 +202,7 @@ class ActorHandle:
         self._methods = frozenset(spec.methods)
         self._generators = frozenset(spec.generator_methods)
         self._num_returns = dict(spec.method_num_returns)
-        self._token = ObjectRef(spec.actor_id, client, counted=counted)
+        self._token: ObjectRef[None] = ObjectRef(spec.actor_id, client, counted=counted)
 
     def __getattr__(self, name: str) -> ActorMethod:
         if name.startswith("_") and name not in self.__dict__.get("_methods", ()):

@@ -179,7 +179,7 @@ class ObjectRefGenerator:
         with client.refs.lock:
             data = items.pop(oid, None)
             if data is not None:
-                ref = ObjectRef(oid, client, counted=True)   # the count the head holds
+                ref: ObjectRef[Any] = ObjectRef(oid, client, counted=True)   # the count the head holds
                 results[oid] = data
         if data is not None:
             self._taken += 1

@@ -24,7 +24,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from . import _context, _runtime_env, _wire
 from . import _pb as pb
@@ -50,6 +50,9 @@ _PRELOAD = {"numpy": ("numpy", "pyarrow.ipc"), "pyarrow": ("pyarrow.ipc",), "pan
 DEFAULT_EXIT_GRACE_S = 5.0
 _EXIT_POLL_S = 0.02
 _log = logging.getLogger("orchestra")
+# What wait() takes and hands back: refs and ObjectRefGenerators, as given.
+_W = TypeVar("_W", bound="ObjectRef[Any] | ObjectRefGenerator")
+R = TypeVar("R")
 
 
 class Session:
@@ -610,12 +613,33 @@ def _check_timeout(timeout: float | None) -> float | None:
     return None if math.isinf(timeout) else timeout
 
 
-def get(refs: ObjectRef | Sequence[ObjectRef], *, timeout: float | None = None) -> Any:
-    """The value of a ref, or the values of a list of refs (in order)."""
+@overload
+def get(refs: ObjectRef[R], *, timeout: float | None = None, progress: bool | str = False) -> R: ...
+
+
+@overload
+def get(refs: Sequence[ObjectRef[R]], *, timeout: float | None = None,
+        progress: bool | str = False) -> list[R]: ...
+
+
+def get(refs: ObjectRef[Any] | Sequence[ObjectRef[Any]], *, timeout: float | None = None,
+        progress: bool | str = False) -> Any:
+    """The value of a ref, or the values of a list of refs (in order).
+
+    ``refs``: an ObjectRef, or a list or tuple of them. A task's error is raised here
+    (TaskError, or the error's own class where it can be both).
+    ``timeout``: seconds to wait at most (None or ``inf``: no limit); then
+    GetTimeoutError, and the tasks keep running.
+    ``progress``: True draws a progress bar of the refs whose values are here (tqdm:
+    counts and rate; a widget in a notebook), a string draws it with that label; False
+    (the default) draws nothing and costs nothing."""
     timeout = _check_timeout(timeout)
     client = _client()
     if isinstance(refs, ObjectRef):
         _check_session(refs, client)
+        if progress is not False:
+            from ._progress import get_with_progress
+            return get_with_progress(client, [refs], timeout, progress)[0]
         return client.get_one(refs, timeout)
     if isinstance(refs, (list, tuple)):
         for r in refs:
@@ -623,6 +647,9 @@ def get(refs: ObjectRef | Sequence[ObjectRef], *, timeout: float | None = None) 
                 raise TypeError(f"get() takes an ObjectRef or a list of ObjectRefs; the list "
                                 f"holds a {type(r).__name__} {r!r}")
             _check_session(r, client)
+        if progress is not False:
+            from ._progress import get_with_progress
+            return get_with_progress(client, refs, timeout, progress)
         return client.get_many(refs, timeout)
     raise TypeError(f"get() takes an ObjectRef or a list of ObjectRefs, not a "
                     f"{type(refs).__name__}; f.remote(...) and orchestra.put(...) return refs")
@@ -637,19 +664,29 @@ def _check_session(ref: ObjectRef, client: Any) -> None:
             "orchestra.shutdown(). Put the value again, or re-run its task, in this session.")
 
 
-def put(value: Any) -> ObjectRef:
-    """Store ``value`` in the cluster; large values go to shared memory once."""
+def put(value: R) -> ObjectRef[R]:
+    """Store ``value`` in the cluster and return its ref; large values go to shared
+    memory once, and tasks on this node read them from there without a copy.
+
+    ``value``: anything cloudpickle can pickle (numpy arrays, Arrow tables and pandas
+    frames travel as buffers, not pickled bytes)."""
     return _client().put(value)
 
 
-def wait(refs: Sequence[ObjectRef], *, num_returns: int = 1,
-         timeout: float | None = None, fetch_local: bool = True) -> tuple[list[ObjectRef], list[ObjectRef]]:
-    """(ready, not_ready): the first ``num_returns`` refs ready, in input order. An
-    ObjectRefGenerator among them is ready when next() on it returns at once.
+def wait(refs: Sequence[_W], *, num_returns: int = 1, timeout: float | None = None,
+         fetch_local: bool = True, progress: bool | str = False) -> tuple[list[_W], list[_W]]:
+    """(ready, not_ready): the first ``num_returns`` refs ready, and the others, each
+    list in input order.
 
+    ``refs``: a list of distinct ObjectRefs; an ObjectRefGenerator among them is ready
+    when next() on it returns at once. ``num_returns``: how many to wait for, between 1
+    and ``len(refs)``. ``timeout``: seconds to wait at most (None: no limit; 0: look
+    and return); at the timeout ``ready`` holds those ready then, no error.
     ``fetch_local`` is accepted for Ray's scripts: a ref counts as ready once its value
     exists anywhere in the cluster either way; a value on another node is copied to
-    this one when get() reads it."""
+    this one when get() reads it.
+    ``progress``: True draws a progress bar up to ``num_returns`` (tqdm), a string
+    draws it with that label; False (the default) draws nothing."""
     if not isinstance(fetch_local, bool):
         raise TypeError(f"fetch_local must be True or False, got {fetch_local!r}")
     if isinstance(refs, ObjectRef) or not isinstance(refs, (list, tuple)):
@@ -676,9 +713,13 @@ def wait(refs: Sequence[ObjectRef], *, num_returns: int = 1,
             return [], []
         raise ValueError(f"num_returns must be between 1 and len(refs)={len(refs)}, got {num_returns}")
     timeout = _check_timeout(timeout)
+    if progress is not False:
+        from ._progress import wait_with_progress
+        return wait_with_progress(_client(), list(refs), num_returns, timeout, progress, streams)
     if streams:
         return wait_with_generators(_client(), list(refs), num_returns, timeout)
-    return _client().wait(list(refs), num_returns, timeout)
+    ready: Any = _client().wait(list(refs), num_returns, timeout)   # the refs given: _W's
+    return ready
 
 
 def cancel(ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> None:

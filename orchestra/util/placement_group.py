@@ -125,7 +125,8 @@ def placement_group(bundles: list[dict[str, float]], strategy: str = "PACK", nam
     spec = pb.PlacementGroupSpec(group_id=gid, strategy=strategy, name=name, detached=detached,
                                  bundles=[pb.PlacementBundle(resources=b) for b in specs])
     client.request(pb.Request(create_placement_group=spec))
-    ready = ObjectRef(gid + _READY_SUFFIX, client, counted=True)   # the head counts it for us
+    # the head counts it for us
+    ready: ObjectRef[None] = ObjectRef(gid + _READY_SUFFIX, client, counted=True)
     return PlacementGroup(gid, specs, ready)
 
 
