@@ -208,7 +208,7 @@ def gang(cls: Any, size: int, *, args: Sequence[Any] = (), kwargs: Mapping[str, 
     totals = (_session.cluster_resources() if client.info.joinable
               else dict(client.info.node_resources))
     _check_capacity(name, size, options, totals)
-    member_cls = ActorClass(_member_class(base), options)
+    member_cls: ActorClass[Any] = ActorClass(_member_class(base), options)
     plan = _plan_nodes(size, options, spread, client) if client.info.joinable else None
     # One secret per gang: any local user can reach a loopback port, and without it could join
     # a forming gang as a missing member, read or replace its rendezvous keys, or claim a

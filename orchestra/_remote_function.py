@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 import cloudpickle
 
@@ -30,6 +30,12 @@ from ._proto import types_pb2
 from ._resources import check_feasible, make_request, pinned_key, shape_key
 from ._serialization import dumps_function
 from .util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+
+if TYPE_CHECKING:
+    from ._object_ref import ObjectRef
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 DEFAULT_MAX_RETRIES = 3
 
@@ -121,10 +127,15 @@ def retry_on(value: Any) -> bytes:
                      f"got {value!r}")
 
 
-class RemoteFunction:
-    """A function that runs as a task: ``f.remote(*args)`` returns ObjectRef(s)."""
+class RemoteFunction(Generic[P, R]):
+    """A function that runs as a task: ``f.remote(*args)`` returns ObjectRef(s).
 
-    def __init__(self, fn: Callable[..., Any], options: dict[str, Any],
+    Made by ``@orchestra.remote``; ``RemoteFunction[P, R]`` to a type checker, where
+    ``P`` is the function's parameters and ``R`` its return type.
+    ``fn``: the function. ``options``: the task options (see ``orchestra.remote``).
+    ``function_id``: the id it is registered under (``options()`` keeps it)."""
+
+    def __init__(self, fn: Callable[P, R], options: dict[str, Any],
                  function_id: bytes | None = None) -> None:
         if not callable(fn):
             raise TypeError(f"@orchestra.remote needs a function or class, got {fn!r}")
@@ -150,8 +161,10 @@ class RemoteFunction:
                         f"{self._fn.__name__}.remote(...) to run it as a task, and "
                         "orchestra.get() on the ref it returns")
 
-    def options(self, **options: Any) -> RemoteFunction:
-        """A copy with some options changed (same function, registered once)."""
+    def options(self, **options: Any) -> RemoteFunction[P, R]:
+        """A copy with some options changed (same function, registered once).
+
+        ``options``: task options, as ``orchestra.remote`` takes them, over this one's."""
         merged = {**self._options, **options}
         return RemoteFunction(self._fn, merged, self._function_id)
 
@@ -193,20 +206,26 @@ class RemoteFunction:
         self._register_frame = _wire.encode(_wire.FUNCTION, reg)
         self._client = client
 
-    def remote(self, *args: Any, **kwargs: Any) -> Any:
+    def remote(self, *args: P.args, **kwargs: P.kwargs) -> ObjectRef[R]:
+        """Run the function as a task with these arguments; returns the ObjectRef of its
+        result at once (a list of refs for ``num_returns=N``, None for 0, an
+        ObjectRefGenerator for a generator function).
+
+        ``args``, ``kwargs``: the function's arguments; an ObjectRef among the top-level
+        ones arrives as its value, once it exists."""
         client = _context.current_client()
         if client is not self._client:
             self._bind(client)
         client.register_function(self._function_id, self._register_frame)
         if self._generator == STREAMING:
-            return self._stream(client, args, kwargs)
+            stream: Any = self._stream(client, args, kwargs)
+            return stream   # typed as a ref: a checker cannot see num_returns
         refs = client.submit(self._template, self._num_returns, args, kwargs, self._direct_shape,
                              self._name, self._function_id)
         if self._num_returns == 1:
             return refs[0]
-        if self._num_returns == 0:
-            return None
-        return refs
+        out: Any = None if self._num_returns == 0 else refs
+        return out
 
     def _stream(self, client: Any, args: Any, kwargs: Any) -> ObjectRefGenerator:
         """Submit a streaming generator task (through the head: its items go there)."""
@@ -224,7 +243,7 @@ class RemoteFunction:
     def __reduce__(self) -> tuple[Any, ...]:
         return (RemoteFunction, (self._fn, self._options, self._function_id))
 
-    def orchestra_wrapped(self) -> Callable[..., Any]:
+    def orchestra_wrapped(self) -> Callable[P, R]:
         """The function this wraps (_serialization finds it by name on the other side)."""
         return self._fn
 
