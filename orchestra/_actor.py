@@ -45,7 +45,9 @@ T = TypeVar("T")
 
 def method(*args: Any, **options: Any) -> Any:
     """``@orchestra.method(num_returns=N)`` on an actor method: its calls return N refs
-    (0: None), as ``handle.m.options(num_returns=N).remote()`` would."""
+    (0: None), as ``handle.m.options(num_returns=N).remote()`` would.
+
+    ``args``: none (TypeError otherwise); ``options``: ``num_returns`` alone."""
     if args or set(options) != {"num_returns"}:
         raise TypeError("@orchestra.method takes one keyword option, num_returns, e.g. "
                         "@orchestra.method(num_returns=2); got "

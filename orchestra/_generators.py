@@ -133,6 +133,10 @@ class ObjectRefGenerator:
     whether next() returns at once; ``is_finished()`` whether every item was taken.
     An error of the task arrives at the item it failed on: that ref's get() raises it,
     and the generator stops after it.
+
+    Made by ``f.remote()`` of a generator function: ``client`` is the caller's
+    connection, ``stream`` the items as they come, ``end`` the ref of the task's end,
+    ``backpressure`` how many items may wait unread (0: no limit).
     """
 
     def __init__(self, client: Any, stream: Stream, end: ObjectRef, backpressure: int) -> None:
@@ -301,7 +305,8 @@ def wait_with_generators(client: Any, items: list[Any], num_returns: int,
 
 
 class DynamicObjectRefGenerator:
-    """The value of a num_returns="dynamic" task: a ref per item it yielded, in order."""
+    """The value of a num_returns="dynamic" task: a ref per item it yielded, in order
+    (``refs``); iterate it, or ``len()`` it."""
 
     def __init__(self, refs: list[ObjectRef]) -> None:
         self._refs = list(refs)

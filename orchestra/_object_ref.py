@@ -27,7 +27,9 @@ class ObjectRef(Generic[R_co]):
     argument (it arrives as its value). Equal refs name the same object.
 
     Made by orchestra, never by hand: ``f.remote(...)``, ``handle.m.remote(...)`` and
-    ``put(value)`` return refs."""
+    ``put(value)`` return refs. ``object_id`` is the object's id, ``client`` the
+    process's connection that counts the ref, ``counted`` whether the head already
+    counts it."""
 
     __slots__ = ("_id", "_client", "__weakref__")
 

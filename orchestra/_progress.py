@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import takewhile
 from typing import Any, TypeVar
 
+from . import _context
+from ._args import check_session, check_timeout
 from ._generators import ObjectRefGenerator, wait_with_generators
 from ._object_ref import ObjectRef
 from .exceptions import GetTimeoutError
@@ -50,9 +52,8 @@ def as_completed(refs: Iterable[ObjectRef[R]], timeout: float | None = None, *,
     notebook), a string draws it with that label; False (the default) draws nothing.
 
     Inside a task, the task lends its CPU while it waits, as in ``get``."""
-    from . import _session
     refs = list(refs)
-    client = _session._client() if refs else None
+    client = _context.current_client() if refs else None
     for r in refs:
         if isinstance(r, ObjectRefGenerator):
             raise TypeError("as_completed() takes ObjectRefs; it got an ObjectRefGenerator: "
@@ -61,8 +62,8 @@ def as_completed(refs: Iterable[ObjectRef[R]], timeout: float | None = None, *,
         if not isinstance(r, ObjectRef):
             raise TypeError(f"as_completed() takes ObjectRefs; it got a {type(r).__name__} "
                             f"{r!r}; f.remote(...) and orchestra.put(...) return refs")
-        _session._check_session(r, client)
-    timeout = _session._check_timeout(timeout)
+        check_session(r, client)
+    timeout = check_timeout(timeout)
     desc = bar_label(progress, "as_completed")
     deadline = None if timeout is None else time.monotonic() + timeout
     pending: dict[bytes, ObjectRef[R]] = {}

@@ -28,6 +28,8 @@ from typing import Any, TypeVar, overload
 
 from . import _context, _runtime_env, _wire
 from . import _pb as pb
+from ._args import check_session as _check_session
+from ._args import check_timeout as _check_timeout
 from ._bootstrap import BOOTSTRAP as HEAD_BOOTSTRAP
 from ._client import CoreClient
 from ._connection import parse_address
@@ -37,7 +39,7 @@ from ._ids import machine_id, node_hex
 from ._object_ref import ObjectRef
 from ._resources import make_request
 from ._store import SHM_DIR, pid_alive, remove_private_dir, sweep_stale_segments
-from .exceptions import ClusterLostError, ObjectLostError, OrchestraError
+from .exceptions import ClusterLostError, OrchestraError
 
 SESSION_PREFIX = "orchestra-session-"
 _HEAD_EXIT_TIMEOUT_S = 5.0
@@ -182,6 +184,7 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
          exit_grace_s: float | None = None,
          _system_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """Start a local cluster (or connect to one) and make it this process's session.
+    Returns a dict with the session's address and resources.
 
     ``address``: None starts a private cluster on this machine (unless ORCHESTRA_ADDRESS
     names one). "HOST:PORT" connects to a cluster (``orchestra start --head`` printed its
@@ -190,6 +193,14 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     connects to the cluster ``orchestra start`` started on this machine (its token with
     it). A session directory or its head.sock connects to another driver's private
     cluster of this user.
+
+    ``num_cpus``, ``num_gpus``, ``resources``: what the local node offers (default: the
+    machine's CPUs, its GPUs found, nothing else). ``object_store_memory``: bytes of
+    shared memory for objects (default: 30% of RAM, within what /dev/shm has free);
+    ``spill_dir``: an existing directory where objects spill when the store is full
+    (default: under the session's directory).
+    ``ignore_reinit_error``: a second init() returns the session's dict instead of
+    raising. ``_system_config``: internal settings, for tests.
 
     ``namespace``: where this driver's actor names live (default: an anonymous one of
     its own). ``runtime_env``: env_vars / working_dir / py_modules for every task and
@@ -599,20 +610,6 @@ def _client() -> CoreClient:
     return _context.current_client()
 
 
-def _check_timeout(timeout: float | None) -> float | None:
-    """The timeout to wait with: None (no limit) for None or infinity."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
-    if math.isnan(timeout) or timeout < 0:
-        # NaN compares false with everything: it passed `< 0` and failed later with
-        # "cannot convert float NaN to integer".
-        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}; "
-                         "pass None to wait without a limit")
-    return None if math.isinf(timeout) else timeout
-
-
 @overload
 def get(refs: ObjectRef[R], *, timeout: float | None = None, progress: bool | str = False) -> R: ...
 
@@ -653,15 +650,6 @@ def get(refs: ObjectRef[Any] | Sequence[ObjectRef[Any]], *, timeout: float | Non
         return client.get_many(refs, timeout)
     raise TypeError(f"get() takes an ObjectRef or a list of ObjectRefs, not a "
                     f"{type(refs).__name__}; f.remote(...) and orchestra.put(...) return refs")
-
-
-def _check_session(ref: ObjectRef, client: Any) -> None:
-    # A ref made before shutdown() names an object the new session never had: its
-    # value was never pushed here, and get() waited forever (or until its timeout).
-    if ref._client is not client:
-        raise ObjectLostError(
-            f"{ref!r} belongs to a session that was shut down; refs do not outlive "
-            "orchestra.shutdown(). Put the value again, or re-run its task, in this session.")
 
 
 def put(value: R) -> ObjectRef[R]:
@@ -723,9 +711,13 @@ def wait(refs: Sequence[_W], *, num_returns: int = 1, timeout: float | None = No
 
 
 def cancel(ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> None:
-    """Stop the task behind ``ref``: queued, waiting for arguments, or running.
+    """Stop the task behind ``ref``: queued, waiting for arguments, or running; get()
+    on its refs then raises TaskCancelledError. A finished task is left alone.
+
+    ``ref``: a ref the task returns (an ObjectRefGenerator: its task). ``force``: kill
+    the worker running it (else the task is interrupted where it runs Python).
     ``recursive`` (default, as in Ray): the tasks it submitted that have not finished
-    are cancelled too, and theirs. ``ref`` may be an ObjectRefGenerator: its task."""
+    are cancelled too, and theirs."""
     if isinstance(ref, ObjectRefGenerator):
         ref = ref.completed()
     if not isinstance(ref, ObjectRef):
