@@ -26,7 +26,7 @@ import asyncio
 import inspect
 import threading
 import time
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from . import _pb as pb
 from . import _wire
@@ -125,7 +125,12 @@ def _retire(client: Any, st: Stream) -> None:
         client.streams.pop(closed.popleft(), None)
 
 
-class ObjectRefGenerator:
+# The items' type, for type checkers: a generator function typed ``-> Iterator[int]``
+# streams an ``ObjectRefGenerator[int]``, whose refs are ``ObjectRef[int]``.
+Y_co = TypeVar("Y_co", covariant=True)
+
+
+class ObjectRefGenerator(Generic[Y_co]):
     """The refs of a streaming generator's items, each as soon as the task yields it.
 
     ``for ref in gen``, ``next(gen)``, ``async for ref in gen``; ``completed()`` is a ref
@@ -148,19 +153,19 @@ class ObjectRefGenerator:
         self._done = False
 
     # ------------------------------------------------------------------ iteration
-    def __iter__(self) -> ObjectRefGenerator:
+    def __iter__(self) -> ObjectRefGenerator[Y_co]:
         return self
 
-    def __next__(self) -> ObjectRef:
+    def __next__(self) -> ObjectRef[Y_co]:
         ref = self._next(None)
         if ref is None:
             raise StopIteration
         return ref
 
-    def __aiter__(self) -> ObjectRefGenerator:
+    def __aiter__(self) -> ObjectRefGenerator[Y_co]:
         return self
 
-    async def __anext__(self) -> ObjectRef:
+    async def __anext__(self) -> ObjectRef[Y_co]:
         if self.next_ready() or self._done:
             ref = self._next(None)
         else:   # wait on a thread: the event loop keeps running
@@ -169,7 +174,7 @@ class ObjectRefGenerator:
             raise StopAsyncIteration
         return ref
 
-    def _next(self, timeout: float | None) -> ObjectRef | None:
+    def _next(self, timeout: float | None) -> ObjectRef[Y_co] | None:
         """The next item's ref; the end's ref when the task failed; None at the end."""
         if self._done:
             return None

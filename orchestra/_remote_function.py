@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from collections.abc import Callable, Generator, Iterator
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 import cloudpickle
 
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+Y = TypeVar("Y")
 
 DEFAULT_MAX_RETRIES = 3
 
@@ -206,7 +207,19 @@ class RemoteFunction(Generic[P, R]):
         self._register_frame = _wire.encode(_wire.FUNCTION, reg)
         self._client = client
 
-    def remote(self, *args: P.args, **kwargs: P.kwargs) -> ObjectRef[R]:
+    # A generator function streams: its calls give an ObjectRefGenerator of its items.
+    @overload
+    def remote(self: RemoteFunction[P, Generator[Y, Any, Any]], *args: P.args,  # type: ignore[overload-overlap]
+               **kwargs: P.kwargs) -> ObjectRefGenerator[Y]: ...
+
+    @overload
+    def remote(self: RemoteFunction[P, Iterator[Y]], *args: P.args,  # type: ignore[overload-overlap]
+               **kwargs: P.kwargs) -> ObjectRefGenerator[Y]: ...
+
+    @overload
+    def remote(self, *args: P.args, **kwargs: P.kwargs) -> ObjectRef[R]: ...
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
         """Run the function as a task with these arguments; returns the ObjectRef of its
         result at once (a list of refs for ``num_returns=N``, None for 0, an
         ObjectRefGenerator for a generator function).
@@ -218,16 +231,16 @@ class RemoteFunction(Generic[P, R]):
             self._bind(client)
         client.register_function(self._function_id, self._register_frame)
         if self._generator == STREAMING:
-            stream: Any = self._stream(client, args, kwargs)
-            return stream   # typed as a ref: a checker cannot see num_returns
+            return self._stream(client, args, kwargs)
         refs = client.submit(self._template, self._num_returns, args, kwargs, self._direct_shape,
                              self._name, self._function_id)
         if self._num_returns == 1:
             return refs[0]
-        out: Any = None if self._num_returns == 0 else refs
-        return out
+        if self._num_returns == 0:
+            return None
+        return refs
 
-    def _stream(self, client: Any, args: Any, kwargs: Any) -> ObjectRefGenerator:
+    def _stream(self, client: Any, args: Any, kwargs: Any) -> ObjectRefGenerator[Any]:
         """Submit a streaming generator task (through the head: its items go there)."""
         tid = _ids.next_task_id()
         stream = open_stream(client, tid)

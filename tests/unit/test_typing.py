@@ -27,7 +27,7 @@ USER_FILE = textwrap.dedent('''
     from typing_extensions import assert_type
 
     import orchestra
-    from orchestra import ActorClass, ActorHandle, ObjectRef, RemoteFunction
+    from orchestra import ActorClass, ActorHandle, ObjectRef, ObjectRefGenerator, RemoteFunction
 
 
     @orchestra.remote
@@ -38,6 +38,11 @@ USER_FILE = textwrap.dedent('''
     @orchestra.remote(num_cpus=1, max_retries=0)
     def words(text: str) -> list[str]:
         return text.split()
+
+
+    @orchestra.remote
+    def count_to(n: int) -> Iterator[int]:
+        yield from range(n)
 
 
     class Counter:
@@ -64,6 +69,13 @@ USER_FILE = textwrap.dedent('''
     scale.remote("1")          # type: ignore[arg-type]
     scale.remote(1, fctor=1)   # type: ignore[call-arg]
     scale.remote()             # type: ignore[call-arg]
+
+    # a generator function streams its items' refs
+    assert_type(count_to.remote(3), ObjectRefGenerator[int])
+    for item in count_to.remote(3):
+        assert_type(item, ObjectRef[int])
+        assert_type(orchestra.get(item), int)
+    count_to.remote("3")       # type: ignore[call-overload]
 
     # get: a ref's value, a list's values
     assert_type(orchestra.get(scale.remote(1)), float)
