@@ -1,21 +1,23 @@
 """as_completed(), and the progress bars of get(), wait() and as_completed().
 
     as_completed(refs) -> pending: {object id: ref} (input order, each id once)
-        each step: the ids of pending whose value is here (one C-level filter over what
-            is still pending, against client.results) -> yield their refs, drop them
-        none here -> client.wait_for(some pending id is here, deadline): the thread reads
-            the sockets itself, or sleeps until the thread that reads dispatches; never
-            a poll. A read dispatches a batch of frames, so one filter covers a batch.
-    get(refs, progress=...) -> the same steps, counting refs on a bar; then get_many
+        each look (Arrivals): the ids added to client.results since the last look (a
+            walk back from its newest key, in C), kept if pending -> yield their refs,
+            drop them from pending; the first look, and one every _FULL_SCAN_S, scans
+            all that is pending instead
+        none came -> client.wait_for(some came, deadline): the thread reads the sockets
+            itself, or sleeps until the thread that reads dispatches; never a poll. A
+            read dispatches a batch of frames, so one look covers a batch.
+    get(refs, progress=...) -> the same looks, counting refs on a bar; then get_many
         (every value here: no wait)
-    wait(refs, num_returns=k, progress=...) -> the same steps until k are ready; then
+    wait(refs, num_returns=k, progress=...) -> the same looks until k are ready; then
         wait() with timeout 0 makes the (ready, not_ready) lists
 
 Cost: wait(num_returns=1) in a loop scans every ref left on each call (n calls: O(n^2)
-for n refs); as_completed scans what is left once per read of the socket that brought
-some, in C, and yields everything that came. The bar (tqdm.auto: a line on stderr in a
-terminal, a widget in a notebook) is imported and built only when asked for: get()'s
-default path pays one identity test (``progress is not False``).
+for n refs); as_completed looks at what came, once per read that brought some, and
+yields all of it. The bar (tqdm.auto: a line on stderr in a terminal, a widget in a
+notebook) is imported and built only when asked for: get()'s default path pays one
+identity test (``progress is not False``).
 """
 from __future__ import annotations
 
