@@ -12,6 +12,7 @@ from ._gang_errors import GangAbortedError, GangError, GangMemberDiedError, Gang
 from ._gang_member import GangContext, GangDevice, gang_context
 from ._generators import DynamicObjectRefGenerator, ObjectRefGenerator
 from ._object_ref import ObjectRef
+from ._progress import as_completed
 from ._remote_function import RemoteFunction
 from ._session import (
     available_resources,
@@ -32,7 +33,7 @@ __version__ = _VERSION
 
 __all__ = [
     "init", "shutdown", "is_initialized", "remote", "RemoteFunction", "get", "put", "wait",
-    "cancel", "get_gpu_ids", "nodes", "get_runtime_context", "RuntimeContext",
+    "as_completed", "cancel", "get_gpu_ids", "nodes", "get_runtime_context", "RuntimeContext",
     "cluster_resources", "available_resources", "ObjectRef",
     "ObjectRefGenerator", "DynamicObjectRefGenerator",
     "exceptions", "ActorClass", "ActorHandle", "get_actor", "kill", "method", "actor", "util",

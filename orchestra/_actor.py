@@ -15,7 +15,7 @@ handle anywhere is gone, an unnamed actor is stopped and its resources return.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from . import _context, _ids, _runtime_env, _wire
 from . import _pb as pb
@@ -39,11 +39,15 @@ ACTOR_OPTIONS = frozenset({"num_cpus", "num_gpus", "resources", "max_restarts", 
                            "name", "scheduling_strategy", "memory", "namespace", "get_if_exists",
                            "lifetime", "max_task_retries", "runtime_env", *GROUP_OPTIONS})
 DEFAULT_ASYNC_CONCURRENCY = 1000
+# The actor's class, for type checkers: ActorClass[T].remote() is an ActorHandle[T].
+T = TypeVar("T")
 
 
 def method(*args: Any, **options: Any) -> Any:
     """``@orchestra.method(num_returns=N)`` on an actor method: its calls return N refs
-    (0: None), as ``handle.m.options(num_returns=N).remote()`` would."""
+    (0: None), as ``handle.m.options(num_returns=N).remote()`` would.
+
+    ``args``: none (TypeError otherwise); ``options``: ``num_returns`` alone."""
     if args or set(options) != {"num_returns"}:
         raise TypeError("@orchestra.method takes one keyword option, num_returns, e.g. "
                         "@orchestra.method(num_returns=2); got "
@@ -119,10 +123,14 @@ def _validate(opts: dict[str, Any], cls_name: str) -> dict[str, Any]:
     return opts
 
 
-class ActorClass:
-    """A class whose instances live in their own worker process: ``Cls.remote(...)``."""
+class ActorClass(Generic[T]):
+    """A class whose instances live in their own worker process: ``Cls.remote(...)``.
 
-    def __init__(self, cls: type, options: dict[str, Any], function_id: bytes | None = None) -> None:
+    Made by ``@orchestra.remote`` on a class (``ActorClass[T]`` to a type checker).
+    ``cls``: the class. ``options``: the actor options (see ``orchestra.remote``).
+    ``function_id``: the id its class is registered under (``options()`` keeps it)."""
+
+    def __init__(self, cls: type[T], options: dict[str, Any], function_id: bytes | None = None) -> None:
         self._cls = cls
         options = legacy_group(options)
         self._options = _validate(dict(options), cls.__name__)
@@ -142,10 +150,19 @@ class ActorClass:
         raise TypeError(f"actor class {self._cls.__name__} cannot be instantiated directly: use "
                         f"{self._cls.__name__}.remote(...) to start an actor")
 
-    def options(self, **options: Any) -> ActorClass:
+    def options(self, **options: Any) -> ActorClass[T]:
+        """A copy with some options changed (``name=``, ``namespace=``, ``lifetime=``,
+        resources, ...; see ``orchestra.remote``).
+
+        ``options``: actor options, over this one's."""
         return ActorClass(self._cls, {**self._options, **options}, self._function_id)
 
-    def remote(self, *args: Any, **kwargs: Any) -> ActorHandle:
+    def remote(self, *args: Any, **kwargs: Any) -> ActorHandle[T]:
+        """Start an actor: a worker process of its own runs ``cls(*args, **kwargs)`` and
+        then its method calls. Returns its handle at once.
+
+        ``args``, ``kwargs``: the constructor's arguments (ObjectRefs among the
+        top-level ones arrive as their values)."""
         client = _context.current_client()
         if client is not self._client:
             if not client.info.joinable:
@@ -184,7 +201,8 @@ class ActorClass:
         reply = client.request(pb.Request(create_actor=call))   # ValueError: the name is taken
         if reply.HasField("actor"):   # get_if_exists: the live actor of that name
             return ActorHandle(reply.actor, client)
-        return ActorHandle(spec, client, counted=True)
+        handle: ActorHandle[T] = ActorHandle(spec, client, counted=True)
+        return handle
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (ActorClass, (self._cls, self._options, self._function_id))
@@ -193,8 +211,15 @@ class ActorClass:
         return f"<ActorClass {self._cls.__qualname__}>"
 
 
-class ActorHandle:
-    """A reference to a running actor; ``handle.method.remote(...)`` calls it."""
+class ActorHandle(Generic[T]):
+    """A reference to a running actor; ``handle.method.remote(...)`` calls it
+    (``ActorHandle[T]`` to a type checker, ``T`` the actor's class). Pass it to tasks and
+    other actors freely: the actor lives while any handle does (or while it is named
+    and detached).
+
+    Made by ``Cls.remote(...)`` and ``get_actor(name)``: ``spec`` is the actor's
+    description, ``client`` this process's connection, ``counted`` whether the head
+    already counts this handle's reference."""
 
     def __init__(self, spec: Any, client: Any, counted: bool = False) -> None:
         self._spec = spec
@@ -202,9 +227,11 @@ class ActorHandle:
         self._methods = frozenset(spec.methods)
         self._generators = frozenset(spec.generator_methods)
         self._num_returns = dict(spec.method_num_returns)
-        self._token = ObjectRef(spec.actor_id, client, counted=counted)
+        self._token: ObjectRef[None] = ObjectRef(spec.actor_id, client, counted=counted)
 
     def __getattr__(self, name: str) -> ActorMethod:
+        """The actor's method ``name``, to call with ``.remote(...)``; AttributeError
+        naming the methods there are for a name that is not one."""
         if name.startswith("_") and name not in self.__dict__.get("_methods", ()):
             raise AttributeError(name)
         if name not in self._methods:
@@ -226,8 +253,8 @@ class ActorHandle:
         return hash(self._actor_id)
 
 
-def _rebuild_handle(spec_bytes: bytes, token: ObjectRef) -> ActorHandle:
-    h = ActorHandle.__new__(ActorHandle)
+def _rebuild_handle(spec_bytes: bytes, token: ObjectRef[None]) -> ActorHandle[Any]:
+    h: ActorHandle[Any] = ActorHandle.__new__(ActorHandle)
     spec = pb.ActorSpec.FromString(spec_bytes)
     h._spec = spec
     h._actor_id = spec.actor_id
@@ -239,9 +266,17 @@ def _rebuild_handle(spec_bytes: bytes, token: ObjectRef) -> ActorHandle:
 
 
 class ActorMethod:
+    """A method of an actor, reached through its handle: ``handle.m.remote(...)`` calls
+    it, ``handle.m.options(num_returns=...)`` changes how many refs a call returns.
+
+    ``handle``: the actor's handle. ``name``: the method's name. ``num_returns``: the
+    refs per call (None: 1, or a stream for a generator method; "dynamic" or
+    "streaming" for a generator method). ``backpressure``: items a streaming call may
+    run ahead of its reader (0: no limit)."""
+
     __slots__ = ("_handle", "_name", "_num_returns", "_generator", "_backpressure")
 
-    def __init__(self, handle: ActorHandle, name: str, num_returns: int | str | None,
+    def __init__(self, handle: ActorHandle[Any], name: str, num_returns: int | str | None,
                  backpressure: int = 0) -> None:
         self._handle = handle
         self._name = name
@@ -261,6 +296,11 @@ class ActorMethod:
 
     def options(self, *, num_returns: int | str | None = None,
                 _generator_backpressure_num_objects: int | None = None) -> ActorMethod:
+        """This method with other call options.
+
+        ``num_returns``: refs per call (an int >= 0, or "dynamic"/"streaming" for a
+        generator method). ``_generator_backpressure_num_objects``: for a streaming
+        call, how many items may wait unread before the method pauses."""
         if not isinstance(num_returns, (str, type(None))) and (
                 isinstance(num_returns, bool) or not isinstance(num_returns, int) or num_returns < 0):
             raise ValueError(f"num_returns must be an int >= 0, \"dynamic\" or \"streaming\"; "
@@ -269,6 +309,12 @@ class ActorMethod:
                            check_backpressure(_generator_backpressure_num_objects))
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the method on the actor; returns the ObjectRef of its result at once
+        (a list for ``num_returns=N``, None for 0, an ObjectRefGenerator for a
+        generator method). Calls from one caller run in the order they were made.
+
+        ``args``, ``kwargs``: the method's arguments (top-level ObjectRefs arrive as
+        their values)."""
         client = _context.current_client()
         h = self._handle
         key = (h._actor_id, self._name, self._num_returns, self._generator, self._backpressure)
@@ -301,9 +347,12 @@ class ActorMethod:
                         f"handle.{self._name}.remote(...)")
 
 
-def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
+def get_actor(name: str, namespace: str | None = None) -> ActorHandle[Any]:
     """The handle of the named actor in ``namespace`` (None: this driver's); ValueError
-    if no live actor there has that name."""
+    if no live actor there has that name.
+
+    ``name``: the name given by ``Cls.options(name=...)``. ``namespace``: where to look
+    (``init(namespace=...)`` or ``options(namespace=...)`` set it)."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"get_actor() takes an actor name (str), got {name!r}")
     if namespace is not None and (not isinstance(namespace, str) or not namespace):
@@ -314,9 +363,11 @@ def get_actor(name: str, namespace: str | None = None) -> ActorHandle:
     return ActorHandle(reply.actor, client)
 
 
-def kill(handle: ActorHandle, *, no_restart: bool = True) -> None:
-    """Stop the actor now. Pending and later calls raise ActorDiedError; with
-    ``no_restart=False`` an actor with restarts left starts again instead."""
+def kill(handle: ActorHandle[Any], *, no_restart: bool = True) -> None:
+    """Stop the actor now. Pending and later calls raise ActorDiedError.
+
+    ``handle``: the actor's handle. ``no_restart``: True (the default) ends it for
+    good; False lets an actor with restarts left (``max_restarts``) start again."""
     if not isinstance(handle, ActorHandle):
         raise TypeError(f"kill() takes an ActorHandle, got {type(handle).__name__}")
     client = _context.current_client()

@@ -1,11 +1,14 @@
-"""The ``orchestra`` command: ``orchestra start|stop|status ...`` (_cli_cluster.py),
-``orchestra microbenchmark ...``, ``orchestra coordinator ...``,
-``orchestra run --ray SCRIPT [ARGS]`` (orchestra/compat/ray.py)."""
+"""The ``orchestra`` command (also ``python -m orchestra``): ``orchestra start|stop|status
+...`` (_cli_cluster.py), ``orchestra microbenchmark ...``, ``orchestra coordinator ...``,
+``orchestra run --ray SCRIPT [ARGS]`` (orchestra/compat/ray.py); ``orchestra --version``.
+Each command is one line of main() and its lines in _USAGE."""
 from __future__ import annotations
 
 import sys
 
-_USAGE = """usage: orchestra COMMAND [ARGS]
+_USAGE = """usage: orchestra COMMAND [ARGS]    (or: python -m orchestra COMMAND [ARGS])
+       orchestra --version | -V       print orchestra's version
+       orchestra COMMAND --help       a command's own options
 
 commands:
   start            start a cluster's head (--head), or a node that joins one
@@ -33,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_USAGE)
         return 0
+    if argv[0] in ("-V", "--version"):
+        print(f"orchestra {version()}")
+        return 0
     cmd, rest = argv[0], argv[1:]
     if cmd in ("start", "stop", "status"):
         from . import _cli_cluster
@@ -55,8 +61,23 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def version() -> str:
+    """The installed distribution's version; orchestra.__version__ where the package runs
+    from a source tree (no metadata)."""
+    from importlib import metadata
+    try:
+        return metadata.version("orchestra-runtime")
+    except metadata.PackageNotFoundError:
+        from . import __version__
+        return __version__
+
+
 def _run(argv: list[str]) -> int:
     """``run --ray SCRIPT [ARGS]``: the script runs with ``import ray`` mapped to orchestra."""
+    if argv[:1] in (["-h"], ["--help"]):
+        print("usage: orchestra run --ray SCRIPT [ARGS]\n\nRun a Ray Core script unchanged: "
+              "`import ray` in it (and in its tasks) gives orchestra under Ray's names.")
+        return 0
     if not argv or argv[0] != "--ray":
         print("orchestra run: give --ray (the one mode): orchestra run --ray SCRIPT [ARGS]",
               file=sys.stderr)

@@ -324,7 +324,7 @@ class CoreClient:
         hold: list[ObjectRef] | None = [] if shape is not None and direct.loans else None
         call = self._encode_call(template, tid, args, kwargs, refs, hold)
         rids = [tid + i.to_bytes(4, "big") for i in range(num_returns)]
-        out = [ObjectRef(rid, self, counted=True) for rid in rids]
+        out: list[ObjectRef[Any]] = [ObjectRef(rid, self, counted=True) for rid in rids]
         if shape is not None and hold is not None and direct.loans.get(shape) \
                 and (not refs or all(r._id in self.results for r in refs)):
             if hold and self.put_seq > self.synced_seq:
@@ -357,7 +357,7 @@ class CoreClient:
         hold: list[ObjectRef] = []
         call = self._encode_call(template, tid, args, kwargs, refs, hold)
         rids = [tid + i.to_bytes(4, "big") for i in range(num_returns)]
-        out = [ObjectRef(rid, self, counted=True) for rid in rids]
+        out: list[ObjectRef[Any]] = [ObjectRef(rid, self, counted=True) for rid in rids]
         if hold and self.put_seq > self.synced_seq and route.peer is not None:
             self.request(pb.Request(query="sync"))   # the head knows every ref in the arguments
         with route.lock:
@@ -413,7 +413,7 @@ class CoreClient:
     def _put_serialized(self, ser: Serialized) -> ObjectRef:
         oid = _ids.object_id(_ids.next_task_id(), 0)
         data = self.objects.make_object_data(oid, ser)
-        ref = ObjectRef(oid, self, counted=True)
+        ref: ObjectRef[Any] = ObjectRef(oid, self, counted=True)
         with self.refs.lock:
             self.results[oid] = data
         self.send(_wire.OBJECTS, pb.Objects(objects=[data]))
@@ -502,14 +502,16 @@ class CoreClient:
             if blocked and self.on_block is not None:
                 self.on_block(False, ())
 
-    def wait_for(self, ready: Callable[[], bool], deadline: float | None) -> bool:
-        """wait_until(ready) as get() waits: a task blocked here lends its CPU (naming
-        no object: nothing it waits for may run inline on this thread)."""
+    def wait_for(self, ready: Callable[[], bool], deadline: float | None,
+                 ids: Iterable[bytes] = ()) -> bool:
+        """wait_until(ready) as get() waits: a task blocked here lends its CPU. ``ids``:
+        the objects it waits for (the first _BLOCKED_IDS are named to the head, whose
+        tasks may then run inline on this thread); none named, none runs inline."""
         if ready():
             return True
         if self.on_block is None:
             return self.wait_until(ready, deadline)
-        inline = self.on_block(True, ())
+        inline = self.on_block(True, list(itertools.islice(ids, _BLOCKED_IDS)))
         try:
             if inline:
                 return self._wait_running_nested(ready, deadline)

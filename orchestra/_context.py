@@ -111,6 +111,7 @@ class RuntimeContext:
 
     @property
     def node_id(self) -> str:
+        """``get_node_id()``, as a property (Ray has both)."""
         return self.get_node_id()
 
     def get_job_id(self) -> str:
@@ -119,6 +120,7 @@ class RuntimeContext:
 
     @property
     def job_id(self) -> str:
+        """``get_job_id()``, as a property (Ray has both)."""
         return self.get_job_id()
 
     def get_task_id(self) -> str | None:
@@ -128,6 +130,7 @@ class RuntimeContext:
 
     @property
     def task_id(self) -> str | None:
+        """``get_task_id()``, as a property (Ray has both)."""
         return self.get_task_id()
 
     def get_actor_id(self) -> str | None:
@@ -141,6 +144,7 @@ class RuntimeContext:
 
     @property
     def actor_id(self) -> str | None:
+        """``get_actor_id()``, as a property (Ray has both)."""
         return self.get_actor_id()
 
     def get_worker_id(self) -> str:
@@ -150,6 +154,7 @@ class RuntimeContext:
 
     @property
     def worker_id(self) -> str:
+        """``get_worker_id()``, as a property (Ray has both)."""
         return self.get_worker_id()
 
     @property

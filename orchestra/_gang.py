@@ -176,7 +176,8 @@ def gang(cls: Any, size: int, *, args: Sequence[Any] = (), kwargs: Mapping[str, 
     """Start ``size`` actors of ``cls`` as one gang; returns at once with a ``Gang``.
 
     ``cls`` is a plain class or an ``@orchestra.remote`` class (its options apply; those
-    given here win). Every member's constructor first joins the gang (all members must be
+    given here win: ``num_gpus``, ``num_cpus`` and ``resources`` per member). Every
+    member's constructor first joins the gang (all members must be
     running within ``timeout_s``), then runs ``cls.__init__(*args, **kwargs)``; inside it and
     in every method, ``orchestra.gang_context()`` gives the member's rank, world size, local
     rank, node rank, topology, torch/JAX rendezvous and a shared key-value store.
@@ -208,7 +209,7 @@ def gang(cls: Any, size: int, *, args: Sequence[Any] = (), kwargs: Mapping[str, 
     totals = (_session.cluster_resources() if client.info.joinable
               else dict(client.info.node_resources))
     _check_capacity(name, size, options, totals)
-    member_cls = ActorClass(_member_class(base), options)
+    member_cls: ActorClass[Any] = ActorClass(_member_class(base), options)
     plan = _plan_nodes(size, options, spread, client) if client.info.joinable else None
     # One secret per gang: any local user can reach a loopback port, and without it could join
     # a forming gang as a missing member, read or replace its rendezvous keys, or claim a
@@ -271,6 +272,9 @@ class Gang:
 
     ``gang.actors[i]`` (also ``gang[i]``, iteration, ``len``) is member i's ``ActorHandle``:
     call methods as on any actor, or on all members with ``gang.call("method", ...)``.
+
+    Made by ``orchestra.gang(...)``: ``class_name`` names the members' class, ``actors``
+    are their handles in rank order, ``coordinator`` the gang's coordinator.
     """
 
     def __init__(self, class_name: str, actors: Sequence[ActorHandle],
@@ -287,6 +291,7 @@ class Gang:
 
     @property
     def size(self) -> int:
+        """The number of members."""
         return len(self.actors)
 
     def __len__(self) -> int:

@@ -169,6 +169,11 @@ class GangContext:
     local ranks group members by host. Blocking calls take ``timeout_s`` (default: the
     gang's ``timeout_s``) and raise ``GangTimeoutError`` past it, ``GangAbortedError`` once
     the gang is aborted.
+
+    Made by orchestra when a member joins (``orchestra.gang_context()`` returns it):
+    ``spec`` is the member's part of the gang, ``client`` its coordinator connection,
+    ``where`` its node and local ranks, ``topology`` every member's devices, ``gpu_ids``
+    this member's GPUs, ``host`` its host's address.
     """
 
     def __init__(self, spec: GangSpec, client: CoordinatorClient, where: Layout,
@@ -206,7 +211,8 @@ class GangContext:
         """The environment of ``torch.distributed.init_process_group(init_method="env://")``.
 
         MASTER_ADDR/MASTER_PORT: a port that member 0 found free on its host when the gang
-        formed. Use as ``os.environ.update(ctx.torch_env())``.
+        formed. Use as ``os.environ.update(ctx.torch_env())``. ``timeout_s``: how long to
+        wait for member 0 to publish it (None: the gang's timeout).
         """
         if self._torch_master is None:
             self._torch_master = self._get(_TORCH_MASTER_KEY, timeout_s, "torch_env()")
@@ -218,7 +224,8 @@ class GangContext:
 
     def jax_kwargs(self, timeout_s: float | None = None) -> dict[str, Any]:
         """Keyword arguments of ``jax.distributed.initialize(**ctx.jax_kwargs())``: member 0
-        serves JAX's coordination service on a port it found free when the gang formed."""
+        serves JAX's coordination service on a port it found free when the gang formed.
+        ``timeout_s``: how long to wait for member 0 to publish it (None: the gang's)."""
         if self._jax_coordinator is None:
             self._jax_coordinator = self._get(_JAX_COORDINATOR_KEY, timeout_s, "jax_kwargs()")
         return {"coordinator_address": self._jax_coordinator,
@@ -243,6 +250,7 @@ class GangContext:
         """Wait until every member called ``barrier(name)`` as many times as this one.
 
         Members must call barriers of one name in the same order; names may repeat.
+        ``timeout_s``: how long to wait for the others (None: the gang's timeout).
         """
         self._check_key(name)
         with self._lock:

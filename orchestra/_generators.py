@@ -26,7 +26,7 @@ import asyncio
 import inspect
 import threading
 import time
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from . import _pb as pb
 from . import _wire
@@ -125,7 +125,12 @@ def _retire(client: Any, st: Stream) -> None:
         client.streams.pop(closed.popleft(), None)
 
 
-class ObjectRefGenerator:
+# The items' type, for type checkers: a generator function typed ``-> Iterator[int]``
+# streams an ``ObjectRefGenerator[int]``, whose refs are ``ObjectRef[int]``.
+Y_co = TypeVar("Y_co", covariant=True)
+
+
+class ObjectRefGenerator(Generic[Y_co]):
     """The refs of a streaming generator's items, each as soon as the task yields it.
 
     ``for ref in gen``, ``next(gen)``, ``async for ref in gen``; ``completed()`` is a ref
@@ -133,6 +138,10 @@ class ObjectRefGenerator:
     whether next() returns at once; ``is_finished()`` whether every item was taken.
     An error of the task arrives at the item it failed on: that ref's get() raises it,
     and the generator stops after it.
+
+    Made by ``f.remote()`` of a generator function: ``client`` is the caller's
+    connection, ``stream`` the items as they come, ``end`` the ref of the task's end,
+    ``backpressure`` how many items may wait unread (0: no limit).
     """
 
     def __init__(self, client: Any, stream: Stream, end: ObjectRef, backpressure: int) -> None:
@@ -144,19 +153,19 @@ class ObjectRefGenerator:
         self._done = False
 
     # ------------------------------------------------------------------ iteration
-    def __iter__(self) -> ObjectRefGenerator:
+    def __iter__(self) -> ObjectRefGenerator[Y_co]:
         return self
 
-    def __next__(self) -> ObjectRef:
+    def __next__(self) -> ObjectRef[Y_co]:
         ref = self._next(None)
         if ref is None:
             raise StopIteration
         return ref
 
-    def __aiter__(self) -> ObjectRefGenerator:
+    def __aiter__(self) -> ObjectRefGenerator[Y_co]:
         return self
 
-    async def __anext__(self) -> ObjectRef:
+    async def __anext__(self) -> ObjectRef[Y_co]:
         if self.next_ready() or self._done:
             ref = self._next(None)
         else:   # wait on a thread: the event loop keeps running
@@ -165,7 +174,7 @@ class ObjectRefGenerator:
             raise StopAsyncIteration
         return ref
 
-    def _next(self, timeout: float | None) -> ObjectRef | None:
+    def _next(self, timeout: float | None) -> ObjectRef[Y_co] | None:
         """The next item's ref; the end's ref when the task failed; None at the end."""
         if self._done:
             return None
@@ -179,7 +188,7 @@ class ObjectRefGenerator:
         with client.refs.lock:
             data = items.pop(oid, None)
             if data is not None:
-                ref = ObjectRef(oid, client, counted=True)   # the count the head holds
+                ref: ObjectRef[Any] = ObjectRef(oid, client, counted=True)   # the count the head holds
                 results[oid] = data
         if data is not None:
             self._taken += 1
@@ -301,7 +310,8 @@ def wait_with_generators(client: Any, items: list[Any], num_returns: int,
 
 
 class DynamicObjectRefGenerator:
-    """The value of a num_returns="dynamic" task: a ref per item it yielded, in order."""
+    """The value of a num_returns="dynamic" task: a ref per item it yielded, in order
+    (``refs``); iterate it, or ``len()`` it."""
 
     def __init__(self, refs: list[ObjectRef]) -> None:
         self._refs = list(refs)

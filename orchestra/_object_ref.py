@@ -6,13 +6,30 @@ its id in the value being serialized, so the object that contains it keeps it al
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ._serialization import note_contained_ref
 
+if TYPE_CHECKING:
+    from collections.abc import Generator
+    from concurrent.futures import Future
 
-class ObjectRef:
-    """A reference to a value that a task returns or ``put`` stored."""
+# The value's type, for type checkers: ``get(ref)`` of an ``ObjectRef[int]`` is an int.
+# Covariant: a ref only hands its value out. (Generic adds nothing to making a ref:
+# typing.Generic has no __new__ since Python 3.9.)
+R_co = TypeVar("R_co", covariant=True)
+
+
+class ObjectRef(Generic[R_co]):
+    """A reference to a value that a task returns or ``put`` stored (``ObjectRef[T]``
+    to a type checker: its value is a T). Pass it to ``get`` for the value, to
+    ``wait``/``as_completed`` to learn when it is ready, or to another task as an
+    argument (it arrives as its value). Equal refs name the same object.
+
+    Made by orchestra, never by hand: ``f.remote(...)``, ``handle.m.remote(...)`` and
+    ``put(value)`` return refs. ``object_id`` is the object's id, ``client`` the
+    process's connection that counts the ref, ``counted`` whether the head already
+    counts it."""
 
     __slots__ = ("_id", "_client", "__weakref__")
 
@@ -27,9 +44,11 @@ class ObjectRef:
             client.remove_ref(self._id)
 
     def binary(self) -> bytes:
+        """The object's id, as bytes."""
         return self._id
 
     def hex(self) -> str:
+        """The object's id, as a hex string."""
         return self._id.hex()
 
     def __repr__(self) -> str:
@@ -45,19 +64,19 @@ class ObjectRef:
         note_contained_ref(self._id)
         return (_rebuild_ref, (self._id,))
 
-    def future(self) -> Any:
+    def future(self) -> Future[R_co]:
         """A ``concurrent.futures.Future`` of the value (its exception: the task's error).
         One thread per process resolves every ref's Future (_futures.py)."""
         from ._futures import future_of
         return future_of(self)
 
-    def __await__(self) -> Any:
+    def __await__(self) -> Generator[Any, None, R_co]:
         """``await ref`` inside async code: the value, while the loop keeps running (an
         asyncio wrap of ``future()``: no thread per awaited ref)."""
         import asyncio
         return asyncio.wrap_future(self.future()).__await__()
 
 
-def _rebuild_ref(object_id: bytes) -> ObjectRef:
+def _rebuild_ref(object_id: bytes) -> ObjectRef[Any]:
     from ._context import current_client
     return ObjectRef(object_id, current_client())

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Generator, Iterator
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 import cloudpickle
 
@@ -30,6 +30,13 @@ from ._proto import types_pb2
 from ._resources import check_feasible, make_request, pinned_key, shape_key
 from ._serialization import dumps_function
 from .util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+
+if TYPE_CHECKING:
+    from ._object_ref import ObjectRef
+
+P = ParamSpec("P")
+R = TypeVar("R")
+Y = TypeVar("Y")
 
 DEFAULT_MAX_RETRIES = 3
 
@@ -121,10 +128,15 @@ def retry_on(value: Any) -> bytes:
                      f"got {value!r}")
 
 
-class RemoteFunction:
-    """A function that runs as a task: ``f.remote(*args)`` returns ObjectRef(s)."""
+class RemoteFunction(Generic[P, R]):
+    """A function that runs as a task: ``f.remote(*args)`` returns ObjectRef(s).
 
-    def __init__(self, fn: Callable[..., Any], options: dict[str, Any],
+    Made by ``@orchestra.remote``; ``RemoteFunction[P, R]`` to a type checker, where
+    ``P`` is the function's parameters and ``R`` its return type.
+    ``fn``: the function. ``options``: the task options (see ``orchestra.remote``).
+    ``function_id``: the id it is registered under (``options()`` keeps it)."""
+
+    def __init__(self, fn: Callable[P, R], options: dict[str, Any],
                  function_id: bytes | None = None) -> None:
         if not callable(fn):
             raise TypeError(f"@orchestra.remote needs a function or class, got {fn!r}")
@@ -150,8 +162,10 @@ class RemoteFunction:
                         f"{self._fn.__name__}.remote(...) to run it as a task, and "
                         "orchestra.get() on the ref it returns")
 
-    def options(self, **options: Any) -> RemoteFunction:
-        """A copy with some options changed (same function, registered once)."""
+    def options(self, **options: Any) -> RemoteFunction[P, R]:
+        """A copy with some options changed (same function, registered once).
+
+        ``options``: task options, as ``orchestra.remote`` takes them, over this one's."""
         merged = {**self._options, **options}
         return RemoteFunction(self._fn, merged, self._function_id)
 
@@ -193,7 +207,25 @@ class RemoteFunction:
         self._register_frame = _wire.encode(_wire.FUNCTION, reg)
         self._client = client
 
+    # A generator function streams: its calls give an ObjectRefGenerator of its items.
+    @overload
+    def remote(self: RemoteFunction[P, Generator[Y, Any, Any]], *args: P.args,  # type: ignore[overload-overlap]
+               **kwargs: P.kwargs) -> ObjectRefGenerator[Y]: ...
+
+    @overload
+    def remote(self: RemoteFunction[P, Iterator[Y]], *args: P.args,  # type: ignore[overload-overlap]
+               **kwargs: P.kwargs) -> ObjectRefGenerator[Y]: ...
+
+    @overload
+    def remote(self, *args: P.args, **kwargs: P.kwargs) -> ObjectRef[R]: ...
+
     def remote(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the function as a task with these arguments; returns the ObjectRef of its
+        result at once (a list of refs for ``num_returns=N``, None for 0, an
+        ObjectRefGenerator for a generator function).
+
+        ``args``, ``kwargs``: the function's arguments; an ObjectRef among the top-level
+        ones arrives as its value, once it exists."""
         client = _context.current_client()
         if client is not self._client:
             self._bind(client)
@@ -208,7 +240,7 @@ class RemoteFunction:
             return None
         return refs
 
-    def _stream(self, client: Any, args: Any, kwargs: Any) -> ObjectRefGenerator:
+    def _stream(self, client: Any, args: Any, kwargs: Any) -> ObjectRefGenerator[Any]:
         """Submit a streaming generator task (through the head: its items go there)."""
         tid = _ids.next_task_id()
         stream = open_stream(client, tid)
@@ -224,7 +256,7 @@ class RemoteFunction:
     def __reduce__(self) -> tuple[Any, ...]:
         return (RemoteFunction, (self._fn, self._options, self._function_id))
 
-    def orchestra_wrapped(self) -> Callable[..., Any]:
+    def orchestra_wrapped(self) -> Callable[P, R]:
         """The function this wraps (_serialization finds it by name on the other side)."""
         return self._fn
 

@@ -24,10 +24,12 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from . import _context, _runtime_env, _wire
 from . import _pb as pb
+from ._args import check_session as _check_session
+from ._args import check_timeout as _check_timeout
 from ._bootstrap import BOOTSTRAP as HEAD_BOOTSTRAP
 from ._client import CoreClient
 from ._connection import parse_address
@@ -37,7 +39,7 @@ from ._ids import machine_id, node_hex
 from ._object_ref import ObjectRef
 from ._resources import make_request
 from ._store import SHM_DIR, pid_alive, remove_private_dir, sweep_stale_segments
-from .exceptions import ClusterLostError, ObjectLostError, OrchestraError
+from .exceptions import ClusterLostError, OrchestraError
 
 SESSION_PREFIX = "orchestra-session-"
 _HEAD_EXIT_TIMEOUT_S = 5.0
@@ -50,6 +52,9 @@ _PRELOAD = {"numpy": ("numpy", "pyarrow.ipc"), "pyarrow": ("pyarrow.ipc",), "pan
 DEFAULT_EXIT_GRACE_S = 5.0
 _EXIT_POLL_S = 0.02
 _log = logging.getLogger("orchestra")
+# What wait() takes and hands back: refs and ObjectRefGenerators, as given.
+_W = TypeVar("_W", bound="ObjectRef[Any] | ObjectRefGenerator")
+R = TypeVar("R")
 
 
 class Session:
@@ -193,6 +198,7 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
          include_dashboard: bool = True, dashboard_port: int | None = None,
          _system_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """Start a local cluster (or connect to one) and make it this process's session.
+    Returns a dict with the session's address and resources.
 
     ``address``: None starts a private cluster on this machine (unless ORCHESTRA_ADDRESS
     names one). "HOST:PORT" connects to a cluster (``orchestra start --head`` printed its
@@ -201,6 +207,14 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     connects to the cluster ``orchestra start`` started on this machine (its token with
     it). A session directory or its head.sock connects to another driver's private
     cluster of this user.
+
+    ``num_cpus``, ``num_gpus``, ``resources``: what the local node offers (default: the
+    machine's CPUs, its GPUs found, nothing else). ``object_store_memory``: bytes of
+    shared memory for objects (default: 30% of RAM, within what /dev/shm has free);
+    ``spill_dir``: an existing directory where objects spill when the store is full
+    (default: under the session's directory).
+    ``ignore_reinit_error``: a second init() returns the session's dict instead of
+    raising. ``_system_config``: internal settings, for tests.
 
     ``namespace``: where this driver's actor names live (default: an anonymous one of
     its own). ``runtime_env``: env_vars / working_dir / py_modules for every task and
@@ -641,26 +655,33 @@ def _client() -> CoreClient:
     return _context.current_client()
 
 
-def _check_timeout(timeout: float | None) -> float | None:
-    """The timeout to wait with: None (no limit) for None or infinity."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
-    if math.isnan(timeout) or timeout < 0:
-        # NaN compares false with everything: it passed `< 0` and failed later with
-        # "cannot convert float NaN to integer".
-        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}; "
-                         "pass None to wait without a limit")
-    return None if math.isinf(timeout) else timeout
+@overload
+def get(refs: ObjectRef[R], *, timeout: float | None = None, progress: bool | str = False) -> R: ...
 
 
-def get(refs: ObjectRef | Sequence[ObjectRef], *, timeout: float | None = None) -> Any:
-    """The value of a ref, or the values of a list of refs (in order)."""
+@overload
+def get(refs: Sequence[ObjectRef[R]], *, timeout: float | None = None,
+        progress: bool | str = False) -> list[R]: ...
+
+
+def get(refs: ObjectRef[Any] | Sequence[ObjectRef[Any]], *, timeout: float | None = None,
+        progress: bool | str = False) -> Any:
+    """The value of a ref, or the values of a list of refs (in order).
+
+    ``refs``: an ObjectRef, or a list or tuple of them. A task's error is raised here
+    (TaskError, or the error's own class where it can be both).
+    ``timeout``: seconds to wait at most (None or ``inf``: no limit); then
+    GetTimeoutError, and the tasks keep running.
+    ``progress``: True draws a progress bar of the refs whose values are here (tqdm:
+    counts and rate; a widget in a notebook), a string draws it with that label; False
+    (the default) draws nothing and costs nothing."""
     timeout = _check_timeout(timeout)
     client = _client()
     if isinstance(refs, ObjectRef):
         _check_session(refs, client)
+        if progress is not False:
+            from ._progress import get_with_progress
+            return get_with_progress(client, [refs], timeout, progress)[0]
         return client.get_one(refs, timeout)
     if isinstance(refs, (list, tuple)):
         for r in refs:
@@ -668,33 +689,37 @@ def get(refs: ObjectRef | Sequence[ObjectRef], *, timeout: float | None = None) 
                 raise TypeError(f"get() takes an ObjectRef or a list of ObjectRefs; the list "
                                 f"holds a {type(r).__name__} {r!r}")
             _check_session(r, client)
+        if progress is not False:
+            from ._progress import get_with_progress
+            return get_with_progress(client, refs, timeout, progress)
         return client.get_many(refs, timeout)
     raise TypeError(f"get() takes an ObjectRef or a list of ObjectRefs, not a "
                     f"{type(refs).__name__}; f.remote(...) and orchestra.put(...) return refs")
 
 
-def _check_session(ref: ObjectRef, client: Any) -> None:
-    # A ref made before shutdown() names an object the new session never had: its
-    # value was never pushed here, and get() waited forever (or until its timeout).
-    if ref._client is not client:
-        raise ObjectLostError(
-            f"{ref!r} belongs to a session that was shut down; refs do not outlive "
-            "orchestra.shutdown(). Put the value again, or re-run its task, in this session.")
+def put(value: R) -> ObjectRef[R]:
+    """Store ``value`` in the cluster and return its ref; large values go to shared
+    memory once, and tasks on this node read them from there without a copy.
 
-
-def put(value: Any) -> ObjectRef:
-    """Store ``value`` in the cluster; large values go to shared memory once."""
+    ``value``: anything cloudpickle can pickle (numpy arrays, Arrow tables and pandas
+    frames travel as buffers, not pickled bytes)."""
     return _client().put(value)
 
 
-def wait(refs: Sequence[ObjectRef], *, num_returns: int = 1,
-         timeout: float | None = None, fetch_local: bool = True) -> tuple[list[ObjectRef], list[ObjectRef]]:
-    """(ready, not_ready): the first ``num_returns`` refs ready, in input order. An
-    ObjectRefGenerator among them is ready when next() on it returns at once.
+def wait(refs: Sequence[_W], *, num_returns: int = 1, timeout: float | None = None,
+         fetch_local: bool = True, progress: bool | str = False) -> tuple[list[_W], list[_W]]:
+    """(ready, not_ready): the first ``num_returns`` refs ready, and the others, each
+    list in input order.
 
+    ``refs``: a list of distinct ObjectRefs; an ObjectRefGenerator among them is ready
+    when next() on it returns at once. ``num_returns``: how many to wait for, between 1
+    and ``len(refs)``. ``timeout``: seconds to wait at most (None: no limit; 0: look
+    and return); at the timeout ``ready`` holds those ready then, no error.
     ``fetch_local`` is accepted for Ray's scripts: a ref counts as ready once its value
     exists anywhere in the cluster either way; a value on another node is copied to
-    this one when get() reads it."""
+    this one when get() reads it.
+    ``progress``: True draws a progress bar up to ``num_returns`` (tqdm), a string
+    draws it with that label; False (the default) draws nothing."""
     if not isinstance(fetch_local, bool):
         raise TypeError(f"fetch_local must be True or False, got {fetch_local!r}")
     if isinstance(refs, ObjectRef) or not isinstance(refs, (list, tuple)):
@@ -721,15 +746,23 @@ def wait(refs: Sequence[ObjectRef], *, num_returns: int = 1,
             return [], []
         raise ValueError(f"num_returns must be between 1 and len(refs)={len(refs)}, got {num_returns}")
     timeout = _check_timeout(timeout)
+    if progress is not False:
+        from ._progress import wait_with_progress
+        return wait_with_progress(_client(), list(refs), num_returns, timeout, progress, streams)
     if streams:
         return wait_with_generators(_client(), list(refs), num_returns, timeout)
-    return _client().wait(list(refs), num_returns, timeout)
+    ready: Any = _client().wait(list(refs), num_returns, timeout)   # the refs given: _W's
+    return ready
 
 
 def cancel(ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> None:
-    """Stop the task behind ``ref``: queued, waiting for arguments, or running.
+    """Stop the task behind ``ref``: queued, waiting for arguments, or running; get()
+    on its refs then raises TaskCancelledError. A finished task is left alone.
+
+    ``ref``: a ref the task returns (an ObjectRefGenerator: its task). ``force``: kill
+    the worker running it (else the task is interrupted where it runs Python).
     ``recursive`` (default, as in Ray): the tasks it submitted that have not finished
-    are cancelled too, and theirs. ``ref`` may be an ObjectRefGenerator: its task."""
+    are cancelled too, and theirs."""
     if isinstance(ref, ObjectRefGenerator):
         ref = ref.completed()
     if not isinstance(ref, ObjectRef):

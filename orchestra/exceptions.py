@@ -19,6 +19,9 @@ class TaskError(OrchestraError):
 
     Instances made by ``TaskError.wrap`` are also instances of the original exception
     class, so callers can catch the type they expect.
+
+    ``function_name``: the task's function; ``traceback_str``: the remote traceback;
+    ``cause``: the exception the task raised; ``pid``: the worker's process id.
     """
 
     def __init__(self, function_name: str = "", traceback_str: str = "",
@@ -47,7 +50,8 @@ class TaskError(OrchestraError):
     @classmethod
     def wrap(cls, function_name: str, traceback_str: str, cause: BaseException,
              pid: int) -> TaskError:
-        """A TaskError that is also an instance of ``type(cause)``."""
+        """A TaskError that is also an instance of ``type(cause)`` (parameters as for
+        TaskError: ``function_name``, ``traceback_str``, ``cause``, ``pid``)."""
         return _rebuild_task_error(function_name, traceback_str, cause, pid)
 
 
@@ -192,7 +196,7 @@ class GangMemberDiedError(GangError):
     """Raised in the driver: members of the gang died; ``members`` are their indices.
 
     ``actors`` holds their ``ActorHandle`` s, in the same order, and ``reason`` the
-    coordinator's account of the abort.
+    coordinator's account of the abort; ``message`` is the error's text.
     """
 
     def __init__(self, message: str, members: tuple[int, ...] = (), actors: tuple[Any, ...] = (),

@@ -48,7 +48,7 @@ class ActorPool:
         return results()
 
     def map_unordered(self, fn: Callable[[Any, V], Any], values: Iterable[V]) -> Iterator[Any]:
-        """As map(), the results in the order they finish."""
+        """As map(``fn``, ``values``), the results in the order they finish."""
         self._drop_unfetched(ordered=False)
         for v in values:
             self.submit(fn, v)

@@ -29,7 +29,11 @@ _READY_SUFFIX = b"\xff\xff\xff\xfe"   # as _pg_state.READY_SUFFIX
 
 class PlacementGroup:
     """A handle to a placement group: ``id``, ``bundle_specs``, ``ready()``, ``wait()``.
-    Picklable: a task may schedule into a group its caller made."""
+    Picklable: a task may schedule into a group its caller made.
+
+    Made by ``placement_group(...)`` and ``get_placement_group(name)``: ``group_id`` is
+    the group's id, ``bundles`` its bundles' resources, ``ready`` the ref that resolves
+    once they are reserved."""
 
     def __init__(self, group_id: bytes, bundles: list[dict[str, float]],
                  ready: ObjectRef | None = None) -> None:
@@ -44,10 +48,12 @@ class PlacementGroup:
 
     @property
     def bundle_specs(self) -> list[dict[str, float]]:
+        """Each bundle's resources, in bundle-index order (copies)."""
         return [dict(b) for b in self._bundles]
 
     @property
     def bundle_count(self) -> int:
+        """The number of bundles."""
         return len(self._bundles)
 
     def ready(self) -> ObjectRef:
@@ -106,6 +112,9 @@ def placement_group(bundles: list[dict[str, float]], strategy: str = "PACK", nam
     STRICT_PACK (one node), STRICT_SPREAD (one node per bundle). Returns at once; the
     reservation may wait for resources: ``pg.ready()`` / ``pg.wait(timeout)``.
 
+    ``name``: a name for ``get_placement_group(name)`` ("" : none). ``lifetime``: None
+    (the group ends with the process that made it) or "detached" (it outlives it).
+
     Raises InfeasibleResourcesError naming the bundle when no nodes of a private cluster
     could ever hold it (on a cluster nodes may join, it waits with a warning), ValueError
     for a taken ``name`` or bad input."""
@@ -125,13 +134,16 @@ def placement_group(bundles: list[dict[str, float]], strategy: str = "PACK", nam
     spec = pb.PlacementGroupSpec(group_id=gid, strategy=strategy, name=name, detached=detached,
                                  bundles=[pb.PlacementBundle(resources=b) for b in specs])
     client.request(pb.Request(create_placement_group=spec))
-    ready = ObjectRef(gid + _READY_SUFFIX, client, counted=True)   # the head counts it for us
+    # the head counts it for us
+    ready: ObjectRef[None] = ObjectRef(gid + _READY_SUFFIX, client, counted=True)
     return PlacementGroup(gid, specs, ready)
 
 
 def remove_placement_group(placement_group: PlacementGroup) -> None:
     """Release the group's bundles: actors in it are killed, tasks running in it are
-    killed (TaskCancelledError), tasks waiting to run in it fail the same way."""
+    killed (TaskCancelledError), tasks waiting to run in it fail the same way.
+
+    ``placement_group``: the group's handle."""
     if not isinstance(placement_group, PlacementGroup):
         raise TypeError(f"remove_placement_group() takes a PlacementGroup, got {placement_group!r}")
     _context.current_client().request(pb.Request(remove_placement_group=placement_group.id))
@@ -142,7 +154,7 @@ def _from_info(info: Any) -> PlacementGroup:
 
 
 def get_placement_group(placement_group_name: str) -> PlacementGroup:
-    """The live group of that name; ValueError when there is none."""
+    """The live group named ``placement_group_name``; ValueError when there is none."""
     if not isinstance(placement_group_name, str) or not placement_group_name:
         raise TypeError(f"get_placement_group() takes a group name (str), got {placement_group_name!r}")
     reply = _context.current_client().request(pb.Request(get_placement_group=placement_group_name))
@@ -150,7 +162,8 @@ def get_placement_group(placement_group_name: str) -> PlacementGroup:
 
 
 def placement_group_table(placement_group: PlacementGroup | None = None) -> dict[str, Any]:
-    """One group's record (a dict), or every group's by id hex: placement_group_id, name,
+    """The record (a dict) of ``placement_group``, or (None) every group's, by id hex:
+    placement_group_id, name,
     strategy, state (PENDING / CREATED / REMOVED), bundles {index: resources},
     bundles_to_node_id {index: node id hex, as orchestra.nodes() lists them}."""
     gid = placement_group.id if placement_group is not None else b""

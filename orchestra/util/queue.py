@@ -138,12 +138,15 @@ class Queue:
         return int(get(self._actor().qsize.remote()))
 
     def qsize(self) -> int:
+        """The number of items in the queue now (``size()``)."""
         return self.size()
 
     def empty(self) -> bool:
+        """Whether the queue holds no item now."""
         return bool(get(self._actor().empty.remote()))
 
     def full(self) -> bool:
+        """Whether the queue holds ``maxsize`` items now (never, for maxsize 0)."""
         return bool(get(self._actor().full.remote()))
 
     def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
@@ -156,7 +159,8 @@ class Queue:
             _answer(get(self._actor().put.remote(item, timeout)), f"put() waited {timeout} s")
 
     async def put_async(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
-        """put() for async code: awaits instead of blocking the event loop."""
+        """put() for async code: awaits instead of blocking the event loop. ``item``,
+        ``block``, ``timeout``: as for put()."""
         _check_timeout(block, timeout)
         if not block:
             _answer(await self._actor().put_nowait.remote(item), "put_nowait")
@@ -172,13 +176,15 @@ class Queue:
         return _answer(get(self._actor().get.remote(timeout)), f"get() waited {timeout} s")
 
     async def get_async(self, block: bool = True, timeout: float | None = None) -> Any:
-        """get() for async code."""
+        """get() for async code: awaits instead of blocking the event loop. ``block``,
+        ``timeout``: as for get()."""
         _check_timeout(block, timeout)
         if not block:
             return _answer(await self._actor().get_nowait.remote(), "get_nowait")
         return _answer(await self._actor().get.remote(timeout), f"get_async() waited {timeout} s")
 
     def put_nowait(self, item: Any) -> None:
+        """Add ``item`` if there is room now, else raise Full."""
         self.put(item, block=False)
 
     def put_nowait_batch(self, items: Iterable[Any]) -> None:
@@ -188,6 +194,7 @@ class Queue:
         _answer(get(self._actor().put_nowait_batch.remote(list(items))), "put_nowait_batch")
 
     def get_nowait(self) -> Any:
+        """Take an item if there is one now, else raise Empty."""
         return self.get(block=False)
 
     def get_nowait_batch(self, num_items: int) -> list[Any]:

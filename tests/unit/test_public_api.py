@@ -28,7 +28,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 DOCUMENTED_API = [
     "init", "shutdown", "is_initialized", "remote", "RemoteFunction", "get", "put", "wait",
-    "cancel", "get_gpu_ids", "cluster_resources", "available_resources", "ObjectRef",
+    "as_completed", "cancel", "get_gpu_ids", "cluster_resources", "available_resources", "ObjectRef",
     "nodes", "get_runtime_context", "RuntimeContext", "exceptions", "ActorClass", "ActorHandle",
     "ObjectRefGenerator", "DynamicObjectRefGenerator",
     "get_actor", "kill", "method", "actor", "util",

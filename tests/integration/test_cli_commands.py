@@ -1,0 +1,49 @@
+"""The ``orchestra`` command as a user runs it: ``python -m orchestra``, and every
+command's ``--help`` (the commands read from main()'s dispatch: test_cli.py)."""
+from __future__ import annotations
+
+import os
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import orchestra
+from _cli_commands import dispatched_commands
+from orchestra import _cli
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    home = str(Path(orchestra.__file__).resolve().parents[1])
+    if home not in site.getsitepackages():
+        env["PYTHONPATH"] = os.pathsep.join(
+            [home] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+def _orchestra(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orchestra", *args], cwd=cwd, env=_env(),
+                          capture_output=True, text=True, timeout=50, stdin=subprocess.DEVNULL)
+
+
+def test_python_dash_m_orchestra_prints_the_usage_and_succeeds(tmp_path: Path) -> None:
+    proc = _orchestra(cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == _cli._USAGE.strip()
+
+
+def test_python_dash_m_orchestra_version(tmp_path: Path) -> None:
+    proc = _orchestra("--version", cwd=tmp_path)
+    assert (proc.returncode, proc.stdout) == (0, f"orchestra {orchestra.__version__}\n")
+
+
+@pytest.mark.parametrize("command", sorted(dispatched_commands()))
+def test_every_command_has_a_help_that_succeeds(command: str, tmp_path: Path) -> None:
+    proc = _orchestra(command, "--help", cwd=tmp_path)
+    assert proc.returncode == 0, f"orchestra {command} --help: {proc.stdout}\n{proc.stderr}"
+    assert "usage" in proc.stdout.lower()

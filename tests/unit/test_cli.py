@@ -1,0 +1,51 @@
+"""The ``orchestra`` command's own surface: help, --version, and a usage text that lists
+every command main() dispatches (read from main()'s source, so a command added there
+is checked without a change here). Each command's ``--help``: test_cli_commands.py."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import orchestra
+from _cli_commands import dispatched_commands, usage_commands
+from orchestra import _cli
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def test_main_dispatches_the_commands_it_is_known_to() -> None:
+    # The dispatch is read right: a floor, not the list (others add commands).
+    assert {"start", "stop", "status", "microbenchmark", "coordinator", "run"} <= \
+        dispatched_commands()
+
+
+def test_usage_lists_every_command_main_dispatches_and_no_other() -> None:
+    assert usage_commands() == dispatched_commands()
+
+
+@pytest.mark.parametrize("argv", [[], ["--help"], ["-h"]])
+def test_no_command_or_help_prints_the_usage_to_stdout_and_succeeds(
+        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert _cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == _cli._USAGE.strip() and err == ""
+
+
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version_prints_the_version(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _cli.main([flag]) == 0
+    out = capsys.readouterr().out
+    assert out == f"orchestra {_cli.version()}\n"
+    assert re.fullmatch(r"\d+\.\d+\.\d+\S*", _cli.version())
+
+
+def test_version_is_the_package_version() -> None:
+    assert _cli.version() == orchestra.__version__
+
+
+def test_an_unknown_command_says_so_on_stderr_with_the_usage(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert _cli.main(["frobnicate"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "unknown command 'frobnicate'" in err and "commands:" in err
