@@ -30,7 +30,8 @@ from typing import Any
 
 import cloudpickle
 
-from . import _codec, _context, _runtime_env, _wire
+# _code_source: loaded here, in the fork server, for functions copied by value.
+from . import _code_source, _codec, _context, _runtime_env, _wire  # noqa: F401
 from . import _pb as pb
 from ._client import CoreClient
 from ._errors import make_error

@@ -5,8 +5,10 @@ Used by tests/conftest.py and by tests that check what a cluster leaves behind.
 from __future__ import annotations
 
 import os
+import site
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +17,18 @@ import orchestra
 from orchestra import _session
 
 SHM_DIR = "/dev/shm"
+
+
+def child_env() -> dict[str, str]:
+    """This environment, plus the orchestra this process imported when it came from the cwd
+    (``python -m pytest`` in a checkout) rather than site-packages or PYTHONPATH: a child
+    Python started with it imports the same orchestra."""
+    env = dict(os.environ)
+    home = str(Path(orchestra.__file__).resolve().parents[1])
+    if home not in site.getsitepackages():
+        env["PYTHONPATH"] = os.pathsep.join(
+            [home] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
 
 
 def shm_dirs_of(head_pid: int) -> list[str]:

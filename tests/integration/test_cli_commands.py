@@ -2,8 +2,6 @@
 command's ``--help`` (the commands read from main()'s dispatch: test_cli.py)."""
 from __future__ import annotations
 
-import os
-import site
 import subprocess
 import sys
 from pathlib import Path
@@ -12,22 +10,16 @@ import pytest
 
 import orchestra
 from _cli_commands import dispatched_commands
+from _probes import child_env
 from orchestra import _cli
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    home = str(Path(orchestra.__file__).resolve().parents[1])
-    if home not in site.getsitepackages():
-        env["PYTHONPATH"] = os.pathsep.join(
-            [home] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    return env
 
 
 def _orchestra(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestra", *args], cwd=cwd, env=_env(),
+    return subprocess.run([sys.executable, "-m", "orchestra", *args], cwd=cwd, env=child_env(),
                           capture_output=True, text=True, timeout=50, stdin=subprocess.DEVNULL)
 
 

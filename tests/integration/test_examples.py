@@ -12,7 +12,6 @@ import math
 import os
 import re
 import shutil
-import site
 import subprocess
 import sys
 import textwrap
@@ -22,6 +21,7 @@ import numpy as np
 import pytest
 
 import orchestra
+from _probes import child_env
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -29,15 +29,6 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SCRIPTS = sorted(p.name for p in EXAMPLES.glob("*.py"))
 
 
-def child_env() -> dict[str, str]:
-    """This environment, plus the orchestra this process imported when it came from the cwd
-    (``python -m pytest`` in a checkout) rather than site-packages or PYTHONPATH."""
-    env = dict(os.environ)
-    home = str(Path(orchestra.__file__).resolve().parents[1])
-    if home not in site.getsitepackages():
-        env["PYTHONPATH"] = os.pathsep.join(
-            [home] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    return env
 
 
 def run_script(args: list[str], cwd: Path) -> str:

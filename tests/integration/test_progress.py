@@ -8,18 +8,16 @@ is captured) and changes no result.
 from __future__ import annotations
 
 import json
-import os
-import site
 import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 import _helpers as h
 import orchestra
+from _probes import child_env
 from orchestra.exceptions import GetTimeoutError, TaskError
 
 pytestmark = pytest.mark.timeout(60)
@@ -220,13 +218,6 @@ _DRIVER = textwrap.dedent("""
 """)
 
 
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    home = str(Path(orchestra.__file__).resolve().parents[1])
-    if home not in site.getsitepackages():
-        env["PYTHONPATH"] = os.pathsep.join(
-            [home] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    return env
 
 
 def _final_line(section: str) -> str:
@@ -236,7 +227,7 @@ def _final_line(section: str) -> str:
 
 def test_progress_bars_are_drawn_on_stderr_with_their_totals_and_final_counts(no_cluster,
                                                                               tmp_path):
-    proc = subprocess.run([sys.executable, "-c", _DRIVER], cwd=tmp_path, env=_child_env(),
+    proc = subprocess.run([sys.executable, "-c", _DRIVER], cwd=tmp_path, env=child_env(),
                           capture_output=True, text=True, timeout=50, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])

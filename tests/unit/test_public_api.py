@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import site
 import subprocess
 import sys
 import textwrap
@@ -20,6 +19,7 @@ from typing import Any
 import pytest
 
 import orchestra
+from _probes import child_env
 from orchestra import exceptions
 
 pytestmark = pytest.mark.timeout(60)
@@ -157,14 +157,8 @@ SIDE_EFFECTS = ["python threads", "os threads", "child processes", "environment"
 def import_report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
                   ) -> dict[str, Any]:
     """What changed in a fresh interpreter across ``import orchestra`` (or every module)."""
-    env = dict(os.environ)
-    # The probe must import the orchestra this process did, also when that came from the
-    # cwd (python -m pytest in the repo root) rather than site-packages or PYTHONPATH.
-    home = str(Path(orchestra.__file__).resolve().parents[1])
-    if home not in site.getsitepackages():
-        env["PYTHONPATH"] = os.pathsep.join([home] + [p for p in env.get("PYTHONPATH", "").split(
-            os.pathsep) if p])
-    proc = subprocess.run([sys.executable, "-c", _PROBE, request.param], env=env,
+    # The probe must import the orchestra this process did (child_env).
+    proc = subprocess.run([sys.executable, "-c", _PROBE, request.param], env=child_env(),
                           cwd=tmp_path_factory.mktemp("import-probe"), capture_output=True,
                           text=True, timeout=50)
     assert proc.returncode == 0, proc.stderr
