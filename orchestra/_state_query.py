@@ -19,7 +19,7 @@ import itertools
 import json
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import _pb as pb
 from . import _wire
@@ -33,9 +33,6 @@ from ._task_events import (
     SchedView,
     TaskTable,
 )
-
-if TYPE_CHECKING:
-    from ._head import Conn, Head
 
 # A state query waits this long at most for the workers' reports (a worker busy in a
 # long call still answers from its reader thread within ~20 ms; one that is stuck in
@@ -72,12 +69,12 @@ def select(rows: list[dict[str, Any]], filters: list[Any], limit: int) -> list[d
 class StateQueries:
     """The task table and the state queries waiting for the workers' reports."""
 
-    def __init__(self, head: Head) -> None:
-        self.head = head
+    def __init__(self, head: Any) -> None:
+        self.head = head   # the _head.Head (not imported: it imports this module)
         self.table = TaskTable(int(head.cfg.get("task_events_max", DEFAULT_MAX_TASKS)))
         self._flush_ids = itertools.count(1)
         # flush id -> (the asker's connection, its request, workers yet to report)
-        self.waiting: dict[int, tuple[Conn, Any, set[int]]] = {}
+        self.waiting: dict[int, tuple[Any, Any, set[int]]] = {}
         # Workers' reports not read into the table yet: (batch, worker id, pid, node id)
         self.backlog: list[tuple[Any, int, int, int]] = []
         self.backlog_events = 0
@@ -127,7 +124,7 @@ class StateQueries:
         return call.name, (1 if call.actor_id else 0), call.actor_id
 
     # -------------------------------------------------------------- queries
-    def query(self, conn: Conn, req: Any) -> None:
+    def query(self, conn: Any, req: Any) -> None:
         """A state query: ask every worker for its buffered events, answer once all
         did (or _FLUSH_WAIT_S passed). Every kind of query asks: the summary counts
         tasks, and a list of actors or workers is read beside one of tasks."""
@@ -253,8 +250,8 @@ class StateQueries:
                 "actor_id": aid.hex(), "class_name": spec.class_name, "state": state,
                 "name": spec.name, "ray_namespace": spec.namespace,
                 "job_id": f"{a.owner:08x}",
-                "node_id": node_hex(w.node_id) if alive else None,  # type: ignore[union-attr]
-                "pid": w.pid if alive else None,                     # type: ignore[union-attr]
+                "node_id": node_hex(w.node_id) if alive else None,
+                "pid": w.pid if alive else None,
                 "num_restarts": a.restarts, "is_detached": bool(spec.detached)})
         return rows
 
