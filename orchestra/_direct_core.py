@@ -284,13 +284,18 @@ class ResultBook:
         """The head takes these calls over (resent, or adopted): it holds their returns
         for this process from now on. Returns the ids to release (dropped here already)."""
         decr = []
+        forward = self.forward
         for c in calls:
             self.released_early.discard(c.tid)
             for rid in c.rids:
                 self.unregistered.discard(rid)
-                self.forward.discard(rid)
                 self.pushed_early.discard(rid)
-                if rid not in local:
+                if rid in forward:
+                    # Registered pending: the head holds that one count, which this
+                    # process releases as any other (last_ref_gone), and keeps it for
+                    # the Submit or AdoptCalls.
+                    forward.discard(rid)
+                elif rid not in local:
                     decr.append(rid)
         return decr
 

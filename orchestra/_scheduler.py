@@ -305,8 +305,13 @@ class SchedulerState:
             t.depth = parent.depth + 1
             t.qkey = (-t.depth, t.shape) if t.placement is None else (-t.depth, t.shape, t.placement)
         self.tasks[call.task_id] = t
+        objects = self.objects
         for rid in t.return_ids:
-            self.new_object(conn, rid)
+            # Registered pending already (register_pending: a direct call's result that
+            # escaped before the call came here instead): tasks may wait on that object,
+            # and its hold stands for the Submit's.
+            if rid not in objects:
+                self.new_object(conn, rid)
         if self._hold_args(t):
             if call.actor_id:
                 self.actor_table.submit_call(t)

@@ -278,6 +278,17 @@ def test_calls_handed_to_the_head_release_the_results_dropped_here() -> None:
     assert not book.unregistered and not book.forward
 
 
+def test_a_call_handed_to_the_head_after_its_result_escaped_releases_nothing_more() -> None:
+    # The result was registered pending (one count at the head), then dropped here: that
+    # drop released the count already; the Submit or AdoptCalls keeps it, adds none.
+    book = ResultBook()
+    c = call()
+    book.sent(c.rids)
+    book.escape(c.rids, {})
+    assert book.last_ref_gone(c.rids[0]) is None   # released at the head
+    assert book.handed_to_head([c], local={}) == []
+
+
 def test_arguments_stay_held_until_the_callee_counted_them_in_either_order() -> None:
     book = ResultBook()
     answered_first, released_first, plain = call(hold=1), call(hold=1), call()

@@ -100,6 +100,28 @@ def test_a_ref_to_an_unknown_object_fails_the_task_as_lost():
     assert executed(out) == [] and b"lost" in error_of(out, rid(call))
 
 
+def test_a_result_registered_pending_before_its_task_comes_through_the_head_wakes_its_waiters():
+    # A driver's direct call f escapes as g's argument while queued for a lent worker (the
+    # driver registers its result pending), then f itself goes through the head (its
+    # lent worker was recalled). The Submit must not replace the pending object g waits
+    # on: it did, and g stayed waiting for good (a dependent task that never started).
+    c = Cluster(cpus=1)
+    f = make_call("f")
+    c.s.register_pending(DRIVER, [rid(f)])
+    g = c.submit(make_call("g", (ref(rid(f)),)))
+    c.submit(f)
+    c.take()
+    c.done(1, f, 7)
+    out = c.take()
+    assert executed(out) == [(1, g.task_id)]
+    # One count for the driver, as before the Submit: its own decrement frees the result.
+    assert c.s.clients[DRIVER].holds[rid(f)] == 1
+    c.done(1, g)
+    c.take()
+    c.s.ref_delta(DRIVER, [], [rid(f)])
+    assert rid(f) not in c.s.objects
+
+
 # ------------------------------------------------------------------ resources
 
 def test_cpus_gate_concurrency():
