@@ -70,6 +70,10 @@ PULL_CONN = -2
 _PULL_THREADS = 4
 # Segments the data server may send: written and sealed (a spill reads the same bytes).
 _SERVABLE = frozenset(("sealed", "spilling"))
+# A pull may come before the seal command of what it reads (_wait_sealed): wait this
+# long for it, looking this often.
+SEAL_WAIT_S = 5.0
+_SEAL_POLL_S = 0.001
 
 
 class NodeHost(Protocol):
@@ -328,9 +332,26 @@ class Node:
         if size is not None:
             return key, size
         seg = store.segs.get(key)
+        if seg is not None and seg.state == "writing":
+            seg = self._wait_sealed(key, seg)
         if seg is None or seg.state not in _SERVABLE:
             return None
         return segment_path(store.dir, key), seg.size
+
+    def _wait_sealed(self, key: str, seg: Any) -> Any:
+        """On a data server thread: a segment the head already holds sealed may still be
+        "writing" here. On a joined node the seal is a command on this node's connection
+        to the head, while the puller's request comes on another, and can come first (a
+        200 KiB result read at once on another node failed with ObjectLostError in ~1%
+        of tries). Polled, so that the seal on the task path pays nothing; the race lasts
+        a loop turn, SEAL_WAIT_S bounds a segment that is never sealed."""
+        store = self.store
+        deadline = time.monotonic() + SEAL_WAIT_S
+        while seg.state == "writing" and time.monotonic() < deadline:
+            time.sleep(_SEAL_POLL_S)
+            if store.segs.get(key) is not seg:
+                return store.segs.get(key)
+        return seg
 
     def pull(self, object_id: bytes, address: str, key: str, size: int, token: str) -> None:
         """Copy an object of ``size`` bytes from the data server at ``address`` (its

@@ -151,6 +151,36 @@ def test_a_spilled_object_is_pulled_from_its_file(make_node: Any, token: str) ->
     assert error == "" and read(dst, copy) == data
 
 
+def test_a_pull_that_comes_before_the_sources_seal_command_waits_for_it(
+        make_node: Any, token: str, loop: asyncio.AbstractEventLoop) -> None:
+    # The head seals a joined node's segment with a command on that node's connection
+    # and may start a pull of it at once on another: the pull must not find the segment
+    # still being written and fail (ObjectLostError for an object alive and sealed).
+    src, _ = make_node(2)
+    dst, host = make_node(3)
+    data = os.urandom(200 * KiB)
+    seg = src.store.create(WRITER, oid(1), len(data))
+    mm = open_segment(src.shm_dir, seg)
+    mm[: len(data)] = data
+    mm.close()
+    dst.pull(oid(1), src.serve_data("127.0.0.1", token), seg.name, len(data), token)
+    loop.call_later(0.2, src.seal, seg.name)   # the seal command, read a loop turn later
+    ((_, copy, error),) = host.wait_pulled()
+    assert error == "" and read(dst, copy) == data
+
+
+def test_a_pull_of_a_segment_never_sealed_fails_after_the_seal_wait(
+        make_node: Any, token: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestra import _node
+    monkeypatch.setattr(_node, "SEAL_WAIT_S", 0.2)
+    src, _ = make_node(2)
+    dst, host = make_node(3)
+    seg = src.store.create(WRITER, oid(1), 1000)
+    dst.pull(oid(1), src.serve_data("127.0.0.1", token), seg.name, 1000, token)
+    ((_, copy, error),) = host.wait_pulled()
+    assert copy is None and f"no object stored under {seg.name!r}" in error
+
+
 def test_a_missing_key_fails_the_pull_and_gives_its_bytes_back(make_node: Any,
                                                                token: str) -> None:
     src, _ = make_node(2)
