@@ -70,7 +70,9 @@ class KillWorker(NamedTuple):
 
 class StopWorker(NamedTuple):
     """Worker ``worker_id`` on node ``node_id`` is idle and surplus: make it exit. It
-    runs nothing, so no error names the reason."""
+    runs nothing, so no error names the reason. The scheduler asks it first (SHUTDOWN
+    on its connection: it reports its task events, then exits); the node kills it if it
+    is still there a grace period later."""
 
     node_id: int
     worker_id: int

@@ -70,6 +70,9 @@ PULL_CONN = -2
 _PULL_THREADS = 4
 # Segments the data server may send: written and sealed (a spill reads the same bytes).
 _SERVABLE = frozenset(("sealed", "spilling"))
+# A worker asked to exit (stop_worker) sends its last task events and exits within a
+# few ms; one still there after this long is killed.
+_STOP_GRACE_S = 1.0
 # A pull may come before the seal command of what it reads (_wait_sealed): wait this
 # long for it, looking this often.
 SEAL_WAIT_S = 5.0
@@ -450,8 +453,13 @@ class Node:
         self.pool.kill(worker_id)
 
     def stop_worker(self, worker_id: int) -> None:
-        """An idle, surplus worker: end it (nothing to report)."""
-        self.pool.kill(worker_id)
+        """An idle, surplus worker the head asked to exit (it reports its task events
+        first): killed if it is still there after _STOP_GRACE_S."""
+        self.loop.call_later(_STOP_GRACE_S, self._stop_late, worker_id)
+
+    def _stop_late(self, worker_id: int) -> None:
+        if worker_id in self.pool.procs:
+            self.pool.kill(worker_id)
 
     def worker_connected(self, worker_id: int) -> None:
         """The head accepted its connection: its exit is reported once that closes."""

@@ -89,6 +89,10 @@ def validate_options(opts: dict[str, Any], allowed: frozenset[str], what: str) -
     if isinstance(mc, bool) or not isinstance(mc, int) or mc < 0:
         raise ValueError(f"max_calls must be an int >= 0 (0: no limit), got {mc!r}")
     _runtime_env.check(opts.get("runtime_env"))
+    name = opts.get("name")
+    if name is not None and not isinstance(name, str):
+        raise ValueError(f"name must be a string (the task's name in list_tasks, the "
+                         f"dashboard and its errors), got {name!r}")
     return opts
 
 
@@ -144,6 +148,8 @@ class RemoteFunction(Generic[P, R]):
         self._options = validate_options(legacy_group(options), TASK_OPTIONS, f"{_name(fn)}()")
         self._function_id = function_id or os.urandom(16)
         self._name = _name(fn)
+        # name=: what the task is called in list_tasks, timelines, logs and errors.
+        self._task_name = self._options.get("name") or self._name
         # A generator function streams its items unless num_returns says otherwise; its
         # one return is the stream's end (_generators.py).
         self._generator = generator_mode(self._options.get("num_returns"), is_generator_function(fn),
@@ -176,7 +182,7 @@ class RemoteFunction(Generic[P, R]):
         call = types_pb2.Call(
             function_id=self._function_id, num_returns=self._num_returns,
             resources=self._resources, max_retries=opts.get("max_retries", DEFAULT_MAX_RETRIES),
-            name=self._name, retry_exceptions=bool(opts.get("retry_exceptions", False)),
+            name=self._task_name, retry_exceptions=bool(opts.get("retry_exceptions", False)),
             retry_on=retry_on(opts.get("retry_exceptions", False)))
         if self._generator:
             call.generator = self._generator
@@ -233,7 +239,7 @@ class RemoteFunction(Generic[P, R]):
         if self._generator == STREAMING:
             return self._stream(client, args, kwargs)
         refs = client.submit(self._template, self._num_returns, args, kwargs, self._direct_shape,
-                             self._name, self._function_id)
+                             self._task_name, self._function_id)
         if self._num_returns == 1:
             return refs[0]
         if self._num_returns == 0:
@@ -245,7 +251,7 @@ class RemoteFunction(Generic[P, R]):
         tid = _ids.next_task_id()
         stream = open_stream(client, tid)
         try:
-            end = client.submit(self._template, 1, args, kwargs, None, self._name,
+            end = client.submit(self._template, 1, args, kwargs, None, self._task_name,
                                 self._function_id, tid)
         except BaseException:
             close_stream(client, tid)

@@ -48,7 +48,7 @@ from ._sched_types import (
     Worker,
     WorkerState,
 )
-from ._wire import CANCEL_TASK, EXECUTE, FUNCTION, GENERATOR_ACK, STEAL
+from ._wire import CANCEL_TASK, EXECUTE, FUNCTION, GENERATOR_ACK, SHUTDOWN, STEAL
 
 __all__ = ["TASK_TRANSITIONS", "Client", "IllegalTransition", "Node", "Obj", "SchedulerState",
            "Task", "TaskState", "Worker", "WorkerState"]
@@ -660,7 +660,7 @@ class SchedulerState:
                 # Surplus from lending CPUs to blocked tasks: shrink back to the pool size.
                 w.state = WorkerState.DEAD
                 del self.workers[w.worker_id]
-                self.out.append(StopWorker(w.node_id, w.worker_id))
+                self._stop(w)
         self.schedule()
         if w is not None and w.state is WorkerState.IDLE and not self.has_ready():
             self._steal_for(w)
@@ -686,10 +686,17 @@ class SchedulerState:
         self.release_grant(w)
         w.state = WorkerState.DEAD
         del self.workers[w.worker_id]
-        self.out.append(StopWorker(w.node_id, w.worker_id))
+        self._stop(w)
         node = self.nodes.get(w.node_id)
         if node is not None and len(self.pool(w.node_id)) < max(node.num_cpus, 1):
             self.start_worker(w.node_id)
+
+    def _stop(self, w: Worker) -> None:
+        """End an idle worker the scheduler let go: it exits by itself once it has sent
+        what it buffered (its task events: a worker killed outright took the last half
+        second of them along, and its tasks showed as never run or as WORKER_DIED)."""
+        self.out.append(Send(w.conn, SHUTDOWN, pb.AckReply()))
+        self.out.append(StopWorker(w.node_id, w.worker_id))
 
     def _idle_on(self, node_id: int) -> int:
         return sum(1 for x in self.workers.values()

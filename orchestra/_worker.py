@@ -192,8 +192,12 @@ class WorkerRuntime:
             self.acks.ack(msg.task_id, msg.consumed)
         elif kind == _wire.TASK_EVENTS_FLUSH:   # a state query waits for this answer
             self.client.send(_wire.TASK_EVENTS, self.events.take(msg.flush_id))
-        elif kind == _wire.SHUTDOWN:
-            os._exit(0)
+        elif kind == _wire.SHUTDOWN:   # let go: what ran here is reported first
+            try:
+                if self.events.started or self.events.ended:
+                    self.client.send(_wire.TASK_EVENTS, self.events.take())
+            finally:
+                os._exit(0)
 
     def _report_events(self) -> None:
         """The client's background thread, every few ms: send the buffered task events

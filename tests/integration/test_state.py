@@ -122,6 +122,43 @@ def test_list_tasks_shows_finished_failed_and_running_tasks(two_nodes) -> None:
     assert types["Gate.__init__"] == "ACTOR_CREATION_TASK" and types["Gate.wait"] == "ACTOR_TASK"
 
 
+@orchestra.remote
+def outer(k: int) -> int:
+    return sum(orchestra.get([square.remote(j) for j in range(k)]))
+
+
+@orchestra.remote
+def countdown(n: int) -> int:
+    return 0 if n == 0 else 1 + orchestra.get(countdown.remote(n - 1))
+
+
+def test_nested_and_recursive_tasks_that_succeed_are_listed_finished_and_named(two_nodes) -> None:
+    # Blocked get()s start workers beyond the pool, which are let go once idle: each
+    # reports what it ran before it exits. Killed outright, it took its last reports
+    # along, and successful tasks showed as nameless FAILED / TASK_NOT_RUN rows (or
+    # WORKER_DIED), in list_tasks, the dashboard and /metrics alike.
+    nested = [outer.remote(5) for _ in range(40)]
+    recursive = [countdown.remote(4) for _ in range(20)]
+    assert orchestra.get(nested + recursive, timeout=90) == [30] * 40 + [4] * 20
+    time.sleep(1.0)   # the surplus workers are let go
+    rows = state.list_tasks(limit=0)
+    assert [r for r in rows if not r["name"]] == []
+    ours = [r for r in rows if r["name"].endswith(("outer", "countdown"))]
+    assert {r["state"] for r in ours} == {"FINISHED"}
+    assert len(ours) == 40 + 20 * 5
+    summary = state.summarize_tasks()["cluster"]["summary"]
+    assert "FAILED" not in summary[rows[-1]["name"]]["state_counts"]
+
+
+def test_a_tasks_name_option_is_its_name_in_list_tasks(two_nodes) -> None:
+    ref = square.options(name="square-the-seven").remote(7)
+    assert orchestra.get(ref) == 49
+    row = tasks_by_id()[task_id(ref)]
+    assert (row["name"], row["state"]) == ("square-the-seven", "FINISHED")
+    with pytest.raises(ValueError, match="name must be a string"):
+        square.options(name=7)
+
+
 def test_direct_actor_calls_are_listed_with_their_worker(two_nodes) -> None:
     c = Counter.remote()
     assert orchestra.get(c.add.remote()) == 1   # after it, calls go straight to the actor

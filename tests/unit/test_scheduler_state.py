@@ -269,8 +269,11 @@ def test_a_blocked_worker_lends_its_cpu_and_its_queued_tasks_run_elsewhere(order
     c.done(1, outer)
     assert c.available()["CPU"] == 1.0
     # The extra worker was only lent: one of the two idle workers is stopped.
-    stopped = [ins.worker_id for ins in c.take() if type(ins) is StopWorker]
+    out = c.take()
+    stopped = [ins.worker_id for ins in out if type(ins) is StopWorker]
     assert len(stopped) == 1 and len(c.s.workers) == 1
+    # Asked first, so that it reports what it ran before it goes.
+    assert sent(out, _wire.SHUTDOWN, worker_conn(stopped[0])) == [pb.AckReply()]
 
 
 def test_nested_blocking_grows_the_pool_until_max_workers():
