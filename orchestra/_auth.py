@@ -30,6 +30,8 @@ import secrets
 import socket
 import struct
 import sys
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +47,13 @@ _SERVER_HELLO = struct.Struct("!4s32sB")
 _CLIENT_ANSWER = struct.Struct("!4s32s32sB")
 _OK, _BAD_TOKEN, _BAD_VERSION = b"K", b"T", b"V"
 DEFAULT_TIMEOUT_S = 10.0
+# A server gives a client this long for its whole handshake (two short messages on
+# one round trip), however slowly it trickles bytes in: a bound per recv let a client
+# sending a byte a second hold a listener for minutes.
+HANDSHAKE_S = 5.0
+# Connections a listener authenticates at once; more are closed as they come, so
+# silent peers without the token cannot pile up threads or buffers.
+MAX_UNAUTHENTICATED = 32
 
 
 def new_token() -> str:
@@ -81,9 +90,15 @@ def _judge(token: str, nonce_s: bytes, answer: bytes) -> tuple[bytes, str]:
     return _OK + _mac(token, b"server", nonce_c, nonce_s), ""
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
+    """``n`` bytes; with ``deadline`` (time.monotonic()), all of them by then."""
     buf = bytearray()
     while len(buf) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the handshake took too long")
+            sock.settimeout(left)
         chunk = sock.recv(n - len(buf))
         if not chunk:
             raise ConnectionError("the peer closed the connection during authentication")
@@ -143,17 +158,19 @@ def client_handshake(sock: socket.socket, token: str, *, timeout_s: float = DEFA
 
 
 def server_handshake(sock: socket.socket, token: str, *,
-                     timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-    """Check the client at the other end of ``sock`` knows the token (blocking);
-    AuthenticationError (the client was told why, and should be closed) otherwise."""
+                     timeout_s: float = HANDSHAKE_S) -> None:
+    """Check the client at the other end of ``sock`` knows the token (blocking), all of
+    it within ``timeout_s``; AuthenticationError (the client was told why, and should
+    be closed) otherwise."""
     old = sock.gettimeout()
+    deadline = time.monotonic() + timeout_s
     sock.settimeout(timeout_s)
     try:
         nonce_s = secrets.token_bytes(_NONCE)
         sock.sendall(_server_hello(nonce_s))
-        answer = _recv_exact(sock, _CLIENT_ANSWER.size)
+        answer = _recv_exact(sock, _CLIENT_ANSWER.size, deadline)
         vlen = answer[-1]
-        answer += _recv_exact(sock, vlen)
+        answer += _recv_exact(sock, vlen, deadline)
         reply, why = _judge(token, nonce_s, answer)
         if reply:
             sock.sendall(reply)
@@ -177,8 +194,12 @@ class AuthGate(asyncio.Protocol):
     and nothing it sent is decoded."""
 
     def __init__(self, token: str, loop: Any, make_protocol: Callable[[Any], Any],
-                 timeout_s: float = DEFAULT_TIMEOUT_S, what: str = "orchestra") -> None:
+                 timeout_s: float = HANDSHAKE_S, what: str = "orchestra",
+                 pending: list[int] | None = None) -> None:
         self.token = token
+        # Shared by a listener's gates: those handshaking, oldest first; a new one
+        # beyond MAX_UNAUTHENTICATED cuts the oldest off (as Gatekeeper does).
+        self.pending: dict[AuthGate, None] = pending if pending is not None else {}
         self.loop = loop
         self.make_protocol = make_protocol
         self.timeout_s = timeout_s
@@ -191,13 +212,25 @@ class AuthGate(asyncio.Protocol):
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
+        pending = self.pending
+        if len(pending) >= MAX_UNAUTHENTICATED:
+            oldest = next(iter(pending))
+            oldest._too_slow()
+        pending[self] = None
         transport.write(_server_hello(self.nonce))
         self._timer = self.loop.call_later(self.timeout_s, self._too_slow)
 
+    def _settled(self) -> None:
+        """The handshake ended (either way): it no longer counts against the cap."""
+        self.done = True
+        self.pending.pop(self, None)
+
     def _too_slow(self) -> None:
         if not self.done:
-            self.done = True
-            self.transport.close()
+            self._settled()
+            if self._timer is not None:
+                self._timer.cancel()
+            self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         if self.done:
@@ -210,7 +243,7 @@ class AuthGate(asyncio.Protocol):
             return
         answer, rest = self.buf[:need], self.buf[need:]
         self.buf = b""
-        self.done = True
+        self._settled()
         self._timer.cancel()
         reply, why = _judge(self.token, self.nonce, answer)
         if why:
@@ -231,7 +264,7 @@ class AuthGate(asyncio.Protocol):
         return False
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        self.done = True
+        self._settled()
         if self._timer is not None:
             self._timer.cancel()
 
@@ -240,3 +273,63 @@ class AuthGate(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         pass
+
+
+class Gatekeeper:
+    """Authenticates a blocking listener's connections off the thread that serves it:
+    each handshake on a thread of its own, bounded as a whole by ``timeout_s``. At most
+    ``limit`` handshakes at once: a new connection beyond that cuts off the oldest one
+    still handshaking (a real client proves itself in one round trip, so silent peers,
+    however many, cannot keep it out, nor pile up threads). A proven socket goes to
+    ``on_ready``, on the handshake's thread; a refused one is closed.
+
+    Why: a worker's direct-call port ran the handshake inside the worker's poll loop,
+    so one peer without the token, sending a byte a second, stalled the tasks of the
+    process that served it."""
+
+    def __init__(self, token: str, on_ready: Callable[[socket.socket], None], *,
+                 timeout_s: float = HANDSHAKE_S, limit: int = MAX_UNAUTHENTICATED,
+                 name: str = "orchestra-auth") -> None:
+        self.token = token
+        self.on_ready = on_ready
+        self.timeout_s = timeout_s
+        self.limit = limit
+        self.name = name
+        self.lock = threading.Lock()
+        self.pending: dict[socket.socket, None] = {}   # handshaking, oldest first
+        self.cut_off = 0   # handshakes ended early to make room for newer ones
+
+    def admit(self, sock: socket.socket) -> None:
+        """Authenticate ``sock`` (just accepted) in the background; never blocks."""
+        oldest = None
+        with self.lock:
+            if len(self.pending) >= self.limit:
+                oldest = next(iter(self.pending))
+                del self.pending[oldest]
+                self.cut_off += 1
+            self.pending[sock] = None
+        if oldest is not None:
+            try:   # its thread's recv returns at once; that thread closes it
+                oldest.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        try:
+            threading.Thread(target=self._run, args=(sock,), name=self.name, daemon=True).start()
+        except RuntimeError:   # no thread to be had (interpreter exiting)
+            self._done(sock)
+            sock.close()
+
+    def _done(self, sock: socket.socket) -> None:
+        with self.lock:
+            self.pending.pop(sock, None)
+
+    def _run(self, sock: socket.socket) -> None:
+        try:
+            sock.setblocking(True)
+            server_handshake(sock, self.token, timeout_s=self.timeout_s)
+        except (AuthenticationError, OSError):
+            sock.close()
+            return
+        finally:
+            self._done(sock)
+        self.on_ready(sock)

@@ -149,9 +149,14 @@ class Connection:
 
 
 class Listener:
-    """A listening socket whose connections carry frames (non-blocking accept)."""
+    """A listening socket whose connections carry frames (non-blocking accept).
 
-    __slots__ = ("sock", "address", "token")
+    Over TCP each connection proves the cluster token before it is handed out, on a
+    handshake thread of its own (_auth.Gatekeeper: bounded, at most a few at once), so
+    the loop that polls ``fds`` never waits for a peer; proven connections are queued
+    and the wake socket (one of ``fds``) becomes readable."""
+
+    __slots__ = ("sock", "address", "token", "fds", "_gate", "_ready", "_wake_r", "_wake_w")
 
     def __init__(self, address: str, backlog: int = 128, token: str | None = None) -> None:
         family, target = parse_address(address)
@@ -184,27 +189,60 @@ class Listener:
         self.address = address
         self.token = (os.environ.get("ORCHESTRA_TOKEN", "") if token is None else token) \
             if family != socket.AF_UNIX else None
+        self._gate: Any = None
+        self._ready: list[socket.socket] = []
+        self.fds: tuple[int, ...] = (sock.fileno(),)
+        if self.token is not None:
+            from ._auth import Gatekeeper
+            self._wake_r, self._wake_w = socket.socketpair()
+            self._wake_r.setblocking(False)
+            self._wake_w.setblocking(False)
+            self._gate = Gatekeeper(self.token, self._proven, name="orchestra-direct-auth")
+            self.fds = (sock.fileno(), self._wake_r.fileno())
 
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def accept(self) -> Connection | None:
-        """A connection waiting to be accepted, else None. Over TCP, the client proves
-        the token first (a blocking handshake, bounded): None when it does not."""
+    def _proven(self, sock: socket.socket) -> None:
+        """On a handshake thread: ``sock`` knows the token; queue it, wake the poller."""
+        self._ready.append(sock)
         try:
-            sock, _ = self.sock.accept()
-        except OSError:
-            return None
-        sock.setblocking(True)
-        if self.token is not None:
-            from ._auth import server_handshake
-            from .exceptions import AuthenticationError
+            self._wake_w.send(b"x")
+        except OSError:   # full (the poller has not drained it yet) or closed
+            pass
+
+    def accept(self) -> Connection | None:
+        """A connection ready to carry frames, else None. Over TCP, one that has proven
+        the token (the rest are handed to handshake threads as they come)."""
+        if self._gate is None:
             try:
-                server_handshake(sock, self.token)
-            except AuthenticationError:
-                sock.close()
+                sock, _ = self.sock.accept()
+            except OSError:
                 return None
+            sock.setblocking(True)
+            return Connection(sock, self.address)
+        while True:
+            try:
+                sock, _ = self.sock.accept()
+            except OSError:
+                break
+            self._gate.admit(sock)
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except OSError:
+            pass
+        if not self._ready:
+            return None
+        sock = self._ready.pop(0)   # (the caller takes them all: until None)
+        sock.setblocking(True)
         return Connection(sock, self.address)
 
     def close(self) -> None:
         self.sock.close()
+        if self._gate is not None:
+            self._wake_r.close()
+            self._wake_w.close()
+            for sock in self._ready:
+                sock.close()
+            self._ready.clear()

@@ -552,7 +552,8 @@ class DirectCalls:
         """Take direct calls from other nodes too, over TCP on ``host`` (each caller
         proves the cluster token first); the address, HOST:PORT."""
         self.tcp_listener = Listener(f"{host}:0", token=token)
-        self.client.poller.register(self.tcp_listener.fileno(), select.POLLIN)
+        for fd in self.tcp_listener.fds:   # the port, and the wake of proven callers
+            self.client.poller.register(fd, select.POLLIN)
         return self.tcp_listener.address
 
     def _add_peer(self, conn: Connection, route: ActorRoute | Loan | None, worker_id: int) -> Peer:
@@ -564,7 +565,7 @@ class DirectCalls:
     def read(self, fd: int, buf: bytearray, view: memoryview) -> None:
         """Something to read on ``fd``: a new caller, or frames from a peer."""
         for listener in (self.listener, self.tcp_listener):
-            if listener is not None and fd == listener.fileno():
+            if listener is not None and fd in listener.fds:
                 while True:
                     conn = listener.accept()
                     if conn is None:

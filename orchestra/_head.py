@@ -216,9 +216,10 @@ class Head:
         if not self.token:
             raise RuntimeError("a cluster address needs a token (cfg token)")
         _, (host, port) = parse_address(self.address)
+        handshaking: dict[AuthGate, None] = {}   # shared: at most MAX_UNAUTHENTICATED
         self.tcp_server = await self.loop.create_server(
             lambda: AuthGate(self.token, self.loop, lambda transport: self._new_conn(),
-                             what="orchestra head"),
+                             what="orchestra head", pending=handshaking),
             host, port, reuse_address=True)
         if port == 0:   # an ephemeral port: say which
             port = self.tcp_server.sockets[0].getsockname()[1]

@@ -125,6 +125,10 @@ class DataServer:
         self.closed = False
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
+        # Each peer proves the token on a thread of its own, bounded as a whole; silent
+        # peers cannot crowd out a real one (_auth.Gatekeeper).
+        from ._auth import Gatekeeper
+        self._gate = Gatekeeper(token, self._serve, name="orchestra-data-conn")
         self._thread = threading.Thread(target=self._accept_loop, name="orchestra-data-accept",
                                         daemon=True)
         self._thread.start()
@@ -135,20 +139,21 @@ class DataServer:
                 sock, _ = self.listener.accept()
             except OSError:
                 return   # close() shut the listener down
-            with self._lock:
-                if self.closed:
-                    sock.close()
-                    return
-                self._conns.add(sock)
-            threading.Thread(target=self._serve, args=(sock,), name="orchestra-data-conn",
-                             daemon=True).start()
+            if self.closed:
+                sock.close()
+                return
+            self._gate.admit(sock)
 
     def _serve(self, sock: socket.socket) -> None:
-        """One peer: authenticate, then answer its requests until it closes."""
-        from ._auth import server_handshake
+        """One peer, proven (on its handshake's thread): answer its requests until it
+        closes."""
+        with self._lock:
+            if self.closed:
+                sock.close()
+                return
+            self._conns.add(sock)
         try:
             _tune(sock)
-            server_handshake(sock, self.token, timeout_s=_CONNECT_TIMEOUT_S)
             _set_timeouts(sock, self.timeout_s)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _BUFFER)
             # An idle connection waits for its next request as long as the peer lives.

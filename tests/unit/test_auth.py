@@ -213,3 +213,150 @@ def test_the_gate_hands_the_connection_on_only_after_the_handshake():
         th.join(5)
         server.close()
         loop.close()
+
+
+# ------------------------------------------------------------------ peers that never prove the token
+
+def _trickle(address: tuple[str, int], stop: threading.Event, every_s: float = 0.05) -> None:
+    """A client that sends a byte every ``every_s`` and never finishes its handshake."""
+    with socket.create_connection(address) as s:
+        while not stop.is_set():
+            try:
+                s.sendall(b"\0")
+            except OSError:
+                return
+            stop.wait(every_s)
+
+
+def test_a_peer_trickling_bytes_is_cut_off_when_the_whole_handshake_is_due():
+    # The bound used to be per recv: a byte each 0.2 s held the server ~14 s (69 recvs).
+    import time
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(1)
+    stop = threading.Event()
+    threading.Thread(target=_trickle, args=(lsock.getsockname(), stop, 0.2), daemon=True).start()
+    conn, _ = lsock.accept()
+    try:
+        start = time.monotonic()
+        with pytest.raises(AuthenticationError, match="did not authenticate"):
+            _auth.server_handshake(conn, TOKEN, timeout_s=0.5)
+        assert time.monotonic() - start < 5.0   # the whole handshake's bound, not 69 of them
+    finally:
+        stop.set()
+        conn.close()
+        lsock.close()
+
+
+def _until(predicate, timeout: float = 5.0) -> bool:
+    import time
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_the_gatekeeper_cuts_off_the_oldest_handshakes_beyond_its_limit():
+    # A real client proves itself in a round trip: silent peers, however many, never
+    # keep it out (refusing the newest instead let 32 silent peers lock a port).
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(64)
+    proven: list[socket.socket] = []
+    gate = _auth.Gatekeeper(TOKEN, proven.append, timeout_s=30.0, limit=4)
+    silent = [socket.create_connection(lsock.getsockname()) for _ in range(6)]
+    for _ in range(6):
+        gate.admit(lsock.accept()[0])   # never blocks, whatever the peer does
+    assert len(gate.pending) == 4 and gate.cut_off == 2
+    for s in silent[:2]:   # the two oldest: cut off, long before their 30 s
+        s.settimeout(5)
+        data = s.recv(4096)   # the server's hello, then the end
+        while data:
+            data = s.recv(4096)
+    good = socket.create_connection(lsock.getsockname())
+    gate.admit(lsock.accept()[0])
+    _auth.client_handshake(good, TOKEN)
+    assert _until(lambda: len(proven) == 1)
+    assert len(gate.pending) == 3 and gate.cut_off == 3   # room was made for it
+    for s in silent:
+        s.close()
+    assert _until(lambda: not gate.pending)   # their handshakes end as they go
+    good.close()
+    for s in proven:
+        s.close()
+    lsock.close()
+
+
+def test_a_tcp_listener_hands_out_a_proven_caller_while_silent_ones_wait():
+    import select
+    from orchestra._connection import Listener
+    listener = Listener("127.0.0.1:0", token=TOKEN)
+    host, port = listener.address.rsplit(":", 1)
+    poller = select.poll()
+    for fd in listener.fds:
+        poller.register(fd, select.POLLIN)
+    silent = [socket.create_connection((host, int(port))) for _ in range(20)]
+    try:
+        poller.poll(200)
+        assert listener.accept() is None   # nobody proved anything: nothing blocked either
+        caller: list[Connection] = []   # (a caller is another process: here a thread)
+        t = threading.Thread(target=lambda: caller.append(
+            Connection.connect(listener.address, 5, token=TOKEN)), daemon=True)
+        t.start()
+        got = None
+        for _ in range(50):
+            if poller.poll(100):
+                got = listener.accept()
+                if got is not None:
+                    break
+        t.join(5)
+        assert got is not None and caller
+        conn = caller[0]
+        conn.sock.sendall(b"ping")
+        assert got.sock.recv(4) == b"ping"
+        conn.close()
+        got.close()
+    finally:
+        for s in silent:
+            s.close()
+        listener.close()
+
+
+def test_the_gate_cuts_off_the_oldest_handshake_beyond_its_cap():
+    loop = asyncio.new_event_loop()
+    got: list = []
+    pending: dict = {}
+    server = loop.run_until_complete(loop.create_server(
+        lambda: _auth.AuthGate(TOKEN, loop, lambda tr: _Echo(got), pending=pending),
+        "127.0.0.1", 0))
+    port = server.sockets[0].getsockname()[1]
+    stop = threading.Event()
+    th = threading.Thread(target=lambda: loop.run_until_complete(
+        loop.run_in_executor(None, stop.wait)), daemon=True)
+    th.start()
+    silent = []
+    try:
+        for _ in range(_auth.MAX_UNAUTHENTICATED + 3):
+            silent.append(socket.create_connection(("127.0.0.1", port)))
+        assert _until(lambda: len(pending) == _auth.MAX_UNAUTHENTICATED)
+        conn = Connection.connect(f"127.0.0.1:{port}", 5, token=TOKEN)
+        conn.sock.sendall(b"abc")
+        assert conn.sock.recv(3) == b"ABC"
+        conn.close()
+        oldest = silent[0]
+        oldest.settimeout(5)
+        data = oldest.recv(4096)
+        while data:   # the hello, then the end: cut off for the newer ones
+            data = oldest.recv(4096)
+        for s in silent:
+            s.close()
+        assert _until(lambda: not pending)
+    finally:
+        for s in silent:
+            s.close()
+        stop.set()
+        th.join(5)
+        server.close()
+        loop.close()
