@@ -195,7 +195,7 @@ class AuthGate(asyncio.Protocol):
 
     def __init__(self, token: str, loop: Any, make_protocol: Callable[[Any], Any],
                  timeout_s: float = HANDSHAKE_S, what: str = "orchestra",
-                 pending: list[int] | None = None) -> None:
+                 pending: dict[AuthGate, None] | None = None) -> None:
         self.token = token
         # Shared by a listener's gates: those handshaking, oldest first; a new one
         # beyond MAX_UNAUTHENTICATED cuts the oldest off (as Gatekeeper does).

@@ -291,6 +291,7 @@ def test_the_gatekeeper_cuts_off_the_oldest_handshakes_beyond_its_limit():
 
 def test_a_tcp_listener_hands_out_a_proven_caller_while_silent_ones_wait():
     import select
+
     from orchestra._connection import Listener
     listener = Listener("127.0.0.1:0", token=TOKEN)
     host, port = listener.address.rsplit(":", 1)
