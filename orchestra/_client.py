@@ -29,7 +29,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from . import _codec, _ids, _wire
 from . import _pb as pb
@@ -188,16 +188,40 @@ class CoreClient:
     # ------------------------------------------------------------------ sending
     def send_raw(self, frame: bytes) -> None:
         """Send encoded frames, with the pending reference changes around them."""
-        conn = self.conn
-        with conn.lock:
-            pre = post = b""
-            if self.refs.pending():
-                pre, post = self.refs.take_frames()
-            try:
-                conn.send_locked(pre + frame + post if (pre or post) else frame)
+        with self.conn.lock:
+            failed = self._write_locked(frame)
+        if failed is not None:
+            self._send_failed(failed)
+
+    def send_decided(self, decide: Callable[[], bytes]) -> None:
+        """Send the frames ``decide`` returns, deciding under the connection's lock: no
+        frame of another thread comes between the decision and the head. For decisions
+        about what the head knows of this process's objects (a direct call's result
+        registered or handed over), which another thread's next frame may rely on:
+        decided under the ref lock alone and sent after it, a second thread could find
+        the result registered already and send a task naming it first (that task then
+        failed with ObjectLostError; tests/unit/test_direct_book_interleavings.py)."""
+        with self.conn.lock:
+            frame = decide()
+            if not frame and not self.refs.pending():
                 return
-            except OSError as exc:
-                failed = exc
+            failed = self._write_locked(frame)
+        if failed is not None:
+            self._send_failed(failed)
+
+    def _write_locked(self, frame: bytes) -> OSError | None:
+        """Under the connection's lock: write ``frame`` with the pending reference
+        changes around it; the error when the socket is gone."""
+        pre = post = b""
+        if self.refs.pending():
+            pre, post = self.refs.take_frames()
+        try:
+            self.conn.send_locked(pre + frame + post if (pre or post) else frame)
+        except OSError as exc:
+            return exc
+        return None
+
+    def _send_failed(self, failed: OSError) -> NoReturn:
         # The head closed the connection: what it sent last may say why (Closing).
         if self._read_what_is_left() and self.lost is None:
             self.lost = f"{_LOST} ({failed.strerror or failed})"

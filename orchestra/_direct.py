@@ -14,6 +14,7 @@ queues of tasks waiting for one, the client's ref lock for the ResultBook.
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import select
 import signal
@@ -64,6 +65,7 @@ class Client(Protocol):
 
     def send(self, kind: int, msg: Any) -> None: ...
     def send_raw(self, frame: bytes) -> None: ...
+    def send_decided(self, decide: Any) -> None: ...
     def send_submit(self, call: bytes, refs: Any) -> None: ...
     def subscribe_missing(self, ids: Iterable[bytes]) -> None: ...
     def wake(self) -> None: ...
@@ -151,8 +153,24 @@ class DirectCalls:
     def _resubmit(self, c: Call) -> None:
         """Send a call that was to go direct through the head instead."""
         self.call_route.pop(c.tid, None)
-        self._handed_to_head([c])   # the head counts its returns for this process from the Submit
-        self.client.send_submit(c.call, c.args)
+        client = self.client
+        if self.book.unregistered:   # its arguments first: the head must know them
+            self.escape([r._id for r in c.args])
+        submit = _codec.submit_frame(c.call)
+
+        def hand_over() -> bytes:
+            # The head counts its returns for this process from the Submit. Handed over
+            # and sent as one: an escape of its results in another thread finds them
+            # handed over, sends nothing, and its task must not reach the head first.
+            self._handed_to_head([c])
+            return submit
+        client.send_decided(hand_over)
+
+    def _hand_over(self, calls: list[Call], frame: bytes) -> bytes:
+        """Under the connection's lock (send_decided): the head takes ``calls`` over
+        with ``frame`` (AdoptCalls), sent at once."""
+        self._handed_to_head(calls)
+        return frame
 
     def _handed_to_head(self, calls: Iterable[Call]) -> None:
         refs = self.client.refs
@@ -181,15 +199,24 @@ class DirectCalls:
         if not self.book.unregistered:
             return
         client = self.client
-        with client.refs.lock:
-            puts, pending = self.book.escape(ids, client.results)
-        frames = b""
-        if pending:
-            frames += _wire.encode(_wire.REF_DELTA, pb.RefDelta(pending=pending))
-        if puts:
-            frames += _wire.encode(_wire.OBJECTS, pb.Objects(objects=puts))
-        if frames:
-            client.send_raw(frames)
+        sent = False
+
+        def decide() -> bytes:
+            # Decided and sent as one (send_decided): a second thread passing the same
+            # result finds it registered, sends nothing, and its task must not reach
+            # the head before this registration.
+            nonlocal sent
+            with client.refs.lock:
+                puts, pending = self.book.escape(ids, client.results)
+            frames = b""
+            if pending:
+                frames += _wire.encode(_wire.REF_DELTA, pb.RefDelta(pending=pending))
+            if puts:
+                frames += _wire.encode(_wire.OBJECTS, pb.Objects(objects=puts))
+            sent = bool(frames)
+            return frames
+        client.send_decided(decide)
+        if sent:
             client.put_seq += 1
 
     def last_ref_gone(self, oid: bytes) -> bool:
@@ -400,11 +427,11 @@ class DirectCalls:
                     return
                 for c in lost:
                     self.call_route.pop(c.tid, None)
-                self._handed_to_head(lost)
+                adopt = _wire.encode(_wire.ADOPT, pb.AdoptCalls(
+                    worker_id=loan.worker_id, calls=[pb.Call.FromString(c.call) for c in lost],
+                    cancelled=[c.tid for c in lost if c.cancelled]))
                 try:
-                    client.send(_wire.ADOPT, pb.AdoptCalls(
-                        worker_id=loan.worker_id, calls=[pb.Call.FromString(c.call) for c in lost],
-                        cancelled=[c.tid for c in lost if c.cancelled]))
+                    client.send_decided(functools.partial(self._hand_over, lost, adopt))
                 except ClusterLostError:
                     pass
             if client.lost is None:
@@ -642,14 +669,16 @@ class DirectCalls:
                 del route.inflight[c.tid]
                 self.call_route.pop(c.tid, None)
             if lost:
-                self._handed_to_head(lost)
                 if client.lost is None:
+                    adopt = _wire.encode(_wire.ADOPT, pb.AdoptCalls(
+                        actor_id=route.actor_id, worker_id=peer.worker_id,
+                        calls=[pb.Call.FromString(c.call) for c in lost]))
                     try:
-                        client.send(_wire.ADOPT, pb.AdoptCalls(
-                            actor_id=route.actor_id, worker_id=peer.worker_id,
-                            calls=[pb.Call.FromString(c.call) for c in lost]))
+                        client.send_decided(functools.partial(self._hand_over, lost, adopt))
                     except ClusterLostError:
                         pass
+                else:
+                    self._handed_to_head(lost)
             if route.peer is None and route.queue and client.lost is None:
                 try:
                     self._requeue_through_head(route)

@@ -1,0 +1,123 @@
+"""The soak's workload, shared by the driver threads of tests/integration/test_soak.py and
+the driver processes it starts (``python _soak.py ADDRESS TOKEN SECONDS SEED``, which
+prints its counts as one JSON line).
+
+Each round is one of: a dependent chain (f -> g -> h, the last two given refs of the
+first), a large array made on the joined node and read by a task anywhere and by the
+driver, nested tasks (a task that gets five subtasks), or actor calls. Every result is
+checked; every get() has a timeout, so a hang shows as a count, never as a stuck test.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import random
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+import orchestra
+from orchestra.exceptions import GetTimeoutError
+
+GET_TIMEOUT_S = 30.0
+BIG = 25_600          # int64s: 200 KiB, stored in shared memory (not inline)
+RETRIES = 3           # with faults: tasks retried when their worker dies
+
+
+@orchestra.remote(max_retries=RETRIES)
+def inc(x: int) -> int:
+    return x + 1
+
+
+@orchestra.remote(max_retries=RETRIES)
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@orchestra.remote(max_retries=RETRIES)
+def make_big(i: int) -> np.ndarray:
+    return np.full(BIG, i, dtype=np.int64)
+
+
+@orchestra.remote(max_retries=RETRIES)
+def total(a: np.ndarray) -> int:
+    return int(a.sum())
+
+
+@orchestra.remote(max_retries=RETRIES)
+def square(x: int) -> int:
+    return x * x
+
+
+@orchestra.remote(max_retries=RETRIES)
+def outer(k: int) -> int:
+    return sum(orchestra.get([square.remote(j) for j in range(k)], timeout=GET_TIMEOUT_S))
+
+
+@orchestra.remote(max_restarts=-1, max_task_retries=-1)
+class Echo:
+    """Stateless, so that a restarted instance answers as the first did."""
+
+    def echo(self, x: int) -> int:
+        return x
+
+    def twice(self, a: np.ndarray) -> int:
+        return 2 * int(a[0])
+
+
+def rounds(seconds: float, seed: int, far: dict[str, float] | None = None) -> dict[str, int]:
+    """Run rounds for ``seconds``; counts of each kind that was right, and of every
+    failure by name ("hung" for a get() past its timeout, "wrong" for a wrong value)."""
+    rng = random.Random(seed)
+    counts: collections.Counter[str] = collections.Counter()
+    on_far = make_big.options(resources=far) if far else make_big
+    actor = Echo.remote()
+    deadline = time.monotonic() + seconds
+    i = seed * 1_000_000
+    while time.monotonic() < deadline:
+        i += 1
+        kind = rng.choice(("chain", "chain", "big", "nested", "actor"))
+        try:
+            if kind == "chain":
+                a = inc.remote(i)
+                b = inc.remote(a)
+                ok = orchestra.get(add.remote(a, b), timeout=GET_TIMEOUT_S) == 2 * i + 3
+            elif kind == "big":
+                arr = on_far.remote(i % 1000)
+                s = total.remote(arr)
+                ok = orchestra.get(s, timeout=GET_TIMEOUT_S) == BIG * (i % 1000) \
+                    and int(orchestra.get(arr, timeout=GET_TIMEOUT_S)[-1]) == i % 1000 \
+                    and orchestra.get(actor.twice.remote(arr), timeout=GET_TIMEOUT_S) == 2 * (i % 1000)
+            elif kind == "nested":
+                ok = orchestra.get(outer.remote(5), timeout=GET_TIMEOUT_S) == 30
+            else:
+                refs = [actor.echo.remote(i + j) for j in range(5)]
+                ok = orchestra.get(refs, timeout=GET_TIMEOUT_S) == [i + j for j in range(5)]
+            counts[kind if ok else "wrong"] += 1
+        except GetTimeoutError:
+            counts["hung"] += 1
+            counts[f"hung in a round of {kind}"] += 1
+        except Exception as exc:  # noqa: BLE001 - counted by name: the test says which
+            counts[type(exc).__name__] += 1
+            counts["first error: " + str(exc).splitlines()[0][:300]] = 1
+    return dict(counts)
+
+
+def failures(counts: dict[str, Any]) -> dict[str, Any]:
+    """The counts that are not rounds done right."""
+    return {k: v for k, v in counts.items() if k not in ("chain", "big", "nested", "actor")}
+
+
+def main(argv: list[str]) -> None:
+    address, token, seconds, seed = argv[0], argv[1], float(argv[2]), int(argv[3])
+    orchestra.init(address=address, token=token)
+    try:
+        print(json.dumps(rounds(seconds, seed, {"far": 0.01})), flush=True)
+    finally:
+        orchestra.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,177 @@
+"""Soaks: ordinary concurrent work on a two-node cluster, checked round by round, first
+with nothing injected and then with faults (workers SIGKILLed every few seconds, the
+joined node killed and replaced). Workload: tests/integration/_soak.py.
+
+Each soak lasts ORCHESTRA_SOAK_S seconds (20 by default, in the normal run); run longer
+ones with ``ORCHESTRA_SOAK_S=600 pytest -m soak tests/integration/test_soak.py``.
+
+    promise                                   checked by
+    ----------------------------------------  --------------------------------------
+    no hang                                   every get() has a timeout: "hung" == 0
+    no lost object, no wrong value            "ObjectLostError" / "wrong" == 0
+    faults are survived                       tasks with max_retries, actors with
+                                              max_restarts=-1: the same counts == 0
+    nothing left behind                       after shutdown: no process of the
+                                              cluster, nothing of it in /dev/shm
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import _soak
+import orchestra
+from _probes import child_env, pid_gone, wait_until
+from orchestra.cluster_utils import Cluster
+
+SOAK_S = float(os.environ.get("ORCHESTRA_SOAK_S", "20"))
+THREADS = 3
+PROCESSES = 2
+HERE = Path(__file__).resolve().parent
+
+pytestmark = [pytest.mark.soak, pytest.mark.timeout(int(SOAK_S) * 4 + 120)]
+
+
+def _tree(root: int) -> set[int]:
+    """``root`` and every process below it."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, []))
+    return found
+
+
+def _title(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _shm_of(pids: set[int]) -> list[str]:
+    """/dev/shm entries named for these processes (a store's directory carries the
+    pid of the process that made it)."""
+    marks = tuple(f"orchestra-{os.geteuid()}-{pid}-" for pid in pids)
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(marks))
+
+
+class Soak:
+    """A head (2 CPUs) and a joined node (2 CPUs, resource "far"), this process a
+    driver; drivers: THREADS threads here and PROCESSES processes."""
+
+    def __init__(self) -> None:
+        self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+        self.node = self.cluster.add_node(num_cpus=2, resources={"far": 100})
+        orchestra.init(address=self.cluster.address, token=self.cluster.token)
+        self.pids: set[int] = set()
+
+    def note_pids(self) -> None:
+        """Remember every process of the cluster seen so far (checked after shutdown)."""
+        for root in (self.cluster.head_node.pid, self.node.pid):
+            self.pids |= _tree(root)
+
+    def run(self, seconds: float) -> list[dict[str, int]]:
+        results: list[dict[str, int]] = []
+        procs = [subprocess.Popen(
+            [sys.executable, str(HERE / "_soak.py"), self.cluster.address, self.cluster.token,
+             str(seconds), str(100 + k)], stdout=subprocess.PIPE, text=True, env=child_env())
+            for k in range(PROCESSES)]
+        threads = [threading.Thread(target=lambda k=k: results.append(
+            _soak.rounds(seconds, k + 1, {"far": 0.01}))) for k in range(THREADS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(seconds + 2 * _soak.GET_TIMEOUT_S + 60)
+            assert not t.is_alive(), "a driver thread never came back"
+        for p in procs:
+            out, _ = p.communicate(timeout=seconds + 2 * _soak.GET_TIMEOUT_S + 60)
+            assert p.returncode == 0, f"a driver process exited with {p.returncode}"
+            results.append(json.loads(out.strip().splitlines()[-1]))
+        return results
+
+    def shutdown(self) -> None:
+        self.note_pids()
+        orchestra.shutdown()
+        self.cluster.shutdown()
+
+
+@pytest.fixture
+def soak(no_cluster: None) -> Iterator[Soak]:
+    s = Soak()
+    try:
+        yield s
+    finally:
+        s.shutdown()
+    # Nothing of the cluster is left: no process, nothing in /dev/shm.
+    wait_until(lambda: all(pid_gone(p) for p in s.pids), 20, "the cluster's processes to exit")
+    wait_until(lambda: not _shm_of(s.pids), 10, "the cluster's /dev/shm entries to go")
+
+
+def _check(results: list[dict[str, int]]) -> None:
+    assert len(results) == THREADS + PROCESSES
+    bad = [_soak.failures(r) for r in results if _soak.failures(r)]
+    assert bad == [], f"rounds that failed: {bad}"
+    done = sum(sum(r.values()) for r in results)
+    assert done >= THREADS + PROCESSES, f"too few rounds ran: {results}"
+
+
+def test_concurrent_drivers_on_two_nodes_see_every_result_right(soak: Soak) -> None:
+    results = soak.run(SOAK_S)
+    _check(results)
+
+
+def test_with_workers_killed_and_the_node_replaced_every_result_is_still_right(soak: Soak) -> None:
+    stop = threading.Event()
+    killed: list[int] = []
+
+    def faults() -> None:
+        rng = random.Random(7)
+        node_killed = False
+        start = time.monotonic()
+        while not stop.wait(2.0):
+            soak.note_pids()
+            workers = [p for p in _tree(soak.cluster.head_node.pid) | _tree(soak.node.pid)
+                       if _title(p).startswith("orchestra::worker")]
+            if workers:
+                victim = rng.choice(sorted(workers))
+                try:
+                    os.kill(victim, signal.SIGKILL)
+                    killed.append(victim)
+                except ProcessLookupError:
+                    pass
+            if not node_killed and time.monotonic() - start > SOAK_S / 3:
+                node_killed = True
+                os.kill(soak.node.pid, signal.SIGKILL)
+                soak.node = soak.cluster.add_node(num_cpus=2, resources={"far": 100})
+
+    killer = threading.Thread(target=faults, daemon=True)
+    killer.start()
+    try:
+        results = soak.run(SOAK_S)
+    finally:
+        stop.set()
+        killer.join(30)
+    assert killed, "no worker was killed: the faults never ran"
+    _check(results)
