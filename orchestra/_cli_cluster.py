@@ -279,8 +279,10 @@ def format_summary(summary: dict[str, Any]) -> str:
     use and spilled bytes, tasks and actors by state, workers and drivers."""
     store = summary["store"]
 
+    from ._cli_state import printable
+
     def by_state(counts: dict[str, int]) -> str:
-        return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
+        return ", ".join(f"{printable(k)} {v}" for k, v in sorted(counts.items())) or "none"
 
     lines = [f"object store (in use/total): {_fmt_bytes(store['used'])}/"
              f"{_fmt_bytes(store['capacity'])}, spilled {_fmt_bytes(store['spilled_bytes'])} "
@@ -316,25 +318,27 @@ def format_status(nodes: list[dict[str, Any]], total: dict[str, float],
 
     Per node: NodeID, Alive, NodeManagerAddress, Resources (total), and in use where the
     node's dict says what is free ("AvailableResources"), object store used/capacity."""
+    from ._cli_state import printable
     lines = [f"{len(nodes)} node(s), {sum(1 for n in nodes if n.get('Alive'))} alive"]
     for n in nodes:
         alive = "alive" if n.get("Alive") else "dead"
-        lines.append(f"node {n.get('NodeID', '?')}  {n.get('NodeManagerAddress', '?')}  {alive}")
+        lines.append(f"node {printable(n.get('NodeID', '?'))}  "
+                     f"{printable(n.get('NodeManagerAddress', '?'))}  {alive}")
         res = n.get("Resources") or {}
         free = n.get("AvailableResources")
         parts = []
         for k in _status_order(res):
             fmt = _fmt_bytes if k == "memory" else _fmt_amount
             if free is not None:
-                parts.append(f"{k} {fmt(res[k] - free.get(k, 0.0))}/{fmt(res[k])}")
+                parts.append(f"{printable(k)} {fmt(res[k] - free.get(k, 0.0))}/{fmt(res[k])}")
             else:
-                parts.append(f"{k} {fmt(res[k])}")
+                parts.append(f"{printable(k)} {fmt(res[k])}")
         label = "resources (in use/total)" if free is not None else "resources"
         lines.append(f"  {label}: {', '.join(parts) or 'none'}")
         if "ObjectStoreCapacity" in n:
             lines.append(f"  object store: {_fmt_bytes(n.get('ObjectStoreUsed', 0))} used of "
                          f"{_fmt_bytes(n['ObjectStoreCapacity'])}")
-    parts = [f"{k} {_fmt_amount(total[k] - available.get(k, 0.0))}/{_fmt_amount(total[k])}"
+    parts = [f"{printable(k)} {_fmt_amount(total[k] - available.get(k, 0.0))}/{_fmt_amount(total[k])}"
              if k != "memory" else
              f"{k} {_fmt_bytes(total[k] - available.get(k, 0.0))}/{_fmt_bytes(total[k])}"
              for k in _status_order(total)]

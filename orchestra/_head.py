@@ -64,6 +64,10 @@ _GROUP_REQUESTS = frozenset({"create_placement_group", "remove_placement_group",
 # Joined nodes and the head tell each other they live this often (cfg node_timeout_s
 # of silence, 10 s by default, and the other end is dead).
 _HEARTBEAT_S = 1.0
+# A reader's pull of an object from a node that may be dying is tried again this often,
+# for as long as a node may stay silent before it is declared dead, and this much more.
+_RELOCATE_RETRY_S = 0.2
+_RELOCATE_SLACK_S = 2.0
 
 
 class _Then:
@@ -563,12 +567,26 @@ class Head:
         else:
             reply.placement_groups.extend(groups.table(req.placement_group_table))
 
-    def _locate(self, conn: Conn, req_id: int, object_id: bytes) -> None:
+    def _locate(self, conn: Conn, req_id: int, object_id: bytes, since: float = 0.0) -> None:
         """Answer where an object's data is now, for a reader on the connection's node
-        (a reader found its segment gone, or it is on another node: pulled first)."""
+        (a reader found its segment gone, or it is on another node: pulled first).
+        ``since``: when a first pull of it failed (see answer)."""
         o = self.state.objects.get(object_id)
 
         def answer(data: Any, error: str) -> None:
+            if data is None and error and object_id in self.state.objects \
+                    and self.conns.get(conn.conn_id) is conn:
+                # The pull failed, the object lives: its node may be dying, which this
+                # head learns a moment later (its connection closes; silent: after
+                # node_timeout_s). Then the object is made again, has a copy elsewhere,
+                # or is lost for good: ask again until one of those is known, rather
+                # than fail a reader of an object that a retry would rebuild.
+                now = time.monotonic()
+                first = since or now
+                if now - first < float(self.cfg.get("node_timeout_s", 10.0)) + _RELOCATE_SLACK_S:
+                    self.loop.call_later(_RELOCATE_RETRY_S, self._locate, conn, req_id,
+                                         object_id, first)
+                    return
             reply = pb.Reply(req_id=req_id)
             if data is None:
                 reply.error = error or f"object {object_id.hex()} was freed while it was being read"
@@ -582,6 +600,8 @@ class Head:
         if o.data is None:   # being made again (its node died): answered once it is
             self.watch_object(object_id, _Then(lambda d: self._locate(conn, req_id, object_id)))
             return
+        if self.conns.get(conn.conn_id) is not conn:
+            return   # the reader is gone
         data = self.state.copy_on(object_id, conn.node.node_id)
         if data is not None:
             answer(data, "")

@@ -210,6 +210,21 @@ def test_list_objects_and_memory_show_a_put_object_its_size_and_holder(two_nodes
     del ref
 
 
+def test_the_cli_prints_names_from_user_code_escaped_and_cut(two_nodes) -> None:
+    # ESC/BEL and newlines in a name once reached the terminal raw (escape injection),
+    # and a 100 kB name padded every row of the table to 100 kB.
+    evil = Counter.options(name="evil\x1b]0;owned\x07\nname").remote()
+    huge = Counter.options(name="h" * 100_000).remote()
+    assert orchestra.get([evil.add.remote(), huge.add.remote()]) == [1, 1]
+    r = cli(two_nodes[0], "list", "actors")
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout and "\x07" not in r.stdout
+    assert "evil\\x1b]0;owned\\x07\\nname" in r.stdout
+    assert max(len(line) for line in r.stdout.splitlines()) < 1000
+    orchestra.kill(evil)
+    orchestra.kill(huge)
+
+
 def test_list_nodes_and_workers_on_two_nodes(two_nodes) -> None:
     _, node = two_nodes
     assert orchestra.get(square.options(resources={"far": 1}).remote(3)) == 9

@@ -49,3 +49,23 @@ def test_an_unknown_command_says_so_on_stderr_with_the_usage(
     assert _cli.main(["frobnicate"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and "unknown command 'frobnicate'" in err and "commands:" in err
+
+
+def test_names_from_user_code_reach_the_terminal_escaped_and_cut() -> None:
+    from orchestra._cli_cluster import format_status
+    from orchestra._cli_state import MAX_CELL, printable, table
+    evil = "a\x1b]0;owned\x07b\nc\r\x9bd\u2028e"
+    shown = printable(evil)
+    assert shown == "a\\x1b]0;owned\\x07b\\nc\\r\\x9bd\\u2028e"
+    assert shown.isprintable()
+    assert printable("x" * 100_000) == "x" * (MAX_CELL - 3) + "..."
+    assert printable("naïve 名前") == "naïve 名前"   # printable text stays as it is
+    out = table([{"name": evil, "state": "ALIVE"}, {"name": "y" * 100_000, "state": "DEAD"}],
+                ["name", "state"])
+    assert out.isascii() and "\x1b" not in out and len(out.splitlines()) == 3
+    assert max(len(line) for line in out.splitlines()) < 2 * MAX_CELL
+    status = format_status([{"NodeID": "n\x1b[2J", "NodeManagerAddress": "1.2.3.4", "Alive": True,
+                             "Resources": {"evil\x07" + "r" * 500: 1.0}}],
+                           {"evil\x07" + "r" * 500: 1.0}, {})
+    assert "\x1b" not in status and "\x07" not in status
+    assert max(len(line) for line in status.splitlines()) < 4 * MAX_CELL
