@@ -28,8 +28,29 @@ from pathlib import Path
 
 REPO = str(Path(__file__).resolve().parents[2])
 SUBNET = "10.77.0"
-_PRIVATE_MOUNTS = ("mount -t tmpfs -o mode=1777 tmpfs /dev/shm && "
-                   "mount -t tmpfs -o mode=1777 tmpfs /tmp && exec \"$@\"")
+# A host's own /dev/shm and /tmp. What this run needs under /tmp (a checkout there, and
+# the tox venv in it: CI may clone anywhere) is bound back in from the machine's /tmp,
+# seen through /mnt for the moment (a mount in this namespace only).
+_PRIVATE_MOUNTS = """set -e
+mount -t tmpfs -o mode=1777 tmpfs /dev/shm
+keep="$KEEP_UNDER_TMP"
+if [ -n "$keep" ]; then mount --bind /tmp /mnt; fi
+mount -t tmpfs -o mode=1777 tmpfs /tmp
+for p in $keep; do mkdir -p "$p"; mount --bind "/mnt${p#/tmp}" "$p"; done
+if [ -n "$keep" ]; then umount -l /mnt; fi
+exec "$@"
+"""
+
+
+def _kept_under_tmp() -> str:
+    """The paths under /tmp that a host's processes need: this checkout, the
+    interpreter's environment (space-separated; "" when none is under /tmp)."""
+    keep: list[str] = []
+    for path in (REPO, sys.prefix, os.path.realpath(sys.executable)):
+        real = os.path.realpath(path)
+        if real.startswith("/tmp/") and not any(real == k or real.startswith(k + "/") for k in keep):
+            keep.append(real if os.path.isdir(real) else os.path.dirname(real))
+    return " ".join(keep)
 
 
 def skip_reason() -> str:
@@ -110,7 +131,8 @@ class Hosts:
         a mount namespace of its own with fresh /dev/shm and /tmp)."""
         cmd = ["ip", "netns", "exec", self.ns(i)]
         if private_mounts:
-            cmd += ["unshare", "-m", "--propagation", "private", "sh", "-c", _PRIVATE_MOUNTS, "sh"]
+            cmd += ["env", f"KEEP_UNDER_TMP={_kept_under_tmp()}", "unshare", "-m",
+                    "--propagation", "private", "sh", "-c", _PRIVATE_MOUNTS, "sh"]
         return cmd + argv
 
     def env(self, **extra: str) -> dict[str, str]:
