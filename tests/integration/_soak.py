@@ -1,6 +1,6 @@
 """The soak's workload, shared by the driver threads of tests/integration/test_soak.py and
-the driver processes it starts (``python _soak.py ADDRESS TOKEN SECONDS SEED``, which
-prints its counts as one JSON line).
+the driver processes it starts (``python _soak.py ADDRESS TOKEN SECONDS SEED [faults]``,
+which prints its counts as one JSON line).
 
 Each round is one of: a dependent chain (f -> g -> h, the last two given refs of the
 first), a large array made on the joined node and read by a task anywhere and by the
@@ -67,12 +67,24 @@ class Echo:
         return 2 * int(a[0])
 
 
-def rounds(seconds: float, seed: int, far: dict[str, float] | None = None) -> dict[str, int]:
+def make_options(faults: bool) -> dict[str, Any]:
+    """How the large arrays are made: on the joined node ("far"). With faults, through
+    the head (a strategy: never sent straight to a worker lent to the driver), where
+    the task's lineage is kept: a result made by a direct call is not made again when
+    its node dies (the head holds no lineage for it), a known gap."""
+    opts: dict[str, Any] = {"resources": {"far": 0.01}}
+    if faults:
+        opts["scheduling_strategy"] = "SPREAD"
+    return opts
+
+
+def rounds(seconds: float, seed: int, options: dict[str, Any] | None = None) -> dict[str, int]:
     """Run rounds for ``seconds``; counts of each kind that was right, and of every
-    failure by name ("hung" for a get() past its timeout, "wrong" for a wrong value)."""
+    failure by name ("hung" for a get() past its timeout, "wrong" for a wrong value).
+    ``options``: make_big's (make_options)."""
     rng = random.Random(seed)
     counts: collections.Counter[str] = collections.Counter()
-    on_far = make_big.options(resources=far) if far else make_big
+    on_far = make_big.options(**options) if options else make_big
     actor = Echo.remote()
     deadline = time.monotonic() + seconds
     i = seed * 1_000_000
@@ -112,9 +124,10 @@ def failures(counts: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> None:
     address, token, seconds, seed = argv[0], argv[1], float(argv[2]), int(argv[3])
+    faults = len(argv) > 4 and argv[4] == "faults"
     orchestra.init(address=address, token=token)
     try:
-        print(json.dumps(rounds(seconds, seed, {"far": 0.01})), flush=True)
+        print(json.dumps(rounds(seconds, seed, make_options(faults))), flush=True)
     finally:
         orchestra.shutdown()
 

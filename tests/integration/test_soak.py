@@ -92,14 +92,15 @@ class Soak:
         for root in (self.cluster.head_node.pid, self.node.pid):
             self.pids |= _tree(root)
 
-    def run(self, seconds: float) -> list[dict[str, int]]:
+    def run(self, seconds: float, faults: bool = False) -> list[dict[str, int]]:
         results: list[dict[str, int]] = []
         procs = [subprocess.Popen(
             [sys.executable, str(HERE / "_soak.py"), self.cluster.address, self.cluster.token,
-             str(seconds), str(100 + k)], stdout=subprocess.PIPE, text=True, env=child_env())
-            for k in range(PROCESSES)]
+             str(seconds), str(100 + k), "faults" if faults else "-"],
+            stdout=subprocess.PIPE, text=True, env=child_env()) for k in range(PROCESSES)]
+        options = _soak.make_options(faults)
         threads = [threading.Thread(target=lambda k=k: results.append(
-            _soak.rounds(seconds, k + 1, {"far": 0.01}))) for k in range(THREADS)]
+            _soak.rounds(seconds, k + 1, options))) for k in range(THREADS)]
         for t in threads:
             t.start()
         for t in threads:
@@ -169,7 +170,7 @@ def test_with_workers_killed_and_the_node_replaced_every_result_is_still_right(s
     killer = threading.Thread(target=faults, daemon=True)
     killer.start()
     try:
-        results = soak.run(SOAK_S)
+        results = soak.run(SOAK_S, faults=True)
     finally:
         stop.set()
         killer.join(30)
