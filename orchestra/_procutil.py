@@ -64,3 +64,16 @@ def watch_parent(loop: Any, on_exit: Callable[[], None]) -> None:
         else:
             loop.call_later(_PARENT_POLL_S, poll)
     loop.call_later(_PARENT_POLL_S, poll)
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL every process of group ``pgid`` (a worker leads its own: what its tasks
+    started, loky's or multiprocessing's workers among them, goes with it). Call it
+    while the leader's pid cannot be reused: before it is reaped (_zygote._reap), or
+    while it lives."""
+    if pgid <= 1:
+        return
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

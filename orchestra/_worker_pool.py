@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ._procutil import kill_group
+
 
 class ForkedWorker:
     """A worker forked by the zygote, with the part of Popen's interface the pool uses."""
@@ -38,16 +40,32 @@ class ForkedWorker:
         if not self.pid:
             self.kill_on_pid = True
             return
-        if self.returncode is None:
+        if self.returncode is None:   # the worker and its group (what its tasks started)
             try:
-                os.kill(self.pid, signal.SIGKILL)
+                os.killpg(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+            except PermissionError:   # not a group leader yet (just forked)
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def wait(self, timeout: float | None = None) -> int | None:
         if not self.exited.wait(timeout):
             raise subprocess.TimeoutExpired("worker", timeout or 0)
         return self.returncode
+
+
+def _kill(p: Any) -> None:
+    """Kill a live worker with its process group (a Popen worker leads a session of its
+    own, a forked one a group: ForkedWorker.kill)."""
+    if p.poll() is not None:
+        return
+    if isinstance(p, ForkedWorker):
+        p.kill()
+    else:
+        kill_group(p.pid)
 
 
 class Zygote:
@@ -158,10 +176,12 @@ class WorkerPool:
             if z is not None and z.alive and not self.closed:
                 proc = z.spawn(worker_id)
             else:
+                # A session (and group) of its own, as a forked worker has: killed, it
+                # takes what its tasks started along (kill, kill_all).
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "orchestra._worker", self.sock_path, str(worker_id)],
                     stdin=subprocess.DEVNULL, cwd=self.cwd if os.path.isdir(self.cwd) else None,
-                    env=self.env, close_fds=True)
+                    env=self.env, close_fds=True, start_new_session=True)
         except OSError as exc:
             self.on_failed(worker_id, str(exc))
             return
@@ -181,22 +201,14 @@ class WorkerPool:
             if p is None:   # still starting: killed as soon as it exists
                 self.kill_requested.add(worker_id)
                 return
-        if p.poll() is None:
-            try:
-                p.kill()
-            except ProcessLookupError:
-                pass
+        _kill(p)
 
     def kill_all(self, timeout_s: float = 2.0) -> None:
         with self.lock:
             self.closed = True
         self.spawner.shutdown(wait=True, cancel_futures=True)
         for p in self.procs.values():
-            if p.poll() is None:
-                try:
-                    p.kill()
-                except ProcessLookupError:
-                    pass
+            _kill(p)
         deadline = time.monotonic() + timeout_s
         for p in self.procs.values():
             if not p.pid:

@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> None:
             worker_id = int(line.split()[1])
             pid = os.fork()
             if pid == 0:
+                # A group of its own: the processes its tasks start go with it (_reap).
+                os.setpgid(0, 0)
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 for fd in (req_fd, rep_fd, wake_r, wake_w):
@@ -84,13 +86,22 @@ def _preload(modules: list[str]) -> None:
 
 
 def _reap(rep_fd: int) -> None:
+    """Report each worker that exited, after killing what is left of its process group
+    (the processes its tasks started: loky's workers and resource tracker outlived the
+    cluster under pid 1, with their /dev/shm entries). Killed before the worker is
+    reaped: its zombie keeps its pid, the group's id, from being reused meanwhile."""
     while True:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             return
-        if pid == 0:
+        if info is None or not info.si_pid:
             return
+        try:   # (as _procutil.kill_group: not imported, this process imports little)
+            os.killpg(info.si_pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        pid, status = os.waitpid(info.si_pid, 0)
         os.write(rep_fd, f"exit {pid} {_returncode(status)}\n".encode())
 
 

@@ -116,6 +116,40 @@ def test_shutdown_stops_every_process_and_removes_every_segment(start_cluster, g
     del running, kept
 
 
+@orchestra.remote(max_calls=1)
+def start_children_once() -> list[int]:
+    """Start a process and a multiprocessing pool (as joblib or loky would), return
+    their pids; max_calls=1: the worker exits after this task."""
+    import multiprocessing
+    child = subprocess.Popen(["sleep", "300"])
+    pool = multiprocessing.get_context("fork").Pool(2)
+    pids = [child.pid, *(p.pid for p in pool._pool)]  # type: ignore[attr-defined]
+    return pids
+
+
+@orchestra.remote
+def start_child() -> int:
+    return subprocess.Popen(["sleep", "300"]).pid
+
+
+def test_processes_a_task_started_exit_with_its_worker(start_cluster):
+    # A worker leads a process group: what its tasks start goes when it exits (a
+    # GridSearchCV(n_jobs=2) left loky's workers running for minutes under pid 1).
+    start_cluster(num_cpus=1)
+    pids = orchestra.get(start_children_once.remote(), timeout=T)
+    assert len(pids) == 3
+    wait_until(lambda: all(pid_gone(p) for p in pids), 10,
+               "the task's processes to go with its worker")
+
+
+def test_processes_tasks_started_exit_with_the_cluster(start_cluster):
+    start_cluster(num_cpus=1)
+    pid = orchestra.get(start_child.remote(), timeout=T)
+    assert not pid_gone(pid)   # the worker lives: so does what its task started
+    orchestra.shutdown()
+    wait_until(lambda: pid_gone(pid), 10, "the task's process to go with the cluster")
+
+
 def test_a_new_cluster_starts_after_shutdown(start_cluster):
     start_cluster(num_cpus=1)
     assert orchestra.get(h.add.remote(1, 1), timeout=T) == 2
