@@ -279,8 +279,6 @@ def format_summary(summary: dict[str, Any]) -> str:
     use and spilled bytes, tasks and actors by state, workers and drivers."""
     store = summary["store"]
 
-    from ._cli_state import printable
-
     def by_state(counts: dict[str, int]) -> str:
         return ", ".join(f"{printable(k)} {v}" for k, v in sorted(counts.items())) or "none"
 
@@ -291,6 +289,23 @@ def format_summary(summary: dict[str, Any]) -> str:
              f"actors: {by_state(summary['actors'])}",
              f"processes: {summary['workers']} worker(s), {summary['drivers']} driver(s)"]
     return "\n".join(lines)
+
+
+# A name from user code shown in a table or in status is cut to this many characters.
+MAX_CELL = 64
+# Control characters (C0, DEL, C1) and the line and paragraph separators: as escapes.
+_CONTROL = dict.fromkeys([*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029])
+
+
+def printable(value: Any, limit: int = MAX_CELL) -> str:
+    """Text from user code (an actor's, a task's or a resource's name) made safe for a
+    terminal: control characters escaped as Python writes them (ESC -> \\x1b, a newline
+    -> \\n), so that a name can neither move the cursor, retitle the window nor break a
+    row; cut to ``limit`` characters with "..." (a 100 kB name padded every row)."""
+    text = str(value)
+    if not text.isprintable():
+        text = "".join(repr(ch)[1:-1] if ord(ch) in _CONTROL else ch for ch in text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _status_order(res: dict[str, float]) -> list[str]:
@@ -318,7 +333,6 @@ def format_status(nodes: list[dict[str, Any]], total: dict[str, float],
 
     Per node: NodeID, Alive, NodeManagerAddress, Resources (total), and in use where the
     node's dict says what is free ("AvailableResources"), object store used/capacity."""
-    from ._cli_state import printable
     lines = [f"{len(nodes)} node(s), {sum(1 for n in nodes if n.get('Alive'))} alive"]
     for n in nodes:
         alive = "alive" if n.get("Alive") else "dead"

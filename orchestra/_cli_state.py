@@ -58,25 +58,10 @@ def _filters(items: list[str]) -> list[tuple[str, str, str]]:
     return out
 
 
-# A name from user code shown in a table or in status is cut to this many characters.
-MAX_CELL = 64
-# Control characters (C0, DEL, C1) and the line and paragraph separators: as escapes.
-_CONTROL = dict.fromkeys([*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029])
-
-
-def printable(value: Any, limit: int = MAX_CELL) -> str:
-    """Text from user code (an actor's, a task's or a resource's name) made safe for a
-    terminal: control characters escaped as Python writes them (ESC -> \\x1b, a newline
-    -> \\n), so that a name can neither move the cursor, retitle the window nor break a
-    row; cut to ``limit`` characters with "..." (a 100 kB name padded every row)."""
-    text = str(value)
-    if not text.isprintable():
-        text = "".join(repr(ch)[1:-1] if ord(ch) in _CONTROL else ch for ch in text)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
 def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     """Rows as aligned text columns (None as "-"; user text through printable)."""
+    from ._cli_cluster import printable
+
     def cell(v: Any) -> str:
         return "-" if v is None else printable(v)
     cells = [[c.upper() for c in columns]] + [[cell(r.get(c)) for c in columns] for r in rows]

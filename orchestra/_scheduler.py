@@ -138,12 +138,30 @@ class SchedulerState:
             self.worker_died(c.worker.worker_id, exit_reason or "its connection closed")
         elif c.kind == "driver":
             self.actor_table.driver_gone(conn)
+            self._job_gone(conn)
         self.loans.client_gone(conn)
         if self.groups.groups:
             self.groups.client_gone(conn)
         for oid, n in c.holds.items():
             self._decr(oid, n)
         c.holds.clear()
+
+    def _job_gone(self, conn: int) -> None:
+        """A driver's connection closed (it exited, or was killed): its job's tasks stop,
+        as Ray stops a dead job's. Those its tasks submitted too (a call carries its
+        job). Waiting or queued ones fail as cancelled, running ones are cancelled with
+        force (their workers killed); workers on loan to it, which may run its direct
+        calls, are retired (stopped once given back, and replaced). Calls to actors are
+        left to the actors (its own actors die with it: ActorTable.driver_gone)."""
+        doomed = [t for t in self.tasks.values()
+                  if t.state is not TaskState.DONE and not t.cancelled and not t.call.actor_id
+                  and (t.owner == conn or t.call.job == conn)]
+        for t in doomed:
+            self.cancel(t.call.task_id + bytes(4), force=True)
+        for w in self.workers.values():
+            if w.lent_to == conn and w.actor is None:
+                w.retiring = True
+                w.grant_shape = _RETIRING
 
     def worker_failed_to_start(self, worker_id: int, reason: str, *, broken: bool = True) -> None:
         """The worker's process never connected. ``broken``: it failed by itself (counted:

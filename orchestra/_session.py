@@ -91,6 +91,14 @@ class Session:
             except subprocess.TimeoutExpired:
                 self.head.kill()
                 self.head.wait(_HEAD_EXIT_TIMEOUT_S)
+        elif client.lost is None and client.direct.ever_loaned:
+            # A cluster that lives on: give back the idle workers lent to this driver
+            # (those still on loan when it goes are retired, as a dead job's may run
+            # its calls: SchedulerState._job_gone).
+            try:   # (read before the connection's end: frames are handled in order)
+                client.direct.return_idle_loans()
+            except ClusterLostError:
+                pass
         client.close()
         if self.head is not None:
             shutil.rmtree(self.session_dir, ignore_errors=True)

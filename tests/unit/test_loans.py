@@ -22,8 +22,8 @@ from _sched_helpers import (
 )
 from orchestra import _pb as pb
 from orchestra import _wire
-from orchestra._instructions import LateSend, Send, StartWorker
-from orchestra._sched_types import WorkerState
+from orchestra._instructions import KillWorker, LateSend, Send, StartWorker, StopWorker
+from orchestra._sched_types import TaskState, WorkerState
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -192,14 +192,35 @@ def test_a_task_that_finds_every_worker_lent_recalls_them_once():
     assert executed(c.take())[0] == (1, waiting.task_id)
 
 
-def test_a_drivers_loans_return_when_it_disconnects():
+def test_a_drivers_loans_end_when_it_disconnects_and_the_workers_are_replaced():
+    # A driver gone with workers still on loan (killed: a clean shutdown gives them
+    # back first) may have left its direct calls queued there: they are retired.
     c = Cluster(cpus=1, lending=True)
     c.s.client_connected(OTHER_DRIVER, pb.Hello(kind="driver", pid=2))
     task = c.submit(make_call("f"), conn=OTHER_DRIVER)
     assert [m.worker_id for m in loans(c.take(), OTHER_DRIVER)] == [1]
     c.done(1, task)
     c.s.client_disconnected(OTHER_DRIVER)
-    assert c.worker(1).state is WorkerState.IDLE and c.s.loans.loaned == set()
+    out = c.take()
+    assert c.s.loans.loaned == set() and 1 not in c.s.workers
+    assert [i.worker_id for i in out if type(i) is StopWorker] == [1]
+    assert [i.worker_id for i in out if type(i) is StartWorker] == [2]
+
+
+def test_a_dead_drivers_tasks_are_cancelled_and_its_running_ones_killed():
+    c = Cluster(cpus=1, pipeline_depth=1)
+    c.s.client_connected(OTHER_DRIVER, pb.Hello(kind="driver", pid=2))
+    running = c.submit(make_call("running"), conn=OTHER_DRIVER)
+    queued = c.submit(make_call("queued"), conn=OTHER_DRIVER)
+    mine = c.submit(make_call("mine"))
+    c.take()
+    c.s.client_disconnected(OTHER_DRIVER)
+    out = c.take()
+    assert [(i.worker_id, i.reason) for i in out if type(i) is KillWorker] == \
+        [(1, "cancelled with force=True")]
+    assert queued.task_id not in c.s.tasks
+    assert mine.task_id in c.s.tasks and c.s.tasks[mine.task_id].state is not TaskState.DONE
+    assert c.s.tasks[running.task_id].cancelled
 
 
 def test_a_lent_worker_that_dies_ends_its_loan_and_is_replaced():

@@ -1,0 +1,71 @@
+"""A driver of a cluster that lives on (started apart from it, as `orchestra start` does)
+killed with SIGKILL: its job's work stops, as Ray stops a dead job's. Its running tasks
+(sent through the head, or straight to workers lent to it) are killed, its queued ones
+never run, its actors die; another driver's work goes on."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import orchestra
+from _probes import child_env, pid_gone, wait_until
+from orchestra.cluster_utils import Cluster
+
+pytestmark = pytest.mark.timeout(120)
+
+DRIVER = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    import orchestra
+
+    out = Path(sys.argv[3])
+
+    @orchestra.remote(max_retries=0)
+    def long_task(i):
+        (out / f"started-{i}-{os.getpid()}").touch()
+        time.sleep(30)
+        (out / f"finished-{i}").touch()
+
+    orchestra.init(address=sys.argv[1], token=sys.argv[2])
+    refs = [long_task.remote(i) for i in range(6)]   # 2 CPUs: 2 run, 4 wait
+    (out / "submitted").touch()
+    time.sleep(600)
+""")
+
+
+def test_a_killed_drivers_tasks_stop_and_the_cluster_serves_the_next(no_cluster, tmp_path: Path) -> None:
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    try:
+        script = tmp_path / "driver.py"
+        script.write_text(DRIVER)
+        driver = subprocess.Popen([sys.executable, str(script), c.address, c.token, str(tmp_path)],
+                                  env=child_env())
+        wait_until(lambda: len(list(tmp_path.glob("started-*"))) == 2, 30,
+                   "two of the driver's tasks to start")
+        running = [int(p.name.rsplit("-", 1)[1]) for p in tmp_path.glob("started-*")]
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(10)
+        # Its running tasks' workers are stopped, and nothing of it runs after.
+        wait_until(lambda: all(pid_gone(p) for p in running), 15,
+                   "the dead driver's running tasks to be stopped")
+        orchestra.init(address=c.address, token=c.token)
+
+        @orchestra.remote
+        def quick() -> int:
+            return 7
+        start = time.monotonic()
+        assert orchestra.get([quick.remote() for _ in range(4)], timeout=30) == [7] * 4
+        assert time.monotonic() - start < 25   # not behind the dead job's 30 s tasks
+        time.sleep(1.0)
+        assert len(list(tmp_path.glob("started-*"))) == 2, "a dead driver's queued task ran"
+        assert not list(tmp_path.glob("finished-*"))
+    finally:
+        orchestra.shutdown()
+        c.shutdown()
