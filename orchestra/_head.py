@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -46,10 +47,11 @@ from ._instructions import FreeSegment, KillWorker, LateSend, Pull, Push, Send, 
 from ._log_router import LogRoutes
 from ._node import Node, node_from_cfg, worker_socket
 from ._node_process import routable
-from ._procutil import watch_parent
+from ._procutil import watch_parent, watch_pid
 from ._remote_node import RemoteNode
 from ._scheduler import SchedulerState, WorkerState
 from ._state_query import StateQueries
+from ._store import sweep_stale_segments
 from .exceptions import InfeasibleResourcesError
 
 # The node that runs in this process. Nodes of other machines will get ids of their own
@@ -68,6 +70,8 @@ _HEARTBEAT_S = 1.0
 # for as long as a node may stay silent before it is declared dead, and this much more.
 _RELOCATE_RETRY_S = 0.2
 _RELOCATE_SLACK_S = 2.0
+# After a node's death: when its segment directory is swept (if it was on this machine).
+_SWEEP_AFTER_S = 1.0
 
 
 class _Then:
@@ -832,6 +836,9 @@ class Head:
         for c in list(self.conns.values()):
             if c.node is remote:
                 c.transport.abort()   # conn_lost: its tasks retried, its actors restarted
+        # A node on this machine killed outright left its segment directory: removed
+        # once its process is gone (a moment after its connection closed).
+        self.loop.call_later(_SWEEP_AFTER_S, sweep_stale_segments)
         self.carry_out()
 
     def _heartbeat(self) -> None:
@@ -915,6 +922,10 @@ class Head:
                 os.unlink(os.path.join(self.session_dir, name))
             except FileNotFoundError:
                 pass
+        if self.cfg.get("detached"):
+            # No driver removes it (orchestra stop does, but not a SIGTERM sent straight
+            # here, nor the end of a cluster_utils.Cluster's script).
+            shutil.rmtree(self.session_dir, ignore_errors=True)
         self.loop.stop()
 
 
@@ -939,6 +950,10 @@ def main(argv: list[str] | None = None, zygote: tuple[Any, int, int] | None = No
     # that dies before it connects.
     if not cfg.get("detached"):
         watch_parent(loop, lambda: head.shutdown("the driver process exited"))
+    if cfg.get("owner_pid"):   # a cluster_utils.Cluster's: it lives as long as its script
+        owner = int(cfg["owner_pid"])
+        watch_pid(loop, owner, lambda: head.shutdown(
+            f"the process that started the cluster (pid {owner}) exited"))
     try:
         loop.run_until_complete(head.start())
     except Exception as exc:

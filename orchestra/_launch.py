@@ -120,7 +120,8 @@ def head_cfg(*, host: str, port: int, token: str, num_cpus: int | None = None,
              num_gpus: int | None = None, resources: dict[str, float] | None = None,
              object_store_memory: int | None = None, include_dashboard: bool = True,
              dashboard_port: int | None = None,
-             system_config: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+             system_config: dict[str, Any] | None = None,
+             owner_pid: int = 0) -> tuple[str, dict[str, Any]]:
     """The cluster head's cfg: init()'s, listening on HOST:PORT with the token, owned by
     no driver (runs until SIGTERM) and open to nodes. Also the /dev/shm warning."""
     warning, cfg = _session.build_cfg(num_cpus=num_cpus, num_gpus=num_gpus,
@@ -130,6 +131,8 @@ def head_cfg(*, host: str, port: int, token: str, num_cpus: int | None = None,
                                       dashboard_port=dashboard_port,
                                       system_config=system_config)
     cfg.update(listen=join_address(host, port), token=token, detached=True, joinable=True)
+    if owner_pid:   # stops when that process exits (cluster_utils.Cluster)
+        cfg["owner_pid"] = owner_pid
     return warning, cfg
 
 
@@ -139,7 +142,7 @@ def start_head(state: str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
                object_store_memory: int | None = None, include_dashboard: bool = True,
                dashboard_port: int | None = None,
                system_config: dict[str, Any] | None = None, log: bool = True,
-               timeout_s: float = READY_TIMEOUT_S) -> Started:
+               timeout_s: float = READY_TIMEOUT_S, owner_pid: int = 0) -> Started:
     """Start a cluster head listening on HOST:PORT; return once it authenticates a
     connection (LaunchError with its log's tail if it exits or stays silent). Its
     dashboard (include_dashboard, dashboard_port: as init()'s) binds HOST too, and asks
@@ -152,7 +155,8 @@ def start_head(state: str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
                             num_gpus=num_gpus, resources=resources,
                             object_store_memory=object_store_memory,
                             include_dashboard=include_dashboard,
-                            dashboard_port=dashboard_port, system_config=system_config)
+                            dashboard_port=dashboard_port, system_config=system_config,
+                            owner_pid=owner_pid)
     if warning:
         print(f"orchestra: {warning}", file=sys.stderr)
     _session._sweep_stale_sessions()
@@ -288,12 +292,13 @@ def start_node(state: str, *, head_address: str, token: str, host: str | None = 
                num_cpus: int | None = None, num_gpus: int | None = None,
                resources: dict[str, float] | None = None,
                object_store_memory: int | None = None, log: bool = True,
-               timeout_s: float = READY_TIMEOUT_S) -> Started:
+               timeout_s: float = READY_TIMEOUT_S, owner_pid: int = 0) -> Started:
     """Start a node that joins the head at ``head_address``; return once the head
     welcomed it (its node.json), else LaunchError naming the cause."""
     started = spawn_node(state, head_address=head_address, token=token, host=host,
                          num_cpus=num_cpus, num_gpus=num_gpus, resources=resources,
-                         object_store_memory=object_store_memory, log=log)
+                         object_store_memory=object_store_memory, log=log,
+                         owner_pid=owner_pid)
     wait_joined(started, timeout_s)
     return started
 
@@ -301,7 +306,8 @@ def start_node(state: str, *, head_address: str, token: str, host: str | None = 
 def spawn_node(state: str, *, head_address: str, token: str, host: str | None = None,
                num_cpus: int | None = None, num_gpus: int | None = None,
                resources: dict[str, float] | None = None,
-               object_store_memory: int | None = None, log: bool = True) -> Started:
+               object_store_memory: int | None = None, log: bool = True,
+               owner_pid: int = 0) -> Started:
     """Start a node process joining the head at ``head_address``, without waiting:
     wait_joined() waits (several nodes started first join side by side)."""
     split_address(head_address)   # a bad address fails here, not in the node
@@ -315,6 +321,8 @@ def spawn_node(state: str, *, head_address: str, token: str, host: str | None = 
     cfg = node_cfg(head_address=head_address, token=token, host=host,
                    session_dir=session_dir, num_cpus=num_cpus, num_gpus=num_gpus,
                    resources=resources, object_store_memory=object_store_memory)
+    if owner_pid:   # stops when that process exits (cluster_utils.Cluster)
+        cfg["owner_pid"] = owner_pid
     cfg_path = os.path.join(run_dir, "config.json")
     fd = os.open(cfg_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -38,7 +39,7 @@ from . import _pb as pb
 from . import _wire
 from ._ids import machine_id
 from ._node import Node, NodeHost, node_from_cfg
-from ._procutil import watch_parent
+from ._procutil import watch_parent, watch_pid
 
 # The head answers ObjStoreDebugInfo from the figures last sent; a spill or the warm
 # reserve changes them off the command path, and is sent within this long.
@@ -303,6 +304,8 @@ async def _run(loop: Any, cfg: dict[str, Any], node_sock: str, node_id: int,
     # The head's connection closing is the usual sign it is gone; this covers a head
     # that dies before the node connected.
     watch_parent(loop, proto.close)
+    if cfg.get("owner_pid"):   # a cluster_utils.Cluster's: it lives as long as its script
+        watch_pid(loop, int(cfg["owner_pid"]), proto.close)
     try:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(node_sock)
@@ -390,10 +393,9 @@ def join_main(cfg_path: str) -> None:
     except OSError:
         raise SystemExit(3) from None
     finally:
-        try:
-            os.unlink(os.path.join(session_dir, "node.json"))
-        except FileNotFoundError:
-            pass
+        # Its whole directory: nobody else removes it when the node ends by itself (a
+        # SIGTERM sent here, its cluster_utils script gone); orchestra stop does too.
+        shutil.rmtree(session_dir, ignore_errors=True)
         loop.close()
 
 

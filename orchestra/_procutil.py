@@ -77,3 +77,34 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def watch_pid(loop: Any, pid: int, on_exit: Callable[[], None]) -> None:
+    """Call ``on_exit`` on ``loop`` once process ``pid`` (not a parent: the script that
+    started a cluster_utils.Cluster, say) exits: its pidfd becomes readable, or, where
+    there is none, it is polled."""
+    try:
+        fd: int | None = os.pidfd_open(pid)
+    except ProcessLookupError:
+        loop.call_soon(on_exit)
+        return
+    except (AttributeError, OSError):
+        fd = None
+    if fd is not None:
+        def readable() -> None:
+            loop.remove_reader(fd)
+            os.close(fd)
+            on_exit()
+        loop.add_reader(fd, readable)
+        return
+
+    def poll() -> None:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            on_exit()
+            return
+        except PermissionError:
+            pass
+        loop.call_later(_PARENT_POLL_S, poll)
+    loop.call_later(_PARENT_POLL_S, poll)

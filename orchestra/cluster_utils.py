@@ -12,10 +12,13 @@ It uses the launch functions of ``orchestra start`` (_launch.py) with a state di
 of its own, so it neither sees nor touches what ``orchestra start`` recorded, and its
 head listens on a free port of 127.0.0.1 (never 6380, the default of a real cluster).
 Every node shares this machine's network and /dev/shm; each has its own store, fork
-server and workers, as on a machine of its own.
+server and workers, as on a machine of its own. The head and the nodes live as long as
+the process that made the Cluster: a script that dies before shutdown() leaves nothing
+running (they watch its pid).
 """
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from typing import Any
@@ -95,7 +98,8 @@ class Cluster:
             started = _launch.start_head(
                 self._state, host=self._host, port=0, token=self._token, num_cpus=num_cpus,
                 num_gpus=num_gpus, resources=resources,
-                object_store_memory=object_store_memory, system_config=system_config or None)
+                object_store_memory=object_store_memory, system_config=system_config or None,
+                owner_pid=os.getpid())
             started.node_hex = node_hex(0)   # the head's own node
             self.head_node = NodeHandle(started)
             return self.head_node
@@ -105,7 +109,7 @@ class Cluster:
         started = _launch.start_node(
             self._state, head_address=self.address, token=self.token, host=self._host,
             num_cpus=num_cpus, num_gpus=num_gpus, resources=resources,
-            object_store_memory=object_store_memory)
+            object_store_memory=object_store_memory, owner_pid=os.getpid())
         node = NodeHandle(started)
         self._nodes.append(node)
         return node
@@ -121,7 +125,8 @@ class Cluster:
                 pending.append(_launch.spawn_node(
                     self._state, head_address=self.address, token=self.token,
                     host=self._host, num_cpus=num_cpus, num_gpus=num_gpus,
-                    resources=resources, object_store_memory=object_store_memory))
+                    resources=resources, object_store_memory=object_store_memory,
+                    owner_pid=os.getpid()))
             while pending:
                 _launch.wait_joined(pending[0])
                 self._nodes.append(NodeHandle(pending.pop(0)))

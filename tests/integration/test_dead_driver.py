@@ -69,3 +69,76 @@ def test_a_killed_drivers_tasks_stop_and_the_cluster_serves_the_next(no_cluster,
     finally:
         orchestra.shutdown()
         c.shutdown()
+
+
+def _tree(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, []))
+    return found
+
+
+SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    from orchestra.cluster_utils import Cluster
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    n = c.add_node(num_cpus=1)
+    print(json.dumps({"head": c.head_node.pid, "node": n.pid,
+                      "dirs": [c.head_node.session_dir, n.session_dir]}), flush=True)
+    sys.stdin.read()   # until the test kills this process
+""")
+
+
+def test_a_cluster_utils_cluster_stops_when_its_script_dies(no_cluster, tmp_path: Path) -> None:
+    import json
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=child_env())
+    try:
+        info = json.loads(proc.stdout.readline())
+        pids = _tree(info["head"]) | _tree(info["node"])
+        assert len(pids) >= 4   # head, node, and their fork servers and workers
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        wait_until(lambda: all(pid_gone(p) for p in pids), 20,
+                   "the head and the node to exit with the script that started them")
+        wait_until(lambda: not any(os.path.exists(d) for d in info["dirs"]), 10,
+                   "their session directories to be removed")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _shm_dirs(pid: int) -> list[str]:
+    prefix = f"orchestra-{os.geteuid()}-{pid}-"
+    return [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
+
+
+def test_a_killed_node_and_a_head_stopped_by_a_signal_leave_no_directory(no_cluster) -> None:
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        node = c.add_node(num_cpus=1)
+        assert _shm_dirs(node.pid) and os.path.isdir(node.session_dir)
+        os.kill(node.pid, signal.SIGKILL)   # nothing of it runs to clean up after it
+        wait_until(lambda: not _shm_dirs(node.pid), 15,
+                   "the killed node's segment directory to be swept by the head")
+        head = c.head_node
+        os.kill(head.pid, signal.SIGTERM)   # straight to it, not through orchestra stop
+        wait_until(lambda: pid_gone(head.pid), 15, "the head to exit on SIGTERM")
+        assert not os.path.exists(head.session_dir)
+        assert not _shm_dirs(head.pid)
+    finally:
+        c.shutdown()
