@@ -41,11 +41,30 @@ def watch_parent(loop: Any, on_exit: Callable[[], None]) -> None:
     where there is none (Linux < 5.3), the parent pid is polled.
     """
     parent = os.getppid()
+    _watch(loop, parent, lambda: os.getppid() == parent and parent != 1, on_exit)
+
+
+def watch_pid(loop: Any, pid: int, on_exit: Callable[[], None]) -> None:
+    """Call ``on_exit`` on ``loop`` once process ``pid`` (not a parent: the script that
+    started a cluster_utils.Cluster, say) exits, as watch_parent does."""
+    def alive() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+    _watch(loop, pid, alive, on_exit)
+
+
+def _watch(loop: Any, pid: int, alive: Callable[[], bool], on_exit: Callable[[], None]) -> None:
+    """Its pidfd, read on ``loop``; without one, ``alive`` polled."""
     try:
-        fd: int | None = os.pidfd_open(parent)
+        fd: int | None = os.pidfd_open(pid)
     except (AttributeError, OSError):
         fd = None
-    if os.getppid() != parent or parent == 1:   # it died before the watch began
+    if not alive():   # it died before the watch began
         if fd is not None:
             os.close(fd)
         loop.call_soon(on_exit)
@@ -59,7 +78,7 @@ def watch_parent(loop: Any, on_exit: Callable[[], None]) -> None:
         return
 
     def poll() -> None:
-        if os.getppid() != parent:
+        if not alive():
             on_exit()
         else:
             loop.call_later(_PARENT_POLL_S, poll)
@@ -77,34 +96,3 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def watch_pid(loop: Any, pid: int, on_exit: Callable[[], None]) -> None:
-    """Call ``on_exit`` on ``loop`` once process ``pid`` (not a parent: the script that
-    started a cluster_utils.Cluster, say) exits: its pidfd becomes readable, or, where
-    there is none, it is polled."""
-    try:
-        fd: int | None = os.pidfd_open(pid)
-    except ProcessLookupError:
-        loop.call_soon(on_exit)
-        return
-    except (AttributeError, OSError):
-        fd = None
-    if fd is not None:
-        def readable() -> None:
-            loop.remove_reader(fd)
-            os.close(fd)
-            on_exit()
-        loop.add_reader(fd, readable)
-        return
-
-    def poll() -> None:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            on_exit()
-            return
-        except PermissionError:
-            pass
-        loop.call_later(_PARENT_POLL_S, poll)
-    loop.call_later(_PARENT_POLL_S, poll)

@@ -79,6 +79,26 @@ def pid_gone(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
+def process_tree(root: int) -> set[int]:
+    """``root`` and every process below it now (from /proc: each process's parent)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, []))
+    return found
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str,
                explain: Callable[[], str] | None = None) -> None:
     """Poll ``predicate`` until it holds; fail naming ``what`` after ``timeout`` s (and

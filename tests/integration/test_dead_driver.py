@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import orchestra
-from _probes import child_env, pid_gone, wait_until
+from _probes import child_env, pid_gone, process_tree, wait_until
 from orchestra.cluster_utils import Cluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -71,25 +71,6 @@ def test_a_killed_drivers_tasks_stop_and_the_cluster_serves_the_next(no_cluster,
         c.shutdown()
 
 
-def _tree(root: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(name))
-    found, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        if pid not in found:
-            found.add(pid)
-            todo.extend(children.get(pid, []))
-    return found
-
-
 SCRIPT = textwrap.dedent("""
     import json, os, sys
     from orchestra.cluster_utils import Cluster
@@ -109,7 +90,7 @@ def test_a_cluster_utils_cluster_stops_when_its_script_dies(no_cluster, tmp_path
                             stdout=subprocess.PIPE, text=True, env=child_env())
     try:
         info = json.loads(proc.stdout.readline())
-        pids = _tree(info["head"]) | _tree(info["node"])
+        pids = process_tree(info["head"]) | process_tree(info["node"])
         assert len(pids) >= 4   # head, node, and their fork servers and workers
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)

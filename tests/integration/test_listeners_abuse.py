@@ -27,27 +27,9 @@ import pytest
 
 import orchestra
 from _helpers import joined_cluster
+from _probes import process_tree
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _descendants(root: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(name))
-    found, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        if pid not in found:
-            found.add(pid)
-            todo.extend(children.get(pid, []))
-    return found
 
 
 def listening_ports(pids: set[int]) -> set[int]:
@@ -139,7 +121,7 @@ def test_peers_without_the_token_stall_no_listener_and_no_task(two_nodes) -> Non
     c = Counter.options(resources={"far": 1}).remote()
     assert orchestra.get(c.add.remote(), timeout=30) == 1
     assert orchestra.get([first.remote(make.remote(i)) for i in range(4)], timeout=30) == [0, 1, 2, 3]
-    pids = _descendants(cluster.head_node.pid) | _descendants(far.pid)
+    pids = process_tree(cluster.head_node.pid) | process_tree(far.pid)
     ports = listening_ports(pids) - {0}
     # The head's port, two data servers, and direct-call ports of workers.
     assert len(ports) >= 4, ports

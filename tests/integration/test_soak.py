@@ -31,7 +31,7 @@ import pytest
 
 import _soak
 import orchestra
-from _probes import child_env, pid_gone, wait_until
+from _probes import child_env, pid_gone, process_tree, wait_until
 from orchestra.cluster_utils import Cluster
 
 SOAK_S = float(os.environ.get("ORCHESTRA_SOAK_S", "20"))
@@ -40,26 +40,6 @@ PROCESSES = 2
 HERE = Path(__file__).resolve().parent
 
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(int(SOAK_S) * 4 + 120)]
-
-
-def _tree(root: int) -> set[int]:
-    """``root`` and every process below it."""
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(name))
-    found, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        if pid not in found:
-            found.add(pid)
-            todo.extend(children.get(pid, []))
-    return found
 
 
 def _title(pid: int) -> str:
@@ -90,7 +70,7 @@ class Soak:
     def note_pids(self) -> None:
         """Remember every process of the cluster seen so far (checked after shutdown)."""
         for root in (self.cluster.head_node.pid, self.node.pid):
-            self.pids |= _tree(root)
+            self.pids |= process_tree(root)
 
     def run(self, seconds: float, faults: bool = False) -> list[dict[str, int]]:
         results: list[dict[str, int]] = []
@@ -153,7 +133,7 @@ def test_with_workers_killed_and_the_node_replaced_every_result_is_still_right(s
         start = time.monotonic()
         while not stop.wait(2.0):
             soak.note_pids()
-            workers = [p for p in _tree(soak.cluster.head_node.pid) | _tree(soak.node.pid)
+            workers = [p for p in process_tree(soak.cluster.head_node.pid) | process_tree(soak.node.pid)
                        if _title(p).startswith("orchestra::worker")]
             if workers:
                 victim = rng.choice(sorted(workers))
