@@ -82,7 +82,8 @@ class WorkerState(enum.Enum):
 
 TASK_TRANSITIONS = {
     TaskState.WAITING: {TaskState.READY, TaskState.DONE},
-    TaskState.READY: {TaskState.DISPATCHED, TaskState.DONE},
+    # READY -> WAITING: an argument was lost with its node and is made again.
+    TaskState.READY: {TaskState.DISPATCHED, TaskState.DONE, TaskState.WAITING},
     TaskState.DISPATCHED: {TaskState.READY, TaskState.DONE},
     TaskState.DONE: set(),
 }

@@ -281,9 +281,35 @@ class SchedulerState:
             else:
                 o.data = pb.ObjectData(object_id=oid, contained=data.contained, error=self.error(
                     "node_lost", object_id=oid, node=node_id, reason=reason))
+        if rebuild:
+            self._wait_again()
         for call, retries_left, owner in rebuild.values():
             self._rebuild(call, retries_left, owner)
         self.schedule()
+
+    def _wait_again(self) -> None:
+        """Objects are pending again (their node died; their tasks run again): a task
+        not sent yet whose argument is one of them waits for it once more. Queued as
+        ready (or ready once its other arguments came), it was dispatched with no data
+        for that argument, and the head's loop died on it; an actor's queued call
+        stops its actor's queue there (pump)."""
+        objects = self.objects
+        for t in self.tasks.values():
+            if t.state is not TaskState.READY and t.state is not TaskState.WAITING:
+                continue
+            gone = [v.ref for v in t.call.args if v.WhichOneof("kind") == "ref"
+                    and (o := objects.get(v.ref)) is not None and o.data is None
+                    and v.ref not in t.deps]
+            if not gone:
+                continue
+            if t.state is TaskState.READY:
+                q = self.ready.get(t.qkey)
+                if q is not None and t in q:
+                    q.remove(t)
+                t.move(TaskState.WAITING)
+            for oid in gone:
+                t.deps.add(oid)
+                objects[oid].waiting_tasks.append(t)
 
     def _rebuild(self, call: Any, retries_left: int, owner: int) -> None:
         """Run a finished task again: a result of it was lost with its node. Its returns

@@ -43,13 +43,13 @@ class ForkedWorker:
         if self.returncode is None:   # the worker and its group (what its tasks started)
             try:
                 os.killpg(self.pid, signal.SIGKILL)
+                return
+            except (ProcessLookupError, PermissionError):   # no group of its own (yet)
+                pass
+            try:
+                os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            except PermissionError:   # not a group leader yet (just forked)
-                try:
-                    os.kill(self.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
 
     def wait(self, timeout: float | None = None) -> int | None:
         if not self.exited.wait(timeout):

@@ -71,6 +71,10 @@ def main(argv: list[str] | None = None) -> None:
                     _worker.main([sock_path, str(worker_id)])
                 finally:
                     os._exit(1)
+            try:   # the child does it too: whichever runs first, the group exists
+                os.setpgid(pid, pid)
+            except OSError:   # it did (and may have run already) or died
+                pass
             os.write(rep_fd, f"pid {worker_id} {pid}\n".encode())
 
 

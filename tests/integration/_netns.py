@@ -42,7 +42,7 @@ exec "$@"
 """
 
 
-def _kept_under_tmp() -> str:
+def kept_under_tmp() -> str:
     """The paths under /tmp that a host's processes need: this checkout, the
     interpreter's environment (space-separated; "" when none is under /tmp)."""
     keep: list[str] = []
@@ -131,7 +131,7 @@ class Hosts:
         a mount namespace of its own with fresh /dev/shm and /tmp)."""
         cmd = ["ip", "netns", "exec", self.ns(i)]
         if private_mounts:
-            cmd += ["env", f"KEEP_UNDER_TMP={_kept_under_tmp()}", "unshare", "-m",
+            cmd += ["env", f"KEEP_UNDER_TMP={kept_under_tmp()}", "unshare", "-m",
                     "--propagation", "private", "sh", "-c", _PRIVATE_MOUNTS, "sh"]
         return cmd + argv
 

@@ -32,6 +32,7 @@ import pytest
 import _soak
 import orchestra
 from _probes import child_env, pid_gone, process_tree, wait_until
+from orchestra import _cluster_file as cf
 from orchestra.cluster_utils import Cluster
 
 SOAK_S = float(os.environ.get("ORCHESTRA_SOAK_S", "20"))
@@ -95,6 +96,11 @@ class Soak:
     def shutdown(self) -> None:
         self.note_pids()
         orchestra.shutdown()
+        # What the head said (shown when the test failed): why it stopped, if it did.
+        head = self.cluster.head_node
+        log = Path(head._started.run_dir) / cf.LOG if head is not None else None
+        if log is not None and log.exists():
+            print(f"--- the head's log ({log}):\n{log.read_text(errors='replace')[-20000:]}")
         self.cluster.shutdown()
 
 

@@ -262,7 +262,10 @@ def test_the_data_server_serves_nothing_but_the_stores_own_objects(make_node: An
     assert src._resolve(key) is None
 
 
-def test_an_object_being_written_is_not_served(make_node: Any) -> None:
+def test_an_object_being_written_is_not_served(make_node: Any,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestra import _node
+    monkeypatch.setattr(_node, "SEAL_WAIT_S", 0.1)   # (its seal is waited for that long)
     src, _ = make_node(2)
     seg = src.store.create(WRITER, oid(1), 100)
     assert src._resolve(seg.name) is None

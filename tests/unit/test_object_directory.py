@@ -12,6 +12,7 @@ from _sched_helpers import (
     NODE,
     Cluster,
     affinity,
+    executed,
     executes,
     make_call,
     ref,
@@ -22,6 +23,7 @@ from orchestra import _pb as pb
 from orchestra import _wire
 from orchestra._errors import make_error
 from orchestra._instructions import FreeSegment, LateSend, Pull, Send
+from orchestra._sched_types import TaskState
 
 OTHER = 2
 
@@ -145,6 +147,38 @@ def test_a_lost_result_of_a_task_with_retries_is_made_again_on_a_live_node():
     assert c.s.objects[oid].data.segment.name == "again-on-0"
     # The rebuilt object has no retry left to be rebuilt once more.
     assert c.s.objects[oid].lineage is None
+
+
+def test_a_queued_task_whose_argument_is_made_again_waits_for_it():
+    # The argument was sealed and its consumer queued (its worker busy) when the node
+    # holding the argument died: the consumer was dispatched with no data for it and
+    # the head's loop died on a TypeError (found by the fault soak). It waits now.
+    c = Cluster(cpus=1, custom={"zero": 1.0}, pipeline_depth=1)
+    c.s.add_node(OTHER, {"CPU": 1.0}, num_workers=1, max_workers=4)
+    (w2,) = c.started(c.take())
+    c.connect(w2)
+    c.take()
+    (w0,) = c.pool
+    busy = c.submit(make_call("busy", resources={"zero": 1.0}))
+    assert executed(c.take()) == [(w0, busy.task_id)]
+    make = c.submit(make_call("make", max_retries=1))
+    assert executed(c.take()) == [(w2, make.task_id)]
+    oid = rid(make)
+    c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=make.task_id,
+                                               returns=[seg_on(OTHER, oid, "seg-on-2")]))
+    consumer = c.submit(make_call("consumer", (ref(oid),), resources={"zero": 1.0}))
+    assert c.s.tasks[consumer.task_id].state is TaskState.READY   # behind busy
+    c.take()
+    c.s.remove_node(OTHER, "killed")
+    assert c.s.objects[oid].data is None   # pending again: made again
+    assert c.s.tasks[consumer.task_id].state is TaskState.WAITING
+    c.done(w0, busy)
+    assert executed(c.take()) == [(w0, make.task_id)]   # the rebuild first
+    c.s.task_done(worker_conn(w0), pb.TaskDone(task_id=make.task_id,
+                                               returns=[seg_on(NODE, oid, "again-on-0")]))
+    [(w, inv)] = executes(c.take())
+    assert (w, inv.call.task_id) == (w0, consumer.task_id)
+    assert inv.resolved[0].segment.name == "again-on-0"
 
 
 def test_a_removed_nodes_workers_that_never_connected_fail_to_start():

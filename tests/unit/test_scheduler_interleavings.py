@@ -3,8 +3,9 @@
 Rules are the events the head feeds SchedulerState from several clients at once:
 submits from two drivers (with ref arguments), results registered pending before their
 task comes through the head (a driver's direct call that escaped), puts, drops,
-task ends (a value or a user error), workers that block in get() and resume, workers
-that die, and workers that connect. After every step the invariants are the promises:
+task ends (a value, a user error, or a large result in its node's store), workers that
+block in get() and resume, workers that die and connect, and a second node that dies
+(its results made again by their tasks) and joins again. After every step the invariants are the promises:
 
 - every task the scheduler holds either runs, is queued for a worker, or waits for an
   object that something will still make (its task is held, or a driver registered it);
@@ -37,6 +38,7 @@ pytestmark = pytest.mark.timeout(120)
 
 DRIVER2 = 2
 DRIVERS = (DRIVER, DRIVER2)
+OTHER = 7   # the second node's id
 
 
 class SchedulerInterleavings(RuleBasedStateMachine):
@@ -45,6 +47,9 @@ class SchedulerInterleavings(RuleBasedStateMachine):
         self.c = Cluster(cpus=2, max_workers=4)
         self.s = self.c.s
         self.s.client_connected(DRIVER2, pb.Hello(kind="driver", pid=2))
+        # A second node, which may die and join again: large results live in the store
+        # of the node that made them, and are made again (lineage) when it dies.
+        self.s.add_node(OTHER, {"CPU": 1.0}, num_workers=1, max_workers=2)
         # The model: refs each driver holds (object id -> count), results sealed, tasks
         # submitted (task id -> call), and results registered pending whose task has
         # not come yet (a driver's direct call, escaped).
@@ -54,6 +59,7 @@ class SchedulerInterleavings(RuleBasedStateMachine):
         self.future: list[tuple[int, Any]] = []
         self.to_connect: list[int] = []
         self.blocked: set[int] = set()
+        self.segments = 0
         self._take()
 
     # ------------------------------------------------------------ plumbing
@@ -136,8 +142,8 @@ class SchedulerInterleavings(RuleBasedStateMachine):
             return None
         return t
 
-    @rule(i=st.integers(0, 50), error=st.booleans())
-    def finish(self, i: int, error: bool) -> None:
+    @rule(i=st.integers(0, 50), error=st.booleans(), large=st.booleans())
+    def finish(self, i: int, error: bool, large: bool = False) -> None:
         workers = [w for w in self._live_workers() if self._running(w) is not None]
         if not workers:
             return
@@ -148,9 +154,34 @@ class SchedulerInterleavings(RuleBasedStateMachine):
             returns = [pb.ObjectData(object_id=rid(call), error=b"user error")]
             self.s.task_done(w.conn, pb.TaskDone(task_id=call.task_id, returns=returns,
                                                  user_error=True))
+        elif large:   # in the store of the worker's node
+            self.segments += 1
+            data = pb.ObjectData(object_id=rid(call), segment=pb.Segment(
+                name=f"seg-{self.segments}", size=1 << 20, node_id=w.node_id))
+            self.s.task_done(w.conn, pb.TaskDone(task_id=call.task_id, returns=[data]))
         else:
             self.s.task_done(w.conn, pb.TaskDone(task_id=call.task_id,
                                                  returns=[inline_data(rid(call), "v")]))
+        self._take()
+
+    @precondition(lambda self: OTHER in self.s.nodes)
+    @rule()
+    def node_dies(self) -> None:
+        """The second node dies: its workers' connections close after it."""
+        conns = [w.conn for w in self.s.workers.values() if w.node_id == OTHER and w.conn >= 0]
+        for w in self.s.workers.values():
+            if w.node_id == OTHER:
+                self.blocked.discard(w.worker_id)
+        self.s.remove_node(OTHER, "killed")
+        for conn in conns:
+            self.s.client_disconnected(conn, "its node died")
+        self.to_connect = [wid for wid in self.to_connect if wid in self.s.workers]
+        self._take()
+
+    @precondition(lambda self: OTHER not in self.s.nodes)
+    @rule()
+    def node_joins(self) -> None:
+        self.s.add_node(OTHER, {"CPU": 1.0}, num_workers=1, max_workers=2)
         self._take()
 
     @rule(i=st.integers(0, 50), j=st.integers(0, 50))
@@ -268,6 +299,9 @@ class SchedulerInterleavings(RuleBasedStateMachine):
             blocked = [w for w in self._live_workers() if w.worker_id in self.blocked and not w.nested]
             if blocked:
                 self.resume(0)
+                continue
+            if OTHER not in self.s.nodes:
+                self.node_joins()
                 continue
             before = len(self.s.tasks)
             self.finish(0, False)
