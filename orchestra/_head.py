@@ -321,6 +321,11 @@ class Head:
         state = self.state
         cid = conn.conn_id
         node = conn.node
+        if self.gone and node.node_id in self.gone and node is not self.local:
+            # Its node died (node_gone aborts this connection): what a worker of it still
+            # says is void, a result there among it (sealed, it named a store that is
+            # gone for good); its tasks are retried as its death says.
+            return
         for kind, msg in frames:
             if kind == _wire.SUBMIT:
                 self.events.table.submitted(cid, [call.task_id for call in msg.calls])
