@@ -482,8 +482,10 @@ class SchedulerState:
         for w in self.workers.values():
             st = w.state
             if st is WorkerState.IDLE:
-                node = self.nodes[w.node_id]
-                if node.resources.fits(req):
+                # (None: a worker of a node being removed, not yet dead here: remove_node
+                # ends its workers one by one, and each death schedules)
+                node = self.nodes.get(w.node_id)
+                if node is not None and node.resources.fits(req):
                     w.grant = req
                     w.grant_shape = t.shape
                     w.gpu_ids = node.resources.acquire(req)
@@ -645,10 +647,14 @@ class SchedulerState:
             self.actor_table.creation_done(w, msg)
             return
         if t is None and msg.owner:
-            # A direct call of its caller to this actor, answered through the head (a
-            # result in shared memory or holding refs): the caller owns the returns.
+            # A direct call of its caller (to an actor, or a task on a worker lent to
+            # it), answered through the head (a result in shared memory or holding
+            # refs): the caller owns the returns; a task's call comes along to be run
+            # again should their node die.
             for data in msg.returns:
                 self.put_for(msg.owner, data)
+            if msg.HasField("lineage") and len(self.nodes) > 1:
+                self._keep_lineage(msg.lineage, msg.lineage.max_retries, msg.owner, msg.returns)
         if t is None or t.state is TaskState.DONE:
             self.after_worker_step(w)
             return
@@ -667,17 +673,18 @@ class SchedulerState:
             for data in msg.returns:
                 self._seal(data.object_id, data)
             if len(self.nodes) > 1 and t.retries_left != 0 and not t.call.actor_id:
-                self._keep_lineage(t, msg.returns)
+                self._keep_lineage(t.call, t.retries_left, t.owner, msg.returns)
         if t.call.max_calls and w is not None and w.actor is None:
             self._count_call(w, t.call)
         self.after_worker_step(w, t)
 
-    def _keep_lineage(self, t: Task, returns: Any) -> None:
+    def _keep_lineage(self, call: Any, retries_left: int, owner: int, returns: Any) -> None:
+        """How to make a task's results in shared memory again (its node may die)."""
         for data in returns:
             if data.WhichOneof("data") == "segment":
                 o = self.objects.get(data.object_id)
                 if o is not None:
-                    o.lineage = (t.call, t.retries_left, t.owner)
+                    o.lineage = (call, retries_left, owner)
 
     def after_worker_step(self, w: Worker | None, done: Task | None = None) -> None:
         """``w`` ended a task (``done``, when it ran to its end)."""

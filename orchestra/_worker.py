@@ -627,6 +627,10 @@ class WorkerRuntime:
                 if r.HasField("segment"):
                     self.client.abort_segment(r.segment.name)
             raise
+        if call.max_retries and tid in self.heavy and not call.actor_id and tid in self.reply_to:
+            # A direct call's results through the head: with the call, which the head
+            # runs again should the node holding them die (TaskDone.lineage).
+            done.lineage.CopyFrom(call)
         if any(ser.contained for ser in sers):
             # Refs inside the results live until the answer is sent: dropped before, their
             # release could reach the head first (the reader flushes every 20 ms) and free

@@ -374,20 +374,22 @@ class Execute(_message.Message):
     def __init__(self, invoke: _Optional[_Union[InvokeCallRequest, _Mapping]] = ...) -> None: ...
 
 class TaskDone(_message.Message):
-    __slots__ = ("task_id", "returns", "user_error", "cancelled", "not_retryable", "owner")
+    __slots__ = ("task_id", "returns", "user_error", "cancelled", "not_retryable", "owner", "lineage")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     RETURNS_FIELD_NUMBER: _ClassVar[int]
     USER_ERROR_FIELD_NUMBER: _ClassVar[int]
     CANCELLED_FIELD_NUMBER: _ClassVar[int]
     NOT_RETRYABLE_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    LINEAGE_FIELD_NUMBER: _ClassVar[int]
     task_id: bytes
     returns: _containers.RepeatedCompositeFieldContainer[_types_pb2.ObjectData]
     user_error: bool
     cancelled: bool
     not_retryable: bool
     owner: int
-    def __init__(self, task_id: _Optional[bytes] = ..., returns: _Optional[_Iterable[_Union[_types_pb2.ObjectData, _Mapping]]] = ..., user_error: _Optional[bool] = ..., cancelled: _Optional[bool] = ..., not_retryable: _Optional[bool] = ..., owner: _Optional[int] = ...) -> None: ...
+    lineage: _types_pb2.Call
+    def __init__(self, task_id: _Optional[bytes] = ..., returns: _Optional[_Iterable[_Union[_types_pb2.ObjectData, _Mapping]]] = ..., user_error: _Optional[bool] = ..., cancelled: _Optional[bool] = ..., not_retryable: _Optional[bool] = ..., owner: _Optional[int] = ..., lineage: _Optional[_Union[_types_pb2.Call, _Mapping]] = ...) -> None: ...
 
 class ActorAddress(_message.Message):
     __slots__ = ("actor_id", "worker_id", "path", "dispatched")

@@ -68,14 +68,10 @@ class Echo:
 
 
 def make_options(faults: bool) -> dict[str, Any]:
-    """How the large arrays are made: on the joined node ("far"). With faults, through
-    the head (a strategy: never sent straight to a worker lent to the driver), where
-    the task's lineage is kept: a result made by a direct call is not made again when
-    its node dies (the head holds no lineage for it), a known gap."""
-    opts: dict[str, Any] = {"resources": {"far": 0.01}}
-    if faults:
-        opts["scheduling_strategy"] = "SPREAD"
-    return opts
+    """How the large arrays are made: on the joined node ("far"), through the head or
+    straight to a worker lent to the driver, whichever the driver picks (both keep how
+    to make them again, should that node die). ``faults``: the same."""
+    return {"resources": {"far": 0.01}}
 
 
 def rounds(seconds: float, seed: int, options: dict[str, Any] | None = None) -> dict[str, int]:

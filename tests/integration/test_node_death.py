@@ -96,6 +96,28 @@ def test_an_object_only_the_dead_node_held_is_lost_naming_it_or_made_again(clust
     assert orchestra.get(node_of.options(resources={"y": 1}).remote()) == y.node_id
 
 
+def test_a_lost_result_of_a_task_sent_straight_to_a_lent_worker_is_made_again(cluster):
+    # Tasks submitted one after another go straight to a worker lent to this driver:
+    # the head never scheduled them, and had no lineage of their results (they were
+    # lost with their node although max_retries=2). Their worker sends the call with
+    # a result in shared memory.
+    from orchestra.util.state import list_tasks
+    c, x, y = cluster
+    refs = []
+    for i in range(8):
+        refs.append(big.options(resources={"shared": 1}, max_retries=2).remote(i))
+        orchestra.wait(refs[-1:], timeout=60)   # made, not read: its only copy is there
+    rows = {r["task_id"]: r for r in list_tasks(limit=0)}
+    made = [rows[r.hex()[:-8]] for r in refs]
+    direct = [r for r, row in zip(refs, made, strict=True) if row["creation_time_ms"] is None]
+    assert direct, "no task went straight to a lent worker"
+    dead = x if made[-1]["node_id"] == x.node_id else y
+    c.remove_node(dead, allow_graceful=False)
+    for i, r in enumerate(refs):
+        arr = orchestra.get(r, timeout=60)
+        assert int(arr[0]) == i and int(arr[-1]) == i
+
+
 def test_a_silent_node_is_declared_dead_after_the_timeout(cluster):
     c, x, y = cluster
     os.kill(x.pid, signal.SIGSTOP)

@@ -100,7 +100,10 @@ class Soak:
         head = self.cluster.head_node
         log = Path(head._started.run_dir) / cf.LOG if head is not None else None
         if log is not None and log.exists():
-            print(f"--- the head's log ({log}):\n{log.read_text(errors='replace')[-20000:]}")
+            text = log.read_text(errors="replace")
+            if len(text) > 30000:   # its beginning says what went wrong first
+                text = text[:20000] + "\n[...]\n" + text[-10000:]
+            print(f"--- the head's log ({log}):\n{text}")
         self.cluster.shutdown()
 
 

@@ -49,7 +49,7 @@ class SchedulerInterleavings(RuleBasedStateMachine):
         self.s.client_connected(DRIVER2, pb.Hello(kind="driver", pid=2))
         # A second node, which may die and join again: large results live in the store
         # of the node that made them, and are made again (lineage) when it dies.
-        self.s.add_node(OTHER, {"CPU": 1.0}, num_workers=1, max_workers=2)
+        self.s.add_node(OTHER, {"CPU": 2.0}, num_workers=2, max_workers=3)
         # The model: refs each driver holds (object id -> count), results sealed, tasks
         # submitted (task id -> call), and results registered pending whose task has
         # not come yet (a driver's direct call, escaped).
@@ -181,7 +181,7 @@ class SchedulerInterleavings(RuleBasedStateMachine):
     @precondition(lambda self: OTHER not in self.s.nodes)
     @rule()
     def node_joins(self) -> None:
-        self.s.add_node(OTHER, {"CPU": 1.0}, num_workers=1, max_workers=2)
+        self.s.add_node(OTHER, {"CPU": 2.0}, num_workers=2, max_workers=3)
         self._take()
 
     @rule(i=st.integers(0, 50), j=st.integers(0, 50))
