@@ -153,22 +153,17 @@ class DirectCalls:
     def _resubmit(self, c: Call) -> None:
         """Send a call that was to go direct through the head instead."""
         self.call_route.pop(c.tid, None)
-        client = self.client
         if self.book.unregistered:   # its arguments first: the head must know them
             self.escape([r._id for r in c.args])
-        submit = _codec.submit_frame(c.call)
-
-        def hand_over() -> bytes:
-            # The head counts its returns for this process from the Submit. Handed over
-            # and sent as one: an escape of its results in another thread finds them
-            # handed over, sends nothing, and its task must not reach the head first.
-            self._handed_to_head([c])
-            return submit
-        client.send_decided(hand_over)
+        # The head counts its returns for this process from the Submit.
+        self.client.send_decided(functools.partial(
+            self._hand_over, [c], _codec.submit_frame(c.call)))
 
     def _hand_over(self, calls: list[Call], frame: bytes) -> bytes:
         """Under the connection's lock (send_decided): the head takes ``calls`` over
-        with ``frame`` (AdoptCalls), sent at once."""
+        with ``frame`` (their Submit, or AdoptCalls), sent at once. Handed over and
+        sent as one: an escape of their results in another thread finds them handed
+        over, sends nothing, and its task must not reach the head first."""
         self._handed_to_head(calls)
         return frame
 
