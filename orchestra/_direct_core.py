@@ -272,6 +272,11 @@ class ResultBook:
         for oid in ids:
             if oid in unregistered:
                 unregistered.discard(oid)
+                if oid in self.pushed_early:
+                    # The head sealed it (a result in shared memory, pushed before the
+                    # callee's answer came) and holds it for this process: put again,
+                    # it was taken for a second copy and its segment freed under it.
+                    continue
                 d = results.get(oid)
                 if d is not None:
                     puts.append(d)

@@ -1041,7 +1041,9 @@ class SchedulerState:
     def _seal(self, oid: bytes, data: Any, push_owner: bool = True) -> None:
         o = self.objects.get(oid)
         if o is None or o.data is not None:
-            if data.WhichOneof("data") == "segment":  # nobody wants it any more
+            # Nobody wants it any more (a second run's copy, or the object is gone);
+            # the same segment told twice is the object's own, and stays.
+            if data.WhichOneof("data") == "segment" and not _holds(o, data.segment):
                 self._free_segment(data.segment)
             return
         o.data = data
@@ -1236,6 +1238,19 @@ class SchedulerState:
             for k, v in n.resources.free.items():
                 avail[k] = avail.get(k, 0.0) + max(v, 0.0)
         return avail
+
+
+def _holds(o: Obj | None, segment: Any) -> bool:
+    """Whether ``segment`` is where object ``o`` lives now, or a copy of it."""
+    if o is None or o.data is None:
+        return False
+    key = (segment.node_id, segment.path or segment.name)
+    if o.data.WhichOneof("data") == "segment":
+        own = o.data.segment
+        if (own.node_id, own.path or own.name) == key:
+            return True
+    copies = o.copies or {}
+    return any((c.node_id, c.path or c.name) == key for c in copies.values())
 
 
 def _default_error(kind: str, **details: Any) -> bytes:

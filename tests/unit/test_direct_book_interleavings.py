@@ -10,6 +10,10 @@ makes it:
     call        a direct call queued for a lent worker (ResultBook.sent)
     send        it goes to the worker
     answer      the worker answers it (answered: its data forwarded if it escaped)
+    answer_in_shared_memory
+                the worker answers with a result in shared memory: the result goes to
+                the head (which seals it and pushes it here), a notice to the driver
+    notice      that notice reaches the driver (answered), before or after the push
     resubmit    it goes through the head instead (handed_to_head and the Submit,
                 decided and sent as one: _client.CoreClient.send_decided)
     escape      its result is passed to a task through the head (escape: registered
@@ -20,12 +24,16 @@ makes it:
 Decided under the ref lock and sent after it, two threads passing one result could
 send a task naming it before its registration (the task failed with ObjectLostError):
 this machine found that in four steps; escapes and hand-overs are now sent as they are
-decided, and the model does so too.
+decided, and the model does so too. A result in shared memory pushed by the head before
+the worker's notice came, then passed to a task, was put again: the head took the put
+for a second copy and freed the segment the object lived in (the fault soak read another
+object's bytes from it); five steps here.
 
 Promises: once every frame is delivered the head counts exactly one hold for each
 result the driver holds and the head knows, and none for a result it dropped; no
-object the driver holds is freed; and ``drain`` (run at the end) ends every task,
-consumers included, none of them failing for an argument that is alive.
+object the driver holds is freed, nor the segment of any live object; and ``drain``
+(run at the end) ends every task, consumers included, none of them failing for an
+argument that is alive.
 """
 from __future__ import annotations
 
@@ -37,14 +45,15 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from _sched_helpers import DRIVER, Cluster, inline_data, make_call, new_id, ref, rid
+from _sched_helpers import DRIVER, Cluster, inline_data, make_call, new_id, ref, rid, segment_data
 from orchestra import _pb as pb
 from orchestra._direct_core import Call, ResultBook
-from orchestra._instructions import Push, StartWorker
+from orchestra._instructions import FreeSegment, Push, StartWorker
 
 pytestmark = pytest.mark.timeout(120)
 
 THREADS = ("main", "other", "reader")
+LENT_WORKER = 99   # the lent worker's connection to the head (results in shared memory)
 
 
 class Ref:
@@ -68,6 +77,8 @@ class DirectBookWithHead(RuleBasedStateMachine):
         self.consumers: dict[bytes, Any] = {}      # tasks given an escaped result
         self.failed: dict[bytes, bytes] = {}       # task results that came as errors
         self.known: set[bytes] = set()             # ids the head heard of
+        self.notices: dict[bytes, Call] = {}       # answered through the head, notice unread
+        self.freed: set[tuple[int, str]] = set()   # segments the head freed
         self.to_connect: list[int] = []
         self._take()
 
@@ -76,6 +87,8 @@ class DirectBookWithHead(RuleBasedStateMachine):
         for ins in self.c.take():
             if type(ins) is StartWorker:
                 self.to_connect.append(ins.worker_id)
+            elif type(ins) is FreeSegment:
+                self.freed.add((ins.node_id, ins.key))
             elif type(ins) is Push and ins.conn == DRIVER:
                 d = ins.data
                 oid = d.object_id
@@ -131,9 +144,36 @@ class DirectBookWithHead(RuleBasedStateMachine):
     @rule(i=st.integers(0, 50))
     def answer(self, i: int) -> None:
         tid = sorted(self.sent)[i % len(self.sent)]
+        if tid in self.notices:
+            return
         c = self.sent.pop(tid)
         msg = pb.TaskDone(task_id=tid, returns=[inline_data(c.rids[0], "direct")])
         forward, decr = self.book.answered(c, msg, self.local, self.results, lambda name: b"")
+        if forward:
+            self.outbox["reader"].append(("objects", forward))
+        if decr:
+            self.outbox["reader"].append(("decr", decr))
+
+    @precondition(lambda self: self.sent)
+    @rule(i=st.integers(0, 50))
+    def answer_in_shared_memory(self, i: int) -> None:
+        tid = sorted(self.sent)[i % len(self.sent)]
+        if tid in self.notices:
+            return
+        c = self.notices[tid] = self.sent[tid]
+        # The worker's TaskDone to the head names the owner: sealed there, pushed here.
+        self.s.task_done(LENT_WORKER, pb.TaskDone(
+            task_id=tid, owner=DRIVER, returns=[segment_data(c.rids[0], f"seg-{tid.hex()}")]))
+        self._take()
+
+    @precondition(lambda self: self.notices)
+    @rule(i=st.integers(0, 50))
+    def notice(self, i: int) -> None:
+        tid = sorted(self.notices)[i % len(self.notices)]
+        c = self.notices.pop(tid)
+        del self.sent[tid]
+        forward, decr = self.book.answered(c, pb.TaskDone(task_id=tid, owner=DRIVER),
+                                           self.local, self.results, lambda name: b"")
         if forward:
             self.outbox["reader"].append(("objects", forward))
         if decr:
@@ -235,6 +275,14 @@ class DirectBookWithHead(RuleBasedStateMachine):
                 f"{oid.hex()} is held here and was freed at the head"
 
     @invariant()
+    def no_live_object_loses_its_segment(self) -> None:
+        for oid, o in self.s.objects.items():
+            d = o.data
+            if d is not None and d.WhichOneof("data") == "segment":
+                assert (d.segment.node_id, d.segment.name) not in self.freed, \
+                    f"the segment of {oid.hex()} was freed while the object lives"
+
+    @invariant()
     def once_delivered_the_head_counts_each_held_result_once(self) -> None:
         if any(self.outbox.values()):
             return
@@ -254,6 +302,8 @@ class DirectBookWithHead(RuleBasedStateMachine):
                 self.deliver(next(t for t in THREADS if self.outbox[t]))
             elif self.queued:
                 self.send(0)
+            elif self.notices:
+                self.notice(0)
             elif self.sent:
                 self.answer(0)
             elif self.to_connect:

@@ -238,6 +238,20 @@ def test_a_result_escaping_after_its_answer_is_put_with_its_data() -> None:
     assert book.escape(c.rids, results) == ([], [])   # once
 
 
+def test_a_result_the_head_pushed_before_its_answer_came_is_not_put_again_when_it_escapes() -> None:
+    # The head sealed it (in shared memory, answered through the head) and holds it for
+    # this process; a second put was taken for a second copy, and its segment freed.
+    book = ResultBook()
+    c = call()
+    book.sent(c.rids)
+    rid = c.rids[0]
+    assert book.pushed(rid, running=True) is False
+    assert book.escape(c.rids, {rid: inline(rid)}) == ([], [])
+    forward, decr = book.answered(c, done(c, owner=7), {rid: 1}, {}, lambda name: b"")
+    assert (forward, decr) == ([], [])
+    assert book.last_ref_gone(rid) is None   # the head holds it: released there
+
+
 def test_an_answer_through_the_head_is_released_once_pushed_when_dropped_meanwhile() -> None:
     book = ResultBook()
     c = call()

@@ -87,6 +87,20 @@ def test_the_last_ref_dropped_frees_every_copy_on_its_own_node():
     assert freed == {(OTHER, "seg-on-2"), (NODE, "copy-on-0")}
 
 
+def test_an_object_put_again_with_its_own_segment_keeps_it_and_a_second_copy_is_freed():
+    # A driver forwarding a result the head already sealed named the same segment: it
+    # was taken for a second copy and freed while the object lived (a reader on another
+    # node then read the bytes of the next object written there).
+    c, _, w2 = two_nodes()
+    oid, _ = made_on_other(c, w2)
+    c.s.put(DRIVER, seg_on(OTHER, oid, "seg-on-2"))
+    assert [i for i in c.take() if type(i) is FreeSegment] == []
+    assert c.s.objects[oid].data.segment.name == "seg-on-2"
+    c.s.put(DRIVER, seg_on(OTHER, oid, "another"))
+    assert [i for i in c.take() if type(i) is FreeSegment] == [FreeSegment(OTHER, "another")]
+    assert c.s.objects[oid].data.segment.name == "seg-on-2"
+
+
 def test_a_copy_of_an_object_already_freed_is_refused():
     c, _, w2 = two_nodes()
     oid, _ = made_on_other(c, w2)
