@@ -15,7 +15,7 @@ orchestra version.
 The token never crosses the wire; a recorded exchange cannot be replayed (fresh nonces
 on both sides). What it does not do: encrypt. Traffic between nodes is readable by
 whoever can see the network, as Ray's and Dask's default is; keep the cluster on a
-private network (README: Cluster).
+private network (docs/cluster.md).
 
 Two forms of the server side: server_handshake() for blocking sockets (threads), and
 AuthGate, an asyncio Protocol that hands the transport to the real protocol once the

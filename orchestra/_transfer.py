@@ -28,7 +28,7 @@ stall of ``timeout_s`` fails the fetch with ObjectLostError naming the node); th
 server's idle connections wait for their next request with TCP keep-alive on.
 
 Measured on 2 cores (tools/transfer_bench.py, 200 MiB from a tmpfs file into a mapped
-segment): see "Between nodes" in the README's Objects section. One stream per object,
+segment): see "Between nodes" in docs/objects.md. One stream per object,
 two streams for a large object from another host (see _STREAMS below).
 """
 from __future__ import annotations

@@ -24,7 +24,7 @@ from typing import Any
 
 ENV = "ORCHESTRA_RAY_COMPAT"
 
-_HINT = "see README 'Coming from Ray'"
+_HINT = "see docs/coming-from-ray.md"
 
 # Keyword arguments of ray.init() that only change logging or the dashboard's host (it
 # binds where the cluster listens): accepted, without effect.

@@ -10,7 +10,7 @@ the one error it raises (loky's crash tests are the model).
     sys.exit(3)                               get         TaskError (SystemExit stays the cause)
     os._exit(3), a segfault                   get         WorkerCrashedError  ActorDiedError
 
-The README's "Crash matrix" documents the same table. Every row also checks what is
+docs/semantics.md ("Crash matrix") documents the same table. Every row also checks what is
 left standing: the worker that reported an error lives on, an actor whose process died
 stays dead, and the cluster runs the next task. Rows use the shared cluster: a crash
 costs a worker, which the pool replaces (the row waits for it, so the next test finds

@@ -108,7 +108,7 @@ EXPECTED = [
     "timeline True",
     "state True",
     "missing ray.util.metrics is not available on orchestra (orchestra has no equivalent); "
-    "see README 'Coming from Ray'",
+    "see docs/coming-from-ray.md",
 ]
 
 
@@ -167,7 +167,7 @@ def test_init_refuses_unknown_kwargs_and_missing_modules(tmp_path: Path) -> None
     assert lines[0].startswith("init ray.init() got keyword arguments orchestra does not "
                                "support: local_mode"), lines
     assert lines[1] == ("data ray.data is not available on orchestra (orchestra has no "
-                        "equivalent); see README 'Coming from Ray'"), lines
+                        "equivalent); see docs/coming-from-ray.md"), lines
     assert lines[2].startswith("collective ray.util.collective is not available on orchestra"), lines
     assert lines[3] == "function True", lines
 

@@ -1,4 +1,4 @@
-"""The README's module map lists every module of the package, and only those."""
+"""The architecture page's module map lists every module of the package, and only those."""
 from __future__ import annotations
 
 import pathlib
@@ -12,7 +12,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _map_rows() -> list[str]:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "architecture.md").read_text()
     start = text.index("Module map")
     rows = []
     for line in text[start:].splitlines()[1:]:
@@ -23,14 +23,14 @@ def _map_rows() -> list[str]:
     return rows
 
 
-def test_every_module_is_in_the_readme_module_map_and_no_other() -> None:
+def test_every_module_is_in_the_architecture_pages_module_map_and_no_other() -> None:
     listed: set[str] = set()
     for row in _map_rows():
         first_cell = row.split("|")[1]
         listed.update(re.findall(r"`([\w.]+\.py)`", first_cell))
     modules = {p.name for p in (ROOT / "orchestra").glob("*.py")}
-    assert sorted(modules - listed) == [], "modules missing from the README's module map"
-    assert sorted(listed - modules) == [], "the README's module map lists modules that do not exist"
+    assert sorted(modules - listed) == [], "modules missing from the module map of docs/architecture.md"
+    assert sorted(listed - modules) == [], "docs/architecture.md maps modules that do not exist"
 
 
 def test_every_module_map_row_says_what_the_module_does() -> None:
