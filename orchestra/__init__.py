@@ -3,18 +3,11 @@
 The public API; everything else lives in private modules.
 """
 from . import actor, exceptions, util
-from ._actor import ActorClass, ActorHandle, get_actor, kill, method
-from ._api import remote
-from ._auth import VERSION as _VERSION
-from ._context import RuntimeContext, get_runtime_context
-from ._gang import Gang, gang
-from ._gang_errors import GangAbortedError, GangError, GangMemberDiedError, GangTimeoutError
-from ._gang_member import GangContext, GangDevice, gang_context
-from ._generators import DynamicObjectRefGenerator, ObjectRefGenerator
-from ._object_ref import ObjectRef
-from ._progress import as_completed
-from ._remote_function import RemoteFunction
-from ._session import (
+from ._api.actor import ActorClass, ActorHandle, get_actor, kill, method
+from ._api.progress import as_completed
+from ._api.remote import remote
+from ._api.remote_function import RemoteFunction
+from ._api.session import (
     available_resources,
     cancel,
     cluster_resources,
@@ -27,7 +20,14 @@ from ._session import (
     shutdown,
     wait,
 )
-from ._timeline import timeline
+from ._api.timeline import timeline
+from ._gang.errors import GangAbortedError, GangError, GangMemberDiedError, GangTimeoutError
+from ._gang.gang import Gang, gang
+from ._gang.member import GangContext, GangDevice, gang_context
+from ._protocol.auth import VERSION as _VERSION
+from ._runtime.context import RuntimeContext, get_runtime_context
+from ._runtime.generators import DynamicObjectRefGenerator, ObjectRefGenerator
+from ._runtime.object_ref import ObjectRef
 
 __version__ = _VERSION
 

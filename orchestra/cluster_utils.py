@@ -8,7 +8,7 @@
     c.remove_node(n)          # SIGTERM (or allow_graceful=False: SIGKILL)
     c.shutdown()              # every process, directory and segment gone
 
-It uses the launch functions of ``orchestra start`` (_launch.py) with a state directory
+It uses the launch functions of ``orchestra start`` (_cluster/launch.py) with a state directory
 of its own, so it neither sees nor touches what ``orchestra start`` recorded, and its
 head listens on a free port of 127.0.0.1 (never 6380, the default of a real cluster).
 Every node shares this machine's network and /dev/shm; each has its own store, fork
@@ -23,9 +23,9 @@ import shutil
 import tempfile
 from typing import Any
 
-from . import _launch
+from ._cluster import launch as _launch
+from ._cluster.launch import Started
 from ._ids import node_hex
-from ._launch import Started
 
 __all__ = ["Cluster", "NodeHandle"]
 

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
-from orchestra._coordinator import (
+from orchestra._gang.coordinator import (
     DEFAULT_ENUMERATE_TIMEOUT_S,
     DEFAULT_HEARTBEAT_INTERVAL_S,
     DEFAULT_MAX_MISSING_HEARTBEATS,
@@ -28,7 +28,7 @@ from orchestra._coordinator import (
     Coordinator,
     is_loopback_host,
 )
-from orchestra._coordinator_auth import TOKEN_ENV, validate_token
+from orchestra._gang.coordinator_auth import TOKEN_ENV, validate_token
 
 __all__ = ["main"]
 

@@ -7,7 +7,7 @@ Each workload runs for a bounded count and time and prints one row. ``--compare 
 runs the same file under a Python that has Ray (this environment, or --ray-python /
 $ORCHESTRA_RAY_PYTHON, e.g. a separate venv) in the same run and prints ratios; the
 workloads that multiprocessing.Pool can do are measured too. ``--nodes N`` (N >= 3)
-measures a cluster of a head and N-1 nodes on this machine instead (_bench_nodes.py),
+measures a cluster of a head and N-1 nodes on this machine instead (_cli/bench_nodes.py),
 with Ray and Dask (``--compare ray,dask``; Dask from --dask-python, else Ray's Python)
 side by side. Numbers only: nothing here asserts a speed.
 
@@ -436,7 +436,7 @@ ROWS = [
 ]
 
 
-# --nodes N: the figures _bench_nodes.py measures (labels filled in by node_rows)
+# --nodes N: the figures _cli/bench_nodes.py measures (labels filled in by node_rows)
 NODE_ROWS = [
     ("cluster_start_s", "cluster start: head + {n1} nodes (s)", False),
     ("connect_s", "driver connects (s)", False),
@@ -513,9 +513,9 @@ def _run_nodes_child(python: str, framework: str, nodes: int, quick: bool) -> di
     """One framework's cluster figures from a process of its own; an error becomes a row of
     dashes (and a message) so that the others still print."""
     if framework == "orchestra":
-        cmd = [python, "-m", "orchestra._bench_nodes"]
+        cmd = [python, "-m", "orchestra._cli.bench_nodes"]
     else:  # a Python without orchestra: run the file by path
-        cmd = [python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bench_nodes.py")]
+        cmd = [python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cli/bench_nodes.py")]
     cmd += [framework, str(nodes)] + (["--quick"] if quick else [])
     try:
         return _child_json(cmd, framework)

@@ -10,7 +10,7 @@ import inspect
 import re
 import textwrap
 
-from orchestra import _cli
+from orchestra._cli import main as _cli
 
 
 def dispatched_commands() -> set[str]:

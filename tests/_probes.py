@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import orchestra
-from orchestra import _session
+from orchestra._api import session as _session
 
 SHM_DIR = "/dev/shm"
 
@@ -141,8 +141,8 @@ class Cluster:
         """The object store's figures (ObjStoreDebugInfoReply), asked over gRPC."""
         import grpc
 
-        from orchestra import _pb as pb
         from orchestra._proto import orchestra_pb2_grpc as rpc
+        from orchestra._protocol import pb
         path = os.path.join(self.session_dir, "grpc.sock")
         wait_until(lambda: os.path.exists(path), 20, "the head serves gRPC")   # started after init
         with grpc.insecure_channel(f"unix:{path}") as ch:
@@ -177,8 +177,8 @@ class Cluster:
 
 def segment_file(ref: Any) -> str:
     """The file in /dev/shm holding a large object this driver knows the location of."""
-    from orchestra import _context
-    from orchestra._store import segment_path
+    from orchestra._objects.store import segment_path
+    from orchestra._runtime import context as _context
     client = _context._client
     orchestra.wait([ref], timeout=30)
     data = client.results[ref.binary()]

@@ -16,7 +16,7 @@ import pytest
 
 import orchestra
 from _probes import Cluster
-from orchestra import _context
+from orchestra._runtime import context as _context
 
 SHARED_INIT: dict[str, Any] = {
     "num_cpus": 2, "num_gpus": 2, "resources": {"widget": 1},

@@ -1,4 +1,4 @@
-"""How fast an object's bytes move between two nodes' stores (orchestra/_transfer.py).
+"""How fast an object's bytes move between two nodes' stores (orchestra/_objects/transfer.py).
 
     python tools/transfer_bench.py [--size-mib 200] [--small-kib 200] [--repeat 5]
                                    [--streams 1,2] (connections per object) [--no-netns]
@@ -25,8 +25,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from orchestra._auth import new_token  # noqa: E402
-from orchestra._transfer import DataServer, Fetcher  # noqa: E402
+from orchestra._objects.transfer import DataServer, Fetcher  # noqa: E402
+from orchestra._protocol.auth import new_token  # noqa: E402
 
 MiB = 1 << 20
 NS = "orch-xfer-bench"
@@ -182,8 +182,8 @@ def run_node_pull(token: str, args: argparse.Namespace, sizes: dict[str, int]) -
     destination's segment is fresh at the first pull, pooled (warm) after a free."""
     import asyncio
 
-    from orchestra._node import Node
-    from orchestra._store import open_segment
+    from orchestra._node.node import Node
+    from orchestra._objects.store import open_segment
 
     loop = asyncio.new_event_loop()
     done: list[tuple[bytes, object, str]] = []

@@ -2,8 +2,8 @@
 ``orchestra.util.queue.Queue``, ``orchestra.util.scheduling_strategies``, placement groups
 (``orchestra.util.placement_group`` and the names below), and the cluster's state
 (``orchestra.util.state``: ``list_tasks``, ``list_actors``, ..., imported when used)."""
-from .actor_pool import ActorPool
-from .placement_group import (
+from .._api.actor_pool import ActorPool
+from .._api.placement_group import (
     PlacementGroup,
     get_placement_group,
     placement_group,

@@ -22,7 +22,7 @@ def outsider_attempts(address: str, session_id: int, node: int,
     Returns ``{"<rpc>/<credentials>": status code name, or "OK"}``."""
     import grpc
 
-    from orchestra._coordinator import PROTOCOL_VERSION
+    from orchestra._gang.coordinator import PROTOCOL_VERSION
     from orchestra._proto import xla_distributed_runtime_pb2 as xla_pb2
     from orchestra._proto import xla_distributed_runtime_pb2_grpc as xla_pb2_grpc
 

@@ -16,7 +16,7 @@ import pytest
 import _helpers as h
 import orchestra
 from _probes import in_segment, segment_file
-from orchestra import _context
+from orchestra._runtime import context as _context
 from orchestra.exceptions import DeserializationError
 
 pytestmark = pytest.mark.timeout(90)

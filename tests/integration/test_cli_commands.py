@@ -11,7 +11,7 @@ import pytest
 import orchestra
 from _cli_commands import dispatched_commands
 from _probes import child_env
-from orchestra import _cli
+from orchestra._cli import main as _cli
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -24,7 +24,7 @@ import pytest
 import orchestra
 from _netns import Hosts, kept_under_tmp, skip_reason
 from _probes import pid_gone, wait_until
-from orchestra import _cluster_file as cf
+from orchestra._runtime import cluster_file as cf
 from orchestra.cluster_utils import Cluster
 
 pytestmark = pytest.mark.timeout(90)

@@ -64,7 +64,7 @@ class Reducer:
     def reduce(self, value):
         import torch
         import torch.distributed as dist
-        from orchestra._gang_member import local_address_towards
+        from orchestra._gang.member import local_address_towards
         ctx = orchestra.gang_context()
         env = ctx.torch_env()
         os.environ.update(env)

@@ -20,9 +20,9 @@ import pytest
 
 from _outsider import outsider_attempts
 from _threads import Background
-from orchestra._coordinator import PROTOCOL_VERSION, Coordinator
-from orchestra._coordinator_auth import TOKEN_ENV
-from orchestra._coordinator_client import (
+from orchestra._gang.coordinator import PROTOCOL_VERSION, Coordinator
+from orchestra._gang.coordinator_auth import TOKEN_ENV
+from orchestra._gang.coordinator_client import (
     CoordinatorAbortedError,
     CoordinatorAuthError,
     CoordinatorClient,
@@ -490,7 +490,7 @@ def test_client_exit_on_abort_exits_the_process(
     script = textwrap.dedent(
         f"""
         import time
-        from orchestra._coordinator_client import CoordinatorClient
+        from orchestra._gang.coordinator_client import CoordinatorClient
         client = CoordinatorClient({coordinator.address!r}, 1, connect_timeout_s=10,
                                    heartbeat_interval_s=0.05, exit_on_abort=True)
         client.connect()

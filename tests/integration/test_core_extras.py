@@ -387,7 +387,7 @@ def parent_of_gated(gate: h.Gate) -> Any:
 
 
 def _gated_tasks() -> int:
-    return sum(1 for t in orchestra._session.debug_info().task if t.name.endswith("gated"))
+    return sum(1 for t in orchestra._api.session.debug_info().task if t.name.endswith("gated"))
 
 
 def test_cancel_is_recursive_by_default(cluster: Any, tmp_path: Path) -> None:

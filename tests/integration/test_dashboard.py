@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import pytest
 
 import orchestra
-from orchestra import _launch
+from orchestra._cluster import launch as _launch
 from orchestra.cluster_utils import Cluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -199,7 +199,7 @@ def test_without_the_dashboard_init_says_so(start_cluster: Any) -> None:
 
 
 def test_the_default_port_taken_the_dashboard_takes_a_free_one() -> None:
-    from orchestra._dashboard_bind import DEFAULT_PORT, listen
+    from orchestra._observe.dashboard_bind import DEFAULT_PORT, listen
     holder = socket.socket()
     try:
         holder.bind(("127.0.0.1", DEFAULT_PORT))
@@ -264,7 +264,7 @@ def test_beyond_loopback_a_wrong_token_is_403(open_cluster: Cluster, how: str) -
     elif how == "bearer":
         status = fetch(url + "metrics", {"Authorization": f"Bearer {bad}"})[0]
     else:
-        from orchestra._dashboard import cookie_name
+        from orchestra._observe.dashboard import cookie_name
         status = fetch(url + "api/summary",
                        {"Cookie": f"{cookie_name(open_cluster.token)}={bad}"})[0]
     assert status == 403

@@ -26,8 +26,10 @@ import pytest
 import _helpers as h
 import orchestra
 from _probes import wait_until
-from orchestra import _client, _ids, _wire
-from orchestra import _pb as pb
+from orchestra import _ids
+from orchestra._protocol import pb
+from orchestra._protocol import wire as _wire
+from orchestra._runtime import client as _client
 from orchestra.exceptions import ActorDiedError, TaskCancelledError, WorkerCrashedError
 
 pytestmark = pytest.mark.timeout(60)

@@ -22,7 +22,8 @@ import pytest
 import orchestra
 from _outsider import outsider_attempts
 from _probes import Cluster, pid_gone, wait_until
-from orchestra import GangAbortedError, GangError, GangMemberDiedError, _session
+from orchestra import GangAbortedError, GangError, GangMemberDiedError
+from orchestra._api import session as _session
 from orchestra.exceptions import ActorDiedError, InfeasibleResourcesError
 
 pytestmark = pytest.mark.timeout(60)

@@ -266,7 +266,7 @@ def test_tasks_consuming_streams_lend_their_cpus_to_the_producers(cluster):
 def test_an_argument_that_cannot_be_pickled_leaves_no_stream_behind(cluster):
     import threading
 
-    from orchestra import _context
+    from orchestra._runtime import context as _context
     streams = _context.current_client().streams
     before = set(streams)
     with pytest.raises(TypeError):
@@ -503,8 +503,8 @@ def test_items_of_a_dropped_generator_are_freed(cluster):
 
 
 def test_a_consumer_remembers_only_the_last_streams_it_ended(cluster):
-    from orchestra import _context
-    from orchestra._generators import _KEEP_CLOSED
+    from orchestra._runtime import context as _context
+    from orchestra._runtime.generators import _KEEP_CLOSED
     for _ in range(_KEEP_CLOSED + 20):
         list(count_to.remote(0))
     assert len(_context.current_client().streams) <= _KEEP_CLOSED

@@ -9,8 +9,8 @@ import grpc
 import pytest
 
 import orchestra
-from orchestra import _pb as pb
 from orchestra._proto import orchestra_pb2_grpc as rpc
+from orchestra._protocol import pb
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -34,7 +34,7 @@ T = 30
 @orchestra.remote(max_retries=0)
 def break_frame_handling(gate: h.Gate) -> int:
     """Make this worker's next frame raise in orchestra's own handler, then wait."""
-    from orchestra import _context
+    from orchestra._runtime import context as _context
 
     def broken(*args: Any) -> None:
         raise RuntimeError("a fault injected into the worker's frame handling")
@@ -78,7 +78,7 @@ class Accumulator:
 
 def _cluster_state() -> str:
     """What the head knows of unfinished tasks and of its workers, for a failure message."""
-    from orchestra import _session
+    from orchestra._api import session as _session
     d = _session.debug_info()
     tasks = [f"{t.name or t.method}:{t.task_id.hex()}" for t in d.task]
     workers = [f"{w.workerid}/{w.pid}/{w.state}:{[r.hex() for r in w.running]}"
@@ -280,7 +280,8 @@ def test_connecting_to_another_users_session_says_permission_denied(cluster):
             os.setgroups([])
             os.setgid(_OTHER_UID)
             os.setuid(_OTHER_UID)
-            from orchestra import _context, _session
+            from orchestra._api import session as _session
+            from orchestra._runtime import context as _context
             _session._session = None
             _context.set_client(None)
             try:

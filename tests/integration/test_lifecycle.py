@@ -45,7 +45,7 @@ def test_init_returns_the_session_and_its_resources(no_cluster):
 
 def test_init_returns_with_a_worker_ready_for_the_first_task(no_cluster):
     orchestra.init(num_cpus=2)
-    from orchestra._session import debug_info
+    from orchestra._api.session import debug_info
     states = [w.state for w in debug_info().workers]
     assert "idle" in states, states
 
@@ -177,7 +177,7 @@ _DRIVER = textwrap.dedent("""
     import json, sys, time
     import numpy as np
     import orchestra
-    from orchestra import _session
+    from orchestra._api import session as _session
     info = orchestra.init(num_cpus=2)
     ref = orchestra.put(np.ones(4 << 20))
     deadline = time.monotonic() + 30

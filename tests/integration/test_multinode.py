@@ -175,8 +175,8 @@ def test_a_wrong_token_is_refused_and_the_cluster_carries_on(three_nodes):
 def test_a_missing_token_is_refused_with_the_fix_named(three_nodes, monkeypatch):
     c = three_nodes[0]
     monkeypatch.delenv("ORCHESTRA_TOKEN", raising=False)
-    from orchestra._client import CoreClient
-    from orchestra._session import _hello
+    from orchestra._api.session import _hello
+    from orchestra._runtime.client import CoreClient
     with pytest.raises(AuthenticationError, match="ORCHESTRA_TOKEN"):
         CoreClient(c.address, _hello(), token="")
 

@@ -32,7 +32,7 @@ import pytest
 import _soak
 import orchestra
 from _probes import child_env, pid_gone, process_tree, wait_until
-from orchestra import _cluster_file as cf
+from orchestra._runtime import cluster_file as cf
 from orchestra.cluster_utils import Cluster
 
 SOAK_S = float(os.environ.get("ORCHESTRA_SOAK_S", "20"))

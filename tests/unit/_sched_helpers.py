@@ -1,17 +1,17 @@
 """Helpers of the scheduler core's unit tests: a SchedulerState with one node, a driver
 and workers that connect on demand, calls and objects to feed it, and readers of the
-instructions it emits (state.out), taken the way orchestra/_head.py carries them out."""
+instructions it emits (state.out), taken the way orchestra/_head/head.py carries them out."""
 from __future__ import annotations
 
 import itertools
 import pickle
 from typing import Any
 
-from orchestra import _pb as pb
-from orchestra import _wire
-from orchestra._instructions import FreeSegment, LateSend, Push, Send, StartWorker
 from orchestra._proto import types_pb2
-from orchestra._scheduler import SchedulerState
+from orchestra._protocol import pb
+from orchestra._protocol import wire as _wire
+from orchestra._scheduler.instructions import FreeSegment, LateSend, Push, Send, StartWorker
+from orchestra._scheduler.state import SchedulerState
 
 DRIVER = 1
 NODE = 0

@@ -25,11 +25,11 @@ from _sched_helpers import (
     socket_path,
     worker_conn,
 )
-from orchestra import _pb as pb
-from orchestra import _wire
-from orchestra._actor_state import ActorState
-from orchestra._instructions import KillWorker, StartWorker
 from orchestra._proto import types_pb2
+from orchestra._protocol import pb
+from orchestra._protocol import wire as _wire
+from orchestra._scheduler.actors import ActorState
+from orchestra._scheduler.instructions import KillWorker, StartWorker
 
 pytestmark = pytest.mark.timeout(10)
 

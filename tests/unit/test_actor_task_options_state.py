@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from _sched_helpers import DRIVER, Cluster, error_of, executed, make_call, rid, sent, sent_late, worker_conn
-from orchestra import _pb as pb
-from orchestra import _wire
-from orchestra._actor_state import ActorState
-from orchestra._instructions import StartWorker, StopWorker
 from orchestra._proto import types_pb2
+from orchestra._protocol import pb
+from orchestra._protocol import wire as _wire
+from orchestra._scheduler.actors import ActorState
+from orchestra._scheduler.instructions import StartWorker, StopWorker
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -1,10 +1,10 @@
-"""Arrivals (_progress.py): which pending ids have come, found among the ids added to
+"""Arrivals (_api/progress.py): which pending ids have come, found among the ids added to
 the results since the last look. Dicts in, ids out: no cluster."""
 from __future__ import annotations
 
 import pytest
 
-from orchestra._progress import _FULL_SCAN_S, Arrivals
+from orchestra._api.progress import _FULL_SCAN_S, Arrivals
 
 pytestmark = pytest.mark.timeout(10)
 

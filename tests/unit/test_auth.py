@@ -1,4 +1,4 @@
-"""Cluster authentication (orchestra/_auth.py): a challenge-response over real sockets,
+"""Cluster authentication (orchestra/_protocol/auth.py): a challenge-response over real sockets,
 both the blocking server (threads) and the asyncio gate (the head's TCP listener)."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
-from orchestra import _auth
-from orchestra._connection import Connection
+from orchestra._protocol import auth as _auth
+from orchestra._protocol.connection import Connection
 from orchestra.exceptions import AuthenticationError
 
 TOKEN = "s3cret-token"
@@ -38,7 +38,7 @@ def _serve_once(token: str, results: list) -> tuple[socket.socket, threading.Thr
 
 
 def test_new_tokens_are_192_random_bits_that_parse_as_a_command_line_value():
-    from orchestra._cli_cluster import parse_start
+    from orchestra._cli.cluster import parse_start
     tokens = {_auth.new_token() for _ in range(200)}
     assert len(tokens) == 200
     for token in tokens:
@@ -108,7 +108,7 @@ def test_a_missing_token_is_refused_before_connecting_a_byte():
 
 def test_another_version_is_refused_naming_both(monkeypatch):
     # The server in a process of its own, so that only this side's version changes.
-    code = ("import socket, sys; from orchestra import _auth\n"
+    code = ("import socket, sys; from orchestra._protocol import auth as _auth\n"
             "l = socket.socket(); l.bind(('127.0.0.1', 0)); l.listen(1)\n"
             "print(l.getsockname()[1], flush=True)\n"
             "c, _ = l.accept()\n"
@@ -292,7 +292,7 @@ def test_the_gatekeeper_cuts_off_the_oldest_handshakes_beyond_its_limit():
 def test_a_tcp_listener_hands_out_a_proven_caller_while_silent_ones_wait():
     import select
 
-    from orchestra._connection import Listener
+    from orchestra._protocol.connection import Listener
     listener = Listener("127.0.0.1:0", token=TOKEN)
     host, port = listener.address.rsplit(":", 1)
     poller = select.poll()

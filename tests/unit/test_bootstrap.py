@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from orchestra import _bootstrap
+from orchestra._platform import bootstrap as _bootstrap
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -20,15 +20,17 @@ def _modules_after(code: str) -> set[str]:
     return set(json.loads(out.stdout.splitlines()[-1]))
 
 
-@pytest.mark.parametrize("entry", ["_head", "_node_process"])
+@pytest.mark.parametrize("entry", ["_head.head", "_node.process"])
 def test_the_head_and_node_processes_import_no_client_actor_or_gang_code(entry: str) -> None:
-    loaded = _modules_after(_bootstrap._BARE_PACKAGE + f"from orchestra import {entry}\n")
+    package, _, module = entry.partition(".")
+    loaded = _modules_after(_bootstrap._BARE_PACKAGE + f"from orchestra.{package} import {module}\n")
     assert f"orchestra.{entry}" in loaded
-    driver_side = {"orchestra._client", "orchestra._direct", "orchestra._session", "orchestra._actor",
-                   "orchestra._gang", "orchestra._remote_function", "orchestra._objects"}
+    driver_side = {"orchestra._runtime.client", "orchestra._runtime.direct", "orchestra._api.session",
+                   "orchestra._api.actor", "orchestra._gang.gang", "orchestra._api.remote_function",
+                   "orchestra._objects.io"}
     assert loaded & driver_side == set()
 
 
 def test_without_the_bare_package_the_public_api_comes_along() -> None:
     """What the bare package saves: importing a submodule runs the package's __init__."""
-    assert "orchestra._client" in _modules_after("from orchestra import _head\n")
+    assert "orchestra._runtime.client" in _modules_after("from orchestra._head import head\n")

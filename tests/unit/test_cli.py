@@ -9,7 +9,7 @@ import pytest
 
 import orchestra
 from _cli_commands import dispatched_commands, usage_commands
-from orchestra import _cli
+from orchestra._cli import main as _cli
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -52,8 +52,8 @@ def test_an_unknown_command_says_so_on_stderr_with_the_usage(
 
 
 def test_names_from_user_code_reach_the_terminal_escaped_and_cut() -> None:
-    from orchestra._cli_cluster import MAX_CELL, format_status, printable
-    from orchestra._cli_state import table
+    from orchestra._cli.cluster import MAX_CELL, format_status, printable
+    from orchestra._cli.state import table
     evil = "a\x1b]0;owned\x07b\nc\r\x9bd\u2028e"
     shown = printable(evil)
     assert shown == "a\\x1b]0;owned\\x07b\\nc\\r\\x9bd\\u2028e"

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestra import _cli_cluster as cc
-from orchestra import _cluster_file as cf
-from orchestra import _launch, _session
+from orchestra._api import session as _session
+from orchestra._cli import cluster as cc
+from orchestra._cluster import launch as _launch
+from orchestra._runtime import cluster_file as cf
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -1,4 +1,4 @@
-"""The hand encodings of orchestra/_codec.py are protobuf's own encodings.
+"""The hand encodings of orchestra/_protocol/codec.py are protobuf's own encodings.
 
 Each test builds the same message with protobuf and compares what a receiver parses
 (and, where protobuf's field order is the codec's, the bytes themselves). A renumbered
@@ -10,9 +10,10 @@ import pickle
 
 import pytest
 
-from orchestra import _codec, _wire
-from orchestra import _pb as pb
 from orchestra._proto import types_pb2
+from orchestra._protocol import codec as _codec
+from orchestra._protocol import pb
+from orchestra._protocol import wire as _wire
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -1,4 +1,4 @@
-"""Connections carry frames alike over a unix socket and over TCP (orchestra/_connection.py)."""
+"""Connections carry frames alike over a unix socket and over TCP (orchestra/_protocol/connection.py)."""
 from __future__ import annotations
 
 import os
@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from orchestra import _pb as pb
-from orchestra import _wire
-from orchestra._connection import Connection, Listener, parse_address
+from orchestra._protocol import pb
+from orchestra._protocol import wire as _wire
+from orchestra._protocol.connection import Connection, Listener, parse_address
 from orchestra.exceptions import ClusterLostError
 
 pytestmark = pytest.mark.timeout(10)

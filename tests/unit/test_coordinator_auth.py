@@ -7,15 +7,15 @@ import string
 
 import pytest
 
-from orchestra._coordinator import Coordinator
-from orchestra._coordinator_auth import (
+from orchestra._gang.coordinator import Coordinator
+from orchestra._gang.coordinator_auth import (
     TOKEN_METADATA_KEY,
     new_token,
     refusal,
     token_metadata,
     validate_token,
 )
-from orchestra._coordinator_client import CoordinatorClient
+from orchestra._gang.coordinator_client import CoordinatorClient
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from _threads import Background
-from orchestra._coordinator import (
+from orchestra._gang.coordinator import (
     PROTOCOL_VERSION,
     CoordinatorState,
     CoordinatorStateError,

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from orchestra import _dashboard as d
-from orchestra import _dashboard_bind as bind
-from orchestra._cli_cluster import parse_start
-from orchestra._session import build_cfg
+from orchestra._api.session import build_cfg
+from orchestra._cli.cluster import parse_start
+from orchestra._observe import dashboard as d
+from orchestra._observe import dashboard_bind as bind
 
 pytestmark = pytest.mark.timeout(10)
 

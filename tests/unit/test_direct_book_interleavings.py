@@ -4,7 +4,7 @@
 The driver decides under its ref lock and sends afterwards, from whichever thread made
 the decision: so frames of two threads can reach the head in either order. The machine
 keeps each thread's decided, unsent frames in an outbox, and ``deliver`` hands the head
-the first frame of any outbox; every other rule is a decision, as orchestra/_direct.py
+the first frame of any outbox; every other rule is a decision, as orchestra/_runtime/direct.py
 makes it:
 
     call        a direct call queued for a lent worker (ResultBook.sent)
@@ -46,9 +46,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from _sched_helpers import DRIVER, Cluster, inline_data, make_call, new_id, ref, rid, segment_data
-from orchestra import _pb as pb
-from orchestra._direct_core import Call, ResultBook
-from orchestra._instructions import FreeSegment, Push, StartWorker
+from orchestra._protocol import pb
+from orchestra._runtime.direct_core import Call, ResultBook
+from orchestra._scheduler.instructions import FreeSegment, Push, StartWorker
 
 pytestmark = pytest.mark.timeout(120)
 

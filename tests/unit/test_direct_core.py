@@ -1,8 +1,8 @@
-"""Direct calls' decisions (orchestra/_direct_core.py), driven without processes or sockets.
+"""Direct calls' decisions (orchestra/_runtime/direct_core.py), driven without processes or sockets.
 
 Where a call goes (an actor's route, a lent worker, or back through the head), and who
 holds its results (this process alone, or the head too), as the I/O layer
-(orchestra/_direct.py) asks them.
+(orchestra/_runtime/direct.py) asks them.
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from orchestra import _pb as pb
-from orchestra._direct_core import (
+from orchestra._protocol import pb
+from orchestra._runtime.direct_core import (
     LOAN_ASK_S,
     LOAN_DEPTH,
     LOAN_SLOW_S,

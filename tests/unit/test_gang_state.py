@@ -17,14 +17,14 @@ from orchestra import (
     GangMemberDiedError,
     GangTimeoutError,
 )
-from orchestra._coordinator import build_global_topology
-from orchestra._coordinator_client import (
+from orchestra._gang.coordinator import build_global_topology
+from orchestra._gang.coordinator_client import (
     CoordinatorAbortedError,
     CoordinatorError,
     CoordinatorTimeoutError,
 )
-from orchestra._gang import _check_capacity, _member_class, _resolve_options
-from orchestra._gang_member import GangSpec, Layout, layout, topology_from_proto
+from orchestra._gang.gang import _check_capacity, _member_class, _resolve_options
+from orchestra._gang.member import GangSpec, Layout, layout, topology_from_proto
 from orchestra._proto import xla_distributed_runtime_pb2 as xla_pb2
 from orchestra.exceptions import InfeasibleResourcesError, OrchestraError
 

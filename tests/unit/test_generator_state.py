@@ -21,9 +21,9 @@ from _sched_helpers import (
     sent,
     worker_conn,
 )
-from orchestra import _pb as pb
-from orchestra import _wire
-from orchestra._generators import (
+from orchestra._protocol import pb
+from orchestra._protocol import wire as _wire
+from orchestra._runtime.generators import (
     DYNAMIC,
     NONE,
     STREAMING,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from orchestra._gpus import detect_num_gpus, parse_cuda_visible_devices, parse_nvidia_smi_list
+from orchestra._platform.gpus import detect_num_gpus, parse_cuda_visible_devices, parse_nvidia_smi_list
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from orchestra import _pb as pb
-from orchestra import _wire
-from orchestra._head import Conn, Head
-from orchestra._instructions import FreeSegment, Instruction, KillWorker, StartWorker, StopWorker
+from orchestra._head.head import Conn, Head
+from orchestra._protocol import pb
+from orchestra._protocol import wire as _wire
+from orchestra._scheduler.instructions import FreeSegment, Instruction, KillWorker, StartWorker, StopWorker
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -1,8 +1,9 @@
-"""The package's modules import each other without a cycle.
+"""The package's modules import each other without a cycle, and each layer imports only
+the layers below it (docs/architecture.md, "The package map").
 
 Read from the source with ``ast``: every import of a module of orchestra counts, at the
-top of a module, inside a function, or under ``if TYPE_CHECKING:`` (a cycle hidden from
-the interpreter is still one for a reader, and for mypy). The generated ``_proto``
+top of a module, inside a function, or under ``if TYPE_CHECKING:`` (a cycle or a layer
+crossed only there is still one for a reader, and for mypy). The generated ``_proto``
 modules are left aside.
 """
 from __future__ import annotations
@@ -17,38 +18,90 @@ pytestmark = pytest.mark.timeout(30)
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "orchestra"
 
-# The scheduler core: these never reach back into _scheduler.
-SCHEDULER_HELPERS = ["_sched_types", "_instructions", "_actor_state", "_blocking", "_loans",
-                     "_placement"]
+# Each top-level part of the package (a subpackage, or a module of the top level) and its
+# layer: a module imports modules of its own part, and of parts of lower layers only.
+# Two parts on one layer are independent of each other.
+LAYERS: dict[str, int] = {
+    "exceptions": 0, "_proto": 0,        # the public errors; generated code
+    "_ids": 1, "_resources": 1,          # ids, resource requests
+    "_platform": 1,                      # processes, titles, GPUs, start-up code
+    "_protocol": 2,                      # frames, messages, authentication, connections
+    "_objects": 3, "_observe": 3,        # values and the store / logs, events, dashboard
+    "_scheduler": 4, "_runtime": 4,      # the head's I/O-free core / a driver's and worker's
+    "_node": 5,                          # a node: its store, its workers
+    "_head": 6, "_api": 6,               # the head process / the public API's implementation
+    "_gang": 7,                          # gangs and the coordinator, built on actors
+    "_cluster": 8,                       # starting clusters
+    "public": 9,                         # __init__, util, actor, compat, ... (PUBLIC)
+    # entry points: the command, and the worker process, which runs users' code
+    "_cli": 10, "_worker": 10, "__main__": 11,
+}
+# The public modules, one part: they re-export, and some need the whole API.
+PUBLIC = {"__init__", "actor", "util", "compat", "cluster_utils", "coordinator", "microbenchmark"}
+
+# The scheduler core's helpers never reach back into its state machine.
+SCHEDULER_HELPERS = ["_scheduler.model", "_scheduler.instructions", "_scheduler.actors",
+                     "_scheduler.blocking", "_scheduler.loans", "_scheduler.placement",
+                     "_scheduler.groups"]
+
+
+def modules() -> dict[str, pathlib.Path]:
+    """Dotted name below the package (``_scheduler.state``, ``util``, ``__init__``) -> file."""
+    found: dict[str, pathlib.Path] = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE)
+        if rel.parts[0] == "_proto":
+            continue
+        parts = list(rel.with_suffix("").parts)
+        if parts[-1] == "__init__" and len(parts) > 1:
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Module name (``_scheduler``, ``__init__``) -> the package modules it imports."""
-    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    """Module name -> the package modules it imports (a package's name: its __init__)."""
+    mods = modules()
     graph: dict[str, set[str]] = {}
-    for name in modules:
-        tree = ast.parse((PACKAGE / f"{name}.py").read_text())
+    for name, path in mods.items():
+        is_package = path.name == "__init__.py" and name != "__init__"
+        here = name.split(".") if is_package else name.split(".")[:-1]
+        if name == "__init__":
+            here = []
         deps: set[str] = set()
-        for node in ast.walk(tree):
+
+        def add(target: str, deps: set[str] = deps) -> None:
+            # the module itself, or the package whose attribute it names
+            if target.split(".")[0] == "_proto":
+                deps.add("_proto")
+                return
+            while target and target not in mods:
+                target = target.rpartition(".")[0]
+            deps.add(target or "__init__")
+
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
-                if node.level > 1:
-                    continue   # above the package: none today
-                if node.level == 1:
-                    target = node.module
+                if node.level:
+                    base = here[: len(here) - (node.level - 1)] if node.level > 1 else here
+                    prefix = ".".join(base + ([node.module] if node.module else []))
                 elif node.module == "orchestra" or (node.module or "").startswith("orchestra."):
-                    target = node.module.partition(".")[2] or None
+                    prefix = node.module.partition(".")[2]
                 else:
                     continue
-                if target is None:   # from . import x: a module, or a name of __init__
-                    deps |= {a.name if a.name in modules else "__init__" for a in node.names}
-                else:
-                    deps.add(target.split(".")[0])
+                for alias in node.names:
+                    full = f"{prefix}.{alias.name}" if prefix else alias.name
+                    add(full if full in mods else prefix)
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.name.startswith("orchestra."):
-                        deps.add(alias.name.split(".")[1])
-        graph[name] = {d for d in deps if d in modules and d != name}
+                        add(alias.name.partition(".")[2])
+        graph[name] = {d for d in deps if d != name and (d in mods or d in ("__init__", "_proto"))}
     return graph
+
+
+def part(module: str) -> str:
+    top = module.split(".")[0]
+    return "public" if top in PUBLIC else top
 
 
 def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
@@ -63,7 +116,7 @@ def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
-        for w in sorted(graph[v]):
+        for w in sorted(graph.get(v, ())):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -86,19 +139,48 @@ def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
+def violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that cross into a part of the same or a higher layer."""
+    bad = []
+    for mod, deps in sorted(graph.items()):
+        for dep in sorted(deps):
+            a, b = part(mod), part(dep)
+            if a != b and LAYERS[b] >= LAYERS[a]:
+                bad.append(f"{mod} (layer {LAYERS[a]}) imports {dep} (layer {LAYERS[b]})")
+    return bad
+
+
+def test_every_part_of_the_package_has_a_layer():
+    assert sorted({part(m) for m in modules()} - set(LAYERS)) == []
+    assert PUBLIC <= {m.split(".")[0] for m in modules()}
+
+
 def test_the_package_has_no_import_cycle():
     unexpected = cycles(import_graph())
     assert unexpected == [], f"import cycles: {unexpected}"
 
 
-def test_the_scheduler_core_is_in_no_cycle():
-    in_cycles = set().union(*cycles(import_graph()))
-    assert in_cycles.isdisjoint({"_scheduler", *SCHEDULER_HELPERS})
+def test_each_layer_imports_only_the_layers_below_it():
+    assert violations(import_graph()) == []
+
+
+def test_nothing_inside_the_package_imports_util():
+    # orchestra.util holds re-exports for users; the implementations live in _api.
+    users = sorted(m for m, deps in import_graph().items()
+                   if any(d.split(".")[0] == "util" for d in deps) and part(m) != "public")
+    assert users == []
+
+
+def test_the_subpackages_init_modules_are_empty():
+    # Import time is part of init()'s cost: a subpackage's __init__ imports nothing.
+    for path in PACKAGE.glob("_*/__init__.py"):
+        if path.parent.name != "_proto":
+            assert path.read_text().strip() == "", path
 
 
 @pytest.mark.parametrize("helper", SCHEDULER_HELPERS)
-def test_a_scheduler_helper_does_not_import_the_scheduler(helper):
-    assert "_scheduler" not in import_graph()[helper]
+def test_a_scheduler_helper_does_not_import_the_scheduler_state(helper):
+    assert "_scheduler.state" not in import_graph()[helper]
 
 
 def test_the_graph_sees_imports_under_type_checking_and_in_functions(tmp_path, monkeypatch):
@@ -107,3 +189,17 @@ def test_the_graph_sees_imports_under_type_checking_and_in_functions(tmp_path, m
     (tmp_path / "_b.py").write_text("def f():\n    from . import _a\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path)
     assert cycles(import_graph()) == [{"_a", "_b"}]
+
+
+def test_an_import_up_a_layer_or_across_one_is_found(tmp_path, monkeypatch):
+    for pkg in ("_protocol", "_objects", "_observe"):
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / "_protocol" / "wire.py").write_text("def f():\n    from .._objects import store\n")
+    (tmp_path / "_objects" / "store.py").write_text("from .._observe.log import x\n")
+    (tmp_path / "_observe" / "log.py").write_text("from orchestra._protocol.wire import f\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path)
+    assert violations(import_graph()) == [
+        "_objects.store (layer 3) imports _observe.log (layer 3)",
+        "_protocol.wire (layer 2) imports _objects.store (layer 3)",
+    ]

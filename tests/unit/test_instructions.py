@@ -6,9 +6,9 @@ import typing
 
 import pytest
 
-from orchestra import _instructions
-from orchestra._head import Head
-from orchestra._instructions import FreeSegment, Instruction, KillWorker, Send, StartWorker
+from orchestra._head.head import Head
+from orchestra._scheduler import instructions as _instructions
+from orchestra._scheduler.instructions import FreeSegment, Instruction, KillWorker, Send, StartWorker
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -20,10 +20,10 @@ from _sched_helpers import (
     socket_path,
     worker_conn,
 )
-from orchestra import _pb as pb
-from orchestra import _wire
-from orchestra._instructions import KillWorker, LateSend, Send, StartWorker, StopWorker
-from orchestra._sched_types import TaskState, WorkerState
+from orchestra._protocol import pb
+from orchestra._protocol import wire as _wire
+from orchestra._scheduler.instructions import KillWorker, LateSend, Send, StartWorker, StopWorker
+from orchestra._scheduler.model import TaskState, WorkerState
 
 pytestmark = pytest.mark.timeout(10)
 

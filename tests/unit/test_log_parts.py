@@ -7,13 +7,13 @@ import linecache
 import pickle
 import traceback
 
-from orchestra import _codec
-from orchestra import _pb as pb
-from orchestra._cli_logs import _section, select
-from orchestra._code_source import dumps_by_value
-from orchestra._log_capture import short_name
-from orchestra._log_printer import LineFolder, fold_key, prefix
-from orchestra._log_router import LogRoutes
+from orchestra._cli.logs import _section, select
+from orchestra._objects.code_source import dumps_by_value
+from orchestra._observe.log_capture import short_name
+from orchestra._observe.log_printer import LineFolder, fold_key, prefix
+from orchestra._observe.log_router import LogRoutes
+from orchestra._protocol import codec as _codec
+from orchestra._protocol import pb
 
 
 def _chunk(job=1, name="square", pid=10, lines=("hello",), stream=1, ip=""):

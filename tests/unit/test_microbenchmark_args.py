@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from orchestra import _bench_nodes
+from orchestra._cli import bench_nodes as _bench_nodes
 from orchestra.microbenchmark import _compare_list, main, node_rows, report
 
 pytestmark = pytest.mark.timeout(10)

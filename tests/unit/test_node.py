@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from orchestra import _pb as pb
-from orchestra import _wire
-from orchestra._errors import describe_exit
-from orchestra._node import Node, worker_socket
-from orchestra._store import open_segment, segment_path
+from orchestra._node.node import Node, worker_socket
+from orchestra._objects.errors import describe_exit
+from orchestra._objects.store import open_segment, segment_path
+from orchestra._protocol import pb
+from orchestra._protocol import wire as _wire
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -383,7 +383,7 @@ def test_a_killed_worker_is_reported_with_the_reason_it_was_killed(
 
 def test_a_worker_that_lingers_after_its_connection_closed_is_killed(
         pooled_node: Node, host: FakeHost, loop: FakeLoop, monkeypatch: Any) -> None:
-    import orchestra._node as node_module
+    import orchestra._node.node as node_module
     monkeypatch.setattr(node_module, "_REAP_LIMIT_S", 0.0)
     pooled_node.start_worker(11)
     pooled_node.worker_connected(11)

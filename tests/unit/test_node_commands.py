@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from orchestra import _pb as pb
-from orchestra import _wire
-from orchestra._node_process import NodeProcess, command
-from orchestra._remote_node import NodeConn, RemoteNode
+from orchestra._head.remote_node import NodeConn, RemoteNode
+from orchestra._node.process import NodeProcess, command
+from orchestra._protocol import pb
+from orchestra._protocol import wire as _wire
 
 pytestmark = pytest.mark.timeout(10)
 

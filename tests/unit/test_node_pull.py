@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from orchestra import _auth
-from orchestra import _pb as pb
-from orchestra._node import PULL_CONN, Node
-from orchestra._store import open_segment, segment_path, size_class
+from orchestra._node.node import PULL_CONN, Node
+from orchestra._objects.store import open_segment, segment_path, size_class
+from orchestra._protocol import auth as _auth
+from orchestra._protocol import pb
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -142,7 +142,7 @@ def test_a_spilled_object_is_pulled_from_its_file(make_node: Any, token: str) ->
     data = os.urandom(300 * KiB)
     seg = put(src, oid(1), data)
     (job,) = src.store.begin_spill([seg.name])
-    from orchestra._store import spill_file
+    from orchestra._objects.store import spill_file
     name, _, source, path, size = job
     assert spill_file(source, path, size) == ""
     spilled = src.store.end_spill(name, path, "")
@@ -171,7 +171,7 @@ def test_a_pull_that_comes_before_the_sources_seal_command_waits_for_it(
 
 def test_a_pull_of_a_segment_never_sealed_fails_after_the_seal_wait(
         make_node: Any, token: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestra import _node
+    from orchestra._node import node as _node
     monkeypatch.setattr(_node, "SEAL_WAIT_S", 0.2)
     src, _ = make_node(2)
     dst, host = make_node(3)
@@ -264,7 +264,7 @@ def test_the_data_server_serves_nothing_but_the_stores_own_objects(make_node: An
 
 def test_an_object_being_written_is_not_served(make_node: Any,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestra import _node
+    from orchestra._node import node as _node
     monkeypatch.setattr(_node, "SEAL_WAIT_S", 0.1)   # (its seal is waited for that long)
     src, _ = make_node(2)
     seg = src.store.create(WRITER, oid(1), 100)
@@ -280,7 +280,7 @@ def test_close_stops_the_data_server(make_node: Any, token: str) -> None:
     src.close()
     import socket
 
-    from orchestra._transfer import parse_address
+    from orchestra._objects.transfer import parse_address
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(parse_address(address), timeout=5).close()
 

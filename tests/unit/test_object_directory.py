@@ -19,11 +19,11 @@ from _sched_helpers import (
     rid,
     worker_conn,
 )
-from orchestra import _pb as pb
-from orchestra import _wire
-from orchestra._errors import make_error
-from orchestra._instructions import FreeSegment, LateSend, Pull, Send
-from orchestra._sched_types import TaskState
+from orchestra._objects.errors import make_error
+from orchestra._protocol import pb
+from orchestra._protocol import wire as _wire
+from orchestra._scheduler.instructions import FreeSegment, LateSend, Pull, Send
+from orchestra._scheduler.model import TaskState
 
 OTHER = 2
 

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 
 from _sched_helpers import DRIVER, Nodes, executed, executes, make_call, pushes, rid, sent, worker_conn
-from orchestra import _pb as pb
-from orchestra import _wire
-from orchestra._errors import make_error
-from orchestra._instructions import KillWorker
-from orchestra._pg_state import READY_SUFFIX, place_bundles
+from orchestra._objects.errors import make_error
 from orchestra._proto import types_pb2
+from orchestra._protocol import pb
+from orchestra._protocol import wire as _wire
+from orchestra._scheduler.groups import READY_SUFFIX, place_bundles
+from orchestra._scheduler.instructions import KillWorker
 from orchestra.exceptions import InfeasibleResourcesError, TaskCancelledError
 
 pytestmark = pytest.mark.timeout(10)

@@ -31,12 +31,12 @@ from _sched_helpers import (
     spread,
     worker_conn,
 )
-from orchestra import _pb as pb
-from orchestra import _wire
-from orchestra._errors import make_error
 from orchestra._ids import node_hex
+from orchestra._objects.errors import make_error
 from orchestra._proto import types_pb2
-from orchestra._sched_types import Obj, TaskState
+from orchestra._protocol import pb
+from orchestra._protocol import wire as _wire
+from orchestra._scheduler.model import Obj, TaskState
 from orchestra.exceptions import InfeasibleResourcesError
 
 pytestmark = pytest.mark.timeout(10)

@@ -30,9 +30,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from _sched_helpers import DRIVER, Cluster, inline_data, make_call, new_id, ref, rid, worker_conn
-from orchestra import _pb as pb
-from orchestra._instructions import Push, StartWorker
-from orchestra._sched_types import TaskState, WorkerState
+from orchestra._protocol import pb
+from orchestra._scheduler.instructions import Push, StartWorker
+from orchestra._scheduler.model import TaskState, WorkerState
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -2,7 +2,7 @@
 
 Events go in as method calls; the decisions come out as typed instructions in
 ``state.out`` (Send, Push, StartWorker, KillWorker, StopWorker, FreeSegment:
-orchestra/_instructions.py), which these tests read the way orchestra/_head.py carries
+orchestra/_scheduler/instructions.py), which these tests read the way orchestra/_head/head.py carries
 them out. Helpers: tests/unit/_sched_helpers.py.
 """
 from __future__ import annotations
@@ -31,11 +31,11 @@ from _sched_helpers import (
     sent,
     worker_conn,
 )
-from orchestra import _pb as pb
-from orchestra import _wire
-from orchestra._blocking import STALL_S
-from orchestra._instructions import FreeSegment, KillWorker, Send, StopWorker
-from orchestra._sched_types import TASK_TRANSITIONS, IllegalTransition, Task, TaskState, WorkerState
+from orchestra._protocol import pb
+from orchestra._protocol import wire as _wire
+from orchestra._scheduler.blocking import STALL_S
+from orchestra._scheduler.instructions import FreeSegment, KillWorker, Send, StopWorker
+from orchestra._scheduler.model import TASK_TRANSITIONS, IllegalTransition, Task, TaskState, WorkerState
 
 pytestmark = pytest.mark.timeout(10)
 

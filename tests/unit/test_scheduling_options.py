@@ -7,9 +7,9 @@ import pickle
 import pytest
 
 import orchestra
+from orchestra._api.remote_function import placement_of
 from orchestra._ids import node_from_hex, node_hex
 from orchestra._proto import types_pb2
-from orchestra._remote_function import placement_of
 from orchestra.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 pytestmark = pytest.mark.timeout(10)
@@ -99,7 +99,7 @@ def test_a_warning_of_the_head_is_shown_once_per_text() -> None:
     import types
     import warnings
 
-    from orchestra._client import CoreClient
+    from orchestra._runtime.client import CoreClient
     client = types.SimpleNamespace(_warned=set())
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")

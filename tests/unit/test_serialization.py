@@ -16,9 +16,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from orchestra import _context
-from orchestra._object_ref import ObjectRef
-from orchestra._serialization import (
+from orchestra._objects.serialization import (
     STREAM_MAGIC,
     ArrowValue,
     Serialized,
@@ -27,6 +25,8 @@ from orchestra._serialization import (
     dumps_function,
     serialize,
 )
+from orchestra._runtime import context as _context
+from orchestra._runtime.object_ref import ObjectRef
 from orchestra.exceptions import (
     DeserializationError,
     InfeasibleResourcesError,

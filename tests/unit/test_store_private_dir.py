@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from orchestra._proto import types_pb2
-from orchestra._store import (
+from orchestra._objects.store import (
     DIR_PREFIX,
     SHM_DIR,
     ObjectStore,
@@ -22,6 +21,7 @@ from orchestra._store import (
     segment_path,
     sweep_stale_segments,
 )
+from orchestra._proto import types_pb2
 from orchestra.exceptions import ObjectStoreError
 
 pytestmark = pytest.mark.timeout(30)

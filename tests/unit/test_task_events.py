@@ -1,4 +1,4 @@
-"""The task event table (orchestra/_task_events.py) and what is made of its rows
+"""The task event table (orchestra/_observe/task_events.py) and what is made of its rows
 (_state_query.select, the timeline's events): no processes.
 
 A worker buffers starts and ends as tuples and packs them into a TaskEventBatch; the
@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from orchestra import _pb as pb
-from orchestra._state_query import select
-from orchestra._task_events import (
+from orchestra._api.timeline import timeline_events
+from orchestra._head.state_query import select
+from orchestra._observe.task_events import (
     FAILED,
     FINISHED,
     NOT_RUN,
@@ -28,7 +28,7 @@ from orchestra._task_events import (
     end_error_type,
     summarize,
 )
-from orchestra._timeline import timeline_events
+from orchestra._protocol import pb
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,6 +1,6 @@
 """The data path between nodes: a DataServer serving files of a temporary directory
 under /dev/shm over loopback, and Fetcher pulling them into buffers. Real sockets, real
-files, the real handshake (orchestra._auth); each test's server runs on its own threads
+files, the real handshake (orchestra._protocol.auth); each test's server runs on its own threads
 in this process."""
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from orchestra import _auth
-from orchestra._transfer import DataServer, Fetcher, parse_address
+from orchestra._objects.transfer import DataServer, Fetcher, parse_address
+from orchestra._protocol import auth as _auth
 from orchestra.exceptions import AuthenticationError, ObjectLostError
 
 pytestmark = pytest.mark.timeout(60)
@@ -311,7 +311,7 @@ def test_a_bad_address_is_named() -> None:
 
 
 def test_a_wildcard_listener_is_offered_at_the_address_peers_reached():
-    from orchestra._node_process import routable
+    from orchestra._node.process import routable
     assert routable("0.0.0.0:4100", ("10.77.0.3", 51000)) == "10.77.0.3:4100"
     assert routable("[::]:4100", ("fd00::3", 51000, 0, 0)) == "[fd00::3]:4100"
     assert routable("10.77.0.3:4100", ("127.0.0.1", 1)) == "10.77.0.3:4100"

@@ -1,0 +1,33 @@
+"""Checks of what the public calls that wait are given: a timeout, and refs of this
+session. Shared by _api/session.py (get, wait) and _api/progress.py (as_completed)."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .._runtime.object_ref import ObjectRef
+from ..exceptions import ObjectLostError
+
+
+def check_timeout(timeout: float | None) -> float | None:
+    """The timeout to wait with: None (no limit) for None or infinity."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
+    if math.isnan(timeout) or timeout < 0:
+        # NaN compares false with everything: it passed `< 0` and failed later with
+        # "cannot convert float NaN to integer".
+        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}; "
+                         "pass None to wait without a limit")
+    return None if math.isinf(timeout) else timeout
+
+
+def check_session(ref: ObjectRef[Any], client: Any) -> None:
+    """ObjectLostError for a ref of a session that was shut down."""
+    # A ref made before shutdown() names an object the new session never had: its
+    # value was never pushed here, and get() waited forever (or until its timeout).
+    if ref._client is not client:
+        raise ObjectLostError(
+            f"{ref!r} belongs to a session that was shut down; refs do not outlive "
+            "orchestra.shutdown(). Put the value again, or re-run its task, in this session.")

@@ -1,0 +1,823 @@
+"""init() / shutdown() and the public calls that need the session.
+
+init() starts a local cluster: a session directory (mode 0700, holding the head's unix
+socket), the head process (scheduler + the local node's object store and worker pool,
+see _head/head.py and _node/node.py), and a CoreClient connection from this driver. The session
+is an explicit object; the module only remembers the current one between init() and
+shutdown().
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, overload
+
+from .._ids import machine_id, node_hex
+from .._objects.store import SHM_DIR, pid_alive, remove_private_dir, sweep_stale_segments
+from .._platform.bootstrap import BOOTSTRAP as HEAD_BOOTSTRAP
+from .._platform.gpus import detect_num_gpus
+from .._protocol import pb
+from .._protocol import wire as _wire
+from .._protocol.connection import parse_address
+from .._resources import make_request
+from .._runtime import context as _context
+from .._runtime import runtime_env as _runtime_env
+from .._runtime.client import CoreClient
+from .._runtime.generators import ObjectRefGenerator, wait_with_generators
+from .._runtime.object_ref import ObjectRef
+from ..exceptions import ClusterLostError, OrchestraError
+from .args import check_session as _check_session
+from .args import check_timeout as _check_timeout
+
+SESSION_PREFIX = "orchestra-session-"
+_HEAD_EXIT_TIMEOUT_S = 5.0
+# Imported by the fork server when the driver has the first (see _worker/zygote.py): a driver
+# with numpy makes large objects, and reading one takes pyarrow (their Arrow streams).
+_PRELOAD = {"numpy": ("numpy", "pyarrow.ipc"), "pyarrow": ("pyarrow.ipc",), "pandas": ("pandas",)}
+# At interpreter exit, tasks and actor calls still pending get this long to finish
+# before the cluster stops (init(exit_grace_s=...) or ORCHESTRA_EXIT_GRACE_S). An exit
+# with nothing pending costs one request to the head (~1 ms), then stops as before.
+DEFAULT_EXIT_GRACE_S = 5.0
+_EXIT_POLL_S = 0.02
+_log = logging.getLogger("orchestra")
+# What wait() takes and hands back: refs and ObjectRefGenerators, as given.
+_W = TypeVar("_W", bound="ObjectRef[Any] | ObjectRefGenerator")
+R = TypeVar("R")
+
+
+class Session:
+    def __init__(self, client: CoreClient, session_dir: str, head: subprocess.Popen[bytes] | None) -> None:
+        self.client = client
+        self.session_dir = session_dir
+        self.head = head
+        self.spill_dir = ""   # when outside session_dir: removed here too if the head was not
+        self.exit_grace_s = DEFAULT_EXIT_GRACE_S
+        self.log_printer: Any = None   # _log_printer.LogPrinter, with log_to_driver
+
+    def forward_logs(self) -> None:
+        """Print the output of this driver's tasks and actors here (init's log_to_driver)."""
+        from .._observe.log_printer import LogPrinter
+        client = self.client
+        try:
+            self.log_printer = LogPrinter(client.conn.address, client.conn_id, client.token)
+        except (OSError, ClusterLostError) as exc:
+            _log.warning("orchestra: the output of tasks is not shown here (%s); it is in "
+                         "the session's log files (`orchestra logs`)", exc)
+
+    def stop(self) -> None:
+        client = self.client
+        if self.log_printer is not None:
+            self.log_printer.close()
+        if self.head is not None:
+            if client.lost is None:
+                try:
+                    client.send(_wire.SHUTDOWN, pb.AckReply())
+                except ClusterLostError:
+                    pass
+            try:
+                self.head.wait(_HEAD_EXIT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.head.kill()
+                self.head.wait(_HEAD_EXIT_TIMEOUT_S)
+        elif client.lost is None and client.direct.ever_loaned:
+            # A cluster that lives on: give back the idle workers lent to this driver
+            # (those still on loan when it goes are retired, as a dead job's may run
+            # its calls: SchedulerState._job_gone).
+            try:   # (read before the connection's end: frames are handled in order)
+                client.direct.return_idle_loans()
+            except ClusterLostError:
+                pass
+        client.close()
+        if self.head is not None:
+            shutil.rmtree(self.session_dir, ignore_errors=True)
+            if self.spill_dir:
+                shutil.rmtree(self.spill_dir, ignore_errors=True)
+            if client.shm_dir:   # the head removes it; not when it was killed
+                remove_private_dir(client.shm_dir)
+            sweep_stale_segments()
+
+
+_session: Session | None = None
+exiting = False   # set at interpreter exit: no implicit init() after the cluster stopped
+# Run by shutdown() once the cluster is gone (the gang module stops its coordinators):
+# registered by those modules, so this one imports none of them.
+_shutdown_hooks: list[Callable[[], None]] = []
+
+
+def add_shutdown_hook(hook: Callable[[], None]) -> None:
+    """Have ``shutdown()`` call ``hook`` after the cluster stopped (once per hook)."""
+    if hook not in _shutdown_hooks:
+        _shutdown_hooks.append(hook)
+
+
+_GiB = 1 << 30
+_shm_warned = False
+
+
+def _shm_free() -> int | None:
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+_MEMORY_SHARE = 0.7
+
+
+def _ram() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 * _GiB
+
+
+def store_memory(asked: int | None, ram: int, shm_free: int | None) -> tuple[int, str]:
+    """The object store's size, and a warning when /dev/shm cannot hold what it should.
+
+    Default: 30% of RAM, bounded by 90% of what /dev/shm has free. A /dev/shm smaller
+    than that and than 2 GiB (containers mount 64 MiB by default) is said once: the
+    store shrinks to fit it and what does not fit spills to disk, which is slower.
+    """
+    if shm_free is None:
+        return (asked if asked is not None else max(64 << 20, int(ram * 0.3))), ""
+    fits = int(shm_free * 0.9)
+    if asked is not None:
+        if asked <= shm_free:
+            return asked, ""
+        return asked, (f"object_store_memory={_fmt(asked)} is more than the {_fmt(shm_free)} "
+                       f"free in {SHM_DIR}: puts fail with ObjectStoreFullError once "
+                       f"{SHM_DIR} is full. Pass a smaller object_store_memory or free "
+                       f"{SHM_DIR}.")
+    want = max(64 << 20, int(ram * 0.3))
+    if fits >= want or fits >= 2 * _GiB:
+        return min(want, fits), ""
+    size = max(fits, 16 << 20)
+    return size, (f"{SHM_DIR} has only {_fmt(shm_free)} free (containers mount 64 MiB by "
+                  f"default), so the object store gets {_fmt(size)} instead of "
+                  f"{_fmt(want)}; objects beyond that spill to disk, which is slower. Give "
+                  f"the machine more shared memory (docker run --shm-size=8g) or pass "
+                  f"object_store_memory=... to orchestra.init().")
+
+
+def _fmt(n: float) -> str:
+    return f"{n / _GiB:.1f} GiB" if n >= _GiB else f"{n / (1 << 20):.0f} MiB"
+
+
+def _sweep_stale_sessions() -> None:
+    """Remove session directories and segments that crashed sessions left behind."""
+    sweep_stale_segments()
+    tmp = tempfile.gettempdir()
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(SESSION_PREFIX):
+            continue
+        path = os.path.join(tmp, name)
+        try:
+            with open(os.path.join(path, "head.pid")) as f:
+                pid = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if not pid_alive(pid):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def init(address: str | None = None, *, num_cpus: int | None = None,
+         num_gpus: int | None = None, resources: dict[str, float] | None = None,
+         object_store_memory: int | None = None, spill_dir: str | os.PathLike[str] | None = None,
+         ignore_reinit_error: bool = False, token: str | None = None,
+         namespace: str | None = None, runtime_env: dict[str, Any] | None = None,
+         exit_grace_s: float | None = None, log_to_driver: bool = True,
+         include_dashboard: bool = True, dashboard_port: int | None = None,
+         _system_config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Start a local cluster (or connect to one) and make it this process's session.
+    Returns a dict with the session's address and resources.
+
+    ``address``: None starts a private cluster on this machine (unless ORCHESTRA_ADDRESS
+    names one). "HOST:PORT" connects to a cluster (``orchestra start --head`` printed its
+    address), authenticating with ``token`` (default: the ORCHESTRA_TOKEN environment
+    variable); this driver uses the store of the cluster's node on this machine. "auto"
+    connects to the cluster ``orchestra start`` started on this machine (its token with
+    it). A session directory or its head.sock connects to another driver's private
+    cluster of this user.
+
+    ``num_cpus``, ``num_gpus``, ``resources``: what the local node offers (default: the
+    machine's CPUs, its GPUs found, nothing else). ``object_store_memory``: bytes of
+    shared memory for objects (default: 30% of RAM, within what /dev/shm has free);
+    ``spill_dir``: an existing directory where objects spill when the store is full
+    (default: under the session's directory).
+    ``ignore_reinit_error``: a second init() returns the session's dict instead of
+    raising. ``_system_config``: internal settings, for tests.
+
+    ``namespace``: where this driver's actor names live (default: an anonymous one of
+    its own). ``runtime_env``: env_vars / working_dir / py_modules for every task and
+    actor this driver starts (their own runtime_env= is merged over it).
+
+    ``exit_grace_s``: at interpreter exit, how long tasks and actor calls still pending
+    may run before the cluster stops (default: ORCHESTRA_EXIT_GRACE_S, else 5 s; 0 stops
+    at once). An exit with nothing pending does not wait.
+
+    ``log_to_driver``: print what this driver's tasks and actors write to stdout and
+    stderr here, each line prefixed ``(square pid=4242)`` (default True); False keeps
+    it in the session's log files only (``orchestra logs``).
+
+    ``include_dashboard``: the head serves a web dashboard and Prometheus's ``/metrics``
+    on 127.0.0.1 (its URL is the returned dict's ``dashboard_url``; "" without one).
+    ``dashboard_port``: its port (default 8265, or any free port when that is taken;
+    0: any free port). Both apply to a cluster this call starts.
+
+    Returns a dict: session_dir, address, node_id, node_resources, object_store_memory,
+    dashboard_url."""
+    global _session
+    grace = exit_grace(exit_grace_s)
+    if _session is not None and _session.client.lost is not None:
+        _forget_lost_session()
+    if _session is not None:
+        if ignore_reinit_error:
+            return _info(_session)
+        raise RuntimeError("orchestra.init() was already called in this process: call "
+                           "orchestra.shutdown() first, or pass ignore_reinit_error=True")
+    if _context.client_or_none() is not None:
+        raise RuntimeError("orchestra.init() inside a task: the task is already connected "
+                           "to its cluster; call remote functions directly")
+    if namespace is not None and (not isinstance(namespace, str) or not namespace):
+        raise ValueError(f"namespace must be a non-empty string, got {namespace!r}")
+    env = _runtime_env.check(runtime_env)
+    # Names of actors are per namespace; a driver without one gets one of its own (Ray's
+    # anonymous namespace).
+    ns = namespace or f"anonymous-{uuid.uuid4().hex}"
+    _context.namespace = namespace   # get_runtime_context().namespace
+    address, token = resolve_address(address, token)
+    if address is not None:
+        _session = _connect(address, token, ns)
+        _session.client.runtime_env = env
+        _session.exit_grace_s = grace
+        if log_to_driver:
+            _session.forward_logs()
+        _context.set_client(_session.client)
+        atexit.register(_shutdown_at_exit)
+        return _info(_session)
+    store_warning, cfg = build_cfg(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources,
+                                   object_store_memory=object_store_memory,
+                                   spill_dir=spill_dir, include_dashboard=include_dashboard,
+                                   dashboard_port=dashboard_port, system_config=_system_config)
+    global _shm_warned
+    if store_warning and not _shm_warned:
+        _shm_warned = True
+        warnings.warn(f"orchestra: {store_warning}", RuntimeWarning, stacklevel=2)
+    _sweep_stale_sessions()
+    session_dir = new_session_dir(cfg)
+    head = launch_head(cfg)
+    sock = os.path.join(session_dir, "head.sock")
+    try:
+        client = _connect_client(sock, head, ns)
+    except BaseException:
+        head.kill()
+        head.wait()
+        shutil.rmtree(session_dir, ignore_errors=True)
+        raise
+    _session = Session(client, session_dir, head)
+    client.runtime_env = env
+    _session.spill_dir = cfg["spill_dir"]
+    _session.exit_grace_s = grace
+    if log_to_driver:
+        _session.forward_logs()
+    _context.set_client(client)
+    atexit.register(_shutdown_at_exit)
+    return _info(_session)
+
+
+
+def build_cfg(*, num_cpus: int | None = None, num_gpus: int | None = None,
+              resources: dict[str, float] | None = None, object_store_memory: int | None = None,
+              spill_dir: str | os.PathLike[str] | None = None, include_dashboard: bool = True,
+              dashboard_port: int | None = None,
+              system_config: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    """The head's configuration from init()'s (or ``orchestra start``'s) arguments, checked,
+    and the warning to give when /dev/shm is too small ("" when it is not).
+
+    The session's own keys (session_dir, session_id, spill_dir) are added by
+    new_session_dir(); ``orchestra start --head`` adds listen, token, detached, joinable.
+    """
+    if num_cpus is not None and (isinstance(num_cpus, bool) or not isinstance(num_cpus, int)):
+        raise TypeError(f"num_cpus must be an int, got {num_cpus!r}")
+    if num_gpus is not None and (isinstance(num_gpus, bool) or not isinstance(num_gpus, int)):
+        raise TypeError(f"num_gpus must be an int, got {num_gpus!r}")
+    cpus = (os.cpu_count() or 1) if num_cpus is None else num_cpus
+    # None: the GPUs this machine has (CUDA_VISIBLE_DEVICES, else nvidia-smi; 0 without).
+    gpus = detect_num_gpus() if num_gpus is None else num_gpus
+    req = make_request(cpus, gpus, resources, default_cpus=0)
+    if object_store_memory is not None and (
+            isinstance(object_store_memory, bool) or not isinstance(object_store_memory, int)
+            or object_store_memory <= 0):
+        raise ValueError(f"object_store_memory must be a positive number of bytes, got "
+                         f"{object_store_memory!r}")
+    if spill_dir is not None:
+        spill_dir = os.path.abspath(os.fspath(spill_dir))
+        if not os.path.isdir(spill_dir):
+            raise ValueError(f"spill_dir {spill_dir!r} is not a directory: create it first, "
+                             "or leave spill_dir out to spill under the session's directory")
+        if not os.access(spill_dir, os.W_OK | os.X_OK):
+            raise ValueError(f"spill_dir {spill_dir!r} is not writable by this user")
+    _check_dashboard(include_dashboard, dashboard_port)
+    store, warning = store_memory(object_store_memory, _ram(), _shm_free())
+    # The node's "memory" (what tasks' and actors' memory= hold): 70% of RAM beside the
+    # object store, as Ray counts it.
+    req["memory"] = float(max(int(_ram() * _MEMORY_SHARE) - store, 0))
+    cfg = {
+        # None: under the session's directory (new_session_dir() decides).
+        "_spill_root": spill_dir,
+        "resources": req,
+        "num_workers": max(int(cpus), 1),
+        "include_dashboard": include_dashboard,
+        "dashboard_port": dashboard_port,
+        "object_store_memory": store,
+        "cwd": os.getcwd(),
+        "sys_path": [os.path.abspath(p) if p else os.getcwd() for p in sys.path],
+        # Heavy modules the driver has imported: the fork server imports them too once
+        # the cluster is idle, so that workers started later have them.
+        "preload": sorted({m for k, ms in _PRELOAD.items() if k in sys.modules for m in ms}),
+        # The node (store, workers, fork server) in a process of its own instead of the
+        # head's (_node/process.py): _system_config={"node_process": True}, or this
+        # variable for a whole run (tests of the default mode in that mode).
+        **({"node_process": True} if os.environ.get("ORCHESTRA_NODE_PROCESS") == "1" else {}),
+        **(system_config or {}),
+    }
+    return warning, cfg
+
+
+def _check_dashboard(include: Any, port: Any) -> None:
+    if not isinstance(include, bool):
+        raise TypeError(f"include_dashboard must be True or False, got {include!r}")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int)
+                             or not 0 <= port < 65536):
+        raise ValueError(f"dashboard_port must be a port number 0..65535 (0: any free port) "
+                         f"or None (8265, else any free port), got {port!r}")
+
+
+def new_session_dir(cfg: dict[str, Any]) -> str:
+    """Make the session's directory (mode 0700: only this user) and fill in cfg's
+    session_dir, session_id and spill_dir."""
+    session_dir = tempfile.mkdtemp(prefix=SESSION_PREFIX)
+    session_id = os.path.basename(session_dir)[len(SESSION_PREFIX):]
+    spill_root = cfg.pop("_spill_root", None)
+    cfg["session_dir"] = session_dir
+    cfg["session_id"] = session_id
+    # Spill files live in a directory of their own, removed at shutdown (and with the
+    # session directory by the next init() when the session crashed).
+    cfg["spill_dir"] = (os.path.join(session_dir, "spill") if spill_root is None
+                        else os.path.join(spill_root, f"orchestra-spill-{session_id}"))
+    return session_dir
+
+
+def launch_head(cfg: dict[str, Any], *, stdout: Any = None, stderr: Any = None) -> subprocess.Popen[bytes]:
+    """Write cfg into its session directory and start the head on it (its pid in
+    head.pid, for the sweep of crashed sessions). A session of its own: Ctrl-C in the
+    driver's terminal reaches the driver only."""
+    session_dir = cfg["session_dir"]
+    cfg_path = os.path.join(session_dir, "config.json")
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+    # cwd = the session directory: `-m` and `-c` put the cwd first on sys.path, and the
+    # head must import the driver's orchestra, not an orchestra/ folder that happens to
+    # be here. The head starts with its bootstrap, which starts the fork server first.
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(cfg["sys_path"])
+    if cfg.get("token"):
+        # The head's workers take direct calls from other nodes over TCP with it (the
+        # fork server, started first, hands its environment down; never a command line).
+        env["ORCHESTRA_TOKEN"] = cfg["token"]
+    sock = os.path.join(session_dir, "head.sock")
+    # A node in a process of its own starts the fork server itself (_head/remote_node.py).
+    cmd = ([sys.executable, "-c", HEAD_BOOTSTRAP, cfg_path, sock]
+           if cfg.get("zygote", True) and not cfg.get("node_process")
+           else [sys.executable, "-m", "orchestra._head", cfg_path])
+    head = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                            start_new_session=True, close_fds=True, cwd=session_dir, env=env)
+    with open(os.path.join(session_dir, "head.pid"), "w") as f:
+        f.write(str(head.pid))
+    return head
+
+
+def _hello(namespace: str = "") -> Any:
+    return pb.Hello(kind="driver", pid=os.getpid(), cwd=os.getcwd(), sys_path=sys.path,
+                    machine=machine_id(), namespace=namespace)
+
+
+def _connect_client(sock: str, head: subprocess.Popen[bytes], namespace: str) -> CoreClient:
+    deadline = time.monotonic() + 30
+    while not os.path.exists(sock):
+        if head.poll() is not None:
+            raise OrchestraError(f"the head process exited with code {head.returncode} while "
+                                 "starting; its error is printed above")
+        if time.monotonic() > deadline:
+            raise OrchestraError("the head process did not start within 30 s")
+        time.sleep(0.002)
+    return CoreClient(sock, _hello(namespace))
+
+
+def resolve_address(address: str | None, token: str | None) -> tuple[str | None, str | None]:
+    """The address (and token) init() connects to: ``address``, else ORCHESTRA_ADDRESS;
+    "auto" is the cluster ``orchestra start`` started on this machine, whose token comes
+    with it unless one was given. None: start a private local cluster."""
+    if address is None:
+        address = os.environ.get("ORCHESTRA_ADDRESS") or None
+    if address != "auto":
+        return address, token
+    from .._runtime.cluster_file import local_cluster
+    found = local_cluster()
+    if found is None:
+        raise ConnectionError(
+            "address='auto' (or ORCHESTRA_ADDRESS=auto): no cluster started by `orchestra "
+            "start` runs on this machine for this user. Start one with `orchestra start "
+            "--head`, or pass address='IP:PORT' of a running head")
+    found_address, found_token = found
+    return found_address, (found_token if token is None else token)
+
+
+def _connect(address: str, token: str | None = None, namespace: str = "") -> Session:
+    if parse_address(address)[0] != socket.AF_UNIX:   # a cluster's HOST:PORT
+        try:
+            client = CoreClient(address, _hello(namespace), token=token, connect_timeout_s=10.0)
+        except ClusterLostError as exc:
+            raise ConnectionError(f"no orchestra cluster answers at {address}: {exc}. Start "
+                                  "one with `orchestra start --head`, or check the address "
+                                  "and the firewall") from None
+        return Session(client, "", None)
+    sock = address
+    if os.path.isdir(address):
+        sock = os.path.join(address, "head.sock")
+    try:
+        os.stat(sock)
+        client = CoreClient(sock, _hello(namespace))
+    except PermissionError as exc:
+        # The session directory is 0700 and its socket 0600: another user's session
+        # was reported as "not a running orchestra session", which sent users hunting
+        # for a dead cluster.
+        owner = _owner(os.path.dirname(sock))
+        raise PermissionError(
+            f"permission denied: the orchestra session at {address!r} belongs to {owner}, "
+            f"not to this user (uid {os.geteuid()}). Only the user who started a session can "
+            "connect to it (tasks run as that user); start a cluster of your own with "
+            "orchestra.init()") from exc
+    except FileNotFoundError:
+        raise ValueError(f"address {address!r} is not a running orchestra session: give the "
+                         "session directory or its head.sock (see orchestra.init()'s "
+                         "return value)") from None
+    return Session(client, os.path.dirname(sock), None)
+
+
+def _owner(path: str) -> str:
+    try:
+        uid = os.stat(path).st_uid
+    except OSError:
+        return "another user"
+    try:
+        import pwd
+        return f"user {pwd.getpwuid(uid).pw_name!r} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _info(s: Session) -> dict[str, Any]:
+    address = s.client.conn.address if not s.session_dir else os.path.join(s.session_dir, "head.sock")
+    return {"session_dir": s.session_dir, "address": address, "node_id": node_hex(s.client.info.node_id),
+            "node_resources": dict(s.client.info.node_resources),
+            "object_store_memory": s.client.info.store_capacity,
+            "dashboard_url": s.client.info.dashboard_url}
+
+
+def shutdown() -> None:
+    """Stop the cluster this driver started (every process and segment), or disconnect.
+
+    Ctrl-C does not cut the cleanup short: the first one stops waiting for the head (it
+    is killed; its workers die with it and the segments are swept here), later ones are
+    ignored, and the Ctrl-C reaches the program's own handler (KeyboardInterrupt by
+    default) once, after everything is gone.
+    """
+    global _session
+    s = _session
+    if s is None:
+        return
+    _context.namespace = None
+    # A KeyboardInterrupt raised in the head's wait abandoned the cleanup: the head, its
+    # zygote and workers, the segments and the session directory all stayed
+    # (test_ctrl_c_during_shutdown_cuts_its_wait_short_and_leaves_nothing). Installed
+    # before the session is marked gone: from then on every Ctrl-C is absorbed.
+    presses = 0
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        nonlocal presses
+        presses += 1
+        if presses == 1 and s.head is not None and s.head.returncode is None:
+            s.head.kill()   # stop() reaps it, then removes what it would have removed
+
+    # Only the main thread may set handlers; a program that ignores SIGINT keeps ignoring
+    # it; None: a handler set outside Python, which could not be put back.
+    previous: Any = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.getsignal(signal.SIGINT)
+        if previous is signal.SIG_IGN:
+            previous = None
+        if previous is not None:
+            signal.signal(signal.SIGINT, on_sigint)
+    _session = None
+    _context.set_client(None)
+    try:
+        s.stop()
+    finally:
+        try:
+            for hook in list(_shutdown_hooks):
+                hook()   # gangs' coordinators, after their members are gone
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+    if presses:
+        signal.raise_signal(signal.SIGINT)   # the Ctrl-C, deferred to its own handler
+
+
+def exit_grace(asked: float | None) -> float:
+    """init()'s exit_grace_s, else ORCHESTRA_EXIT_GRACE_S, else the default; checked."""
+    where = "exit_grace_s"
+    if asked is None:
+        env = os.environ.get("ORCHESTRA_EXIT_GRACE_S")
+        if not env:
+            return DEFAULT_EXIT_GRACE_S
+        where = "ORCHESTRA_EXIT_GRACE_S"
+        try:
+            asked = float(env)
+        except ValueError:
+            raise ValueError(f"ORCHESTRA_EXIT_GRACE_S={env!r} is not a number of seconds; "
+                             "set it to e.g. 5, or 0 to stop at exit at once") from None
+    if isinstance(asked, bool) or not isinstance(asked, (int, float)) or math.isnan(asked) \
+            or asked < 0:
+        raise ValueError(f"{where} must be a number of seconds >= 0, got {asked!r}")
+    return float(asked)
+
+
+def pending_tasks(client: CoreClient, own_only: bool = False) -> int:
+    """Tasks and actor calls of this driver (and, unless ``own_only``, those tasks made)
+    not finished: the head's count, and calls this process sent straight to workers.
+    ``own_only`` on a cluster other drivers share: their tasks' tasks are not ours."""
+    direct = client.direct
+    n = len(direct.call_route) + sum(len(q) for q in list(direct.loan_queue.values()))
+    query = "pending_own" if own_only else "pending"
+    return n + client.request(pb.Request(query=query), timeout_s=10).pending_tasks
+
+
+def _drain(s: Session) -> None:
+    """At exit: let pending tasks run for up to the session's grace (Ray users expect
+    `f.remote()` at the end of a script to run). Returns at once when none is pending."""
+    if s.exit_grace_s <= 0 or s.client.lost is not None:
+        return
+    deadline = time.monotonic() + s.exit_grace_s
+    said = False
+    while True:
+        try:
+            n = pending_tasks(s.client, own_only=s.head is None)
+        except (ClusterLostError, OrchestraError, TimeoutError):
+            return
+        if n == 0:
+            return
+        if time.monotonic() >= deadline:
+            _log.warning("orchestra: %d task(s) still pending %g s after the script ended; "
+                         "stopping the cluster (raise init(exit_grace_s=...) or "
+                         "ORCHESTRA_EXIT_GRACE_S to wait longer, or get() their results)",
+                         n, s.exit_grace_s)
+            return
+        if not said:
+            said = True
+            _log.info("orchestra: waiting up to %g s for %d pending task(s) before stopping",
+                      s.exit_grace_s, n)
+        time.sleep(_EXIT_POLL_S)
+
+
+def _shutdown_at_exit() -> None:
+    global exiting
+    exiting = True
+    s = _session
+    if s is not None:
+        try:
+            _drain(s)
+        except KeyboardInterrupt:
+            pass   # Ctrl-C cuts the grace short; the cluster still stops below
+    try:
+        shutdown()
+    except KeyboardInterrupt:
+        pass   # Ctrl-C while exiting: the cleanup finished anyway (see shutdown())
+    except Exception as exc:  # noqa: BLE001 - interpreter exit: report, never raise
+        print(f"orchestra: error during shutdown at exit: {exc}", file=sys.stderr)
+
+
+def _start_implicitly() -> None:
+    """init() with the defaults, for the first call that needs a cluster before init()
+    (as in Ray), said once on the orchestra logger. Never after the cluster stopped at
+    interpreter exit."""
+    if exiting or sys.is_finalizing():
+        raise RuntimeError("orchestra is not initialized (the cluster stopped when the "
+                           "interpreter began to exit)")
+    # WARNING, not INFO: Python shows warnings with no logging set up, and a cluster
+    # that starts unasked (processes, shared memory) should be seen once.
+    _log.warning("orchestra.init() was not called: starting a local cluster with the "
+                 "defaults (call orchestra.init(...) first to choose its size or address)")
+    init()
+
+
+_context.set_starter(_start_implicitly)
+
+
+def is_initialized() -> bool:
+    """True between init() and shutdown(), while the cluster's head is alive."""
+    return _session is not None and _session.client.lost is None
+
+
+def _forget_lost_session() -> None:
+    """The head died: clean up what it left (its session directory, segments) so that
+    init() can start a new cluster without a shutdown() first."""
+    global _session
+    s = _session
+    _session = None
+    _context.set_client(None)
+    if s is not None:
+        s.stop()
+
+
+# ---------------------------------------------------------------- calls on the session
+
+def _client() -> CoreClient:
+    return _context.current_client()
+
+
+@overload
+def get(refs: ObjectRef[R], *, timeout: float | None = None, progress: bool | str = False) -> R: ...
+
+
+@overload
+def get(refs: Sequence[ObjectRef[R]], *, timeout: float | None = None,
+        progress: bool | str = False) -> list[R]: ...
+
+
+def get(refs: ObjectRef[Any] | Sequence[ObjectRef[Any]], *, timeout: float | None = None,
+        progress: bool | str = False) -> Any:
+    """The value of a ref, or the values of a list of refs (in order).
+
+    ``refs``: an ObjectRef, or a list or tuple of them. A task's error is raised here
+    (TaskError, or the error's own class where it can be both).
+    ``timeout``: seconds to wait at most (None or ``inf``: no limit); then
+    GetTimeoutError, and the tasks keep running.
+    ``progress``: True draws a progress bar of the refs whose values are here (tqdm:
+    counts and rate; a widget in a notebook), a string draws it with that label; False
+    (the default) draws nothing and costs nothing."""
+    timeout = _check_timeout(timeout)
+    client = _client()
+    if isinstance(refs, ObjectRef):
+        _check_session(refs, client)
+        if progress is not False:
+            from .progress import get_with_progress
+            return get_with_progress(client, [refs], timeout, progress)[0]
+        return client.get_one(refs, timeout)
+    if isinstance(refs, (list, tuple)):
+        for r in refs:
+            if not isinstance(r, ObjectRef):
+                raise TypeError(f"get() takes an ObjectRef or a list of ObjectRefs; the list "
+                                f"holds a {type(r).__name__} {r!r}")
+            _check_session(r, client)
+        if progress is not False:
+            from .progress import get_with_progress
+            return get_with_progress(client, refs, timeout, progress)
+        return client.get_many(refs, timeout)
+    raise TypeError(f"get() takes an ObjectRef or a list of ObjectRefs, not a "
+                    f"{type(refs).__name__}; f.remote(...) and orchestra.put(...) return refs")
+
+
+def put(value: R) -> ObjectRef[R]:
+    """Store ``value`` in the cluster and return its ref; large values go to shared
+    memory once, and tasks on this node read them from there without a copy.
+
+    ``value``: anything cloudpickle can pickle (numpy arrays, Arrow tables and pandas
+    frames travel as buffers, not pickled bytes)."""
+    return _client().put(value)
+
+
+def wait(refs: Sequence[_W], *, num_returns: int = 1, timeout: float | None = None,
+         fetch_local: bool = True, progress: bool | str = False) -> tuple[list[_W], list[_W]]:
+    """(ready, not_ready): the first ``num_returns`` refs ready, and the others, each
+    list in input order.
+
+    ``refs``: a list of distinct ObjectRefs; an ObjectRefGenerator among them is ready
+    when next() on it returns at once. ``num_returns``: how many to wait for, between 1
+    and ``len(refs)``. ``timeout``: seconds to wait at most (None: no limit; 0: look
+    and return); at the timeout ``ready`` holds those ready then, no error.
+    ``fetch_local`` is accepted for Ray's scripts: a ref counts as ready once its value
+    exists anywhere in the cluster either way; a value on another node is copied to
+    this one when get() reads it.
+    ``progress``: True draws a progress bar up to ``num_returns`` (tqdm), a string
+    draws it with that label; False (the default) draws nothing."""
+    if not isinstance(fetch_local, bool):
+        raise TypeError(f"fetch_local must be True or False, got {fetch_local!r}")
+    if isinstance(refs, ObjectRef) or not isinstance(refs, (list, tuple)):
+        raise TypeError(f"wait() takes a list of ObjectRefs, not a {type(refs).__name__}")
+    client = _client() if refs else None
+    # One comprehension: wait() over thousands of refs is on users' hot paths. A ref of
+    # another class or session is left out, and the slow pass below names it.
+    ids = {r._id for r in refs if r.__class__ is ObjectRef and r._client is client}
+    streams = False
+    if len(ids) != len(refs):
+        for r in refs:
+            if isinstance(r, ObjectRefGenerator) and r._client is client:
+                streams = True
+                continue
+            if not isinstance(r, ObjectRef):
+                raise TypeError(f"wait() takes a list of ObjectRefs; it holds a {type(r).__name__}")
+            _check_session(r, client)
+        if len({id(r) if streams else r._id for r in refs}) != len(refs):
+            raise ValueError("wait() got the same ObjectRef twice; pass each ref once")
+    if isinstance(num_returns, bool) or not isinstance(num_returns, int):
+        raise TypeError(f"num_returns must be an int, got {num_returns!r}")
+    if num_returns < 1 or num_returns > len(refs):
+        if not refs and num_returns >= 0:
+            return [], []
+        raise ValueError(f"num_returns must be between 1 and len(refs)={len(refs)}, got {num_returns}")
+    timeout = _check_timeout(timeout)
+    if progress is not False:
+        from .progress import wait_with_progress
+        return wait_with_progress(_client(), list(refs), num_returns, timeout, progress, streams)
+    if streams:
+        return wait_with_generators(_client(), list(refs), num_returns, timeout)
+    ready: Any = _client().wait(list(refs), num_returns, timeout)   # the refs given: _W's
+    return ready
+
+
+def cancel(ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> None:
+    """Stop the task behind ``ref``: queued, waiting for arguments, or running; get()
+    on its refs then raises TaskCancelledError. A finished task is left alone.
+
+    ``ref``: a ref the task returns (an ObjectRefGenerator: its task). ``force``: kill
+    the worker running it (else the task is interrupted where it runs Python).
+    ``recursive`` (default, as in Ray): the tasks it submitted that have not finished
+    are cancelled too, and theirs."""
+    if isinstance(ref, ObjectRefGenerator):
+        ref = ref.completed()
+    if not isinstance(ref, ObjectRef):
+        raise TypeError(f"cancel() takes an ObjectRef, not a {type(ref).__name__}")
+    _client().cancel(ref.binary(), bool(force), bool(recursive))
+
+
+def nodes() -> list[dict[str, Any]]:
+    """One dict per node of the cluster, alive or dead, with Ray's keys: NodeID,
+    Alive, NodeManagerAddress, Resources; and ObjectStoreCapacity, ObjectStoreUsed,
+    AvailableResources, Pid, and DeathReason for a dead one."""
+    reply = _client().request(pb.Request(query="nodes"))
+    out = []
+    for n in reply.nodes:
+        d: dict[str, Any] = {
+            "NodeID": node_hex(n.node_id), "Alive": n.alive, "NodeManagerAddress": n.address,
+            "Resources": dict(n.resources), "AvailableResources": dict(n.available),
+            "ObjectStoreCapacity": n.store_capacity, "ObjectStoreUsed": n.store_used,
+            "ObjectStoreSpilled": n.spilled_bytes, "Pid": n.pid}
+        if not n.alive:
+            d["DeathReason"] = n.death
+        out.append(d)
+    return out
+
+
+def _query(q: str) -> dict[str, float]:
+    reply = _client().request(pb.Request(query=q), timeout_s=30)
+    return dict(reply.resources)
+
+
+def cluster_resources() -> dict[str, float]:
+    """Total resources of the cluster."""
+    return _query("cluster_resources")
+
+
+def available_resources() -> dict[str, float]:
+    """Resources not held by running tasks at this moment."""
+    return _query("available_resources")
+
+
+def debug_info() -> Any:
+    """SchedulerDebugInfoReply: tasks, workers, objects and resources (for tests and tools)."""
+    return _client().request(pb.Request(query="debug"), timeout_s=30).debug
+
+
+def get_gpu_ids() -> list[int]:
+    """GPU ids given to the current task (empty in the driver and in non-GPU tasks)."""
+    return _context.gpu_ids()

@@ -1,0 +1,360 @@
+"""``orchestra start``, ``orchestra stop`` and ``orchestra status``: a cluster of machines
+from the shell.
+
+    start --head      -> _launch.start_head -> record in the state directory -> prints
+                         the address and the command that joins another machine
+    start --address   -> _launch.start_node -> record
+    --block           -> the same, then stays in the foreground until SIGTERM/SIGINT
+                         (or until what it started exits), and stops what it started
+    stop              -> _launch.stop_all over the state directory's records
+    status            -> a driver connection: nodes(), resources, object store use, and
+                         the cluster summary (tasks and actors by state, spilled bytes)
+
+The state directory is per user (_runtime/cluster_file.py); ``init(address="auto")`` reads it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from .._cluster import launch as _launch
+from .._cluster.launch import DEFAULT_HOST, DEFAULT_PORT, LaunchError
+from .._runtime import cluster_file as cf
+
+START_HELP = f"""\
+orchestra start --head [--host IP] [--port PORT] [--token TOKEN] [resources] [--block]
+                       [--dashboard-port PORT] [--include-dashboard false]
+orchestra start --address IP:PORT --token TOKEN [--host IP] [resources] [--block]
+
+Starts the cluster's head (its scheduler and this machine's node), or a node that joins
+it, in the background. The head listens on {DEFAULT_HOST}:{DEFAULT_PORT} unless --host and
+--port say otherwise: pass --host with this machine's address on the network the other
+machines share to let them join. Every connection proves the cluster token. Its web
+dashboard listens on the same address (port 8265, or any free one), and asks for the
+cluster token unless that address is loopback.
+"""
+
+
+def _resources(text: str) -> dict[str, float]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--resources takes JSON, e.g. '{{\"widget\": 2}}': "
+                                         f"{exc}") from None
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+            for k, v in value.items()):
+        raise argparse.ArgumentTypeError(
+            f"--resources takes a JSON object of names to numbers, e.g. '{{\"widget\": 2}}', "
+            f"not {text!r}")
+    return {k: float(v) for k, v in value.items()}
+
+
+def _bytes(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of bytes, got {text!r}") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of bytes, got {n}")
+    return n
+
+
+def _port(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= n < 65536:
+        raise argparse.ArgumentTypeError(f"a port is 0..65535 (0: any free port), got {n}")
+    return n
+
+
+def _bool(text: str) -> bool:
+    low = text.lower()
+    if low in ("true", "1", "yes"):
+        return True
+    if low in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def start_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="orchestra start", usage=START_HELP,
+                                description="Start a cluster head, or a node joining one.")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--head", action="store_true", help="start the cluster's head here")
+    which.add_argument("--address", metavar="IP:PORT",
+                       help="join the cluster whose head listens there")
+    p.add_argument("--host", metavar="IP",
+                   help=f"the address to listen on (head: default {DEFAULT_HOST}; node: "
+                        "its address on the route to the head)")
+    p.add_argument("--port", type=_port, default=None,
+                   help=f"the head's port (default {DEFAULT_PORT})")
+    p.add_argument("--token", help="the cluster token (default: $ORCHESTRA_TOKEN; a head "
+                                   "without either generates one)")
+    p.add_argument("--num-cpus", type=int, default=None, help="CPUs (default: all)")
+    p.add_argument("--num-gpus", type=int, default=None, help="GPUs (default: those found)")
+    p.add_argument("--resources", type=_resources, default=None,
+                   help='custom resources as JSON, e.g. \'{"widget": 2}\'')
+    p.add_argument("--object-store-memory", type=_bytes, default=None, metavar="BYTES",
+                   help="the object store's size (default: 30%% of RAM, bounded by /dev/shm)")
+    p.add_argument("--dashboard-port", type=_port, default=None, metavar="PORT",
+                   help="the head's dashboard port (default 8265, or any free port when "
+                        "that is taken; 0: any free port)")
+    p.add_argument("--include-dashboard", type=_bool, default=True, metavar="BOOL",
+                   help="serve the dashboard and /metrics (default true)")
+    p.add_argument("--block", action="store_true",
+                   help="stay in the foreground until SIGTERM/SIGINT, then stop")
+    return p
+
+
+def parse_start(argv: list[str]) -> argparse.Namespace:
+    """The arguments of ``orchestra start``, checked (SystemExit(2) with a message)."""
+    p = start_parser()
+    args = p.parse_args(argv)
+    if args.address is not None:
+        if args.port is not None:
+            p.error("--port is the head's; a node joining with --address takes none")
+        if args.dashboard_port is not None:
+            p.error("--dashboard-port is the head's; a node joining with --address takes none")
+        try:
+            _launch.split_address(args.address)
+        except ValueError as exc:
+            p.error(str(exc))
+        args.token = args.token or os.environ.get("ORCHESTRA_TOKEN") or None
+        if not args.token:
+            p.error("joining needs the cluster token: --token TOKEN or ORCHESTRA_TOKEN "
+                    "(`orchestra start --head` printed it)")
+    else:
+        args.token = args.token or os.environ.get("ORCHESTRA_TOKEN") or None
+        args.host = args.host or DEFAULT_HOST
+        args.port = DEFAULT_PORT if args.port is None else args.port
+    for name in ("num_cpus", "num_gpus"):
+        if getattr(args, name) is not None and getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0")
+    return args
+
+
+def start(argv: list[str]) -> int:
+    args = parse_start(argv)
+    try:
+        state = cf.state_dir()
+    except PermissionError as exc:
+        print(f"orchestra start: {exc}", file=sys.stderr)
+        return 1
+    # Under --block the processes' output is ours: a container's or a batch job's log.
+    log = not args.block
+    try:
+        if args.head:
+            started = _launch.start_head(
+                state, host=args.host, port=args.port, token=args.token,
+                num_cpus=args.num_cpus, num_gpus=args.num_gpus, resources=args.resources,
+                object_store_memory=args.object_store_memory, log=log,
+                include_dashboard=args.include_dashboard, dashboard_port=args.dashboard_port)
+        else:
+            started = _launch.start_node(
+                state, head_address=args.address, token=args.token, host=args.host,
+                num_cpus=args.num_cpus, num_gpus=args.num_gpus, resources=args.resources,
+                object_store_memory=args.object_store_memory, log=log)
+    except (LaunchError, ValueError, TypeError) as exc:
+        print(f"orchestra start: {exc}", file=sys.stderr)
+        return 1
+    _announce(started)
+    if args.block:
+        return _block(started)
+    return 0
+
+
+def _announce(started: _launch.Started) -> None:
+    if started.kind == "head":
+        print(f"orchestra: the head runs (pid {started.pid}) at {started.address}\n\n"
+              f"Join another machine with:\n"
+              f"  orchestra start --address {started.address} --token {started.token}\n\n"
+              f"Connect a driver with orchestra.init(address=\"{started.address}\", "
+              f"token=...) or, on this machine, orchestra.init(address=\"auto\").\n"
+              f"Stop with: orchestra stop", flush=True)
+        url = _launch.dashboard_url(started)
+        if url:
+            print(f"Dashboard: {_dashboard_link(url, started.token)}", flush=True)
+    else:
+        print(f"orchestra: node {started.node_hex} (pid {started.pid}) joined the head at "
+              f"{started.address}. Stop with: orchestra stop", flush=True)
+
+
+def _dashboard_link(url: str, token: str) -> str:
+    """The dashboard's URL to print: with the token where the dashboard asks for it
+    (beyond loopback; the page keeps it in a cookie and out of the address bar)."""
+    from urllib.parse import quote, urlsplit
+    host = urlsplit(url).hostname or ""
+    if host in ("127.0.0.1", "::1", "localhost") or host.startswith("127."):
+        return url
+    return f"{url}?token={quote(token, safe='')}"
+
+
+def _block(started: _launch.Started) -> int:
+    """Wait for SIGTERM/SIGINT (or the process's own end), then stop what was started."""
+    done = threading.Event()
+    why: list[str] = []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        why.append(signal.Signals(signum).name)
+        done.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    proc = started.proc
+    assert proc is not None
+    while not done.wait(0.2):
+        if proc.poll() is not None:
+            print(f"orchestra: the {started.kind} (pid {started.pid}) exited with code "
+                  f"{proc.returncode}", file=sys.stderr, flush=True)
+            _launch.stop(started)
+            return 1
+    _launch.stop(started)
+    print(f"orchestra: stopped the {started.kind} ({why[0]})", file=sys.stderr, flush=True)
+    return 0
+
+
+def stop(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="orchestra stop",
+                                description="Stop every head and node that `orchestra start` "
+                                            "started on this machine.")
+    p.add_argument("--timeout", type=float, default=_launch.STOP_TIMEOUT_S,
+                   help="seconds each may take to stop before it is killed (default %(default)s)")
+    args = p.parse_args(argv)
+    try:
+        state = cf.state_dir()
+    except PermissionError as exc:
+        print(f"orchestra stop: {exc}", file=sys.stderr)
+        return 1
+    records = _launch.stop_all(state, args.timeout)
+    if not records:
+        print("orchestra: nothing to stop (no head or node started here)")
+    for rec in records:
+        print(f"orchestra: stopped the {rec.get('kind', 'process')} (pid {rec['pid']})")
+    return 0
+
+
+# ---------------------------------------------------------------------------- status
+
+def status(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="orchestra status",
+                                description="Print the cluster's nodes, resources, object "
+                                            "store use and dashboard URL.")
+    p.add_argument("--address", default=None,
+                   help="the head's IP:PORT (default: the cluster started on this machine)")
+    p.add_argument("--token", default=None, help="the cluster token (default: $ORCHESTRA_TOKEN, "
+                                                 "or the one recorded here)")
+    args = p.parse_args(argv)
+    import orchestra
+    try:
+        info = orchestra.init(address=args.address or os.environ.get("ORCHESTRA_ADDRESS")
+                              or "auto", token=args.token)
+    except Exception as exc:  # noqa: BLE001 - any failure to connect is reported, not raised
+        print(f"orchestra status: cannot connect: {exc}", file=sys.stderr)
+        return 1
+    from .._api.state import cluster_summary
+    try:
+        nodes = orchestra.nodes()
+        available = orchestra.available_resources()
+        total = orchestra.cluster_resources()
+        summary = cluster_summary()
+    finally:
+        orchestra.shutdown()
+    print(format_status(nodes, total, available))
+    print(format_summary(summary))
+    if info.get("dashboard_url"):
+        print(f"dashboard: {info['dashboard_url']}")
+    return 0
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The lines of ``orchestra status`` from the cluster summary: the object store's
+    use and spilled bytes, tasks and actors by state, workers and drivers."""
+    store = summary["store"]
+
+    def by_state(counts: dict[str, int]) -> str:
+        return ", ".join(f"{printable(k)} {v}" for k, v in sorted(counts.items())) or "none"
+
+    lines = [f"object store (in use/total): {_fmt_bytes(store['used'])}/"
+             f"{_fmt_bytes(store['capacity'])}, spilled {_fmt_bytes(store['spilled_bytes'])} "
+             f"({store['spilled_objects']} object(s))",
+             f"tasks: {by_state(summary['tasks'])}",
+             f"actors: {by_state(summary['actors'])}",
+             f"processes: {summary['workers']} worker(s), {summary['drivers']} driver(s)"]
+    return "\n".join(lines)
+
+
+# A name from user code shown in a table or in status is cut to this many characters.
+MAX_CELL = 64
+# Control characters (C0, DEL, C1) and the line and paragraph separators: as escapes.
+_CONTROL = dict.fromkeys([*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029])
+
+
+def printable(value: Any, limit: int = MAX_CELL) -> str:
+    """Text from user code (an actor's, a task's or a resource's name) made safe for a
+    terminal: control characters escaped as Python writes them (ESC -> \\x1b, a newline
+    -> \\n), so that a name can neither move the cursor, retitle the window nor break a
+    row; cut to ``limit`` characters with "..." (a 100 kB name padded every row)."""
+    text = str(value)
+    if not text.isprintable():
+        text = "".join(repr(ch)[1:-1] if ord(ch) in _CONTROL else ch for ch in text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _status_order(res: dict[str, float]) -> list[str]:
+    """Resource names as status prints them: by name, memory (in bytes) last, and no
+    placement group's bundle names (CPU_group_..., shown by placement_group_table())."""
+    names = sorted(k for k in res if "_group_" not in k)
+    return [k for k in names if k != "memory"] + (["memory"] if "memory" in res else [])
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _fmt_amount(x: float) -> str:
+    return f"{x:g}"
+
+
+def format_status(nodes: list[dict[str, Any]], total: dict[str, float],
+                  available: dict[str, float]) -> str:
+    """The text of ``orchestra status``: one block per node, then the cluster's totals.
+
+    Per node: NodeID, Alive, NodeManagerAddress, Resources (total), and in use where the
+    node's dict says what is free ("AvailableResources"), object store used/capacity."""
+    lines = [f"{len(nodes)} node(s), {sum(1 for n in nodes if n.get('Alive'))} alive"]
+    for n in nodes:
+        alive = "alive" if n.get("Alive") else "dead"
+        lines.append(f"node {printable(n.get('NodeID', '?'))}  "
+                     f"{printable(n.get('NodeManagerAddress', '?'))}  {alive}")
+        res = n.get("Resources") or {}
+        free = n.get("AvailableResources")
+        parts = []
+        for k in _status_order(res):
+            fmt = _fmt_bytes if k == "memory" else _fmt_amount
+            if free is not None:
+                parts.append(f"{printable(k)} {fmt(res[k] - free.get(k, 0.0))}/{fmt(res[k])}")
+            else:
+                parts.append(f"{printable(k)} {fmt(res[k])}")
+        label = "resources (in use/total)" if free is not None else "resources"
+        lines.append(f"  {label}: {', '.join(parts) or 'none'}")
+        if "ObjectStoreCapacity" in n:
+            lines.append(f"  object store: {_fmt_bytes(n.get('ObjectStoreUsed', 0))} used of "
+                         f"{_fmt_bytes(n['ObjectStoreCapacity'])}")
+    parts = [f"{printable(k)} {_fmt_amount(total[k] - available.get(k, 0.0))}/{_fmt_amount(total[k])}"
+             if k != "memory" else
+             f"{k} {_fmt_bytes(total[k] - available.get(k, 0.0))}/{_fmt_bytes(total[k])}"
+             for k in _status_order(total)]
+    lines.append(f"cluster resources (in use/total): {', '.join(parts) or 'none'}")
+    return "\n".join(lines)

@@ -1,0 +1,162 @@
+"""gRPC control plane of the head: the Scheduler and ObjStore services of orchestra.proto.
+
+Served on ``unix:<session dir>/grpc.sock`` (mode 0600 in a 0700 directory: only this
+user can connect, which matters because cloudpickle is code execution). gRPC threads
+never touch scheduler state: each RPC becomes a call on the head's event loop thread
+(``Head.call``), the same state the unix-socket frames drive. gRPC clients act as one
+pseudo-client, GRPC_CONN: tasks they submit and objects they push are held by it until
+they DecrementCount them.
+
+Node-to-node RPCs (RegisterObjStore, DeliverObj, StreamObj) answer UNIMPLEMENTED until
+more nodes can join; InvokeCall is not served (workers take tasks as frames).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+from collections.abc import Callable
+from typing import Any
+
+from .._protocol import pb
+
+GRPC_CONN = 0
+_RPC_TIMEOUT_S = 30.0
+
+
+def start(head: Any, path: str) -> Any:
+    """Start the gRPC server; returns it (call .stop(grace) to end it)."""
+    import grpc
+
+    from .._proto import orchestra_pb2_grpc as rpc
+
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="orchestra-grpc")
+    server = grpc.server(pool)
+    rpc.add_SchedulerServicer_to_server(_Scheduler(head), server)
+    rpc.add_ObjStoreServicer_to_server(_ObjStore(head), server)
+    server.add_insecure_port(f"unix:{path}")
+    server.start()
+    os.chmod(path, 0o600)
+    return server
+
+
+def _on_loop(head: Any, fn: Callable[[], Any], context: Any) -> Any:
+    """Run ``fn`` on the head's loop thread and return its result (or abort the RPC)."""
+    import grpc
+    fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            fut.set_result(fn())
+        except Exception as exc:  # noqa: BLE001 - handed to the RPC caller
+            fut.set_exception(exc)
+        head.carry_out()
+
+    head.loop.call_soon_threadsafe(run)
+    try:
+        return fut.result(timeout=_RPC_TIMEOUT_S)
+    except concurrent.futures.TimeoutError:
+        context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the head did not answer within 30 s")
+    except ValueError as exc:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+    return None
+
+
+class _Scheduler:
+    def __init__(self, head: Any) -> None:
+        self.head = head
+
+    def _unimplemented(self, context: Any, what: str) -> None:
+        import grpc
+        context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                      f"{what}: this cluster has one node; workers and the store connect "
+                      "through the head's unix socket")
+
+    def RegisterWorker(self, request: Any, context: Any) -> Any:
+        self._unimplemented(context, "RegisterWorker")
+
+    def RegisterObjStore(self, request: Any, context: Any) -> Any:
+        self._unimplemented(context, "RegisterObjStore")
+
+    def RegisterFunction(self, request: Any, context: Any) -> Any:
+        if not request.function_id or not request.pickled:
+            import grpc
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "function_id and pickled are required")
+        _on_loop(self.head, lambda: self.head.state.register_function(request), context)
+        return pb.AckReply()
+
+    def RemoteCall(self, request: Any, context: Any) -> Any:
+        call = request.call
+        state = self.head.state
+        if call.function_id not in state.functions:
+            import grpc
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          "unknown function_id: RegisterFunction it first")
+        if len(call.task_id) != 12:
+            import grpc
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "task_id must be 12 bytes")
+        _on_loop(self.head, lambda: state.submit(GRPC_CONN, call), context)
+        return pb.RemoteCallReply(result=[call.task_id + i.to_bytes(4, "big")
+                                          for i in range(call.num_returns)])
+
+    def IncrementCount(self, request: Any, context: Any) -> Any:
+        _on_loop(self.head, lambda: self.head.state.ref_delta(GRPC_CONN, request.objref, []), context)
+        return pb.AckReply()
+
+    def DecrementCount(self, request: Any, context: Any) -> Any:
+        _on_loop(self.head, lambda: self.head.state.ref_delta(GRPC_CONN, [], request.objref), context)
+        return pb.AckReply()
+
+    def PushObj(self, request: Any, context: Any) -> Any:
+        obj = request.obj
+        if obj.WhichOneof("data") != "inline" or len(obj.object_id) != 16:
+            import grpc
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          "PushObj takes an inline object with a 16-byte object_id")
+        _on_loop(self.head, lambda: self.head.state.put(GRPC_CONN, obj), context)
+        return pb.PushObjReply(objref=obj.object_id)
+
+    def RequestObj(self, request: Any, context: Any) -> Any:
+        import grpc
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        _on_loop(self.head, lambda: self.head.watch_object(request.objref, fut), context)
+        try:
+            return fut.result(timeout=request.timeout_s or None)
+        except concurrent.futures.TimeoutError:
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                          f"object {request.objref.hex()} not ready within {request.timeout_s:g} s")
+        return None
+
+    def ObjReady(self, request: Any, context: Any) -> Any:
+        self._unimplemented(context, "ObjReady")
+
+    def WorkerReady(self, request: Any, context: Any) -> Any:
+        return pb.AckReply()
+
+    def SchedulerDebugInfo(self, request: Any, context: Any) -> Any:
+        return _on_loop(self.head, self.head.debug_info, context)
+
+
+class _ObjStore:
+    def __init__(self, head: Any) -> None:
+        self.head = head
+
+    def DeliverObj(self, request: Any, context: Any) -> Any:
+        import grpc
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "DeliverObj: this cluster has one node")
+
+    def StreamObj(self, request_iterator: Any, context: Any) -> Any:
+        import grpc
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "StreamObj: this cluster has one node")
+
+    def ObjStoreDebugInfo(self, request: Any, context: Any) -> Any:
+        def info() -> Any:
+            node = self.head.local   # the node of the head's own machine
+            reply = node.store_info()
+            for oid, o in self.head.state.objects.items():
+                if o.data is not None and o.data.WhichOneof("data") == "segment" \
+                        and not o.data.segment.path and o.data.segment.node_id == node.node_id:
+                    if not request.objref or oid in request.objref:
+                        reply.objref.append(oid)
+                        reply.segment.append(o.data.segment)
+            return reply
+        return _on_loop(self.head, info, context)

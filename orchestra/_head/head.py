@@ -1,0 +1,987 @@
+"""Head process: the cluster scheduler's I/O (connections, frames, instructions, gRPC,
+lifetime) and the nodes it schedules on, on uvloop.
+
+    driver/worker --frames--> Conn.data_received -> Head.handle -> SchedulerState, and
+    the connection's Node for objects (seal, pin, unpin: direct calls) -> instructions
+    in state.out -> Head.carry_out: frames queued per connection, and each node
+    instruction carried out on the node it names (start/kill/stop a worker, free a
+    segment) -> one write per connection.
+    Node --NodeHost events--> Head: send a frame, a worker failed to start or exited,
+    an object was spilled to a file (relocate), flush.
+
+``self.nodes`` maps node ids to Node (orchestra/_node/node.py); today it holds this
+machine's node only: by default LOCAL_NODE_ID, which runs in this process on this loop;
+with cfg node_process a RemoteNode (NODE_PROCESS_ID, orchestra/_head/remote_node.py) whose
+node runs in a process of its own, started before the clients' socket exists and
+closed (bounded wait) at shutdown; its death ends the session. The gRPC control
+plane (Scheduler and ObjStore services, _head/grpc_service.py) runs on a thread pool and
+hands each RPC to the loop thread; nothing else touches the state.
+
+Owns: its nodes (each owns its worker processes and shared-memory segments), the
+session's socket files. Fate-shares with the driver that started it: when that
+driver's connection closes (exit, crash, SIGKILL), the head closes its nodes (kills
+their workers, unlinks their segments) and exits. A watch on the driver process (a
+pidfd, see _procutil.watch_parent) covers a driver that dies before it connects.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from .._ids import machine_id
+from .._node.node import Node, node_from_cfg, worker_socket
+from .._node.process import routable
+from .._objects.errors import make_error
+from .._objects.store import sweep_stale_segments
+from .._observe.log_router import LogRoutes
+from .._platform.procutil import watch_parent, watch_pid
+from .._protocol import pb
+from .._protocol import wire as _wire
+from .._protocol.auth import AuthGate
+from .._protocol.connection import parse_address, parse_host
+from .._scheduler.instructions import (
+    FreeSegment,
+    KillWorker,
+    LateSend,
+    Pull,
+    Push,
+    Send,
+    StartWorker,
+    StopWorker,
+)
+from .._scheduler.state import SchedulerState, WorkerState
+from ..exceptions import InfeasibleResourcesError
+from . import grpc_service as _grpc_service
+from .grpc_service import GRPC_CONN
+from .remote_node import RemoteNode
+from .state_query import StateQueries
+
+# The node that runs in this process. Nodes of other machines will get ids of their own
+# when they join; nothing else names this one.
+LOCAL_NODE_ID = 0
+# The node of this machine when it runs in a process of its own (cfg node_process).
+NODE_PROCESS_ID = 1
+# Deadlocked clusters are noticed (and the drivers told) this often.
+_TICK_S = 0.5
+_GROUP_REQUESTS = frozenset({"create_placement_group", "remove_placement_group",
+                             "get_placement_group", "placement_group_table"})
+# Joined nodes and the head tell each other they live this often (cfg node_timeout_s
+# of silence, 10 s by default, and the other end is dead).
+_HEARTBEAT_S = 1.0
+# A reader's pull of an object from a node that may be dying is tried again this often,
+# for as long as a node may stay silent before it is declared dead, and this much more.
+_RELOCATE_RETRY_S = 0.2
+_RELOCATE_SLACK_S = 2.0
+# After a node's death: when its segment directory is swept (if it was on this machine).
+_SWEEP_AFTER_S = 1.0
+
+
+class _Then:
+    """A watch_object() waiter that calls back on the loop (not a thread's future)."""
+
+    __slots__ = ("fn", "_done")
+
+    def __init__(self, fn: Callable[[Any], None]) -> None:
+        self.fn = fn
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, data: Any) -> None:
+        self._done = True
+        self.fn(data)
+
+
+class NodeGone(NamedTuple):
+    """A node that died: what orchestra.nodes() still says of it."""
+
+    host: str
+    resources: dict[str, float]
+    reason: str
+    pid: int
+
+
+class Conn(asyncio.Protocol):
+    __slots__ = ("head", "conn_id", "node", "transport", "decoder", "wbuf", "hello")
+
+    def __init__(self, head: Head, conn_id: int, node: Node | RemoteNode) -> None:
+        self.head = head
+        self.conn_id = conn_id
+        self.node = node            # the node of the process at the other end
+        self.transport: Any = None
+        self.decoder = _wire.FrameDecoder()
+        self.wbuf: list[bytes] = []
+        self.hello: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.head.conns[self.conn_id] = self
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.decoder.feed(data)
+        except _wire.ProtocolError as exc:
+            print(f"orchestra head: dropping a connection that sent a bad frame: {exc}",
+                  file=sys.stderr)
+            self.transport.close()
+            return
+        if self.hello is None and frames and frames[0][0] == _wire.NODE_EVENT:
+            self.head.join(self, frames)   # a node joining over TCP, not a client
+            return
+        self.head.handle(self, frames)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.head.conn_lost(self)
+
+
+class Head:
+    def __init__(self, cfg: dict[str, Any], loop: asyncio.AbstractEventLoop,
+                 zygote: tuple[Any, int, int] | None = None) -> None:
+        self.cfg = cfg
+        self.loop = loop
+        self.session_dir = cfg["session_dir"]
+        self.sock_path = os.path.join(self.session_dir, "head.sock")
+        # Up to 8 tasks queued per busy worker: 5.3k -> 7k no-op tasks/s on 2 cores (8 -> 16
+        # adds ~10% more). An idle worker takes queued tasks back (STEAL), so a long
+        # task never holds up the ones pipelined behind it for long.
+        # joinable: nodes may join, so a request no node holds waits for one (warned).
+        self.state = SchedulerState(pipeline_depth=cfg.get("pipeline_depth", 8),
+                                    error_factory=make_error,
+                                    joinable=bool(cfg.get("joinable", False)))
+        # Internal switches (init(_system_config=...)): direct calls at all, and loans
+        # (tasks as direct calls to lent workers) among them.
+        if cfg.get("direct_calls", True):
+            self.state.worker_socket = self.worker_socket
+            self.state.lending = bool(cfg.get("loans", True))
+        # The node of this machine: in this process (the default: seal, pin and unpin are
+        # direct calls on the task path), or in a process of its own (cfg node_process:
+        # every command a frame on its connection, see _head/remote_node.py).
+        self.local: Node | RemoteNode
+        if cfg.get("node_process"):
+            self.local = RemoteNode(NODE_PROCESS_ID, self, loop, cfg)
+        else:
+            self.local = node_from_cfg(LOCAL_NODE_ID, self, loop, cfg, zygote)
+        self.nodes: dict[int, Node | RemoteNode] = {self.local.node_id: self.local}
+        # Workers whose connection closed, until their node reports the exit: -> conn id.
+        self._reaping: dict[int, int] = {}
+        self.conns: dict[int, Conn] = {}
+        # HelloReplies to drivers held until the first worker connects (_hello).
+        self._parked_replies: list[tuple[Conn, bytes]] = []
+        self.dirty: set[Conn] = set()
+        self._next_conn = 1
+        self.primary: int | None = None
+        self.log_routes = LogRoutes()   # drivers' log connections (_observe/log_router.py)
+        self.stopping = False
+        self.server: Any = None
+        self.last_activity = time.monotonic()
+        self.grpc_server: Any = None
+        self.watchers: dict[bytes, list[Any]] = {}   # RequestObj futures (gRPC threads wait)
+        # A cluster (cfg listen): the TCP listener, nodes that joined over it, and the
+        # pulls of objects between their stores.
+        self.token: str = cfg.get("token") or ""
+        self.tcp_server: Any = None
+        self.data_address = ""                       # the local node's data server
+        self.machine = machine_id()
+        self.node_machine: dict[int, str] = {self.local.node_id: self.machine}
+        self.gone: dict[int, NodeGone] = {}          # nodes that died, for nodes()
+        self._next_node_id = NODE_PROCESS_ID + 1
+        # (object id, node id) -> what waits for that node's copy (None: a prefetch)
+        self.pulls: dict[tuple[bytes, int], list[Callable[[Any, str], None]]] = {}
+        self.address = cfg.get("listen", "")
+        self.dashboard: Any = None                   # _dashboard.Dashboard, once it serves
+        self.dashboard_url = ""
+        # Task events and the state queries (orchestra.util.state, _head/state_query.py).
+        self.events = StateQueries(self)
+
+    async def start(self) -> None:
+        if isinstance(self.local, RemoteNode):
+            # Before the clients' socket exists: a HelloReply describes the node.
+            await self.local.launch(os.path.join(self.session_dir, "node.sock"))
+        if self.cfg.get("include_dashboard", True):   # bound before a HelloReply names it
+            from .._observe.dashboard_bind import start_dashboard
+            self.dashboard_url = start_dashboard(self)
+        self.server = await self.loop.create_unix_server(self._new_conn, self.sock_path)
+        os.chmod(self.sock_path, 0o600)
+        self.local.start()
+        res = (self.local.resources if isinstance(self.local, RemoteNode)   # as registered
+               else {k: float(v) for k, v in self.cfg["resources"].items()})
+        self.state.add_node(self.local.node_id, res, num_workers=int(self.cfg["num_workers"]),
+                            max_workers=int(self.cfg.get("max_workers", 0)) or
+                            4 * max(int(res.get("CPU", 1)), 1) + 32)
+        self.state.client_connected(GRPC_CONN, pb.Hello(kind="grpc"))
+        self.carry_out()
+        if self.address:
+            await self._listen_tcp()
+        if not self.cfg.get("detached"):
+            self.loop.call_later(self.cfg.get("driver_connect_timeout_s", 60), self._check_driver)
+        if self.cfg.get("grpc", True):
+            # Control plane: importing grpc costs ~0.1 s, so it starts after init() returns.
+            self.loop.call_later(self.cfg.get("grpc_delay_s", 0.5), self._start_grpc)
+        self.loop.call_later(_TICK_S, self._tick)
+
+    async def _listen_tcp(self) -> None:
+        """Listen on cfg listen (HOST:PORT) for drivers, workers and nodes of other
+        machines; each authenticates with the cluster token before a frame is read."""
+        if not self.token:
+            raise RuntimeError("a cluster address needs a token (cfg token)")
+        _, (host, port) = parse_address(self.address)
+        handshaking: dict[AuthGate, None] = {}   # shared: at most MAX_UNAUTHENTICATED
+        self.tcp_server = await self.loop.create_server(
+            lambda: AuthGate(self.token, self.loop, lambda transport: self._new_conn(),
+                             what="orchestra head", pending=handshaking),
+            host, port, reuse_address=True)
+        if port == 0:   # an ephemeral port: say which
+            port = self.tcp_server.sockets[0].getsockname()[1]
+            self.address = f"{host}:{port}"
+        serve = getattr(self.local, "serve_data", None)
+        if serve is not None:
+            self.data_address = serve(host, self.token)
+        with open(os.path.join(self.session_dir, "address"), "w") as f:
+            f.write(self.address)
+        self.loop.call_later(_HEARTBEAT_S, self._heartbeat)
+
+    def _start_grpc(self) -> None:
+        def run() -> None:
+            try:
+                server = _grpc_service.start(self, os.path.join(self.session_dir, "grpc.sock"))
+            except Exception as exc:  # noqa: BLE001 - the frame path works without it
+                print(f"orchestra head: gRPC control plane not started: {exc}", file=sys.stderr)
+                return
+            if self.stopping:
+                server.stop(0)
+            else:
+                self.grpc_server = server
+        if not self.stopping:
+            threading.Thread(target=run, name="orchestra-grpc-start", daemon=True).start()
+
+    def watch_object(self, oid: bytes, fut: Any) -> None:
+        """Resolve ``fut`` with the object's data once sealed (for RequestObj)."""
+        self.watchers.setdefault(oid, []).append(fut)
+        self.state.subscribe(GRPC_CONN, [oid])
+
+    # ------------------------------------------------------------------ NodeHost
+    def pulled(self, object_id: bytes, segment: Any, error: str) -> None:
+        """The local node pulled an object's copy into its store (or failed to)."""
+        self.node_pulled(self.local.node_id, object_id, segment, error)
+
+    def send(self, conn_id: int, kind: int, msg: Any) -> None:
+        c = self.conns.get(conn_id)
+        if c is not None:
+            c.wbuf.append(_wire.encode(kind, msg))
+            self.dirty.add(c)
+
+    def flush(self) -> None:
+        self.carry_out()
+
+    def is_idle(self) -> bool:
+        """No task queued or running, and no frame for a while (read from another thread)."""
+        return not self.state.tasks and time.monotonic() - self.last_activity > 0.3
+
+    def relocate(self, object_id: bytes, segment: Any) -> bool:
+        return self.state.relocate(object_id, segment)
+
+    def worker_failed_to_start(self, worker_id: int, reason: str) -> None:
+        print(f"orchestra head: could not start a worker: {reason}", file=sys.stderr)
+        self.state.worker_failed_to_start(worker_id, reason)
+        self._release_driver_replies()
+        self.carry_out()
+
+    def _worker_without_node(self, worker_id: int) -> None:
+        """A worker was to start on a node that died meanwhile (not a broken worker)."""
+        self.state.worker_failed_to_start(worker_id, "its node is gone", broken=False)
+        self.carry_out()
+
+    def worker_exited(self, worker_id: int, reason: str, *, connected: bool) -> None:
+        if connected:
+            conn_id = self._reaping.pop(worker_id, None)
+            if conn_id is not None:
+                self.state.client_disconnected(conn_id, reason)
+        else:
+            w = self.state.workers.get(worker_id)
+            if w is None or w.state is not WorkerState.STARTING:
+                return   # the scheduler let it go already
+            print(f"orchestra head: worker {worker_id} exited with {reason} "
+                  "before it connected", file=sys.stderr)
+            self.state.worker_failed_to_start(worker_id, reason)
+        self.carry_out()
+
+    # ------------------------------------------------------------------ connections
+    def worker_socket(self, node_id: int, worker_id: int) -> str:
+        """Where a worker listens for direct calls (_worker/worker.py): in its node's directory."""
+        node = self.nodes.get(node_id)
+        return worker_socket(getattr(node, "node_dir", "") or self.session_dir, worker_id)
+
+    def _new_conn(self) -> Conn:
+        c = Conn(self, self._next_conn, self.local)
+        self._next_conn += 1
+        return c
+
+    # ------------------------------------------------------------------ frames
+    def handle(self, conn: Conn, frames: list[tuple[int, Any]]) -> None:
+        self.last_activity = time.monotonic()
+        state = self.state
+        cid = conn.conn_id
+        node = conn.node
+        if self.gone and node.node_id in self.gone and node is not self.local:
+            # Its node died (node_gone aborts this connection): what a worker of it still
+            # says is void, a result there among it (sealed, it named a store that is
+            # gone for good); its tasks are retried as its death says.
+            return
+        for kind, msg in frames:
+            if kind == _wire.SUBMIT:
+                self.events.table.submitted(cid, [call.task_id for call in msg.calls])
+                for call in msg.calls:
+                    state.submit(cid, call)
+            elif kind == _wire.TASK_DONE:
+                for d in msg.returns:
+                    if d.WhichOneof("data") == "segment":
+                        node.seal(d.segment.name)
+                state.task_done(cid, msg)
+            elif kind == _wire.REF_DELTA:
+                if msg.pin:
+                    node.pin(cid, msg.pin)
+                if msg.pending:
+                    state.register_pending(cid, msg.pending)
+                state.ref_delta(cid, msg.incr, msg.decr)
+                if msg.unpin:
+                    node.unpin(cid, msg.unpin)
+            elif kind == _wire.OBJECTS:
+                for d in msg.objects:
+                    if d.WhichOneof("data") == "segment":
+                        node.seal(d.segment.name)
+                    state.put(cid, d)
+            elif kind == _wire.SUBSCRIBE:
+                state.subscribe(cid, msg.ids)
+            elif kind == _wire.FUNCTION:
+                state.register_function(msg)
+            elif kind == _wire.BLOCKED:
+                state.blocked(cid, msg.blocked, msg.object_ids, msg.task_id, msg.task_name)
+            elif kind == _wire.RETURN_TASKS:
+                state.return_tasks(cid, msg.task_ids)
+            elif kind == _wire.CANCEL:
+                state.cancel(msg.object_id, msg.force, msg.recursive)
+            elif kind == _wire.ADOPT:
+                self.events.table.adopted(cid, msg.worker_id, msg.calls)
+                state.adopt_calls(cid, msg)
+            elif kind == _wire.LOAN_RETURN:
+                state.return_loan(cid, msg.worker_id)
+            elif kind == _wire.LOAN_REQUEST:   # a driver asks for one more lent worker
+                state.lend_idle(cid, dict(msg.resources), int(msg.pinned_node))
+            elif kind == _wire.RELEASE_CALL:   # ordered after the actor's own ref changes
+                caller = self.conns.get(msg.owner)
+                if caller is not None:
+                    self._queue(caller, _wire.encode(_wire.RELEASE_CALL, pb.TaskDone(task_id=msg.task_id)))
+            elif kind == _wire.REQUEST:
+                self._request(conn, msg)
+            elif kind == _wire.HELLO:
+                self._hello(conn, msg)
+            elif kind == _wire.WORKER_ADDRESS:
+                state.worker_address(cid, msg.address)
+            elif kind == _wire.GENERATOR_ITEM:
+                if msg.data.WhichOneof("data") == "segment":
+                    node.seal(msg.data.segment.name)
+                state.generator_item(cid, msg)
+                if msg.index == 1:
+                    # A stream's first item goes out now, not after the rest of a read
+                    # that a fast producer filled with hundreds more (~10 ms later).
+                    self.carry_out()
+            elif kind == _wire.GENERATOR_ACK:
+                state.generator_ack(msg)
+            elif kind == _wire.LOG_LINES:
+                self._forward_logs(conn, msg)
+            elif kind == _wire.LOG_FLUSH:   # every line sent before this answer
+                self._queue(conn, _wire.encode(_wire.LOG_FLUSH, msg))
+            elif kind == _wire.TASK_EVENTS:
+                self.events.worker_batch(cid, msg)
+            elif kind == _wire.SHUTDOWN:
+                self.loop.call_soon(self.shutdown, "the driver called shutdown()")
+        self.carry_out()
+
+    def _forward_logs(self, conn: Conn, msg: Any) -> None:
+        """A worker's lines to the log connections of their jobs' drivers."""
+        ip = self._node_address(conn.node) if len(self.nodes) > 1 else ""
+        for target, lines in self.log_routes.route(msg, self.primary, ip).items():
+            c = self.conns.get(target)
+            if c is not None:
+                self._queue(c, _wire.encode(_wire.LOG_LINES, lines))
+
+    def _hello(self, conn: Conn, hello: Any) -> None:
+        conn.hello = hello
+        if hello.kind == "logs":   # a driver's second connection: its tasks' output
+            self.log_routes.add(conn.conn_id, hello.log_job)
+            self._queue(conn, _wire.encode(_wire.HELLO_REPLY, pb.HelloReply(conn_id=conn.conn_id)))
+            return
+        node = self._node_for(conn, hello)
+        if node is None:
+            self._refuse(conn, "no node of this cluster runs on this machine (none shares "
+                         "its /dev/shm): start one here with `orchestra start --address "
+                         f"{self.address} --token ...`, then connect again")
+            return
+        conn.node = node
+        if hello.kind == "driver" and self.primary is None and not self.cfg.get("detached"):
+            self.primary = conn.conn_id
+            node.set_driver(conn.conn_id)
+        try:
+            self.state.client_connected(conn.conn_id, hello, node.node_id)
+        except ValueError as exc:
+            print(f"orchestra head: refusing a connection: {exc}", file=sys.stderr)
+            conn.transport.close()
+            return
+        if hello.kind == "worker":
+            node.worker_connected(hello.workerid)
+            self._release_driver_replies()
+        reply = pb.HelloReply(
+            session_id=self.cfg["session_id"].encode(), node_id=node.node_id,
+            node_resources=self.state.nodes[node.node_id].resources.total,
+            store_capacity=node.capacity, session_dir=self.session_dir,
+            shm_dir=node.shm_dir, node_dir=getattr(node, "node_dir", "") or self.session_dir,
+            cwd=self.cfg.get("cwd", ""), sys_path=self.cfg.get("sys_path", []),
+            inline_threshold=int(self.cfg.get("inline_threshold", 100 * 1024)),
+            conn_id=conn.conn_id, joinable=bool(self.cfg.get("joinable")),
+            node_address=self._node_address(node),
+            dashboard_url=self.dashboard_url)
+        frame = _wire.encode(_wire.HELLO_REPLY, reply)
+        if hello.kind == "driver" and self._no_worker_yet():
+            # init() returns once a task can start at once: the head is ready before
+            # its first worker (the fork server imports more), and a first task sent
+            # meanwhile would wait for it anyway. Bounded: a worker that fails to start,
+            # or ready_wait_s, releases the reply too.
+            self._parked_replies.append((conn, frame))
+            if len(self._parked_replies) == 1:
+                self.loop.call_later(float(self.cfg.get("ready_wait_s", 1.0)),
+                                     self._release_driver_replies)
+            return
+        self._queue(conn, frame)
+
+    def _node_for(self, conn: Conn, hello: Any) -> Node | RemoteNode | None:
+        """The node whose store a connecting process maps: a worker's is the node that
+        started it; a driver's the one it names, or the first on its machine (the one
+        it connected to, when that shares its machine)."""
+        if hello.kind == "worker":
+            w = self.state.workers.get(hello.workerid)
+            return self.nodes.get(w.node_id) if w is not None else self.local
+        if hello.HasField("node_id"):
+            return self.nodes.get(hello.node_id)
+        if not hello.machine or self.node_machine.get(conn.node.node_id) == hello.machine:
+            return conn.node
+        for nid in sorted(self.node_machine):
+            if self.node_machine[nid] == hello.machine and nid in self.nodes:
+                return self.nodes[nid]
+        return None
+
+    def _refuse(self, conn: Conn, reason: str) -> None:
+        print(f"orchestra head: refusing a connection: {reason}", file=sys.stderr)
+        conn.transport.write(_wire.encode(_wire.CLOSING, pb.Closing(reason=reason)))
+        conn.transport.close()
+
+    def _node_address(self, node: Node | RemoteNode) -> str:
+        if type(node) is RemoteNode and node.ip:
+            return node.ip
+        return parse_host(self.address) if self.address else ""
+
+    def _no_worker_yet(self) -> bool:
+        workers = self.state.workers.values()
+        return bool(workers) and all(w.state is WorkerState.STARTING for w in workers)
+
+    def _release_driver_replies(self) -> None:
+        if not self._parked_replies:
+            return
+        parked, self._parked_replies = self._parked_replies, []
+        for conn, frame in parked:
+            if conn.conn_id in self.conns:
+                self._queue(conn, frame)
+        self.carry_out()
+
+    def _request(self, conn: Conn, req: Any) -> None:
+        reply = pb.Reply(req_id=req.req_id)
+        body = req.WhichOneof("body")
+        if body == "create_segment":
+            # Frees decided earlier in this batch of frames must happen before the store
+            # judges the room (they wait in state.out until carry_out otherwise).
+            self.carry_out()
+            conn.node.create_segment(conn.conn_id, req)
+            return
+        elif body == "abort_segment":
+            conn.node.abort_segment(conn.conn_id, req.abort_segment)
+            if type(conn.node) is RemoteNode:   # answered once the node did it
+                data = _wire.encode(_wire.REPLY, reply)
+                conn.node.after_node(lambda: self._queue_if_open(conn, data))
+                return
+        elif body == "locate":
+            if type(conn.node) is RemoteNode:
+                # The reader found the segment gone: the node spilled it, and its
+                # relocation may still be on its way here. Answered after it.
+                conn.node.after_node(lambda: self._locate(conn, req.req_id, req.locate))
+            else:
+                self._locate(conn, req.req_id, req.locate)
+            return
+        elif body == "state_query":
+            self.events.query(conn, req)   # answered once the workers reported
+            return
+        elif body == "create_actor":
+            self.events.table.submitted(conn.conn_id, [req.create_actor.task_id])
+            try:
+                existing = self.state.create_actor(conn.conn_id, req.create_actor)
+                if existing is not None:   # get_if_exists: the live one's handle
+                    reply.actor.CopyFrom(existing)
+            except ValueError as exc:
+                reply.error, reply.error_kind = str(exc), "ValueError"
+        elif body == "get_actor_in":
+            try:
+                lookup = req.get_actor_in
+                reply.actor.CopyFrom(self.state.actor_table.get(lookup.name, lookup.namespace,
+                                                                conn=conn.conn_id))
+            except ValueError as exc:
+                reply.error, reply.error_kind = str(exc), "ValueError"
+        elif body in _GROUP_REQUESTS:
+            try:
+                self._group_request(body, req, reply, conn.conn_id)
+            except (ValueError, InfeasibleResourcesError) as exc:
+                reply.error, reply.error_kind = str(exc), type(exc).__name__
+        elif body == "kill_actor":
+            self.state.actor_table.kill(req.kill_actor.actor_id, req.kill_actor.no_restart,
+                                        req.kill_actor.reason)
+        elif body == "get_actor":
+            try:
+                reply.actor.CopyFrom(self.state.actor_table.get(req.get_actor, conn=conn.conn_id))
+            except ValueError as exc:
+                reply.error, reply.error_kind = str(exc), "ValueError"
+        elif body == "query":
+            q = req.query
+            if q == "cluster_resources":
+                reply.resources.update(self.state.total_resources())
+            elif q == "available_resources":
+                reply.resources.update(self.state.available_resources())
+            elif q == "debug":
+                reply.debug.CopyFrom(self.debug_info())
+            elif q in ("pending", "pending_own"):
+                reply.pending_tasks = self.state.pending_tasks(conn.conn_id, q == "pending_own")
+            elif q == "sync":
+                pass   # the reply says every frame sent before the request was handled
+            elif q == "nodes":
+                reply.nodes.extend(self.nodes_info())
+            else:
+                reply.error = f"unknown query {q!r}"
+        self._queue(conn, _wire.encode(_wire.REPLY, reply))
+
+    def _group_request(self, body: str, req: Any, reply: Any, conn_id: int) -> None:
+        """Placement groups (_scheduler/groups.py): create, remove, find by name, list."""
+        groups = self.state.groups
+        if body == "create_placement_group":
+            groups.create(conn_id, req.create_placement_group)
+            self.state.schedule()
+        elif body == "remove_placement_group":
+            groups.remove(req.remove_placement_group)
+        elif body == "get_placement_group":
+            reply.placement_groups.append(groups.by_name(req.get_placement_group))
+        else:
+            reply.placement_groups.extend(groups.table(req.placement_group_table))
+
+    def _locate(self, conn: Conn, req_id: int, object_id: bytes, since: float = 0.0) -> None:
+        """Answer where an object's data is now, for a reader on the connection's node
+        (a reader found its segment gone, or it is on another node: pulled first).
+        ``since``: when a first pull of it failed (see answer)."""
+        o = self.state.objects.get(object_id)
+
+        def answer(data: Any, error: str) -> None:
+            if data is None and error and object_id in self.state.objects \
+                    and self.conns.get(conn.conn_id) is conn:
+                # The pull failed, the object lives: its node may be dying, which this
+                # head learns a moment later (its connection closes; silent: after
+                # node_timeout_s). Then the object is made again, has a copy elsewhere,
+                # or is lost for good: ask again until one of those is known, rather
+                # than fail a reader of an object that a retry would rebuild.
+                now = time.monotonic()
+                first = since or now
+                if now - first < float(self.cfg.get("node_timeout_s", 10.0)) + _RELOCATE_SLACK_S:
+                    self.loop.call_later(_RELOCATE_RETRY_S, self._locate, conn, req_id,
+                                         object_id, first)
+                    return
+            reply = pb.Reply(req_id=req_id)
+            if data is None:
+                reply.error = error or f"object {object_id.hex()} was freed while it was being read"
+                reply.error_kind = "ObjectLostError"
+            else:
+                reply.object.CopyFrom(data)
+            self._queue_if_open(conn, _wire.encode(_wire.REPLY, reply))
+        if o is None:
+            answer(None, "")
+            return
+        if o.data is None:   # being made again (its node died): answered once it is
+            self.watch_object(object_id, _Then(lambda d: self._locate(conn, req_id, object_id)))
+            return
+        if self.conns.get(conn.conn_id) is not conn:
+            return   # the reader is gone
+        data = self.state.copy_on(object_id, conn.node.node_id)
+        if data is not None:
+            answer(data, "")
+        else:
+            self._pull(conn.node.node_id, object_id, answer)
+
+    # ------------------------------------------------------------------ objects between nodes
+    def _pull(self, node_id: int, object_id: bytes,
+              then: Callable[[Any, str], None] | None = None) -> None:
+        """Have node ``node_id`` pull a copy of the object from a node that holds one;
+        ``then(data, error)`` once it is there. Several readers: one pull."""
+        key = (object_id, node_id)
+        waiting = self.pulls.get(key)
+        if waiting is not None:
+            if then is not None:
+                waiting.append(then)
+            return
+        o = self.state.objects.get(object_id)
+        dest: Any = self.nodes.get(node_id)
+        src_seg = None
+        if o is not None and o.data is not None and o.data.WhichOneof("data") == "segment":
+            src_seg = o.data.segment
+        src = self.nodes.get(src_seg.node_id) if src_seg is not None else None
+        address = (self.data_address if src is self.local else getattr(src, "data_address", ""))
+        if src is self.local and type(dest) is RemoteNode and dest.conn is not None:
+            # Listening on a wildcard (--host 0.0.0.0): the address that node reached.
+            address = routable(address, dest.conn.transport.get_extra_info("sockname"))
+        if dest is None or src_seg is None or not address:
+            why = (f"object {object_id.hex()} cannot be copied to node {node_id}: "
+                   + ("it is gone" if src_seg is None else "its node has no data server"))
+            if then is not None:
+                then(None, why)
+            return
+        self.pulls[key] = [then] if then is not None else []
+        dest.pull(object_id, address, src_seg.path or src_seg.name, src_seg.size, self.token)
+
+    def node_pulled(self, node_id: int, object_id: bytes, segment: Any, error: str) -> None:
+        """Node ``node_id`` has its copy (or failed): answer what waited for it."""
+        waiting = self.pulls.pop((object_id, node_id), [])
+        data = None
+        if not error:
+            if self.state.add_copy(object_id, segment):
+                data = self.state.copy_on(object_id, node_id)
+            else:
+                error = f"object {object_id.hex()} was freed while it was being copied"
+                node = self.nodes.get(node_id)
+                if node is not None:
+                    node.free_segment(segment.name)
+        for then in waiting:
+            then(data, error)
+        self.carry_out()
+
+    def _queue_if_open(self, conn: Conn, data: bytes) -> None:
+        """For an answer that waited for the node: the connection may have closed."""
+        if self.conns.get(conn.conn_id) is conn:
+            self._queue(conn, data)
+
+    def debug_info(self) -> Any:
+        st = self.state
+        info = pb.SchedulerDebugInfoReply(
+            total_resources=st.total_resources(), available_resources=st.available_resources())
+        for t in st.tasks.values():
+            info.task.append(t.call)
+        for w in st.workers.values():
+            info.workers.append(pb.WorkerInfo(
+                workerid=w.worker_id, pid=w.pid, node_id=w.node_id, state=w.state.value,
+                running=[t.call.task_id for t in w.queue]))
+            if w.state is WorkerState.IDLE:
+                info.avail_worker.append(w.worker_id)
+        for oid, o in st.objects.items():
+            large = o.data is not None and o.data.WhichOneof("data") == "segment"
+            info.objects.append(pb.ObjectInfo(
+                objref=oid, state="ready" if o.data is not None else "pending",
+                refcount=o.count, size=o.size,
+                in_shared_memory=large and not o.data.segment.path,
+                spilled=large and bool(o.data.segment.path)))
+        for f in st.functions.values():
+            info.function_table[f.fnname].num_return_vals = f.num_return_vals
+        return info
+
+    # ------------------------------------------------------------------ instructions
+    def _queue(self, conn: Conn, data: bytes) -> None:
+        conn.wbuf.append(data)
+        self.dirty.add(conn)
+
+    def carry_out(self) -> None:
+        out = self.state.out
+        pushes: dict[int, Any] = {}
+        late: list[tuple[Conn, bytes]] = []
+        if out:
+            self.state.out = []
+            conns = self.conns
+            for ins in out:
+                if type(ins) is Push:
+                    msg = pushes.get(ins.conn)
+                    if msg is None:
+                        msg = pushes[ins.conn] = pb.Objects()
+                    msg.objects.append(ins.data)
+                elif type(ins) is Send:
+                    c = conns.get(ins.conn)
+                    if c is not None:
+                        c.wbuf.append(_wire.encode(ins.kind, ins.msg))
+                        self.dirty.add(c)
+                elif type(ins) is LateSend:
+                    c = conns.get(ins.conn)
+                    if c is not None:
+                        late.append((c, _wire.encode(ins.kind, ins.msg)))
+                elif type(ins) is FreeSegment:
+                    node = self.nodes.get(ins.node_id)   # None: the node died with it
+                    if node is not None:
+                        node.free_segment(ins.key)
+                elif type(ins) is StartWorker:
+                    node = self.nodes.get(ins.node_id)
+                    if node is not None:
+                        node.start_worker(ins.worker_id)
+                    else:
+                        self.loop.call_soon(self._worker_without_node, ins.worker_id)
+                elif type(ins) is KillWorker:
+                    node = self.nodes.get(ins.node_id)
+                    if node is not None:
+                        node.kill_worker(ins.worker_id, ins.reason)
+                elif type(ins) is StopWorker:
+                    node = self.nodes.get(ins.node_id)
+                    if node is not None:
+                        node.stop_worker(ins.worker_id)
+                elif type(ins) is Pull:
+                    self._pull(ins.node_id, ins.object_id)
+            for cid, msg in pushes.items():
+                if cid == GRPC_CONN:
+                    for d in msg.objects:
+                        for fut in self.watchers.pop(d.object_id, []):
+                            if not fut.done():
+                                fut.set_result(d)
+                    continue
+                c = conns.get(cid)
+                if c is not None:
+                    c.wbuf.append(_wire.encode(_wire.OBJECTS, msg))
+                    self.dirty.add(c)
+        if self.dirty:
+            for c in self.dirty:
+                if c.wbuf:
+                    c.transport.write(b"".join(c.wbuf) if len(c.wbuf) > 1 else c.wbuf[0])
+                    c.wbuf = []
+            self.dirty.clear()
+        for c, data in late:
+            c.transport.write(data)
+
+    # ------------------------------------------------------------------ failures
+    def conn_lost(self, conn: Conn) -> None:
+        self.conns.pop(conn.conn_id, None)
+        self.dirty.discard(conn)
+        if self.stopping or self.log_routes.remove(conn.conn_id):
+            return
+        conn.node.drop_conn(conn.conn_id)
+        if conn.conn_id == self.primary:
+            self.shutdown("the driver disconnected")
+            return
+        client = self.state.clients.get(conn.conn_id)
+        node = self.nodes.get(client.worker.node_id) if client is not None \
+            and client.worker is not None else None
+        if node is not None:
+            # The scheduler hears of it once its node has the exit status (worker_exited):
+            # a crash then reads "died of SIGSEGV", not "its connection closed".
+            wid = client.worker.worker_id   # type: ignore[union-attr]
+            self._reaping[wid] = conn.conn_id
+            node.worker_disconnected(wid)
+        elif client is not None and client.worker is not None:   # its node died
+            gone = self.gone.get(client.worker.node_id)
+            self.state.client_disconnected(conn.conn_id, f"its node died ({gone.reason})"
+                                           if gone is not None else "its node died")
+            self.carry_out()
+        else:
+            self.state.client_disconnected(conn.conn_id)
+            self.carry_out()
+
+    # ------------------------------------------------------------------ nodes joining and dying
+    def join(self, conn: Conn, frames: list[tuple[int, Any]]) -> None:
+        """A node of another machine connected (authenticated) and asks to join: it gets
+        an id, and the connection becomes that node's (RemoteNode)."""
+        kind, ev = frames[0]
+        if ev.WhichOneof("event") != "join" or self.stopping:
+            conn.transport.close()
+            return
+        j = ev.join
+        node_id = self._next_node_id
+        self._next_node_id += 1
+        self.conns.pop(conn.conn_id, None)
+        remote = RemoteNode(node_id, self, self.loop, self.cfg, joined=True)
+        remote.adopt(conn.transport)
+        remote.ip = j.host
+        remote.num_workers = int(j.num_workers)
+        self.node_machine[node_id] = j.machine
+        remote.welcome(pb.NodeWelcome(
+            node_id=node_id, session_id=self.cfg["session_id"],
+            inline_threshold=int(self.cfg.get("inline_threshold", 100 * 1024)),
+            heartbeat_s=_HEARTBEAT_S, timeout_s=float(self.cfg.get("node_timeout_s", 10.0))))
+        if len(frames) > 1:
+            remote.handle(frames[1:])
+
+    def node_joined(self, remote: RemoteNode) -> None:
+        """A joined node registered (its store and data server are up): schedule on it."""
+        nid = remote.node_id
+        self.nodes[nid] = remote
+        res = dict(remote.resources)
+        cpus = max(int(res.get("CPU", 1)), 1)
+        n = remote.num_workers or cpus
+        self.state.add_node(nid, res, num_workers=n,
+                            max_workers=int(self.cfg.get("max_workers", 0)) or 4 * cpus + 32)
+        remote.start()
+        print(f"orchestra head: node {nid} joined from {remote.ip} (pid {remote.pid}): "
+              + ", ".join(f"{k}={v:g}" for k, v in sorted(res.items())), file=sys.stderr)
+        self.carry_out()
+
+    def node_gone(self, remote: RemoteNode, reason: str) -> None:
+        """A joined node died, or fell silent: its workers' connections are closed (their
+        tasks retried, their actors restarted elsewhere or dead), its objects live on
+        where copies are, else are lost; pulls to or from it fail."""
+        nid = remote.node_id
+        if self.nodes.get(nid) is not remote or self.stopping:
+            return
+        del self.nodes[nid]
+        self.gone[nid] = NodeGone(remote.ip, dict(remote.resources), reason, remote.pid)
+        print(f"orchestra head: node {nid} ({remote.ip}) is gone: {reason}", file=sys.stderr)
+        for key in [k for k in self.pulls if k[1] == nid]:
+            for then in self.pulls.pop(key):
+                then(None, f"node {nid} died while pulling the object: {reason}")
+        self.state.remove_node(nid, reason)
+        for c in list(self.conns.values()):
+            if c.node is remote:
+                c.transport.abort()   # conn_lost: its tasks retried, its actors restarted
+        # A node on this machine killed outright left its segment directory: removed
+        # once its process is gone (a moment after its connection closed).
+        self.loop.call_later(_SWEEP_AFTER_S, sweep_stale_segments)
+        self.carry_out()
+
+    def _heartbeat(self) -> None:
+        """Tell joined nodes the head lives; a node silent too long is dead."""
+        if self.stopping:
+            return
+        now = time.monotonic()
+        timeout = float(self.cfg.get("node_timeout_s", 10.0))
+        for node in list(self.nodes.values()):
+            if type(node) is RemoteNode and node.joined:
+                if now - node.last_heard > timeout:
+                    node.silent(f"no heartbeat for {timeout:g} s")
+                else:
+                    node.heartbeat()
+        self.loop.call_later(_HEARTBEAT_S, self._heartbeat)
+
+    def nodes_info(self) -> list[Any]:
+        """Every node, alive or gone, for orchestra.nodes()."""
+        out = []
+        st = self.state
+        for nid, node in sorted(self.nodes.items()):
+            rec = st.nodes.get(nid)
+            host = self._node_address(node) or "127.0.0.1"
+            info = node.store_info()
+            ni = pb.NodeInfo(node_id=nid, alive=True, address=host,
+                             store_capacity=node.capacity, store_used=info.used,
+                             spilled_bytes=info.spilled_bytes,
+                             pid=node.pid if type(node) is RemoteNode else os.getpid())
+            if rec is not None:
+                ni.resources.update(rec.resources.total)
+                ni.available.update({k: max(v, 0.0) for k, v in rec.resources.free.items()})
+            out.append(ni)
+        for nid, g in sorted(self.gone.items()):
+            ni = pb.NodeInfo(node_id=nid, alive=False, address=g.host, pid=g.pid, death=g.reason)
+            ni.resources.update(g.resources)
+            out.append(ni)
+        return out
+
+    def cluster_summary(self) -> dict[str, Any]:
+        """The cluster summary: nodes, resources, object store, tasks and actors by
+        state, workers, drivers (a JSON-able dict; _head/state_query.py)."""
+        return self.events.cluster_summary()
+
+    def _tick(self) -> None:
+        """Notice a cluster where no task can progress (the drivers are told)."""
+        if self.stopping:
+            return
+        self.state.blocking.tick(time.monotonic())
+        self.events.tick()
+        self.carry_out()
+        self.loop.call_later(_TICK_S, self._tick)
+
+    def _check_driver(self) -> None:
+        if self.primary is None:
+            self.shutdown("no driver connected in time")
+
+    def shutdown(self, reason: str) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        if self.server is not None:
+            self.server.close()
+        if self.grpc_server is not None:
+            self.grpc_server.stop(0)
+        if self.tcp_server is not None:
+            self.tcp_server.close()
+        if self.dashboard is not None:
+            self.dashboard.close()
+        for node in self.nodes.values():
+            node.close()
+        # The clients learn why (a driver's later calls name it), then lose the connection.
+        closing = _wire.encode(_wire.CLOSING, pb.Closing(reason=reason))
+        for c in list(self.conns.values()):
+            try:
+                c.transport.write(b"".join(c.wbuf) + closing)
+            except (OSError, RuntimeError):   # already closed
+                pass
+            c.transport.abort()
+        for name in ("head.sock", "grpc.sock", "address", "dashboard"):
+            try:
+                os.unlink(os.path.join(self.session_dir, name))
+            except FileNotFoundError:
+                pass
+        if self.cfg.get("detached"):
+            # No driver removes it (orchestra stop does, but not a SIGTERM sent straight
+            # here, nor the end of a cluster_utils.Cluster's script).
+            shutil.rmtree(self.session_dir, ignore_errors=True)
+        self.loop.stop()
+
+
+def main(argv: list[str] | None = None, zygote: tuple[Any, int, int] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    with open(argv[0]) as f:
+        cfg = json.load(f)
+    cfg["_cfg_path"] = argv[0]   # a node process reads the same file
+    from .._platform.proctitle import set_title
+    set_title("orchestra::head")
+    # Everything the head creates (sockets, segments) is for this user only; set before
+    # any socket exists, so none is ever reachable by others, not even for a moment.
+    os.umask(0o077)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C belongs to the driver
+    import uvloop
+    loop = uvloop.new_event_loop()
+    asyncio.set_event_loop(loop)
+    head = Head(cfg, loop, zygote)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        loop.add_signal_handler(sig, head.shutdown, f"signal {sig.name}")
+    # The driver's connection closing is the usual sign it is gone; this covers a driver
+    # that dies before it connects.
+    if not cfg.get("detached"):
+        watch_parent(loop, lambda: head.shutdown("the driver process exited"))
+    if cfg.get("owner_pid"):   # a cluster_utils.Cluster's: it lives as long as its script
+        owner = int(cfg["owner_pid"])
+        watch_pid(loop, owner, lambda: head.shutdown(
+            f"the process that started the cluster (pid {owner}) exited"))
+    try:
+        loop.run_until_complete(head.start())
+    except Exception as exc:
+        print(f"orchestra head: failed to start: {exc}", file=sys.stderr)
+        head.shutdown("start failed")
+        raise SystemExit(1) from exc
+    try:
+        loop.run_forever()
+    finally:
+        if not head.stopping:
+            head.shutdown("loop ended")
+        loop.close()
+
+
+if __name__ == "__main__":
+    main()

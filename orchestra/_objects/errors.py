@@ -1,0 +1,107 @@
+"""Error objects: the pickled exception an object stands for when its task failed.
+
+The scheduler decides *that* a task failed (crash, cancel, lost argument, infeasible
+request); this module words the error so that it names the cause and the remedy.
+"""
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+from ..exceptions import (
+    ActorDiedError,
+    InfeasibleResourcesError,
+    ObjectLostError,
+    TaskCancelledError,
+    WorkerCrashedError,
+)
+from .serialization import dumps_exception
+
+
+def describe_exit(returncode: int | None) -> str:
+    """'exit code 3' / 'signal SIGSEGV' / 'an unknown cause', with the likely reason."""
+    if returncode is None:
+        return "an unknown cause (its connection closed)"
+    if returncode >= 0:
+        return f"exit code {returncode} (the task or a library called exit)"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    hint = {
+        "SIGSEGV": "a crash in native code",
+        "SIGBUS": "a crash in native code or shared memory exhausted",
+        "SIGABRT": "an abort in native code",
+        "SIGKILL": "killed from outside, or by the OOM killer when memory ran out",
+        "SIGTERM": "terminated from outside",
+    }.get(name, "killed by a signal")
+    return f"signal {name} ({hint})"
+
+
+def private_detached(what: str) -> str:
+    """Why lifetime="detached" is refused on a private cluster."""
+    return (f"lifetime=\"detached\" {what}: this cluster was started by orchestra.init() in "
+            "this process and stops when it exits, so nothing can outlive it here. Start a "
+            "cluster with `orchestra start --head` and connect with "
+            f"orchestra.init(address=...) to keep detached {what}s across drivers.")
+
+
+def make_error(kind: str, **d: Any) -> bytes:
+    name = d.get("name") or "?"
+    exc: BaseException
+    if kind == "crashed":
+        exc = WorkerCrashedError(
+            f"the worker (pid={d.get('pid')}) running task {name}() died of {d.get('reason')}; "
+            f"attempts made: {d.get('attempts')}. Retries are set by max_retries= in "
+            "@orchestra.remote or .options(). What it printed last (a native crash's report "
+            f"too) is in its log files: `orchestra logs {d.get('pid')}`.")
+    elif kind == "cancelled":
+        exc = TaskCancelledError(f"task {name}() was cancelled by orchestra.cancel()")
+    elif kind == "lost":
+        oid = d.get("object_id", b"")
+        exc = ObjectLostError(
+            f"object {oid.hex()} is not in the cluster: it was freed when its last ref was "
+            "dropped, or it belongs to another session. Keep an ObjectRef alive for as "
+            "long as its value is needed.")
+    elif kind == "node_lost":
+        oid = d.get("object_id", b"")
+        exc = ObjectLostError(
+            f"object {oid.hex()} was lost with node {d.get('node')}: {d.get('reason')}. Its "
+            "only copy was in that node's store, and the task that made it cannot be run "
+            "again (a put, or a task without retries left). Give the task max_retries= to "
+            "have lost results rebuilt.")
+    elif kind == "actor_dead":
+        limit = d.get("max_restarts", 0)
+        if "exit_actor()" in str(d.get("reason")):
+            # It ended itself (orchestra.actor.exit_actor()): nothing crashed, and no
+            # max_restarts would have brought it back.
+            exc = ActorDiedError(f"actor {name} is dead: {d.get('reason')}. Calls to it "
+                                 "fail; start a new one if more work is needed.")
+        elif limit:
+            # It had restarts and used them all: advising max_restarts= misled.
+            exc = ActorDiedError(
+                f"actor {name} is dead: {d.get('reason')}. It was restarted "
+                f"{d.get('restarts')} times (max_restarts={limit}), all it may be. Calls to it "
+                "fail; start a new one, or allow more restarts (max_restarts=-1: no limit).")
+        else:
+            exc = ActorDiedError(f"actor {name} is dead: {d.get('reason')}. Calls to it fail; "
+                                 "start a new one, or give it max_restarts= to have it "
+                                 "restarted after a crash.")
+    elif kind == "infeasible":
+        res = ", ".join(f"{k}={v:g}" for k, v in sorted(d.get("resources", {}).items()))
+        node = d.get("node")
+        if node:
+            exc = InfeasibleResourcesError(
+                f"task {name}() asks for {res or 'nothing'} on node {node} "
+                f"(NodeAffinitySchedulingStrategy, soft=False), but {d.get('reason')}. Name a "
+                "node of orchestra.nodes() that can hold it, or pass soft=True to run it "
+                "elsewhere when that node cannot.")
+        else:
+            exc = InfeasibleResourcesError(
+                f"task {name}() asks for {res}, which no node of the cluster has")
+    elif kind == "group":   # placement groups (_scheduler/groups.py): gone, or too small
+        text = d.get("text", "")
+        exc = TaskCancelledError(text) if d.get("cancelled") else InfeasibleResourcesError(text)
+    else:
+        exc = RuntimeError(f"task {name}() failed: {kind}")
+    return dumps_exception(exc)

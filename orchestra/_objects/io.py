@@ -1,0 +1,250 @@
+"""Object reads and writes of one process: values inline or in shared-memory segments,
+and the maps of segments it keeps.
+
+    put/result --serialize--> small: ObjectData.inline
+                          \\-> large: create_segment (head) -> map -> write the Arrow
+                               stream -> ObjectData.segment
+    get --ObjectData--> inline: deserialize | segment: a read-only view (pinned) ->
+        deserialize over it (Arrow data, DataFrame columns and numpy arrays come back
+        as views of shared memory)
+
+The view of a segment this process filled itself (a put read back) is made over its
+read-write map in ``wmaps``, read-only, ~1 us; any other is a new read-only map.
+
+Maps kept: ``maps`` (object id -> read view, while a ref lives here: a second get is
+~15 us, a new map of 512 MiB ~80 us), given up when the store wants to spill
+(RELEASE_MAPS); ``wmaps`` (segment name -> read-write map of a segment this process
+filled, for when the store hands the segment back: a new map of 512 MiB costs ~100 ms,
+the copy ~50 ms), closed when the store unlinks it (DROP_MAPS); and the store's warm
+reserve, mapped ahead while idle (MAP_AHEAD).
+"""
+from __future__ import annotations
+
+import mmap
+import pickle
+import threading
+import weakref
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+from .._protocol import pb
+from ..exceptions import ObjectLostError, OrchestraError
+from .refs import RefCounts
+from .serialization import Parsed, Serialized, deserialize, parse
+from .store import map_ahead, map_segment, open_segment, write_into
+
+
+class Client(Protocol):
+    """What object reads and writes use of their process's CoreClient."""
+
+    refs: RefCounts
+    results: dict[bytes, Any]
+    lost: str | None
+    closing: bool
+
+    def request(self, req: Any, timeout_s: float = ...) -> Any: ...
+    def flush_refs(self, wait: bool = ...) -> None: ...
+    def escape(self, ids: Iterable[bytes]) -> None: ...
+
+
+class ObjectIO:
+    def __init__(self, client: Client, shm_dir: str, inline_threshold: int,
+                 node_id: int = 0) -> None:
+        self.client = client
+        self.node_id = node_id   # this process's node: segments of others are pulled here
+        self.refs = client.refs
+        self.shm_dir = shm_dir   # the session's private directory of segments
+        self.inline_threshold = inline_threshold
+        # object id -> (read view, segment, its stream parsed)
+        self.maps: dict[bytes, tuple[memoryview, str, Parsed]] = {}
+        self.wmaps: dict[str, mmap.mmap] = {}
+        self.mapping_ahead: dict[str, bool] = {}   # name -> still wanted
+
+    # ------------------------------------------------------------------ writes
+    def make_object_data(self, oid: bytes, ser: Serialized, out: Any = None) -> Any:
+        """ObjectData for a sealed value: inline when small, else written to a segment.
+        ``out``: an ObjectData to fill (one added to a message), else a new one."""
+        client = self.client
+        if ser.contained:
+            client.escape(ser.contained)
+        if out is None:
+            out = pb.ObjectData()
+        out.object_id = oid
+        out.contained.extend(ser.contained)
+        if ser.size <= self.inline_threshold:
+            out.inline = ser.to_bytes()
+            return out
+        # Drops that came before this put must reach the store before it judges the room
+        # (the decrements otherwise travel after the frame, see CoreClient.send_raw).
+        client.flush_refs()
+        size = ser.stream_size()
+        reply = client.request(pb.Request(create_segment=pb.CreateSegment(object_id=oid, size=size)))
+        seg = reply.segment
+        with self.refs.lock:
+            mm = self.wmaps.pop(seg.name, None) if seg.reused else None
+        try:
+            if mm is None or len(mm) < size:
+                mm = open_segment(self.shm_dir, seg)
+            write_into(mm, ser)
+        except BaseException:
+            # The store counted the segment's bytes: give them back before the error
+            # reaches the caller (a failed put used to keep them until disconnect).
+            if mm is not None:
+                mm.close()
+            self.abort_segment(seg.name)
+            raise
+        with self.refs.lock:
+            if client.lost is None:
+                self.wmaps[seg.name] = mm
+        out.segment.CopyFrom(seg)
+        return out
+
+    def abort_segment(self, name: str) -> None:
+        """Tell the store a segment it handed out was not filled (see make_object_data)."""
+        if self.client.lost is None:
+            try:
+                self.client.request(pb.Request(abort_segment=name), timeout_s=30)
+            except OrchestraError:   # ClusterLostError too
+                pass   # the error being raised says more; a lost head frees it anyway
+
+    # ------------------------------------------------------------------ maps
+    def drop_maps(self, names: Iterable[str]) -> None:
+        names = set(names)
+        with self.refs.lock:
+            maps = []
+            for n in names:
+                maps.append(self.wmaps.pop(n, None))
+                if n in self.mapping_ahead:
+                    self.mapping_ahead[n] = False   # unlinked before its map was made
+            # Reads of them kept for a second get (a get that raced the removal read its
+            # own write map): a later get maps the object where it is now.
+            for oid in [o for o, (_, name, _) in self.maps.items() if name in names]:
+                del self.maps[oid]
+        for mm in maps:
+            if mm is not None:
+                try:
+                    mm.close()
+                except BufferError:
+                    pass   # a value read from it still lives: closed when the last goes
+
+    def drop_all_maps(self) -> None:
+        """Close every read-write map (they would keep the segments' memory)."""
+        self.drop_maps(list(self.wmaps))
+
+    def release_maps(self, names: Iterable[str]) -> None:
+        """The store wants to spill these segments: forget the maps kept for later gets
+        (a map still viewed by a value stays, and so does its pin)."""
+        wanted = set(names)
+        with self.refs.lock:
+            for oid in [o for o, (_, name, _) in self.maps.items() if name in wanted]:
+                del self.maps[oid]
+
+    def map_ahead(self, names: Sequence[str]) -> None:
+        with self.refs.lock:
+            for n in names:
+                self.mapping_ahead[n] = True
+
+        def work() -> None:
+            client = self.client
+            for n in names:
+                mm = map_ahead(self.shm_dir, n)
+                with self.refs.lock:
+                    keep = self.mapping_ahead.pop(n, False) and client.lost is None \
+                        and not client.closing and n not in self.wmaps
+                    if keep and mm is not None:
+                        self.wmaps[n] = mm
+                        continue
+                if mm is not None:
+                    mm.close()
+        threading.Thread(target=work, name="orchestra-map-ahead", daemon=True).start()
+
+    # ------------------------------------------------------------------ reads
+    def value(self, oid: bytes, data: Any) -> Any:
+        """The value an ObjectData stands for (raises the error it holds)."""
+        kind = data.WhichOneof("data")
+        if kind == "inline":
+            return deserialize(data.inline, f"object {oid.hex()}")
+        if kind == "segment":
+            cached = self.maps.get(oid)
+            if cached is not None:
+                return cached[2].value()
+            own = self.own_view(data.segment)
+            name = data.segment.name
+            if own is not None:
+                view = own
+            else:
+                view, seg = self.map_object(data)
+                name = seg.name
+            parsed = parse(view, f"object {oid.hex()}")
+            with self.refs.lock:
+                if oid in self.refs.local:
+                    self.maps[oid] = (view, name, parsed)
+            return parsed.value()
+        raise pickle.loads(data.error)
+
+    def own_view(self, segment: Any) -> memoryview | None:
+        """A read-only view of a segment this process filled and still maps (a fresh
+        put read back: no new map, ~1 us instead of ~100 us for 512 MiB), pinned like a
+        reader's map; None when it is not at hand."""
+        if segment.path or segment.node_id != self.node_id:
+            return None
+        mm = self.wmaps.get(segment.name)
+        if mm is None:
+            return None
+        import numpy as np
+        try:
+            # A buffer of its own over the map: its finalizer tells when the last view
+            # of the value is gone (the map itself stays in wmaps for the next put).
+            export = np.frombuffer(mm, dtype=np.uint8)
+        except (ValueError, TypeError, BufferError):
+            return None   # closed by DROP_MAPS meanwhile: map it anew
+        if export.nbytes < segment.size:
+            return None
+        export.flags.writeable = False
+        name = segment.name
+        with self.refs.lock:
+            self.refs.pin.append(name)
+        weakref.finalize(export, self._unmapped, name)
+        return memoryview(export)[: segment.size]  # type: ignore[arg-type]
+
+    def map_object(self, data: Any) -> tuple[memoryview, Any]:
+        """Map a large object read-only, wherever it is now: a reader may have learnt
+        its segment just before the store spilled it to disk; then ask the head.
+        Returns the view and the Segment it maps."""
+        for _ in range(8):
+            if data.segment.node_id != self.node_id:
+                # On another node: this node's store pulls a copy (the head answers
+                # with it once it is here; one pull for every reader on this node).
+                data = self._locate(data.object_id)
+            try:
+                return self.map_segment(data.segment), data.segment
+            except FileNotFoundError:
+                data = self._locate(data.object_id)
+        raise ObjectLostError(f"object {data.object_id.hex()} kept moving while being read")
+
+    def _locate(self, oid: bytes) -> Any:
+        """Where the object's data is now, for this node (ObjectLostError if nowhere)."""
+        client = self.client
+        data = client.request(pb.Request(locate=oid)).object
+        if data.WhichOneof("data") == "error":
+            raise pickle.loads(data.error)
+        with self.refs.lock:
+            if oid in client.results:
+                client.results[oid] = data
+        return data
+
+    def map_segment(self, segment: Any) -> memoryview:
+        """Map a sealed segment read-only and pin it until the last view of it is gone
+        (a spill file needs no pin: removing it does not disturb a map)."""
+        mm, view = map_segment(self.shm_dir, segment)
+        if not segment.path:
+            name = segment.name
+            with self.refs.lock:
+                self.refs.pin.append(name)
+            weakref.finalize(mm, self._unmapped, name)
+        return view
+
+    def _unmapped(self, name: str) -> None:
+        with self.refs.lock:
+            if self.client.lost is None:
+                self.refs.unpin.append(name)

@@ -1,0 +1,807 @@
+"""Core client: one process's connection to the cluster (a driver, or a worker).
+
+    user thread --submit/put/refs--> send(): [ref holds][frame][ref releases]
+                                        |   one write on the head's Connection, under its lock
+    reader thread <--frames-- head: Objects (results pushed to their owner, or to
+        subscribers) land in ``results``; Replies wake their requester; worker frames
+        (Execute, CancelTask, ...) go to ``on_frame``.
+
+The client is the hub of four parts, one job each:
+    _protocol/connection.py  Connection: the socket (unix today, TCP between machines) and frames
+    _objects/refs.py        RefCounts: this process's count per object id, the changes to tell
+    _objects/io.py     ObjectIO: values inline or in segments, the maps kept of segments
+    _runtime/direct.py      DirectCalls: calls sent straight to actors and lent workers
+                    (decisions in _runtime/direct_core.py)
+and keeps what they share: the results received, the requests waiting for replies,
+and the reading of every connection (one thread reads at a time: the waiting thread
+itself when it can, else the background reader).
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import os
+import select
+import sys
+import threading
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NoReturn
+
+from .. import _ids
+from .._objects.io import ObjectIO
+from .._objects.refs import RefCounts
+from .._objects.serialization import Serialized, serialize
+from .._protocol import codec as _codec
+from .._protocol import pb
+from .._protocol import wire as _wire
+from .._protocol.connection import Connection
+from ..exceptions import (
+    ClusterLostError,
+    GetTimeoutError,
+    InfeasibleResourcesError,
+    ObjectLostError,
+    ObjectStoreFullError,
+    OrchestraError,
+)
+from .direct import DirectCalls
+from .direct_core import LOAN_IDLE_S, Call
+from .object_ref import ObjectRef
+
+# Why every call fails once the head's connection is gone (ClusterLostError).
+_LOST = ("lost the connection to the cluster: its head process exited (it crashed or was "
+         "killed). This session is over: orchestra.init() starts a new cluster")
+
+_log = logging.getLogger("orchestra")
+
+_FLUSH_INTERVAL_S = 0.02
+# Ids a blocked get() names to the head (Blocked): enough to find a task to run inline
+# (_scheduler/blocking.py), without a frame the size of a get of 100k refs.
+_BLOCKED_IDS = 256
+
+# Errors a Reply names by kind (Reply.error_kind): raised as these classes; any other
+# kind as OrchestraError. ValueError: the request's argument was wrong (a name taken, or
+# no actor of that name).
+_REPLY_ERRORS: dict[str, type[Exception]] = {
+    "ObjectStoreFullError": ObjectStoreFullError,
+    "ObjectLostError": ObjectLostError,
+    "ValueError": ValueError,
+    "InfeasibleResourcesError": InfeasibleResourcesError,
+}
+
+
+class CoreClient:
+    def __init__(self, sock_path: str, hello: Any, *, connect_timeout_s: float = 30.0,
+                 on_frame: Callable[[int, Any], None] | None = None,
+                 on_lost: Callable[[], None] | None = None,
+                 socket_guard: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
+                 start: bool = True, token: str | None = None) -> None:
+        if socket_guard is not None:
+            # The owner wraps every method that reads or writes the socket (a worker
+            # defers its cancel signal past them: raised inside, it cut frames in half).
+            self.send_raw = socket_guard(self.send_raw)          # type: ignore[method-assign]
+            self._read_once = socket_guard(self._read_once)      # type: ignore[method-assign]
+        try:
+            self.conn = Connection.connect(sock_path, connect_timeout_s, token)
+        except ClusterLostError as exc:
+            raise ClusterLostError(f"could not reach the head: {exc}") from exc
+        self.token = token   # for TCP direct calls to workers of other nodes (None: the env's)
+        self.sock = self.conn.sock
+        self.on_frame = on_frame
+        self.on_lost = on_lost
+        # A worker's hook for a get()/wait() that blocks: on_block(True, missing ids)
+        # answers whether this thread may run tasks inline while it waits (the head
+        # sends them as EXECUTE_NESTED); nested_ready() says one came, run_nested() runs
+        # it. on_block(False, ()) when the wait ends.
+        self.on_block: Callable[[bool, Sequence[bytes]], bool] | None = None
+        self.nested_ready: Callable[[], bool] = _never
+        self.run_nested: Callable[[], None] | None = None
+        self.refs = RefCounts(self._last_ref_gone)
+        self.add_ref = self.refs.add          # ObjectRef's hooks, without a call in between
+        self.remove_ref = self.refs.remove
+        self.results: dict[bytes, Any] = {}
+        self.owned: set[bytes] = set()        # returns of my tasks: pushed to me when sealed
+        self._subscribed: set[bytes] = set()
+        self._cond = threading.Condition()
+        self._sleepers = 0   # threads waiting on _cond (see wake)
+        self._read_lock = threading.Lock()   # held by the one thread reading the sockets
+        self._replies: dict[int, list[Any]] = {}
+        self._req_ids = itertools.count(1)
+        self._registered: set[bytes] = set()
+        self.function_frames: dict[bytes, bytes] = {}   # for lent workers
+        self.templates: dict[Any, bytes] = {}   # serialized Call templates of actor methods
+        # Streams this process consumes (task id -> _generators.Stream): their items are
+        # pushed here before next() makes their refs; and the last ones ended, in order.
+        self.streams: dict[bytes, Any] = {}
+        self.closed_streams: collections.deque[bytes] = collections.deque()
+        # Where this driver's actor names live ("" in a worker: the head knows whose task
+        # it runs), and init()'s runtime_env (a RuntimeEnvSpec, or None).
+        self.namespace: str = hello.namespace
+        self.runtime_env: Any = None
+        self._keep_until_sent: list[ObjectRef] = []
+        self.lost: str | None = None
+        self.closing = False
+        self._closing_reason = ""   # why the head stopped, when it said so (CLOSING)
+        self._warned: set[str] = set()   # texts of the head's warnings shown (WARNING)
+        # Frames that create objects (puts, registrations) sent / known handled by the
+        # head: refs inside a direct call's arguments must exist there before the
+        # callee counts them.
+        self.put_seq = 0
+        self.synced_seq = 0
+        # Direct calls sent or taken since the last look: the head does not see them,
+        # and counts the cluster idle (it then warms memory, a core's work) unless told.
+        self.active = False
+        self.poller = select.poll()
+        self.poller.register(self.conn.fd, select.POLLIN)
+        self.direct = DirectCalls(self)
+        self.conn.send(_wire.encode(_wire.HELLO, hello))
+        self._early_frames: list[tuple[int, Any]] = []   # came with the handshake's reply
+        self.info = self._read_hello(connect_timeout_s)
+        self.conn_id = self.info.conn_id
+        # Call.job appended to every call made here: a driver's own connection id (its
+        # tasks' prints go to it); a worker sets that of the task it runs (_worker/worker.py).
+        self.job_suffix = _codec.job_field(self.conn_id) if hello.kind == "driver" else b""
+        self.shm_dir = self.info.shm_dir   # the session's private directory of segments
+        self.objects = ObjectIO(self, self.shm_dir, self.info.inline_threshold or 100 * 1024,
+                                self.info.node_id)
+        self.inline_threshold = self.objects.inline_threshold
+        # One reused buffer: recv(1 MiB) would allocate (and fault in) 1 MiB per read.
+        self._buf = bytearray(1 << 18)
+        self._view = memoryview(self._buf)
+        self._stop = threading.Event()
+        # Called by the background thread every few ms (a worker reports its task
+        # events from there, _observe/task_events.py); None: nothing to call.
+        self.on_tick: Callable[[], None] | None = None
+        self._reader = threading.Thread(target=self._background, name="orchestra-reader", daemon=True)
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Dispatch what came with the handshake and start the reader thread. A worker
+        calls it once its handlers can run: a STEAL that reached its handler before the
+        worker held its client killed the reader thread, and the worker kept its CPU and
+        tasks without reading again."""
+        if self._early_frames:
+            frames, self._early_frames = self._early_frames, []
+            self._dispatch(frames)
+        self._reader.start()
+
+    def _read_hello(self, timeout_s: float) -> Any:
+        self.sock.settimeout(timeout_s)
+        try:
+            while True:
+                data = self.sock.recv(65536)
+                if not data:
+                    raise ClusterLostError("the head closed the connection during the handshake")
+                frames = self.conn.feed(data)
+                for i, (kind, msg) in enumerate(frames):
+                    if kind == _wire.HELLO_REPLY:
+                        self.sock.settimeout(None)
+                        self._early_frames = frames[i + 1:]   # sent right after the reply
+                        return msg
+                    if kind == _wire.CLOSING:   # refused, and why
+                        raise OrchestraError(f"the cluster refused this connection: {msg.reason}")
+        except TimeoutError as exc:
+            raise ClusterLostError(f"the head did not answer within {timeout_s:g} s") from exc
+
+    # ------------------------------------------------------------------ sending
+    def send_raw(self, frame: bytes) -> None:
+        """Send encoded frames, with the pending reference changes around them."""
+        with self.conn.lock:
+            failed = self._write_locked(frame)
+        if failed is not None:
+            self._send_failed(failed)
+
+    def send_decided(self, decide: Callable[[], bytes]) -> None:
+        """Send the frames ``decide`` returns, deciding under the connection's lock: no
+        frame of another thread comes between the decision and the head. For decisions
+        about what the head knows of this process's objects (a direct call's result
+        registered or handed over), which another thread's next frame may rely on:
+        decided under the ref lock alone and sent after it, a second thread could find
+        the result registered already and send a task naming it first (that task then
+        failed with ObjectLostError; tests/unit/test_direct_book_interleavings.py)."""
+        with self.conn.lock:
+            frame = decide()
+            if not frame and not self.refs.pending():
+                return
+            failed = self._write_locked(frame)
+        if failed is not None:
+            self._send_failed(failed)
+
+    def _write_locked(self, frame: bytes) -> OSError | None:
+        """Under the connection's lock: write ``frame`` with the pending reference
+        changes around it; the error when the socket is gone."""
+        pre = post = b""
+        if self.refs.pending():
+            pre, post = self.refs.take_frames()
+        try:
+            self.conn.send_locked(pre + frame + post if (pre or post) else frame)
+        except OSError as exc:
+            return exc
+        return None
+
+    def _send_failed(self, failed: OSError) -> NoReturn:
+        # The head closed the connection: what it sent last may say why (Closing).
+        if self._read_what_is_left() and self.lost is None:
+            self.lost = f"{_LOST} ({failed.strerror or failed})"
+            self.refs.lost = True
+        # (Another thread still reading: it reads the Closing frame and its end, and
+        # records why; this call fails meanwhile without deciding it.)
+        raise ClusterLostError(self.lost or f"{_LOST} ({failed.strerror or failed})") from failed
+
+    def _read_what_is_left(self) -> bool:
+        """Read the frames the head sent before it closed (another thread reading them
+        finishes at once: they are there). False: another thread kept reading."""
+        if not self._read_lock.acquire(timeout=0.5):
+            return False
+        try:
+            for _ in range(64):
+                if self.lost is not None or not self._read_once(0):
+                    break
+        except ClusterLostError:
+            pass
+        finally:
+            self._read_lock.release()
+        return True
+
+    def send(self, kind: int, msg: Any) -> None:
+        self.send_raw(_wire.encode(kind, msg))
+
+    def flush_refs(self, wait: bool = False) -> None:
+        """Send pending reference changes. ``wait``: also wait for those another thread
+        took and is sending (an answer sent on another connection must not overtake them)."""
+        if self.refs.pending() and self.lost is None:
+            try:
+                self.send_raw(b"")
+            except ClusterLostError:
+                pass
+        elif wait:
+            with self.conn.lock:
+                pass
+
+    def request(self, req: Any, timeout_s: float = 60.0) -> Any:
+        if req.WhichOneof("body") == "query" and req.query != "sync" and self.direct.ever_loaned:
+            # The head's answer counts lent workers as busy: give back the idle ones, with
+            # those whose grant is on its way here (read by the time the sync answers).
+            self.request(pb.Request(query="sync"))
+            self.direct.return_idle_loans()
+        rid = next(self._req_ids)
+        req.req_id = rid
+        slot: list[Any] = [None]
+        self._replies[rid] = slot
+        seq = self.put_seq
+        self.send(_wire.REQUEST, req)
+        self._keep_until_sent = []
+        if not self.wait_until(lambda: slot[0] is not None, time.monotonic() + timeout_s):
+            self._replies.pop(rid, None)
+            raise GetTimeoutError(f"the head did not answer a request within {timeout_s:g} s")
+        reply = slot[0]
+        self.synced_seq = max(self.synced_seq, seq)
+        if reply.error:
+            cls = _REPLY_ERRORS.get(reply.error_kind)
+            raise (cls or OrchestraError)(reply.error)
+        return reply
+
+    # ------------------------------------------------------------------ refs
+    def _last_ref_gone(self, oid: bytes) -> bool:
+        """Under the ref lock: this process dropped its last ref to ``oid``. Forget what
+        was kept for it; True when the head holds a count for it here (a decrement)."""
+        self.results.pop(oid, None)
+        self.objects.maps.pop(oid, None)
+        self.owned.discard(oid)
+        self._subscribed.discard(oid)
+        direct = self.direct
+        if direct.routes or direct.book.unregistered or direct.book.via_head:
+            return direct.last_ref_gone(oid)
+        return True
+
+    def escape(self, ids: Iterable[bytes]) -> None:
+        """These refs leave this process: the head must know every object they name."""
+        self.direct.escape(ids)
+
+    # ------------------------------------------------------------------ tasks
+    def register_function(self, function_id: bytes, req_bytes: bytes) -> None:
+        if function_id not in self._registered:
+            self.send_raw(req_bytes)
+            self._registered.add(function_id)
+            self.function_frames[function_id] = req_bytes
+
+    def _encode_call(self, template: bytes, tid: bytes, args: Sequence[Any], kwargs: dict[str, Any],
+                     refs: list[ObjectRef], hold: list[ObjectRef] | None = None) -> bytes:
+        """A serialized Call; ``refs`` gets the ref arguments in order (with the puts
+        made for large values), which must live until the call is sent; ``hold`` gets
+        refs to those pickled inside the arguments."""
+        if not args and not kwargs:
+            return _codec.call(template, tid) + self.job_suffix
+        nested: list[bytes] = []
+        values = [self._arg_value(v, refs, nested) for v in itertools.chain(args, kwargs.values())]
+        call = _codec.call(template, tid, values, kwargs, nested) + self.job_suffix
+        if nested:
+            self.escape(nested)
+            if hold is not None:
+                hold.extend(ObjectRef(oid, self) for oid in nested)
+        return call
+
+    def _arg_value(self, value: Any, refs: list[ObjectRef], nested: list[bytes]) -> bytes:
+        if type(value) is ObjectRef:
+            refs.append(value)
+            return _codec.ref_value(value._id)
+        ser = serialize(value)
+        if ser.size > self.inline_threshold:
+            ref = self._put_serialized(ser)
+            refs.append(ref)
+            return _codec.ref_value(ref._id)
+        nested.extend(ser.contained)
+        return _codec.inline_value(ser.to_bytes())
+
+    def submit(self, template: bytes, num_returns: int, args: Sequence[Any],
+               kwargs: dict[str, Any], shape: tuple[tuple[str, float], ...] | None = None,
+               name: str = "", function_id: bytes = b"", tid: bytes = b"") -> list[ObjectRef]:
+        """Submit one task. ``template`` is a serialized Call with the per-function fields.
+        ``shape``: its resource shape, when it may go straight to a worker lent to this
+        process (then it does, if one of that shape is lent and its arguments are here).
+        ``tid``: its task id, when the caller made one (a stream registered first)."""
+        tid = tid or _ids.next_task_id()
+        refs: list[ObjectRef] = []     # puts made for large args live until the Submit is sent
+        direct = self.direct
+        hold: list[ObjectRef] | None = [] if shape is not None and direct.loans else None
+        call = self._encode_call(template, tid, args, kwargs, refs, hold)
+        rids = [tid + i.to_bytes(4, "big") for i in range(num_returns)]
+        out: list[ObjectRef[Any]] = [ObjectRef(rid, self, counted=True) for rid in rids]
+        if shape is not None and hold is not None and direct.loans.get(shape) \
+                and (not refs or all(r._id in self.results for r in refs)):
+            if hold and self.put_seq > self.synced_seq:
+                self.request(pb.Request(query="sync"))   # the head knows every ref in the arguments
+            c = Call(tid, call, refs, None, rids, name, hold)
+            c.fid = function_id
+            if direct.submit_task(c, shape):
+                return out
+        with self.refs.lock:
+            self.owned.update(rids)
+        self.send_submit(call, refs)
+        del refs
+        return out
+
+    def send_submit(self, call: bytes, refs: Sequence[ObjectRef]) -> None:
+        if self.direct.book.unregistered:
+            self.escape([r._id for r in refs])
+        self.send_raw(_codec.submit_frame(call))
+
+    def submit_actor(self, actor_id: bytes, token: ObjectRef, template: bytes, num_returns: int,
+                     args: Sequence[Any], kwargs: dict[str, Any], name: str,
+                     tid: bytes = b"") -> list[ObjectRef]:
+        """Call an actor: straight to its process once the head gave its address and
+        every call sent through the head before is there; through the head otherwise."""
+        route = self.direct.routes.get(actor_id) or self.direct.route(actor_id)
+        tid = tid or _ids.next_task_id()
+        refs: list[ObjectRef] = []
+        # Refs pickled in the arguments live here until the actor answers: the actor
+        # counts those it keeps before answering (see WorkerRuntime.send_done).
+        hold: list[ObjectRef] = []
+        call = self._encode_call(template, tid, args, kwargs, refs, hold)
+        rids = [tid + i.to_bytes(4, "big") for i in range(num_returns)]
+        out: list[ObjectRef[Any]] = [ObjectRef(rid, self, counted=True) for rid in rids]
+        if hold and self.put_seq > self.synced_seq and route.peer is not None:
+            self.request(pb.Request(query="sync"))   # the head knows every ref in the arguments
+        with route.lock:
+            if not self.direct.submit_actor(route, Call(tid, call, refs, token, rids, name, hold)):
+                with self.refs.lock:
+                    self.owned.update(rids)
+                self.send_submit(call, refs)
+        return out
+
+    def retire_route(self, actor_id: bytes) -> None:
+        """The actor is being killed: later calls go through the head."""
+        self.direct.retire_route(actor_id)
+
+    def cancel(self, object_id: bytes, force: bool, recursive: bool = False) -> None:
+        if not self.direct.cancel(_ids.task_of(object_id), force, recursive):
+            self.send(_wire.CANCEL, pb.CancelRequest(object_id=object_id, force=force,
+                                                     recursive=recursive))
+
+    def cancel_submitted(self) -> None:
+        """Cancel (recursively) every task this process submitted that has not answered
+        yet and whose refs it still holds: a cancel(recursive=True) of the task running
+        here reaches its children this way wherever they went (head, lent workers)."""
+        tids = {_ids.task_of(oid) for oid in list(self.owned)}
+        tids.update(list(self.direct.call_route))
+        for tid in tids:
+            try:
+                self.cancel(_ids.object_id(tid, 0), False, True)
+            except ClusterLostError:
+                return
+
+    def listen(self, path: str) -> None:
+        """Take direct calls to this process (an actor's or a lent worker) at ``path``."""
+        self.direct.listen(path)
+
+    def build_call(self, tid: bytes, function_id: bytes, args: Sequence[Any], kwargs: dict[str, Any],
+                   *, num_returns: int, resources: dict[str, float], name: str) -> Any:
+        """A parsed Call (for requests that carry one, like actor creation)."""
+        template = pb.Call(function_id=function_id, num_returns=num_returns, resources=resources,
+                           name=name).SerializeToString()
+        refs: list[ObjectRef] = []
+        call = pb.Call.FromString(self._encode_call(template, tid, args, kwargs, refs))
+        self.escape([r._id for r in refs])
+        self._keep_until_sent = refs   # large args stay alive until the request is sent
+        return call
+
+    # ------------------------------------------------------------------ objects
+    def put(self, value: Any) -> ObjectRef:
+        if isinstance(value, ObjectRef):
+            raise TypeError("put() of an ObjectRef: pass the ref itself where it is needed, "
+                            "or put() its value (orchestra.get(ref)) instead")
+        return self._put_serialized(serialize(value))
+
+    def _put_serialized(self, ser: Serialized) -> ObjectRef:
+        oid = _ids.object_id(_ids.next_task_id(), 0)
+        data = self.objects.make_object_data(oid, ser)
+        ref: ObjectRef[Any] = ObjectRef(oid, self, counted=True)
+        with self.refs.lock:
+            self.results[oid] = data
+        self.send(_wire.OBJECTS, pb.Objects(objects=[data]))
+        self.put_seq += 1
+        return ref
+
+    def make_object_data(self, oid: bytes, ser: Serialized, out: Any = None) -> Any:
+        return self.objects.make_object_data(oid, ser, out)
+
+    def abort_segment(self, name: str) -> None:
+        self.objects.abort_segment(name)
+
+    def map_object(self, data: Any) -> tuple[memoryview, Any]:
+        return self.objects.map_object(data)
+
+    def get_one(self, ref: ObjectRef, timeout: float | None) -> Any:
+        oid = ref._id
+        data = self.results.get(oid)
+        if data is None:
+            self._wait([oid], 1, timeout)
+            data = self.results.get(oid)
+            if data is None:
+                raise ClusterLostError(self.lost or f"object {oid.hex()} vanished while waited for")
+        return self.objects.value(oid, data)
+
+    def get_many(self, refs: Sequence[ObjectRef], timeout: float | None) -> list[Any]:
+        ids = [r._id for r in refs]
+        results = self.results
+        if any(oid not in results for oid in ids):
+            self._wait(ids, len(ids), timeout)
+        return [self.objects.value(oid, results[oid]) for oid in ids]
+
+    def wait(self, refs: Sequence[ObjectRef], num_returns: int,
+             timeout: float | None) -> tuple[list[ObjectRef], list[ObjectRef]]:
+        results = self.results
+        if num_returns == len(refs):   # all of them: one pass when they are all ready
+            done = [r for r in refs if r._id in results]
+            if len(done) == num_returns:
+                return done, []
+        self._wait([r._id for r in refs], num_returns, timeout, raise_timeout=False)
+        ready: list[ObjectRef] = []
+        not_ready: list[ObjectRef] = []
+        for r in refs:
+            if r._id in results and len(ready) < num_returns:
+                ready.append(r)
+            else:
+                not_ready.append(r)
+        return ready, not_ready
+
+    def _wait(self, ids: Sequence[bytes], k: int, timeout: float | None,
+              raise_timeout: bool = True) -> None:
+        results = self.results
+        self.subscribe_missing(ids)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        n = len(ids)
+        if k >= n:
+            pos = [0]
+
+            def ready() -> bool:  # all of them: advance a cursor, O(n) over the whole wait
+                i = pos[0]
+                while i < n and ids[i] in results:
+                    i += 1
+                pos[0] = i
+                return i >= n
+        else:
+            def ready() -> bool:
+                return sum(1 for oid in ids if oid in results) >= k
+        if ready():
+            return
+        blocked = inline = False
+        if self.on_block is not None:
+            blocked = True
+            missing = list(itertools.islice((oid for oid in ids if oid not in results), _BLOCKED_IDS))
+            inline = self.on_block(True, missing)
+        try:
+            if inline:
+                ok = self._wait_running_nested(ready, deadline)
+            else:
+                ok = self.wait_until(ready, deadline)
+            if not ok and raise_timeout:
+                raise GetTimeoutError(
+                    f"get() timed out after {timeout:g} s with "
+                    f"{sum(1 for oid in ids if oid not in results)} of {n} objects not ready; "
+                    "the tasks keep running. Call get() again later or raise the timeout.")
+        finally:
+            if blocked and self.on_block is not None:
+                self.on_block(False, ())
+
+    def wait_for(self, ready: Callable[[], bool], deadline: float | None,
+                 ids: Iterable[bytes] = ()) -> bool:
+        """wait_until(ready) as get() waits: a task blocked here lends its CPU. ``ids``:
+        the objects it waits for (the first _BLOCKED_IDS are named to the head, whose
+        tasks may then run inline on this thread); none named, none runs inline."""
+        if ready():
+            return True
+        if self.on_block is None:
+            return self.wait_until(ready, deadline)
+        inline = self.on_block(True, list(itertools.islice(ids, _BLOCKED_IDS)))
+        try:
+            if inline:
+                return self._wait_running_nested(ready, deadline)
+            return self.wait_until(ready, deadline)
+        finally:
+            if self.on_block is not None:
+                self.on_block(False, ())
+
+    def _wait_running_nested(self, ready: Callable[[], bool], deadline: float | None) -> bool:
+        """wait_until(ready), running the tasks the head hands this blocked thread (the
+        ones it waits for, not started elsewhere) as they come: a chain of tasks that
+        each wait for the next nests on one worker instead of holding a blocked process
+        per level (_scheduler/blocking.py)."""
+        has_nested, run = self.nested_ready, self.run_nested
+        assert run is not None
+        while True:
+            if not self.wait_until(lambda: ready() or has_nested(), deadline):
+                return False
+            if ready():
+                return True
+            run()
+
+    def wait_until(self, pred: Callable[[], bool], deadline: float | None) -> bool:
+        """Return once ``pred()`` holds (True) or at ``deadline`` (False).
+
+        The waiting thread reads the socket itself when no other thread does (no hand-off
+        between threads on the latency path); otherwise it sleeps until the reader
+        dispatches something or gives up reading.
+        """
+        cond = self._cond
+        while True:
+            if self._read_lock.acquire(False):
+                try:
+                    while not pred():
+                        if self.lost is not None:
+                            raise ClusterLostError(self.lost)
+                        if deadline is None:
+                            wait_ms = 1000
+                        else:
+                            remaining = deadline - time.monotonic()
+                            if remaining <= 0:
+                                return False
+                            wait_ms = min(1000, max(1, int(remaining * 1000) + 1))
+                        self._read_once(wait_ms)
+                    return True
+                finally:
+                    self._read_lock.release()
+                    self.wake()   # another waiter may take over reading
+            with cond:
+                # Counted before pred() is read: a change after that read wakes this one.
+                self._sleepers += 1
+                try:
+                    if pred():
+                        return True
+                    if self.lost is not None:
+                        raise ClusterLostError(self.lost)
+                    remaining = 0.005 if deadline is None else min(0.005, deadline - time.monotonic())
+                    if remaining <= 0:
+                        return False
+                    cond.wait(remaining)
+                finally:
+                    self._sleepers -= 1
+
+    def wake(self) -> None:
+        """Wake the threads waiting in wait_until (that do not read): something came."""
+        if self._sleepers:
+            with self._cond:
+                self._cond.notify_all()
+
+    def subscribe_missing(self, ids: Iterable[bytes]) -> None:
+        results = self.results
+        want = []
+        with self.refs.lock:
+            for oid in ids:
+                if oid not in results and oid not in self.owned and oid not in self._subscribed:
+                    self._subscribed.add(oid)
+                    want.append(oid)
+        if want:
+            self.send(_wire.SUBSCRIBE, pb.Subscribe(ids=want))
+
+    # ------------------------------------------------------------------ reading
+    def _read_once(self, timeout_ms: int) -> bool:
+        """Read and dispatch what arrives within ``timeout_ms``; caller holds the read lock."""
+        if self.lost is not None:
+            return False
+        direct = self.direct
+        if direct.to_close:
+            direct.close_pending()
+        events = self.poller.poll(timeout_ms)
+        if not events:
+            return False
+        fd_head = self.conn.fd
+        if len(events) > 1:   # the head's frames first: an Execute it sent before an
+            events.sort(key=lambda e: e[0] != fd_head)   # ActorAddress precedes direct calls
+        try:
+            for fd, _ in events:
+                if fd != fd_head:
+                    direct.read(fd, self._buf, self._view)
+                    continue
+                n = self.conn.recv_into(self._buf)
+                if not n:
+                    self._connection_lost()
+                    return False
+                self._dispatch(self.conn.feed(self._view[:n]))
+        except ClusterLostError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug of ours: fail loudly (_broken)
+            self._broken(exc)
+            raise ClusterLostError(self.lost) from exc
+        return True
+
+    def _background(self) -> None:
+        """Every few ms: read what no waiting thread has read, and flush ref changes.
+
+        It never blocks while holding the read lock, so a thread that starts waiting
+        becomes the reader at once.
+        """
+        try:
+            self._background_loop()
+        except ClusterLostError:
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug of ours: fail loudly (_broken)
+            self._broken(exc)
+
+    def _background_loop(self) -> None:
+        direct = self.direct
+        while not self._stop.wait(_FLUSH_INTERVAL_S):
+            if self._read_lock.acquire(False):
+                try:
+                    for _ in range(64):
+                        if not self._read_once(0):
+                            break
+                except ClusterLostError:   # a frame's answer found the head gone
+                    return
+                finally:
+                    self._read_lock.release()
+            if self.lost is not None:
+                return
+            if direct.loans:
+                try:
+                    direct.return_idle_loans(LOAN_IDLE_S, ask=True)
+                except ClusterLostError:
+                    return
+            if self.active:   # direct calls went by: tell the head the cluster is busy
+                self.active = False
+                try:
+                    self.send(_wire.REF_DELTA, pb.RefDelta())
+                except ClusterLostError:
+                    return
+            self.flush_refs()
+            if self.on_tick is not None:
+                try:
+                    self.on_tick()
+                except ClusterLostError:
+                    return
+
+    def _dispatch(self, frames: list[tuple[int, Any]]) -> None:
+        wake = False
+        woken: list[Any] = []
+        direct = self.direct
+        for kind, msg in frames:
+            if kind == _wire.OBJECTS:
+                with self.refs.lock:
+                    local, results, owned = self.refs.local, self.results, self.owned
+                    streams = self.streams
+                    for d in msg.objects:
+                        oid = d.object_id
+                        if oid in local:
+                            results[oid] = d
+                        elif streams and oid[:_ids.TASK_ID_LEN] in streams:
+                            streams[oid[:_ids.TASK_ID_LEN]].arrived(self, oid, d)
+                        owned.discard(oid)
+                    if direct.watching():
+                        woken = direct.pushed(msg.objects)
+                wake = True
+            elif kind == _wire.DROP_MAPS:
+                self.objects.drop_maps(msg.names)
+            elif kind == _wire.RELEASE_MAPS:
+                self.objects.release_maps(msg.names)
+            elif kind == _wire.MAP_AHEAD:
+                self.objects.map_ahead(list(msg.names))
+            elif kind == _wire.ACTOR_ADDRESS:
+                direct.actor_address(msg)
+            elif kind == _wire.LOAN:
+                direct.loan_granted(msg)
+            elif kind == _wire.LOAN_RECALL:
+                direct.loan_recalled(msg.worker_id)
+            elif kind == _wire.RELEASE_CALL:
+                direct.release_call(msg.task_id)
+            elif kind == _wire.STALLED:
+                _log.warning("%s", msg.text)
+            elif kind == _wire.WARNING:   # e.g. a request that waits for a node to join
+                self._warn(msg.text)
+            elif kind == _wire.CLOSING:   # the head's last frame: why it stops
+                self._closing_reason = msg.reason
+            elif kind == _wire.REPLY:
+                slot = self._replies.pop(msg.req_id, None)
+                if slot is not None:
+                    slot[0] = msg
+                wake = True
+            elif self.on_frame is not None:
+                self.on_frame(kind, msg)
+                wake = True
+        if wake:
+            self.wake()
+            if direct.waiting_routes:
+                direct.pump_waiting()
+        if woken:   # a lent worker ended what the head had sent it: room for more
+            direct.pump_woken(woken)
+        if self.refs.decr or self.refs.unpin:
+            self.flush_refs()
+
+    def _warn(self, text: str) -> None:
+        """Show a warning of the head once per process (warnings.warn: the user's
+        filters apply; on stderr by default)."""
+        if text not in self._warned:
+            self._warned.add(text)
+            warnings.warn(text, RuntimeWarning, stacklevel=2)
+
+    def _connection_lost(self) -> None:
+        self.objects.drop_all_maps()
+        if self.lost is None:
+            if self.closing:
+                self.lost = "the connection to the cluster's head process closed"
+            elif self._closing_reason:
+                self.lost = (f"lost the cluster: its head process stopped ({self._closing_reason}). "
+                             "This session is over: orchestra.init() starts a new cluster")
+            else:
+                self.lost = _LOST
+        self.refs.lost = True
+        self.wake()
+        if self.on_lost is not None and not self.closing:
+            self.on_lost()
+
+    def _broken(self, exc: BaseException) -> None:
+        """An error in orchestra's own frame handling: this process cannot be trusted to
+        read its connection any more. Rather than live on without a reader (a worker that
+        kept its CPU and its tasks forever), close the connection: the head treats the
+        process as gone (for a worker, a crash: retries, WorkerCrashedError), a worker
+        exits (on_lost), and a driver's calls raise ClusterLostError."""
+        detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        print(f"orchestra: internal error while handling the cluster's frames in pid "
+              f"{os.getpid()}; its connection to the cluster is closed:\n{detail}",
+              file=sys.stderr, flush=True)
+        if self.lost is None:
+            self.lost = (f"orchestra failed while reading the cluster's frames "
+                         f"({type(exc).__name__}: {exc}) and closed the connection; the "
+                         "traceback is printed above: please report it")
+        self.refs.lost = True
+        self.conn.shutdown()
+        self.wake()
+        if self.on_lost is not None and not self.closing:
+            self.on_lost()
+
+    def close(self) -> None:
+        self.closing = True
+        self._stop.set()
+        self.conn.shutdown()
+        self.conn.close()
+        if self._reader is not threading.current_thread():
+            self._reader.join(timeout=2)
+        self.direct.close()
+        self.objects.drop_all_maps()   # they would keep the segments' memory
+
+
+def _never() -> bool:
+    return False

@@ -1,0 +1,190 @@
+"""The connection of this process to its cluster, set by init() or by the worker main,
+and what ``get_runtime_context()`` reads.
+
+Nothing is set at import; ``current_client`` starts a local cluster with the defaults
+the first time a driver needs one before ``init`` (as Ray does), and raises
+ClusterLostError once the cluster's head is gone.
+
+What the runtime context says, and who sets it:
+
+    driver:  init() -> set_client                      job, node, worker (its connection)
+    worker:  main -> set_client                        job, node, worker (its connection)
+             each task/call -> set_call(call) (a ContextVar: per thread and per
+             coroutine, so concurrent actor calls each see their own)   task id, resources
+             become_actor -> set_actor(...)             actor id, restarts, its resources
+"""
+from __future__ import annotations
+
+import contextvars
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+_client: Any = None
+
+
+def set_client(client: Any) -> None:
+    global _client
+    _client = client
+
+
+def current_client() -> Any:
+    client = _client
+    if client is None or client.lost is not None:
+        if client is None:
+            return _implicit_init()
+        # The head died: every later call fails at once with the same error, also
+        # those that would otherwise go straight to a (dying) worker.
+        from ..exceptions import ClusterLostError
+        raise ClusterLostError(client.lost)
+    return client
+
+
+def _implicit_init() -> Any:
+    """The first call that needs a cluster before init(): start one with the defaults
+    (Ray's behaviour). Only on this path: an initialised process never comes here."""
+    with _init_lock:
+        if _client is None:   # else another thread started it meanwhile
+            if _starter is None:
+                raise RuntimeError("orchestra is not initialized: call orchestra.init() first")
+            _starter()
+    return current_client()
+
+
+# init() with the defaults, set by the session module (which imports this one): None in
+# a process that never imported it.
+_starter: Callable[[], None] | None = None
+_init_lock = threading.Lock()
+
+
+def set_starter(starter: Callable[[], None]) -> None:
+    global _starter
+    _starter = starter
+
+
+def client_or_none() -> Any:
+    return _client
+
+
+_gpu_ids: list[int] = []
+
+
+def set_gpu_ids(ids: list[int]) -> None:
+    global _gpu_ids
+    _gpu_ids = ids
+
+
+def gpu_ids() -> list[int]:
+    return list(_gpu_ids)
+
+
+# ---------------------------------------------------------------- runtime context state
+
+# The Call the current thread or coroutine runs (None in a driver, between tasks).
+current_call: contextvars.ContextVar[Any] = contextvars.ContextVar("orchestra_call", default=None)
+set_call = current_call.set
+
+_actor: tuple[bytes, int, dict[str, float]] | None = None   # (id, restarts, resources)
+# The namespace given to init() (None: this job's anonymous one, as in Ray).
+namespace: str | None = None
+
+
+def set_actor(actor_id: bytes, restarts: int, resources: dict[str, float]) -> None:
+    global _actor
+    _actor = (actor_id, restarts, resources)
+
+
+def in_actor() -> bool:
+    return _actor is not None
+
+
+class RuntimeContext:
+    """What this process is within its cluster (``orchestra.get_runtime_context()``).
+
+    Ids are hex strings, as in Ray. In a driver the task and actor ids are None."""
+
+    def get_node_id(self) -> str:
+        """The id of the node this process runs on (as ``orchestra.nodes()`` names it)."""
+        from .._ids import node_hex
+        return node_hex(current_client().info.node_id)
+
+    @property
+    def node_id(self) -> str:
+        """``get_node_id()``, as a property (Ray has both)."""
+        return self.get_node_id()
+
+    def get_job_id(self) -> str:
+        """The job: one per cluster session (the driver and every task and actor of it)."""
+        return bytes(current_client().info.session_id).hex()
+
+    @property
+    def job_id(self) -> str:
+        """``get_job_id()``, as a property (Ray has both)."""
+        return self.get_job_id()
+
+    def get_task_id(self) -> str | None:
+        """The id of the task or actor call running here (None in a driver)."""
+        call = current_call.get()
+        return call.task_id.hex() if call is not None else None
+
+    @property
+    def task_id(self) -> str | None:
+        """``get_task_id()``, as a property (Ray has both)."""
+        return self.get_task_id()
+
+    def get_actor_id(self) -> str | None:
+        """The id of the actor this process serves (None outside an actor)."""
+        if _actor is not None:
+            return _actor[0].hex()
+        call = current_call.get()   # in the constructor, before the actor is set
+        if call is not None and call.HasField("actor"):
+            return bytes(call.actor.actor_id).hex()
+        return None
+
+    @property
+    def actor_id(self) -> str | None:
+        """``get_actor_id()``, as a property (Ray has both)."""
+        return self.get_actor_id()
+
+    def get_worker_id(self) -> str:
+        """This process's id (a driver's or a worker's): its connection's at the head,
+        unique in the cluster."""
+        return f"{current_client().conn_id:016x}"
+
+    @property
+    def worker_id(self) -> str:
+        """``get_worker_id()``, as a property (Ray has both)."""
+        return self.get_worker_id()
+
+    @property
+    def namespace(self) -> str:
+        """The namespace given to init(); else this job's anonymous one (a uuid, as in Ray)."""
+        if namespace is not None:
+            return namespace
+        return str(uuid.uuid5(uuid.NAMESPACE_OID, "orchestra-" + self.get_job_id()))
+
+    def get_assigned_resources(self) -> dict[str, float]:
+        """The resources the running task (or this actor) holds: {} in a driver."""
+        if _actor is not None:
+            return dict(_actor[2])
+        call = current_call.get()
+        return dict(call.resources) if call is not None else {}
+
+    def was_current_actor_reconstructed(self) -> bool:
+        """True in an actor that the cluster restarted after its process died."""
+        if _actor is not None:
+            return _actor[1] > 0
+        call = current_call.get()
+        return call is not None and call.HasField("actor") and call.actor.restart_count > 0
+
+    def get(self) -> dict[str, Any]:
+        """The context as a dict (Ray's keys)."""
+        return {"job_id": self.get_job_id(), "node_id": self.get_node_id(),
+                "task_id": self.get_task_id(), "actor_id": self.get_actor_id(),
+                "namespace": self.namespace}
+
+
+def get_runtime_context() -> RuntimeContext:
+    """The runtime context of this process (a driver, a task's or an actor's worker)."""
+    return RuntimeContext()

@@ -1,0 +1,704 @@
+"""Direct calls, the I/O: connections to actors' processes and to workers lent to this
+driver, the frames sent on them, and the answers read from them.
+
+    submit_actor --> ActorRoute (per actor) --plan_route--> EXECUTE on the actor's connection
+    submit (shape lent) --> loan queue --plan_loans--> EXECUTE on a lent worker's connection
+    answers (TASK_DONE) --> ResultBook.answered --> results, or data forwarded to the head
+    connection closed --> unanswered calls handed to the head (ADOPT), later ones through it
+
+The decisions are made in orchestra/_runtime/direct_core.py (no I/O, unit-tested); this module
+carries them out for one CoreClient, whose socket, ref counts and results it shares.
+Locks: an ActorRoute's own lock for its calls, ``loan_lock`` for every loan and the
+queues of tasks waiting for one, the client's ref lock for the ResultBook.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import os
+import select
+import signal
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from .._objects.errors import make_error
+from .._objects.refs import RefCounts
+from .._protocol import codec as _codec
+from .._protocol import pb
+from .._protocol import wire as _wire
+from .._protocol.connection import Connection, Listener
+from .._resources import pinned_key, shape_key, split_pinned
+from ..exceptions import ClusterLostError
+from .direct_core import (
+    LOAN_DEPTH,
+    ActorRoute,
+    Call,
+    Loan,
+    Plan,
+    ResultBook,
+    Shape,
+    idle_loans,
+    load,
+    plan_loans,
+    plan_route,
+    slow_loans,
+    steal_targets,
+    wants_another_loan,
+)
+
+
+class Client(Protocol):
+    """What direct calls use of their process's CoreClient: its connection to the head,
+    ref counts, results, and the reading of every connection."""
+
+    refs: RefCounts
+    results: dict[bytes, Any]
+    owned: set[bytes]
+    lost: str | None
+    conn_id: int
+    poller: Any
+    function_frames: dict[bytes, bytes]
+    put_seq: int
+    active: bool
+    token: str | None   # the cluster token, for TCP direct calls (None: the environment's)
+
+    def send(self, kind: int, msg: Any) -> None: ...
+    def send_raw(self, frame: bytes) -> None: ...
+    def send_decided(self, decide: Any) -> None: ...
+    def send_submit(self, call: bytes, refs: Any) -> None: ...
+    def subscribe_missing(self, ids: Iterable[bytes]) -> None: ...
+    def wake(self) -> None: ...
+
+
+class Peer(Connection):
+    """A connection between a caller and the process that runs its direct calls.
+    ``route`` is set on the caller's side (the actor route or the loan)."""
+
+    __slots__ = ("route", "worker_id")
+
+    def __init__(self, conn: Connection, route: ActorRoute | Loan | None, worker_id: int) -> None:
+        super().__init__(conn.sock, conn.address)
+        self.route = route
+        self.worker_id = worker_id
+
+
+def _cancelled_error(name: str) -> bytes:
+    return make_error("cancelled", name=name)
+
+
+class DirectCalls:
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.book = ResultBook()
+        self.routes: dict[bytes, ActorRoute] = {}       # actor id -> route
+        self.call_route: dict[bytes, ActorRoute | Loan] = {}   # task id -> where it went, until answered
+        self.waiting_routes: set[ActorRoute] = set()    # first call waits for an argument
+        self.peers: dict[int, Peer] = {}
+        self.to_close: list[Peer] = []
+        self.listener: Listener | None = None
+        self.tcp_listener: Listener | None = None   # on a cluster: callers on other nodes
+        # An actor's worker: what to do with a frame from one of its callers.
+        self.on_peer_frame: Any = None
+        # Workers the head lent this driver (Loan), by resource shape, and the tasks of
+        # each shape waiting for room on them; one lock for all of it.
+        self.loan_lock = threading.Lock()
+        self.loans: dict[Shape, list[Loan]] = {}
+        self.loan_queue: dict[Shape, collections.deque[Call]] = {}
+        self.loan_asked: dict[Shape, float] = {}
+        self.ever_loaned = False
+        self.busy_tasks: dict[bytes, Loan] = {}   # task sent by the head -> lent worker running it
+
+    # ------------------------------------------------------------------ shared helpers
+    def _release(self, ids: list[bytes]) -> None:
+        """Decrements due (under the ref lock)."""
+        if ids and self.client.lost is None:
+            self.client.refs.decr.extend(ids)
+
+    def _execute(self, plan: Plan, functions: bool = False) -> None:
+        """Send a plan's calls, end its failed ones, resubmit the rest."""
+        client = self.client
+        for c, err in plan.failed:
+            self._end_unsent(c, pb.TaskDone(task_id=c.tid, returns=[
+                pb.ObjectData(object_id=rid, error=err.error) for rid in c.rids]))
+        for route, sends in plan.sends.items():
+            frames: list[bytes] = []
+            for c, resolved in sends:
+                self.call_route[c.tid] = route
+                if functions and c.fid not in route.functions:   # the worker learns it here
+                    route.functions.add(c.fid)
+                    frames.append(client.function_frames[c.fid])
+                frames.append(_codec.execute_frame(
+                    c.call, [d.SerializeToString() for d in resolved] if resolved else (),
+                    client.conn_id))
+            client.active = True
+            route.peer.send(frames[0] if len(frames) == 1 else b"".join(frames))
+        for c in plan.resubmit:
+            self._resubmit(c)
+
+    def _end_unsent(self, c: Call, msg: Any) -> None:
+        """End a direct call here, unsent, with ``msg`` as its answer (cancelled, or its
+        argument's error)."""
+        self.call_route.pop(c.tid, None)
+        client = self.client
+        with client.refs.lock:
+            forward, decr = self.book.answered(c, msg, client.refs.local, client.results,
+                                               _cancelled_error)
+            client.owned.difference_update(c.rids)
+            self._release(decr)
+        if forward:
+            client.send(_wire.OBJECTS, pb.Objects(objects=forward))
+        client.wake()
+
+    def _resubmit(self, c: Call) -> None:
+        """Send a call that was to go direct through the head instead."""
+        self.call_route.pop(c.tid, None)
+        if self.book.unregistered:   # its arguments first: the head must know them
+            self.escape([r._id for r in c.args])
+        # The head counts its returns for this process from the Submit.
+        self.client.send_decided(functools.partial(
+            self._hand_over, [c], _codec.submit_frame(c.call)))
+
+    def _hand_over(self, calls: list[Call], frame: bytes) -> bytes:
+        """Under the connection's lock (send_decided): the head takes ``calls`` over
+        with ``frame`` (their Submit, or AdoptCalls), sent at once. Handed over and
+        sent as one: an escape of their results in another thread finds them handed
+        over, sends nothing, and its task must not reach the head first."""
+        self._handed_to_head(calls)
+        return frame
+
+    def _handed_to_head(self, calls: Iterable[Call]) -> None:
+        refs = self.client.refs
+        with refs.lock:
+            self._release(self.book.handed_to_head(calls, refs.local))
+
+    def _answered(self, c: Call, msg: Any, forward: list[Any], answered: list[Call]) -> None:
+        """A direct call's answer came: deliver it; its arguments go with ``answered``,
+        or once the callee says it counted them (RELEASE_CALL)."""
+        self.call_route.pop(c.tid, None)
+        client = self.client
+        with client.refs.lock:
+            if not self.book.keep_args(c):
+                answered.append(c)
+            fwd, decr = self.book.answered(c, msg, client.refs.local, client.results,
+                                           _cancelled_error)
+            if not msg.owner:
+                client.owned.difference_update(c.rids)
+            self._release(decr)
+        forward.extend(fwd)
+
+    def escape(self, ids: Iterable[bytes]) -> None:
+        """These refs leave this process (an argument through the head, or pickled in a
+        value): results of direct calls only this process knows are told to the head
+        first, with their data, or as pending while their call still runs."""
+        if not self.book.unregistered:
+            return
+        client = self.client
+        sent = False
+
+        def decide() -> bytes:
+            # Decided and sent as one (send_decided): a second thread passing the same
+            # result finds it registered, sends nothing, and its task must not reach
+            # the head before this registration.
+            nonlocal sent
+            with client.refs.lock:
+                puts, pending = self.book.escape(ids, client.results)
+            frames = b""
+            if pending:
+                frames += _wire.encode(_wire.REF_DELTA, pb.RefDelta(pending=pending))
+            if puts:
+                frames += _wire.encode(_wire.OBJECTS, pb.Objects(objects=puts))
+            sent = bool(frames)
+            return frames
+        client.send_decided(decide)
+        if sent:
+            client.put_seq += 1
+
+    def last_ref_gone(self, oid: bytes) -> bool:
+        """Under the ref lock: the last ref of ``oid`` here went; True when the head
+        holds a count for this process."""
+        if oid in self.routes:   # the last handle of an actor here: close its route
+            route = self.routes.pop(oid)
+            if route.peer is not None:
+                self.to_close.append(route.peer)
+        return self.book.last_ref_gone(oid) is None
+
+    def watching(self) -> bool:
+        """Whether pushes from the head concern direct calls (see pushed)."""
+        return bool(self.call_route or self.book.via_head or self.busy_tasks)
+
+    def pushed(self, objects: Iterable[Any]) -> list[Loan]:
+        """The head pushed these objects here (under the ref lock). Returns the lent
+        workers that ended what the head had sent them (pump_woken, without that lock)."""
+        woken: list[Loan] = []
+        for d in objects:
+            oid = d.object_id
+            if self.book.pushed(oid, oid[:-4] in self.call_route) and self.client.lost is None:
+                self.client.refs.decr.append(oid)   # dropped before the head held it
+            if self.busy_tasks:
+                busy = self.busy_tasks.pop(oid[:-4], None)
+                if busy is not None:
+                    busy.busy = 0
+                    woken.append(busy)
+        return woken
+
+    def pump_woken(self, woken: list[Loan]) -> None:
+        """Lent workers with room for more: send them what waits."""
+        with self.loan_lock:
+            for shape in {le.shape for le in woken}:
+                self.pump_loans(shape)
+
+    def release_call(self, tid: bytes) -> None:
+        """RELEASE_CALL: the callee counted what it keeps of the call's arguments."""
+        self.book.release_call(tid, tid in self.call_route)
+
+    # ------------------------------------------------------------------ tasks on loans
+    def submit_task(self, c: Call, shape: Shape) -> bool:
+        """Queue a task for a worker lent for ``shape``; False when none is lent."""
+        with self.loan_lock:
+            if not self.loans.get(shape):
+                return False
+            with self.client.refs.lock:
+                self.client.owned.update(c.rids)
+                self.book.sent(c.rids)
+            q = self.loan_queue[shape]
+            q.append(c)
+            if len(q) == 1:   # else the lent workers are full: an answer pumps
+                self.pump_loans(shape)
+        return True
+
+    def pump_loans(self, shape: Shape) -> None:
+        """Send queued tasks of ``shape`` to lent workers. Holds loan_lock."""
+        q = self.loan_queue.get(shape)
+        if not q:
+            return
+        now = time.monotonic()
+        loans = self.loans.get(shape, [])
+        usable = [le for le in loans if not le.recalled and not le.blocked]
+        plan = plan_loans(q, usable, self.client.results, now)
+        self._execute(plan, functions=True)
+        if usable:
+            self._ask_for_loan(shape, usable, now)
+
+    def _ask_for_loan(self, shape: Shape, loans: list[Loan], now: float) -> None:
+        if wants_another_loan(len(self.loan_queue.get(shape, ())), loans,
+                              self.loan_asked.get(shape, 0.0), now):
+            self.loan_asked[shape] = now
+            res, pinned = split_pinned(dict(shape))
+            self.client.send(_wire.LOAN_REQUEST, pb.LoanRequest(resources=res, pinned_node=pinned))
+
+    def loan_granted(self, msg: Any) -> None:
+        self.ever_loaned = True
+        shape = pinned_key(shape_key(msg.resources), msg.pinned_node)
+        try:
+            conn = Connection.connect_once(msg.path, self.client.token)
+        except OSError:   # the worker is gone (or the cluster stops): give it back
+            try:
+                self.client.send(_wire.LOAN_RETURN, pb.LoanReturn(worker_id=msg.worker_id))
+            except ClusterLostError:
+                pass
+            return
+        loan = Loan(msg.worker_id, msg.pid, shape)
+        if msg.busy_task:   # it runs that task of ours first: until its result comes
+            loan.busy = 1
+            self.busy_tasks[msg.busy_task] = loan
+        loan.peer = self._add_peer(conn, loan, msg.worker_id)
+        with self.loan_lock:
+            self.loans.setdefault(shape, []).append(loan)
+            self.loan_queue.setdefault(shape, collections.deque())
+            self.pump_loans(shape)
+            if not load(loan):
+                self._steal_for(loan)
+
+    def loan_recalled(self, worker_id: int) -> None:
+        with self.loan_lock:
+            for loans in self.loans.values():
+                for loan in loans:
+                    if loan.worker_id == worker_id:
+                        loan.recalled = True
+                        if not loan.inflight:
+                            self._give_back(loan)
+                        elif len(loan.inflight) > 1:
+                            self._take_back(loan)   # the head places them
+                        self.pump_loans(loan.shape)
+                        return
+
+    def _give_back(self, loan: Loan) -> None:
+        """Holds loan_lock; the loan has no task unanswered."""
+        loans = self.loans.get(loan.shape)
+        if loans is not None and loan in loans:
+            loans.remove(loan)
+            if not loans:
+                del self.loans[loan.shape]
+        self.to_close.append(loan.peer)
+        if self.client.lost is None:
+            try:
+                self.client.send(_wire.LOAN_RETURN, pb.LoanReturn(worker_id=loan.worker_id))
+            except ClusterLostError:
+                pass
+
+    def return_idle_loans(self, min_idle_s: float = 0.0, ask: bool = False) -> None:
+        """Give back lent workers with no task unanswered for ``min_idle_s``; ``ask``:
+        and ask for more where tasks wait behind others."""
+        if not self.loans:
+            return
+        now = time.monotonic()
+        with self.loan_lock:
+            for shape, loans in list(self.loans.items()):
+                if ask:
+                    self._ask_for_loan(shape, loans, now)
+                    for loan in slow_loans(loans, now):
+                        self._take_back(loan)   # queued behind a long task
+                for loan in idle_loans(loans, len(self.loan_queue.get(shape, ())), min_idle_s, now):
+                    self._give_back(loan)
+
+    def _take_back(self, loan: Loan) -> None:
+        """Ask a lent worker for the tasks it has not started, and send it no more until
+        its running task answers. Holds loan_lock."""
+        loan.blocked = True
+        loan.stealing = True
+        loan.peer.send(_wire.encode(_wire.STEAL, pb.ReturnTasks(task_ids=list(loan.inflight))))
+
+    def _steal_for(self, idle: Loan) -> None:
+        """A lent worker has nothing left: take back tasks queued behind a running one
+        on another (a quick task never waits long behind a slow one). Holds loan_lock."""
+        for loan in steal_targets(idle, self.loans.get(idle.shape, ())):
+            loan.stealing = True
+            ids = list(loan.inflight)
+            loan.peer.send(_wire.encode(_wire.STEAL, pb.ReturnTasks(task_ids=ids)))
+
+    def _dispatch_loan(self, loan: Loan, frames: list[tuple[int, Any]]) -> None:
+        forward: list[Any] = []
+        answered: list[Call] = []
+        with self.loan_lock:
+            returned: list[Call] = []
+            for kind, msg in frames:
+                if kind == _wire.TASK_DONE:
+                    c = loan.inflight.pop(msg.task_id, None)
+                    if c is None:
+                        continue
+                    loan.blocked = False
+                    loan.busy = 0   # what the head sent it ran before this
+                    self._answered(c, msg, forward, answered)
+                elif kind == _wire.RETURN_TASKS:
+                    for tid in msg.task_ids:
+                        c = loan.inflight.pop(tid, None)
+                        if c is not None:
+                            self.call_route.pop(tid, None)
+                            returned.append(c)
+                    if not loan.stealing:
+                        loan.blocked = True   # its running task waits in get()
+                    loan.stealing = False
+            loan.idle_since = time.monotonic()
+            q = self.loan_queue.setdefault(loan.shape, collections.deque())
+            q.extendleft(reversed(returned))
+            if returned or load(loan) <= LOAN_DEPTH // 2:
+                self.pump_loans(loan.shape)
+            if loan.recalled and not loan.inflight:
+                self._give_back(loan)
+            elif not loan.inflight and not q:
+                self._steal_for(loan)
+        self.client.wake()
+        if forward:
+            self.client.send(_wire.OBJECTS, pb.Objects(objects=forward))
+        del answered
+
+    def _loan_lost(self, loan: Loan) -> None:
+        """The lent worker's connection closed: the head retries or fails what it left
+        unanswered, as for any worker death."""
+        client = self.client
+        with self.loan_lock:
+            loans = self.loans.get(loan.shape)
+            if loans is not None and loan in loans:
+                loans.remove(loan)
+                if not loans:
+                    del self.loans[loan.shape]
+            lost = list(loan.inflight.values())
+            loan.inflight.clear()
+            if lost and client.lost is None:
+                try:
+                    self.escape([r._id for c in lost for r in (*c.args, *c.hold)])
+                except ClusterLostError:
+                    return
+                for c in lost:
+                    self.call_route.pop(c.tid, None)
+                adopt = _wire.encode(_wire.ADOPT, pb.AdoptCalls(
+                    worker_id=loan.worker_id, calls=[pb.Call.FromString(c.call) for c in lost],
+                    cancelled=[c.tid for c in lost if c.cancelled]))
+                try:
+                    client.send_decided(functools.partial(self._hand_over, lost, adopt))
+                except ClusterLostError:
+                    pass
+            if client.lost is None:
+                try:
+                    self.pump_loans(loan.shape)
+                except ClusterLostError:
+                    pass
+        del lost
+
+    # ------------------------------------------------------------------ actor calls
+    def route(self, actor_id: bytes) -> ActorRoute:
+        route = self.routes.get(actor_id)
+        if route is None:
+            with self.client.refs.lock:
+                route = self.routes.setdefault(actor_id, ActorRoute(actor_id))
+        return route
+
+    def submit_actor(self, route: ActorRoute, c: Call) -> bool:
+        """Send an actor call direct; False when it must go through the head (the caller
+        then sends it there, counted in ``via_head``). Holds route.lock."""
+        if route.peer is None or route.dispatched < route.via_head:   # not route.direct()
+            route.via_head += 1
+            return False
+        with self.client.refs.lock:
+            self.client.owned.update(c.rids)
+            self.book.sent(c.rids)
+        route.queue.append(c)
+        self.call_route[c.tid] = route
+        self.pump_route(route)
+        return True
+
+    def pump_route(self, route: ActorRoute) -> None:
+        """Send the route's queued calls in order while their ref arguments are here
+        (the caller holds route.lock)."""
+        if route.peer is None:
+            return
+        plan = plan_route(route, self.client.results)
+        if route.queue:
+            self.waiting_routes.add(route)
+        else:
+            self.waiting_routes.discard(route)
+        self._execute(plan)
+        if plan.missing:
+            self.client.subscribe_missing(plan.missing)
+
+    def pump_waiting(self) -> None:
+        for route in list(self.waiting_routes):
+            with route.lock:
+                self.pump_route(route)
+
+    def retire_route(self, actor_id: bytes) -> None:
+        """The actor is being killed: later calls go through the head (which holds them
+        for a restarted instance); calls in flight end with the process."""
+        route = self.routes.get(actor_id)
+        if route is None:
+            return
+        with route.lock:
+            if route.peer is not None:
+                route.stale.add(route.peer.worker_id)
+                route.peer = None
+            self._requeue_through_head(route)
+
+    def _requeue_through_head(self, route: ActorRoute) -> None:
+        """Send the route's unsent calls through the head, in order (holds route.lock)."""
+        queued = list(route.queue)
+        route.queue.clear()
+        self.waiting_routes.discard(route)
+        for c in queued:
+            route.via_head += 1
+            self._resubmit(c)
+
+    def actor_address(self, msg: Any) -> None:
+        route = self.routes.get(msg.actor_id)
+        if route is None:
+            return
+        with route.lock:
+            if msg.worker_id in route.stale:
+                return
+            route.dispatched = max(route.dispatched, msg.dispatched)
+            if route.peer is not None:
+                if route.peer.worker_id == msg.worker_id:
+                    return
+                route.stale.add(route.peer.worker_id)   # a restarted instance: the old one ends
+            try:
+                conn = Connection.connect_once(msg.path, self.client.token)
+            except OSError:
+                route.stale.add(msg.worker_id)
+                route.peer = None
+                return
+            route.peer = self._add_peer(conn, route, msg.worker_id)
+
+    # ------------------------------------------------------------------ cancel
+    def cancel(self, tid: bytes, force: bool, recursive: bool = False) -> bool:
+        """Cancel a direct call here; False when the head must do it."""
+        route = self.call_route.get(tid)
+        if isinstance(route, Loan) or (route is None and self.loans):
+            if self._cancel_on_loan(tid, force, route, recursive):
+                return True
+            route = None
+        if isinstance(route, ActorRoute):
+            with route.lock:
+                c = route.inflight.get(tid)
+                if c is not None and c.peer is not None:
+                    c.peer.send(_wire.encode(_wire.CANCEL_TASK, pb.CancelTask(
+                        task_id=tid, recursive=recursive)))
+                    return True
+                for c in route.queue:
+                    if c.tid == tid:
+                        route.queue.remove(c)
+                        self._end_unsent(c, pb.TaskDone(task_id=tid, cancelled=True))
+                        return True
+        return False
+
+    def _cancel_on_loan(self, tid: bytes, force: bool, loan: Loan | None,
+                        recursive: bool = False) -> bool:
+        with self.loan_lock:
+            if loan is not None:
+                c = loan.inflight.get(tid)
+                if c is not None:
+                    if force and next(iter(loan.inflight)) == tid:
+                        c.cancelled = True   # the head fails it as cancelled (AdoptCalls)
+                        try:
+                            os.kill(loan.pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+                    else:
+                        loan.peer.send(_wire.encode(_wire.CANCEL_TASK, pb.CancelTask(
+                            task_id=tid, recursive=recursive)))
+                    return True
+            for q in self.loan_queue.values():
+                for c in q:
+                    if c.tid == tid:
+                        q.remove(c)
+                        self._end_unsent(c, pb.TaskDone(task_id=tid, cancelled=True))
+                        return True
+        return False
+
+    # ------------------------------------------------------------------ peers
+    def listen(self, path: str) -> None:
+        """Take direct calls to this process (an actor's or a lent worker) at ``path``."""
+        self.listener = Listener(path)
+        self.client.poller.register(self.listener.fileno(), select.POLLIN)
+
+    def listen_tcp(self, host: str, token: str) -> str:
+        """Take direct calls from other nodes too, over TCP on ``host`` (each caller
+        proves the cluster token first); the address, HOST:PORT."""
+        self.tcp_listener = Listener(f"{host}:0", token=token)
+        for fd in self.tcp_listener.fds:   # the port, and the wake of proven callers
+            self.client.poller.register(fd, select.POLLIN)
+        return self.tcp_listener.address
+
+    def _add_peer(self, conn: Connection, route: ActorRoute | Loan | None, worker_id: int) -> Peer:
+        peer = Peer(conn, route, worker_id)
+        self.peers[peer.fd] = peer
+        self.client.poller.register(peer.fd, select.POLLIN)
+        return peer
+
+    def read(self, fd: int, buf: bytearray, view: memoryview) -> None:
+        """Something to read on ``fd``: a new caller, or frames from a peer."""
+        for listener in (self.listener, self.tcp_listener):
+            if listener is not None and fd in listener.fds:
+                while True:
+                    conn = listener.accept()
+                    if conn is None:
+                        return
+                    self._add_peer(conn, None, 0)
+        peer = self.peers.get(fd)
+        if peer is None:
+            try:
+                self.client.poller.unregister(fd)
+            except (KeyError, ValueError):
+                pass
+            return
+        n = peer.recv_into(buf)
+        if not n:
+            self._peer_lost(peer)
+            return
+        try:
+            frames = peer.feed(view[:n])
+        except _wire.ProtocolError:
+            self._peer_lost(peer)
+            return
+        self._dispatch_peer(peer, frames)
+
+    def _dispatch_peer(self, peer: Peer, frames: list[tuple[int, Any]]) -> None:
+        route = peer.route
+        client = self.client
+        client.active = True
+        if route is None:   # this is an actor's (or lent) worker: calls from a caller
+            if self.on_peer_frame is not None:
+                for kind, msg in frames:
+                    self.on_peer_frame(peer, kind, msg)
+            client.wake()
+            return
+        if isinstance(route, Loan):
+            self._dispatch_loan(route, frames)
+            if self.waiting_routes:
+                self.pump_waiting()
+            return
+        forward: list[Any] = []
+        answered: list[Call] = []
+        with route.lock:
+            for kind, msg in frames:
+                if kind != _wire.TASK_DONE:
+                    continue
+                c = route.inflight.pop(msg.task_id, None)
+                if c is None:
+                    continue
+                self._answered(c, msg, forward, answered)
+        client.wake()
+        if forward:
+            client.send(_wire.OBJECTS, pb.Objects(objects=forward))
+        del answered   # their argument refs and the actor's token may go now
+        if self.waiting_routes:
+            self.pump_waiting()
+
+    def _peer_lost(self, peer: Peer) -> None:
+        """A connection to (or from) a process taking direct calls closed."""
+        self.close_peer(peer)
+        route = peer.route
+        if route is None:
+            return   # a caller left: answers to it go through the head
+        # The process is gone: what it kept of arguments went with it.
+        self.book.peer_lost(peer)
+        if isinstance(route, Loan):
+            self._loan_lost(route)
+            return
+        client = self.client
+        with route.lock:
+            route.stale.add(peer.worker_id)
+            if route.peer is peer:
+                route.peer = None
+            lost = [c for c in route.inflight.values() if c.peer is peer]
+            for c in lost:
+                del route.inflight[c.tid]
+                self.call_route.pop(c.tid, None)
+            if lost:
+                if client.lost is None:
+                    adopt = _wire.encode(_wire.ADOPT, pb.AdoptCalls(
+                        actor_id=route.actor_id, worker_id=peer.worker_id,
+                        calls=[pb.Call.FromString(c.call) for c in lost]))
+                    try:
+                        client.send_decided(functools.partial(self._hand_over, lost, adopt))
+                    except ClusterLostError:
+                        pass
+                else:
+                    self._handed_to_head(lost)
+            if route.peer is None and route.queue and client.lost is None:
+                try:
+                    self._requeue_through_head(route)
+                except ClusterLostError:
+                    pass
+        del lost
+
+    def close_peer(self, peer: Peer) -> None:
+        if self.peers.pop(peer.fd, None) is not None:
+            try:
+                self.client.poller.unregister(peer.fd)
+            except (KeyError, ValueError):
+                pass
+        peer.close()
+
+    def close_pending(self) -> None:
+        closing, self.to_close = self.to_close, []
+        for peer in closing:
+            self.close_peer(peer)
+
+    def close(self) -> None:
+        for peer in list(self.peers.values()):
+            peer.close()
+        if self.listener is not None:
+            self.listener.close()
+        if self.tcp_listener is not None:
+            self.tcp_listener.close()

@@ -1,0 +1,369 @@
+"""Actors in the scheduler: placement, call order, death, restarts, names. No I/O.
+
+    create_actor -> PENDING (waiting for resources) -> STARTING (dedicated worker starts,
+    constructor runs) -> ALIVE -> (process died, restarts left) RESTARTING -> ALIVE
+                                -> (killed, crashed for good, constructor raised,
+                                    last handle gone) DEAD
+
+Calls queue per actor in the order the head receives them (one connection per caller,
+so each caller's order holds) and go to the actor's worker as soon as their arguments
+exist and the actor is alive; the worker runs them one at a time, or up to
+max_concurrency at once. A call in flight when the process dies fails with
+ActorDiedError; later calls reach the restarted instance.
+
+The actor id is also a pseudo-object that every handle holds: when its count drops to
+zero an unnamed actor finishes the calls it has and is stopped.
+"""
+from __future__ import annotations
+
+import collections
+import enum
+from typing import Any
+
+from .._protocol import pb
+from .._protocol.wire import ACTOR_ADDRESS
+from .instructions import KillWorker, LateSend
+from .model import SchedulerCore, Task, TaskState, Worker, WorkerState
+
+ACTOR_SHAPE = (("__actor__", 1.0),)   # a grant shape no task has: no task is pipelined there
+
+
+class ActorState(enum.Enum):
+    PENDING = "pending"
+    STARTING = "starting"
+    ALIVE = "alive"
+    RESTARTING = "restarting"
+    DEAD = "dead"
+
+
+class Actor:
+    __slots__ = ("spec", "creation", "state", "worker", "restarts", "queue", "death", "no_restart",
+                 "draining", "owner", "killing", "handled")
+
+    def __init__(self, spec: Any, creation: Task, owner: int) -> None:
+        self.spec = spec
+        self.creation = creation
+        self.state = ActorState.PENDING
+        self.worker: Worker | None = None
+        self.restarts = 0
+        self.queue: collections.deque[Task] = collections.deque()
+        self.death: bytes | None = None       # pickled ActorDiedError once dead
+        self.no_restart = False
+        self.draining = False
+        self.owner = owner
+        self.killing = False    # a kill was sent to its worker, whose death is not seen yet
+        # Calls of each connection that left the queue (sent to the worker, or failed),
+        # over the actor's life: told to callers with its address (ActorAddress).
+        self.handled: dict[int, int] = {}
+
+
+class ActorTable:
+    def __init__(self, state: SchedulerCore) -> None:
+        self.s = state
+        self.actors: dict[bytes, Actor] = {}
+        self.names: dict[tuple[str, str], bytes] = {}   # (namespace, name) -> actor id
+        self.pending: list[Actor] = []
+
+    # ------------------------------------------------------------------ creation
+    def create(self, conn: int, call: Any, task: Task) -> Any:
+        """Raises ValueError for a name taken in its namespace (the head answers the
+        request with it); with get_if_exists, the live actor's spec (nothing made)."""
+        spec = call.actor
+        if not spec.namespace:
+            spec.namespace = self.namespace_of(conn)
+        key = (spec.namespace, spec.name)
+        if spec.name and key in self.names:
+            if spec.get_if_exists:
+                return self.actors[self.names[key]].spec
+            raise ValueError(f"the actor name {spec.name!r} is already taken in namespace "
+                             f"{spec.namespace!r}: names are unique among live actors of a "
+                             "namespace; pick another, get_actor() the existing one, or pass "
+                             "get_if_exists=True")
+        a = Actor(spec, task, conn)
+        self.actors[spec.actor_id] = a
+        if spec.name:
+            self.names[key] = spec.actor_id
+        s = self.s
+        token = s.new_object(conn, spec.actor_id)   # the handle's pseudo-object
+        token.data = pb.ObjectData(object_id=spec.actor_id, inline=b"")
+        return None
+
+    def namespace_of(self, conn: int) -> str:
+        """The namespace a connection acts in: a driver's own; a worker's, that of the
+        driver whose task it runs (through tasks of tasks); an actor's, its own."""
+        s = self.s
+        for _ in range(256):   # a chain of owners, never a cycle; bounded all the same
+            c = s.clients.get(conn)
+            if c is None:
+                return ""
+            w = c.worker
+            if w is None:
+                return c.namespace
+            if w.actor is not None:
+                return w.actor.spec.namespace
+            if w.queue:
+                conn = w.queue[0].owner
+            elif w.lent_to is not None:
+                conn = w.lent_to
+            else:
+                return ""
+        return ""
+
+    def creation_deps_met(self, task: Task) -> None:
+        a = self.actors.get(task.call.actor.actor_id)
+        if a is None or a.state is ActorState.DEAD:
+            return
+        if not self._place(a):
+            self.pending.append(a)
+
+    def creation_failed(self, task: Task, blob: bytes) -> None:
+        """The creation task failed before placement (no node can ever hold it): the
+        actor is dead with ``blob``, the error its calls raise."""
+        a = self.actors.get(task.call.actor.actor_id)
+        if a is not None and a.state is not ActorState.DEAD:
+            self._die(a, blob)
+
+    def _place(self, a: Actor) -> bool:
+        """Start its dedicated worker on the best node that holds its request now; False:
+        none does (it waits). True also when it died here: its strategy names a node
+        that cannot take it, ever."""
+        s = self.s
+        task = a.creation
+        req = task.resources
+        if len(s.nodes) > 1 or task.placement is not None:
+            err = s.unplaceable(task)
+            if err is not None:
+                self._die(a, err)
+                return True
+            nodes = s.node_order(task)
+        else:
+            nodes = list(s.nodes.values())
+        for node in nodes:
+            if node.resources.fits(req):
+                w = s.start_worker(node.node_id)
+                w.actor = a
+                w.grant = dict(req)
+                w.grant_shape = ACTOR_SHAPE
+                w.gpu_ids = node.resources.acquire(req)
+                a.worker = w
+                a.state = ActorState.STARTING if a.restarts == 0 else ActorState.RESTARTING
+                if task.placement is not None:
+                    s.placed_on(task, node.node_id)
+                return True
+        return False
+
+    def place_pending(self) -> None:
+        if self.pending:
+            waiting, self.pending = self.pending, []
+            for a in waiting:
+                if a.state is not ActorState.DEAD and not self._place(a):
+                    self.pending.append(a)
+
+    def worker_connected(self, w: Worker) -> None:
+        """The dedicated worker is up: run the constructor there."""
+        a = w.actor
+        assert a is not None
+        w.state = WorkerState.BUSY
+        t = a.creation
+        t.state = TaskState.READY
+        self.s.dispatch(t, w)
+
+    # ------------------------------------------------------------------ calls
+    def submit_call(self, t: Task) -> None:
+        a = self.actors.get(t.call.actor_id)
+        if a is None or a.state is ActorState.DEAD:
+            self.s.fail_task(t, a.death if a is not None and a.death else self.s.error(
+                "actor_dead", name=t.call.name, reason="no such actor in this cluster"))
+            return
+        a.queue.append(t)
+        if not t.deps:
+            self.pump(a)
+
+    def call_deps_met(self, t: Task) -> None:
+        a = self.actors.get(t.call.actor_id)
+        if a is not None:
+            self.pump(a)
+
+    def pump(self, a: Actor) -> None:
+        """Send the calls at the head of the queue whose arguments exist, in order."""
+        if a.state is not ActorState.ALIVE or a.worker is None:
+            return
+        q = a.queue
+        callers: set[int] = set()
+        while q and not q[0].deps:
+            t = q.popleft()
+            a.handled[t.owner] = a.handled.get(t.owner, 0) + 1
+            if t.state is TaskState.DONE:
+                continue
+            t.state = TaskState.READY
+            self.s.dispatch(t, a.worker)
+            callers.add(t.owner)
+        if callers:
+            self._tell_address(a, callers)
+
+    def _tell_address(self, a: Actor, callers: set[int]) -> None:
+        """Give callers the socket of the actor's process once their calls through the
+        head are all sent there: their later calls are direct calls (written after the
+        Executes, so a direct call never overtakes one sent through the head)."""
+        s = self.s
+        w = a.worker
+        if s.worker_socket is None or w is None:
+            return
+        waiting = {t.owner for t in a.queue}
+        for conn in callers - waiting:
+            c = s.clients.get(conn)
+            # A caller on another node calls over TCP, once the worker said where (else
+            # through the head).
+            path = s.direct_path(w, c) if c is not None else ""
+            if c is not None and c.kind in ("driver", "worker") and path:
+                s.out.append(LateSend(conn, ACTOR_ADDRESS, pb.ActorAddress(
+                    actor_id=a.spec.actor_id, worker_id=w.worker_id, path=path,
+                    dispatched=a.handled.get(conn, 0))))
+
+    def remove_call(self, t: Task) -> None:
+        a = self.actors.get(t.call.actor_id)
+        if a is not None and t in a.queue:
+            a.queue.remove(t)
+            a.handled[t.owner] = a.handled.get(t.owner, 0) + 1
+
+    def creation_done(self, w: Worker, msg: Any) -> None:
+        a = w.actor
+        if a is None:
+            return
+        if msg.user_error:   # the constructor raised: dead for good, with its error
+            blob = msg.returns[0].error if msg.returns else self.s.error(
+                "actor_dead", name=a.spec.class_name, reason="its constructor failed")
+            a.no_restart = True
+            self._die(a, blob)
+            self.s.out.append(KillWorker(w.node_id, w.worker_id, "the actor's constructor raised"))
+            return
+        if a.killing:   # killed while its constructor ran: calls wait for the death
+            return
+        a.state = ActorState.ALIVE
+        self.pump(a)
+
+    def call_done(self, w: Worker) -> None:
+        a = w.actor
+        if a is not None and a.draining and not a.queue and not w.queue:
+            self._stop(a, "no handle to it is left")
+
+    # ------------------------------------------------------------------ death
+    def worker_died(self, w: Worker, reason: str) -> None:
+        a = w.actor
+        if a is None or a.worker is not w:
+            return
+        a.worker = None
+        a.killing = False
+        inflight = [t for t in w.queue if t is not a.creation]
+        w.queue.clear()
+        name = a.spec.class_name
+        limit = a.spec.max_restarts
+        restarts = a.state is not ActorState.DEAD and not a.no_restart and not a.draining \
+            and (limit < 0 or a.restarts < limit)
+        retried = []
+        for t in inflight:
+            t.worker = None
+            if restarts and t.retries_left != 0 and t.state is not TaskState.DONE:
+                # max_task_retries=: run it again on the restarted instance, first.
+                t.retries_left -= 1 if t.retries_left > 0 else 0
+                retried.append(t)
+                continue
+            # Named for the actor (not "actor Counter.inc is dead") and its process.
+            self.s.fail_task(t, self.s.error(
+                "actor_dead", name=name,
+                reason=f"its process (pid={w.pid}) died while running {t.call.name}() ({reason})"))
+        for t in reversed(retried):
+            a.queue.appendleft(t)
+            a.handled[t.owner] = a.handled.get(t.owner, 0) - 1   # sent again: counted again
+        if a.state is ActorState.DEAD:
+            return
+        if restarts:
+            a.restarts += 1
+            # The new instance learns it is one (was_current_actor_reconstructed()).
+            a.creation.call.actor.restart_count = a.restarts
+            a.creation.state = TaskState.READY
+            if not self._place(a):
+                a.state = ActorState.RESTARTING
+                self.pending.append(a)
+            return
+        if a.no_restart:
+            self._die(a, self.s.error("actor_dead", name=name, reason=reason))
+        else:
+            self._die(a, self.s.error("actor_dead", name=name, reason=reason,
+                                       restarts=a.restarts, max_restarts=limit))
+
+    def _release_name(self, a: Actor) -> None:
+        key = (a.spec.namespace, a.spec.name)
+        if a.spec.name and self.names.get(key) == a.spec.actor_id:
+            del self.names[key]
+
+    def _die(self, a: Actor, blob: bytes) -> None:
+        a.state = ActorState.DEAD
+        a.death = blob
+        self._release_name(a)
+        queued, a.queue = list(a.queue), collections.deque()
+        for t in queued:
+            self.s.fail_task(t, blob)
+        if a in self.pending:
+            self.pending.remove(a)
+        self.s.finish_task(a.creation)   # release the constructor's arguments
+
+    def _stop(self, a: Actor, reason: str) -> None:
+        a.no_restart = True
+        w = a.worker
+        self._die(a, self.s.error("actor_dead", name=a.spec.class_name, reason=reason))
+        if w is not None:
+            self.s.out.append(KillWorker(w.node_id, w.worker_id, reason))
+
+    def kill(self, actor_id: bytes, no_restart: bool, reason: str = "") -> None:
+        """orchestra.kill(), or (``reason`` given) the actor's own exit_actor()."""
+        a = self.actors.get(actor_id)
+        if a is None or a.state is ActorState.DEAD:
+            return
+        a.no_restart = no_restart
+        if a.worker is not None:
+            # Hold later calls in the queue (pump sends only to ALIVE actors) until the
+            # death is seen: sent on to the doomed worker they failed as "in flight",
+            # even with no_restart=False and the restarted instance moments away
+            # (test_calls_made_right_after_kill_with_no_restart_false_reach_the_new_instance).
+            # worker_died then restarts the actor, or _die fails the queue.
+            if a.state is ActorState.ALIVE:
+                a.state = ActorState.RESTARTING
+            a.killing = True
+            if no_restart:
+                self._release_name(a)   # get_actor() fails as soon as kill() returns
+            self.s.out.append(KillWorker(a.worker.node_id, a.worker.worker_id,
+                                         reason or "killed by orchestra.kill()"))
+        elif no_restart or a.state is ActorState.PENDING:
+            self._die(a, self.s.error("actor_dead", name=a.spec.class_name,
+                                       reason=f"{reason or 'killed by orchestra.kill()'} before it started"))
+
+    def handles_gone(self, actor_id: bytes) -> None:
+        a = self.actors.get(actor_id)
+        if a is None or a.spec.name or a.state is ActorState.DEAD:
+            return   # named actors live until kill() or shutdown
+        a.draining = True
+        if not a.queue and (a.worker is None or not [t for t in a.worker.queue
+                                                      if t is not a.creation]):
+            self._stop(a, "no handle to it is left")
+
+    def get(self, name: str, namespace: str = "", conn: int | None = None) -> Any:
+        """The spec of the live actor ``name`` in ``namespace`` ("": ``conn``'s own)."""
+        if not namespace and conn is not None:
+            namespace = self.namespace_of(conn)
+        aid = self.names.get((namespace, name))
+        if aid is None:
+            elsewhere = sorted(ns for ns, n in self.names if n == name)
+            hint = (f" (actors of that name live in namespace(s) {', '.join(map(repr, elsewhere))}: "
+                    "pass namespace=)") if elsewhere else ""
+            raise ValueError(f"no live actor is named {name!r} in namespace {namespace!r}{hint}; "
+                             "named actors are created with Cls.options(name=...).remote()")
+        return self.actors[aid].spec
+
+    def driver_gone(self, conn: int) -> None:
+        """A driver's connection closed: the actors it made die with it, unless detached
+        (lifetime="detached"), as in Ray."""
+        for a in list(self.actors.values()):
+            if a.owner == conn and not a.spec.detached and a.state is not ActorState.DEAD:
+                self._stop(a, "the driver that created it exited (pass lifetime=\"detached\" "
+                              "to keep an actor past its driver)")

@@ -1,0 +1,328 @@
+"""The scheduler core's shared data: tasks, workers, objects, clients, nodes, their states
+and transitions, and the interface its helpers use. No I/O, no decisions.
+
+    _sched_types  <--  _actor_state (ActorTable), _blocking (Blocking), _loans (Loans),
+                       _placement (Placer)
+         ^                      |  they reach the core only through SchedulerCore
+         +------  _scheduler (SchedulerState implements SchedulerCore, owns the helpers)
+
+So none of the helpers imports _scheduler, not even for type checking: the import graph
+of the package has no cycle (tests/unit/test_import_graph.py).
+
+Who owns what: SchedulerState owns every Task, Worker, Obj, Client and Node; a helper
+keeps only its own tables (actors, waits, loans) and changes the shared records through
+the fields below and the SchedulerCore methods.
+"""
+from __future__ import annotations
+
+import collections
+import enum
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from .._resources import NodeResources, shape_key
+from .instructions import Instruction
+
+Shape = tuple[tuple[str, float], ...]   # a resource request as a hashable key (shape_key)
+
+# Call.placement's strategies (_scheduler/placement.py decides with them); "" is the default.
+SPREAD = "SPREAD"
+NODE_AFFINITY = "NODE_AFFINITY"
+PLACEMENT_GROUP = "PLACEMENT_GROUP"
+# (strategy, node id, soft), as Task.placement holds it; for PLACEMENT_GROUP: (strategy,
+# bundle index or -1, capture_child_tasks), the group's id in call.placement.group_id.
+Placement = tuple[str, int, bool]
+
+
+def bundle_request(req: dict[str, float], group_hex: str, index: int) -> dict[str, float]:
+    """A request in bundle ``index`` of a placement group (-1: any of its bundles), in
+    the names its bundles reserve on their nodes (_scheduler/groups.py): {"CPU": 1} in bundle 0
+    -> {"CPU_group_0_<G>": 1, "CPU_group_<G>": 1}. A request of nothing takes a sliver
+    of the bundle's "bundle" resource, so that it still runs where the bundle is."""
+    out: dict[str, float] = {}
+    for k, v in (req or {"bundle": 0.001}).items():
+        if index >= 0:
+            out[f"{k}_group_{index}_{group_hex}"] = v
+        out[f"{k}_group_{group_hex}"] = v
+    return out
+
+
+def placement_of(call: Any) -> Placement | None:
+    """The Call's placement as a hashable key (part of the task's ready-queue key)."""
+    p = call.placement
+    if p.strategy == SPREAD:
+        return (SPREAD, 0, False)
+    if p.strategy == NODE_AFFINITY:
+        return (NODE_AFFINITY, p.node_id, p.soft)
+    if p.strategy == PLACEMENT_GROUP:
+        return (PLACEMENT_GROUP, p.bundle_index, p.capture_child_tasks)
+    return None   # "" (DEFAULT), or a strategy this head does not know: the default
+
+
+class TaskState(enum.Enum):
+    # Members are singletons: identity hashing is exact, and C-fast (Enum.__hash__ is
+    # Python code, and transitions are looked up per task).
+    __hash__ = object.__hash__
+
+    WAITING = "waiting"        # some argument not sealed yet
+    READY = "ready"            # queued for a worker
+    DISPATCHED = "dispatched"  # in a worker's queue (first in queue = running)
+    DONE = "done"
+
+
+class WorkerState(enum.Enum):
+    __hash__ = object.__hash__
+
+    STARTING = "starting"
+    IDLE = "idle"
+    BUSY = "busy"              # holds a grant: runs tasks of its shape (or is on loan)
+    BLOCKED = "blocked"        # running task waits in get(); its CPU is lent back
+    DEAD = "dead"
+
+
+TASK_TRANSITIONS = {
+    TaskState.WAITING: {TaskState.READY, TaskState.DONE},
+    # READY -> WAITING: an argument was lost with its node and is made again.
+    TaskState.READY: {TaskState.DISPATCHED, TaskState.DONE, TaskState.WAITING},
+    TaskState.DISPATCHED: {TaskState.READY, TaskState.DONE},
+    TaskState.DONE: set(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    pass
+
+
+class Task:
+    __slots__ = ("call", "owner", "state", "deps", "worker", "retries_left", "cancelled",
+                 "shape", "resources", "attempt", "arg_ids", "return_ids",
+                 "depth", "qkey", "placement", "streamed", "acked")
+
+    def __init__(self, call: Any, owner: int) -> None:
+        self.call = call
+        self.owner = owner
+        self.state = TaskState.WAITING
+        self.deps: set[bytes] = set()
+        self.worker: Worker | None = None
+        self.retries_left = call.max_retries
+        self.cancelled = False
+        self.resources = dict(call.resources)
+        self.shape = shape_key(self.resources)
+        self.depth = 0          # 0: submitted by a driver; n+1: by a task of depth n
+        # Its scheduling strategy (_scheduler/placement.py), None for the default; part of its
+        # ready-queue key, so a task its strategy holds back never blocks others.
+        self.placement: Placement | None = None
+        self.qkey: tuple[Any, ...] = (0, self.shape)
+        if call.HasField("placement"):
+            self.placement = placement_of(call)
+            if self.placement is not None:
+                if self.placement[0] == PLACEMENT_GROUP:   # held from its bundle
+                    self.resources = bundle_request(self.resources, call.placement.group_id.hex(),
+                                                    self.placement[1])
+                    self.shape = shape_key(self.resources)
+                self.qkey = (0, self.shape, self.placement)
+        self.attempt = 0
+        self.arg_ids: list[bytes] = []
+        tid = call.task_id
+        self.return_ids = [tid + i.to_bytes(4, "big") for i in range(call.num_returns)]
+        # A streaming generator: items taken so far (a retry yields them again, and
+        # they are dropped), and read by its consumer (told again to a retry).
+        self.streamed = 0
+        self.acked = 0
+
+    def move(self, new: TaskState) -> None:
+        if new not in TASK_TRANSITIONS[self.state]:
+            raise IllegalTransition(f"task {self.call.name} {self.state.value} -> {new.value}")
+        self.state = new
+
+
+class Wait:
+    """One get()/wait() a worker is blocked in (_scheduler/blocking.py)."""
+
+    __slots__ = ("ids", "task_id", "name")
+
+    def __init__(self, ids: list[bytes], task_id: bytes, name: str) -> None:
+        self.ids = ids
+        self.task_id = task_id
+        self.name = name
+
+
+class Worker:
+    __slots__ = ("worker_id", "node_id", "pid", "conn", "state", "queue", "grant",
+                 "gpu_ids", "functions", "grant_shape", "actor", "lent_to", "recalling",
+                 "waits", "nested", "address", "calls", "retiring")
+
+    def __init__(self, worker_id: int, node_id: int) -> None:
+        self.worker_id = worker_id
+        self.node_id = node_id
+        # On a cluster: where it takes direct calls over TCP (HOST:PORT), for callers on
+        # other nodes; "" until it said (WORKER_ADDRESS), or on a private cluster.
+        self.address = ""
+        self.pid = 0
+        self.conn = -1
+        self.state = WorkerState.STARTING
+        self.queue: collections.deque[Task] = collections.deque()
+        # The resources it holds for the tasks it runs (taken from its node when it
+        # leaves IDLE, given back when it returns there), and their shape.
+        self.grant: dict[str, float] = {}
+        self.grant_shape: Shape = ()
+        self.gpu_ids: list[int] = []
+        self.functions: set[bytes] = set()
+        self.actor: Any = None   # _actor_state.Actor of a dedicated worker
+        self.lent_to: int | None = None   # the driver connection it is on loan to (_scheduler/loans.py)
+        self.recalling = False            # that driver was asked to return it
+        # The get()s its main thread is blocked in, innermost last, and the tasks it runs
+        # inside them (_scheduler/blocking.py); the innermost running task is queue[0].
+        self.waits: list[Wait] = []
+        self.nested: list[Task] = []
+        # Calls run per function id, counted for functions with max_calls= only; at the
+        # limit it is retiring: no more work, replaced once its queue is empty.
+        self.calls: dict[bytes, int] | None = None
+        self.retiring = False
+
+
+class Obj:
+    __slots__ = ("data", "count", "subscribers", "waiting_tasks", "owner", "size", "copies",
+                 "lineage")
+
+    def __init__(self, owner: int) -> None:
+        self.data: Any = None          # pb.ObjectData once sealed
+        self.count = 0
+        self.subscribers: list[int] = []
+        self.waiting_tasks: list[Task] = []
+        self.owner = owner
+        self.size = 0
+        # Copies pulled by other nodes' stores (node id -> Segment there); the primary
+        # copy is data.segment. None while there is none (every object on one node).
+        self.copies: dict[int, Any] | None = None
+        # On a cluster of several nodes, a task's large result keeps how to make it
+        # again (its Call, the retries it had left, its owner): lost with its node, it
+        # is rebuilt by running the task again.
+        self.lineage: tuple[Any, int, int] | None = None
+
+
+class Client:
+    __slots__ = ("conn", "kind", "pid", "holds", "worker", "node_id", "namespace")
+
+    def __init__(self, conn: int, kind: str, pid: int, node_id: int = 0) -> None:
+        self.conn = conn
+        self.namespace = ""   # a driver's (Hello.namespace): where its actor names live
+        self.kind = kind
+        self.pid = pid
+        self.node_id = node_id         # the node whose store it maps
+        self.holds: collections.Counter[bytes] = collections.Counter()
+        self.worker: Worker | None = None
+
+
+class Node:
+    __slots__ = ("node_id", "resources", "max_workers", "num_cpus", "num_workers")
+
+    def __init__(self, node_id: int, resources: dict[str, float], max_workers: int,
+                 num_workers: int = 0) -> None:
+        self.node_id = node_id
+        self.num_workers = num_workers
+        self.resources = NodeResources(resources)
+        self.num_cpus = int(resources.get("CPU", 0))
+        self.max_workers = max_workers
+
+
+class SchedulerCore(Protocol):
+    """What ActorTable, Blocking and Loans may use of the scheduler (SchedulerState):
+    its tables, its instruction list, and the steps they share with it."""
+
+    nodes: dict[int, Node]
+    workers: dict[int, Worker]
+    clients: dict[int, Client]
+    tasks: dict[bytes, Task]
+    objects: dict[bytes, Obj]
+    ready: dict[tuple[Any, ...], collections.deque[Task]]
+    out: list[Instruction]
+    # Builds the pickled error for an object: (kind, **details) -> bytes.
+    error: Callable[..., bytes]
+    # Where a worker listens for direct calls (worker id -> socket path); None: every
+    # call goes through the head.
+    worker_socket: Callable[[int, int], str] | None
+    lending: bool   # whether idle workers are lent to drivers (_scheduler/loans.py)
+
+    def start_worker(self, node_id: int) -> Worker:
+        """A new worker on the node (StartWorker emitted), STARTING."""
+        ...
+
+    def dispatch(self, t: Task, w: Worker) -> None:
+        """Queue ``t`` on ``w`` and send it there (Execute)."""
+        ...
+
+    def fail_task(self, t: Task, error: bytes) -> None:
+        """End ``t`` with ``error`` as the value of each of its returns."""
+        ...
+
+    def finish_task(self, t: Task) -> None:
+        """Release what ``t`` holds (its arguments); it will not run again."""
+        ...
+
+    def new_object(self, conn: int, oid: bytes) -> Obj:
+        """A pending object held by ``conn``."""
+        ...
+
+    def schedule(self) -> None:
+        """Give ready tasks to workers."""
+        ...
+
+    def has_ready(self) -> bool:
+        """A task waits in a ready queue."""
+        ...
+
+    def work_waits(self) -> bool:
+        """A task or an actor waits for a worker or resources."""
+        ...
+
+    def release_grant(self, w: Worker) -> None:
+        """Give ``w``'s grant back to its node."""
+        ...
+
+    def direct_path(self, w: Worker, c: Client) -> str:
+        """Where ``c`` reaches ``w`` for direct calls ("" when it cannot)."""
+        ...
+
+    def after_worker_step(self, w: Worker | None, done: Task | None = None) -> None:
+        """``w`` ended a task, or changed hands: make it idle, or give it more work."""
+        ...
+
+    def pool(self, node_id: int) -> list[Worker]:
+        """The node's task workers (dedicated actor workers do not count)."""
+        ...
+
+    def available_resources(self) -> dict[str, float]:
+        ...
+
+    def node_order(self, t: Task) -> list[Node]:
+        """The nodes where ``t``'s request fits now and its strategy allows, best first."""
+        ...
+
+    def unplaceable(self, t: Task) -> bytes | None:
+        """The error of a task whose strategy names a node that cannot take it, ever."""
+        ...
+
+    def placed_on(self, t: Task, node_id: int) -> None:
+        """``t`` took resources on ``node_id`` (the next SPREAD turn starts after it)."""
+        ...
+
+    def kill_actor(self, actor_id: bytes, reason: str) -> None:
+        """Stop the actor for good (no restart), saying why."""
+        ...
+
+    def actors_in_group(self, group_id: bytes) -> list[bytes]:
+        """The ids of the live actors created in that placement group."""
+        ...
+
+    def group_unplaceable(self, t: Task) -> bytes | None:
+        """The error of a task whose placement group is gone or cannot hold it."""
+        ...
+
+    def seal(self, oid: bytes, data: Any) -> None:
+        """The object ``oid`` is made: push it to its owner and subscribers."""
+        ...
+
+    def drop_hold(self, oid: bytes) -> None:
+        """One count of ``oid`` is gone (freed at zero)."""
+        ...

@@ -1,0 +1,156 @@
+"""Placement over nodes: which node a task or an actor goes to. No I/O.
+
+    Call.placement (scheduling_strategy=) --Task.placement--> None, or (strategy, node, soft)
+    submit: Placer.admit -- no node can ever hold it --> fail (InfeasibleResourcesError), or,
+        on a cluster nodes may join (joinable), wait for one, its owner warned once (WARNING)
+        -- hard affinity to a node not in the cluster, or one that can never hold it --> fail
+    schedule, one node and no strategy: the first idle worker (SchedulerState's fast path)
+    schedule, several nodes or a strategy: Placer.order(t) = the nodes where the request
+        fits now, best first -> an idle worker on the first that has one, or a worker
+        started there; pipelined only on workers of nodes the strategy allows
+
+The order, per strategy:
+    DEFAULT        most bytes of the task's arguments held there (primary segments and
+                   pulled copies), then the most free CPU share (an idle cluster spreads:
+                   two tasks on two idle nodes go one to each), then the lower node id
+    SPREAD         least CPU share in use first; ties in turn, after the node chosen last
+    NODE_AFFINITY  hard: that node only; soft: that node first, then as DEFAULT
+    PLACEMENT_GROUP  as DEFAULT, over the nodes holding its bundle's reserved names
+                   (_scheduler/groups.py); it waits while its group is not placed
+
+Node ids missing from ``nodes`` (removed) are simply never candidates; a task with hard
+affinity to one fails when it is next scheduled.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+from .._ids import node_hex
+from .._protocol import pb
+from .._protocol.wire import WARNING
+from .instructions import Send
+from .model import NODE_AFFINITY, PLACEMENT_GROUP, SPREAD, Node, SchedulerCore, Task
+
+
+def hard_node(t: Task) -> int | None:
+    """The only node ``t`` may run on, or None when it may run anywhere."""
+    p = t.placement
+    if p is not None and p[0] == NODE_AFFINITY and not p[2]:
+        return p[1]
+    return None
+
+
+def cpu_share_free(node: Node) -> float:
+    total = node.resources.total.get("CPU", 0.0)
+    return node.resources.free.get("CPU", 0.0) / total if total else 0.0
+
+
+class Placer:
+    """The node decisions of a SchedulerState (its helper, as Loans is)."""
+
+    def __init__(self, state: SchedulerCore, joinable: bool = False) -> None:
+        self.s = state
+        # Nodes may join this cluster: a request no node holds waits (with a warning)
+        # instead of failing at once.
+        self.joinable = joinable
+        self.last_spread = -1        # the node the last SPREAD task went to
+        self._warned: set[tuple[int, Any]] = set()   # (owner, request) warned of
+
+    # ------------------------------------------------------------------ admission
+    def admit(self, t: Task, feasible: bool) -> bytes | None:
+        """At submit: the error that fails ``t`` now, or None when it may be scheduled
+        (or wait for a node to join). ``feasible``: some node can ever hold its request."""
+        err = self.unplaceable(t)
+        if err is not None or feasible or t.placement is not None and t.placement[0] == PLACEMENT_GROUP:
+            return err   # (in a group: it waits for its bundle, however long)
+        s = self.s
+        if not self.joinable:
+            return s.error("infeasible", name=t.call.name, resources=t.resources)
+        key = (t.owner, (t.shape, t.placement))
+        if key not in self._warned and t.owner in s.clients:
+            self._warned.add(key)
+            s.out.append(Send(t.owner, WARNING, _warning(t, s.nodes)))
+        return None
+
+    def unplaceable(self, t: Task) -> bytes | None:
+        """The error of a task with hard affinity to a node that is not in the cluster,
+        or can never hold its request, or in a placement group that is gone or whose
+        bundle cannot hold it; None when it may be placed."""
+        p = t.placement
+        if p is not None and p[0] == PLACEMENT_GROUP:
+            return self.s.group_unplaceable(t)
+        nid = hard_node(t)
+        if nid is None:
+            return None
+        node = self.s.nodes.get(nid)
+        if node is None:
+            reason = "no such node is in the cluster (it never joined, or it died)"
+        elif not node.resources.feasible(t.resources):
+            have = ", ".join(f"{k}={v:g}" for k, v in sorted(node.resources.total.items()))
+            reason = f"that node has only {have or 'nothing'}"
+        else:
+            return None
+        return self.s.error("infeasible", name=t.call.name, resources=t.resources,
+                            node=node_hex(nid), reason=reason)
+
+    # ------------------------------------------------------------------ order
+    def order(self, t: Task) -> list[Node]:
+        """The nodes where ``t``'s request fits now and its strategy allows, best first."""
+        nodes = self.s.nodes
+        req = t.resources
+        p = t.placement
+        if p is not None and p[0] == NODE_AFFINITY and not p[2]:
+            node = nodes.get(p[1])
+            return [node] if node is not None and node.resources.fits(req) else []
+        fitting = [n for n in nodes.values() if n.resources.fits(req)]
+        if len(fitting) < 2:
+            return fitting
+        if p is not None and p[0] == SPREAD:
+            last = self.last_spread
+            fitting.sort(key=lambda n: (-cpu_share_free(n), n.node_id <= last, n.node_id))
+            return fitting
+        held = self.arg_bytes(t) if t.arg_ids else {}
+        fitting.sort(key=lambda n: (-held.get(n.node_id, 0), -cpu_share_free(n), n.node_id))
+        if p is not None and p[0] == NODE_AFFINITY:   # soft: its node first when it fits
+            for i, n in enumerate(fitting):
+                if n.node_id == p[1]:
+                    fitting.insert(0, fitting.pop(i))
+                    break
+        return fitting
+
+    def placed(self, t: Task, node_id: int) -> None:
+        """``t`` took a worker on ``node_id``: the next SPREAD turn starts after it."""
+        p = t.placement
+        if p is not None and p[0] == SPREAD:
+            self.last_spread = node_id
+
+    def arg_bytes(self, t: Task) -> dict[int, int]:
+        """Node id -> bytes of ``t``'s arguments held there, in segments (primary or
+        pulled copies; values inline in messages travel with the task and count nowhere)."""
+        held: dict[int, int] = collections.defaultdict(int)
+        objects = self.s.objects
+        for oid in t.arg_ids:
+            o = objects.get(oid)
+            data = o.data if o is not None else None
+            if data is None or data.WhichOneof("data") != "segment":
+                continue
+            seg = data.segment
+            where = {seg.node_id}
+            where.update(getattr(o, "copies", None) or ())
+            for nid in where:
+                held[nid] += seg.size
+        return held
+
+
+def _fmt(req: dict[str, float]) -> str:
+    return ", ".join(f"{k}={v:g}" for k, v in sorted(req.items())) or "nothing"
+
+
+def _warning(t: Task, nodes: dict[int, Node]) -> Any:
+    have = "; ".join(f"{node_hex(n.node_id)}: {_fmt(n.resources.total)}" for n in nodes.values())
+    what = f"actor {t.call.actor.class_name}" if t.call.HasField("actor") else f"task {t.call.name}()"
+    return pb.ClusterWarning(text=(
+        f"orchestra: {what} asks for {_fmt(t.resources)}, which no node of the cluster can hold "
+        f"now (nodes: {have or 'none'}). It waits until a node that can hold it joins "
+        "(orchestra start --address ...); or lower the request in .options(...)."))

@@ -1,0 +1,958 @@
+"""Worker process: runs tasks the scheduler sends, one at a time, in its main thread.
+
+    reader thread <- Execute frames -> local queue (the scheduler pipelines a few)
+    main thread: pop -> load function (cached) -> decode args -> run -> encode returns
+                 -> TaskDone (results inline, or written to a segment first)
+
+A task that blocks in get()/wait() hands its queued tasks back and lends its CPU
+(Blocked frame, naming what it waits for), so nested tasks cannot deadlock on a full
+pool. When what it waits for has not started anywhere, the head hands that task to this
+worker (EXECUTE_NESTED) and the main thread runs it inside the get(), nested on its
+stack: rec(n) = 1 + get(rec.remote(n - 1)) nests on a few workers, whatever n
+(_scheduler/blocking.py). Cancel: the reader
+thread signals the main thread (SIGUSR1), which raises inside the task (deferred
+while the main thread is in the client's socket code); a signal also interrupts
+time.sleep and blocking I/O. The worker exits when its connection to
+the head closes, and dies with the head (PR_SET_PDEATHSIG).
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+import weakref
+from typing import Any
+
+import cloudpickle
+
+from .._api.actor import ActorExitRequest
+
+# _code_source: loaded here, in the fork server, for functions copied by value.
+from .._objects.errors import make_error
+from .._objects.serialization import deserialization_error, deserialize, dumps_exception, serialize
+from .._observe.log_capture import LOGS_DIR, LogCapture, short_name
+from .._observe.task_events import EventBuffer, end_error_type
+from .._platform.proctitle import set_title
+from .._platform.procutil import die_with_parent
+from .._protocol import codec as _codec
+from .._protocol import pb
+from .._protocol import wire as _wire
+from .._runtime import context as _context
+from .._runtime import runtime_env as _runtime_env
+from .._runtime.client import CoreClient
+from ..exceptions import ActorDiedError, DeserializationError, TaskError
+from .producer import Acks, produce, produce_async
+
+_set_call = _context.set_call
+_HEAD_ROUTE = (None, 0, False)   # reply_to's answer for a task the head sent
+
+# Tasks run nested inside blocked get()s (_run_nested) stack up on the main thread. Each
+# level costs the frames below: user function -> get -> _wait -> nested wait ->
+# _run_nested -> _execute -> function: 7, measured (rec(10) on one worker; one more since
+# _execute_plain); twice that leaves room for wrappers around them. The recursion limit
+# rises by that much per level, so the innermost task keeps the room a task has on its
+# own (an infinite recursion still ends at the usual depth).
+_FRAMES_PER_NESTED = 16
+# Nesting is bounded by the C stack the main thread may grow to: measured on CPython 3.10
+# (each Python frame is a C frame there too) ~340 bytes per frame, so 512 keeps a margin;
+# 3.11+ use far less C stack per Python call. With the usual 8 MiB: ~960 levels.
+_FRAME_BYTES = 512
+# A worker without work this long titles itself idle (orchestra::worker); a title costs
+# ~1 us (setproctitle), worth not paying twice per task of a get() loop.
+_IDLE_TITLE_S = 0.1
+
+
+def _max_nested(base_limit: int) -> int:
+    import resource
+    soft, _ = resource.getrlimit(resource.RLIMIT_STACK)
+    stack = 8 << 20 if soft == resource.RLIM_INFINITY or soft <= 0 else soft
+    return max((stack // _FRAME_BYTES - base_limit) // _FRAMES_PER_NESTED, 0)
+
+
+class _Cancelled(BaseException):
+    """Raised inside a running task by orchestra.cancel (not an Exception: `except
+    Exception` in user code must not swallow it)."""
+
+
+class WorkerRuntime:
+    def __init__(self, sock_path: str, worker_id: int) -> None:
+        self.queue: collections.deque[Any] = collections.deque()
+        self.cond = threading.Condition()
+        self.functions: dict[bytes, Any] = {}
+        self.loaded: dict[bytes, Any] = {}
+        self.running: bytes | None = None
+        self.running_name = ""
+        self.cancel_target: bytes | None = None
+        self.blocked = False
+        self.block_depth = 0   # get()s blocked in (nested ones, and other threads' too)
+        # Tasks the head handed the main thread while blocked in get() (EXECUTE_NESTED),
+        # not started yet; the ids of the tasks blocked below the one running inline.
+        self.nested: collections.deque[Any] = collections.deque()
+        self.outer: list[bytes] = []
+        # Deeper than max_nested, a blocked get() lends its CPU instead.
+        self.base_limit = sys.getrecursionlimit()
+        self.max_nested = _max_nested(self.base_limit)
+        self.actor: ActorRuntime | None = None
+        self.worker_id = worker_id
+        # Calls a caller sent straight to this actor: task id -> (its connection, the
+        # caller's connection id at the head, whether the caller holds arguments for it
+        # until told), until answered.
+        self.reply_to: dict[bytes, tuple[Any, int, bool]] = {}
+        self.holding: dict[bytes, Any] = {}   # results holding refs, until answered
+        # Tasks whose results are in shared memory or hold refs, until answered: a
+        # direct caller gets those through the head.
+        self.heavy: set[bytes] = set()
+        self.acks = Acks()   # items read by the consumers of streams made here (_worker/producer.py)
+        # Streams of direct calls, until answered: task id -> call name. Their answer goes
+        # through the head after their items, a cancel's too (with its error).
+        self.direct_streams: dict[bytes, str] = {}
+        self.main_ident = threading.get_ident()
+        # What ran here and when, reported to the head in batches (_observe/task_events.py):
+        # one tuple append when a call starts and one when it is answered.
+        self.events = EventBuffer()
+        # Orchestra's GPU ids index the devices the driver could see: with
+        # CUDA_VISIBLE_DEVICES=2,3 in the driver's environment, id 0 is device 2.
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        self.physical_gpus = [d.strip() for d in visible.split(",") if d.strip()]
+        self._gpu_ids: list[int] | None = None   # what the last task ran with (_set_gpus)
+        self._gpu_env = ""
+        # A cancel raises in the main thread wherever it is (SIGUSR1). Inside the client's
+        # socket code it cut a frame in half (the head then waited for the rest of it,
+        # and the task never finished) or lost frames already read: there it is deferred
+        # until the main thread leaves that code (socket_guard=self._guard).
+        self._in_socket_code = 0
+        self._cancel_deferred = False
+        hello = pb.Hello(kind="worker", pid=os.getpid(), workerid=worker_id)
+        # Started below, once every handler can run (see CoreClient.start).
+        self.client = CoreClient(sock_path, hello, on_frame=self._on_frame,
+                                 on_lost=lambda: os._exit(1), socket_guard=self._guard,
+                                 start=False)
+        info = self.client.info
+        # Output to the log files (and, line by line, to the driver of the task that
+        # printed it): from here on, also what this constructor prints below.
+        self.logs: LogCapture | None = None
+        self._job = 0   # Call.job of the task running (an actor's: its creator's)
+        self._title: str | None = ""   # the running call's name; None: idle
+        try:
+            self.logs = LogCapture(os.path.join(info.node_dir or info.session_dir, LOGS_DIR),
+                                   worker_id, self.client.send_raw, _context.current_call)
+            self.logs.install()
+        except OSError as exc:
+            print(f"orchestra worker: output stays where it was, no log files: {exc}",
+                  file=sys.stderr)
+        if info.cwd and os.path.isdir(info.cwd):
+            os.chdir(info.cwd)
+        for p in info.sys_path:
+            if p not in sys.path:
+                sys.path.append(p)
+        _context.set_client(self.client)
+        self.client.on_block = self._on_block
+        self.client.nested_ready = self.nested.__len__   # type: ignore[assignment]
+        self.client.run_nested = self._run_nested
+        self.client.direct.on_peer_frame = self._on_peer_frame
+        # Callers send calls straight here once the head gives them this address: a
+        # driver this worker is lent to (Loan), or callers of the actor it becomes.
+        path = os.path.join(info.node_dir or info.session_dir, f"worker-{worker_id}.sock")
+        try:
+            self.client.listen(path)
+        except OSError as exc:   # callers stay on the head's path
+            print(f"orchestra worker: not taking calls at {path}: {exc}", file=sys.stderr)
+        token = os.environ.get("ORCHESTRA_TOKEN", "")
+        if info.node_address and token:
+            # On a cluster: callers on other nodes too, over TCP with the cluster token.
+            try:
+                address = self.client.direct.listen_tcp(info.node_address, token)
+                self.client.send(_wire.WORKER_ADDRESS, pb.WorkerAddress(address=address))
+            except (OSError, ValueError) as exc:
+                print(f"orchestra worker: no direct calls from other nodes: {exc}",
+                      file=sys.stderr)
+        signal.signal(signal.SIGUSR1, self._on_cancel_signal)
+        self.client.on_tick = self._report_events
+        self.client.start()
+
+    # ------------------------------------------------------------ reader thread side
+    def _on_frame(self, kind: int, msg: Any) -> None:
+        if kind == _wire.EXECUTE:
+            with self.cond:
+                if not self.blocked:
+                    self.queue.append(msg.invoke)
+                    return
+            self.client.send(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=[msg.invoke.call.task_id]))
+        elif kind == _wire.EXECUTE_NESTED:
+            with self.cond:
+                self.nested.append(msg.invoke)
+        elif kind == _wire.FUNCTION:
+            self.functions[msg.function_id] = msg
+        elif kind == _wire.CANCEL_TASK:
+            self._cancel(msg.task_id, msg.recursive)
+        elif kind == _wire.STEAL:
+            self._give_back(set(msg.task_ids))
+        elif kind == _wire.GENERATOR_ACK:
+            self.acks.ack(msg.task_id, msg.consumed)
+        elif kind == _wire.TASK_EVENTS_FLUSH:   # a state query waits for this answer
+            self.client.send(_wire.TASK_EVENTS, self.events.take(msg.flush_id))
+        elif kind == _wire.SHUTDOWN:   # let go: what ran here is reported first
+            try:
+                if self.events.started or self.events.ended:
+                    self.client.send(_wire.TASK_EVENTS, self.events.take())
+            finally:
+                os._exit(0)
+
+    def _report_events(self) -> None:
+        """The client's background thread, every few ms: send the buffered task events
+        when a report is due."""
+        if self.events.due(time.monotonic()):
+            self.client.send(_wire.TASK_EVENTS, self.events.take())
+
+    def _on_peer_frame(self, peer: Any, kind: int, msg: Any) -> None:
+        """A frame from a caller connected straight to this actor."""
+        if kind == _wire.EXECUTE:
+            inv = msg.invoke
+            held = bool(inv.call.nested) or any(d.WhichOneof("data") == "segment" for d in inv.resolved)
+            with self.cond:
+                if not self.blocked or self.actor is not None:
+                    self.reply_to[inv.call.task_id] = (peer, inv.owner, held)
+                    self.queue.append(inv)
+                    return
+            # Blocked in get(): hand it back to its sender, to run elsewhere.
+            peer.send(_wire.encode(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=[inv.call.task_id])))
+        elif kind == _wire.CANCEL_TASK:
+            self._cancel(msg.task_id, msg.recursive)
+        elif kind == _wire.FUNCTION:
+            self.functions.setdefault(msg.function_id, msg)
+        elif kind == _wire.STEAL:   # always answered, so the sender knows what stays
+            back = self._take_queued(set(msg.task_ids), peer)
+            for tid in back:
+                self.reply_to.pop(tid, None)
+            peer.send(_wire.encode(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=back)))
+        elif kind == _wire.GENERATOR_ACK:
+            self.acks.ack(msg.task_id, msg.consumed)
+
+    def send_done(self, done: Any) -> None:
+        """Answer a call: to the head, or straight to the caller that sent it here. A
+        result the caller cannot hold alone (in shared memory, or holding refs) goes
+        through the head, which makes it the caller's object; the caller then hears
+        only that the call ended. What the call printed goes first."""
+        logs = self.logs
+        if logs is not None and logs.dirty:
+            logs.flush()
+        events = self.events
+        events.ended.append((done.task_id, time.time(),
+                             end_error_type(done, events.error_types)
+                             if done.user_error or done.cancelled else ""))
+        try:
+            self._send_done(done)
+        finally:
+            if self.heavy:
+                self.heavy.discard(done.task_id)
+            if self.holding:
+                self.holding.pop(done.task_id, None)
+
+    def _send_done(self, done: Any) -> None:
+        route = self.reply_to.pop(done.task_id, None)
+        client = self.client
+        if route is None:
+            client.send(_wire.TASK_DONE, done)
+            return
+        peer, owner, held = route
+        if done.task_id in self.heavy:
+            name = self.direct_streams.pop(done.task_id, None) if self.direct_streams else None
+            if name is not None and done.cancelled:
+                done.returns.add(object_id=done.task_id + bytes(4),
+                                 error=make_error("cancelled", name=name))
+            done.owner = owner
+            client.send(_wire.TASK_DONE, done)
+            frame = _wire.encode(_wire.TASK_DONE, pb.TaskDone(task_id=done.task_id, owner=owner))
+        else:
+            frame = _wire.encode(_wire.TASK_DONE, done)
+        if not peer.send(frame) and not done.owner:
+            done.owner = owner   # the caller is gone or handed the call to the head
+            client.send(_wire.TASK_DONE, done)
+        if held:
+            # The caller keeps the call's arguments (refs inside them, objects in shared
+            # memory) until the head has this process's own counts and pins of them: sent
+            # before this frame on the same connection, so the head sees them first.
+            client.send(_wire.RELEASE_CALL, pb.TaskDone(task_id=done.task_id, owner=owner))
+
+    def _give_back(self, wanted: set[bytes]) -> None:
+        """Another worker went idle: return the asked-for tasks that have not started."""
+        if self.actor is None:
+            self._return(self._take_queued(wanted, None))
+
+    def _take_queued(self, wanted: set[bytes], sender: Any) -> list[bytes]:
+        """Take the queued (not started) tasks among ``wanted`` that ``sender`` sent here
+        (a caller's connection; None: the head) off the queue.
+
+        Only its own: a task id can be queued here by the other one. A driver's STEAL
+        may arrive after the tasks it names came back to it (the worker blocked, or
+        answered an earlier STEAL), went through the head, and were queued here by
+        the head: handed to that driver, which has forgotten them, they were lost
+        (the head waited for them forever)."""
+        reply_to = self.reply_to
+        with self.cond:
+            back = [inv for inv in self.queue if inv.call.task_id in wanted
+                    and reply_to.get(inv.call.task_id, _HEAD_ROUTE)[0] is sender]
+            for inv in back:
+                self.queue.remove(inv)
+        return [inv.call.task_id for inv in back]
+
+    def _return(self, task_ids: list[bytes], before: bytes = b"") -> None:
+        """Hand queued tasks back to whoever sent them: the head, or a driver that sent
+        them straight here (``before``: frames for the head that go first)."""
+        to_head: list[bytes] = []
+        to_peers: dict[Any, list[bytes]] = {}
+        for tid in task_ids:
+            route = self.reply_to.pop(tid, None)
+            if route is None:
+                to_head.append(tid)
+            else:
+                to_peers.setdefault(route[0], []).append(tid)
+        if to_head:
+            before += _wire.encode(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=to_head))
+        if before:
+            self.client.send_raw(before)
+        for peer, ids in to_peers.items():
+            peer.send(_wire.encode(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=ids)))
+
+    def _cancel(self, task_id: bytes, recursive: bool = False) -> None:
+        # An actor's process serves many callers: what it submitted is not one call's.
+        if recursive and self.actor is None and (self.running == task_id or task_id in self.outer):
+            self.client.cancel_submitted()   # its children first, then the task itself
+        with self.cond:
+            if self.running == task_id:
+                self.cancel_target = task_id
+                signal.pthread_kill(self.main_ident, signal.SIGUSR1)
+                return
+            if task_id in self.outer:
+                # Blocked in a get() that runs a nested task now: raised in it once the
+                # nested task ends (_run_nested).
+                self.cancel_target = task_id
+                return
+            for inv in self.nested:
+                if inv.call.task_id == task_id:   # handed over inline, not started
+                    self.nested.remove(inv)
+                    break
+            else:
+                for inv in self.queue:
+                    if inv.call.task_id == task_id:
+                        self.queue.remove(inv)
+                        break
+                else:
+                    if self.actor is not None and self.actor.concurrent:
+                        self.actor.cancel(task_id)   # a call on its threads or event loop
+                    return
+        self.send_done(pb.TaskDone(task_id=task_id, cancelled=True))
+
+    # ------------------------------------------------------------ main thread side
+    def _on_cancel_signal(self, signum: int, frame: Any) -> None:
+        target = self.cancel_target
+        if target is None or target != self.running:
+            return
+        if self._in_socket_code:
+            self._cancel_deferred = True   # raised by _guard on the way out
+            return
+        if _in_finalizer(frame):
+            # Raised in __del__ or a weakref callback, it is printed and dropped, and the
+            # cancel lost: ask again in a moment.
+            threading.Timer(0.005, self._resignal, (target,)).start()
+            return
+        self.cancel_target = None
+        raise _Cancelled()
+
+    def _resignal(self, target: bytes) -> None:
+        if self.cancel_target == target and self.running == target:
+            signal.pthread_kill(self.main_ident, signal.SIGUSR1)
+
+    def _guard(self, fn: Any) -> Any:
+        """``fn`` (client socket code) with a cancel of the main thread deferred past it."""
+        main = self.main_ident
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() != main:
+                return fn(*args, **kwargs)
+            self._in_socket_code += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._in_socket_code -= 1
+                if not self._in_socket_code and self._cancel_deferred:
+                    self._cancel_deferred = False
+                    self._on_cancel_signal(signal.SIGUSR1, sys._getframe())
+        return guarded
+
+    def _on_block(self, blocked: bool, ids: Any = ()) -> bool:
+        """A get()/wait() blocks on ``ids`` (or ends); True: this thread runs the tasks
+        the head hands it meanwhile (only the main thread runs tasks)."""
+        if blocked:
+            main = threading.get_ident() == self.main_ident
+            with self.cond:
+                self.block_depth += 1
+                self.blocked = True
+                queued = [inv.call.task_id for inv in self.queue]
+                self.queue.clear()
+            # Blocked before the returned tasks: while this worker still counts as
+            # busy, the scheduler pipelines returned tasks straight back to it (and
+            # they bounce once more) instead of giving them to another worker. One
+            # write: a cancel between the two lost the tasks taken off the queue.
+            # Past max_nested the head is not asked for tasks to run here; one it sent
+            # before (for a get() that ended first) still runs in this one.
+            ask = main and len(self.outer) < self.max_nested
+            msg = pb.Blocked(blocked=True, object_ids=ids if ask else (),
+                             task_id=self.running or b"", task_name=self.running_name)
+            self._return(queued, _wire.encode(_wire.BLOCKED, msg))
+            return main
+        with self.cond:
+            self.block_depth = max(self.block_depth - 1, 0)
+            self.blocked = self.block_depth > 0
+        self.client.send(_wire.BLOCKED, pb.Blocked(blocked=False))
+        return False
+
+    def _unblock_to(self, depth: int) -> None:
+        """Resume the blocks a cancel cut short (raised in get()'s bookkeeping, past
+        its resume) down to ``depth``: the head counts them."""
+        while self.block_depth > depth:
+            self._on_block(False)
+
+    def _run_nested(self) -> None:
+        """In a get() of the main thread: run a task the head handed over for it."""
+        cond = self.cond
+        with cond:
+            if not self.nested:
+                return
+            inv = self.nested.popleft()
+            outer, outer_name = self.running, self.running_name
+            self.outer.append(outer or b"")
+            self.running, self.running_name = inv.call.task_id, inv.call.name
+        depth = self.block_depth
+        sys.setrecursionlimit(self.base_limit + len(self.outer) * _FRAMES_PER_NESTED)
+        done = None
+        job, suffix = self._job, self.client.job_suffix   # the outer task's, restored below
+        try:
+            done = self._execute(inv)
+            with cond:
+                self.running, self.running_name = outer, outer_name
+        except _Cancelled:
+            with cond:
+                self.running, self.running_name = outer, outer_name
+            if done is None:
+                done = pb.TaskDone(task_id=inv.call.task_id, cancelled=True)
+        finally:
+            self._job, self.client.job_suffix = job, suffix
+            self.outer.pop()
+            sys.setrecursionlimit(self.base_limit + len(self.outer) * _FRAMES_PER_NESTED)
+        if self.cancel_target == inv.call.task_id:
+            self.cancel_target = None
+        self._unblock_to(depth)
+        self.send_done(done)
+        if outer is not None and self.cancel_target == outer:
+            # The task blocked below was cancelled while this one ran: it ends now.
+            self.cancel_target = None
+            raise _Cancelled()
+
+    def run(self) -> None:
+        cond, queue = self.cond, self.queue
+
+        nested = self.nested
+
+        def has_task() -> bool:
+            return bool(queue) or bool(nested)
+
+        while True:
+            if not queue and not nested:
+                # Idle: this thread reads the socket itself, so a task starts without a
+                # hand-off from the reader thread.
+                if self._title is None:
+                    self.client.wait_until(has_task, None)
+                elif not self.client.wait_until(has_task, time.monotonic() + _IDLE_TITLE_S):
+                    # The title says idle after a moment without work, so a worker that
+                    # answers one task at a time sets no title per task.
+                    self._set_title(None)
+                    self.client.wait_until(has_task, None)
+            if self.nested:   # handed over for a get() that ended first
+                self._run_nested()
+                continue
+            with cond:
+                if not queue:
+                    continue
+                inv = queue.popleft()
+                self.running = inv.call.task_id
+                self.running_name = inv.call.name
+            if self.actor is not None and self.actor.concurrent and inv.call.actor_id:
+                self.running = None
+                self.actor.submit(inv)     # runs on the actor's threads or event loop
+                continue
+            if inv.call.name != self._title:
+                self._set_title(inv.call)
+            done = None
+            try:
+                done = self._execute(inv)
+                with cond:   # _cancel signals only while this task runs
+                    self.running = None
+            except _Cancelled:
+                # Also a cancel that lands after the task returned, before `running` is
+                # cleared: it escaped run() and killed the worker. The result stands.
+                with cond:
+                    self.running = None
+                if done is None:
+                    done = pb.TaskDone(task_id=inv.call.task_id, cancelled=True)
+            self.cancel_target = None
+            if self.block_depth:   # a cancel landed in get()'s bookkeeping, past its unblock
+                self._unblock_to(0)
+            self.send_done(done)
+
+    def _set_title(self, call: Any) -> None:
+        """The process title: what runs now (``call``), or idle (None). Set only when it
+        changes: ~1 us each (_platform/proctitle.py)."""
+        actor = self.actor
+        if call is None:
+            self._title = None
+            set_title(f"orchestra::actor {actor.spec.class_name}" if actor is not None
+                      else "orchestra::worker")
+            return
+        self._title = call.name
+        if actor is not None or call.actor_id or call.HasField("actor"):
+            set_title(f"orchestra::actor {call.name}")
+        else:
+            set_title(f"orchestra::worker {short_name(call.name)}")
+
+    def _function(self, fid: bytes) -> Any:
+        fn = self.loaded.get(fid)
+        if fn is None:
+            req = self.functions.get(fid)
+            if req is None:
+                raise RuntimeError("the scheduler sent a task before its function")
+            fn = self.loaded[fid] = cloudpickle.loads(req.pickled)
+        return fn
+
+    def _execute(self, inv: Any) -> Any:
+        call = inv.call
+        if call.HasField("runtime_env"):
+            return self._execute_in_env(inv)
+        return self._execute_plain(inv)
+
+    def _execute_in_env(self, inv: Any) -> Any:
+        """A call with runtime_env=: applied around it; an actor's constructor keeps it
+        for the actor's life."""
+        undo = _runtime_env.enter(inv.call.runtime_env)
+        try:
+            return self._execute_plain(inv)
+        finally:
+            if not inv.call.HasField("actor"):
+                undo()
+
+    def _execute_plain(self, inv: Any) -> Any:
+        call = inv.call
+        tid = call.task_id
+        # An actor holds the GPUs given to its constructor for life (a call sent straight
+        # here by its caller names none).
+        gpu_ids = self.actor.gpu_ids if self.actor is not None else list(inv.gpu_ids)
+        if gpu_ids != self._gpu_ids or os.environ.get("CUDA_VISIBLE_DEVICES") != self._gpu_env:
+            self._set_gpus(gpu_ids)   # else as the last task left them
+        try:
+            fn, args, kwargs = self.prepare(inv)
+            result = fn(*args, **kwargs)
+            del args, kwargs
+            if call.HasField("actor"):
+                self.become_actor(call.actor, result, list(inv.gpu_ids), dict(call.resources))
+                return pb.TaskDone(task_id=tid)
+            return self.finish(inv, result)
+        except _Cancelled:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - every failure of user code is reported
+            return self.failed(inv, exc)
+
+    def _set_gpus(self, gpu_ids: list[int]) -> None:
+        ids = [self.physical_gpus[i] if i < len(self.physical_gpus) else str(i) for i in gpu_ids]
+        self._gpu_ids, self._gpu_env = gpu_ids, ",".join(ids)
+        os.environ["CUDA_VISIBLE_DEVICES"] = self._gpu_env
+        # get_gpu_ids() gives the device numbers CUDA_VISIBLE_DEVICES names (orchestra's
+        # own id where the driver's environment names devices by UUID).
+        _context.set_gpu_ids([int(p) if p.isdigit() else i
+                              for p, i in zip(ids, gpu_ids, strict=True)])
+
+    def prepare(self, inv: Any) -> tuple[Any, list[Any], dict[str, Any]]:
+        """The callable and decoded arguments of a task, constructor or actor method."""
+        call = inv.call
+        _set_call(call)   # get_runtime_context(): per thread and per coroutine
+        if call.job != self._job and self.actor is None:
+            # Tasks this one submits print on its driver too (an actor's: its creator's).
+            self._job = call.job
+            self.client.job_suffix = _codec.job_field(call.job)
+        aid = call.actor_id
+        if aid:
+            self.events.started.append((call.task_id, call.name, aid, 1, inv.owner, time.time()))
+        else:
+            creation = call.HasField("actor")
+            self.events.started.append((call.task_id, call.name,
+                                        call.actor.actor_id if creation else b"",
+                                        2 if creation else 0, inv.owner, time.time()))
+        if aid:
+            assert self.actor is not None, "an actor call reached a worker with no actor"
+            fn = getattr(self.actor.instance, call.method)
+        else:
+            fn = self._function(call.function_id)
+        args = self._decode_args(call, inv.resolved)
+        nk = len(call.kwarg_names)
+        kwargs: dict[str, Any] = {}
+        if nk:
+            kwargs = dict(zip(call.kwarg_names, args[-nk:], strict=True))
+            args = args[:-nk]
+        return fn, args, kwargs
+
+    def finish(self, inv: Any, result: Any, produced: bool = False) -> Any:
+        """TaskDone carrying what a call returned. A generator call's generator runs
+        here first (_worker/producer.py), unless ``produced`` already."""
+        call = inv.call
+        if call.generator and not produced:
+            result = produce(self, call, result)
+        tid = call.task_id
+        n = call.num_returns
+        values = [result] if n == 1 else _split_returns(result, n, call.name)
+        del result
+        sers = [serialize(v) for v in values]
+        # Filled in place: a message passed to the constructor is copied.
+        done = pb.TaskDone(task_id=tid)
+        make, add = self.client.make_object_data, done.returns.add
+        threshold = self.client.inline_threshold
+        try:
+            for i, ser in enumerate(sers):
+                make(tid + i.to_bytes(4, "big"), ser, add())
+                if ser.contained or ser.size > threshold:
+                    self.heavy.add(tid)
+        except BaseException:
+            # This answer is never sent: the results written already give their
+            # segments back too (the failed one did so itself).
+            for r in done.returns:
+                if r.HasField("segment"):
+                    self.client.abort_segment(r.segment.name)
+            raise
+        if call.max_retries and tid in self.heavy and not call.actor_id and tid in self.reply_to:
+            # A direct call's results through the head: with the call, which the head
+            # runs again should the node holding them die (TaskDone.lineage).
+            done.lineage.CopyFrom(call)
+        if any(ser.contained for ser in sers):
+            # Refs inside the results live until the answer is sent: dropped before, their
+            # release could reach the head first (the reader flushes every 20 ms) and free
+            # them before the answer counts them.
+            self.holding[tid] = values
+        return done
+
+    def failed(self, inv: Any, exc: BaseException) -> Any:
+        """TaskDone carrying the error of user code (an ActorDiedError for a constructor)."""
+        if isinstance(exc, ActorExitRequest) and self.actor is not None:
+            return self._exit_actor(inv)
+        self.events.error_types[inv.call.task_id] = type(
+            exc.error if isinstance(exc, _ArgumentError) else exc).__name__
+        try:
+            return self._failed(inv, exc)
+        except RecursionError:
+            if inv.call.HasField("actor"):
+                raise
+            # The error of a task hundreds of levels down a recursion: its chain of
+            # causes is too deep to format or pickle within the recursion limit. Raised
+            # out of here, it killed the worker, and every caller up the chain waited.
+            root, levels = exc, 0
+            while isinstance(root, TaskError) and root.cause is not None:
+                root, levels = root.cause, levels + 1
+            tb = (f"(the error of a task {levels} levels down; the chain of their remote "
+                  "tracebacks is too deep to keep)\n")
+            err = TaskError.wrap(inv.call.name, tb, root, os.getpid())
+            tid = inv.call.task_id
+            return pb.TaskDone(task_id=tid, user_error=True, returns=[
+                pb.ObjectData(object_id=tid + i.to_bytes(4, "big"), error=dumps_exception(err))
+                for i in range(inv.call.num_returns)])
+
+    def _exit_actor(self, inv: Any) -> Any:
+        """exit_actor() in a method: the head ends the actor for good (queued and later
+        calls fail with why) and stops this process; the calling method's caller gets
+        ActorDiedError (Ray's answer) here, or as a call in flight if the process ends
+        first. Either error says the actor exited on purpose."""
+        assert self.actor is not None
+        spec = self.actor.spec
+        reason = f"it exited on purpose: exit_actor() was called in {inv.call.name}()"
+        try:
+            self.client.request(pb.Request(kill_actor=pb.KillActor(
+                actor_id=spec.actor_id, no_restart=True, reason=reason)))
+        except Exception:  # noqa: BLE001 - the cluster is going: the process ends anyway
+            os._exit(0)
+        err = ActorDiedError(f"actor {spec.class_name} is dead: {reason}")
+        tid = inv.call.task_id
+        return pb.TaskDone(task_id=tid, user_error=True, returns=[
+            pb.ObjectData(object_id=tid + i.to_bytes(4, "big"), error=dumps_exception(err))
+            for i in range(inv.call.num_returns)])
+
+    def _failed(self, inv: Any, exc: BaseException) -> Any:
+        call = inv.call
+        tid = call.task_id
+        oids = [tid + i.to_bytes(4, "big") for i in range(call.num_returns)]
+        # Called inside the except block that caught exc: format_exc() is its traceback.
+        tb = traceback.format_exc()
+        if isinstance(exc, TaskError):
+            # A nested task's error that escaped this task: format_exc() ends with that
+            # error's whole message (its remote traceback too), which the message made
+            # below carries already. Twice per level, an error 16 tasks down a recursion
+            # became 69 MB (and 30 down, a cluster that seemed hung).
+            tb = ("Traceback (most recent call last):\n"
+                  + "".join(traceback.format_list(traceback.extract_tb(exc.__traceback__)))
+                  + f"{type(exc).__name__}: the error of {exc.function_name}(), above\n")
+        err: BaseException
+        if isinstance(exc, _ArgumentError):
+            # The task never ran: its error is the DeserializationError itself (the
+            # traceback of the unpickling is in its text), not a TaskError "raised" by
+            # code that did not run.
+            exc = err = exc.error
+            detail = f"{type(exc).__name__}: {exc}"
+        else:
+            detail = f"{type(exc).__name__}: {exc}\n\nRemote traceback:\n{tb}"
+            try:
+                err = TaskError.wrap(call.name, tb, exc, os.getpid())
+            except Exception:  # noqa: BLE001 - a class wrap() cannot build must not kill
+                # the worker (it was then reported as a crash): keep the text and traceback.
+                err = TaskError(call.name, tb, None, os.getpid())
+        if call.HasField("actor"):
+            died = ActorDiedError(f"actor {call.actor.class_name} failed in its constructor: {detail}")
+            died.__cause__ = exc
+            oids = [call.actor.actor_id]
+            blob = dumps_exception(died)
+        else:
+            blob = dumps_exception(err)
+        not_retryable = False
+        if call.retry_exceptions:
+            not_retryable = isinstance(exc, DeserializationError) or (
+                bool(call.retry_on) and not isinstance(exc, _retry_classes(call.retry_on)))
+        return pb.TaskDone(task_id=tid, user_error=True, not_retryable=not_retryable,
+                           returns=[pb.ObjectData(object_id=o, error=blob) for o in oids])
+
+    def become_actor(self, spec: Any, instance: Any, gpu_ids: list[int],
+                     resources: dict[str, float]) -> None:
+        """This worker now serves one actor for life."""
+        self.actor = ActorRuntime(self, spec, instance, gpu_ids)
+        _context.set_actor(spec.actor_id, spec.restart_count, resources)
+        if self.logs is not None:
+            self.logs.mark_actor(spec.actor_id, spec.class_name, self._job)
+        # Calls queued behind a blocking get() belong to this actor: never hand them back.
+        self.client.on_block = None
+
+
+    def _decode_args(self, call: Any, resolved: Any) -> list[Any]:
+        out: list[Any] = []
+        try:
+            failed = self._decode_into(out, call, resolved)
+        except DeserializationError as exc:
+            raise _ArgumentError(_argument_error(call, len(out), exc)) from exc
+        if failed is not None:
+            raise failed   # a dependency's error, as it is (it may be a DeserializationError)
+        return out
+
+    def _decode_into(self, out: list[Any], call: Any, resolved: Any) -> BaseException | None:
+        """Append the decoded arguments to ``out``; the error of a failed dependency."""
+        it = iter(resolved)
+        for v in call.args:
+            if v.WhichOneof("kind") == "inline":
+                out.append(deserialize(v.inline))
+            else:
+                data = next(it)
+                kind = data.WhichOneof("data")
+                if kind == "inline":
+                    out.append(deserialize(data.inline))
+                elif kind == "segment":
+                    view = self.client.map_object(data)[0]
+                    out.append(deserialize(view, f"object {data.object_id.hex()}"))
+                else:
+                    return _load_error(data.error)
+        return None
+
+
+class ActorRuntime:
+    """The actor this worker serves: its instance and how its calls run.
+
+    max_concurrency=1 sync actors run calls one at a time in the main thread (in order,
+    cancellable). max_concurrency=n>1 runs them on n threads; async actors run them as
+    coroutines on one uvloop event loop, at most max_concurrency at once.
+    """
+
+    def __init__(self, worker: WorkerRuntime, spec: Any, instance: Any, gpu_ids: list[int]) -> None:
+        self.worker = worker
+        self.gpu_ids = gpu_ids
+        self.spec = spec
+        self.instance = instance
+        self.concurrent = spec.is_async or spec.max_concurrency > 1
+        # Calls running on the threads or the loop (their asyncio futures), and those of
+        # them cancelled: answered as cancelled whatever they return.
+        self.lock = threading.Lock()
+        self.running: dict[bytes, Any] = {}
+        self.cancelled: set[bytes] = set()
+        self.pool: Any = None
+        self.loop: Any = None
+        self.sem: Any = None
+        if spec.is_async:
+            import asyncio
+
+            import uvloop
+            self.loop = uvloop.new_event_loop()
+            self.sem = asyncio.Semaphore(spec.max_concurrency)
+            threading.Thread(target=self.loop.run_forever, name="orchestra-actor-loop",
+                             daemon=True).start()
+        elif spec.max_concurrency > 1:
+            from concurrent.futures import ThreadPoolExecutor
+            self.pool = ThreadPoolExecutor(spec.max_concurrency, thread_name_prefix="orchestra-actor")
+
+    def submit(self, inv: Any) -> None:
+        with self.lock:
+            self.running[inv.call.task_id] = None   # the asyncio task, once it starts
+        if self.loop is not None:
+            import asyncio
+            asyncio.run_coroutine_threadsafe(self._run_async(inv), self.loop)
+        else:
+            self.pool.submit(self._run_threaded, inv)
+
+    def cancel(self, task_id: bytes) -> None:
+        """orchestra.cancel of a call running here: a coroutine gets CancelledError where
+        it awaits; a thread cannot be interrupted safely, so it runs on and what it
+        returns is dropped. Either way the caller's get raises TaskCancelledError."""
+        with self.lock:
+            if task_id not in self.running:
+                return   # answered already: the result stands
+            self.cancelled.add(task_id)
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self._cancel_on_loop, task_id)
+
+    def _cancel_on_loop(self, task_id: bytes) -> None:
+        # On the loop's thread, like the start of _run_async: a call cancelled before it
+        # started is caught there, one that started has its task here.
+        task = self.running.get(task_id)
+        if task is not None:
+            task.cancel()
+
+    def _was_cancelled(self, task_id: bytes) -> bool:
+        with self.lock:
+            return task_id in self.cancelled
+
+    def _ended(self, inv: Any, done: Any) -> None:
+        """Answer a call; None: it was cancelled (nothing of its result was stored)."""
+        tid = inv.call.task_id
+        with self.lock:
+            self.running.pop(tid, None)
+            self.cancelled.discard(tid)
+        self.worker.send_done(done if done is not None else pb.TaskDone(task_id=tid, cancelled=True))
+
+    def _run_threaded(self, inv: Any) -> None:
+        w = self.worker
+        tid = inv.call.task_id
+        try:
+            fn, args, kwargs = w.prepare(inv)
+            result = fn(*args, **kwargs)
+            done = None if self._was_cancelled(tid) else w.finish(inv, result)
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller
+            done = None if self._was_cancelled(tid) else w.failed(inv, exc)
+        self._ended(inv, done)
+
+    async def _run_async(self, inv: Any) -> None:
+        import asyncio
+        import inspect
+        w = self.worker
+        tid = inv.call.task_id
+        done = None
+        with self.lock:
+            started = tid not in self.cancelled
+            if started:
+                self.running[tid] = asyncio.current_task()
+        try:
+            if started:
+                async with self.sem:
+                    try:
+                        fn, args, kwargs = w.prepare(inv)
+                        result = fn(*args, **kwargs)
+                        if inspect.isawaitable(result):
+                            result = await result
+                        produced = bool(inv.call.generator) and inspect.isasyncgen(result)
+                        if produced:   # run here, on this loop
+                            result = await produce_async(w, inv.call, result)
+                        if not self._was_cancelled(tid):
+                            done = w.finish(inv, result, produced)
+                    except BaseException as exc:  # noqa: BLE001 - reported to the caller
+                        if not self._was_cancelled(tid):
+                            done = w.failed(inv, exc)
+        except asyncio.CancelledError:   # cancelled while waiting for its turn
+            pass
+        self._ended(inv, done)
+
+
+def _in_finalizer(frame: Any) -> bool:
+    """Whether ``frame`` runs inside __del__ or a weakref callback."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "__del__" or code.co_filename == weakref.__file__:
+            return True
+        frame = frame.f_back
+    return False
+
+
+@functools.lru_cache(maxsize=64)
+def _retry_classes(pickled: bytes) -> tuple[type[BaseException], ...]:
+    try:
+        return tuple(cloudpickle.loads(pickled))
+    except Exception:  # noqa: BLE001 - classes this worker cannot import: retry nothing
+        return ()
+
+
+class _ArgumentError(Exception):
+    """An argument of the task could not be deserialized in this worker."""
+
+    def __init__(self, error: DeserializationError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _argument_error(call: Any, i: int, exc: DeserializationError) -> DeserializationError:
+    """The error of a task whose argument ``i`` (in the Call's order) did not unpickle:
+    which argument of which task, why, and the traceback of the unpickling."""
+    cause = exc.__cause__ or exc
+    nk = len(call.kwarg_names)
+    first_kw = len(call.args) - nk
+    what = f"kwargs[{call.kwarg_names[i - first_kw]!r}]" if i >= first_kw else f"args[{i}]"
+    tb = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
+    err = deserialization_error(cause, f"{what} of task {call.name}()", "its worker")
+    return DeserializationError(f"{err}\n\nRemote traceback:\n{tb}")
+
+
+def _load_error(blob: bytes) -> BaseException:
+    import pickle
+    exc: BaseException = pickle.loads(blob)
+    return exc
+
+
+def _split_returns(result: Any, n: int, name: str) -> list[Any]:
+    try:
+        values = list(result)
+    except TypeError:
+        raise ValueError(f"{name}() has num_returns={n} but returned a {type(result).__name__}, "
+                         f"not a sequence of {n} values") from None
+    if len(values) != n:
+        raise ValueError(f"{name}() has num_returns={n} but returned {len(values)} values")
+    return values
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    sock_path, worker_id = argv[0], int(argv[1])
+    die_with_parent()
+    # Ctrl-C in the driver's terminal reaches the whole process group: the driver
+    # handles it; a worker must not die of it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if os.environ.get("ORCHESTRA_RAY_COMPAT"):
+        # A driver run with `orchestra run --ray`: `import ray` here means orchestra too.
+        from ..compat.ray import install
+        install()
+    set_title("orchestra::worker")
+    runtime = WorkerRuntime(sock_path, worker_id)
+    runtime.run()
+
+
+if __name__ == "__main__":
+    main()
