@@ -1,7 +1,7 @@
 """Starting and stopping a cluster's processes on this machine: the launch functions of
 ``orchestra start``/``stop`` (_cli/cluster.py) and of Cluster (cluster_utils.py).
 
-    start_head(state, ...) -> cfg (_session.build_cfg + listen, token, detached,
+    start_head(state, ...) -> cfg (local_head.build_cfg + listen, token, detached,
         joinable) -> head process (a session of its own: no fate-sharing with the
         caller) -> ready once HOST:PORT accepts and authenticates -> record
     start_node(state, head_address, token, ...) -> cfg -> ``_node_process --join``
@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .._api import session as _session
+from .._api import local_head
 from .._objects.store import pid_alive, sweep_stale_segments
 from .._platform.bootstrap import JOIN_BOOTSTRAP
 from .._protocol.auth import client_handshake, new_token
@@ -124,7 +124,7 @@ def head_cfg(*, host: str, port: int, token: str, num_cpus: int | None = None,
              owner_pid: int = 0) -> tuple[str, dict[str, Any]]:
     """The cluster head's cfg: init()'s, listening on HOST:PORT with the token, owned by
     no driver (runs until SIGTERM) and open to nodes. Also the /dev/shm warning."""
-    warning, cfg = _session.build_cfg(num_cpus=num_cpus, num_gpus=num_gpus,
+    warning, cfg = local_head.build_cfg(num_cpus=num_cpus, num_gpus=num_gpus,
                                       resources=resources,
                                       object_store_memory=object_store_memory,
                                       include_dashboard=include_dashboard,
@@ -159,12 +159,12 @@ def start_head(state: str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
                             owner_pid=owner_pid)
     if warning:
         print(f"orchestra: {warning}", file=sys.stderr)
-    _session._sweep_stale_sessions()
-    session_dir = _session.new_session_dir(cfg)
+    local_head.sweep_stale_sessions()
+    session_dir = local_head.new_session_dir(cfg)
     run_dir = cf.new_run_dir(state, "head")
     out = _log_file(run_dir, log)
     try:
-        proc = _session.launch_head(cfg, stdout=out, stderr=out)
+        proc = local_head.launch_head(cfg, stdout=out, stderr=out)
     finally:
         if out is not None:
             out.close()
@@ -277,7 +277,7 @@ def node_cfg(*, head_address: str, token: str, host: str | None, session_dir: st
     sys_path) plus head_address, token, host (where its data server listens: by default
     this machine's address on the route to the head) and its session_dir."""
     head_host, _ = split_address(head_address)
-    _, cfg = _session.build_cfg(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources,
+    _, cfg = local_head.build_cfg(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources,
                                 object_store_memory=object_store_memory)
     cfg.pop("_spill_root", None)
     if host is None:

@@ -33,12 +33,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .._ids import machine_id
 from .._node.node import Node, node_from_cfg, worker_socket
-from .._node.process import routable
 from .._objects.errors import make_error
 from .._objects.store import sweep_stale_segments
 from .._observe.log_router import LogRoutes
@@ -58,9 +56,10 @@ from .._scheduler.instructions import (
     StopWorker,
 )
 from .._scheduler.state import SchedulerState, WorkerState
-from ..exceptions import InfeasibleResourcesError
 from . import grpc_service as _grpc_service
+from .frames import FRAMES, REQUESTS
 from .grpc_service import GRPC_CONN
+from .pulls import Pulls
 from .remote_node import RemoteNode
 from .state_query import StateQueries
 
@@ -71,34 +70,11 @@ LOCAL_NODE_ID = 0
 NODE_PROCESS_ID = 1
 # Deadlocked clusters are noticed (and the drivers told) this often.
 _TICK_S = 0.5
-_GROUP_REQUESTS = frozenset({"create_placement_group", "remove_placement_group",
-                             "get_placement_group", "placement_group_table"})
 # Joined nodes and the head tell each other they live this often (cfg node_timeout_s
 # of silence, 10 s by default, and the other end is dead).
 _HEARTBEAT_S = 1.0
-# A reader's pull of an object from a node that may be dying is tried again this often,
-# for as long as a node may stay silent before it is declared dead, and this much more.
-_RELOCATE_RETRY_S = 0.2
-_RELOCATE_SLACK_S = 2.0
 # After a node's death: when its segment directory is swept (if it was on this machine).
 _SWEEP_AFTER_S = 1.0
-
-
-class _Then:
-    """A watch_object() waiter that calls back on the loop (not a thread's future)."""
-
-    __slots__ = ("fn", "_done")
-
-    def __init__(self, fn: Callable[[Any], None]) -> None:
-        self.fn = fn
-        self._done = False
-
-    def done(self) -> bool:
-        return self._done
-
-    def set_result(self, data: Any) -> None:
-        self._done = True
-        self.fn(data)
 
 
 class NodeGone(NamedTuple):
@@ -174,7 +150,7 @@ class Head:
         # Workers whose connection closed, until their node reports the exit: -> conn id.
         self._reaping: dict[int, int] = {}
         self.conns: dict[int, Conn] = {}
-        # HelloReplies to drivers held until the first worker connects (_hello).
+        # HelloReplies to drivers held until the first worker connects (hello).
         self._parked_replies: list[tuple[Conn, bytes]] = []
         self.dirty: set[Conn] = set()
         self._next_conn = 1
@@ -195,7 +171,7 @@ class Head:
         self.gone: dict[int, NodeGone] = {}          # nodes that died, for nodes()
         self._next_node_id = NODE_PROCESS_ID + 1
         # (object id, node id) -> what waits for that node's copy (None: a prefetch)
-        self.pulls: dict[tuple[bytes, int], list[Callable[[Any, str], None]]] = {}
+        self.pulls = Pulls(self)   # objects copied between nodes for their readers
         self.address = cfg.get("listen", "")
         self.dashboard: Any = None                   # _dashboard.Dashboard, once it serves
         self.dashboard_url = ""
@@ -327,98 +303,35 @@ class Head:
 
     # ------------------------------------------------------------------ frames
     def handle(self, conn: Conn, frames: list[tuple[int, Any]]) -> None:
+        """A batch of frames from one connection: each to its handler (frames.FRAMES),
+        then the instructions they made carried out."""
         self.last_activity = time.monotonic()
-        state = self.state
-        cid = conn.conn_id
         node = conn.node
         if self.gone and node.node_id in self.gone and node is not self.local:
             # Its node died (node_gone aborts this connection): what a worker of it still
             # says is void, a result there among it (sealed, it named a store that is
             # gone for good); its tasks are retried as its death says.
             return
+        handlers = FRAMES
         for kind, msg in frames:
-            if kind == _wire.SUBMIT:
-                self.events.table.submitted(cid, [call.task_id for call in msg.calls])
-                for call in msg.calls:
-                    state.submit(cid, call)
-            elif kind == _wire.TASK_DONE:
-                for d in msg.returns:
-                    if d.WhichOneof("data") == "segment":
-                        node.seal(d.segment.name)
-                state.task_done(cid, msg)
-            elif kind == _wire.REF_DELTA:
-                if msg.pin:
-                    node.pin(cid, msg.pin)
-                if msg.pending:
-                    state.register_pending(cid, msg.pending)
-                state.ref_delta(cid, msg.incr, msg.decr)
-                if msg.unpin:
-                    node.unpin(cid, msg.unpin)
-            elif kind == _wire.OBJECTS:
-                for d in msg.objects:
-                    if d.WhichOneof("data") == "segment":
-                        node.seal(d.segment.name)
-                    state.put(cid, d)
-            elif kind == _wire.SUBSCRIBE:
-                state.subscribe(cid, msg.ids)
-            elif kind == _wire.FUNCTION:
-                state.register_function(msg)
-            elif kind == _wire.BLOCKED:
-                state.blocked(cid, msg.blocked, msg.object_ids, msg.task_id, msg.task_name)
-            elif kind == _wire.RETURN_TASKS:
-                state.return_tasks(cid, msg.task_ids)
-            elif kind == _wire.CANCEL:
-                state.cancel(msg.object_id, msg.force, msg.recursive)
-            elif kind == _wire.ADOPT:
-                self.events.table.adopted(cid, msg.worker_id, msg.calls)
-                state.adopt_calls(cid, msg)
-            elif kind == _wire.LOAN_RETURN:
-                state.return_loan(cid, msg.worker_id)
-            elif kind == _wire.LOAN_REQUEST:   # a driver asks for one more lent worker
-                state.lend_idle(cid, dict(msg.resources), int(msg.pinned_node))
-            elif kind == _wire.RELEASE_CALL:   # ordered after the actor's own ref changes
-                caller = self.conns.get(msg.owner)
-                if caller is not None:
-                    self._queue(caller, _wire.encode(_wire.RELEASE_CALL, pb.TaskDone(task_id=msg.task_id)))
-            elif kind == _wire.REQUEST:
-                self._request(conn, msg)
-            elif kind == _wire.HELLO:
-                self._hello(conn, msg)
-            elif kind == _wire.WORKER_ADDRESS:
-                state.worker_address(cid, msg.address)
-            elif kind == _wire.GENERATOR_ITEM:
-                if msg.data.WhichOneof("data") == "segment":
-                    node.seal(msg.data.segment.name)
-                state.generator_item(cid, msg)
-                if msg.index == 1:
-                    # A stream's first item goes out now, not after the rest of a read
-                    # that a fast producer filled with hundreds more (~10 ms later).
-                    self.carry_out()
-            elif kind == _wire.GENERATOR_ACK:
-                state.generator_ack(msg)
-            elif kind == _wire.LOG_LINES:
-                self._forward_logs(conn, msg)
-            elif kind == _wire.LOG_FLUSH:   # every line sent before this answer
-                self._queue(conn, _wire.encode(_wire.LOG_FLUSH, msg))
-            elif kind == _wire.TASK_EVENTS:
-                self.events.worker_batch(cid, msg)
-            elif kind == _wire.SHUTDOWN:
-                self.loop.call_soon(self.shutdown, "the driver called shutdown()")
+            handler = handlers.get(kind)
+            if handler is not None:
+                handler(self, conn, msg)
         self.carry_out()
 
-    def _forward_logs(self, conn: Conn, msg: Any) -> None:
+    def forward_logs(self, conn: Conn, msg: Any) -> None:
         """A worker's lines to the log connections of their jobs' drivers."""
         ip = self._node_address(conn.node) if len(self.nodes) > 1 else ""
         for target, lines in self.log_routes.route(msg, self.primary, ip).items():
             c = self.conns.get(target)
             if c is not None:
-                self._queue(c, _wire.encode(_wire.LOG_LINES, lines))
+                self.queue(c, _wire.encode(_wire.LOG_LINES, lines))
 
-    def _hello(self, conn: Conn, hello: Any) -> None:
+    def hello(self, conn: Conn, hello: Any) -> None:
         conn.hello = hello
         if hello.kind == "logs":   # a driver's second connection: its tasks' output
             self.log_routes.add(conn.conn_id, hello.log_job)
-            self._queue(conn, _wire.encode(_wire.HELLO_REPLY, pb.HelloReply(conn_id=conn.conn_id)))
+            self.queue(conn, _wire.encode(_wire.HELLO_REPLY, pb.HelloReply(conn_id=conn.conn_id)))
             return
         node = self._node_for(conn, hello)
         if node is None:
@@ -460,7 +373,7 @@ class Head:
                 self.loop.call_later(float(self.cfg.get("ready_wait_s", 1.0)),
                                      self._release_driver_replies)
             return
-        self._queue(conn, frame)
+        self.queue(conn, frame)
 
     def _node_for(self, conn: Conn, hello: Any) -> Node | RemoteNode | None:
         """The node whose store a connecting process maps: a worker's is the node that
@@ -498,185 +411,28 @@ class Head:
         parked, self._parked_replies = self._parked_replies, []
         for conn, frame in parked:
             if conn.conn_id in self.conns:
-                self._queue(conn, frame)
+                self.queue(conn, frame)
         self.carry_out()
 
-    def _request(self, conn: Conn, req: Any) -> None:
+    def request(self, conn: Conn, req: Any) -> None:
+        """A Request frame: answered by its handler (frames.REQUESTS) now, or later."""
         reply = pb.Reply(req_id=req.req_id)
-        body = req.WhichOneof("body")
-        if body == "create_segment":
-            # Frees decided earlier in this batch of frames must happen before the store
-            # judges the room (they wait in state.out until carry_out otherwise).
-            self.carry_out()
-            conn.node.create_segment(conn.conn_id, req)
-            return
-        elif body == "abort_segment":
-            conn.node.abort_segment(conn.conn_id, req.abort_segment)
-            if type(conn.node) is RemoteNode:   # answered once the node did it
-                data = _wire.encode(_wire.REPLY, reply)
-                conn.node.after_node(lambda: self._queue_if_open(conn, data))
-                return
-        elif body == "locate":
-            if type(conn.node) is RemoteNode:
-                # The reader found the segment gone: the node spilled it, and its
-                # relocation may still be on its way here. Answered after it.
-                conn.node.after_node(lambda: self._locate(conn, req.req_id, req.locate))
-            else:
-                self._locate(conn, req.req_id, req.locate)
-            return
-        elif body == "state_query":
-            self.events.query(conn, req)   # answered once the workers reported
-            return
-        elif body == "create_actor":
-            self.events.table.submitted(conn.conn_id, [req.create_actor.task_id])
-            try:
-                existing = self.state.create_actor(conn.conn_id, req.create_actor)
-                if existing is not None:   # get_if_exists: the live one's handle
-                    reply.actor.CopyFrom(existing)
-            except ValueError as exc:
-                reply.error, reply.error_kind = str(exc), "ValueError"
-        elif body == "get_actor_in":
-            try:
-                lookup = req.get_actor_in
-                reply.actor.CopyFrom(self.state.actor_table.get(lookup.name, lookup.namespace,
-                                                                conn=conn.conn_id))
-            except ValueError as exc:
-                reply.error, reply.error_kind = str(exc), "ValueError"
-        elif body in _GROUP_REQUESTS:
-            try:
-                self._group_request(body, req, reply, conn.conn_id)
-            except (ValueError, InfeasibleResourcesError) as exc:
-                reply.error, reply.error_kind = str(exc), type(exc).__name__
-        elif body == "kill_actor":
-            self.state.actor_table.kill(req.kill_actor.actor_id, req.kill_actor.no_restart,
-                                        req.kill_actor.reason)
-        elif body == "get_actor":
-            try:
-                reply.actor.CopyFrom(self.state.actor_table.get(req.get_actor, conn=conn.conn_id))
-            except ValueError as exc:
-                reply.error, reply.error_kind = str(exc), "ValueError"
-        elif body == "query":
-            q = req.query
-            if q == "cluster_resources":
-                reply.resources.update(self.state.total_resources())
-            elif q == "available_resources":
-                reply.resources.update(self.state.available_resources())
-            elif q == "debug":
-                reply.debug.CopyFrom(self.debug_info())
-            elif q in ("pending", "pending_own"):
-                reply.pending_tasks = self.state.pending_tasks(conn.conn_id, q == "pending_own")
-            elif q == "sync":
-                pass   # the reply says every frame sent before the request was handled
-            elif q == "nodes":
-                reply.nodes.extend(self.nodes_info())
-            else:
-                reply.error = f"unknown query {q!r}"
-        self._queue(conn, _wire.encode(_wire.REPLY, reply))
+        handler = REQUESTS.get(req.WhichOneof("body"))
+        if handler is None or handler(self, conn, req, reply):
+            self.queue(conn, _wire.encode(_wire.REPLY, reply))
 
-    def _group_request(self, body: str, req: Any, reply: Any, conn_id: int) -> None:
-        """Placement groups (_scheduler/groups.py): create, remove, find by name, list."""
-        groups = self.state.groups
-        if body == "create_placement_group":
-            groups.create(conn_id, req.create_placement_group)
-            self.state.schedule()
-        elif body == "remove_placement_group":
-            groups.remove(req.remove_placement_group)
-        elif body == "get_placement_group":
-            reply.placement_groups.append(groups.by_name(req.get_placement_group))
-        else:
-            reply.placement_groups.extend(groups.table(req.placement_group_table))
-
-    def _locate(self, conn: Conn, req_id: int, object_id: bytes, since: float = 0.0) -> None:
-        """Answer where an object's data is now, for a reader on the connection's node
-        (a reader found its segment gone, or it is on another node: pulled first).
-        ``since``: when a first pull of it failed (see answer)."""
-        o = self.state.objects.get(object_id)
-
-        def answer(data: Any, error: str) -> None:
-            if data is None and error and object_id in self.state.objects \
-                    and self.conns.get(conn.conn_id) is conn:
-                # The pull failed, the object lives: its node may be dying, which this
-                # head learns a moment later (its connection closes; silent: after
-                # node_timeout_s). Then the object is made again, has a copy elsewhere,
-                # or is lost for good: ask again until one of those is known, rather
-                # than fail a reader of an object that a retry would rebuild.
-                now = time.monotonic()
-                first = since or now
-                if now - first < float(self.cfg.get("node_timeout_s", 10.0)) + _RELOCATE_SLACK_S:
-                    self.loop.call_later(_RELOCATE_RETRY_S, self._locate, conn, req_id,
-                                         object_id, first)
-                    return
-            reply = pb.Reply(req_id=req_id)
-            if data is None:
-                reply.error = error or f"object {object_id.hex()} was freed while it was being read"
-                reply.error_kind = "ObjectLostError"
-            else:
-                reply.object.CopyFrom(data)
-            self._queue_if_open(conn, _wire.encode(_wire.REPLY, reply))
-        if o is None:
-            answer(None, "")
-            return
-        if o.data is None:   # being made again (its node died): answered once it is
-            self.watch_object(object_id, _Then(lambda d: self._locate(conn, req_id, object_id)))
-            return
-        if self.conns.get(conn.conn_id) is not conn:
-            return   # the reader is gone
-        data = self.state.copy_on(object_id, conn.node.node_id)
-        if data is not None:
-            answer(data, "")
-        else:
-            self._pull(conn.node.node_id, object_id, answer)
-
-    # ------------------------------------------------------------------ objects between nodes
-    def _pull(self, node_id: int, object_id: bytes,
-              then: Callable[[Any, str], None] | None = None) -> None:
-        """Have node ``node_id`` pull a copy of the object from a node that holds one;
-        ``then(data, error)`` once it is there. Several readers: one pull."""
-        key = (object_id, node_id)
-        waiting = self.pulls.get(key)
-        if waiting is not None:
-            if then is not None:
-                waiting.append(then)
-            return
-        o = self.state.objects.get(object_id)
-        dest: Any = self.nodes.get(node_id)
-        src_seg = None
-        if o is not None and o.data is not None and o.data.WhichOneof("data") == "segment":
-            src_seg = o.data.segment
-        src = self.nodes.get(src_seg.node_id) if src_seg is not None else None
-        address = (self.data_address if src is self.local else getattr(src, "data_address", ""))
-        if src is self.local and type(dest) is RemoteNode and dest.conn is not None:
-            # Listening on a wildcard (--host 0.0.0.0): the address that node reached.
-            address = routable(address, dest.conn.transport.get_extra_info("sockname"))
-        if dest is None or src_seg is None or not address:
-            why = (f"object {object_id.hex()} cannot be copied to node {node_id}: "
-                   + ("it is gone" if src_seg is None else "its node has no data server"))
-            if then is not None:
-                then(None, why)
-            return
-        self.pulls[key] = [then] if then is not None else []
-        dest.pull(object_id, address, src_seg.path or src_seg.name, src_seg.size, self.token)
+    def locate(self, conn: Conn, req_id: int, object_id: bytes, since: float = 0.0) -> None:
+        """Answer where an object's data is now, for a reader on the connection's node."""
+        self.pulls.locate(conn, req_id, object_id, since)
 
     def node_pulled(self, node_id: int, object_id: bytes, segment: Any, error: str) -> None:
         """Node ``node_id`` has its copy (or failed): answer what waited for it."""
-        waiting = self.pulls.pop((object_id, node_id), [])
-        data = None
-        if not error:
-            if self.state.add_copy(object_id, segment):
-                data = self.state.copy_on(object_id, node_id)
-            else:
-                error = f"object {object_id.hex()} was freed while it was being copied"
-                node = self.nodes.get(node_id)
-                if node is not None:
-                    node.free_segment(segment.name)
-        for then in waiting:
-            then(data, error)
-        self.carry_out()
+        self.pulls.pulled(node_id, object_id, segment, error)
 
-    def _queue_if_open(self, conn: Conn, data: bytes) -> None:
+    def queue_if_open(self, conn: Conn, data: bytes) -> None:
         """For an answer that waited for the node: the connection may have closed."""
         if self.conns.get(conn.conn_id) is conn:
-            self._queue(conn, data)
+            self.queue(conn, data)
 
     def debug_info(self) -> Any:
         st = self.state
@@ -702,7 +458,7 @@ class Head:
         return info
 
     # ------------------------------------------------------------------ instructions
-    def _queue(self, conn: Conn, data: bytes) -> None:
+    def queue(self, conn: Conn, data: bytes) -> None:
         conn.wbuf.append(data)
         self.dirty.add(conn)
 
@@ -747,7 +503,7 @@ class Head:
                     if node is not None:
                         node.stop_worker(ins.worker_id)
                 elif type(ins) is Pull:
-                    self._pull(ins.node_id, ins.object_id)
+                    self.pulls.pull(ins.node_id, ins.object_id)
             for cid, msg in pushes.items():
                 if cid == GRPC_CONN:
                     for d in msg.objects:
@@ -844,9 +600,7 @@ class Head:
         del self.nodes[nid]
         self.gone[nid] = NodeGone(remote.ip, dict(remote.resources), reason, remote.pid)
         print(f"orchestra head: node {nid} ({remote.ip}) is gone: {reason}", file=sys.stderr)
-        for key in [k for k in self.pulls if k[1] == nid]:
-            for then in self.pulls.pop(key):
-                then(None, f"node {nid} died while pulling the object: {reason}")
+        self.pulls.node_gone(nid, reason)
         self.state.remove_node(nid, reason)
         for c in list(self.conns.values()):
             if c.node is remote:

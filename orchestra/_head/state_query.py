@@ -154,7 +154,7 @@ class StateQueries:
             reply.error, reply.error_kind = str(exc), "ValueError"
         except Exception as exc:  # noqa: BLE001 - a bug of ours: the asker hears of it at once
             reply.error = f"the head could not answer a state query: {exc!r}"
-        self.head._queue_if_open(conn, _wire.encode(_wire.REPLY, reply))
+        self.head.queue_if_open(conn, _wire.encode(_wire.REPLY, reply))
         self.head.carry_out()
 
     def answer(self, what: str, filters: list[Any], limit: int = 0, detail: bool = False,

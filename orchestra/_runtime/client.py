@@ -7,11 +7,11 @@
         (Execute, CancelTask, ...) go to ``on_frame``.
 
 The client is the hub of four parts, one job each:
-    _protocol/connection.py  Connection: the socket (unix today, TCP between machines) and frames
-    _objects/refs.py        RefCounts: this process's count per object id, the changes to tell
-    _objects/io.py     ObjectIO: values inline or in segments, the maps kept of segments
-    _runtime/direct.py      DirectCalls: calls sent straight to actors and lent workers
-                    (decisions in _runtime/direct_core.py)
+    _protocol/connection.py  Connection: the socket (unix, TCP between machines), frames
+    _objects/refs.py         RefCounts: this process's count per object id, changes to tell
+    _objects/io.py           ObjectIO: values inline or in segments, the maps kept of them
+    _runtime/direct.py       DirectCalls: calls sent straight to actors and lent workers
+                             (decisions in _runtime/direct_core.py)
 and keeps what they share: the results received, the requests waiting for replies,
 and the reading of every connection (one thread reads at a time: the waiting thread
 itself when it can, else the background reader).
@@ -47,6 +47,7 @@ from ..exceptions import (
     ObjectStoreFullError,
     OrchestraError,
 )
+from .calls import encode_call
 from .direct import DirectCalls
 from .direct_core import LOAN_IDLE_S, Call
 from .object_ref import ObjectRef
@@ -309,34 +310,6 @@ class CoreClient:
             self._registered.add(function_id)
             self.function_frames[function_id] = req_bytes
 
-    def _encode_call(self, template: bytes, tid: bytes, args: Sequence[Any], kwargs: dict[str, Any],
-                     refs: list[ObjectRef], hold: list[ObjectRef] | None = None) -> bytes:
-        """A serialized Call; ``refs`` gets the ref arguments in order (with the puts
-        made for large values), which must live until the call is sent; ``hold`` gets
-        refs to those pickled inside the arguments."""
-        if not args and not kwargs:
-            return _codec.call(template, tid) + self.job_suffix
-        nested: list[bytes] = []
-        values = [self._arg_value(v, refs, nested) for v in itertools.chain(args, kwargs.values())]
-        call = _codec.call(template, tid, values, kwargs, nested) + self.job_suffix
-        if nested:
-            self.escape(nested)
-            if hold is not None:
-                hold.extend(ObjectRef(oid, self) for oid in nested)
-        return call
-
-    def _arg_value(self, value: Any, refs: list[ObjectRef], nested: list[bytes]) -> bytes:
-        if type(value) is ObjectRef:
-            refs.append(value)
-            return _codec.ref_value(value._id)
-        ser = serialize(value)
-        if ser.size > self.inline_threshold:
-            ref = self._put_serialized(ser)
-            refs.append(ref)
-            return _codec.ref_value(ref._id)
-        nested.extend(ser.contained)
-        return _codec.inline_value(ser.to_bytes())
-
     def submit(self, template: bytes, num_returns: int, args: Sequence[Any],
                kwargs: dict[str, Any], shape: tuple[tuple[str, float], ...] | None = None,
                name: str = "", function_id: bytes = b"", tid: bytes = b"") -> list[ObjectRef]:
@@ -348,7 +321,7 @@ class CoreClient:
         refs: list[ObjectRef] = []     # puts made for large args live until the Submit is sent
         direct = self.direct
         hold: list[ObjectRef] | None = [] if shape is not None and direct.loans else None
-        call = self._encode_call(template, tid, args, kwargs, refs, hold)
+        call = encode_call(self, template, tid, args, kwargs, refs, hold)
         rids = [tid + i.to_bytes(4, "big") for i in range(num_returns)]
         out: list[ObjectRef[Any]] = [ObjectRef(rid, self, counted=True) for rid in rids]
         if shape is not None and hold is not None and direct.loans.get(shape) \
@@ -381,7 +354,7 @@ class CoreClient:
         # Refs pickled in the arguments live here until the actor answers: the actor
         # counts those it keeps before answering (see WorkerRuntime.send_done).
         hold: list[ObjectRef] = []
-        call = self._encode_call(template, tid, args, kwargs, refs, hold)
+        call = encode_call(self, template, tid, args, kwargs, refs, hold)
         rids = [tid + i.to_bytes(4, "big") for i in range(num_returns)]
         out: list[ObjectRef[Any]] = [ObjectRef(rid, self, counted=True) for rid in rids]
         if hold and self.put_seq > self.synced_seq and route.peer is not None:
@@ -424,7 +397,7 @@ class CoreClient:
         template = pb.Call(function_id=function_id, num_returns=num_returns, resources=resources,
                            name=name).SerializeToString()
         refs: list[ObjectRef] = []
-        call = pb.Call.FromString(self._encode_call(template, tid, args, kwargs, refs))
+        call = pb.Call.FromString(encode_call(self, template, tid, args, kwargs, refs))
         self.escape([r._id for r in refs])
         self._keep_until_sent = refs   # large args stay alive until the request is sent
         return call
@@ -434,9 +407,9 @@ class CoreClient:
         if isinstance(value, ObjectRef):
             raise TypeError("put() of an ObjectRef: pass the ref itself where it is needed, "
                             "or put() its value (orchestra.get(ref)) instead")
-        return self._put_serialized(serialize(value))
+        return self.put_serialized(serialize(value))
 
-    def _put_serialized(self, ser: Serialized) -> ObjectRef:
+    def put_serialized(self, ser: Serialized) -> ObjectRef:
         oid = _ids.object_id(_ids.next_task_id(), 0)
         data = self.objects.make_object_data(oid, ser)
         ref: ObjectRef[Any] = ObjectRef(oid, self, counted=True)

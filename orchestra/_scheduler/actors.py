@@ -23,7 +23,7 @@ from typing import Any
 from .._protocol import pb
 from .._protocol.wire import ACTOR_ADDRESS
 from .instructions import KillWorker, LateSend
-from .model import SchedulerCore, Task, TaskState, Worker, WorkerState
+from .model import PLACEMENT_GROUP, SchedulerCore, Task, TaskState, Worker, WorkerState
 
 ACTOR_SHAPE = (("__actor__", 1.0),)   # a grant shape no task has: no task is pipelined there
 
@@ -367,3 +367,13 @@ class ActorTable:
             if a.owner == conn and not a.spec.detached and a.state is not ActorState.DEAD:
                 self._stop(a, "the driver that created it exited (pass lifetime=\"detached\" "
                               "to keep an actor past its driver)")
+
+    def in_group(self, group_id: bytes) -> list[bytes]:
+        """The ids of the live actors created in that placement group."""
+        out = []
+        for aid, a in self.actors.items():
+            p = a.creation.placement
+            if p is not None and p[0] == PLACEMENT_GROUP and a.state is not ActorState.DEAD \
+                    and a.creation.call.placement.group_id == group_id:
+                out.append(aid)
+        return out

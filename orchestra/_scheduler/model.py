@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import collections
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from .._resources import NodeResources, shape_key
@@ -227,8 +227,8 @@ class Node:
 
 
 class SchedulerCore(Protocol):
-    """What ActorTable, Blocking and Loans may use of the scheduler (SchedulerState):
-    its tables, its instruction list, and the steps they share with it."""
+    """What ActorTable, Blocking, Loans and ObjectDirectory may use of the scheduler
+    (SchedulerState): its tables, its instruction list, and the steps they share with it."""
 
     nodes: dict[int, Node]
     workers: dict[int, Worker]
@@ -243,6 +243,9 @@ class SchedulerCore(Protocol):
     # call goes through the head.
     worker_socket: Callable[[int, int], str] | None
     lending: bool   # whether idle workers are lent to drivers (_scheduler/loans.py)
+    pipeline_depth: int   # tasks queued on a busy worker of their shape, at most
+    # Why recent workers died: worker id -> (pid, reason, whether a task the head sent ran).
+    dead_workers: dict[int, tuple[int, str, bool]]
 
     def start_worker(self, node_id: int) -> Worker:
         """A new worker on the node (StartWorker emitted), STARTING."""
@@ -262,6 +265,22 @@ class SchedulerCore(Protocol):
 
     def new_object(self, conn: int, oid: bytes) -> Obj:
         """A pending object held by ``conn``."""
+        ...
+
+    def hold_args(self, t: Task) -> bool:
+        """``t`` holds its arguments (and waits for those not made); False when it failed."""
+        ...
+
+    def enqueue_ready(self, t: Task, front: bool = False) -> None:
+        """Queue ``t`` to run (``front``: before the others of its queue)."""
+        ...
+
+    def deps_met(self, t: Task) -> None:
+        """The last argument ``t`` waited for is made: queue it to run."""
+        ...
+
+    def handles_gone(self, oid: bytes) -> bool:
+        """The last count of ``oid`` is gone: True when it was an actor's handle object."""
         ...
 
     def schedule(self) -> None:
@@ -326,3 +345,13 @@ class SchedulerCore(Protocol):
     def drop_hold(self, oid: bytes) -> None:
         """One count of ``oid`` is gone (freed at zero)."""
         ...
+
+
+def summed(resources: Iterable[dict[str, float]]) -> dict[str, float]:
+    """Resource amounts added up by name (a negative amount, lent past a node's total
+    while a task blocks, counts as none)."""
+    total: dict[str, float] = {}
+    for r in resources:
+        for k, v in r.items():
+            total[k] = total.get(k, 0.0) + max(v, 0.0)
+    return total

@@ -14,18 +14,19 @@ thread signals the main thread (SIGUSR1), which raises inside the task (deferred
 while the main thread is in the client's socket code); a signal also interrupts
 time.sleep and blocking I/O. The worker exits when its connection to
 the head closes, and dies with the head (PR_SET_PDEATHSIG).
+
+A concurrent actor's calls run on threads or an event loop (actors.py); what is made of
+arguments and results beside running the call is in calls.py.
 """
 from __future__ import annotations
 
 import collections
-import functools
 import os
 import signal
 import sys
 import threading
 import time
 import traceback
-import weakref
 from typing import Any
 
 import cloudpickle
@@ -34,7 +35,7 @@ from .._api.actor import ActorExitRequest
 
 # _code_source: loaded here, in the fork server, for functions copied by value.
 from .._objects.errors import make_error
-from .._objects.serialization import deserialization_error, deserialize, dumps_exception, serialize
+from .._objects.serialization import deserialize, dumps_exception, serialize
 from .._observe.log_capture import LOGS_DIR, LogCapture, short_name
 from .._observe.task_events import EventBuffer, end_error_type
 from .._platform.proctitle import set_title
@@ -46,7 +47,16 @@ from .._runtime import context as _context
 from .._runtime import runtime_env as _runtime_env
 from .._runtime.client import CoreClient
 from ..exceptions import ActorDiedError, DeserializationError, TaskError
-from .producer import Acks, produce, produce_async
+from .actors import ActorRuntime
+from .calls import (
+    ArgumentError,
+    argument_error,
+    in_finalizer,
+    load_error,
+    retry_classes,
+    split_returns,
+)
+from .producer import Acks, produce
 
 _set_call = _context.set_call
 _HEAD_ROUTE = (None, 0, False)   # reply_to's answer for a task the head sent
@@ -356,7 +366,7 @@ class WorkerRuntime:
         if self._in_socket_code:
             self._cancel_deferred = True   # raised by _guard on the way out
             return
-        if _in_finalizer(frame):
+        if in_finalizer(frame):
             # Raised in __del__ or a weakref callback, it is printed and dropped, and the
             # cancel lost: ask again in a moment.
             threading.Timer(0.005, self._resignal, (target,)).start()
@@ -612,7 +622,7 @@ class WorkerRuntime:
             result = produce(self, call, result)
         tid = call.task_id
         n = call.num_returns
-        values = [result] if n == 1 else _split_returns(result, n, call.name)
+        values = [result] if n == 1 else split_returns(result, n, call.name)
         del result
         sers = [serialize(v) for v in values]
         # Filled in place: a message passed to the constructor is copied.
@@ -647,7 +657,7 @@ class WorkerRuntime:
         if isinstance(exc, ActorExitRequest) and self.actor is not None:
             return self._exit_actor(inv)
         self.events.error_types[inv.call.task_id] = type(
-            exc.error if isinstance(exc, _ArgumentError) else exc).__name__
+            exc.error if isinstance(exc, ArgumentError) else exc).__name__
         try:
             return self._failed(inv, exc)
         except RecursionError:
@@ -701,7 +711,7 @@ class WorkerRuntime:
                   + "".join(traceback.format_list(traceback.extract_tb(exc.__traceback__)))
                   + f"{type(exc).__name__}: the error of {exc.function_name}(), above\n")
         err: BaseException
-        if isinstance(exc, _ArgumentError):
+        if isinstance(exc, ArgumentError):
             # The task never ran: its error is the DeserializationError itself (the
             # traceback of the unpickling is in its text), not a TaskError "raised" by
             # code that did not run.
@@ -724,7 +734,7 @@ class WorkerRuntime:
         not_retryable = False
         if call.retry_exceptions:
             not_retryable = isinstance(exc, DeserializationError) or (
-                bool(call.retry_on) and not isinstance(exc, _retry_classes(call.retry_on)))
+                bool(call.retry_on) and not isinstance(exc, retry_classes(call.retry_on)))
         return pb.TaskDone(task_id=tid, user_error=True, not_retryable=not_retryable,
                            returns=[pb.ObjectData(object_id=o, error=blob) for o in oids])
 
@@ -744,7 +754,7 @@ class WorkerRuntime:
         try:
             failed = self._decode_into(out, call, resolved)
         except DeserializationError as exc:
-            raise _ArgumentError(_argument_error(call, len(out), exc)) from exc
+            raise ArgumentError(argument_error(call, len(out), exc)) from exc
         if failed is not None:
             raise failed   # a dependency's error, as it is (it may be a DeserializationError)
         return out
@@ -764,178 +774,8 @@ class WorkerRuntime:
                     view = self.client.map_object(data)[0]
                     out.append(deserialize(view, f"object {data.object_id.hex()}"))
                 else:
-                    return _load_error(data.error)
+                    return load_error(data.error)
         return None
-
-
-class ActorRuntime:
-    """The actor this worker serves: its instance and how its calls run.
-
-    max_concurrency=1 sync actors run calls one at a time in the main thread (in order,
-    cancellable). max_concurrency=n>1 runs them on n threads; async actors run them as
-    coroutines on one uvloop event loop, at most max_concurrency at once.
-    """
-
-    def __init__(self, worker: WorkerRuntime, spec: Any, instance: Any, gpu_ids: list[int]) -> None:
-        self.worker = worker
-        self.gpu_ids = gpu_ids
-        self.spec = spec
-        self.instance = instance
-        self.concurrent = spec.is_async or spec.max_concurrency > 1
-        # Calls running on the threads or the loop (their asyncio futures), and those of
-        # them cancelled: answered as cancelled whatever they return.
-        self.lock = threading.Lock()
-        self.running: dict[bytes, Any] = {}
-        self.cancelled: set[bytes] = set()
-        self.pool: Any = None
-        self.loop: Any = None
-        self.sem: Any = None
-        if spec.is_async:
-            import asyncio
-
-            import uvloop
-            self.loop = uvloop.new_event_loop()
-            self.sem = asyncio.Semaphore(spec.max_concurrency)
-            threading.Thread(target=self.loop.run_forever, name="orchestra-actor-loop",
-                             daemon=True).start()
-        elif spec.max_concurrency > 1:
-            from concurrent.futures import ThreadPoolExecutor
-            self.pool = ThreadPoolExecutor(spec.max_concurrency, thread_name_prefix="orchestra-actor")
-
-    def submit(self, inv: Any) -> None:
-        with self.lock:
-            self.running[inv.call.task_id] = None   # the asyncio task, once it starts
-        if self.loop is not None:
-            import asyncio
-            asyncio.run_coroutine_threadsafe(self._run_async(inv), self.loop)
-        else:
-            self.pool.submit(self._run_threaded, inv)
-
-    def cancel(self, task_id: bytes) -> None:
-        """orchestra.cancel of a call running here: a coroutine gets CancelledError where
-        it awaits; a thread cannot be interrupted safely, so it runs on and what it
-        returns is dropped. Either way the caller's get raises TaskCancelledError."""
-        with self.lock:
-            if task_id not in self.running:
-                return   # answered already: the result stands
-            self.cancelled.add(task_id)
-        if self.loop is not None:
-            self.loop.call_soon_threadsafe(self._cancel_on_loop, task_id)
-
-    def _cancel_on_loop(self, task_id: bytes) -> None:
-        # On the loop's thread, like the start of _run_async: a call cancelled before it
-        # started is caught there, one that started has its task here.
-        task = self.running.get(task_id)
-        if task is not None:
-            task.cancel()
-
-    def _was_cancelled(self, task_id: bytes) -> bool:
-        with self.lock:
-            return task_id in self.cancelled
-
-    def _ended(self, inv: Any, done: Any) -> None:
-        """Answer a call; None: it was cancelled (nothing of its result was stored)."""
-        tid = inv.call.task_id
-        with self.lock:
-            self.running.pop(tid, None)
-            self.cancelled.discard(tid)
-        self.worker.send_done(done if done is not None else pb.TaskDone(task_id=tid, cancelled=True))
-
-    def _run_threaded(self, inv: Any) -> None:
-        w = self.worker
-        tid = inv.call.task_id
-        try:
-            fn, args, kwargs = w.prepare(inv)
-            result = fn(*args, **kwargs)
-            done = None if self._was_cancelled(tid) else w.finish(inv, result)
-        except BaseException as exc:  # noqa: BLE001 - reported to the caller
-            done = None if self._was_cancelled(tid) else w.failed(inv, exc)
-        self._ended(inv, done)
-
-    async def _run_async(self, inv: Any) -> None:
-        import asyncio
-        import inspect
-        w = self.worker
-        tid = inv.call.task_id
-        done = None
-        with self.lock:
-            started = tid not in self.cancelled
-            if started:
-                self.running[tid] = asyncio.current_task()
-        try:
-            if started:
-                async with self.sem:
-                    try:
-                        fn, args, kwargs = w.prepare(inv)
-                        result = fn(*args, **kwargs)
-                        if inspect.isawaitable(result):
-                            result = await result
-                        produced = bool(inv.call.generator) and inspect.isasyncgen(result)
-                        if produced:   # run here, on this loop
-                            result = await produce_async(w, inv.call, result)
-                        if not self._was_cancelled(tid):
-                            done = w.finish(inv, result, produced)
-                    except BaseException as exc:  # noqa: BLE001 - reported to the caller
-                        if not self._was_cancelled(tid):
-                            done = w.failed(inv, exc)
-        except asyncio.CancelledError:   # cancelled while waiting for its turn
-            pass
-        self._ended(inv, done)
-
-
-def _in_finalizer(frame: Any) -> bool:
-    """Whether ``frame`` runs inside __del__ or a weakref callback."""
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name == "__del__" or code.co_filename == weakref.__file__:
-            return True
-        frame = frame.f_back
-    return False
-
-
-@functools.lru_cache(maxsize=64)
-def _retry_classes(pickled: bytes) -> tuple[type[BaseException], ...]:
-    try:
-        return tuple(cloudpickle.loads(pickled))
-    except Exception:  # noqa: BLE001 - classes this worker cannot import: retry nothing
-        return ()
-
-
-class _ArgumentError(Exception):
-    """An argument of the task could not be deserialized in this worker."""
-
-    def __init__(self, error: DeserializationError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def _argument_error(call: Any, i: int, exc: DeserializationError) -> DeserializationError:
-    """The error of a task whose argument ``i`` (in the Call's order) did not unpickle:
-    which argument of which task, why, and the traceback of the unpickling."""
-    cause = exc.__cause__ or exc
-    nk = len(call.kwarg_names)
-    first_kw = len(call.args) - nk
-    what = f"kwargs[{call.kwarg_names[i - first_kw]!r}]" if i >= first_kw else f"args[{i}]"
-    tb = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
-    err = deserialization_error(cause, f"{what} of task {call.name}()", "its worker")
-    return DeserializationError(f"{err}\n\nRemote traceback:\n{tb}")
-
-
-def _load_error(blob: bytes) -> BaseException:
-    import pickle
-    exc: BaseException = pickle.loads(blob)
-    return exc
-
-
-def _split_returns(result: Any, n: int, name: str) -> list[Any]:
-    try:
-        values = list(result)
-    except TypeError:
-        raise ValueError(f"{name}() has num_returns={n} but returned a {type(result).__name__}, "
-                         f"not a sequence of {n} values") from None
-    if len(values) != n:
-        raise ValueError(f"{name}() has num_returns={n} but returned {len(values)} values")
-    return values
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,7 +9,7 @@ import pytest
 import _helpers as h
 import orchestra
 from _probes import wait_until
-from orchestra._api.session import store_memory
+from orchestra._api.local_head import store_memory
 from orchestra.exceptions import ObjectStoreFullError
 
 pytestmark = pytest.mark.timeout(90)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestra._api import local_head
 from orchestra._api import session as _session
 from orchestra._cli import cluster as cc
 from orchestra._cluster import launch as _launch
@@ -102,7 +103,7 @@ def test_the_head_cfg_is_inits_with_listen_token_detached_joinable() -> None:
     _, cfg = _launch.head_cfg(host="10.0.0.5", port=6380, token="t", num_cpus=3, num_gpus=0)
     assert (cfg["listen"], cfg["token"], cfg["detached"], cfg["joinable"]) == \
         ("10.0.0.5:6380", "t", True, True)
-    _, plain = _session.build_cfg(num_cpus=3, num_gpus=0)
+    _, plain = local_head.build_cfg(num_cpus=3, num_gpus=0)
     assert {k: v for k, v in cfg.items() if k not in ("listen", "token", "detached",
                                                        "joinable")} == plain
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from orchestra._api.session import build_cfg
+from orchestra._api.local_head import build_cfg
 from orchestra._cli.cluster import parse_start
 from orchestra._observe import dashboard as d
 from orchestra._observe import dashboard_bind as bind

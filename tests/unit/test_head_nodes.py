@@ -96,7 +96,7 @@ def test_hello_reply_describes_the_node_of_the_connection(head: Head) -> None:
     conn = Conn(head, 1, head.nodes[REMOTE])
     conn.transport = FakeTransport()
     head.conns[1] = conn
-    head._hello(conn, pb.Hello(kind="driver", pid=1))
+    head.hello(conn, pb.Hello(kind="driver", pid=1))
     head.carry_out()
     ((kind, reply),) = _wire.FrameDecoder().feed(conn.transport.written)
     assert kind == _wire.HELLO_REPLY

@@ -1,0 +1,351 @@
+"""What the head does with each frame a connection sends, and with each request: two
+tables of handlers, looked up by frame kind and by the request's body.
+
+    Conn.data_received -> Head.handle -> FRAMES[kind](head, conn, msg) for each frame
+        -> SchedulerState's event methods, and the connection's node for the objects it
+        holds (seal, pin, unpin) -> Head.carry_out once per batch
+    REQUEST frame -> REQUESTS[body](head, conn, req, reply) -> True: reply now; False:
+        the handler answers later (a node's step, the workers' reports, a pull)
+
+Handlers run on the head's loop thread, the one owner of the scheduler's state. A frame
+kind or request body missing from the tables is ignored (a request gets an empty reply).
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from .._node.node import Node
+from .._protocol import pb
+from .._protocol import wire as _wire
+from .._scheduler.state import SchedulerState
+from ..exceptions import InfeasibleResourcesError
+from .remote_node import RemoteNode
+from .state_query import StateQueries
+
+
+class Conn(Protocol):
+    """What a handler uses of a connection (head.Conn)."""
+
+    conn_id: int
+    node: Node | RemoteNode
+
+
+class Head(Protocol):
+    """What a handler may use of the head (head.Head): its state, its connections, and
+    the steps it shares with them."""
+
+    state: SchedulerState
+    events: StateQueries
+    conns: dict[int, Any]
+    loop: asyncio.AbstractEventLoop
+
+    def queue(self, conn: Any, data: bytes) -> None: ...
+    def queue_if_open(self, conn: Any, data: bytes) -> None: ...
+    def carry_out(self) -> None: ...
+    def request(self, conn: Any, req: Any) -> None: ...
+    def hello(self, conn: Any, hello: Any) -> None: ...
+    def forward_logs(self, conn: Any, msg: Any) -> None: ...
+    def locate(self, conn: Any, req_id: int, object_id: bytes, since: float = 0.0) -> None: ...
+    def debug_info(self) -> Any: ...
+    def nodes_info(self) -> list[Any]: ...
+    def shutdown(self, reason: str) -> None: ...
+
+
+FrameHandler = Callable[[Head, Conn, Any], None]
+RequestHandler = Callable[[Head, Conn, Any, Any], bool]
+
+
+# ---------------------------------------------------------------------- frames
+def _submit(head: Head, conn: Conn, msg: Any) -> None:
+    cid = conn.conn_id
+    head.events.table.submitted(cid, [call.task_id for call in msg.calls])
+    submit = head.state.submit
+    for call in msg.calls:
+        submit(cid, call)
+
+
+def _task_done(head: Head, conn: Conn, msg: Any) -> None:
+    for d in msg.returns:
+        if d.WhichOneof("data") == "segment":
+            conn.node.seal(d.segment.name)
+    head.state.task_done(conn.conn_id, msg)
+
+
+def _ref_delta(head: Head, conn: Conn, msg: Any) -> None:
+    cid, node, state = conn.conn_id, conn.node, head.state
+    if msg.pin:
+        node.pin(cid, msg.pin)
+    if msg.pending:
+        state.register_pending(cid, msg.pending)
+    state.ref_delta(cid, msg.incr, msg.decr)
+    if msg.unpin:
+        node.unpin(cid, msg.unpin)
+
+
+def _objects(head: Head, conn: Conn, msg: Any) -> None:
+    for d in msg.objects:
+        if d.WhichOneof("data") == "segment":
+            conn.node.seal(d.segment.name)
+        head.state.put(conn.conn_id, d)
+
+
+def _adopt(head: Head, conn: Conn, msg: Any) -> None:
+    head.events.table.adopted(conn.conn_id, msg.worker_id, msg.calls)
+    head.state.adopt_calls(conn.conn_id, msg)
+
+
+def _release_call(head: Head, conn: Conn, msg: Any) -> None:
+    # Ordered after the actor's own ref changes, which came before it on this connection.
+    caller = head.conns.get(msg.owner)
+    if caller is not None:
+        head.queue(caller, _wire.encode(_wire.RELEASE_CALL, pb.TaskDone(task_id=msg.task_id)))
+
+
+def _generator_item(head: Head, conn: Conn, msg: Any) -> None:
+    if msg.data.WhichOneof("data") == "segment":
+        conn.node.seal(msg.data.segment.name)
+    head.state.generator_item(conn.conn_id, msg)
+    if msg.index == 1:
+        # A stream's first item goes out now, not after the rest of a read that a fast
+        # producer filled with hundreds more (~10 ms later).
+        head.carry_out()
+
+
+def _log_flush(head: Head, conn: Conn, msg: Any) -> None:
+    head.queue(conn, _wire.encode(_wire.LOG_FLUSH, msg))   # every line sent before it
+
+
+def _subscribe(head: Head, conn: Conn, msg: Any) -> None:
+    head.state.subscribe(conn.conn_id, msg.ids)
+
+
+def _function(head: Head, conn: Conn, msg: Any) -> None:
+    head.state.register_function(msg)
+
+
+def _blocked(head: Head, conn: Conn, msg: Any) -> None:
+    head.state.blocked(conn.conn_id, msg.blocked, msg.object_ids, msg.task_id, msg.task_name)
+
+
+def _return_tasks(head: Head, conn: Conn, msg: Any) -> None:
+    head.state.return_tasks(conn.conn_id, msg.task_ids)
+
+
+def _cancel(head: Head, conn: Conn, msg: Any) -> None:
+    head.state.cancel(msg.object_id, msg.force, msg.recursive)
+
+
+def _loan_return(head: Head, conn: Conn, msg: Any) -> None:
+    head.state.return_loan(conn.conn_id, msg.worker_id)
+
+
+def _loan_request(head: Head, conn: Conn, msg: Any) -> None:
+    # A driver asks for one more lent worker.
+    head.state.lend_idle(conn.conn_id, dict(msg.resources), int(msg.pinned_node))
+
+
+def _request(head: Head, conn: Conn, msg: Any) -> None:
+    head.request(conn, msg)
+
+
+def _hello(head: Head, conn: Conn, msg: Any) -> None:
+    head.hello(conn, msg)
+
+
+def _worker_address(head: Head, conn: Conn, msg: Any) -> None:
+    head.state.worker_address(conn.conn_id, msg.address)
+
+
+def _generator_ack(head: Head, conn: Conn, msg: Any) -> None:
+    head.state.generator_ack(msg)
+
+
+def _log_lines(head: Head, conn: Conn, msg: Any) -> None:
+    head.forward_logs(conn, msg)
+
+
+def _task_events(head: Head, conn: Conn, msg: Any) -> None:
+    head.events.worker_batch(conn.conn_id, msg)
+
+
+def _shutdown(head: Head, conn: Conn, msg: Any) -> None:
+    head.loop.call_soon(head.shutdown, "the driver called shutdown()")
+
+
+FRAMES: dict[int, FrameHandler] = {
+    _wire.SUBMIT: _submit,
+    _wire.TASK_DONE: _task_done,
+    _wire.REF_DELTA: _ref_delta,
+    _wire.OBJECTS: _objects,
+    _wire.SUBSCRIBE: _subscribe,
+    _wire.FUNCTION: _function,
+    _wire.BLOCKED: _blocked,
+    _wire.RETURN_TASKS: _return_tasks,
+    _wire.CANCEL: _cancel,
+    _wire.ADOPT: _adopt,
+    _wire.LOAN_RETURN: _loan_return,
+    _wire.LOAN_REQUEST: _loan_request,
+    _wire.RELEASE_CALL: _release_call,
+    _wire.REQUEST: _request,
+    _wire.HELLO: _hello,
+    _wire.WORKER_ADDRESS: _worker_address,
+    _wire.GENERATOR_ITEM: _generator_item,
+    _wire.GENERATOR_ACK: _generator_ack,
+    _wire.LOG_LINES: _log_lines,
+    _wire.LOG_FLUSH: _log_flush,
+    _wire.TASK_EVENTS: _task_events,
+    _wire.SHUTDOWN: _shutdown,
+}
+
+
+# ---------------------------------------------------------------------- requests
+def _create_segment(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
+    # Frees decided earlier in this batch of frames must happen before the store judges
+    # the room (they wait in state.out until carry_out otherwise).
+    head.carry_out()
+    conn.node.create_segment(conn.conn_id, req)   # the node answers
+    return False
+
+
+def _abort_segment(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
+    conn.node.abort_segment(conn.conn_id, req.abort_segment)
+    if type(conn.node) is RemoteNode:   # answered once the node did it
+        data = _wire.encode(_wire.REPLY, reply)
+        conn.node.after_node(lambda: head.queue_if_open(conn, data))
+        return False
+    return True
+
+
+def _locate(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
+    if type(conn.node) is RemoteNode:
+        # The reader found the segment gone: the node spilled it, and its relocation may
+        # still be on its way here. Answered after it.
+        conn.node.after_node(lambda: head.locate(conn, req.req_id, req.locate))
+    else:
+        head.locate(conn, req.req_id, req.locate)
+    return False
+
+
+def _state_query(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
+    head.events.query(conn, req)   # answered once the workers reported
+    return False
+
+
+def _create_actor(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
+    head.events.table.submitted(conn.conn_id, [req.create_actor.task_id])
+    try:
+        existing = head.state.create_actor(conn.conn_id, req.create_actor)
+        if existing is not None:   # get_if_exists: the live one's handle
+            reply.actor.CopyFrom(existing)
+    except ValueError as exc:
+        reply.error, reply.error_kind = str(exc), "ValueError"
+    return True
+
+
+def _get_actor_in(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
+    lookup = req.get_actor_in
+    try:
+        reply.actor.CopyFrom(head.state.actor_table.get(lookup.name, lookup.namespace,
+                                                        conn=conn.conn_id))
+    except ValueError as exc:
+        reply.error, reply.error_kind = str(exc), "ValueError"
+    return True
+
+
+def _get_actor(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
+    try:
+        reply.actor.CopyFrom(head.state.actor_table.get(req.get_actor, conn=conn.conn_id))
+    except ValueError as exc:
+        reply.error, reply.error_kind = str(exc), "ValueError"
+    return True
+
+
+def _kill_actor(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
+    kill = req.kill_actor
+    head.state.actor_table.kill(kill.actor_id, kill.no_restart, kill.reason)
+    return True
+
+
+def _group(body: str) -> RequestHandler:
+    """Placement groups (_scheduler/groups.py): create, remove, find by name, list."""
+    def handle(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
+        groups = head.state.groups
+        try:
+            if body == "create_placement_group":
+                groups.create(conn.conn_id, req.create_placement_group)
+                head.state.schedule()
+            elif body == "remove_placement_group":
+                groups.remove(req.remove_placement_group)
+            elif body == "get_placement_group":
+                reply.placement_groups.append(groups.by_name(req.get_placement_group))
+            else:
+                reply.placement_groups.extend(groups.table(req.placement_group_table))
+        except (ValueError, InfeasibleResourcesError) as exc:
+            reply.error, reply.error_kind = str(exc), type(exc).__name__
+        return True
+    return handle
+
+
+def _cluster_resources(head: Head, conn: Conn, reply: Any) -> None:
+    reply.resources.update(head.state.total_resources())
+
+
+def _available_resources(head: Head, conn: Conn, reply: Any) -> None:
+    reply.resources.update(head.state.available_resources())
+
+
+def _debug(head: Head, conn: Conn, reply: Any) -> None:
+    reply.debug.CopyFrom(head.debug_info())
+
+
+def _pending(head: Head, conn: Conn, reply: Any) -> None:
+    reply.pending_tasks = head.state.pending_tasks(conn.conn_id, False)
+
+
+def _pending_own(head: Head, conn: Conn, reply: Any) -> None:
+    reply.pending_tasks = head.state.pending_tasks(conn.conn_id, True)
+
+
+def _sync(head: Head, conn: Conn, reply: Any) -> None:
+    pass   # the reply says every frame sent before the request was handled
+
+
+def _nodes(head: Head, conn: Conn, reply: Any) -> None:
+    reply.nodes.extend(head.nodes_info())
+
+
+QUERIES: dict[str, Callable[[Head, Conn, Any], None]] = {
+    "cluster_resources": _cluster_resources,
+    "available_resources": _available_resources,
+    "debug": _debug,
+    "pending": _pending,
+    "pending_own": _pending_own,
+    "sync": _sync,
+    "nodes": _nodes,
+}
+
+
+def _query(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
+    answer = QUERIES.get(req.query)
+    if answer is None:
+        reply.error = f"unknown query {req.query!r}"
+    else:
+        answer(head, conn, reply)
+    return True
+
+
+REQUESTS: dict[str, RequestHandler] = {
+    "create_segment": _create_segment,
+    "abort_segment": _abort_segment,
+    "locate": _locate,
+    "state_query": _state_query,
+    "create_actor": _create_actor,
+    "get_actor_in": _get_actor_in,
+    "get_actor": _get_actor,
+    "kill_actor": _kill_actor,
+    "query": _query,
+    **{body: _group(body) for body in ("create_placement_group", "remove_placement_group",
+                                       "get_placement_group", "placement_group_table")},
+}

@@ -1,0 +1,57 @@
+"""A call's arguments encoded for the wire, for the client (client.py): refs passed as
+refs, small values inline, large ones put into the object store first; refs pickled
+inside values registered with the head before the call leaves (escape).
+
+    args, kwargs -> each: an ObjectRef -> its id | serialize -> inline (small) or put
+        (large: a ref) -> _protocol/codec.call(template, task id, values) + the job
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+from .._objects.serialization import Serialized, serialize
+from .._protocol import codec as _codec
+from .object_ref import ObjectRef
+
+
+class Encoder(Protocol):
+    """What encoding uses of the client (client.CoreClient)."""
+
+    inline_threshold: int
+    job_suffix: bytes
+
+    def put_serialized(self, ser: Serialized) -> ObjectRef: ...
+    def escape(self, ids: Iterable[bytes]) -> None: ...
+
+
+def encode_call(client: Encoder, template: bytes, tid: bytes, args: Sequence[Any],
+                kwargs: dict[str, Any], refs: list[ObjectRef],
+                hold: list[ObjectRef] | None = None) -> bytes:
+    """A serialized Call; ``refs`` gets the ref arguments in order (with the puts made for
+    large values), which must live until the call is sent; ``hold`` gets refs to those
+    pickled inside the arguments."""
+    if not args and not kwargs:
+        return _codec.call(template, tid) + client.job_suffix
+    nested: list[bytes] = []
+    values = [_arg_value(client, v, refs, nested) for v in itertools.chain(args, kwargs.values())]
+    call = _codec.call(template, tid, values, kwargs, nested) + client.job_suffix
+    if nested:
+        client.escape(nested)
+        if hold is not None:
+            hold.extend(ObjectRef(oid, client) for oid in nested)
+    return call
+
+
+def _arg_value(client: Encoder, value: Any, refs: list[ObjectRef], nested: list[bytes]) -> bytes:
+    if type(value) is ObjectRef:
+        refs.append(value)
+        return _codec.ref_value(value._id)
+    ser = serialize(value)
+    if ser.size > client.inline_threshold:
+        ref = client.put_serialized(ser)
+        refs.append(ref)
+        return _codec.ref_value(ref._id)
+    nested.extend(ser.contained)
+    return _codec.inline_value(ser.to_bytes())

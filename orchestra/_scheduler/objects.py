@@ -1,0 +1,255 @@
+"""The cluster's objects, for the scheduler core: who holds each one (counts per
+client), where its data is (inline, a segment, copies other nodes pulled), who waits for
+it (subscribers, tasks); sealed, located and freed here. No I/O.
+
+    put / put_for / seal (a task's result) --> data set, owner and subscribers pushed,
+        waiting tasks' dependencies met (SchedulerCore.deps_met)
+    ref_delta / decr --> count at zero with data --> free: its segment and copies freed
+        (FreeSegment), the refs it contains released; an actor's handle object ends the
+        actor (SchedulerCore.handles_gone)
+    copy_on / add_copy / relocate --> where a reader on a node maps it
+
+Objects: PENDING (a task will produce it) -> READY (data inline, in a segment, or an
+error) -> freed when its count drops to zero. The count is the number of processes
+holding a ref (each tells 0->1 / 1->0), plus queued tasks using it as an argument, plus
+sealed objects that contain it.
+
+``ObjectDirectory`` owns ``objects`` (SchedulerState.objects is the same table); the rest
+of the core reaches it through SchedulerState's event methods.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from .._protocol import pb
+from .instructions import FreeSegment, Push
+from .model import Obj, SchedulerCore, TaskState
+
+
+class ObjectDirectory:
+    """Every object of the cluster (see the module docstring)."""
+
+    def __init__(self, core: SchedulerCore) -> None:
+        self.core = core
+        self.objects: dict[bytes, Obj] = {}
+
+    def new_object(self, conn: int, oid: bytes) -> Obj:
+        """A pending object held by ``conn`` (implied hold: no RefDelta for it)."""
+        o = Obj(conn)
+        o.count = 1
+        self.objects[oid] = o
+        client = self.core.clients.get(conn)
+        if client is not None:
+            client.holds[oid] += 1
+        return o
+
+    def put(self, conn: int, data: Any) -> None:
+        oid = data.object_id
+        o = self.objects.get(oid)
+        if o is None:
+            o = self.objects[oid] = Obj(conn)
+            o.count = 1
+            c = self.core.clients.get(conn)
+            if c is not None:
+                c.holds[oid] += 1
+        self.seal(oid, data, push_owner=False)   # the writer has the data already
+
+    def put_for(self, conn: int, data: Any) -> None:
+        """An object of ``conn`` made elsewhere (an actor answering a direct call):
+        held for ``conn`` and pushed to it."""
+        oid = data.object_id
+        if conn not in self.core.clients:
+            if data.WhichOneof("data") == "segment":
+                self.free_segment(data.segment)
+            return
+        if oid not in self.objects:
+            self.new_object(conn, oid)
+        self.seal(oid, data)
+
+    def register_pending(self, conn: int, ids: Iterable[bytes]) -> None:
+        """Results of direct calls ``conn`` made to an actor, not answered yet, whose
+        refs leave that process: held for it until it forwards their data (put)."""
+        for oid in ids:
+            if oid not in self.objects:
+                self.new_object(conn, oid)
+
+    def seal(self, oid: bytes, data: Any, push_owner: bool = True) -> None:
+        o = self.objects.get(oid)
+        if o is None or o.data is not None:
+            # Nobody wants it any more (a second run's copy, or the object is gone);
+            # the same segment told twice is the object's own, and stays.
+            if data.WhichOneof("data") == "segment" and not _holds(o, data.segment):
+                self.free_segment(data.segment)
+            return
+        o.data = data
+        kind = data.WhichOneof("data")
+        if kind == "segment":
+            o.size = data.segment.size
+        elif kind == "inline":
+            o.size = len(data.inline)
+        for cid in data.contained:
+            co = self.objects.get(cid)
+            if co is not None:
+                co.count += 1
+        if o.count <= 0:
+            self.free(oid, o)
+            return
+        out = self.core.out
+        if push_owner and o.owner in self.core.clients:
+            out.append(Push(o.owner, data))
+        for sub in o.subscribers:
+            if sub != o.owner and sub in self.core.clients:
+                out.append(Push(sub, data))
+        o.subscribers = []
+        if o.waiting_tasks:
+            waiting, o.waiting_tasks = o.waiting_tasks, []
+            for t in waiting:
+                t.deps.discard(oid)
+                if not t.deps and t.state is TaskState.WAITING:
+                    self.core.deps_met(t)
+
+    def free_segment(self, segment: Any) -> None:
+        # The store's key: the spill file's path, or the shared-memory segment's name.
+        self.core.out.append(FreeSegment(segment.node_id, segment.path or segment.name))
+
+    def relocate(self, oid: bytes, segment: Any) -> bool:
+        """The store spilled the object's segment to a file: point the object at it.
+        False when the object is gone or no longer in that segment."""
+        o = self.objects.get(oid)
+        if o is None:
+            return False
+        data = o.data
+        if data is None or data.WhichOneof("data") != "segment":
+            return False
+        if segment.node_id != data.segment.node_id:   # a copy another node pulled
+            copy = o.copies.get(segment.node_id) if o.copies else None
+            if copy is None or copy.path or copy.name != segment.name:
+                return False
+            o.copies[segment.node_id] = segment  # type: ignore[index]
+            return True
+        if data.segment.path or data.segment.name != segment.name:
+            return False
+        o.data = pb.ObjectData(object_id=oid, segment=segment, contained=data.contained)
+        return True
+
+    def copy_on(self, oid: bytes, node_id: int) -> Any:
+        """The object's data as a reader on ``node_id`` maps it: the primary copy when it
+        is there, else a copy pulled there; None when that node has none (pull it)."""
+        o = self.objects.get(oid)
+        if o is None or o.data is None:
+            return None
+        data = o.data
+        if data.WhichOneof("data") != "segment" or data.segment.node_id == node_id:
+            return data
+        seg = o.copies.get(node_id) if o.copies else None
+        if seg is None:
+            return None
+        return pb.ObjectData(object_id=oid, segment=seg, contained=data.contained)
+
+    def add_copy(self, oid: bytes, segment: Any) -> bool:
+        """A node pulled the object into its store; False when the object is gone (the
+        caller frees the copy)."""
+        o = self.objects.get(oid)
+        if o is None or o.data is None or o.data.WhichOneof("data") != "segment":
+            return False
+        if o.copies is None:
+            o.copies = {}
+        old = o.copies.get(segment.node_id)
+        if old is not None:
+            self.free_segment(old)
+        o.copies[segment.node_id] = segment
+        return True
+
+    def subscribe(self, conn: int, ids: Iterable[bytes]) -> None:
+        for oid in ids:
+            o = self.objects.get(oid)
+            if o is None:
+                self.core.out.append(Push(conn, pb.ObjectData(
+                    object_id=oid, error=self.core.error("lost", object_id=oid, name=""))))
+            elif o.data is not None:
+                self.core.out.append(Push(conn, o.data))
+            elif conn not in o.subscribers:
+                o.subscribers.append(conn)
+
+    def ref_delta(self, conn: int, incr: Iterable[bytes], decr: Iterable[bytes]) -> None:
+        c = self.core.clients.get(conn)
+        objects = self.objects
+        for oid in incr:   # increments first: a batch never frees what it also takes
+            o = objects.get(oid)
+            if o is not None:
+                o.count += 1
+                if c is not None:
+                    c.holds[oid] += 1
+        for oid in decr:
+            if c is not None:
+                n = c.holds.get(oid, 0)
+                if n <= 0:
+                    continue
+                if n == 1:
+                    del c.holds[oid]
+                else:
+                    c.holds[oid] = n - 1
+            self.decr(oid)
+
+    def decr(self, oid: bytes, n: int = 1) -> None:
+        o = self.objects.get(oid)
+        if o is None:
+            return
+        o.count -= n
+        if o.count <= 0 and o.data is not None:
+            self.free(oid, o)
+
+    def free(self, oid: bytes, o: Obj) -> None:
+        del self.objects[oid]
+        if self.core.handles_gone(oid):   # it was an actor's handle: the actor goes
+            return
+        data = o.data
+        if data.WhichOneof("data") == "segment":
+            self.free_segment(data.segment)
+            if o.copies:
+                for seg in o.copies.values():
+                    self.free_segment(seg)
+        for cid in data.contained:
+            self.decr(cid)
+
+
+    def node_lost(self, node_id: int, reason: str) -> dict[bytes, tuple[Any, int, int]]:
+        """Node ``node_id`` is gone with its store: its copies are forgotten; an object
+        whose primary copy was there lives on in a copy pulled elsewhere, is pending
+        again when its task can run again (the tasks to rebuild, by task id: call,
+        retries left, owner), or holds ObjectLostError naming the node."""
+        rebuild: dict[bytes, tuple[Any, int, int]] = {}
+        for oid, o in self.objects.items():
+            if o.copies:
+                o.copies.pop(node_id, None)
+            data = o.data
+            if data is None or data.WhichOneof("data") != "segment" \
+                    or data.segment.node_id != node_id:
+                continue
+            if o.copies:   # another node pulled a copy: it becomes the primary one
+                _, seg = o.copies.popitem()
+                o.data = pb.ObjectData(object_id=oid, segment=seg, contained=data.contained)
+            elif o.lineage is not None:
+                rebuild.setdefault(o.lineage[0].task_id, o.lineage)
+                o.data = None   # pending again: readers wait for the new run
+                o.lineage = None
+                for cid in data.contained:   # counted again when it is sealed anew
+                    self.decr(cid)
+            else:
+                o.data = pb.ObjectData(object_id=oid, contained=data.contained, error=self.core.error(
+                    "node_lost", object_id=oid, node=node_id, reason=reason))
+        return rebuild
+
+
+def _holds(o: Obj | None, segment: Any) -> bool:
+    """Whether ``segment`` is where object ``o`` lives now, or a copy of it."""
+    if o is None or o.data is None:
+        return False
+    key = (segment.node_id, segment.path or segment.name)
+    if o.data.WhichOneof("data") == "segment":
+        own = o.data.segment
+        if (own.node_id, own.path or own.name) == key:
+            return True
+    copies = o.copies or {}
+    return any((c.node_id, c.path or c.name) == key for c in copies.values())
