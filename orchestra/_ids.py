@@ -33,7 +33,13 @@ def next_task_id() -> bytes:
 
 
 def object_id(task_id: bytes, index: int) -> bytes:
+    """The id of the task's return (or generator item) number ``index``."""
     return task_id + index.to_bytes(4, "big")
+
+
+def return_ids(task_id: bytes, num_returns: int) -> list[bytes]:
+    """The ids of a task's ``num_returns`` returns, in order."""
+    return [task_id + i.to_bytes(4, "big") for i in range(num_returns)]
 
 
 def task_of(object_id_: bytes) -> bytes:

@@ -15,8 +15,8 @@ import pytest
 
 import orchestra
 from orchestra._api import session as _session
-
-SHM_DIR = "/dev/shm"
+from orchestra._objects.store import DIR_PREFIX, SHM_DIR, session_dir_prefix
+from orchestra._platform.procutil import pid_alive
 
 
 def child_env() -> dict[str, str]:
@@ -34,7 +34,7 @@ def child_env() -> dict[str, str]:
 def shm_dirs_of(head_pid: int) -> list[str]:
     """The private segment directories of the session whose head is ``head_pid``
     (``/dev/shm/orchestra-<uid>-<head pid>-...``; one while it runs, none after)."""
-    prefix = f"orchestra-{os.geteuid()}-{head_pid}-"
+    prefix = session_dir_prefix(head_pid)
     return sorted(os.path.join(SHM_DIR, n) for n in os.listdir(SHM_DIR) if n.startswith(prefix))
 
 
@@ -65,38 +65,13 @@ def mapped_file(address: int, pid: int | str = "self") -> str | None:
 
 def in_segment(address: int, pid: int | str = "self") -> bool:
     path = mapped_file(address, pid)
-    return path is not None and path.startswith(f"{SHM_DIR}/orchestra-")
+    return path is not None and path.startswith(f"{SHM_DIR}/{DIR_PREFIX}")
 
 
 def pid_gone(pid: int) -> bool:
     """True when the process no longer runs. A zombie counts as gone: PID 1 in this
     sandbox need not reap orphans, and a zombie holds no memory and no segment."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
-
-
-def process_tree(root: int) -> set[int]:
-    """``root`` and every process below it now (from /proc: each process's parent)."""
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(name))
-    found, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        if pid not in found:
-            found.add(pid)
-            todo.extend(children.get(pid, []))
-    return found
+    return not pid_alive(pid)
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str,

@@ -17,9 +17,10 @@ import sys
 import tempfile
 from typing import Any
 
-from .._objects.store import SHM_DIR, pid_alive, sweep_stale_segments
+from .._objects.store import SHM_DIR, sweep_stale_segments
 from .._platform.bootstrap import BOOTSTRAP as HEAD_BOOTSTRAP
 from .._platform.gpus import detect_num_gpus
+from .._platform.procutil import pid_alive
 from .._resources import make_request
 
 SESSION_PREFIX = "orchestra-session-"

@@ -24,8 +24,8 @@ import time
 from collections.abc import Iterator
 from typing import TextIO
 
-from .._objects.store import pid_alive
 from .._observe.log_capture import LOGS_DIR, MARKER
+from .._platform.procutil import pid_alive
 from .._runtime import cluster_file as cf
 
 HELP = """\

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._api import local_head
-from .._objects.store import pid_alive, sweep_stale_segments
+from .._objects.store import sweep_stale_segments
 from .._platform.bootstrap import JOIN_BOOTSTRAP
+from .._platform.procutil import pid_alive
 from .._protocol.auth import client_handshake, new_token
 from .._runtime import cluster_file as cf
 from ..exceptions import AuthenticationError, OrchestraError

@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from .. import _ids
 from .._protocol import pb
 
 GRPC_CONN = 0
@@ -95,8 +96,7 @@ class _Scheduler:
             import grpc
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "task_id must be 12 bytes")
         _on_loop(self.head, lambda: state.submit(GRPC_CONN, call), context)
-        return pb.RemoteCallReply(result=[call.task_id + i.to_bytes(4, "big")
-                                          for i in range(call.num_returns)])
+        return pb.RemoteCallReply(result=_ids.return_ids(call.task_id, call.num_returns))
 
     def IncrementCount(self, request: Any, context: Any) -> Any:
         _on_loop(self.head, lambda: self.head.state.ref_delta(GRPC_CONN, request.objref, []), context)

@@ -52,6 +52,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .._platform.procutil import pid_alive
 from .._proto import types_pb2
 from ..exceptions import ObjectStoreError, ObjectStoreFullError
 
@@ -444,11 +445,17 @@ class ObjectStore:
 # ---------------------------------------------------------------- the private directory
 
 
+def session_dir_prefix(pid: int) -> str:
+    """The start of the name of every segment directory the store of process ``pid``
+    makes under /dev/shm (this user's)."""
+    return f"{DIR_PREFIX}{os.geteuid()}-{pid}-"
+
+
 def make_session_dir(session: str) -> str:
     """Create the session's directory of segments under /dev/shm: mode 0700, a name
     nobody can guess (mkdtemp retries on a name taken already, so squatting it only
     costs the squatter)."""
-    prefix = f"{DIR_PREFIX}{os.geteuid()}-{os.getpid()}-{session}-"
+    prefix = f"{session_dir_prefix(os.getpid())}{session}-"
     try:
         path = tempfile.mkdtemp(prefix=prefix, dir=SHM_DIR)
     except OSError as exc:
@@ -617,21 +624,6 @@ def sweep_stale_segments() -> int:
         if not pid_alive(pid) and remove_private_dir(os.path.join(SHM_DIR, name)):
             removed += 1
     return removed
-
-
-def pid_alive(pid: int) -> bool:
-    """True for a running process; a zombie (exited, not yet reaped) counts as gone."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 # ---------------------------------------------------------------- writer / reader side

@@ -1,4 +1,5 @@
-"""Process fate-sharing helpers (Linux)."""
+"""Processes (Linux): fate-sharing with a parent, and what /proc says of a process (its
+state, parent and group), read in one place for the product and its tests."""
 from __future__ import annotations
 
 import ctypes
@@ -6,7 +7,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 _PR_SET_PDEATHSIG = 1
 
@@ -96,3 +97,66 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+class ProcStat(NamedTuple):
+    """A process's state letter (R, S, Z, ...), parent pid and process group, from
+    /proc/PID/stat."""
+
+    state: str
+    ppid: int
+    pgid: int
+
+
+def proc_stat(pid: int | str) -> ProcStat | None:
+    """What /proc says of process ``pid`` now; None when it is gone (or unreadable).
+    The command name may hold spaces and parentheses: the fields follow its last ")"."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return ProcStat(fields[0], int(fields[1]), int(fields[2]))
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """True for a running process; a zombie (exited, not yet reaped) counts as gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    st = proc_stat(pid)
+    return st is None or st.state not in ("Z", "X")
+
+
+def all_stats() -> dict[int, ProcStat]:
+    """Every process this one can see, by pid."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = proc_stat(name)
+            if st is not None:
+                out[int(name)] = st
+    return out
+
+
+def process_tree(root: int) -> set[int]:
+    """``root`` and every process below it now (each process's parent, from /proc)."""
+    children: dict[int, list[int]] = {}
+    for pid, st in all_stats().items():
+        children.setdefault(st.ppid, []).append(pid)
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, []))
+    return found
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid``."""
+    return sorted(pid for pid, st in all_stats().items()
+                  if st.pgid == pgid and st.state not in ("Z", "X"))

@@ -322,7 +322,7 @@ class CoreClient:
         direct = self.direct
         hold: list[ObjectRef] | None = [] if shape is not None and direct.loans else None
         call = encode_call(self, template, tid, args, kwargs, refs, hold)
-        rids = [tid + i.to_bytes(4, "big") for i in range(num_returns)]
+        rids = _ids.return_ids(tid, num_returns)
         out: list[ObjectRef[Any]] = [ObjectRef(rid, self, counted=True) for rid in rids]
         if shape is not None and hold is not None and direct.loans.get(shape) \
                 and (not refs or all(r._id in self.results for r in refs)):
@@ -355,7 +355,7 @@ class CoreClient:
         # counts those it keeps before answering (see WorkerRuntime.send_done).
         hold: list[ObjectRef] = []
         call = encode_call(self, template, tid, args, kwargs, refs, hold)
-        rids = [tid + i.to_bytes(4, "big") for i in range(num_returns)]
+        rids = _ids.return_ids(tid, num_returns)
         out: list[ObjectRef[Any]] = [ObjectRef(rid, self, counted=True) for rid in rids]
         if hold and self.put_seq > self.synced_seq and route.peer is not None:
             self.request(pb.Request(query="sync"))   # the head knows every ref in the arguments

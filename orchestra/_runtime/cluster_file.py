@@ -23,7 +23,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from .._objects.store import pid_alive
+from .._platform.procutil import pid_alive
 
 RECORD = "record.json"
 LOG = "stderr.log"

@@ -28,6 +28,7 @@ import threading
 import time
 from typing import Any, Generic, TypeVar
 
+from .. import _ids
 from .._protocol import pb
 from .._protocol import wire as _wire
 from ..exceptions import GetTimeoutError
@@ -179,7 +180,7 @@ class ObjectRefGenerator(Generic[Y_co]):
         if self._done:
             return None
         client = self._client
-        oid = self._stream.tid + (self._taken + 1).to_bytes(4, "big")
+        oid = _ids.object_id(self._stream.tid, self._taken + 1)
         items, results, end_id = self._stream.items, client.results, self._end._id
         if oid not in items and end_id not in results:
             deadline = None if timeout is None else time.monotonic() + timeout
@@ -229,7 +230,7 @@ class ObjectRefGenerator(Generic[Y_co]):
         """Whether next() returns at once with an item (False once it would stop)."""
         if self._done:
             return False
-        oid = self._stream.tid + (self._taken + 1).to_bytes(4, "big")
+        oid = _ids.object_id(self._stream.tid, self._taken + 1)
         return oid in self._stream.items or (
             self._end._id in self._client.results and self._failed())
 
@@ -237,7 +238,7 @@ class ObjectRefGenerator(Generic[Y_co]):
         """Whether the task ended and every item was taken (next() would stop)."""
         if self._done:
             return True
-        oid = self._stream.tid + (self._taken + 1).to_bytes(4, "big")
+        oid = _ids.object_id(self._stream.tid, self._taken + 1)
         return self._end._id in self._client.results and oid not in self._stream.items \
             and not self._failed()
 

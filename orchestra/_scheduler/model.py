@@ -20,6 +20,7 @@ import enum
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from .. import _ids
 from .._resources import NodeResources, shape_key
 from .instructions import Instruction
 
@@ -124,7 +125,7 @@ class Task:
         self.attempt = 0
         self.arg_ids: list[bytes] = []
         tid = call.task_id
-        self.return_ids = [tid + i.to_bytes(4, "big") for i in range(call.num_returns)]
+        self.return_ids = _ids.return_ids(tid, call.num_returns)
         # A streaming generator: items taken so far (a retry yields them again, and
         # they are dropped), and read by its consumer (told again to a retry).
         self.streamed = 0

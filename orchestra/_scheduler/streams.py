@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import _ids
 from .._protocol import pb
 from .._protocol.wire import GENERATOR_ACK
 from .instructions import Send
@@ -31,7 +32,7 @@ class Streams:
         task's owner, pushed to it now. Items come before their task's TaskDone, on the
         worker's connection, so the owner has them all when it learns the end."""
         data = msg.data
-        if data.object_id != msg.task_id + msg.index.to_bytes(4, "big") or not msg.index:
+        if data.object_id != _ids.object_id(msg.task_id, msg.index) or not msg.index:
             return   # not an item's id: never made by a worker of ours
         if msg.owner:   # a call its caller sent straight to the actor
             self.objects.put_for(msg.owner, data)

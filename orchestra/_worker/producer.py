@@ -20,6 +20,7 @@ import inspect
 import threading
 from typing import Any
 
+from .. import _ids
 from .._objects.serialization import serialize
 from .._protocol import pb
 from .._protocol import wire as _wire
@@ -79,7 +80,7 @@ class _Sender:
         tid = self.tid
         client = self.worker.client
         item = pb.GeneratorItem(task_id=tid, index=self.count, owner=self.owner)
-        client.make_object_data(tid + self.count.to_bytes(4, "big"), serialize(value), item.data)
+        client.make_object_data(_ids.object_id(tid, self.count), serialize(value), item.data)
         # ``value`` (and refs inside it) lives until the frame is sent: their release
         # cannot reach the head before the item that holds them.
         client.send(_wire.GENERATOR_ITEM, item)

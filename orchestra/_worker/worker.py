@@ -31,6 +31,7 @@ from typing import Any
 
 import cloudpickle
 
+from .. import _ids
 from .._api.actor import ActorExitRequest
 
 # _code_source: loaded here, in the fork server, for functions copied by value.
@@ -631,7 +632,7 @@ class WorkerRuntime:
         threshold = self.client.inline_threshold
         try:
             for i, ser in enumerate(sers):
-                make(tid + i.to_bytes(4, "big"), ser, add())
+                make(_ids.object_id(tid, i), ser, add())
                 if ser.contained or ser.size > threshold:
                     self.heavy.add(tid)
         except BaseException:
@@ -674,7 +675,7 @@ class WorkerRuntime:
             err = TaskError.wrap(inv.call.name, tb, root, os.getpid())
             tid = inv.call.task_id
             return pb.TaskDone(task_id=tid, user_error=True, returns=[
-                pb.ObjectData(object_id=tid + i.to_bytes(4, "big"), error=dumps_exception(err))
+                pb.ObjectData(object_id=_ids.object_id(tid, i), error=dumps_exception(err))
                 for i in range(inv.call.num_returns)])
 
     def _exit_actor(self, inv: Any) -> Any:
@@ -693,13 +694,13 @@ class WorkerRuntime:
         err = ActorDiedError(f"actor {spec.class_name} is dead: {reason}")
         tid = inv.call.task_id
         return pb.TaskDone(task_id=tid, user_error=True, returns=[
-            pb.ObjectData(object_id=tid + i.to_bytes(4, "big"), error=dumps_exception(err))
+            pb.ObjectData(object_id=_ids.object_id(tid, i), error=dumps_exception(err))
             for i in range(inv.call.num_returns)])
 
     def _failed(self, inv: Any, exc: BaseException) -> Any:
         call = inv.call
         tid = call.task_id
-        oids = [tid + i.to_bytes(4, "big") for i in range(call.num_returns)]
+        oids = _ids.return_ids(tid, call.num_returns)
         # Called inside the except block that caught exc: format_exc() is its traceback.
         tb = traceback.format_exc()
         if isinstance(exc, TaskError):

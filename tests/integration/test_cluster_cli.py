@@ -24,6 +24,7 @@ import pytest
 import orchestra
 from _netns import Hosts, kept_under_tmp, skip_reason
 from _probes import pid_gone, wait_until
+from orchestra._platform.procutil import group_members
 from orchestra._runtime import cluster_file as cf
 from orchestra.cluster_utils import Cluster
 
@@ -63,23 +64,6 @@ def start_head(state: str, *args: str) -> dict[str, Any]:
     [head] = [rec for rec in records(state) if rec["kind"] == "head"]
     assert f"orchestra start --address {head['address']} --token {head['token']}" in r.stdout
     return head
-
-
-def group_members(pgid: int) -> list[int]:
-    """Every live process of process group ``pgid`` (a started process and its children:
-    fork server, workers)."""
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
-            out.append(int(name))
-    return out
 
 
 def shm_of(pid: int) -> list[str]:

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import orchestra
-from _probes import child_env, pid_gone, process_tree, wait_until
+from _probes import child_env, pid_gone, wait_until
+from orchestra._platform.procutil import process_tree
 from orchestra.cluster_utils import Cluster
 
 pytestmark = pytest.mark.timeout(120)

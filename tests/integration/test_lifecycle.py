@@ -18,6 +18,7 @@ import pytest
 import _helpers as h
 import orchestra
 from _probes import pid_gone, shm_dirs_of, shm_entries_of, wait_until
+from orchestra._platform.procutil import proc_stat
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -285,8 +286,9 @@ def _has_numpy(pid: int) -> bool:
 
 
 def _parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
+    st = proc_stat(pid)
+    assert st is not None, f"process {pid} is gone"
+    return st.ppid
 
 
 @orchestra.remote

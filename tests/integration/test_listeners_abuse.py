@@ -27,7 +27,7 @@ import pytest
 
 import orchestra
 from _helpers import joined_cluster
-from _probes import process_tree
+from orchestra._platform.procutil import process_tree
 
 pytestmark = pytest.mark.timeout(120)
 

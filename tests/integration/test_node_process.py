@@ -19,6 +19,7 @@ import pytest
 import _helpers as h
 import orchestra
 from _probes import Cluster, in_segment, pid_gone, shm_entries_of, wait_until
+from orchestra._platform.procutil import all_stats
 from orchestra.exceptions import ClusterLostError
 
 pytestmark = pytest.mark.timeout(90)
@@ -48,16 +49,8 @@ class Counter:
 
 # ------------------------------------------------------------------ processes
 
-def _ppid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _children(pid: int) -> list[int]:
-    return [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == pid]
+    return sorted(p for p, st in all_stats().items() if st.ppid == pid)
 
 
 def _cmdline(pid: int) -> str:

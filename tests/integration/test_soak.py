@@ -31,7 +31,8 @@ import pytest
 
 import _soak
 import orchestra
-from _probes import child_env, pid_gone, process_tree, wait_until
+from _probes import child_env, pid_gone, wait_until
+from orchestra._platform.procutil import process_tree
 from orchestra._runtime import cluster_file as cf
 from orchestra.cluster_utils import Cluster
 
