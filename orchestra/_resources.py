@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from ._checks import is_number
 from .exceptions import InfeasibleResourcesError
 
 CPU = "CPU"
@@ -42,7 +43,7 @@ def make_request(num_cpus: float | None, num_gpus: float | None,
 
 
 def _check_amount(name: str, amount: object) -> None:
-    if isinstance(amount, bool) or not isinstance(amount, (int, float)):
+    if not is_number(amount):
         raise TypeError(f"resource {name} must be a number, got {type(amount).__name__} {amount!r}")
     if amount < 0 or not math.isfinite(amount):
         raise ValueError(f"resource {name} must be a finite number >= 0, got {amount!r}")

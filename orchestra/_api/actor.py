@@ -18,6 +18,7 @@ import inspect
 from typing import Any, Generic, TypeVar
 
 from .. import _ids
+from .._checks import is_int
 from .._objects.errors import private_detached
 from .._objects.serialization import dumps_function
 from .._protocol import pb
@@ -66,7 +67,7 @@ def method(*args: Any, **options: Any) -> Any:
 
 
 def _check_num_returns(n: Any) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+    if not is_int(n, 0):
         raise ValueError(f"num_returns must be an int >= 0, got {n!r}")
     return n
 
@@ -95,16 +96,16 @@ def _validate(opts: dict[str, Any], cls_name: str) -> dict[str, Any]:
         raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))} for actor class {cls_name}; "
                         f"valid options: {', '.join(sorted(ACTOR_OPTIONS))}")
     mr = opts.get("max_restarts", 0)
-    if isinstance(mr, bool) or not isinstance(mr, int) or mr < -1:
+    if not is_int(mr, -1):
         raise ValueError(f"max_restarts must be an int >= 0, or -1 for no limit; got {mr!r}")
     mc = opts.get("max_concurrency")
-    if mc is not None and (isinstance(mc, bool) or not isinstance(mc, int) or mc < 1):
+    if mc is not None and (not is_int(mc, 1)):
         raise ValueError(f"max_concurrency must be an int >= 1, got {mc!r}")
     name = opts.get("name")
     if name is not None and (not isinstance(name, str) or not name):
         raise ValueError(f"name must be a non-empty string, got {name!r}")
     mtr = opts.get("max_task_retries", 0)
-    if isinstance(mtr, bool) or not isinstance(mtr, int) or mtr < -1:
+    if not is_int(mtr, -1):
         raise ValueError(f"max_task_retries must be an int >= 0, or -1 for no limit; got {mtr!r}")
     ns = opts.get("namespace")
     if ns is not None and (not isinstance(ns, str) or not ns):
@@ -305,7 +306,7 @@ class ActorMethod:
         generator method). ``_generator_backpressure_num_objects``: for a streaming
         call, how many items may wait unread before the method pauses."""
         if not isinstance(num_returns, (str, type(None))) and (
-                isinstance(num_returns, bool) or not isinstance(num_returns, int) or num_returns < 0):
+                not is_int(num_returns, 0)):
             raise ValueError(f"num_returns must be an int >= 0, \"dynamic\" or \"streaming\"; "
                              f"got {num_returns!r}")
         return ActorMethod(self._handle, self._name, num_returns,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .._checks import is_number
 from .._runtime.object_ref import ObjectRef
 from ..exceptions import ObjectLostError
 
@@ -13,7 +14,7 @@ def check_timeout(timeout: float | None) -> float | None:
     """The timeout to wait with: None (no limit) for None or infinity."""
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+    if not is_number(timeout):
         raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
     if math.isnan(timeout) or timeout < 0:
         # NaN compares false with everything: it passed `< 0` and failed later with

@@ -17,6 +17,7 @@ import sys
 import tempfile
 from typing import Any
 
+from .._checks import is_int
 from .._objects.store import SHM_DIR, sweep_stale_segments
 from .._platform.bootstrap import BOOTSTRAP as HEAD_BOOTSTRAP
 from .._platform.gpus import detect_num_gpus
@@ -116,16 +117,16 @@ def build_cfg(*, num_cpus: int | None = None, num_gpus: int | None = None,
     The session's own keys (session_dir, session_id, spill_dir) are added by
     new_session_dir(); ``orchestra start --head`` adds listen, token, detached, joinable.
     """
-    if num_cpus is not None and (isinstance(num_cpus, bool) or not isinstance(num_cpus, int)):
+    if num_cpus is not None and (not is_int(num_cpus)):
         raise TypeError(f"num_cpus must be an int, got {num_cpus!r}")
-    if num_gpus is not None and (isinstance(num_gpus, bool) or not isinstance(num_gpus, int)):
+    if num_gpus is not None and (not is_int(num_gpus)):
         raise TypeError(f"num_gpus must be an int, got {num_gpus!r}")
     cpus = (os.cpu_count() or 1) if num_cpus is None else num_cpus
     # None: the GPUs this machine has (CUDA_VISIBLE_DEVICES, else nvidia-smi; 0 without).
     gpus = detect_num_gpus() if num_gpus is None else num_gpus
     req = make_request(cpus, gpus, resources, default_cpus=0)
     if object_store_memory is not None and (
-            isinstance(object_store_memory, bool) or not isinstance(object_store_memory, int)
+            not is_int(object_store_memory)
             or object_store_memory <= 0):
         raise ValueError(f"object_store_memory must be a positive number of bytes, got "
                          f"{object_store_memory!r}")
@@ -166,7 +167,7 @@ def build_cfg(*, num_cpus: int | None = None, num_gpus: int | None = None,
 def _check_dashboard(include: Any, port: Any) -> None:
     if not isinstance(include, bool):
         raise TypeError(f"include_dashboard must be True or False, got {include!r}")
-    if port is not None and (isinstance(port, bool) or not isinstance(port, int)
+    if port is not None and (not is_int(port)
                              or not 0 <= port < 65536):
         raise ValueError(f"dashboard_port must be a port number 0..65535 (0: any free port) "
                          f"or None (8265, else any free port), got {port!r}")

@@ -19,6 +19,7 @@ import math
 from typing import Any
 
 from .. import _ids
+from .._checks import is_number
 from .._objects.errors import private_detached
 from .._protocol import pb
 from .._runtime import context as _context
@@ -96,7 +97,7 @@ def _check_bundles(bundles: Any) -> list[dict[str, float]]:
         for k, v in b.items():
             if not isinstance(k, str) or not k:
                 raise ValueError(f"bundle {i}: resource names must be non-empty strings, got {k!r}")
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or not math.isfinite(v):
+            if not is_number(v) or v < 0 or not math.isfinite(v):
                 raise ValueError(f"bundle {i}: {k} must be a finite number >= 0, got {v!r}")
             if v:
                 clean[k] = float(v)

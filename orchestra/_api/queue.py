@@ -18,6 +18,7 @@ import queue as _stdqueue
 from collections.abc import Iterable
 from typing import Any
 
+from .._checks import is_int, is_number
 from .actor import kill
 from .remote import remote
 from .session import get, wait
@@ -106,7 +107,7 @@ def _answer(reply: tuple[int, Any], what: str) -> Any:
 def _check_timeout(block: bool, timeout: float | None) -> None:
     if timeout is None:
         return
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(timeout) \
+    if not is_number(timeout) or math.isnan(timeout) \
             or timeout < 0:
         raise ValueError(f"'timeout' must be a non-negative number or None, got {timeout!r}")
 
@@ -118,7 +119,7 @@ class Queue:
     items (e.g. {"num_cpus": 0, "name": "work"})."""
 
     def __init__(self, maxsize: int = 0, actor_options: dict[str, Any] | None = None) -> None:
-        if isinstance(maxsize, bool) or not isinstance(maxsize, int):
+        if not is_int(maxsize):
             raise TypeError(f"Queue(maxsize=...) takes an int (0: unbounded), got {maxsize!r}")
         if actor_options is not None and not isinstance(actor_options, dict):
             raise TypeError(f"actor_options must be a dict of actor options, got {actor_options!r}")
@@ -199,7 +200,7 @@ class Queue:
 
     def get_nowait_batch(self, num_items: int) -> list[Any]:
         """Take ``num_items`` items at once, or none (Empty) if there are fewer."""
-        if isinstance(num_items, bool) or not isinstance(num_items, int):
+        if not is_int(num_items):
             raise TypeError("Argument 'num_items' must be an int")
         if num_items < 0:
             raise ValueError("'num_items' must be nonnegative")

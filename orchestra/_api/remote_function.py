@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 import cloudpickle
 
 from .. import _ids
+from .._checks import is_int
 from .._ids import node_from_hex
 from .._objects.serialization import dumps_function
 from .._proto import types_pb2
@@ -78,18 +79,18 @@ def validate_options(opts: dict[str, Any], allowed: frozenset[str], what: str) -
     nr = opts.get("num_returns", 1)
     if isinstance(nr, str):
         generator_mode(nr, True, what)   # "dynamic" or "streaming"; checked against the function later
-    elif isinstance(nr, bool) or not isinstance(nr, int) or nr < 0:
+    elif not is_int(nr, 0):
         raise ValueError(f"num_returns must be an int >= 0, \"dynamic\" or \"streaming\"; got {nr!r}")
     check_backpressure(opts.get("_generator_backpressure_num_objects"))
     mr = opts.get("max_retries", DEFAULT_MAX_RETRIES)
-    if isinstance(mr, bool) or not isinstance(mr, int) or mr < -1:
+    if not is_int(mr, -1):
         raise ValueError(f"max_retries must be an int >= 0, or -1 for no limit; got {mr!r}")
     retry_on(opts.get("retry_exceptions", False))
     make_request(opts.get("num_cpus"), opts.get("num_gpus"), opts.get("resources"),
                  memory=opts.get("memory"))
     placement_of(opts.get("scheduling_strategy"))
     mc = opts.get("max_calls", 0)
-    if isinstance(mc, bool) or not isinstance(mc, int) or mc < 0:
+    if not is_int(mc, 0):
         raise ValueError(f"max_calls must be an int >= 0 (0: no limit), got {mc!r}")
     _runtime_env.check(opts.get("runtime_env"))
     name = opts.get("name")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._checks import is_int
 from .._ids import node_from_hex
 
 
@@ -62,7 +63,7 @@ class PlacementGroupSchedulingStrategy:
             raise TypeError("PlacementGroupSchedulingStrategy takes the PlacementGroup that "
                             f"placement_group() returned, got {placement_group!r}")
         idx = placement_group_bundle_index
-        if isinstance(idx, bool) or not isinstance(idx, int) \
+        if not is_int(idx) \
                 or not -1 <= idx < placement_group.bundle_count:
             raise ValueError(f"placement_group_bundle_index={idx!r}: the group has "
                              f"{placement_group.bundle_count} bundles; use 0.."

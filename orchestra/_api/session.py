@@ -24,6 +24,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, overload
 
+from .._checks import is_int, is_number
 from .._ids import machine_id, node_hex
 from .._objects.store import remove_private_dir, sweep_stale_segments
 from .._protocol import pb
@@ -374,7 +375,7 @@ def exit_grace(asked: float | None) -> float:
         except ValueError:
             raise ValueError(f"ORCHESTRA_EXIT_GRACE_S={env!r} is not a number of seconds; "
                              "set it to e.g. 5, or 0 to stop at exit at once") from None
-    if isinstance(asked, bool) or not isinstance(asked, (int, float)) or math.isnan(asked) \
+    if not is_number(asked) or math.isnan(asked) \
             or asked < 0:
         raise ValueError(f"{where} must be a number of seconds >= 0, got {asked!r}")
     return float(asked)
@@ -557,7 +558,7 @@ def wait(refs: Sequence[_W], *, num_returns: int = 1, timeout: float | None = No
             _check_session(r, client)
         if len({id(r) if streams else r._id for r in refs}) != len(refs):
             raise ValueError("wait() got the same ObjectRef twice; pass each ref once")
-    if isinstance(num_returns, bool) or not isinstance(num_returns, int):
+    if not is_int(num_returns):
         raise TypeError(f"num_returns must be an int, got {num_returns!r}")
     if num_returns < 1 or num_returns > len(refs):
         if not refs and num_returns >= 0:

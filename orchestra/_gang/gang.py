@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, cast
 from .._api import session as _session
 from .._api.actor import ActorClass, ActorHandle, kill
 from .._api.scheduling_strategies import NodeAffinitySchedulingStrategy
+from .._checks import is_int
 from .._ids import node_hex
 from .._resources import make_request
 from .._runtime import context as _context
@@ -198,7 +199,7 @@ def gang(cls: Any, size: int, *, args: Sequence[Any] = (), kwargs: Mapping[str, 
     from .coordinator import Coordinator
     from .coordinator_auth import new_token
 
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+    if not is_int(size, 1):
         raise ValueError(f"size must be an int >= 1 (the number of members), got {size!r}")
     _check_positive("timeout_s", timeout_s)
     _check_positive("heartbeat_interval_s", heartbeat_interval_s)

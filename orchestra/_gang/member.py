@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._checks import is_number
 from .._runtime import context as _context
 from .coordinator_client import (  # cheap: the client imports grpc when it connects
     CoordinatorAbortedError,
@@ -276,7 +277,7 @@ class GangContext:
 
     def _timeout(self, timeout_s: float | None) -> float:
         timeout = self._spec.timeout_s if timeout_s is None else timeout_s
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+        if not is_number(timeout) or timeout < 0:
             raise ValueError(f"timeout_s must be None or a number of seconds >= 0, got {timeout!r}")
         return float(timeout)
 

@@ -29,6 +29,7 @@ import time
 from typing import Any, Generic, TypeVar
 
 from .. import _ids
+from .._checks import is_int
 from .._protocol import pb
 from .._protocol import wire as _wire
 from ..exceptions import GetTimeoutError
@@ -73,7 +74,7 @@ def check_backpressure(value: Any) -> int:
     the producer pauses; -1, 0 or None: never pauses (Ray's default)."""
     if value is None:
         return 0
-    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+    if not is_int(value, -1):
         raise ValueError(f"_generator_backpressure_num_objects must be an int >= 1 (or -1 "
                          f"for no limit), got {value!r}")
     return max(value, 0)

@@ -265,7 +265,7 @@ class ActorTable:
             t.worker = None
             if restarts and t.retries_left != 0 and t.state is not TaskState.DONE:
                 # max_task_retries=: run it again on the restarted instance, first.
-                t.retries_left -= 1 if t.retries_left > 0 else 0
+                t.spend_retry()
                 retried.append(t)
                 continue
             # Named for the actor (not "actor Counter.inc is dead") and its process.

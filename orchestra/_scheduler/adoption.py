@@ -15,7 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 from .actors import ActorState, ActorTable
-from .model import SchedulerCore, Task, TaskState, Worker, WorkerState
+from .model import DeadWorker, SchedulerCore, Task, TaskState, Worker, WorkerState
+
+# A worker whose death the head has not seen yet (its connection closed first).
+_UNKNOWN_DEATH = DeadWorker(0, "its connection closed", False)
 
 
 class Adoption:
@@ -46,14 +49,14 @@ class Adoption:
                 if not self.core.hold_args(t):
                     continue
                 if not alive:
-                    t.retries_left -= 1 if t.retries_left > 0 else 0
+                    t.spend_retry()
                     self.actors.submit_call(t)
                     continue
             if alive:
                 assert w is not None
                 self._queued_on(t, w)
                 continue
-            pid, reason, _ = self.core.dead_workers.get(msg.worker_id, (0, "its connection closed", False))
+            pid, reason, _ = self.core.dead_workers.get(msg.worker_id, _UNKNOWN_DEATH)
             self.core.fail_task(t, self.core.error(
                 "actor_dead", name=name,
                 reason=f"its process (pid={pid}) died while running {call.name}() ({reason})"))
@@ -87,8 +90,7 @@ class Adoption:
         w = self.core.workers.get(msg.worker_id)
         alive = w is not None and w.actor is None and w.state is not WorkerState.DEAD
         cancelled = set(msg.cancelled)
-        pid, reason, head_running = self.core.dead_workers.get(
-            msg.worker_id, (0, "its connection closed", False))
+        pid, reason, head_running = self.core.dead_workers.get(msg.worker_id, _UNKNOWN_DEATH)
         running = not head_running
         for call in msg.calls:
             t = self._adopted(conn, call)
@@ -105,11 +107,11 @@ class Adoption:
             if running and t.cancelled:
                 self.core.fail_task(t, self.core.error("cancelled", name=call.name))
             elif running and t.retries_left == 0:
-                self.core.fail_task(t, self.core.error("crashed", name=call.name, pid=pid, reason=reason,
-                                               attempts=t.attempt))
+                self.core.fail_task(t, self.core.error("crashed", name=call.name, pid=pid,
+                                                       reason=reason, attempts=t.attempt))
             else:
-                if running and t.retries_left > 0:
-                    t.retries_left -= 1
+                if running:
+                    t.spend_retry()
                 t.move(TaskState.READY)
                 self.core.enqueue_ready(t)
             running = False

@@ -18,7 +18,7 @@ from __future__ import annotations
 import collections
 import enum
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from .. import _ids
 from .._resources import NodeResources, shape_key
@@ -58,6 +58,23 @@ def placement_of(call: Any) -> Placement | None:
     if p.strategy == PLACEMENT_GROUP:
         return (PLACEMENT_GROUP, p.bundle_index, p.capture_child_tasks)
     return None   # "" (DEFAULT), or a strategy this head does not know: the default
+
+
+class Lineage(NamedTuple):
+    """How to make a finished task's results in shared memory again, should their node
+    die: its call, the retries it has left, and the client that owns its returns."""
+
+    call: Any
+    retries_left: int
+    owner: int
+
+
+class DeadWorker(NamedTuple):
+    """A worker process that died, remembered for direct calls handed over after it."""
+
+    pid: int
+    reason: str
+    ran_head_task: bool   # a task the head sent was running (not a direct call)
 
 
 class TaskState(enum.Enum):
@@ -131,6 +148,11 @@ class Task:
         self.streamed = 0
         self.acked = 0
 
+    def spend_retry(self) -> None:
+        """One retry is used up (``retries_left`` -1: retries without limit)."""
+        if self.retries_left > 0:
+            self.retries_left -= 1
+
     def move(self, new: TaskState) -> None:
         if new not in TASK_TRANSITIONS[self.state]:
             raise IllegalTransition(f"task {self.call.name} {self.state.value} -> {new.value}")
@@ -199,7 +221,7 @@ class Obj:
         # On a cluster of several nodes, a task's large result keeps how to make it
         # again (its Call, the retries it had left, its owner): lost with its node, it
         # is rebuilt by running the task again.
-        self.lineage: tuple[Any, int, int] | None = None
+        self.lineage: Lineage | None = None
 
 
 class Client:
@@ -246,7 +268,7 @@ class SchedulerCore(Protocol):
     lending: bool   # whether idle workers are lent to drivers (_scheduler/loans.py)
     pipeline_depth: int   # tasks queued on a busy worker of their shape, at most
     # Why recent workers died: worker id -> (pid, reason, whether a task the head sent ran).
-    dead_workers: dict[int, tuple[int, str, bool]]
+    dead_workers: dict[int, DeadWorker]
 
     def start_worker(self, node_id: int) -> Worker:
         """A new worker on the node (StartWorker emitted), STARTING."""

@@ -24,7 +24,7 @@ from typing import Any
 
 from .._protocol import pb
 from .instructions import FreeSegment, Push
-from .model import Obj, SchedulerCore, TaskState
+from .model import Lineage, Obj, SchedulerCore, TaskState
 
 
 class ObjectDirectory:
@@ -214,12 +214,12 @@ class ObjectDirectory:
             self.decr(cid)
 
 
-    def node_lost(self, node_id: int, reason: str) -> dict[bytes, tuple[Any, int, int]]:
+    def node_lost(self, node_id: int, reason: str) -> dict[bytes, Lineage]:
         """Node ``node_id`` is gone with its store: its copies are forgotten; an object
         whose primary copy was there lives on in a copy pulled elsewhere, is pending
         again when its task can run again (the tasks to rebuild, by task id: call,
         retries left, owner), or holds ObjectLostError naming the node."""
-        rebuild: dict[bytes, tuple[Any, int, int]] = {}
+        rebuild: dict[bytes, Lineage] = {}
         for oid, o in self.objects.items():
             if o.copies:
                 o.copies.pop(node_id, None)
@@ -231,7 +231,7 @@ class ObjectDirectory:
                 _, seg = o.copies.popitem()
                 o.data = pb.ObjectData(object_id=oid, segment=seg, contained=data.contained)
             elif o.lineage is not None:
-                rebuild.setdefault(o.lineage[0].task_id, o.lineage)
+                rebuild.setdefault(o.lineage.call.task_id, o.lineage)
                 o.data = None   # pending again: readers wait for the new run
                 o.lineage = None
                 for cid in data.contained:   # counted again when it is sealed anew

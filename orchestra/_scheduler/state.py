@@ -36,7 +36,9 @@ from .loans import Loans
 from .model import (
     TASK_TRANSITIONS,
     Client,
+    DeadWorker,
     IllegalTransition,
+    Lineage,
     Node,
     Obj,
     Shape,
@@ -86,7 +88,7 @@ class SchedulerState:
         # Why recent workers died (worker id -> (pid, reason, whether a task the head
         # sent was running)): direct calls to a dead process may be handed over
         # (adopt_calls) after its death is seen.
-        self.dead_workers: dict[int, tuple[int, str, bool]] = {}
+        self.dead_workers: dict[int, DeadWorker] = {}
         # Where a worker takes direct calls: (node id, worker id) -> its socket; None:
         # callers always go through the head.
         self.worker_socket: Callable[[int, int], str] | None = None
@@ -193,7 +195,7 @@ class SchedulerState:
         if w is None or w.state is WorkerState.DEAD:
             return
         was_starting = w.state is WorkerState.STARTING
-        self.dead_workers[worker_id] = (w.pid, reason, bool(w.queue) and w.actor is None)
+        self.dead_workers[worker_id] = DeadWorker(w.pid, reason, bool(w.queue) and w.actor is None)
         self.loans.worker_died(worker_id)
         if len(self.dead_workers) > 1024:
             del self.dead_workers[next(iter(self.dead_workers))]
@@ -213,7 +215,7 @@ class SchedulerState:
                 if t.cancelled:
                     self.fail_task(t, self._cancelled_error(t))
                 elif t.retries_left != 0:
-                    t.retries_left -= 1 if t.retries_left > 0 else 0
+                    t.spend_retry()
                     t.move(TaskState.READY)
                     self.enqueue_ready(t, front=True)
                 else:
@@ -280,7 +282,8 @@ class SchedulerState:
         """Run a finished task again: a result of it was lost with its node. Its returns
         still alive elsewhere keep their data (the new copies are freed)."""
         t = Task(call, owner)
-        t.retries_left = retries_left - 1 if retries_left > 0 else retries_left
+        t.retries_left = retries_left
+        t.spend_retry()
         self.tasks[call.task_id] = t
         if self.hold_args(t) and not t.deps:
             self.deps_met(t)
@@ -488,7 +491,7 @@ class SchedulerState:
             return
         if msg.user_error and t.call.retry_exceptions and not msg.not_retryable \
                 and t.retries_left != 0 and not t.cancelled:
-            t.retries_left -= 1 if t.retries_left > 0 else 0
+            t.spend_retry()
             t.move(TaskState.READY)
             self.enqueue_ready(t, front=True)
             self.after_worker_step(w)
@@ -512,7 +515,7 @@ class SchedulerState:
             if data.WhichOneof("data") == "segment":
                 o = self.objects.get(data.object_id)
                 if o is not None:
-                    o.lineage = (call, retries_left, owner)
+                    o.lineage = Lineage(call, retries_left, owner)
 
     def after_worker_step(self, w: Worker | None, done: Task | None = None) -> None:
         """``w`` ended a task (``done``, when it ran to its end)."""

@@ -23,6 +23,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "orchestra"
 # Two parts on one layer are independent of each other.
 LAYERS: dict[str, int] = {
     "exceptions": 0, "_proto": 0,        # the public errors; generated code
+    "_checks": 0,                        # checks of what users pass
     "_ids": 1, "_resources": 1,          # ids, resource requests
     "_platform": 1,                      # processes, titles, GPUs, start-up code
     "_protocol": 2,                      # frames, messages, authentication, connections
