@@ -150,6 +150,10 @@ def start(argv: list[str]) -> int:
         return 1
     # Under --block the processes' output is ours: a container's or a batch job's log.
     log = not args.block
+    # Under --block, SIGTERM/SIGINT/SIGHUP are ours from here on: one that comes while
+    # the head or node starts stops it once started (a batch system's SIGTERM right
+    # after the head's record appeared killed this process and left the head running).
+    stop_asked = _catch_stop_signals() if args.block else None
     try:
         if args.head:
             started = _launch.start_head(
@@ -166,8 +170,8 @@ def start(argv: list[str]) -> int:
         print(f"orchestra start: {exc}", file=sys.stderr)
         return 1
     _announce(started)
-    if args.block:
-        return _block(started)
+    if stop_asked is not None:
+        return _block(started, stop_asked)
     return 0
 
 
@@ -197,27 +201,38 @@ def _dashboard_link(url: str, token: str) -> str:
     return f"{url}?token={quote(token, safe='')}"
 
 
-def _block(started: _launch.Started) -> int:
-    """Wait for SIGTERM/SIGINT (or the process's own end), then stop what was started."""
-    done = threading.Event()
-    why: list[str] = []
+class _StopAsked:
+    """A stop signal came (its name in ``why``)."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.why: list[str] = []
+
+
+def _catch_stop_signals() -> _StopAsked:
+    asked = _StopAsked()
 
     def on_signal(signum: int, frame: Any) -> None:
-        why.append(signal.Signals(signum).name)
-        done.set()
+        asked.why.append(signal.Signals(signum).name)
+        asked.done.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
+    return asked
+
+
+def _block(started: _launch.Started, asked: _StopAsked) -> int:
+    """Wait for SIGTERM/SIGINT (or the process's own end), then stop what was started."""
     proc = started.proc
     assert proc is not None
-    while not done.wait(0.2):
+    while not asked.done.wait(0.2):
         if proc.poll() is not None:
             print(f"orchestra: the {started.kind} (pid {started.pid}) exited with code "
                   f"{proc.returncode}", file=sys.stderr, flush=True)
             _launch.stop(started)
             return 1
     _launch.stop(started)
-    print(f"orchestra: stopped the {started.kind} ({why[0]})", file=sys.stderr, flush=True)
+    print(f"orchestra: stopped the {started.kind} ({asked.why[0]})", file=sys.stderr, flush=True)
     return 0
 
 

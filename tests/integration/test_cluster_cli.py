@@ -176,6 +176,41 @@ def test_status_without_a_cluster_says_how_to_start_one(state: str) -> None:
     assert "orchestra start --head" in r.stderr
 
 
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` now (SigCgt in /proc)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except OSError:
+        pass
+    return False
+
+
+def test_block_stops_what_it_starts_on_a_sigterm_that_comes_while_it_starts(
+        state: str, tmp_path: Path) -> None:
+    # The signal is taken from the start on: before, one that came before the head was
+    # up (a batch system stopping the job at once) killed this process outright and left
+    # the head running.
+    out = open(tmp_path / "out", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "orchestra._cli", "start", "--head",
+                             "--port", "0", "--block", *SMALL], stdout=out, stderr=out,
+                            env=dict(os.environ, PYTHONPATH=REPO))
+    out.close()
+    try:
+        wait_until(lambda: _catches(proc.pid, signal.SIGTERM) or proc.poll() is not None, T,
+                   "the command takes SIGTERM")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(T) == 0, (tmp_path / "out").read_text()
+        assert "stopped the head (SIGTERM)" in (tmp_path / "out").read_text()
+        assert records(state) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_block_stops_what_it_started_on_sigterm(state: str, tmp_path: Path) -> None:
     out = open(tmp_path / "out", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "orchestra._cli", "start", "--head",
