@@ -38,7 +38,7 @@ from .._api.actor import ActorExitRequest
 from .._objects.errors import make_error
 from .._objects.serialization import deserialize, dumps_exception, serialize
 from .._observe.log_capture import LOGS_DIR, LogCapture, short_name
-from .._observe.task_events import EventBuffer, end_error_type
+from .._observe.task_events import ACTOR_CREATION_TASK, ACTOR_TASK, NORMAL_TASK, EventBuffer, end_error_type
 from .._platform.proctitle import set_title
 from .._platform.procutil import die_with_parent
 from .._protocol import codec as _codec
@@ -596,12 +596,12 @@ class WorkerRuntime:
             self.client.job_suffix = _codec.job_field(call.job)
         aid = call.actor_id
         if aid:
-            self.events.started.append((call.task_id, call.name, aid, 1, inv.owner, time.time()))
+            kind, actor = ACTOR_TASK, aid
+        elif call.HasField("actor"):
+            kind, actor = ACTOR_CREATION_TASK, call.actor.actor_id
         else:
-            creation = call.HasField("actor")
-            self.events.started.append((call.task_id, call.name,
-                                        call.actor.actor_id if creation else b"",
-                                        2 if creation else 0, inv.owner, time.time()))
+            kind, actor = NORMAL_TASK, b""
+        self.events.started.append((call.task_id, call.name, actor, kind, inv.owner, time.time()))
         if aid:
             assert self.actor is not None, "an actor call reached a worker with no actor"
             fn = getattr(self.actor.instance, call.method)
