@@ -66,10 +66,16 @@ def _submit(head: Head, conn: Conn, msg: Any) -> None:
         submit(cid, call)
 
 
+def _seal_on_node(conn: Conn, data: Any) -> None:
+    """A result or put in shared memory: its segment, written by the connection's
+    process, is sealed in that node's store before the state hears of it."""
+    if data.WhichOneof("data") == "segment":
+        conn.node.seal(data.segment.name)
+
+
 def _task_done(head: Head, conn: Conn, msg: Any) -> None:
     for d in msg.returns:
-        if d.WhichOneof("data") == "segment":
-            conn.node.seal(d.segment.name)
+        _seal_on_node(conn, d)
     head.state.task_done(conn.conn_id, msg)
 
 
@@ -86,8 +92,7 @@ def _ref_delta(head: Head, conn: Conn, msg: Any) -> None:
 
 def _objects(head: Head, conn: Conn, msg: Any) -> None:
     for d in msg.objects:
-        if d.WhichOneof("data") == "segment":
-            conn.node.seal(d.segment.name)
+        _seal_on_node(conn, d)
         head.state.put(conn.conn_id, d)
 
 
@@ -104,8 +109,7 @@ def _release_call(head: Head, conn: Conn, msg: Any) -> None:
 
 
 def _generator_item(head: Head, conn: Conn, msg: Any) -> None:
-    if msg.data.WhichOneof("data") == "segment":
-        conn.node.seal(msg.data.segment.name)
+    _seal_on_node(conn, msg.data)
     head.state.generator_item(conn.conn_id, msg)
     if msg.index == 1:
         # A stream's first item goes out now, not after the rest of a read that a fast

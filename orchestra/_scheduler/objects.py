@@ -45,15 +45,11 @@ class ObjectDirectory:
         return o
 
     def put(self, conn: int, data: Any) -> None:
+        """``conn`` put an object: held for it, sealed (the writer has the data already)."""
         oid = data.object_id
-        o = self.objects.get(oid)
-        if o is None:
-            o = self.objects[oid] = Obj(conn)
-            o.count = 1
-            c = self.core.clients.get(conn)
-            if c is not None:
-                c.holds[oid] += 1
-        self.seal(oid, data, push_owner=False)   # the writer has the data already
+        if oid not in self.objects:
+            self.new_object(conn, oid)
+        self.seal(oid, data, push_owner=False)
 
     def put_for(self, conn: int, data: Any) -> None:
         """An object of ``conn`` made elsewhere (an actor answering a direct call):
