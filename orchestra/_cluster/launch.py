@@ -122,9 +122,10 @@ def head_cfg(*, host: str, port: int, token: str, num_cpus: int | None = None,
              object_store_memory: int | None = None, include_dashboard: bool = True,
              dashboard_port: int | None = None,
              system_config: dict[str, Any] | None = None,
-             owner_pid: int = 0) -> tuple[str, dict[str, Any]]:
+             owner_pid: int = 0, owner_dir: str = "") -> tuple[str, dict[str, Any]]:
     """The cluster head's cfg: init()'s, listening on HOST:PORT with the token, owned by
-    no driver (runs until SIGTERM) and open to nodes. Also the /dev/shm warning."""
+    no driver (runs until SIGTERM) and open to nodes. Also the /dev/shm warning.
+    ``owner_pid``: stop when that process exits, and then remove ``owner_dir``."""
     warning, cfg = local_head.build_cfg(num_cpus=num_cpus, num_gpus=num_gpus,
                                       resources=resources,
                                       object_store_memory=object_store_memory,
@@ -134,6 +135,8 @@ def head_cfg(*, host: str, port: int, token: str, num_cpus: int | None = None,
     cfg.update(listen=join_address(host, port), token=token, detached=True, joinable=True)
     if owner_pid:   # stops when that process exits (cluster_utils.Cluster)
         cfg["owner_pid"] = owner_pid
+        if owner_dir:
+            cfg["owner_dir"] = owner_dir
     return warning, cfg
 
 
@@ -157,7 +160,7 @@ def start_head(state: str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
                             object_store_memory=object_store_memory,
                             include_dashboard=include_dashboard,
                             dashboard_port=dashboard_port, system_config=system_config,
-                            owner_pid=owner_pid)
+                            owner_pid=owner_pid, owner_dir=state if owner_pid else "")
     if warning:
         print(f"orchestra: {warning}", file=sys.stderr)
     local_head.sweep_stale_sessions()

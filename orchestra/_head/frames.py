@@ -60,7 +60,7 @@ RequestHandler = Callable[[Head, Conn, Any, Any], bool]
 # ---------------------------------------------------------------------- frames
 def _submit(head: Head, conn: Conn, msg: Any) -> None:
     cid = conn.conn_id
-    head.events.table.submitted(cid, [call.task_id for call in msg.calls])
+    head.events.table.submitted(cid, msg.calls)
     submit = head.state.submit
     for call in msg.calls:
         submit(cid, call)
@@ -238,7 +238,7 @@ def _state_query(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
 
 
 def _create_actor(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
-    head.events.table.submitted(conn.conn_id, [req.create_actor.task_id])
+    head.events.table.submitted(conn.conn_id, (req.create_actor,))
     try:
         existing = head.state.create_actor(conn.conn_id, req.create_actor)
         if existing is not None:   # get_if_exists: the live one's handle

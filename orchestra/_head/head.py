@@ -40,6 +40,7 @@ from .._node.node import Node, node_from_cfg, worker_socket
 from .._objects.errors import make_error
 from .._objects.store import sweep_stale_segments
 from .._observe.log_router import LogRoutes
+from .._observe.task_events import DRIVER
 from .._platform.procutil import watch_parent, watch_pid
 from .._protocol import pb
 from .._protocol import wire as _wire
@@ -280,7 +281,7 @@ class Head:
         if connected:
             conn_id = self._reaping.pop(worker_id, None)
             if conn_id is not None:
-                self.state.client_disconnected(conn_id, reason)
+                self._client_gone(conn_id, reason)
         else:
             w = self.state.workers.get(worker_id)
             if w is None or w.state is not WorkerState.STARTING:
@@ -545,12 +546,22 @@ class Head:
             node.worker_disconnected(wid)
         elif client is not None and client.worker is not None:   # its node died
             gone = self.gone.get(client.worker.node_id)
-            self.state.client_disconnected(conn.conn_id, f"its node died ({gone.reason})"
-                                           if gone is not None else "its node died")
+            self._client_gone(conn.conn_id, f"its node died ({gone.reason})"
+                              if gone is not None else "its node died")
             self.carry_out()
         else:
-            self.state.client_disconnected(conn.conn_id)
+            self._client_gone(conn.conn_id)
             self.carry_out()
+
+    def _client_gone(self, conn_id: int, reason: str = "") -> None:
+        """A client's connection is over: the task table keeps whose it was (the job of
+        its tasks), the scheduler lets go of what it held."""
+        c = self.state.clients.get(conn_id)
+        if c is not None and c.worker is not None:
+            self.events.table.client_gone(conn_id, c.worker.worker_id)
+        elif c is not None and c.kind == "driver":
+            self.events.table.client_gone(conn_id, DRIVER)
+        self.state.client_disconnected(conn_id, reason)
 
     # ------------------------------------------------------------------ nodes joining and dying
     def join(self, conn: Conn, frames: list[tuple[int, Any]]) -> None:
@@ -721,8 +732,14 @@ def main(argv: list[str] | None = None, zygote: tuple[Any, int, int] | None = No
         watch_parent(loop, lambda: head.shutdown("the driver process exited"))
     if cfg.get("owner_pid"):   # a cluster_utils.Cluster's: it lives as long as its script
         owner = int(cfg["owner_pid"])
-        watch_pid(loop, owner, lambda: head.shutdown(
-            f"the process that started the cluster (pid {owner}) exited"))
+
+        def owner_gone() -> None:
+            head.shutdown(f"the process that started the cluster (pid {owner}) exited")
+            # The Cluster's own directory (the processes' logs and records): nothing
+            # else removes it once its script is gone.
+            if cfg.get("owner_dir"):
+                shutil.rmtree(str(cfg["owner_dir"]), ignore_errors=True)
+        watch_pid(loop, owner, owner_gone)
     try:
         loop.run_until_complete(head.start())
     except Exception as exc:

@@ -97,11 +97,11 @@ class StateQueries:
                     self._answer(batch.flush_id)
 
     def tick(self) -> None:
-        """The head's timer: read the submits noted since the last tick (while the
-        scheduler still has their names), and the workers' reports once they hold as
+        """The head's timer: read the submits noted since the last tick, and the
+        workers' reports once they hold as
         many events as the table keeps tasks (their memory stays bounded)."""
         try:
-            self.table.ingest(self._names)
+            self.table.ingest()
             if self.backlog_events > self.table.max_tasks:
                 self.catch_up()
         except Exception as exc:  # noqa: BLE001 - a bug of ours must not stop the head's timer
@@ -112,16 +112,7 @@ class StateQueries:
         backlog, self.backlog, self.backlog_events = self.backlog, [], 0
         for batch, worker_id, pid, node_id in backlog:
             self.table.worker_batch(batch, worker_id, pid, node_id)
-        self.table.ingest(self._names)
-
-    def _names(self, tid: bytes) -> tuple[str, int, bytes] | None:
-        t = self.head.state.tasks.get(tid)
-        if t is None:
-            return None
-        call = t.call
-        if call.HasField("actor"):
-            return call.name, 2, call.actor.actor_id
-        return call.name, (1 if call.actor_id else 0), call.actor_id
+        self.table.ingest()
 
     # -------------------------------------------------------------- queries
     def query(self, conn: Any, req: Any) -> None:
@@ -182,8 +173,8 @@ class StateQueries:
         self.catch_up()
         for tid, t in st.tasks.items():   # tasks the head holds that no report named yet
             if tid not in self.table.records and t.state is not TaskState.DONE:
-                self.table.submitted(t.owner, [tid], 0.0)   # when: unknown
-        self.table.ingest(self._names)
+                self.table.submitted(t.owner, (t.call,), 0.0)   # when: unknown
+        self.table.ingest()
 
         def task_state(tid: bytes) -> str | None:
             t = st.tasks.get(tid)

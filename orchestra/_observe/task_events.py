@@ -4,7 +4,7 @@
             send_done() -> EventBuffer.ended.append(tuple)
             client's background thread, every 0.5 s while any -> take() -> TaskEventBatch
             --TASK_EVENTS frame--> head
-    head:   SUBMIT frames -> TaskTable.submitted (tuples, read at the next tick)
+    head:   SUBMIT frames -> TaskTable.submitted (their calls, read at the next tick)
             TASK_EVENTS   -> TaskTable.worker_batch(..., the worker's id, pid, node)
             a state query -> TaskTable.settle(scheduler view) -> rows (_head/state_query.py)
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .._protocol import pb
@@ -32,6 +32,10 @@ NORMAL_TASK, ACTOR_TASK, ACTOR_CREATION_TASK = range(len(KINDS))
 # tuple costs ~8x a tuple): a call's start and its end.
 StartRow = tuple[bytes, str, bytes, int, int, float]   # task id, name, actor id, kind, owner, time
 EndRow = tuple[bytes, float, str]                       # task id, time, error type or ""
+
+# TaskTable.departed: a driver's connection (a worker's holds its worker id, >= 0).
+DRIVER = -1
+_DEPARTED_MAX = 4096
 
 # Ray's task states (those this table uses).
 PENDING_ARGS_AVAIL = "PENDING_ARGS_AVAIL"
@@ -182,10 +186,13 @@ class TaskTable:
         self.max_tasks = max_tasks
         self.records: dict[bytes, TaskRecord] = {}   # insertion order: oldest first
         self.dropped = 0
-        # (unix time, connection, task ids): appended per SUBMIT frame, read by ingest()
-        self.submits: list[tuple[float, int, list[bytes]]] = []
+        # (unix time, connection, calls): appended per SUBMIT frame, read by ingest()
+        self.submits: list[tuple[float, int, Sequence[Any]]] = []
         # worker id -> the task it started last (the job of what that task submits)
         self.last_started: dict[int, TaskRecord] = {}
+        # Connections closed, the newest _DEPARTED_MAX: -> DRIVER, or the worker id
+        # behind it, so that a dead driver's tasks (and its tasks' tasks) keep their job.
+        self.departed: dict[int, int] = {}
         # Kept as records change, so that a summary (the dashboard asks every second)
         # and settling never walk the whole table: tasks by state, and those not ended.
         self._counts: dict[str, int] = {}
@@ -213,23 +220,28 @@ class TaskTable:
             self.live[r.task_id] = r
 
     # -------------------------------------------------------------- feeding
-    def submitted(self, conn: int, task_ids: list[bytes], now: float | None = None) -> None:
-        """Tasks that reached the head (cheap: one tuple; read at the next ingest)."""
-        self.submits.append((time.time() if now is None else now, conn, task_ids))
+    def submitted(self, conn: int, calls: Sequence[Any], now: float | None = None) -> None:
+        """Calls (pb.Call) that reached the head: kept as given (cheap: one tuple per
+        frame), read at the next ingest, so that a task the scheduler drops before that
+        (cancelled, its driver gone) keeps its name."""
+        self.submits.append((time.time() if now is None else now, conn, calls))
 
-    def ingest(self, names: Callable[[bytes], tuple[str, int, bytes] | None]) -> None:
-        """Read the submits noted since the last call. ``names``: a task id -> (name,
-        kind, actor id) while the scheduler still has it."""
+    def ingest(self) -> None:
+        """Read the submits noted since the last call."""
         subs, self.submits = self.submits, []
         records = self.records
-        for when, conn, tids in subs:
-            for tid in tids:
+        for when, conn, calls in subs:
+            for call in calls:
+                tid = call.task_id
                 r = records.get(tid)
                 if r is None:
                     r = self._new(tid, PENDING_ARGS_AVAIL)
-                    info = names(tid)
-                    if info is not None:
-                        r.name, r.kind, r.actor_id = info
+                    if call.HasField("actor"):
+                        r.name, r.kind, r.actor_id = call.name, ACTOR_CREATION_TASK, \
+                            call.actor.actor_id
+                    else:
+                        r.name, r.actor_id = call.name, call.actor_id
+                        r.kind = ACTOR_TASK if call.actor_id else NORMAL_TASK
                 r.caller = r.caller or conn
                 r.submit_time = r.submit_time or when
         self._bound()
@@ -345,14 +357,27 @@ class TaskTable:
                 died = r.worker_id >= 0 and not view.worker_alive(r.worker_id)
                 r.end_time, r.error_type = now, (WORKER_DIED if died else NOT_RUN)
 
+    def client_gone(self, conn: int, worker_id: int) -> None:
+        """A connection closed: a driver's (``worker_id`` DRIVER) or a worker's. Its
+        tasks' job stays known (job_of) while it is among the newest closed."""
+        departed = self.departed
+        departed[conn] = worker_id
+        if len(departed) > _DEPARTED_MAX:
+            del departed[next(iter(departed))]
+
     def job_of(self, caller: int, is_driver: Callable[[int], bool],
                worker_of_conn: Callable[[int], int]) -> int:
         """The driver connection behind a caller: itself, or the job of the task its
-        worker ran last (tasks of tasks, bounded); 0 when unknown."""
+        worker ran last (tasks of tasks, bounded); 0 when unknown. The callbacks tell
+        of live connections; closed ones are looked up in ``departed``."""
+        departed = self.departed
         for _ in range(64):
-            if not caller or is_driver(caller):
+            if not caller:
                 return caller
-            r = self.last_started.get(worker_of_conn(caller))
+            gone = departed.get(caller)
+            if gone == DRIVER or (gone is None and is_driver(caller)):
+                return caller
+            r = self.last_started.get(worker_of_conn(caller) if gone is None else gone)
             if r is None or r.caller == caller:
                 return 0
             caller = r.caller

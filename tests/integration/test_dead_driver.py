@@ -18,6 +18,7 @@ import orchestra
 from _probes import child_env, pid_gone, wait_until
 from orchestra._platform.procutil import process_tree
 from orchestra.cluster_utils import Cluster
+from orchestra.util.state import list_tasks
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -67,6 +68,11 @@ def test_a_killed_drivers_tasks_stop_and_the_cluster_serves_the_next(no_cluster,
         time.sleep(1.0)
         assert len(list(tmp_path.glob("started-*"))) == 2, "a dead driver's queued task ran"
         assert not list(tmp_path.glob("finished-*"))
+        # Its tasks stay listed under its job, apart from this driver's.
+        rows = list_tasks(limit=1000)
+        dead = {r["job_id"] for r in rows if r["name"].endswith("long_task")}
+        live = {r["job_id"] for r in rows if r["name"].endswith("quick")}
+        assert len(dead) == 1 and None not in dead and dead != live, (dead, live)
     finally:
         orchestra.shutdown()
         c.shutdown()
@@ -78,7 +84,8 @@ SCRIPT = textwrap.dedent("""
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     n = c.add_node(num_cpus=1)
     print(json.dumps({"head": c.head_node.pid, "node": n.pid,
-                      "dirs": [c.head_node.session_dir, n.session_dir]}), flush=True)
+                      "dirs": [c.head_node.session_dir, n.session_dir],
+                      "state": c._state}), flush=True)
     sys.stdin.read()   # until the test kills this process
 """)
 
@@ -99,6 +106,8 @@ def test_a_cluster_utils_cluster_stops_when_its_script_dies(no_cluster, tmp_path
                    "the head and the node to exit with the script that started them")
         wait_until(lambda: not any(os.path.exists(d) for d in info["dirs"]), 10,
                    "their session directories to be removed")
+        wait_until(lambda: not os.path.exists(info["state"]), 10,
+                   "the cluster's own directory (logs, records) to be removed")
     finally:
         if proc.poll() is None:
             proc.kill()

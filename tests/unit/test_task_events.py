@@ -13,8 +13,13 @@ import pytest
 from orchestra._api.timeline import timeline_events
 from orchestra._head.state_query import select
 from orchestra._observe.task_events import (
+    _DEPARTED_MAX,
+    ACTOR_CREATION_TASK,
+    ACTOR_TASK,
+    DRIVER,
     FAILED,
     FINISHED,
+    NORMAL_TASK,
     NOT_RUN,
     PENDING_ARGS_AVAIL,
     PENDING_NODE_ASSIGNMENT,
@@ -35,6 +40,10 @@ pytestmark = pytest.mark.timeout(30)
 
 def tid(n: int) -> bytes:
     return n.to_bytes(12, "big")
+
+
+def call(n: int, name: str = "f", actor_id: bytes = b"") -> pb.Call:
+    return pb.Call(task_id=tid(n), name=name, actor_id=actor_id)
 
 
 def batch(starts=(), ends=(), flush_id: int = 0):
@@ -89,14 +98,25 @@ def test_end_error_type_names_the_exception_class(done, expected) -> None:
 
 def test_a_submitted_task_runs_then_finishes() -> None:
     table = TaskTable()
-    table.submitted(5, [tid(1)], now=100.0)
-    table.ingest(lambda t: ("f", 0, b""))
+    table.submitted(5, [call(1, "f")], now=100.0)
+    table.ingest()
     r = table.records[tid(1)]
     assert (r.state, r.name, r.caller, r.submit_time) == (PENDING_ARGS_AVAIL, "f", 5, 100.0)
     table.worker_batch(batch(starts=[(1, "f", 0, 0, 101.0)]), worker_id=2, pid=42, node_id=0)
     assert (r.state, r.start_time, r.pid, r.worker_id) == (RUNNING, 101.0, 42, 2)
     table.worker_batch(batch(ends=[(1, 102.0, "")]), 2, 42, 0)
     assert (r.state, r.end_time, r.error_type) == (FINISHED, 102.0, "")
+
+
+def test_a_submitted_call_keeps_its_name_and_kind_though_the_scheduler_dropped_it() -> None:
+    table = TaskTable()
+    make = pb.Call(task_id=tid(3), name="A.__init__")
+    make.actor.actor_id = b"a" * 12
+    table.submitted(5, [call(1, "g"), call(2, "A.m", b"a" * 12), make], now=1.0)
+    table.ingest()
+    got = [(r.name, r.kind, r.actor_id) for r in table.records.values()]
+    assert got == [("g", NORMAL_TASK, b""), ("A.m", ACTOR_TASK, b"a" * 12),
+                   ("A.__init__", ACTOR_CREATION_TASK, b"a" * 12)]
 
 
 def test_a_direct_call_is_known_from_its_start_with_its_caller_as_job() -> None:
@@ -128,8 +148,8 @@ def test_a_running_task_whose_worker_died_failed_unless_the_scheduler_retries_it
 
 def test_a_submitted_task_no_one_has_ended_without_running_once_flushed_or_old() -> None:
     table = TaskTable()
-    table.submitted(5, [tid(1), tid(2)], now=100.0)
-    table.ingest(lambda t: None)
+    table.submitted(5, [call(1), call(2)], now=100.0)
+    table.ingest()
     table.settle(SchedView(no_sched, alive), flushed=False, now=100.5)
     assert table.records[tid(1)].state == PENDING_ARGS_AVAIL   # its report may be on its way
     table.settle(SchedView(no_sched, alive), flushed=True, now=100.5)
@@ -138,8 +158,8 @@ def test_a_submitted_task_no_one_has_ended_without_running_once_flushed_or_old()
 
 def test_a_waiting_task_takes_the_schedulers_state() -> None:
     table = TaskTable()
-    table.submitted(5, [tid(1)], now=1.0)
-    table.ingest(lambda t: None)
+    table.submitted(5, [call(1)], now=1.0)
+    table.ingest()
     table.settle(SchedView({tid(1): PENDING_NODE_ASSIGNMENT}.get, alive), flushed=True)
     assert table.records[tid(1)].state == PENDING_NODE_ASSIGNMENT
 
@@ -157,8 +177,8 @@ def test_the_table_drops_the_oldest_ended_tasks_first_and_counts_them() -> None:
 
 def test_the_table_drops_the_oldest_of_any_state_when_nothing_ended() -> None:
     table = TaskTable(max_tasks=2)
-    table.submitted(1, [tid(1), tid(2), tid(3)], now=1.0)
-    table.ingest(lambda t: None)
+    table.submitted(1, [call(1), call(2), call(3)], now=1.0)
+    table.ingest()
     assert list(table.records) == [tid(2), tid(3)] and table.dropped == 1
 
 
@@ -182,6 +202,24 @@ def test_the_job_of_a_task_submitted_by_a_task_is_its_drivers() -> None:
     assert table.job_of(20, drivers.__contains__, lambda c: workers.get(c, -1)) == 7
     assert table.job_of(7, drivers.__contains__, lambda c: -1) == 7
     assert table.job_of(99, drivers.__contains__, lambda c: -1) == 0
+
+
+def test_a_closed_drivers_tasks_and_its_tasks_tasks_keep_its_job() -> None:
+    table = TaskTable()
+    table.worker_batch(batch(starts=[(1, "parent", 0, 7, 1.0)]), worker_id=2, pid=42, node_id=0)
+    table.client_gone(7, DRIVER)    # the driver was killed; then its task's worker died
+    table.client_gone(20, 2)
+    no_one = frozenset[int]().__contains__
+    assert table.job_of(7, no_one, lambda c: -1) == 7
+    assert table.job_of(20, no_one, lambda c: -1) == 7
+
+
+def test_the_closed_connections_remembered_are_bounded() -> None:
+    table = TaskTable()
+    for conn in range(1, _DEPARTED_MAX + 11):
+        table.client_gone(conn, DRIVER)
+    assert len(table.departed) == _DEPARTED_MAX and 10 not in table.departed
+    assert table.job_of(_DEPARTED_MAX + 10, lambda c: False, lambda c: -1) == _DEPARTED_MAX + 10
 
 
 def test_counts_and_summary_group_by_state_and_name() -> None:
@@ -241,8 +279,8 @@ def test_a_direct_call_adopted_from_a_dead_worker_failed_with_worker_died() -> N
 
 def test_counts_and_the_live_set_follow_transitions_and_drops() -> None:
     table = TaskTable(max_tasks=2)
-    table.submitted(1, [tid(1)], now=1.0)
-    table.ingest(lambda t: None)
+    table.submitted(1, [call(1)], now=1.0)
+    table.ingest()
     table.worker_batch(batch(starts=[(1, "f", 0, 0, 2.0), (2, "f", 0, 0, 2.0)],
                              ends=[(1, 3.0, "")]), 2, 42, 0)
     assert table.counts() == {FINISHED: 1, RUNNING: 1} and set(table.live) == {tid(2)}
