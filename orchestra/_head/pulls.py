@@ -51,8 +51,9 @@ _RELOCATE_SLACK_S = 2.0
 class Pulls:
     """The head's pulls (see the module docstring)."""
 
-    def __init__(self, head: Head) -> None:
+    def __init__(self, head: Head, clock: Callable[[], float] = time.monotonic) -> None:
         self.head = head
+        self.clock = clock   # the retries' (tests drive their own)
         # (object id, node id) -> what to call with (data, error) once that node has it.
         self.pending: dict[tuple[bytes, int], list[Callable[[Any, str], None]]] = {}
 
@@ -70,7 +71,7 @@ class Pulls:
                 # node_timeout_s). Then the object is made again, has a copy elsewhere,
                 # or is lost for good: ask again until one of those is known, rather
                 # than fail a reader of an object that a retry would rebuild.
-                now = time.monotonic()
+                now = self.clock()
                 first = since or now
                 if now - first < float(self.head.cfg.get("node_timeout_s", 10.0)) + _RELOCATE_SLACK_S:
                     self.head.loop.call_later(_RELOCATE_RETRY_S, self.locate, conn, req_id,

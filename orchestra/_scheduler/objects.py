@@ -90,6 +90,11 @@ class ObjectDirectory:
                 co.count += 1
         if o.count <= 0:
             self.free(oid, o)
+            if o.subscribers:   # readers holding no ref (locate, gRPC): it is gone
+                lost = pb.ObjectData(object_id=oid, error=self.core.error(
+                    "lost", object_id=oid, name=""))
+                self.core.out.extend(Push(sub, lost) for sub in o.subscribers
+                                     if sub in self.core.clients)
             return
         out = self.core.out
         if push_owner and o.owner in self.core.clients:

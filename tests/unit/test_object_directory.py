@@ -22,7 +22,7 @@ from _sched_helpers import (
 from orchestra._objects.errors import make_error
 from orchestra._protocol import pb
 from orchestra._protocol import wire as _wire
-from orchestra._scheduler.instructions import FreeSegment, LateSend, Pull, Send
+from orchestra._scheduler.instructions import FreeSegment, LateSend, Pull, Push, Send
 from orchestra._scheduler.model import TaskState
 
 OTHER = 2
@@ -99,6 +99,25 @@ def test_an_object_put_again_with_its_own_segment_keeps_it_and_a_second_copy_is_
     c.s.put(DRIVER, seg_on(OTHER, oid, "another"))
     assert [i for i in c.take() if type(i) is FreeSegment] == [FreeSegment(OTHER, "another")]
     assert c.s.objects[oid].data.segment.name == "seg-on-2"
+
+
+def test_a_subscriber_of_a_result_nobody_holds_any_more_hears_it_is_gone_when_it_comes():
+    # A reader with no ref of its own (the head's locate and gRPC readers subscribe
+    # as GRPC_CONN) waited for a result whose last ref went while its task ran: freed
+    # at its seal, the subscriber was never told and its reader waited for ever.
+    c, _, w2 = two_nodes()
+    c.s.client_connected(50, pb.Hello(kind="grpc"))
+    call = c.submit(make_call("make", resources={"other": 1.0}))
+    c.take()
+    oid = rid(call)
+    c.s.subscribe(50, [oid])
+    c.s.ref_delta(DRIVER, [], [oid])
+    c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=call.task_id,
+                                               returns=[seg_on(OTHER, oid, "seg-on-2")]))
+    out = c.take()
+    assert FreeSegment(OTHER, "seg-on-2") in out
+    [told] = [i.data for i in out if type(i) is Push and i.conn == 50]
+    assert told.object_id == oid and told.error
 
 
 def test_a_copy_of_an_object_already_freed_is_refused():
