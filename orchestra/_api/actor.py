@@ -143,7 +143,7 @@ class ActorClass(Generic[T]):
         self._resources = make_request(options.get("num_cpus"), options.get("num_gpus"),
                                        options.get("resources"), default_cpus=0,
                                        memory=options.get("memory"))
-        self._client: Any = None
+        self._client: _context.Client | None = None
         self._register_frame = b""
         self.__name__ = cls.__name__
         self.__qualname__ = cls.__qualname__
@@ -225,7 +225,7 @@ class ActorHandle(Generic[T]):
     description, ``client`` this process's connection, ``counted`` whether the head
     already counts this handle's reference."""
 
-    def __init__(self, spec: Any, client: Any, counted: bool = False) -> None:
+    def __init__(self, spec: pb.ActorSpec, client: _context.Client, counted: bool = False) -> None:
         self._spec = spec
         self._actor_id = spec.actor_id
         self._methods = frozenset(spec.methods)

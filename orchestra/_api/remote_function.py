@@ -161,7 +161,7 @@ class RemoteFunction(Generic[P, R]):
         self._num_returns = 1 if self._generator else int(self._options.get("num_returns", 1))
         self._resources = make_request(self._options.get("num_cpus"), self._options.get("num_gpus"),
                                        self._options.get("resources"), memory=self._options.get("memory"))
-        self._client: Any = None
+        self._client: _context.Client | None = None
         self._template = b""
         self._direct_shape: tuple[tuple[str, float], ...] | None = None
         self._register_frame = b""
@@ -179,7 +179,7 @@ class RemoteFunction(Generic[P, R]):
         merged = {**self._options, **options}
         return RemoteFunction(self._fn, merged, self._function_id)
 
-    def _bind(self, client: Any) -> None:
+    def _bind(self, client: _context.Client) -> None:
         if not client.info.joinable:
             check_feasible(self._resources, [dict(client.info.node_resources)], f"task {self._name}()")
         opts = self._options
@@ -250,7 +250,8 @@ class RemoteFunction(Generic[P, R]):
             return None
         return refs
 
-    def _stream(self, client: Any, args: Any, kwargs: Any) -> ObjectRefGenerator[Any]:
+    def _stream(self, client: _context.Client, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> ObjectRefGenerator[Any]:
         """Submit a streaming generator task (through the head: its items go there)."""
         tid = _ids.next_task_id()
         stream = open_stream(client, tid)

@@ -470,7 +470,7 @@ def _forget_lost_session() -> None:
 
 # ---------------------------------------------------------------- calls on the session
 
-def _client() -> CoreClient:
+def _client() -> _context.Client:
     return _context.current_client()
 
 

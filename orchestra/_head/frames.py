@@ -44,12 +44,12 @@ class Head(Protocol):
     def queue(self, conn: Any, data: bytes) -> None: ...
     def queue_if_open(self, conn: Any, data: bytes) -> None: ...
     def carry_out(self) -> None: ...
-    def request(self, conn: Any, req: Any) -> None: ...
-    def hello(self, conn: Any, hello: Any) -> None: ...
-    def forward_logs(self, conn: Any, msg: Any) -> None: ...
+    def request(self, conn: Any, req: pb.Request) -> None: ...
+    def hello(self, conn: Any, hello: pb.Hello) -> None: ...
+    def forward_logs(self, conn: Any, msg: pb.LogLines) -> None: ...
     def locate(self, conn: Any, req_id: int, object_id: bytes, since: float = 0.0) -> None: ...
-    def debug_info(self) -> Any: ...
-    def nodes_info(self) -> list[Any]: ...
+    def debug_info(self) -> pb.SchedulerDebugInfoReply: ...
+    def nodes_info(self) -> list[pb.NodeInfo]: ...
     def shutdown(self, reason: str) -> None: ...
 
 
@@ -58,7 +58,7 @@ RequestHandler = Callable[[Head, Conn, Any, Any], bool]
 
 
 # ---------------------------------------------------------------------- frames
-def _submit(head: Head, conn: Conn, msg: Any) -> None:
+def _submit(head: Head, conn: Conn, msg: pb.Submit) -> None:
     cid = conn.conn_id
     head.events.table.submitted(cid, msg.calls)
     submit = head.state.submit
@@ -66,20 +66,20 @@ def _submit(head: Head, conn: Conn, msg: Any) -> None:
         submit(cid, call)
 
 
-def _seal_on_node(conn: Conn, data: Any) -> None:
+def _seal_on_node(conn: Conn, data: pb.ObjectData) -> None:
     """A result or put in shared memory: its segment, written by the connection's
     process, is sealed in that node's store before the state hears of it."""
     if data.WhichOneof("data") == "segment":
         conn.node.seal(data.segment.name)
 
 
-def _task_done(head: Head, conn: Conn, msg: Any) -> None:
+def _task_done(head: Head, conn: Conn, msg: pb.TaskDone) -> None:
     for d in msg.returns:
         _seal_on_node(conn, d)
     head.state.task_done(conn.conn_id, msg)
 
 
-def _ref_delta(head: Head, conn: Conn, msg: Any) -> None:
+def _ref_delta(head: Head, conn: Conn, msg: pb.RefDelta) -> None:
     cid, node, state = conn.conn_id, conn.node, head.state
     if msg.pin:
         node.pin(cid, msg.pin)
@@ -90,25 +90,25 @@ def _ref_delta(head: Head, conn: Conn, msg: Any) -> None:
         node.unpin(cid, msg.unpin)
 
 
-def _objects(head: Head, conn: Conn, msg: Any) -> None:
+def _objects(head: Head, conn: Conn, msg: pb.Objects) -> None:
     for d in msg.objects:
         _seal_on_node(conn, d)
         head.state.put(conn.conn_id, d)
 
 
-def _adopt(head: Head, conn: Conn, msg: Any) -> None:
+def _adopt(head: Head, conn: Conn, msg: pb.AdoptCalls) -> None:
     head.events.table.adopted(conn.conn_id, msg.worker_id, msg.calls)
     head.state.adopt_calls(conn.conn_id, msg)
 
 
-def _release_call(head: Head, conn: Conn, msg: Any) -> None:
+def _release_call(head: Head, conn: Conn, msg: pb.TaskDone) -> None:
     # Ordered after the actor's own ref changes, which came before it on this connection.
     caller = head.conns.get(msg.owner)
     if caller is not None:
         head.queue(caller, _wire.encode(_wire.RELEASE_CALL, pb.TaskDone(task_id=msg.task_id)))
 
 
-def _generator_item(head: Head, conn: Conn, msg: Any) -> None:
+def _generator_item(head: Head, conn: Conn, msg: pb.GeneratorItem) -> None:
     _seal_on_node(conn, msg.data)
     head.state.generator_item(conn.conn_id, msg)
     if msg.index == 1:
@@ -117,64 +117,64 @@ def _generator_item(head: Head, conn: Conn, msg: Any) -> None:
         head.carry_out()
 
 
-def _log_flush(head: Head, conn: Conn, msg: Any) -> None:
+def _log_flush(head: Head, conn: Conn, msg: pb.LogFlush) -> None:
     head.queue(conn, _wire.encode(_wire.LOG_FLUSH, msg))   # every line sent before it
 
 
-def _subscribe(head: Head, conn: Conn, msg: Any) -> None:
+def _subscribe(head: Head, conn: Conn, msg: pb.Subscribe) -> None:
     head.state.subscribe(conn.conn_id, msg.ids)
 
 
-def _function(head: Head, conn: Conn, msg: Any) -> None:
+def _function(head: Head, conn: Conn, msg: pb.RegisterFunctionRequest) -> None:
     head.state.register_function(msg)
 
 
-def _blocked(head: Head, conn: Conn, msg: Any) -> None:
+def _blocked(head: Head, conn: Conn, msg: pb.Blocked) -> None:
     head.state.blocked(conn.conn_id, msg.blocked, msg.object_ids, msg.task_id, msg.task_name)
 
 
-def _return_tasks(head: Head, conn: Conn, msg: Any) -> None:
+def _return_tasks(head: Head, conn: Conn, msg: pb.ReturnTasks) -> None:
     head.state.return_tasks(conn.conn_id, msg.task_ids)
 
 
-def _cancel(head: Head, conn: Conn, msg: Any) -> None:
+def _cancel(head: Head, conn: Conn, msg: pb.CancelRequest) -> None:
     head.state.cancel(msg.object_id, msg.force, msg.recursive)
 
 
-def _loan_return(head: Head, conn: Conn, msg: Any) -> None:
+def _loan_return(head: Head, conn: Conn, msg: pb.LoanReturn) -> None:
     head.state.return_loan(conn.conn_id, msg.worker_id)
 
 
-def _loan_request(head: Head, conn: Conn, msg: Any) -> None:
+def _loan_request(head: Head, conn: Conn, msg: pb.LoanRequest) -> None:
     # A driver asks for one more lent worker.
     head.state.lend_idle(conn.conn_id, dict(msg.resources), int(msg.pinned_node))
 
 
-def _request(head: Head, conn: Conn, msg: Any) -> None:
+def _request(head: Head, conn: Conn, msg: pb.Request) -> None:
     head.request(conn, msg)
 
 
-def _hello(head: Head, conn: Conn, msg: Any) -> None:
+def _hello(head: Head, conn: Conn, msg: pb.Hello) -> None:
     head.hello(conn, msg)
 
 
-def _worker_address(head: Head, conn: Conn, msg: Any) -> None:
+def _worker_address(head: Head, conn: Conn, msg: pb.WorkerAddress) -> None:
     head.state.worker_address(conn.conn_id, msg.address)
 
 
-def _generator_ack(head: Head, conn: Conn, msg: Any) -> None:
+def _generator_ack(head: Head, conn: Conn, msg: pb.GeneratorAck) -> None:
     head.state.generator_ack(msg)
 
 
-def _log_lines(head: Head, conn: Conn, msg: Any) -> None:
+def _log_lines(head: Head, conn: Conn, msg: pb.LogLines) -> None:
     head.forward_logs(conn, msg)
 
 
-def _task_events(head: Head, conn: Conn, msg: Any) -> None:
+def _task_events(head: Head, conn: Conn, msg: pb.TaskEventBatch) -> None:
     head.events.worker_batch(conn.conn_id, msg)
 
 
-def _shutdown(head: Head, conn: Conn, msg: Any) -> None:
+def _shutdown(head: Head, conn: Conn, msg: pb.AckReply) -> None:
     head.loop.call_soon(head.shutdown, "the driver called shutdown()")
 
 
@@ -205,7 +205,7 @@ FRAMES: dict[int, FrameHandler] = {
 
 
 # ---------------------------------------------------------------------- requests
-def _create_segment(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
+def _create_segment(head: Head, conn: Conn, req: pb.Request, reply: pb.Reply) -> bool:
     # Frees decided earlier in this batch of frames must happen before the store judges
     # the room (they wait in state.out until carry_out otherwise).
     head.carry_out()
@@ -213,7 +213,7 @@ def _create_segment(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
     return False
 
 
-def _abort_segment(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
+def _abort_segment(head: Head, conn: Conn, req: pb.Request, reply: pb.Reply) -> bool:
     conn.node.abort_segment(conn.conn_id, req.abort_segment)
     if type(conn.node) is RemoteNode:   # answered once the node did it
         data = _wire.encode(_wire.REPLY, reply)
@@ -222,7 +222,7 @@ def _abort_segment(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
     return True
 
 
-def _locate(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
+def _locate(head: Head, conn: Conn, req: pb.Request, reply: pb.Reply) -> bool:
     if type(conn.node) is RemoteNode:
         # The reader found the segment gone: the node spilled it, and its relocation may
         # still be on its way here. Answered after it.
@@ -232,12 +232,12 @@ def _locate(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
     return False
 
 
-def _state_query(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
+def _state_query(head: Head, conn: Conn, req: pb.Request, reply: pb.Reply) -> bool:
     head.events.query(conn, req)   # answered once the workers reported
     return False
 
 
-def _create_actor(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
+def _create_actor(head: Head, conn: Conn, req: pb.Request, reply: pb.Reply) -> bool:
     head.events.table.submitted(conn.conn_id, (req.create_actor,))
     try:
         existing = head.state.create_actor(conn.conn_id, req.create_actor)
@@ -248,7 +248,7 @@ def _create_actor(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
     return True
 
 
-def _get_actor_in(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
+def _get_actor_in(head: Head, conn: Conn, req: pb.Request, reply: pb.Reply) -> bool:
     lookup = req.get_actor_in
     try:
         reply.actor.CopyFrom(head.state.actor_table.get(lookup.name, lookup.namespace,
@@ -258,7 +258,7 @@ def _get_actor_in(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
     return True
 
 
-def _get_actor(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
+def _get_actor(head: Head, conn: Conn, req: pb.Request, reply: pb.Reply) -> bool:
     try:
         reply.actor.CopyFrom(head.state.actor_table.get(req.get_actor, conn=conn.conn_id))
     except ValueError as exc:
@@ -266,7 +266,7 @@ def _get_actor(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
     return True
 
 
-def _kill_actor(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
+def _kill_actor(head: Head, conn: Conn, req: pb.Request, reply: pb.Reply) -> bool:
     kill = req.kill_actor
     head.state.actor_table.kill(kill.actor_id, kill.no_restart, kill.reason)
     return True
@@ -274,7 +274,7 @@ def _kill_actor(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
 
 def _group(body: str) -> RequestHandler:
     """Placement groups (_scheduler/groups.py): create, remove, find by name, list."""
-    def handle(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
+    def handle(head: Head, conn: Conn, req: pb.Request, reply: pb.Reply) -> bool:
         groups = head.state.groups
         try:
             if body == "create_placement_group":
@@ -292,31 +292,31 @@ def _group(body: str) -> RequestHandler:
     return handle
 
 
-def _cluster_resources(head: Head, conn: Conn, reply: Any) -> None:
+def _cluster_resources(head: Head, conn: Conn, reply: pb.Reply) -> None:
     reply.resources.update(head.state.total_resources())
 
 
-def _available_resources(head: Head, conn: Conn, reply: Any) -> None:
+def _available_resources(head: Head, conn: Conn, reply: pb.Reply) -> None:
     reply.resources.update(head.state.available_resources())
 
 
-def _debug(head: Head, conn: Conn, reply: Any) -> None:
+def _debug(head: Head, conn: Conn, reply: pb.Reply) -> None:
     reply.debug.CopyFrom(head.debug_info())
 
 
-def _pending(head: Head, conn: Conn, reply: Any) -> None:
+def _pending(head: Head, conn: Conn, reply: pb.Reply) -> None:
     reply.pending_tasks = head.state.pending_tasks(conn.conn_id, False)
 
 
-def _pending_own(head: Head, conn: Conn, reply: Any) -> None:
+def _pending_own(head: Head, conn: Conn, reply: pb.Reply) -> None:
     reply.pending_tasks = head.state.pending_tasks(conn.conn_id, True)
 
 
-def _sync(head: Head, conn: Conn, reply: Any) -> None:
+def _sync(head: Head, conn: Conn, reply: pb.Reply) -> None:
     pass   # the reply says every frame sent before the request was handled
 
 
-def _nodes(head: Head, conn: Conn, reply: Any) -> None:
+def _nodes(head: Head, conn: Conn, reply: pb.Reply) -> None:
     reply.nodes.extend(head.nodes_info())
 
 
@@ -331,7 +331,7 @@ QUERIES: dict[str, Callable[[Head, Conn, Any], None]] = {
 }
 
 
-def _query(head: Head, conn: Conn, req: Any, reply: Any) -> bool:
+def _query(head: Head, conn: Conn, req: pb.Request, reply: pb.Reply) -> bool:
     answer = QUERIES.get(req.query)
     if answer is None:
         reply.error = f"unknown query {req.query!r}"

@@ -246,7 +246,7 @@ class Head:
         self.state.subscribe(GRPC_CONN, [oid])
 
     # ------------------------------------------------------------------ NodeHost
-    def pulled(self, object_id: bytes, segment: Any, error: str) -> None:
+    def pulled(self, object_id: bytes, segment: pb.Segment | None, error: str) -> None:
         """The local node pulled an object's copy into its store (or failed to)."""
         self.node_pulled(self.local.node_id, object_id, segment, error)
 
@@ -263,7 +263,7 @@ class Head:
         """No task queued or running, and no frame for a while (read from another thread)."""
         return not self.state.tasks and time.monotonic() - self.last_activity > 0.3
 
-    def relocate(self, object_id: bytes, segment: Any) -> bool:
+    def relocate(self, object_id: bytes, segment: pb.Segment) -> bool:
         return self.state.relocate(object_id, segment)
 
     def worker_failed_to_start(self, worker_id: int, reason: str) -> None:
@@ -320,7 +320,7 @@ class Head:
                 handler(self, conn, msg)
         self.carry_out()
 
-    def forward_logs(self, conn: Conn, msg: Any) -> None:
+    def forward_logs(self, conn: Conn, msg: pb.LogLines) -> None:
         """A worker's lines to the log connections of their jobs' drivers."""
         ip = self._node_address(conn.node) if len(self.nodes) > 1 else ""
         for target, lines in self.log_routes.route(msg, self.primary, ip).items():
@@ -328,7 +328,7 @@ class Head:
             if c is not None:
                 self.queue(c, _wire.encode(_wire.LOG_LINES, lines))
 
-    def hello(self, conn: Conn, hello: Any) -> None:
+    def hello(self, conn: Conn, hello: pb.Hello) -> None:
         conn.hello = hello
         if hello.kind == "logs":   # a driver's second connection: its tasks' output
             self.log_routes.add(conn.conn_id, hello.log_job)
@@ -376,7 +376,7 @@ class Head:
             return
         self.queue(conn, frame)
 
-    def _node_for(self, conn: Conn, hello: Any) -> Node | RemoteNode | None:
+    def _node_for(self, conn: Conn, hello: pb.Hello) -> Node | RemoteNode | None:
         """The node whose store a connecting process maps: a worker's is the node that
         started it; a driver's the one it names, or the first on its machine (the one
         it connected to, when that shares its machine)."""
@@ -415,7 +415,7 @@ class Head:
                 self.queue(conn, frame)
         self.carry_out()
 
-    def request(self, conn: Conn, req: Any) -> None:
+    def request(self, conn: Conn, req: pb.Request) -> None:
         """A Request frame: answered by its handler (frames.REQUESTS) now, or later."""
         reply = pb.Reply(req_id=req.req_id)
         handler = REQUESTS.get(req.WhichOneof("body"))
@@ -426,7 +426,8 @@ class Head:
         """Answer where an object's data is now, for a reader on the connection's node."""
         self.pulls.locate(conn, req_id, object_id, since)
 
-    def node_pulled(self, node_id: int, object_id: bytes, segment: Any, error: str) -> None:
+    def node_pulled(self, node_id: int, object_id: bytes, segment: pb.Segment | None,
+                    error: str) -> None:
         """Node ``node_id`` has its copy (or failed): answer what waited for it."""
         self.pulls.pulled(node_id, object_id, segment, error)
 
@@ -435,7 +436,7 @@ class Head:
         if self.conns.get(conn.conn_id) is conn:
             self.queue(conn, data)
 
-    def debug_info(self) -> Any:
+    def debug_info(self) -> pb.SchedulerDebugInfoReply:
         st = self.state
         info = pb.SchedulerDebugInfoReply(
             total_resources=st.total_resources(), available_resources=st.available_resources())
@@ -465,7 +466,7 @@ class Head:
 
     def carry_out(self) -> None:
         out = self.state.out
-        pushes: dict[int, Any] = {}
+        pushes: dict[int, pb.Objects] = {}
         late: list[tuple[Conn, bytes]] = []
         if out:
             self.state.out = []
@@ -635,7 +636,7 @@ class Head:
                     node.heartbeat()
         self.loop.call_later(_HEARTBEAT_S, self._heartbeat)
 
-    def nodes_info(self) -> list[Any]:
+    def nodes_info(self) -> list[pb.NodeInfo]:
         """Every node, alive or gone, for orchestra.nodes()."""
         out = []
         st = self.state

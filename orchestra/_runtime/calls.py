@@ -13,10 +13,10 @@ from typing import Any, Protocol
 
 from .._objects.serialization import Serialized, serialize
 from .._protocol import codec as _codec
-from .object_ref import ObjectRef
+from .object_ref import ObjectRef, RefCounter
 
 
-class Encoder(Protocol):
+class Encoder(RefCounter, Protocol):
     """What encoding uses of the client (client.CoreClient)."""
 
     inline_threshold: int

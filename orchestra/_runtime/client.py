@@ -103,7 +103,7 @@ class CoreClient:
         self.refs = RefCounts(self._last_ref_gone)
         self.add_ref = self.refs.add          # ObjectRef's hooks, without a call in between
         self.remove_ref = self.refs.remove
-        self.results: dict[bytes, Any] = {}
+        self.results: dict[bytes, pb.ObjectData] = {}
         self.owned: set[bytes] = set()        # returns of my tasks: pushed to me when sealed
         self._subscribed: set[bytes] = set()
         self._cond = threading.Condition()
@@ -113,7 +113,9 @@ class CoreClient:
         self._req_ids = itertools.count(1)
         self._registered: set[bytes] = set()
         self.function_frames: dict[bytes, bytes] = {}   # for lent workers
-        self.templates: dict[Any, bytes] = {}   # serialized Call templates of actor methods
+        # serialized Call templates of actor methods: (actor, method, returns, generator,
+        # backpressure) ->
+        self.templates: dict[tuple[bytes, str, int, int, int], bytes] = {}
         # Streams this process consumes (task id -> _generators.Stream): their items are
         # pushed here before next() makes their refs; and the last ones ended, in order.
         self.streams: dict[bytes, Any] = {}
@@ -121,7 +123,7 @@ class CoreClient:
         # Where this driver's actor names live ("" in a worker: the head knows whose task
         # it runs), and init()'s runtime_env (a RuntimeEnvSpec, or None).
         self.namespace: str = hello.namespace
-        self.runtime_env: Any = None
+        self.runtime_env: pb.RuntimeEnvSpec | None = None
         self._keep_until_sent: list[ObjectRef] = []
         self.lost: str | None = None
         self.closing = False
@@ -170,7 +172,7 @@ class CoreClient:
             self._dispatch(frames)
         self._reader.start()
 
-    def _read_hello(self, timeout_s: float) -> Any:
+    def _read_hello(self, timeout_s: float) -> pb.HelloReply:
         self.sock.settimeout(timeout_s)
         try:
             while True:
@@ -263,7 +265,7 @@ class CoreClient:
             with self.conn.lock:
                 pass
 
-    def request(self, req: Any, timeout_s: float = 60.0) -> Any:
+    def request(self, req: pb.Request, timeout_s: float = 60.0) -> pb.Reply:
         if req.WhichOneof("body") == "query" and req.query != "sync" and self.direct.ever_loaned:
             # The head's answer counts lent workers as busy: give back the idle ones, with
             # those whose grant is on its way here (read by the time the sync answers).
@@ -392,7 +394,7 @@ class CoreClient:
         self.direct.listen(path)
 
     def build_call(self, tid: bytes, function_id: bytes, args: Sequence[Any], kwargs: dict[str, Any],
-                   *, num_returns: int, resources: dict[str, float], name: str) -> Any:
+                   *, num_returns: int, resources: dict[str, float], name: str) -> pb.Call:
         """A parsed Call (for requests that carry one, like actor creation)."""
         template = pb.Call(function_id=function_id, num_returns=num_returns, resources=resources,
                            name=name).SerializeToString()

@@ -15,21 +15,80 @@ What the runtime context says, and who sets it:
 """
 from __future__ import annotations
 
+import collections
 import contextvars
 import threading
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
-_client: Any = None
+from .._objects.refs import RefCounts
+from .._protocol import pb
+
+if TYPE_CHECKING:
+    from .direct import DirectCalls
 
 
-def set_client(client: Any) -> None:
+class Client(Protocol):
+    """What the API uses of this process's connection: CoreClient (_runtime/client.py,
+    which imports modules that import this one, hence a protocol). Refs are ObjectRefs
+    (typed Any here for the same reason)."""
+
+    lost: str | None
+    info: pb.HelloReply               # the head's answer to this process's hello
+    conn_id: int
+    namespace: str
+    runtime_env: pb.RuntimeEnvSpec | None
+    templates: dict[tuple[bytes, str, int, int, int], bytes]   # actor methods' Calls
+
+    @property
+    def add_ref(self) -> Callable[[bytes, bool], None]: ...   # ObjectRef's counts
+    @property
+    def remove_ref(self) -> Callable[[bytes], None]: ...
+
+    refs: RefCounts                   # this process's counts of objects
+    results: dict[bytes, pb.ObjectData]   # objects made, as the head pushed them
+    closed_streams: collections.deque[bytes]
+
+    @property
+    def streams(self) -> dict[bytes, Any]: ...   # generators.Stream (it imports this)
+    @property
+    def direct(self) -> DirectCalls: ...
+    def send_raw(self, frame: bytes) -> None: ...
+    def wake(self) -> None: ...
+    def subscribe_missing(self, ids: Iterable[bytes]) -> None: ...
+    def wait_until(self, pred: Callable[[], bool], deadline: float | None) -> bool: ...
+    def wait_for(self, ready: Callable[[], bool], deadline: float | None,
+                 ids: Iterable[bytes] = ()) -> bool: ...
+    def request(self, req: pb.Request, timeout_s: float = 60.0) -> pb.Reply: ...
+    def register_function(self, function_id: bytes, req_bytes: bytes) -> None: ...
+    def build_call(self, tid: bytes, function_id: bytes, args: Sequence[Any],
+                   kwargs: dict[str, Any], *, num_returns: int, resources: dict[str, float],
+                   name: str) -> pb.Call: ...
+    def submit(self, template: bytes, num_returns: int, args: Sequence[Any],
+               kwargs: dict[str, Any], shape: tuple[tuple[str, float], ...] | None = None,
+               name: str = "", function_id: bytes = b"", tid: bytes = b"") -> list[Any]: ...
+    def submit_actor(self, actor_id: bytes, token: Any, template: bytes, num_returns: int,
+                     args: Sequence[Any], kwargs: dict[str, Any], name: str,
+                     tid: bytes = b"") -> list[Any]: ...
+    def retire_route(self, actor_id: bytes) -> None: ...
+    def put(self, value: Any) -> Any: ...
+    def get_one(self, ref: Any, timeout: float | None) -> Any: ...
+    def get_many(self, refs: Sequence[Any], timeout: float | None) -> list[Any]: ...
+    def wait(self, refs: Sequence[Any], num_returns: int,
+             timeout: float | None) -> tuple[list[Any], list[Any]]: ...
+    def cancel(self, object_id: bytes, force: bool, recursive: bool = False) -> None: ...
+
+
+_client: Client | None = None
+
+
+def set_client(client: Client | None) -> None:
     global _client
     _client = client
 
 
-def current_client() -> Any:
+def current_client() -> Client:
     client = _client
     if client is None or client.lost is not None:
         if client is None:
@@ -41,7 +100,7 @@ def current_client() -> Any:
     return client
 
 
-def _implicit_init() -> Any:
+def _implicit_init() -> Client:
     """The first call that needs a cluster before init(): start one with the defaults
     (Ray's behaviour). Only on this path: an initialised process never comes here."""
     with _init_lock:
@@ -63,7 +122,7 @@ def set_starter(starter: Callable[[], None]) -> None:
     _starter = starter
 
 
-def client_or_none() -> Any:
+def client_or_none() -> Client | None:
     return _client
 
 

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..exceptions import ClusterLostError, ObjectLostError
+
+if TYPE_CHECKING:
+    from .context import Client
 
 # How long the waiter waits before looking again when nothing came: it is woken by every
 # frame the client reads, so this only bounds how long it lingers.
@@ -24,7 +27,7 @@ _WAIT_S = 1.0
 class RefFutures:
     """The Futures handed out for one client's refs, and the thread that resolves them."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Client) -> None:
         self.client = client
         self.lock = threading.Lock()
         self.pending: dict[bytes, list[tuple[Future[Any], Any]]] = {}
@@ -85,7 +88,7 @@ class RefFutures:
                     fut.set_exception(exc)
 
 
-def _resolve(client: Any, fut: Future[Any], ref: Any) -> None:
+def _resolve(client: Client, fut: Future[Any], ref: Any) -> None:
     if not fut.set_running_or_notify_cancel():
         return   # the caller cancelled the Future: nothing to deliver
     try:
@@ -99,8 +102,8 @@ def _resolve(client: Any, fut: Future[Any], ref: Any) -> None:
 def future_of(ref: Any) -> Future[Any]:
     """A concurrent.futures.Future of ``ref``'s value (or error)."""
     from .context import client_or_none
-    client = ref._client
-    if client is not client_or_none():
+    client = client_or_none()
+    if client is None or ref._client is not client:
         # Waited for on a closed connection, it would never resolve.
         raise ObjectLostError(
             f"{ref!r} belongs to a session that was shut down; refs do not outlive "

@@ -26,7 +26,7 @@ import asyncio
 import inspect
 import threading
 import time
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .. import _ids
 from .._checks import is_int
@@ -34,6 +34,9 @@ from .._protocol import pb
 from .._protocol import wire as _wire
 from ..exceptions import GetTimeoutError
 from .object_ref import ObjectRef
+
+if TYPE_CHECKING:
+    from .context import Client
 
 NONE, DYNAMIC, STREAMING = 0, 1, 2
 MODES = {"dynamic": DYNAMIC, "streaming": STREAMING}
@@ -91,7 +94,7 @@ class Stream:
         self.items: dict[bytes, Any] = {}
         self.closed = False   # ended or dropped: release items as they come
 
-    def arrived(self, client: Any, oid: bytes, data: Any) -> None:
+    def arrived(self, client: Client, oid: bytes, data: Any) -> None:
         """An item was pushed here (reader thread, under the ref lock)."""
         if not self.closed:
             self.items[oid] = data
@@ -99,13 +102,13 @@ class Stream:
             client.refs.decr.append(oid)   # the head counted it for this process
 
 
-def close_stream(client: Any, tid: bytes) -> None:
+def close_stream(client: Client, tid: bytes) -> None:
     """Forget a stream whose call was never sent (its submit raised)."""
     with client.refs.lock:
         client.streams.pop(tid, None)
 
 
-def open_stream(client: Any, tid: bytes) -> Stream:
+def open_stream(client: Client, tid: bytes) -> Stream:
     """Register a stream before its call is sent (its items may come at once)."""
     st = Stream(tid)
     with client.refs.lock:
@@ -113,7 +116,7 @@ def open_stream(client: Any, tid: bytes) -> Stream:
     return st
 
 
-def _retire(client: Any, st: Stream) -> None:
+def _retire(client: Client, st: Stream) -> None:
     """The stream's generator ended or was dropped (under the ref lock): items not taken
     are released, now and as they come, for the next _KEEP_CLOSED streams' time."""
     st.closed = True
@@ -146,7 +149,7 @@ class ObjectRefGenerator(Generic[Y_co]):
     ``backpressure`` how many items may wait unread (0: no limit).
     """
 
-    def __init__(self, client: Any, stream: Stream, end: ObjectRef, backpressure: int) -> None:
+    def __init__(self, client: Client, stream: Stream, end: ObjectRef, backpressure: int) -> None:
         self._client = client
         self._stream = stream
         self._end = end
@@ -288,7 +291,7 @@ class ObjectRefGenerator(Generic[Y_co]):
         return f"ObjectRefGenerator({self._stream.tid.hex()}, {self._taken} taken)"
 
 
-def wait_with_generators(client: Any, items: list[Any], num_returns: int,
+def wait_with_generators(client: Client, items: list[Any], num_returns: int,
                          timeout: float | None) -> tuple[list[Any], list[Any]]:
     """orchestra.wait over refs and ObjectRefGenerators: a generator is ready when next()
     on it returns at once (an item is here, or the stream has ended)."""

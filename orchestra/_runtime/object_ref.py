@@ -6,7 +6,8 @@ its id in the value being serialized, so the object that contains it keeps it al
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from .._objects.serialization import note_contained_ref
 
@@ -18,6 +19,15 @@ if TYPE_CHECKING:
 # Covariant: a ref only hands its value out. (Generic adds nothing to making a ref:
 # typing.Generic has no __new__ since Python 3.9.)
 R_co = TypeVar("R_co", covariant=True)
+
+
+class RefCounter(Protocol):
+    """What a ref uses of the process's connection (CoreClient): its counts."""
+
+    @property
+    def add_ref(self) -> Callable[[bytes, bool], None]: ...
+    @property
+    def remove_ref(self) -> Callable[[bytes], None]: ...
 
 
 class ObjectRef(Generic[R_co]):
@@ -33,7 +43,7 @@ class ObjectRef(Generic[R_co]):
 
     __slots__ = ("_id", "_client", "__weakref__")
 
-    def __init__(self, object_id: bytes, client: Any, counted: bool = False) -> None:
+    def __init__(self, object_id: bytes, client: RefCounter, counted: bool = False) -> None:
         self._id = object_id
         self._client = client
         client.add_ref(object_id, counted)

@@ -21,7 +21,7 @@ drivers), Placer (placement.py: which node), PlacementGroups (groups.py), Stream
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .. import _ids
@@ -72,7 +72,7 @@ class SchedulerState:
         # The objects (ObjectDirectory owns the table; _scheduler/objects.py).
         self.directory = ObjectDirectory(self)
         self.objects: dict[bytes, Obj] = self.directory.objects
-        self.functions: dict[bytes, Any] = {}   # function id -> RegisterFunctionRequest
+        self.functions: dict[bytes, pb.RegisterFunctionRequest] = {}
         # Ready tasks by (-depth, resource shape): deeper tasks first, so the subtasks of
         # tasks blocked in get() run before more of their parents start (which would
         # block too, until no worker is left for anyone: a deadlock).
@@ -115,7 +115,7 @@ class SchedulerState:
         for _ in range(num_workers):
             self.worker_pool.start(node_id)
 
-    def client_connected(self, conn: int, hello: Any, node_id: int = 0) -> Client:
+    def client_connected(self, conn: int, hello: pb.Hello, node_id: int = 0) -> Client:
         c = Client(conn, hello.kind, hello.pid, node_id)
         c.namespace = hello.namespace
         self.clients[conn] = c
@@ -278,7 +278,7 @@ class SchedulerState:
                 t.deps.add(oid)
                 objects[oid].waiting_tasks.append(t)
 
-    def _rebuild(self, call: Any, retries_left: int, owner: int) -> None:
+    def _rebuild(self, call: pb.Call, retries_left: int, owner: int) -> None:
         """Run a finished task again: a result of it was lost with its node. Its returns
         still alive elsewhere keep their data (the new copies are freed)."""
         t = Task(call, owner)
@@ -289,11 +289,11 @@ class SchedulerState:
             self.deps_met(t)
 
     # ------------------------------------------------------------------ functions
-    def register_function(self, req: Any) -> None:
+    def register_function(self, req: pb.RegisterFunctionRequest) -> None:
         self.functions.setdefault(req.function_id, req)
 
     # ------------------------------------------------------------------ tasks
-    def submit(self, conn: int, call: Any) -> None:
+    def submit(self, conn: int, call: pb.Call) -> None:
         t = Task(call, conn)
         c = self.clients.get(conn)
         if c is not None and c.worker is not None and c.worker.queue:
@@ -316,7 +316,7 @@ class SchedulerState:
             elif not t.deps:
                 self.deps_met(t)
 
-    def create_actor(self, conn: int, call: Any) -> Any:
+    def create_actor(self, conn: int, call: pb.Call) -> pb.ActorSpec | None:
         """Raises ValueError when the actor's name is taken in its namespace; with
         get_if_exists, returns the live actor's spec instead (nothing is created).
         None: created."""
@@ -449,7 +449,7 @@ class SchedulerState:
             self._args_to(w.node_id, resolved)
         self.out.append(Send(w.conn, EXECUTE, pb.Execute(invoke=inv)))
 
-    def _args_to(self, node_id: int, resolved: Any) -> None:
+    def _args_to(self, node_id: int, resolved: Sequence[pb.ObjectData]) -> None:
         """Name the copies on the worker's node of its task's large arguments, and have
         the node pull those it lacks now (the worker asks for them once it runs)."""
         for i, data in enumerate(resolved):
@@ -461,7 +461,7 @@ class SchedulerState:
             else:
                 self.out.append(Pull(node_id, data.object_id))
 
-    def task_done(self, conn: int, msg: Any) -> None:
+    def task_done(self, conn: int, msg: pb.TaskDone) -> None:
         c = self.clients.get(conn)
         w = c.worker if c is not None else None
         t = self.tasks.get(msg.task_id)
@@ -509,7 +509,8 @@ class SchedulerState:
             self.worker_pool.count_call(w, t.call)
         self.after_worker_step(w, t)
 
-    def _keep_lineage(self, call: Any, retries_left: int, owner: int, returns: Any) -> None:
+    def _keep_lineage(self, call: pb.Call, retries_left: int, owner: int,
+                      returns: Sequence[pb.ObjectData]) -> None:
         """How to make a task's results in shared memory again (its node may die)."""
         for data in returns:
             if data.WhichOneof("data") == "segment":
@@ -661,15 +662,15 @@ class SchedulerState:
 
     # ------------------------------------------------------------------ objects
     # ------------------------------------------------------------------ generators
-    def generator_item(self, conn: int, msg: Any) -> None:
+    def generator_item(self, conn: int, msg: pb.GeneratorItem) -> None:
         """An item a streaming generator yielded (streams.py)."""
         self.streams.generator_item(conn, msg)
 
-    def generator_ack(self, msg: Any) -> None:
+    def generator_ack(self, msg: pb.GeneratorAck) -> None:
         """The consumer read ``msg.consumed`` items (streams.py)."""
         self.streams.generator_ack(msg)
 
-    def adopt_calls(self, conn: int, msg: Any) -> None:
+    def adopt_calls(self, conn: int, msg: pb.AdoptCalls) -> None:
         """Direct calls ``conn`` handed over when their connection closed (adoption.py)."""
         self.adoption.adopt_calls(conn, msg)
 
@@ -709,11 +710,11 @@ class SchedulerState:
         """A pending object held by ``conn`` (implied hold: no RefDelta for it)."""
         return self.directory.new_object(conn, oid)
 
-    def put(self, conn: int, data: Any) -> None:
+    def put(self, conn: int, data: pb.ObjectData) -> None:
         """``conn`` put an object (its data written already)."""
         self.directory.put(conn, data)
 
-    def put_for(self, conn: int, data: Any) -> None:
+    def put_for(self, conn: int, data: pb.ObjectData) -> None:
         """An object of ``conn`` made elsewhere: held for ``conn`` and pushed to it."""
         self.directory.put_for(conn, data)
 
@@ -721,7 +722,7 @@ class SchedulerState:
         """Results of ``conn``'s direct calls whose refs leave that process."""
         self.directory.register_pending(conn, ids)
 
-    def seal(self, oid: bytes, data: Any) -> None:
+    def seal(self, oid: bytes, data: pb.ObjectData) -> None:
         """The object ``oid`` is made: push it to its owner and subscribers."""
         self.directory.seal(oid, data)
 
@@ -729,15 +730,15 @@ class SchedulerState:
         """One count of ``oid`` is gone (freed at zero)."""
         self.directory.decr(oid)
 
-    def relocate(self, oid: bytes, segment: Any) -> bool:
+    def relocate(self, oid: bytes, segment: pb.Segment) -> bool:
         """The store spilled the object's segment to a file (False: not that object's)."""
         return self.directory.relocate(oid, segment)
 
-    def copy_on(self, oid: bytes, node_id: int) -> Any:
+    def copy_on(self, oid: bytes, node_id: int) -> pb.ObjectData | None:
         """The object's data as a reader on ``node_id`` maps it (None: pull it there)."""
         return self.directory.copy_on(oid, node_id)
 
-    def add_copy(self, oid: bytes, segment: Any) -> bool:
+    def add_copy(self, oid: bytes, segment: pb.Segment) -> bool:
         """A node pulled the object into its store (False: the object is gone)."""
         return self.directory.add_copy(oid, segment)
 

@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from typing import Any
 
 import cloudpickle
@@ -92,9 +93,9 @@ class _Cancelled(BaseException):
 
 class WorkerRuntime:
     def __init__(self, sock_path: str, worker_id: int) -> None:
-        self.queue: collections.deque[Any] = collections.deque()
+        self.queue: collections.deque[pb.InvokeCallRequest] = collections.deque()
         self.cond = threading.Condition()
-        self.functions: dict[bytes, Any] = {}
+        self.functions: dict[bytes, pb.RegisterFunctionRequest] = {}
         self.loaded: dict[bytes, Any] = {}
         self.running: bytes | None = None
         self.running_name = ""
@@ -103,7 +104,7 @@ class WorkerRuntime:
         self.block_depth = 0   # get()s blocked in (nested ones, and other threads' too)
         # Tasks the head handed the main thread while blocked in get() (EXECUTE_NESTED),
         # not started yet; the ids of the tasks blocked below the one running inline.
-        self.nested: collections.deque[Any] = collections.deque()
+        self.nested: collections.deque[pb.InvokeCallRequest] = collections.deque()
         self.outer: list[bytes] = []
         # Deeper than max_nested, a blocked get() lends its CPU instead.
         self.base_limit = sys.getrecursionlimit()
@@ -244,7 +245,7 @@ class WorkerRuntime:
         elif kind == _wire.GENERATOR_ACK:
             self.acks.ack(msg.task_id, msg.consumed)
 
-    def send_done(self, done: Any) -> None:
+    def send_done(self, done: pb.TaskDone) -> None:
         """Answer a call: to the head, or straight to the caller that sent it here. A
         result the caller cannot hold alone (in shared memory, or holding refs) goes
         through the head, which makes it the caller's object; the caller then hears
@@ -264,7 +265,7 @@ class WorkerRuntime:
             if self.holding:
                 self.holding.pop(done.task_id, None)
 
-    def _send_done(self, done: Any) -> None:
+    def _send_done(self, done: pb.TaskDone) -> None:
         route = self.reply_to.pop(done.task_id, None)
         client = self.client
         if route is None:
@@ -516,7 +517,7 @@ class WorkerRuntime:
                 self._unblock_to(0)
             self.send_done(done)
 
-    def _set_title(self, call: Any) -> None:
+    def _set_title(self, call: pb.Call | None) -> None:
         """The process title: what runs now (``call``), or idle (None). Set only when it
         changes: ~1 us each (_platform/proctitle.py)."""
         actor = self.actor
@@ -540,13 +541,13 @@ class WorkerRuntime:
             fn = self.loaded[fid] = cloudpickle.loads(req.pickled)
         return fn
 
-    def _execute(self, inv: Any) -> Any:
+    def _execute(self, inv: pb.InvokeCallRequest) -> pb.TaskDone:
         call = inv.call
         if call.HasField("runtime_env"):
             return self._execute_in_env(inv)
         return self._execute_plain(inv)
 
-    def _execute_in_env(self, inv: Any) -> Any:
+    def _execute_in_env(self, inv: pb.InvokeCallRequest) -> pb.TaskDone:
         """A call with runtime_env=: applied around it; an actor's constructor keeps it
         for the actor's life."""
         undo = _runtime_env.enter(inv.call.runtime_env)
@@ -556,7 +557,7 @@ class WorkerRuntime:
             if not inv.call.HasField("actor"):
                 undo()
 
-    def _execute_plain(self, inv: Any) -> Any:
+    def _execute_plain(self, inv: pb.InvokeCallRequest) -> pb.TaskDone:
         call = inv.call
         tid = call.task_id
         # An actor holds the GPUs given to its constructor for life (a call sent straight
@@ -586,7 +587,7 @@ class WorkerRuntime:
         _context.set_gpu_ids([int(p) if p.isdigit() else i
                               for p, i in zip(ids, gpu_ids, strict=True)])
 
-    def prepare(self, inv: Any) -> tuple[Any, list[Any], dict[str, Any]]:
+    def prepare(self, inv: pb.InvokeCallRequest) -> tuple[Any, list[Any], dict[str, Any]]:
         """The callable and decoded arguments of a task, constructor or actor method."""
         call = inv.call
         _set_call(call)   # get_runtime_context(): per thread and per coroutine
@@ -615,7 +616,7 @@ class WorkerRuntime:
             args = args[:-nk]
         return fn, args, kwargs
 
-    def finish(self, inv: Any, result: Any, produced: bool = False) -> Any:
+    def finish(self, inv: pb.InvokeCallRequest, result: Any, produced: bool = False) -> pb.TaskDone:
         """TaskDone carrying what a call returned. A generator call's generator runs
         here first (_worker/producer.py), unless ``produced`` already."""
         call = inv.call
@@ -653,7 +654,7 @@ class WorkerRuntime:
             self.holding[tid] = values
         return done
 
-    def failed(self, inv: Any, exc: BaseException) -> Any:
+    def failed(self, inv: pb.InvokeCallRequest, exc: BaseException) -> pb.TaskDone:
         """TaskDone carrying the error of user code (an ActorDiedError for a constructor)."""
         if isinstance(exc, ActorExitRequest) and self.actor is not None:
             return self._exit_actor(inv)
@@ -678,7 +679,7 @@ class WorkerRuntime:
                 pb.ObjectData(object_id=_ids.object_id(tid, i), error=dumps_exception(err))
                 for i in range(inv.call.num_returns)])
 
-    def _exit_actor(self, inv: Any) -> Any:
+    def _exit_actor(self, inv: pb.InvokeCallRequest) -> pb.TaskDone:
         """exit_actor() in a method: the head ends the actor for good (queued and later
         calls fail with why) and stops this process; the calling method's caller gets
         ActorDiedError (Ray's answer) here, or as a call in flight if the process ends
@@ -697,7 +698,7 @@ class WorkerRuntime:
             pb.ObjectData(object_id=_ids.object_id(tid, i), error=dumps_exception(err))
             for i in range(inv.call.num_returns)])
 
-    def _failed(self, inv: Any, exc: BaseException) -> Any:
+    def _failed(self, inv: pb.InvokeCallRequest, exc: BaseException) -> pb.TaskDone:
         call = inv.call
         tid = call.task_id
         oids = _ids.return_ids(tid, call.num_returns)
@@ -739,7 +740,7 @@ class WorkerRuntime:
         return pb.TaskDone(task_id=tid, user_error=True, not_retryable=not_retryable,
                            returns=[pb.ObjectData(object_id=o, error=blob) for o in oids])
 
-    def become_actor(self, spec: Any, instance: Any, gpu_ids: list[int],
+    def become_actor(self, spec: pb.ActorSpec, instance: Any, gpu_ids: list[int],
                      resources: dict[str, float]) -> None:
         """This worker now serves one actor for life."""
         self.actor = ActorRuntime(self, spec, instance, gpu_ids)
@@ -750,7 +751,7 @@ class WorkerRuntime:
         self.client.on_block = None
 
 
-    def _decode_args(self, call: Any, resolved: Any) -> list[Any]:
+    def _decode_args(self, call: pb.Call, resolved: Sequence[pb.ObjectData]) -> list[Any]:
         out: list[Any] = []
         try:
             failed = self._decode_into(out, call, resolved)
@@ -760,7 +761,8 @@ class WorkerRuntime:
             raise failed   # a dependency's error, as it is (it may be a DeserializationError)
         return out
 
-    def _decode_into(self, out: list[Any], call: Any, resolved: Any) -> BaseException | None:
+    def _decode_into(self, out: list[Any], call: pb.Call,
+                     resolved: Sequence[pb.ObjectData]) -> BaseException | None:
         """Append the decoded arguments to ``out``; the error of a failed dependency."""
         it = iter(resolved)
         for v in call.args:
