@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any, Protocol
 
 from .._node.node import Node
@@ -40,8 +41,10 @@ class Head(Protocol):
     events: StateQueries
     conns: dict[int, Any]
     loop: asyncio.AbstractEventLoop
+    local: Node | RemoteNode   # the node of the head's own machine
 
     def queue(self, conn: Any, data: bytes) -> None: ...
+    def watch_object(self, oid: bytes, fut: Future[pb.ObjectData]) -> None: ...
     def queue_if_open(self, conn: Any, data: bytes) -> None: ...
     def carry_out(self) -> None: ...
     def request(self, conn: Any, req: pb.Request) -> None: ...

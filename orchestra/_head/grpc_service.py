@@ -14,17 +14,24 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from .. import _ids
 from .._protocol import pb
+
+if TYPE_CHECKING:
+    import grpc
+
+    from .frames import Head
+
+T = TypeVar("T")
 
 GRPC_CONN = 0
 _RPC_TIMEOUT_S = 30.0
 
 
-def start(head: Any, path: str) -> Any:
+def start(head: Head, path: str) -> grpc.Server:
     """Start the gRPC server; returns it (call .stop(grace) to end it)."""
     import grpc
 
@@ -40,10 +47,10 @@ def start(head: Any, path: str) -> Any:
     return server
 
 
-def _on_loop(head: Any, fn: Callable[[], Any], context: Any) -> Any:
+def _on_loop(head: Head, fn: Callable[[], T], context: grpc.ServicerContext) -> T:
     """Run ``fn`` on the head's loop thread and return its result (or abort the RPC)."""
     import grpc
-    fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    fut: concurrent.futures.Future[T] = concurrent.futures.Future()
 
     def run() -> None:
         try:
@@ -59,33 +66,34 @@ def _on_loop(head: Any, fn: Callable[[], Any], context: Any) -> Any:
         context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the head did not answer within 30 s")
     except ValueError as exc:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-    return None
+    raise AssertionError("context.abort() raises")
 
 
 class _Scheduler:
-    def __init__(self, head: Any) -> None:
+    def __init__(self, head: Head) -> None:
         self.head = head
 
-    def _unimplemented(self, context: Any, what: str) -> None:
+    def _unimplemented(self, context: grpc.ServicerContext, what: str) -> NoReturn:
         import grpc
         context.abort(grpc.StatusCode.UNIMPLEMENTED,
                       f"{what}: this cluster has one node; workers and the store connect "
                       "through the head's unix socket")
+        raise AssertionError("context.abort() raises")
 
-    def RegisterWorker(self, request: Any, context: Any) -> Any:
+    def RegisterWorker(self, request: pb.RegisterWorkerRequest, context: grpc.ServicerContext) -> pb.RegisterWorkerReply:
         self._unimplemented(context, "RegisterWorker")
 
-    def RegisterObjStore(self, request: Any, context: Any) -> Any:
+    def RegisterObjStore(self, request: pb.RegisterObjStoreRequest, context: grpc.ServicerContext) -> pb.RegisterObjStoreReply:
         self._unimplemented(context, "RegisterObjStore")
 
-    def RegisterFunction(self, request: Any, context: Any) -> Any:
+    def RegisterFunction(self, request: pb.RegisterFunctionRequest, context: grpc.ServicerContext) -> pb.AckReply:
         if not request.function_id or not request.pickled:
             import grpc
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "function_id and pickled are required")
         _on_loop(self.head, lambda: self.head.state.register_function(request), context)
         return pb.AckReply()
 
-    def RemoteCall(self, request: Any, context: Any) -> Any:
+    def RemoteCall(self, request: pb.RemoteCallRequest, context: grpc.ServicerContext) -> pb.RemoteCallReply:
         call = request.call
         state = self.head.state
         if call.function_id not in state.functions:
@@ -98,15 +106,15 @@ class _Scheduler:
         _on_loop(self.head, lambda: state.submit(GRPC_CONN, call), context)
         return pb.RemoteCallReply(result=_ids.return_ids(call.task_id, call.num_returns))
 
-    def IncrementCount(self, request: Any, context: Any) -> Any:
+    def IncrementCount(self, request: pb.ChangeCountRequest, context: grpc.ServicerContext) -> pb.AckReply:
         _on_loop(self.head, lambda: self.head.state.ref_delta(GRPC_CONN, request.objref, []), context)
         return pb.AckReply()
 
-    def DecrementCount(self, request: Any, context: Any) -> Any:
+    def DecrementCount(self, request: pb.ChangeCountRequest, context: grpc.ServicerContext) -> pb.AckReply:
         _on_loop(self.head, lambda: self.head.state.ref_delta(GRPC_CONN, [], request.objref), context)
         return pb.AckReply()
 
-    def PushObj(self, request: Any, context: Any) -> Any:
+    def PushObj(self, request: pb.PushObjRequest, context: grpc.ServicerContext) -> pb.PushObjReply:
         obj = request.obj
         if obj.WhichOneof("data") != "inline" or len(obj.object_id) != 16:
             import grpc
@@ -115,9 +123,9 @@ class _Scheduler:
         _on_loop(self.head, lambda: self.head.state.put(GRPC_CONN, obj), context)
         return pb.PushObjReply(objref=obj.object_id)
 
-    def RequestObj(self, request: Any, context: Any) -> Any:
+    def RequestObj(self, request: pb.RequestObjRequest, context: grpc.ServicerContext) -> pb.ObjectData | None:
         import grpc
-        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        fut: concurrent.futures.Future[pb.ObjectData] = concurrent.futures.Future()
         _on_loop(self.head, lambda: self.head.watch_object(request.objref, fut), context)
         try:
             return fut.result(timeout=request.timeout_s or None)
@@ -126,30 +134,33 @@ class _Scheduler:
                           f"object {request.objref.hex()} not ready within {request.timeout_s:g} s")
         return None
 
-    def ObjReady(self, request: Any, context: Any) -> Any:
+    def ObjReady(self, request: pb.ObjReadyRequest, context: grpc.ServicerContext) -> pb.AckReply:
         self._unimplemented(context, "ObjReady")
 
-    def WorkerReady(self, request: Any, context: Any) -> Any:
+    def WorkerReady(self, request: pb.WorkerReadyRequest, context: grpc.ServicerContext) -> pb.AckReply:
         return pb.AckReply()
 
-    def SchedulerDebugInfo(self, request: Any, context: Any) -> Any:
+    def SchedulerDebugInfo(self, request: pb.SchedulerDebugInfoRequest, context: grpc.ServicerContext) -> pb.SchedulerDebugInfoReply:
         return _on_loop(self.head, self.head.debug_info, context)
 
 
 class _ObjStore:
-    def __init__(self, head: Any) -> None:
+    def __init__(self, head: Head) -> None:
         self.head = head
 
-    def DeliverObj(self, request: Any, context: Any) -> Any:
+    def DeliverObj(self, request: pb.DeliverObjRequest, context: grpc.ServicerContext) -> pb.AckReply:
         import grpc
         context.abort(grpc.StatusCode.UNIMPLEMENTED, "DeliverObj: this cluster has one node")
+        raise AssertionError("context.abort() raises")
 
-    def StreamObj(self, request_iterator: Any, context: Any) -> Any:
+    def StreamObj(self, request_iterator: Iterator[pb.ObjChunk],
+                  context: grpc.ServicerContext) -> pb.AckReply:
         import grpc
         context.abort(grpc.StatusCode.UNIMPLEMENTED, "StreamObj: this cluster has one node")
+        raise AssertionError("context.abort() raises")
 
-    def ObjStoreDebugInfo(self, request: Any, context: Any) -> Any:
-        def info() -> Any:
+    def ObjStoreDebugInfo(self, request: pb.ObjStoreDebugInfoRequest, context: grpc.ServicerContext) -> pb.ObjStoreDebugInfoReply:
+        def info() -> pb.ObjStoreDebugInfoReply:
             node = self.head.local   # the node of the head's own machine
             reply = node.store_info()
             for oid, o in self.head.state.objects.items():

@@ -31,11 +31,16 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
 from ..exceptions import DeserializationError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+    import pyarrow as pa
 
 ALIGN = 64
 STREAM_MAGIC = b"\xff\xff\xff\xff"   # an Arrow IPC message's continuation marker
@@ -93,7 +98,7 @@ class PickledValue(Serialized):
         self.pickled = pickled
         self.buffers = buffers
         self.contained = contained
-        self._plan: tuple[Any, list[Any], int] | None = None
+        self._plan: tuple[pa.Schema, list[pa.Array], int] | None = None
         self.size = self.stream_size() if buffers else len(pickled)
 
     def to_bytes(self) -> bytes:
@@ -117,7 +122,7 @@ class PickledValue(Serialized):
                                f"{total} were planned: pyarrow {pa.__version__} lays out "
                                "IPC streams differently; orchestra needs an update for it")
 
-    def _layout(self) -> tuple[Any, list[Any], int]:
+    def _layout(self) -> tuple[pa.Schema, list[pa.Array], int]:
         """(schema, columns, stream size): each buffer 64-byte aligned in the stream and,
         from 64 KiB, at its source's offset within a page (rounded down to 64 bytes)."""
         if self._plan is not None:
@@ -146,7 +151,7 @@ class ArrowValue(Serialized):
 
     __slots__ = ("data",)
 
-    def __init__(self, data: Any, kind: bytes) -> None:
+    def __init__(self, data: pa.Table | pa.RecordBatch, kind: bytes) -> None:
         import pyarrow as pa
         meta = dict(data.schema.metadata or {})
         meta[KIND] = kind
@@ -167,7 +172,7 @@ class ArrowValue(Serialized):
             self.data = data.replace_schema_metadata(meta)
             self.size += self.data.schema.serialize().size - before
 
-    def _write(self, sink: Any) -> None:
+    def _write(self, sink: pa.NativeFile) -> None:
         import pyarrow as pa
         with pa.ipc.new_stream(sink, self.data.schema) as writer:
             if isinstance(self.data, pa.RecordBatch):
@@ -198,7 +203,7 @@ class _DryRun:
         self.large: list[tuple[int, int, int]] = []   # (position, source address, bytes)
         self.closed = False
 
-    def write(self, data: Any) -> None:
+    def write(self, data: bytes | memoryview | pa.Buffer) -> None:
         n = len(data)
         if n >= _OUT_OF_BAND_MIN and hasattr(data, "address"):
             self.large.append((self.pos, data.address, n))
@@ -227,7 +232,7 @@ class _DryRun:
         return self.pos
 
 
-def _pad_for(schema: Any, shift: int) -> bytes:
+def _pad_for(schema: pa.Schema, shift: int) -> bytes:
     """A value for the schema's padding key that makes its message ``shift`` bytes
     longer, modulo a page (flatbuffers round strings up: a few lengths are tried)."""
     base = schema.serialize().size
@@ -239,17 +244,17 @@ def _pad_for(schema: Any, shift: int) -> bytes:
 
 
 _ZEROS = bytes(_PAGE)
-_SCHEMAS: dict[int, tuple[Any, int]] = {}
+_SCHEMAS: dict[int, tuple[pa.Schema, int]] = {}
 
 
-def _one_value(data: Any) -> Any:
+def _one_value(data: pa.Buffer) -> pa.Array:
     """A large_binary array of one value: ``data`` (a pyarrow Buffer), not copied."""
     import pyarrow as pa
     offsets = pa.py_buffer(_OFFSETS_OF.pack(0, data.size))
     return pa.Array.from_buffers(pa.large_binary(), 1, [None, offsets, data])
 
 
-def _pickle_schema(n: int) -> tuple[Any, int]:
+def _pickle_schema(n: int) -> tuple[pa.Schema, int]:
     """The schema of a pickle5 stream with ``n`` buffers, and where its body starts
     (the bytes of the schema message and of the batch's metadata): the same for every
     stream with ``n`` buffers, so it is measured once, on empty values."""
@@ -334,7 +339,7 @@ def _as_arrow(value: Any) -> ArrowValue | None:
     return None
 
 
-def _frame_as_table(df: Any) -> Any:
+def _frame_as_table(df: pd.DataFrame) -> pa.Table:
     """The DataFrame as an Arrow table when it comes back from one exactly (dtypes,
     index, column names); None otherwise (it is pickled instead)."""
     import pandas as pd
@@ -368,7 +373,7 @@ def _frame_as_table(df: Any) -> Any:
             return None
 
 
-def _column_array(values: Any) -> Any:
+def _column_array(values: pd.Series | pd.Index) -> pa.Array:
     """A Series or Index as Arrow data: numpy numbers without a copy (booleans are
     packed into bits), Arrow-backed ones as they are."""
     import numpy as np
@@ -378,7 +383,7 @@ def _column_array(values: Any) -> Any:
     return pa.array(values)
 
 
-def _lossless(dtype: Any) -> bool:
+def _lossless(dtype: np.dtype | pd.api.extensions.ExtensionDtype) -> bool:
     """A column dtype that comes back from Arrow as it was: numpy booleans and numbers
     in native byte order (not float16), and pandas' Arrow-backed dtypes (ArrowDtype,
     and strings stored in Arrow: pandas 3's default ``str``)."""
@@ -422,7 +427,8 @@ class Parsed:
 
     __slots__ = ("kind", "data", "what")
 
-    def __init__(self, kind: bytes | None, data: Any, what: str) -> None:
+    def __init__(self, kind: bytes | None, data: list[memoryview] | pa.Table | pa.RecordBatch,
+                 what: str) -> None:
         self.kind = kind   # orchestra.kind
         self.data = data   # pickle5: [pickle, pad0, buffer0, ...]; else the table or batch
         self.what = what
@@ -436,7 +442,7 @@ class Parsed:
             raise deserialization_error(exc, self.what, "this process") from exc
 
 
-_SCHEMA_CACHE: dict[bytes, Any] = {}
+_SCHEMA_CACHE: dict[bytes, pa.Schema] = {}
 
 
 def parse(view: memoryview, what: str) -> Parsed:
@@ -462,8 +468,8 @@ def parse(view: memoryview, what: str) -> Parsed:
             "were changed after it was written: put it again.") from exc
 
 
-def _read_batches(buf: Any, reader: Any, schema: Any, meta: dict[bytes, bytes],
-                  kind: bytes | None) -> Any:
+def _read_batches(buf: pa.Buffer, reader: pa.BufferReader, schema: pa.Schema,
+                  meta: dict[bytes, bytes], kind: bytes | None) -> pa.Table | pa.RecordBatch:
     """The table (the batch, for a record_batch stream) after the schema message, with
     the schema's metadata less orchestra's own keys. Message by message: pyarrow's
     stream reader costs ~50 us more in Python around it; it reads streams with
@@ -492,7 +498,7 @@ def _read_batches(buf: Any, reader: Any, schema: Any, meta: dict[bytes, bytes],
     return pa.Table.from_batches(batches, schema=clean)
 
 
-def _value_of(column: Any) -> memoryview:
+def _value_of(column: pa.Array) -> memoryview:
     """The one value of a large_binary column, a view of the stream's bytes (a scalar's
     as_buffer() would copy it)."""
     _, offsets, data = column.buffers()
@@ -500,7 +506,7 @@ def _value_of(column: Any) -> memoryview:
     return memoryview(data)[start:end] if data is not None else memoryview(b"")
 
 
-def _schema(message: Any) -> Any:
+def _schema(message: pa.ipc.Message) -> pa.Schema:
     """The schema of a schema message; pickle5 schemas are parsed once per process."""
     import pyarrow as pa
     key = message.metadata.to_pybytes()
@@ -512,7 +518,7 @@ def _schema(message: Any) -> Any:
     return schema
 
 
-def _from_table(table: Any, kind: bytes | None) -> Any:
+def _from_table(table: pa.Table | pa.RecordBatch, kind: bytes | None) -> Any:
     """The value a table (or record batch) read from a stream stands for; a stream of
     another writer: the table itself."""
     import pyarrow as pa

@@ -55,7 +55,7 @@ class Call:
         self.fid = b""            # a task's function id
         self.rids = rids
         self.name = name
-        self.peer: Any = None     # the connection it went on
+        self.peer: Any = None     # the connection it went on (direct.Peer)
 
 
 class Loan:
@@ -68,7 +68,7 @@ class Loan:
         self.worker_id = worker_id
         self.pid = pid
         self.shape = shape
-        self.peer: Any = None
+        self.peer: Any = None   # direct.Peer, once known
         self.inflight: dict[bytes, Call] = {}   # in the order sent: the first one runs
         self.recalled = False     # the head wants it back
         self.blocked = False      # its running task waits in get(): send nothing more
@@ -96,7 +96,7 @@ class ActorRoute:
     def __init__(self, actor_id: bytes) -> None:
         self.actor_id = actor_id
         self.lock = threading.Lock()
-        self.peer: Any = None
+        self.peer: Any = None   # direct.Peer, once known
         self.via_head = 0
         self.dispatched = 0
         self.stale: set[int] = set()   # worker ids of processes not to call any more
@@ -116,13 +116,13 @@ class Plan:
     __slots__ = ("sends", "failed", "resubmit", "missing")
 
     def __init__(self) -> None:
-        self.sends: dict[Any, list[tuple[Call, list[Any]]]] = {}
-        self.failed: list[tuple[Call, Any]] = []
+        self.sends: dict[Any, list[tuple[Call, list[pb.ObjectData]]]] = {}   # route or loan ->
+        self.failed: list[tuple[Call, pb.ObjectData]] = []
         self.resubmit: list[Call] = []
         self.missing: list[bytes] = []
 
 
-def _failed_argument(resolved: Sequence[Any]) -> Any:
+def _failed_argument(resolved: Sequence[pb.ObjectData]) -> pb.ObjectData | None:
     """The error ObjectData among a call's resolved arguments, if any: the call fails
     with it unsent (as through the head: it does not run)."""
     for d in resolved:
@@ -131,16 +131,16 @@ def _failed_argument(resolved: Sequence[Any]) -> Any:
     return None
 
 
-def _sent(c: Call, peer: Any, resolved: Sequence[Any]) -> None:
+def _sent(c: Call, peer: Any, resolved: Sequence[pb.ObjectData]) -> None:
     c.peer = peer
     c.release = bool(c.hold) or any(d.WhichOneof("data") == "segment" for d in resolved)
 
 
-def plan_route(route: ActorRoute, results: dict[bytes, Any]) -> Plan:
+def plan_route(route: ActorRoute, results: dict[bytes, pb.ObjectData]) -> Plan:
     """Take the route's queued calls, in order, while their ref arguments are here."""
     plan = Plan()
     q = route.queue
-    sends: list[tuple[Call, list[Any]]] = []
+    sends: list[tuple[Call, list[pb.ObjectData]]] = []
     while q:
         c = q[0]
         resolved = []
@@ -169,7 +169,7 @@ def plan_route(route: ActorRoute, results: dict[bytes, Any]) -> Plan:
 
 
 def plan_loans(queue: collections.deque[Call], loans: Sequence[Loan],
-               results: dict[bytes, Any], now: float) -> Plan:
+               results: dict[bytes, pb.ObjectData], now: float) -> Plan:
     """Spread queued tasks over the least busy lent workers (at most LOAN_DEPTH each);
     a task whose argument is not here goes through the head, and so does every queued
     task when no lent worker can take one (all recalled or blocked)."""
@@ -180,9 +180,9 @@ def plan_loans(queue: collections.deque[Call], loans: Sequence[Loan],
         if load(best) >= LOAN_DEPTH:
             break
         c = queue.popleft()
-        resolved: list[Any] = []
+        resolved: list[pb.ObjectData] = []
         if c.args:
-            maybe = [results.get(r._id) for r in c.args]
+            maybe: list[Any] = [results.get(r._id) for r in c.args]   # all there: none None
             if any(d is None for d in maybe):
                 plan.resubmit.append(c)
                 continue
@@ -264,9 +264,10 @@ class ResultBook:
             return False
         return None
 
-    def escape(self, ids: Iterable[bytes], results: dict[bytes, Any]) -> tuple[list[Any], list[bytes]]:
+    def escape(self, ids: Iterable[bytes],
+               results: dict[bytes, pb.ObjectData]) -> tuple[list[pb.ObjectData], list[bytes]]:
         """Refs leave this process: (data to put, ids to register as pending)."""
-        puts: list[Any] = []
+        puts: list[pb.ObjectData] = []
         pending: list[bytes] = []
         unregistered = self.unregistered
         for oid in ids:
@@ -304,12 +305,13 @@ class ResultBook:
                     decr.append(rid)
         return decr
 
-    def answered(self, c: Call, msg: Any, local: dict[bytes, int], results: dict[bytes, Any],
-                 cancelled_error: Callable[[str], bytes]) -> tuple[list[Any], list[bytes]]:
+    def answered(self, c: Call, msg: pb.TaskDone, local: dict[bytes, int],
+                 results: dict[bytes, pb.ObjectData], cancelled_error: Callable[[str], bytes],
+                 ) -> tuple[list[pb.ObjectData], list[bytes]]:
         """The callee answered ``c`` (``msg``: TaskDone). Returns (data to forward to the
         head, ids to release). Results kept here land in ``results``; a cancelled call's
         returns hold ``cancelled_error(call name)``."""
-        forward: list[Any] = []
+        forward: list[pb.ObjectData] = []
         decr: list[bytes] = []
         if msg.owner:
             # Answered through the head (in shared memory, or holding refs): the head
@@ -367,7 +369,7 @@ class ResultBook:
             self.released_early.add(tid)
         return c
 
-    def peer_lost(self, peer: Any) -> list[Call]:
+    def peer_lost(self, peer: object) -> list[Call]:
         """The callee's process is gone, and what it kept of arguments with it."""
         gone = [c for c in self.releasing.values() if c.peer is peer]
         for c in gone:
