@@ -25,8 +25,20 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+    import pyarrow as pa
+
+
+class RemoteFn(Protocol):
+    """A remote function of the framework under test (orchestra's or Ray's)."""
+
+    remote: Callable[..., Any]
 
 MiB = 1 << 20
 
@@ -132,11 +144,11 @@ def run_framework(name: str, quick: bool) -> dict[str, Any]:
     res["first_task_s"] = time.perf_counter() - t
 
     @fw.remote
-    def size_of(a: Any) -> int:
+    def size_of(a: np.ndarray) -> int:
         return int(a.nbytes)
 
     @fw.remote
-    def checksum(a: Any) -> float:
+    def checksum(a: np.ndarray) -> float:
         return float(a[:: 4096].sum())
 
     @fw.remote
@@ -188,12 +200,12 @@ def run_framework(name: str, quick: bool) -> dict[str, Any]:
     return res
 
 
-def _wait_all(fw: Any, refs: list[Any]) -> float:
+def _wait_all(fw: ModuleType, refs: list[Any]) -> float:
     fw.get(refs)
     return _lat(lambda: fw.wait(refs, num_returns=len(refs)), 50, 5)["median_us"]
 
 
-def _large_object(fw: Any, big: int, checksum: Any) -> dict[str, float]:
+def _large_object(fw: ModuleType, big: int, checksum: RemoteFn) -> dict[str, float]:
     import numpy as np
     data = np.random.default_rng(0).random(big // 8)
     out = {}
@@ -207,7 +219,7 @@ def _large_object(fw: Any, big: int, checksum: Any) -> dict[str, float]:
     return out
 
 
-def _fresh_puts(fw: Any, value: Any) -> tuple[Any, list[float], list[float], list[int]]:
+def _fresh_puts(fw: ModuleType, value: Any) -> tuple[Any, list[float], list[float], list[int]]:
     """Three fresh puts of value, each into the memory the last one freed and read at
     once: (the last ref, put times, first-get times, the driver's RSS growth per get)."""
     puts, gets, growth = [], [], []
@@ -233,7 +245,7 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _columnar(fw: Any, quick: bool) -> dict[str, float]:
+def _columnar(fw: ModuleType, quick: bool) -> dict[str, float]:
     """A 1 GiB Arrow table (8 float64 columns) and a 10-million-row DataFrame (10 numeric
     columns): put, a first get of each fresh put with the driver's RSS growth over it,
     and a task summing one column."""
@@ -242,12 +254,12 @@ def _columnar(fw: Any, quick: bool) -> dict[str, float]:
     import pyarrow as pa
 
     @fw.remote
-    def table_sum(t: Any) -> float:
+    def table_sum(t: pa.Table) -> float:
         import pyarrow.compute as pc
         return float(pc.sum(t.column("c0")).as_py())
 
     @fw.remote
-    def frame_sum(df: Any) -> float:
+    def frame_sum(df: pd.DataFrame) -> float:
         return float(df["c0"].sum())
 
     rows = (1 << 17) if quick else (1 << 24)
@@ -274,7 +286,7 @@ def _columnar(fw: Any, quick: bool) -> dict[str, float]:
     return out
 
 
-def _actor_workloads(fw: Any, scale: float) -> dict[str, Any]:
+def _actor_workloads(fw: ModuleType, scale: float) -> dict[str, Any]:
     out: dict[str, Any] = {}
 
     class Counter:
@@ -308,13 +320,13 @@ def _actor_workloads(fw: Any, scale: float) -> dict[str, Any]:
     return out
 
 
-def _stream_workloads(fw: Any, scale: float) -> dict[str, float]:
+def _stream_workloads(fw: ModuleType, scale: float) -> dict[str, float]:
     """A streaming generator task of small items, read as they come: items/s (each
     item's ref taken and its value read), and the time from .remote() to the first
     item's value in hand. The best of a few runs (one is ~0.5 s)."""
 
     @fw.remote
-    def items(n: int) -> Any:
+    def items(n: int) -> Iterator[int]:
         for i in range(n):  # noqa: UP028 - Ray's generator tasks fail on `yield from range()`
             yield i
 
@@ -332,7 +344,7 @@ def _stream_workloads(fw: Any, scale: float) -> dict[str, float]:
     return {"stream_items_per_s": max(rate), "stream_first_item_ms": min(first_ms)}
 
 
-def _util_workloads(name: str, fw: Any, scale: float) -> dict[str, Any]:
+def _util_workloads(name: str, fw: ModuleType, scale: float) -> dict[str, Any]:
     """ActorPool.map over small items with 2 actors, and Queue put+get round trips
     (``<framework>.util.ActorPool``, ``<framework>.util.queue.Queue``: Ray's names)."""
     out: dict[str, Any] = {}
@@ -393,7 +405,7 @@ def _pool_noop() -> None:
     return None
 
 
-def _pool_nbytes(a: Any) -> int:
+def _pool_nbytes(a: np.ndarray) -> int:
     return int(a.nbytes)
 
 
@@ -462,7 +474,7 @@ def node_rows(results: list[dict[str, Any]]) -> list[tuple[str, str, bool]]:
     return [(k, label.format(n1=n - 1, mib=f"{mib:g}"), hb) for k, label, hb in NODE_ROWS]
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: object) -> str:
     if isinstance(v, float):
         return f"{v:,.3f}" if v < 10 else f"{v:,.0f}"
     return str(v) if v is not None else "-"

@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from .._checks import is_number
+from .._runtime import context as _context
 from .._runtime.object_ref import ObjectRef
 from ..exceptions import ObjectLostError
 
@@ -24,7 +25,7 @@ def check_timeout(timeout: float | None) -> float | None:
     return None if math.isinf(timeout) else timeout
 
 
-def check_session(ref: ObjectRef[Any], client: Any) -> None:
+def check_session(ref: ObjectRef[Any], client: _context.Client | None) -> None:
     """ObjectLostError for a ref of a session that was shut down."""
     # A ref made before shutdown() names an object the new session never had: its
     # value was never pushed here, and get() waited forever (or until its timeout).

@@ -151,7 +151,7 @@ def remove_placement_group(placement_group: PlacementGroup) -> None:
     _context.current_client().request(pb.Request(remove_placement_group=placement_group.id))
 
 
-def _from_info(info: Any) -> PlacementGroup:
+def _from_info(info: pb.PlacementGroupInfo) -> PlacementGroup:
     return PlacementGroup(info.spec.group_id, [dict(b.resources) for b in info.spec.bundles])
 
 
@@ -176,7 +176,7 @@ def placement_group_table(placement_group: PlacementGroup | None = None) -> dict
     return rows
 
 
-def _row(info: Any) -> dict[str, Any]:
+def _row(info: pb.PlacementGroupInfo) -> dict[str, Any]:
     spec = info.spec
     return {
         "placement_group_id": spec.group_id.hex(),

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import takewhile
 from typing import Any, TypeVar
 
+from .._protocol import pb
 from .._runtime import context as _context
 from .._runtime.generators import ObjectRefGenerator, wait_with_generators
 from .._runtime.object_ref import ObjectRef
@@ -74,11 +75,12 @@ def as_completed(refs: Iterable[ObjectRef[R]], timeout: float | None = None, *,
     return _yield_completed(client, pending, timeout, deadline, desc)
 
 
-def _yield_completed(client: Any, pending: dict[bytes, ObjectRef[R]], timeout: float | None,
-                     deadline: float | None, desc: str | None) -> Iterator[ObjectRef[R]]:
+def _yield_completed(client: _context.Client | None, pending: dict[bytes, ObjectRef[R]],
+                     timeout: float | None, deadline: float | None,
+                     desc: str | None) -> Iterator[ObjectRef[R]]:
     """as_completed's generator: the bar is made at the first next(), closed at the end
-    (or when the caller drops the iterator)."""
-    if not pending:
+    (or when the caller drops the iterator). ``client``: None with no refs."""
+    if not pending or client is None:
         return
     total = len(pending)
     bar = open_bar(desc, total)
@@ -97,7 +99,7 @@ def _yield_completed(client: Any, pending: dict[bytes, ObjectRef[R]], timeout: f
             bar.close()
 
 
-def ready_batches(client: Any, pending: dict[Any, Any], is_ready: Callable[[Any], bool] | None,
+def ready_batches(client: _context.Client, pending: dict[Any, Any], is_ready: Callable[[Any], bool] | None,
                   deadline: float | None) -> Iterator[list[Any]]:
     """Lists of the values of ``pending`` whose keys are ready, as they become ready;
     each key is taken out of ``pending`` as its value is yielded. Ends when ``pending``
@@ -146,7 +148,7 @@ class Arrivals:
     it). The first look, a mark that was removed (its ref freed), and every
     ``_FULL_SCAN_S`` scan all of ``pending`` instead."""
 
-    def __init__(self, results: dict[bytes, Any], pending: dict[bytes, Any]) -> None:
+    def __init__(self, results: dict[bytes, pb.ObjectData], pending: dict[bytes, Any]) -> None:
         self.results = results
         self.pending = pending
         self.found: dict[bytes, None] = {}   # ready keys not taken yet, in arrival order
@@ -183,7 +185,7 @@ class Arrivals:
 
 # ------------------------------------------------------------------ get / wait with a bar
 
-def get_with_progress(client: Any, refs: Sequence[ObjectRef[Any]], timeout: float | None,
+def get_with_progress(client: _context.Client, refs: Sequence[ObjectRef[Any]], timeout: float | None,
                       progress: bool | str) -> list[Any]:
     """get(refs, progress=...): the values in order, counting refs on a bar as their
     values come (a ref given twice counts twice)."""
@@ -208,7 +210,7 @@ def get_with_progress(client: Any, refs: Sequence[ObjectRef[Any]], timeout: floa
     return list(client.get_many(refs, None))
 
 
-def wait_with_progress(client: Any, refs: list[Any], num_returns: int, timeout: float | None,
+def wait_with_progress(client: _context.Client, refs: list[Any], num_returns: int, timeout: float | None,
                        progress: bool | str, streams: bool) -> tuple[list[Any], list[Any]]:
     """wait(refs, num_returns=k, progress=...): a bar of k, counting refs (and
     ObjectRefGenerators with an item ready) as they become ready."""
@@ -237,7 +239,7 @@ def wait_with_progress(client: Any, refs: list[Any], num_returns: int, timeout: 
     return out
 
 
-def _ref_or_stream_ready(results: dict[bytes, Any]) -> Callable[[Any], bool]:
+def _ref_or_stream_ready(results: dict[bytes, pb.ObjectData]) -> Callable[[Any], bool]:
     def is_ready(key: Any) -> bool:
         if type(key) is bytes:
             return key in results

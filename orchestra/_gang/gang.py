@@ -115,7 +115,7 @@ def _resolve_options(cls: Any, num_gpus: float | None, num_cpus: float | None,
 
 
 def _plan_nodes(size: int, options: Mapping[str, Any], spread: bool,
-                client: Any) -> list[str | None]:
+                client: _context.Client) -> list[str | None]:
     """Which node each member should go to, by the nodes' free resources now: filling
     one node before the next (the driver's node first), or dealt out in turn (spread).
     None: no node has room for it now (it goes wherever it fits when it does)."""

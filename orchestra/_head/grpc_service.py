@@ -15,7 +15,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from .. import _ids
 from .._protocol import pb
@@ -80,13 +80,16 @@ class _Scheduler:
                       "through the head's unix socket")
         raise AssertionError("context.abort() raises")
 
-    def RegisterWorker(self, request: pb.RegisterWorkerRequest, context: grpc.ServicerContext) -> pb.RegisterWorkerReply:
+    def RegisterWorker(self, request: pb.RegisterWorkerRequest,
+                       context: grpc.ServicerContext) -> pb.RegisterWorkerReply:
         self._unimplemented(context, "RegisterWorker")
 
-    def RegisterObjStore(self, request: pb.RegisterObjStoreRequest, context: grpc.ServicerContext) -> pb.RegisterObjStoreReply:
+    def RegisterObjStore(self, request: pb.RegisterObjStoreRequest,
+                         context: grpc.ServicerContext) -> pb.RegisterObjStoreReply:
         self._unimplemented(context, "RegisterObjStore")
 
-    def RegisterFunction(self, request: pb.RegisterFunctionRequest, context: grpc.ServicerContext) -> pb.AckReply:
+    def RegisterFunction(self, request: pb.RegisterFunctionRequest,
+                         context: grpc.ServicerContext) -> pb.AckReply:
         if not request.function_id or not request.pickled:
             import grpc
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "function_id and pickled are required")
@@ -123,7 +126,8 @@ class _Scheduler:
         _on_loop(self.head, lambda: self.head.state.put(GRPC_CONN, obj), context)
         return pb.PushObjReply(objref=obj.object_id)
 
-    def RequestObj(self, request: pb.RequestObjRequest, context: grpc.ServicerContext) -> pb.ObjectData | None:
+    def RequestObj(self, request: pb.RequestObjRequest,
+                   context: grpc.ServicerContext) -> pb.ObjectData | None:
         import grpc
         fut: concurrent.futures.Future[pb.ObjectData] = concurrent.futures.Future()
         _on_loop(self.head, lambda: self.head.watch_object(request.objref, fut), context)
@@ -140,7 +144,8 @@ class _Scheduler:
     def WorkerReady(self, request: pb.WorkerReadyRequest, context: grpc.ServicerContext) -> pb.AckReply:
         return pb.AckReply()
 
-    def SchedulerDebugInfo(self, request: pb.SchedulerDebugInfoRequest, context: grpc.ServicerContext) -> pb.SchedulerDebugInfoReply:
+    def SchedulerDebugInfo(self, request: pb.SchedulerDebugInfoRequest,
+                           context: grpc.ServicerContext) -> pb.SchedulerDebugInfoReply:
         return _on_loop(self.head, self.head.debug_info, context)
 
 
@@ -159,7 +164,8 @@ class _ObjStore:
         context.abort(grpc.StatusCode.UNIMPLEMENTED, "StreamObj: this cluster has one node")
         raise AssertionError("context.abort() raises")
 
-    def ObjStoreDebugInfo(self, request: pb.ObjStoreDebugInfoRequest, context: grpc.ServicerContext) -> pb.ObjStoreDebugInfoReply:
+    def ObjStoreDebugInfo(self, request: pb.ObjStoreDebugInfoRequest,
+                          context: grpc.ServicerContext) -> pb.ObjStoreDebugInfoReply:
         def info() -> pb.ObjStoreDebugInfoReply:
             node = self.head.local   # the node of the head's own machine
             reply = node.store_info()

@@ -449,12 +449,13 @@ class Head:
             if w.state is WorkerState.IDLE:
                 info.avail_worker.append(w.worker_id)
         for oid, o in st.objects.items():
-            large = o.data is not None and o.data.WhichOneof("data") == "segment"
+            d = o.data
+            path = d.segment.path if d is not None and d.WhichOneof("data") == "segment" \
+                else None
             info.objects.append(pb.ObjectInfo(
-                objref=oid, state="ready" if o.data is not None else "pending",
-                refcount=o.count, size=o.size,
-                in_shared_memory=large and not o.data.segment.path,
-                spilled=large and bool(o.data.segment.path)))
+                objref=oid, state="ready" if d is not None else "pending",
+                refcount=o.count, size=o.size, in_shared_memory=path == "",
+                spilled=bool(path)))
         for f in st.functions.values():
             info.function_table[f.fnname].num_return_vals = f.num_return_vals
         return info

@@ -55,7 +55,7 @@ class Pulls:
         self.head = head
         self.clock = clock   # the retries' (tests drive their own)
         # (object id, node id) -> what to call with (data, error) once that node has it.
-        self.pending: dict[tuple[bytes, int], list[Callable[[Any, str], None]]] = {}
+        self.pending: dict[tuple[bytes, int], list[Callable[[pb.ObjectData | None, str], None]]] = {}
 
     def locate(self, conn: Conn, req_id: int, object_id: bytes, since: float = 0.0) -> None:
         """Answer where an object's data is now, for a reader on the connection's node
@@ -63,7 +63,7 @@ class Pulls:
         ``since``: when a first pull of it failed (see answer)."""
         o = self.head.state.objects.get(object_id)
 
-        def answer(data: Any, error: str) -> None:
+        def answer(data: pb.ObjectData | None, error: str) -> None:
             if data is None and error and object_id in self.head.state.objects \
                     and self.head.conns.get(conn.conn_id) is conn:
                 # The pull failed, the object lives: its node may be dying, which this
@@ -99,7 +99,7 @@ class Pulls:
             self.pull(conn.node.node_id, object_id, answer)
 
     def pull(self, node_id: int, object_id: bytes,
-              then: Callable[[Any, str], None] | None = None) -> None:
+              then: Callable[[pb.ObjectData | None, str], None] | None = None) -> None:
         """Have node ``node_id`` pull a copy of the object from a node that holds one;
         ``then(data, error)`` once it is there. Several readers: one pull."""
         key = (object_id, node_id)
@@ -127,11 +127,13 @@ class Pulls:
         self.pending[key] = [then] if then is not None else []
         dest.pull(object_id, address, src_seg.path or src_seg.name, src_seg.size, self.head.token)
 
-    def pulled(self, node_id: int, object_id: bytes, segment: Any, error: str) -> None:
+    def pulled(self, node_id: int, object_id: bytes, segment: pb.Segment | None,
+               error: str) -> None:
         """Node ``node_id`` has its copy (or failed): answer what waited for it."""
         waiting = self.pending.pop((object_id, node_id), [])
         data = None
         if not error:
+            assert segment is not None, "a pull without an error names its copy"
             if self.head.state.add_copy(object_id, segment):
                 data = self.head.state.copy_on(object_id, node_id)
             else:
@@ -155,13 +157,13 @@ class _Then:
 
     __slots__ = ("fn", "_done")
 
-    def __init__(self, fn: Callable[[Any], None]) -> None:
+    def __init__(self, fn: Callable[[pb.ObjectData], None]) -> None:
         self.fn = fn
         self._done = False
 
     def done(self) -> bool:
         return self._done
 
-    def set_result(self, data: Any) -> None:
+    def set_result(self, data: pb.ObjectData) -> None:
         self._done = True
         self.fn(data)

@@ -40,7 +40,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .._objects.errors import describe_exit
@@ -101,7 +101,7 @@ class RemoteNode:
     module docstring). ``head``: the Head (conns, dirty, carry_out, shutdown and the
     NodeHost calls)."""
 
-    def __init__(self, node_id: int, head: Any, loop: Any, cfg: dict[str, Any],
+    def __init__(self, node_id: int, head: Any, loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
                  joined: bool = False) -> None:
         self.node_id = node_id
         # A node of another machine that joined over TCP (not launched by this head):
@@ -172,7 +172,7 @@ class RemoteNode:
         nc.transport = transport
         self.conn = nc
 
-    def welcome(self, msg: Any) -> None:
+    def welcome(self, msg: pb.NodeWelcome) -> None:
         self._command(pb.NodeCommand(welcome=msg))
 
     def heartbeat(self) -> None:
@@ -206,7 +206,7 @@ class RemoteNode:
         self.loop.call_later(_IDLE_CHECK_S, self._check_idle)
 
     # ------------------------------------------------------------------ commands
-    def _command(self, cmd: Any) -> None:
+    def _command(self, cmd: pb.NodeCommand) -> None:
         c = self.conn
         if c is None or self.closed:
             return
@@ -229,10 +229,10 @@ class RemoteNode:
         self._command(pb.NodeCommand(seal=name))
         return True
 
-    def pin(self, conn_id: int, names: Any) -> None:
+    def pin(self, conn_id: int, names: Iterable[str]) -> None:
         self._command(pb.NodeCommand(pin=pb.NodeSegments(conn_id=conn_id, names=names)))
 
-    def unpin(self, conn_id: int, names: Any) -> None:
+    def unpin(self, conn_id: int, names: Iterable[str]) -> None:
         self._command(pb.NodeCommand(unpin=pb.NodeSegments(conn_id=conn_id, names=names)))
 
     def free_segment(self, key: str) -> None:
@@ -245,7 +245,7 @@ class RemoteNode:
     def drop_conn(self, conn_id: int) -> None:
         self._command(pb.NodeCommand(drop_conn=conn_id))
 
-    def create_segment(self, conn_id: int, req: Any) -> None:
+    def create_segment(self, conn_id: int, req: pb.Request) -> None:
         self._command(pb.NodeCommand(
             create_segment=pb.NodeCreateSegment(conn_id=conn_id, request=req)))
 

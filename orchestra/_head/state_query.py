@@ -80,7 +80,7 @@ class StateQueries:
         self.backlog_events = 0
 
     # -------------------------------------------------------------- events in
-    def worker_batch(self, conn_id: int, batch: Any) -> None:
+    def worker_batch(self, conn_id: int, batch: pb.TaskEventBatch) -> None:
         """A worker's TASK_EVENTS frame: kept as it came until someone asks (catch_up),
         so a cluster nobody watches spends nothing on its direct calls here beyond
         reading the frame."""
@@ -115,7 +115,7 @@ class StateQueries:
         self.table.ingest()
 
     # -------------------------------------------------------------- queries
-    def query(self, conn: Any, req: Any) -> None:
+    def query(self, conn: Any, req: pb.Request) -> None:
         """A state query: ask every worker for its buffered events, answer once all
         did (or _FLUSH_WAIT_S passed). Every kind of query asks: the summary counts
         tasks, and a list of actors or workers is read beside one of tasks."""

@@ -36,12 +36,13 @@ nodes' data servers (Fetcher). close() kills, closes and removes them all.
 """
 from __future__ import annotations
 
+import asyncio
 import collections
 import mmap
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._objects.errors import describe_exit
@@ -95,11 +96,11 @@ class NodeHost(Protocol):
         """The worker's process is gone; ``reason`` says how (describe_exit, or why it
         was killed). connected=False: it exited before it connected."""
 
-    def relocate(self, object_id: bytes, segment: Any) -> bool:
+    def relocate(self, object_id: bytes, segment: pb.Segment) -> bool:
         """The object's segment was spilled to ``segment.path``: point the object there.
         False when the object is gone or lives elsewhere now (the file is removed)."""
 
-    def pulled(self, object_id: bytes, segment: Any, error: str) -> None:
+    def pulled(self, object_id: bytes, segment: pb.Segment | None, error: str) -> None:
         """A pull (Node.pull) ended: ``segment`` is the sealed copy in this node's store,
         or None with ``error`` saying why there is none (its bytes were given back)."""
 
@@ -112,7 +113,7 @@ def worker_socket(session_dir: str, worker_id: int) -> str:
     return os.path.join(session_dir, f"worker-{worker_id}.sock")
 
 
-def node_from_cfg(node_id: int, host: NodeHost, loop: Any, cfg: dict[str, Any],
+def node_from_cfg(node_id: int, host: NodeHost, loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
                   zygote: tuple[Any, int, int] | None = None) -> Node:
     """The node a session's configuration (cfg JSON, _api/session.py) describes, whether it
     runs in the head process or in a process of its own."""
@@ -134,7 +135,7 @@ def node_from_cfg(node_id: int, host: NodeHost, loop: Any, cfg: dict[str, Any],
 class Node:
     """Object store + worker pool + fork server of one machine (see the module docstring)."""
 
-    def __init__(self, node_id: int, host: NodeHost, loop: Any, *, session_id: str,
+    def __init__(self, node_id: int, host: NodeHost, loop: asyncio.AbstractEventLoop, *, session_id: str,
                  session_dir: str, sock_path: str, capacity: int,
                  pool_bytes: int | None = None, warm_bytes: int = 0,
                  spill_dir: str | None = None, env: dict[str, str] | None = None,
@@ -186,7 +187,7 @@ class Node:
             self.loop.call_later(_PRELOAD_DELAY_S, self._preload)
 
     # ------------------------------------------------------------------ objects
-    def unpin(self, conn_id: int, names: Any) -> None:
+    def unpin(self, conn_id: int, names: Iterable[str]) -> None:
         self.store.unpin(conn_id, names)
         if self.store.dropped:
             self._send_dropped()
@@ -226,7 +227,7 @@ class Node:
         for cid, ns in names.items():
             self.host.send(cid, _wire.DROP_MAPS, pb.SegmentNames(names=ns))
 
-    def create_segment(self, conn_id: int, req: Any) -> None:
+    def create_segment(self, conn_id: int, req: pb.Request) -> None:
         """Answer a create_segment Request (a Reply with the Segment to fill, or the
         error), now or, when room must be made first, after the requests before it."""
         if self._creates_waiting is not None:
@@ -234,12 +235,11 @@ class Node:
         elif not self._create_segment(conn_id, req, spill=True):
             self._creates_waiting = collections.deque([(conn_id, req)])
 
-    def _create_segment(self, conn_id: int, req: Any, *, spill: bool,
+    def _create_segment(self, conn_id: int, req: pb.Request | _Pull, *, spill: bool,
                         release: bool = True) -> bool:
         """Answer one request (or start one pull); False when it waits for a spill, or
         for readers to let go of maps they keep."""
-        pull = req if isinstance(req, _Pull) else None
-        cs = pull if pull is not None else req.create_segment
+        cs = req if isinstance(req, _Pull) else req.create_segment
         store = self.store
         segment, error = None, ""
         try:
@@ -266,8 +266,8 @@ class Node:
         finally:
             if store.dropped:   # pooled segments evicted to make room
                 self._send_dropped()
-        if pull is not None:
-            self._start_pull(pull, segment, error)
+        if isinstance(req, _Pull):
+            self._start_pull(req, segment, error)
             return True
         reply = pb.Reply(req_id=req.req_id)
         if segment is not None:
@@ -367,7 +367,7 @@ class Node:
         elif not self._create_segment(PULL_CONN, p, spill=True):
             self._creates_waiting = collections.deque([(PULL_CONN, p)])
 
-    def _start_pull(self, pull: _Pull, segment: Any, error: str) -> None:
+    def _start_pull(self, pull: _Pull, segment: pb.Segment | None, error: str) -> None:
         """Fetch into the new segment on a pull thread; the loop hears of it in _pulled."""
         if segment is None:   # no room: answered on the loop's next turn, as a fetch is
             self.loop.call_soon(self._pulled, pull, None, error)
@@ -391,7 +391,7 @@ class Node:
         except RuntimeError:   # close() shut the threads down
             pass
 
-    def _pulled(self, pull: _Pull, segment: Any, error: str) -> None:
+    def _pulled(self, pull: _Pull, segment: pb.Segment | None, error: str) -> None:
         """On the loop: seal the filled segment, or give a failed one's bytes back."""
         if self.closed:
             return
@@ -539,7 +539,7 @@ class _Pull:
         self.address, self.key, self.token = address, key, token
 
 
-def fetch_into(fetcher: Fetcher, folder: str, maps: dict[str, mmap.mmap], segment: Any,
+def fetch_into(fetcher: Fetcher, folder: str, maps: dict[str, mmap.mmap], segment: pb.Segment,
                address: str, token: str, key: str) -> str:
     """Fill the new segment from the data server at ``address``, through the map kept
     in ``maps`` (made now if there is none); "" or why it failed (the caller aborts the

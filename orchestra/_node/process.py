@@ -51,7 +51,7 @@ _QUIET_S = 0.3
 _READY_WAIT_S = 5.0
 
 
-def command(node: Node, cmd: Any, token: str = "") -> bool:
+def command(node: Node, cmd: pb.NodeCommand, token: str = "") -> bool:
     """Carry out one NodeCommand on ``node``; False for close. ``token``: the
     cluster's, for pulls from other nodes' data servers."""
     which = cmd.WhichOneof("command")
@@ -92,7 +92,7 @@ def command(node: Node, cmd: Any, token: str = "") -> bool:
 class NodeProcess(asyncio.Protocol):
     """The connection to the head, and the NodeHost of the node it carries."""
 
-    def __init__(self, loop: Any, cfg: dict[str, Any],
+    def __init__(self, loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
                  make_node: Callable[[NodeHost], Node], join: bool = False) -> None:
         self.loop = loop
         self.cfg = cfg
@@ -265,12 +265,12 @@ class NodeProcess(asyncio.Protocol):
         self._event(pb.NodeEvent(worker_exited=pb.NodeWorkerExit(
             worker_id=worker_id, reason=reason, connected=connected)))
 
-    def relocate(self, object_id: bytes, segment: Any) -> bool:
+    def relocate(self, object_id: bytes, segment: pb.Segment) -> bool:
         self._event(pb.NodeEvent(relocate=pb.NodeRelocate(object_id=object_id,
                                                           segment=segment)))
         return True
 
-    def pulled(self, object_id: bytes, segment: Any, error: str) -> None:
+    def pulled(self, object_id: bytes, segment: pb.Segment | None, error: str) -> None:
         ev = pb.NodePulled(object_id=object_id, error=error)
         if segment is not None:
             ev.segment.CopyFrom(segment)
@@ -296,7 +296,7 @@ class NodeProcess(asyncio.Protocol):
         self.loop.call_later(_INFO_S, self._report_store)
 
 
-async def _run(loop: Any, cfg: dict[str, Any], node_sock: str, node_id: int,
+async def _run(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any], node_sock: str, node_id: int,
                zygote: tuple[Any, int, int] | None) -> None:
     proto = NodeProcess(loop, cfg, lambda host: node_from_cfg(node_id, host, loop, cfg, zygote))
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -317,7 +317,7 @@ async def _run(loop: Any, cfg: dict[str, Any], node_sock: str, node_id: int,
     await proto.done
 
 
-def routable(address: str, sockname: Any) -> str:
+def routable(address: str, sockname: tuple[str, int] | str | None) -> str:
     """``address`` (HOST:PORT of a listener), with a wildcard host (0.0.0.0, ::) replaced
     by ``sockname``'s: this machine's address on the route to the head, which other
     nodes reach too."""
@@ -344,7 +344,8 @@ def _start_zygote(head_address: str) -> tuple[Any, int, int] | None:
     return (proc, req_w, rep_r) if proc is not None else None
 
 
-async def _run_joined(loop: Any, cfg: dict[str, Any], zygote: tuple[Any, int, int] | None) -> None:
+async def _run_joined(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
+                      zygote: tuple[Any, int, int] | None) -> None:
     from .._protocol.auth import client_handshake
     from .._protocol.connection import parse_address
     proto = NodeProcess(loop, cfg, lambda host: node_from_cfg(int(cfg["_node_id"]), host, loop,

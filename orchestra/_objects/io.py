@@ -42,7 +42,7 @@ class Client(Protocol):
     lost: str | None
     closing: bool
 
-    def request(self, req: Any, timeout_s: float = ...) -> Any: ...
+    def request(self, req: pb.Request, timeout_s: float = ...) -> pb.Reply: ...
     def flush_refs(self, wait: bool = ...) -> None: ...
     def escape(self, ids: Iterable[bytes]) -> None: ...
 
@@ -159,7 +159,7 @@ class ObjectIO:
         threading.Thread(target=work, name="orchestra-map-ahead", daemon=True).start()
 
     # ------------------------------------------------------------------ reads
-    def value(self, oid: bytes, data: Any) -> Any:
+    def value(self, oid: bytes, data: pb.ObjectData) -> Any:
         """The value an ObjectData stands for (raises the error it holds)."""
         kind = data.WhichOneof("data")
         if kind == "inline":
@@ -182,7 +182,7 @@ class ObjectIO:
             return parsed.value()
         raise pickle.loads(data.error)
 
-    def own_view(self, segment: Any) -> memoryview | None:
+    def own_view(self, segment: pb.Segment) -> memoryview | None:
         """A read-only view of a segment this process filled and still maps (a fresh
         put read back: no new map, ~1 us instead of ~100 us for 512 MiB), pinned like a
         reader's map; None when it is not at hand."""
@@ -207,7 +207,7 @@ class ObjectIO:
         weakref.finalize(export, self._unmapped, name)
         return memoryview(export)[: segment.size]  # type: ignore[arg-type]
 
-    def map_object(self, data: Any) -> tuple[memoryview, Any]:
+    def map_object(self, data: pb.ObjectData) -> tuple[memoryview, Any]:
         """Map a large object read-only, wherever it is now: a reader may have learnt
         its segment just before the store spilled it to disk; then ask the head.
         Returns the view and the Segment it maps."""
@@ -233,7 +233,7 @@ class ObjectIO:
                 client.results[oid] = data
         return data
 
-    def map_segment(self, segment: Any) -> memoryview:
+    def map_segment(self, segment: pb.Segment) -> memoryview:
         """Map a sealed segment read-only and pin it until the last view of it is gone
         (a spill file needs no pin: removing it does not disturb a map)."""
         mm, view = map_segment(self.shm_dir, segment)

@@ -49,12 +49,13 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .._platform.procutil import pid_alive
 from .._proto import types_pb2
 from ..exceptions import ObjectStoreError, ObjectStoreFullError
+from .serialization import Serialized
 
 SHM_DIR = "/dev/shm"
 DIR_PREFIX = "orchestra-"      # + <uid>-<head pid>-<session>-<random>: see make_session_dir
@@ -312,7 +313,7 @@ class ObjectStore:
         _unlink_path(segment_path(self.dir, name))
 
     # ------------------------------------------------------------------ readers
-    def pin(self, conn: int, names: Any) -> None:
+    def pin(self, conn: int, names: Iterable[str]) -> None:
         pins = self.conn_pins.setdefault(conn, collections.Counter())
         for name in names:
             seg = self.segs.get(name)
@@ -321,7 +322,7 @@ class ObjectStore:
                 seg.last_use = next(self._clock)
                 pins[name] += 1
 
-    def unpin(self, conn: int, names: Any) -> None:
+    def unpin(self, conn: int, names: Iterable[str]) -> None:
         pins = self.conn_pins.get(conn)
         for name in names:
             if pins is None or pins[name] <= 0:
@@ -629,7 +630,7 @@ def sweep_stale_segments() -> int:
 # ---------------------------------------------------------------- writer / reader side
 
 
-def open_segment(folder: str, segment: Any) -> mmap.mmap:
+def open_segment(folder: str, segment: types_pb2.Segment) -> mmap.mmap:
     """A read-write map of the whole segment the store handed out, pages mapped.
     ObjectStoreError (or ObjectStoreFullError) when it cannot be made: the caller
     aborts the segment so that the store gives its bytes back."""
@@ -700,7 +701,7 @@ def _populate_write(mm: mmap.mmap) -> None:
     madvise(addr, len(mm), _MADV_POPULATE_WRITE)   # older kernels: EINVAL, pages fault later
 
 
-def write_into(mm: mmap.mmap, ser: Any) -> None:
+def write_into(mm: mmap.mmap, ser: Serialized) -> None:
     view = memoryview(mm)
     try:
         ser.write_into(view)
@@ -708,7 +709,7 @@ def write_into(mm: mmap.mmap, ser: Any) -> None:
         view.release()
 
 
-def map_segment(folder: str, segment: Any) -> tuple[mmap.mmap, memoryview]:
+def map_segment(folder: str, segment: types_pb2.Segment) -> tuple[mmap.mmap, memoryview]:
     """A read-only map of a sealed segment or spill file; it lives as long as views
     of it. FileNotFoundError: the object moved (spilled), ask the head where to;
     ObjectStoreError: the file is not the session's own, or cannot be mapped."""

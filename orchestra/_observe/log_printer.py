@@ -21,7 +21,6 @@ import socket
 import sys
 import threading
 import time
-from typing import Any
 
 from .._protocol import pb
 from .._protocol import wire as _wire
@@ -32,7 +31,7 @@ _CLOSE_WAIT_S = 2.0
 _NUMBERS = re.compile(r"(\d+|0x[0-9a-fA-F]+)")
 
 
-def prefix(chunk: Any) -> str:
+def prefix(chunk: pb.LogChunk) -> str:
     """``(square pid=4242)``, with ``, ip=10.0.0.7`` on a cluster of several nodes."""
     ip = f", ip={chunk.ip}" if chunk.ip else ""
     return f"({chunk.name} pid={chunk.pid}{ip})"
@@ -66,7 +65,7 @@ class LineFolder:
         self.enabled = enabled
         self.recent: dict[str, _Seen] = {}
 
-    def add(self, chunk: Any, now: float) -> list[tuple[int, str]]:
+    def add(self, chunk: pb.LogChunk, now: float) -> list[tuple[int, str]]:
         pre = prefix(chunk)
         out = [(chunk.stream, f"{pre} {line}") for line in chunk.lines]
         if not self.enabled:

@@ -37,7 +37,7 @@ class LogRoutes:
             del self.by_job[job]
         return True
 
-    def route(self, msg: Any, default_job: int | None, ip: str) -> dict[int, Any]:
+    def route(self, msg: pb.LogLines, default_job: int | None, ip: str) -> dict[int, pb.LogLines]:
         """The chunks of one worker's LogLines by the log connection that takes them
         (``default_job``: the job of lines without one; ``ip``: set on each chunk, the
         worker's node on a cluster of several)."""

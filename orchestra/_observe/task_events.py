@@ -123,7 +123,7 @@ class EventBuffer:
             return batch
 
 
-def end_error_type(done: Any, error_types: dict[bytes, str]) -> str:
+def end_error_type(done: pb.TaskDone, error_types: dict[bytes, str]) -> str:
     """The error type of a TaskDone about to be sent ("" for a call that finished)."""
     raised = error_types.pop(done.task_id, "") if error_types else ""
     if done.cancelled:
@@ -260,7 +260,8 @@ class TaskTable:
                 r.worker_id = worker_id
         self._bound()
 
-    def worker_batch(self, batch: Any, worker_id: int, pid: int, node_id: int) -> None:
+    def worker_batch(self, batch: pb.TaskEventBatch, worker_id: int, pid: int,
+                     node_id: int) -> None:
         """A worker's report: its starts, then its ends (one batch holds both of a call
         that was quick). Every call passes here once or twice: the usual transitions
         (new -> RUNNING -> ended) are written out, the others go through _move."""

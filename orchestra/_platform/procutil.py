@@ -2,12 +2,13 @@
 state, parent and group), read in one place for the product and its tests."""
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
 import signal
 import sys
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 _PR_SET_PDEATHSIG = 1
 
@@ -33,7 +34,7 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
 _PARENT_POLL_S = 0.5
 
 
-def watch_parent(loop: Any, on_exit: Callable[[], None]) -> None:
+def watch_parent(loop: asyncio.AbstractEventLoop, on_exit: Callable[[], None]) -> None:
     """Call ``on_exit`` on ``loop`` once the parent *process* exits.
 
     Not PR_SET_PDEATHSIG: that signal follows the parent's thread, so a driver that
@@ -45,7 +46,7 @@ def watch_parent(loop: Any, on_exit: Callable[[], None]) -> None:
     _watch(loop, parent, lambda: os.getppid() == parent and parent != 1, on_exit)
 
 
-def watch_pid(loop: Any, pid: int, on_exit: Callable[[], None]) -> None:
+def watch_pid(loop: asyncio.AbstractEventLoop, pid: int, on_exit: Callable[[], None]) -> None:
     """Call ``on_exit`` on ``loop`` once process ``pid`` (not a parent: the script that
     started a cluster_utils.Cluster, say) exits, as watch_parent does."""
     def alive() -> bool:
@@ -59,7 +60,8 @@ def watch_pid(loop: Any, pid: int, on_exit: Callable[[], None]) -> None:
     _watch(loop, pid, alive, on_exit)
 
 
-def _watch(loop: Any, pid: int, alive: Callable[[], bool], on_exit: Callable[[], None]) -> None:
+def _watch(loop: asyncio.AbstractEventLoop, pid: int, alive: Callable[[], bool],
+           on_exit: Callable[[], None]) -> None:
     """Its pidfd, read on ``loop``; without one, ``alive`` polled."""
     try:
         fd: int | None = os.pidfd_open(pid)

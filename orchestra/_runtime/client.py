@@ -75,7 +75,7 @@ _REPLY_ERRORS: dict[str, type[Exception]] = {
 
 
 class CoreClient:
-    def __init__(self, sock_path: str, hello: Any, *, connect_timeout_s: float = 30.0,
+    def __init__(self, sock_path: str, hello: pb.Hello, *, connect_timeout_s: float = 30.0,
                  on_frame: Callable[[int, Any], None] | None = None,
                  on_lost: Callable[[], None] | None = None,
                  socket_guard: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
@@ -427,7 +427,7 @@ class CoreClient:
     def abort_segment(self, name: str) -> None:
         self.objects.abort_segment(name)
 
-    def map_object(self, data: Any) -> tuple[memoryview, Any]:
+    def map_object(self, data: pb.ObjectData) -> tuple[memoryview, Any]:
         return self.objects.map_object(data)
 
     def get_one(self, ref: ObjectRef, timeout: float | None) -> Any:

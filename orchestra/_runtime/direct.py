@@ -137,7 +137,7 @@ class DirectCalls:
         for c in plan.resubmit:
             self._resubmit(c)
 
-    def _end_unsent(self, c: Call, msg: Any) -> None:
+    def _end_unsent(self, c: Call, msg: pb.TaskDone) -> None:
         """End a direct call here, unsent, with ``msg`` as its answer (cancelled, or its
         argument's error)."""
         self.call_route.pop(c.tid, None)
@@ -173,7 +173,8 @@ class DirectCalls:
         with refs.lock:
             self._release(self.book.handed_to_head(calls, refs.local))
 
-    def _answered(self, c: Call, msg: Any, forward: list[Any], answered: list[Call]) -> None:
+    def _answered(self, c: Call, msg: pb.TaskDone, forward: list[pb.ObjectData],
+                  answered: list[Call]) -> None:
         """A direct call's answer came: deliver it; its arguments go with ``answered``,
         or once the callee says it counted them (RELEASE_CALL)."""
         self.call_route.pop(c.tid, None)
@@ -288,7 +289,7 @@ class DirectCalls:
             res, pinned = split_pinned(dict(shape))
             self.client.send(_wire.LOAN_REQUEST, pb.LoanRequest(resources=res, pinned_node=pinned))
 
-    def loan_granted(self, msg: Any) -> None:
+    def loan_granted(self, msg: pb.Loan) -> None:
         self.ever_loaned = True
         shape = pinned_key(shape_key(msg.resources), msg.pinned_node)
         try:
@@ -499,7 +500,7 @@ class DirectCalls:
             route.via_head += 1
             self._resubmit(c)
 
-    def actor_address(self, msg: Any) -> None:
+    def actor_address(self, msg: pb.ActorAddress) -> None:
         route = self.routes.get(msg.actor_id)
         if route is None:
             return

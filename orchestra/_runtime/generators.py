@@ -94,7 +94,7 @@ class Stream:
         self.items: dict[bytes, Any] = {}
         self.closed = False   # ended or dropped: release items as they come
 
-    def arrived(self, client: Client, oid: bytes, data: Any) -> None:
+    def arrived(self, client: Client, oid: bytes, data: pb.ObjectData) -> None:
         """An item was pushed here (reader thread, under the ref lock)."""
         if not self.closed:
             self.items[oid] = data

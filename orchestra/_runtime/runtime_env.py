@@ -109,7 +109,7 @@ def _import_root(path: str) -> str:
     return path
 
 
-def enter(spec: Any) -> Callable[[], None]:
+def enter(spec: pb.RuntimeEnvSpec) -> Callable[[], None]:
     """Apply ``spec`` in this process; returns what undoes it."""
     saved = {k: os.environ.get(k) for k in spec.env_vars}
     os.environ.update(spec.env_vars)

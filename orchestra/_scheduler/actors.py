@@ -40,7 +40,7 @@ class Actor:
     __slots__ = ("spec", "creation", "state", "worker", "restarts", "queue", "death", "no_restart",
                  "draining", "owner", "killing", "handled")
 
-    def __init__(self, spec: Any, creation: Task, owner: int) -> None:
+    def __init__(self, spec: pb.ActorSpec, creation: Task, owner: int) -> None:
         self.spec = spec
         self.creation = creation
         self.state = ActorState.PENDING
@@ -226,7 +226,7 @@ class ActorTable:
             a.queue.remove(t)
             a.handled[t.owner] = a.handled.get(t.owner, 0) + 1
 
-    def creation_done(self, w: Worker, msg: Any) -> None:
+    def creation_done(self, w: Worker, msg: pb.TaskDone) -> None:
         a = w.actor
         if a is None:
             return

@@ -12,8 +12,7 @@ A call the process answered through the head already is not run again (_adopted)
 """
 from __future__ import annotations
 
-from typing import Any
-
+from .._protocol import pb
 from .actors import ActorState, ActorTable
 from .model import DeadWorker, SchedulerCore, Task, TaskState, Worker, WorkerState
 
@@ -28,7 +27,7 @@ class Adoption:
         self.core = core
         self.actors = actors
 
-    def adopt_calls(self, conn: int, msg: Any) -> None:
+    def adopt_calls(self, conn: int, msg: pb.AdoptCalls) -> None:
         """Direct calls ``conn`` made to an actor's process, unanswered when their
         connection closed: failed as calls in flight when that process died, or ended
         when the process still answers them (through the head)."""
@@ -61,7 +60,7 @@ class Adoption:
                 "actor_dead", name=name,
                 reason=f"its process (pid={pid}) died while running {call.name}() ({reason})"))
 
-    def _adopted(self, conn: int, call: Any) -> Task | None:
+    def _adopted(self, conn: int, call: pb.Call) -> Task | None:
         """The task of a call handed over by ``conn``, its returns held for ``conn``;
         None when the worker answered it through the head already."""
         t = Task(call, conn)
@@ -82,7 +81,7 @@ class Adoption:
         t.attempt = 1
         w.queue.append(t)
 
-    def _adopt_tasks(self, conn: int, msg: Any) -> None:
+    def _adopt_tasks(self, conn: int, msg: pb.AdoptCalls) -> None:
         """Tasks a driver sent as direct calls to a worker on loan to it, unanswered when their
         connection closed: as tasks queued there when it died (the first one running,
         unless a task the head sent was) when the head has seen the death, or queued

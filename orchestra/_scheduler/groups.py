@@ -55,7 +55,7 @@ class GroupState(enum.Enum):
 class Group:
     __slots__ = ("spec", "gid", "hex", "state", "nodes", "owner", "bundles")
 
-    def __init__(self, spec: Any, owner: int) -> None:
+    def __init__(self, spec: pb.PlacementGroupSpec, owner: int) -> None:
         self.spec = spec
         self.gid: bytes = spec.group_id
         self.hex = spec.group_id.hex()
@@ -171,7 +171,7 @@ class PlacementGroups:
         self.doomed: dict[bytes, bytes] = {}
 
     # ------------------------------------------------------------------ create
-    def create(self, conn: int, spec: Any) -> None:
+    def create(self, conn: int, spec: pb.PlacementGroupSpec) -> None:
         """Raises ValueError (a bad spec, a taken name) or InfeasibleResourcesError (no
         set of the cluster's nodes could ever hold it, on a cluster no node may join)."""
         if spec.strategy not in STRATEGIES:

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from .._protocol import pb
+
 
 class Send(NamedTuple):
     """Encode ``msg`` as a frame of ``kind`` and queue it on connection ``conn``; all
@@ -38,7 +40,7 @@ class Push(NamedTuple):
     of one batch to one connection are coalesced into one Objects frame."""
 
     conn: int
-    data: Any
+    data: pb.ObjectData
 
 
 class LateSend(NamedTuple):

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, Protocol
 
 from .. import _ids
+from .._protocol import pb
 from .._resources import NodeResources, shape_key
 from .instructions import Instruction
 
@@ -48,7 +49,7 @@ def bundle_request(req: dict[str, float], group_hex: str, index: int) -> dict[st
     return out
 
 
-def placement_of(call: Any) -> Placement | None:
+def placement_of(call: pb.Call) -> Placement | None:
     """The Call's placement as a hashable key (part of the task's ready-queue key)."""
     p = call.placement
     if p.strategy == SPREAD:
@@ -64,7 +65,7 @@ class Lineage(NamedTuple):
     """How to make a finished task's results in shared memory again, should their node
     die: its call, the retries it has left, and the client that owns its returns."""
 
-    call: Any
+    call: pb.Call
     retries_left: int
     owner: int
 
@@ -116,7 +117,7 @@ class Task:
                  "shape", "resources", "attempt", "arg_ids", "return_ids",
                  "depth", "qkey", "placement", "streamed", "acked")
 
-    def __init__(self, call: Any, owner: int) -> None:
+    def __init__(self, call: pb.Call, owner: int) -> None:
         self.call = call
         self.owner = owner
         self.state = TaskState.WAITING
@@ -209,7 +210,7 @@ class Obj:
                  "lineage")
 
     def __init__(self, owner: int) -> None:
-        self.data: Any = None          # pb.ObjectData once sealed
+        self.data: pb.ObjectData | None = None   # once sealed
         self.count = 0
         self.subscribers: list[int] = []
         self.waiting_tasks: list[Task] = []
@@ -361,7 +362,7 @@ class SchedulerCore(Protocol):
         """The error of a task whose placement group is gone or cannot hold it."""
         ...
 
-    def seal(self, oid: bytes, data: Any) -> None:
+    def seal(self, oid: bytes, data: pb.ObjectData) -> None:
         """The object ``oid`` is made: push it to its owner and subscribers."""
         ...
 

@@ -44,14 +44,14 @@ class ObjectDirectory:
             client.holds[oid] += 1
         return o
 
-    def put(self, conn: int, data: Any) -> None:
+    def put(self, conn: int, data: pb.ObjectData) -> None:
         """``conn`` put an object: held for it, sealed (the writer has the data already)."""
         oid = data.object_id
         if oid not in self.objects:
             self.new_object(conn, oid)
         self.seal(oid, data, push_owner=False)
 
-    def put_for(self, conn: int, data: Any) -> None:
+    def put_for(self, conn: int, data: pb.ObjectData) -> None:
         """An object of ``conn`` made elsewhere (an actor answering a direct call):
         held for ``conn`` and pushed to it."""
         oid = data.object_id
@@ -70,7 +70,7 @@ class ObjectDirectory:
             if oid not in self.objects:
                 self.new_object(conn, oid)
 
-    def seal(self, oid: bytes, data: Any, push_owner: bool = True) -> None:
+    def seal(self, oid: bytes, data: pb.ObjectData, push_owner: bool = True) -> None:
         o = self.objects.get(oid)
         if o is None or o.data is not None:
             # Nobody wants it any more (a second run's copy, or the object is gone);
@@ -110,11 +110,11 @@ class ObjectDirectory:
                 if not t.deps and t.state is TaskState.WAITING:
                     self.core.deps_met(t)
 
-    def free_segment(self, segment: Any) -> None:
+    def free_segment(self, segment: pb.Segment) -> None:
         # The store's key: the spill file's path, or the shared-memory segment's name.
         self.core.out.append(FreeSegment(segment.node_id, segment.path or segment.name))
 
-    def relocate(self, oid: bytes, segment: Any) -> bool:
+    def relocate(self, oid: bytes, segment: pb.Segment) -> bool:
         """The store spilled the object's segment to a file: point the object at it.
         False when the object is gone or no longer in that segment."""
         o = self.objects.get(oid)
@@ -148,7 +148,7 @@ class ObjectDirectory:
             return None
         return pb.ObjectData(object_id=oid, segment=seg, contained=data.contained)
 
-    def add_copy(self, oid: bytes, segment: Any) -> bool:
+    def add_copy(self, oid: bytes, segment: pb.Segment) -> bool:
         """A node pulled the object into its store; False when the object is gone (the
         caller frees the copy)."""
         o = self.objects.get(oid)
@@ -206,6 +206,7 @@ class ObjectDirectory:
         if self.core.handles_gone(oid):   # it was an actor's handle: the actor goes
             return
         data = o.data
+        assert data is not None, "freed before it was made"
         if data.WhichOneof("data") == "segment":
             self.free_segment(data.segment)
             if o.copies:
@@ -243,7 +244,7 @@ class ObjectDirectory:
         return rebuild
 
 
-def _holds(o: Obj | None, segment: Any) -> bool:
+def _holds(o: Obj | None, segment: pb.Segment) -> bool:
     """Whether ``segment`` is where object ``o`` lives now, or a copy of it."""
     if o is None or o.data is None:
         return False

@@ -10,8 +10,6 @@ pace the producer. No I/O.
 """
 from __future__ import annotations
 
-from typing import Any
-
 from .. import _ids
 from .._protocol import pb
 from .._protocol.wire import GENERATOR_ACK
@@ -27,7 +25,7 @@ class Streams:
         self.core = core
         self.objects = objects
 
-    def generator_item(self, conn: int, msg: Any) -> None:
+    def generator_item(self, conn: int, msg: pb.GeneratorItem) -> None:
         """An item a streaming generator yielded (GeneratorItem): an object of the
         task's owner, pushed to it now. Items come before their task's TaskDone, on the
         worker's connection, so the owner has them all when it learns the end."""
@@ -52,7 +50,7 @@ class Streams:
         self.core.new_object(t.owner, data.object_id)
         self.objects.seal(data.object_id, data)
 
-    def generator_ack(self, msg: Any) -> None:
+    def generator_ack(self, msg: pb.GeneratorAck) -> None:
         """The consumer read ``msg.consumed`` items: tell the worker producing them."""
         t = self.core.tasks.get(msg.task_id)
         if t is None:

@@ -14,7 +14,6 @@ task, when a node starts one more, and when one is let go. No I/O.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from .._protocol import pb
 from .._protocol.wire import SHUTDOWN, STEAL
@@ -175,7 +174,7 @@ class WorkerPool:
                 self.start(node.node_id)
             return
 
-    def count_call(self, w: Worker, call: Any) -> None:
+    def count_call(self, w: Worker, call: pb.Call) -> None:
         """``w`` ran a call of a function with max_calls=: at the limit it retires, and
         the tasks queued there that have not started are asked back (STEAL)."""
         calls = w.calls if w.calls is not None else {}

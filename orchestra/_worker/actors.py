@@ -22,10 +22,11 @@ from .producer import produce_async
 class CallRunner(Protocol):
     """What an actor's calls use of their worker (worker.WorkerRuntime)."""
 
-    def prepare(self, inv: Any) -> tuple[Any, list[Any], dict[str, Any]]: ...
-    def finish(self, inv: Any, result: Any, produced: bool = False) -> Any: ...
-    def failed(self, inv: Any, exc: BaseException) -> Any: ...
-    def send_done(self, done: Any) -> None: ...
+    def prepare(self, inv: pb.InvokeCallRequest) -> tuple[Any, list[Any], dict[str, Any]]: ...
+    def finish(self, inv: pb.InvokeCallRequest, result: Any,
+               produced: bool = False) -> pb.TaskDone: ...
+    def failed(self, inv: pb.InvokeCallRequest, exc: BaseException) -> pb.TaskDone: ...
+    def send_done(self, done: pb.TaskDone) -> None: ...
 
 
 class ActorRuntime:
@@ -36,7 +37,8 @@ class ActorRuntime:
     coroutines on one uvloop event loop, at most max_concurrency at once.
     """
 
-    def __init__(self, worker: CallRunner, spec: Any, instance: Any, gpu_ids: list[int]) -> None:
+    def __init__(self, worker: CallRunner, spec: pb.ActorSpec, instance: Any,
+                 gpu_ids: list[int]) -> None:
         self.worker = worker
         self.gpu_ids = gpu_ids
         self.spec = spec
@@ -48,7 +50,7 @@ class ActorRuntime:
         self.running: dict[bytes, Any] = {}
         self.cancelled: set[bytes] = set()
         self.pool: Any = None
-        self.loop: Any = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.sem: Any = None
         if spec.is_async:
             import asyncio
@@ -62,7 +64,7 @@ class ActorRuntime:
             from concurrent.futures import ThreadPoolExecutor
             self.pool = ThreadPoolExecutor(spec.max_concurrency, thread_name_prefix="orchestra-actor")
 
-    def submit(self, inv: Any) -> None:
+    def submit(self, inv: pb.InvokeCallRequest) -> None:
         with self.lock:
             self.running[inv.call.task_id] = None   # the asyncio task, once it starts
         if self.loop is not None:
@@ -93,7 +95,7 @@ class ActorRuntime:
         with self.lock:
             return task_id in self.cancelled
 
-    def _ended(self, inv: Any, done: Any) -> None:
+    def _ended(self, inv: pb.InvokeCallRequest, done: pb.TaskDone | None) -> None:
         """Answer a call; None: it was cancelled (nothing of its result was stored)."""
         tid = inv.call.task_id
         with self.lock:
@@ -101,7 +103,7 @@ class ActorRuntime:
             self.cancelled.discard(tid)
         self.worker.send_done(done if done is not None else pb.TaskDone(task_id=tid, cancelled=True))
 
-    def _run_threaded(self, inv: Any) -> None:
+    def _run_threaded(self, inv: pb.InvokeCallRequest) -> None:
         w = self.worker
         tid = inv.call.task_id
         try:
@@ -112,7 +114,7 @@ class ActorRuntime:
             done = None if self._was_cancelled(tid) else w.failed(inv, exc)
         self._ended(inv, done)
 
-    async def _run_async(self, inv: Any) -> None:
+    async def _run_async(self, inv: pb.InvokeCallRequest) -> None:
         import asyncio
         import inspect
         w = self.worker

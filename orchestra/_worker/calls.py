@@ -8,15 +8,17 @@ from __future__ import annotations
 import functools
 import traceback
 import weakref
+from types import FrameType
 from typing import Any
 
 import cloudpickle
 
 from .._objects.serialization import deserialization_error
+from .._protocol import pb
 from ..exceptions import DeserializationError
 
 
-def in_finalizer(frame: Any) -> bool:
+def in_finalizer(frame: FrameType | None) -> bool:
     """Whether ``frame`` runs inside __del__ or a weakref callback."""
     while frame is not None:
         code = frame.f_code
@@ -42,7 +44,7 @@ class ArgumentError(Exception):
         self.error = error
 
 
-def argument_error(call: Any, i: int, exc: DeserializationError) -> DeserializationError:
+def argument_error(call: pb.Call, i: int, exc: DeserializationError) -> DeserializationError:
     """The error of a task whose argument ``i`` (in the Call's order) did not unpickle:
     which argument of which task, why, and the traceback of the unpickling."""
     cause = exc.__cause__ or exc

@@ -62,7 +62,7 @@ class Acks:
 class _Sender:
     """Sends one streaming call's items as GeneratorItem frames."""
 
-    def __init__(self, worker: Any, call: Any) -> None:
+    def __init__(self, worker: Any, call: pb.Call) -> None:
         self.worker = worker
         self.tid = call.task_id
         self.limit = call.generator_backpressure
@@ -97,7 +97,7 @@ class _Sender:
             self.worker.acks.done(self.tid)
 
 
-def _iterator(call: Any, result: Any) -> Any:
+def _iterator(call: pb.Call, result: Any) -> Any:
     if inspect.isgenerator(result) or hasattr(result, "__next__"):
         return result
     raise TypeError(f"{call.name}() has num_returns={_MODE_NAMES[call.generator]!r} but returned "
@@ -105,7 +105,7 @@ def _iterator(call: Any, result: Any) -> Any:
                     "drop num_returns to return one value")
 
 
-def produce(worker: Any, call: Any, result: Any) -> Any:
+def produce(worker: Any, call: pb.Call, result: Any) -> Any:
     """Run the generator ``result`` of a generator call to its end (items handed on as
     they come); the call's value."""
     if inspect.isasyncgen(result):   # an async generator in a task or sync actor
@@ -127,7 +127,7 @@ def produce(worker: Any, call: Any, result: Any) -> Any:
     return sender.count
 
 
-async def produce_async(worker: Any, call: Any, agen: Any) -> Any:
+async def produce_async(worker: Any, call: pb.Call, agen: Any) -> Any:
     """produce() for an async generator (an async actor's method): paused on the event
     loop, other calls run meanwhile."""
     if call.generator == DYNAMIC:
