@@ -46,7 +46,15 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._objects.errors import describe_exit
-from .._objects.store import ObjectStore, ReleaseNeeded, SpillNeeded, open_segment, segment_path, spill_file
+from .._objects.store import (
+    ObjectStore,
+    ReleaseNeeded,
+    SpillJob,
+    SpillNeeded,
+    open_segment,
+    segment_path,
+    spill_file,
+)
 from .._objects.transfer import DataServer, Fetcher
 from .._protocol import pb
 from .._protocol import wire as _wire
@@ -277,27 +285,27 @@ class Node:
         self.host.send(conn_id, _wire.REPLY, reply)
         return True
 
-    def _start_spill(self, jobs: list[tuple[str, bytes, str, str, int]]) -> None:
+    def _start_spill(self, jobs: list[SpillJob]) -> None:
         """Copy segments to disk on a thread: a 100 MiB object takes ~50 ms to write, the
         event loop goes on serving tasks meanwhile."""
         def work() -> None:
-            done = [(name, oid, dst, spill_file(src, dst, size))
-                    for name, oid, src, dst, size in jobs]
+            done = [(j, spill_file(j.source, j.dest, j.size)) for j in jobs]
             try:
                 self.loop.call_soon_threadsafe(self._spilled, done)
             except RuntimeError:   # the loop closed: close() removed the files
                 pass
         threading.Thread(target=work, name="orchestra-spill", daemon=True).start()
 
-    def _spilled(self, done: list[tuple[str, bytes, str, str]]) -> None:
+    def _spilled(self, done: list[tuple[SpillJob, str]]) -> None:
+        """Spills ended (each job with its error, "" when copied)."""
         if self.closed:
             return
         failed = False
-        for name, oid, path, error in done:
-            seg = self.store.end_spill(name, path, error)
+        for job, error in done:
+            seg = self.store.end_spill(job.name, job.dest, error)
             failed = failed or bool(error)
-            if seg is not None and not self.host.relocate(oid, seg):
-                self.store.free(path)
+            if seg is not None and not self.host.relocate(job.object_id, seg):
+                self.store.free(job.dest)
         if self.store.dropped:
             self._send_dropped()
         # A failed spill is not tried again for the requests that waited on it: they get

@@ -50,7 +50,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._platform.procutil import pid_alive
 from .._proto import types_pb2
@@ -97,6 +97,16 @@ class ReleaseNeeded(Exception):
     def __init__(self, held: dict[int, list[str]]) -> None:
         super().__init__(held)
         self.held = held
+
+
+class SpillJob(NamedTuple):
+    """A segment to copy to a spill file (begin_spill -> spill_file -> end_spill)."""
+
+    name: str          # the segment's
+    object_id: bytes
+    source: str        # its path in shared memory
+    dest: str          # the spill file's path
+    size: int
 
 
 class _Seg:
@@ -352,9 +362,9 @@ class ObjectStore:
             self.free(seg.name)
 
     # ------------------------------------------------------------------ spilling
-    def begin_spill(self, names: list[str]) -> list[tuple[str, bytes, str, str, int]]:
-        """Mark the segments as being spilled; returns (name, object id, source,
-        destination, size) for spill_file(), which runs off the event loop."""
+    def begin_spill(self, names: list[str]) -> list[SpillJob]:
+        """Mark the segments as being spilled; returns what spill_file() copies, off
+        the event loop."""
         assert self.spill_dir is not None
         # Also a directory inside a spill_dir= that other users may write: refused unless
         # it is this user's own, mode 0700 (then it is what an earlier spill made).
@@ -367,11 +377,11 @@ class ObjectStore:
         for name in names:
             seg = self.segs[name]
             seg.state = "spilling"
-            jobs.append((name, seg.object_id, segment_path(self.dir, name),
-                         os.path.join(self.spill_dir, name), seg.size))
+            jobs.append(SpillJob(name, seg.object_id, segment_path(self.dir, name),
+                                 os.path.join(self.spill_dir, name), seg.size))
         return jobs
 
-    def end_spill(self, name: str, path: str, error: str) -> Any:
+    def end_spill(self, name: str, path: str, error: str) -> types_pb2.Segment | None:
         """A spill_file() finished: the Segment that now locates the object, or None
         when the object was freed meanwhile or the copy failed."""
         seg = self.segs.get(name)

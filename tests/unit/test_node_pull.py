@@ -143,9 +143,8 @@ def test_a_spilled_object_is_pulled_from_its_file(make_node: Any, token: str) ->
     seg = put(src, oid(1), data)
     (job,) = src.store.begin_spill([seg.name])
     from orchestra._objects.store import spill_file
-    name, _, source, path, size = job
-    assert spill_file(source, path, size) == ""
-    spilled = src.store.end_spill(name, path, "")
+    assert spill_file(job.source, job.dest, job.size) == ""
+    spilled = src.store.end_spill(job.name, job.dest, "")
     dst.pull(oid(1), src.serve_data("127.0.0.1", token), spilled.path, len(data), token)
     ((_, copy, error),) = host.wait_pulled()
     assert error == "" and read(dst, copy) == data
