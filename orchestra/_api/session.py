@@ -225,7 +225,7 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     return _info(_session)
 
 
-def _hello(namespace: str = "") -> Any:
+def _hello(namespace: str = "") -> pb.Hello:
     return pb.Hello(kind="driver", pid=os.getpid(), cwd=os.getcwd(), sys_path=sys.path,
                     machine=machine_id(), namespace=namespace)
 
@@ -622,7 +622,7 @@ def available_resources() -> dict[str, float]:
     return _query("available_resources")
 
 
-def debug_info() -> Any:
+def debug_info() -> pb.SchedulerDebugInfoReply:
     """SchedulerDebugInfoReply: tasks, workers, objects and resources (for tests and tools)."""
     return _client().request(pb.Request(query="debug"), timeout_s=30).debug
 

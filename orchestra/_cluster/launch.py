@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 from .._api import local_head
 from .._objects.store import sweep_stale_segments
@@ -103,7 +103,7 @@ def _tail(path: str) -> str:
         return ""
 
 
-def _log_file(run_dir: str, log: bool) -> Any:
+def _log_file(run_dir: str, log: bool) -> BinaryIO | None:
     if not log:
         return None
     return open(os.path.join(run_dir, cf.LOG), "wb")

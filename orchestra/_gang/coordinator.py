@@ -62,13 +62,15 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent import futures
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
 from orchestra._gang.coordinator_auth import TokenInterceptor
 from orchestra._proto import xla_distributed_runtime_pb2 as xla_pb2
 from orchestra._proto import xla_distributed_runtime_pb2_grpc as xla_pb2_grpc
+
+T = TypeVar("T")
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -515,8 +517,8 @@ class _Servicer(xla_pb2_grpc.DistributedRuntimeServiceServicer):
         self._shutdown_timeout_s = shutdown_timeout_s
 
     def _run(
-        self, context: grpc.ServicerContext, call: Callable[[IsActive], Any]
-    ) -> Any:
+        self, context: grpc.ServicerContext, call: Callable[[IsActive], T]
+    ) -> T:
         # A cancelled RPC must not pin a pool thread until its timeout: the callback fires when
         # the RPC ends for any reason and wakes the waiters, who then see is_active() False.
         context.add_callback(self._state.wake)
@@ -526,8 +528,9 @@ class _Servicer(xla_pb2_grpc.DistributedRuntimeServiceServicer):
             context.abort(grpc.StatusCode[err.status.name], err.message)
             raise AssertionError("unreachable: context.abort raises") from err
 
-    def Connect(self, request: Any, context: grpc.ServicerContext) -> Any:
-        def call(active: IsActive) -> Any:
+    def Connect(self, request: xla_pb2.ConnectRequest,
+                context: grpc.ServicerContext) -> xla_pb2.ConnectResponse:
+        def call(active: IsActive) -> xla_pb2.ConnectResponse:
             session = self._state.connect(
                 request.node_id,
                 request.client_id,
@@ -539,8 +542,9 @@ class _Servicer(xla_pb2_grpc.DistributedRuntimeServiceServicer):
 
         return self._run(context, call)
 
-    def EnumerateDevices(self, request: Any, context: grpc.ServicerContext) -> Any:
-        def call(active: IsActive) -> Any:
+    def EnumerateDevices(self, request: xla_pb2.EnumerateDevicesRequest,
+                         context: grpc.ServicerContext) -> xla_pb2.EnumerateDevicesResponse:
+        def call(active: IsActive) -> xla_pb2.EnumerateDevicesResponse:
             topology = self._state.enumerate_devices(
                 request.session_id,
                 request.local_topology,
@@ -551,15 +555,17 @@ class _Servicer(xla_pb2_grpc.DistributedRuntimeServiceServicer):
 
         return self._run(context, call)
 
-    def Heartbeat(self, request: Any, context: grpc.ServicerContext) -> Any:
-        def call(active: IsActive) -> Any:
+    def Heartbeat(self, request: xla_pb2.HeartbeatRequest,
+                  context: grpc.ServicerContext) -> xla_pb2.HeartbeatResponse:
+        def call(active: IsActive) -> xla_pb2.HeartbeatResponse:
             self._state.heartbeat(request.session_id, request.node_id)
             return xla_pb2.HeartbeatResponse()
 
         return self._run(context, call)
 
-    def Shutdown(self, request: Any, context: grpc.ServicerContext) -> Any:
-        def call(active: IsActive) -> Any:
+    def Shutdown(self, request: xla_pb2.ShutdownRequest,
+                 context: grpc.ServicerContext) -> xla_pb2.ShutdownResponse:
+        def call(active: IsActive) -> xla_pb2.ShutdownResponse:
             self._state.shutdown(
                 request.session_id, request.node_id, self._shutdown_timeout_s, active
             )
@@ -567,8 +573,9 @@ class _Servicer(xla_pb2_grpc.DistributedRuntimeServiceServicer):
 
         return self._run(context, call)
 
-    def KeyValueGet(self, request: Any, context: grpc.ServicerContext) -> Any:
-        def call(active: IsActive) -> Any:
+    def KeyValueGet(self, request: xla_pb2.KeyValueGetRequest,
+                    context: grpc.ServicerContext) -> xla_pb2.KeyValueGetResponse:
+        def call(active: IsActive) -> xla_pb2.KeyValueGetResponse:
             value = self._state.key_value_get(
                 request.session_id,
                 request.key,
@@ -579,8 +586,9 @@ class _Servicer(xla_pb2_grpc.DistributedRuntimeServiceServicer):
 
         return self._run(context, call)
 
-    def KeyValueSet(self, request: Any, context: grpc.ServicerContext) -> Any:
-        def call(active: IsActive) -> Any:
+    def KeyValueSet(self, request: xla_pb2.KeyValueSetRequest,
+                    context: grpc.ServicerContext) -> xla_pb2.KeyValueSetResponse:
+        def call(active: IsActive) -> xla_pb2.KeyValueSetResponse:
             self._state.key_value_set(request.session_id, request.key, request.value)
             return xla_pb2.KeyValueSetResponse()
 

@@ -124,7 +124,7 @@ class RemoteNode:
         self.conn: NodeConn | None = None
         self.registered: asyncio.Future[None] = loop.create_future()
         self.closed = False
-        self._store_info: Any = pb.ObjStoreDebugInfoReply()
+        self._store_info = pb.ObjStoreDebugInfoReply()
         self._flush_due = False
         self._idle: bool | None = None
         self._syncs: dict[int, Callable[[], None]] = {}
@@ -276,7 +276,7 @@ class RemoteNode:
         self._syncs[n] = fn
         self._command(pb.NodeCommand(sync=n))
 
-    def store_info(self) -> Any:
+    def store_info(self) -> pb.ObjStoreDebugInfoReply:
         """The store's figures as the node last reported them (within ~0.1 s)."""
         info = pb.ObjStoreDebugInfoReply()
         info.CopyFrom(self._store_info)

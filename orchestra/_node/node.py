@@ -511,7 +511,7 @@ class Node:
         self.loop.call_later(_WATCH_S, self._watch)
 
     # ------------------------------------------------------------------ figures
-    def store_info(self) -> Any:
+    def store_info(self) -> pb.ObjStoreDebugInfoReply:
         """The store's figures (ObjStoreDebugInfoReply, objects not filled in)."""
         s = self.store
         return pb.ObjStoreDebugInfoReply(

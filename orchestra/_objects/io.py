@@ -61,7 +61,8 @@ class ObjectIO:
         self.mapping_ahead: dict[str, bool] = {}   # name -> still wanted
 
     # ------------------------------------------------------------------ writes
-    def make_object_data(self, oid: bytes, ser: Serialized, out: Any = None) -> Any:
+    def make_object_data(self, oid: bytes, ser: Serialized,
+                         out: pb.ObjectData | None = None) -> pb.ObjectData:
         """ObjectData for a sealed value: inline when small, else written to a segment.
         ``out``: an ObjectData to fill (one added to a message), else a new one."""
         client = self.client
@@ -222,7 +223,7 @@ class ObjectIO:
                 data = self._locate(data.object_id)
         raise ObjectLostError(f"object {data.object_id.hex()} kept moving while being read")
 
-    def _locate(self, oid: bytes) -> Any:
+    def _locate(self, oid: bytes) -> pb.ObjectData:
         """Where the object's data is now, for this node (ObjectLostError if nowhere)."""
         client = self.client
         data = client.request(pb.Request(locate=oid)).object

@@ -50,7 +50,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from .._platform.procutil import pid_alive
 from .._proto import types_pb2
@@ -164,7 +164,7 @@ class ObjectStore:
         return f"seg-{self._n}"
 
     def create(self, conn: int, object_id: bytes, size: int, *, spill: bool = True,
-               release: bool = True) -> Any:
+               release: bool = True) -> types_pb2.Segment:
         """Reserve room for ``size`` bytes; returns the Segment the writer fills.
 
         Raises SpillNeeded when spilling some objects to disk would make the room (the

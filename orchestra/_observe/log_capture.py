@@ -160,7 +160,7 @@ class LogCapture:
         if pending:
             self._send(_wire.encode(_wire.LOG_LINES, self.frame(pending)))
 
-    def frame(self, pending: list[tuple[int, int, str, str]]) -> Any:
+    def frame(self, pending: list[tuple[int, int, str, str]]) -> pb.LogLines:
         """Lines in order, one chunk per run of the same job, stream and name."""
         msg = pb.LogLines()
         chunk: Any = None

@@ -94,7 +94,7 @@ class EventBuffer:
         """Whether a periodic report is due (something buffered, REPORT_S passed)."""
         return bool(self.started or self.ended) and now - self.last_report >= REPORT_S
 
-    def take(self, flush_id: int = 0) -> Any:
+    def take(self, flush_id: int = 0) -> pb.TaskEventBatch | None:
         """What was buffered, as one TaskEventBatch; the buffer keeps what is appended
         meanwhile (slices, then deletes, of the lengths read first). The ends are
         counted before the starts: every end taken then has its start taken too (a

@@ -421,7 +421,8 @@ class CoreClient:
         self.put_seq += 1
         return ref
 
-    def make_object_data(self, oid: bytes, ser: Serialized, out: Any = None) -> Any:
+    def make_object_data(self, oid: bytes, ser: Serialized,
+                         out: pb.ObjectData | None = None) -> pb.ObjectData:
         return self.objects.make_object_data(oid, ser, out)
 
     def abort_segment(self, name: str) -> None:

@@ -55,7 +55,7 @@ def _local_path(key: str, value: Any) -> str:
     return full
 
 
-def check(runtime_env: Any) -> Any:
+def check(runtime_env: object) -> pb.RuntimeEnvSpec | None:
     """runtime_env= as a RuntimeEnvSpec (None for none); raises naming the bad key."""
     if runtime_env is None:
         return None
@@ -83,7 +83,8 @@ def check(runtime_env: Any) -> Any:
     return spec
 
 
-def merge(job: Any, task: Any) -> Any:
+def merge(job: pb.RuntimeEnvSpec | None,
+          task: pb.RuntimeEnvSpec | None) -> pb.RuntimeEnvSpec | None:
     """The task's runtime_env over the job's (init's): env_vars merged, the task's
     winning; working_dir and py_modules the task's when it gives them."""
     if job is None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import enum
-from typing import Any
 
 from .._protocol import pb
 from .._protocol.wire import ACTOR_ADDRESS
@@ -65,7 +64,7 @@ class ActorTable:
         self.pending: list[Actor] = []
 
     # ------------------------------------------------------------------ creation
-    def create(self, conn: int, call: Any, task: Task) -> Any:
+    def create(self, conn: int, call: pb.Call, task: Task) -> pb.ActorSpec | None:
         """Raises ValueError for a name taken in its namespace (the head answers the
         request with it); with get_if_exists, the live actor's spec (nothing made)."""
         spec = call.actor
@@ -347,7 +346,7 @@ class ActorTable:
                                                       if t is not a.creation]):
             self._stop(a, "no handle to it is left")
 
-    def get(self, name: str, namespace: str = "", conn: int | None = None) -> Any:
+    def get(self, name: str, namespace: str = "", conn: int | None = None) -> pb.ActorSpec | None:
         """The spec of the live actor ``name`` in ``namespace`` ("": ``conn``'s own)."""
         if not namespace and conn is not None:
             namespace = self.namespace_of(conn)

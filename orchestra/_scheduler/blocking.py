@@ -211,7 +211,7 @@ class Blocking:
             if c.kind == "driver":
                 self.s.out.append(Send(c.conn, STALLED, msg))
 
-    def _stalled_picture(self) -> Any:
+    def _stalled_picture(self) -> tuple[tuple[tuple[int, int, int], ...], tuple[bytes, ...]] | None:
         """What is stuck (blocked tasks, ready tasks), or None while anything can move."""
         s = self.s
         if not s.has_ready():

@@ -382,11 +382,11 @@ class PlacementGroups:
                     self.pending.append(g)
 
     # ------------------------------------------------------------------ queries
-    def info(self, g: Group) -> Any:
+    def info(self, g: Group) -> pb.PlacementGroupInfo:
         return pb.PlacementGroupInfo(spec=g.spec, state=g.state.value,
                                      bundle_nodes=[0 if n is None else n + 1 for n in g.nodes])
 
-    def by_name(self, name: str) -> Any:
+    def by_name(self, name: str) -> pb.PlacementGroupInfo | None:
         gid = self.names.get(name)
         if gid is None:
             raise ValueError(f"no placement group is named {name!r}; named groups are made with "

@@ -20,7 +20,6 @@ of the core reaches it through SchedulerState's event methods.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from .._protocol import pb
 from .instructions import FreeSegment, Push
@@ -134,7 +133,7 @@ class ObjectDirectory:
         o.data = pb.ObjectData(object_id=oid, segment=segment, contained=data.contained)
         return True
 
-    def copy_on(self, oid: bytes, node_id: int) -> Any:
+    def copy_on(self, oid: bytes, node_id: int) -> pb.ObjectData | None:
         """The object's data as a reader on ``node_id`` maps it: the primary copy when it
         is there, else a copy pulled there; None when that node has none (pull it)."""
         o = self.objects.get(oid)

@@ -147,7 +147,7 @@ def _fmt(req: dict[str, float]) -> str:
     return ", ".join(f"{k}={v:g}" for k, v in sorted(req.items())) or "nothing"
 
 
-def _warning(t: Task, nodes: dict[int, Node]) -> Any:
+def _warning(t: Task, nodes: dict[int, Node]) -> pb.ClusterWarning:
     have = "; ".join(f"{node_hex(n.node_id)}: {_fmt(n.resources.total)}" for n in nodes.values())
     what = f"actor {t.call.actor.class_name}" if t.call.HasField("actor") else f"task {t.call.name}()"
     return pb.ClusterWarning(text=(
