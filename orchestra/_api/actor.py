@@ -66,7 +66,7 @@ def method(*args: Any, **options: Any) -> Any:
     return decorator
 
 
-def _check_num_returns(n: Any) -> int:
+def _check_num_returns(n: object) -> int:
     if not is_int(n, 0):
         raise ValueError(f"num_returns must be an int >= 0, got {n!r}")
     return n

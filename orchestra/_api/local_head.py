@@ -164,7 +164,7 @@ def build_cfg(*, num_cpus: int | None = None, num_gpus: int | None = None,
     return warning, cfg
 
 
-def _check_dashboard(include: Any, port: Any) -> None:
+def _check_dashboard(include: object, port: object) -> None:
     if not isinstance(include, bool):
         raise TypeError(f"include_dashboard must be True or False, got {include!r}")
     if port is not None and (not is_int(port)

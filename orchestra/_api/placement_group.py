@@ -84,7 +84,7 @@ class PlacementGroup:
         return f"PlacementGroup({self._id.hex()}, bundles={self._bundles})"
 
 
-def _check_bundles(bundles: Any) -> list[dict[str, float]]:
+def _check_bundles(bundles: object) -> list[dict[str, float]]:
     if not isinstance(bundles, (list, tuple)) or not bundles:
         raise ValueError(f"bundles must be a non-empty list of dicts such as [{{'CPU': 1}}], "
                          f"got {bundles!r}")

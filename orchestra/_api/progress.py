@@ -249,7 +249,7 @@ def _ref_or_stream_ready(results: dict[bytes, pb.ObjectData]) -> Callable[[Any],
 
 # ------------------------------------------------------------------ the bar
 
-def bar_label(progress: Any, default: str) -> str | None:
+def bar_label(progress: bool | str, default: str) -> str | None:
     """The bar's label for ``progress=``: None for False (no bar), ``default`` for True,
     the string itself for a string; TypeError for anything else."""
     if progress is False:

@@ -9,10 +9,13 @@ first, in turn), a NodeAffinitySchedulingStrategy, or a PlacementGroupScheduling
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._checks import is_int
 from .._ids import node_from_hex
+
+if TYPE_CHECKING:
+    from .placement_group import PlacementGroup
 
 
 class NodeAffinitySchedulingStrategy:
@@ -56,7 +59,7 @@ class PlacementGroupSchedulingStrategy:
     __slots__ = ("placement_group", "placement_group_bundle_index",
                  "placement_group_capture_child_tasks")
 
-    def __init__(self, placement_group: Any, placement_group_bundle_index: int = -1,
+    def __init__(self, placement_group: PlacementGroup, placement_group_bundle_index: int = -1,
                  placement_group_capture_child_tasks: bool | None = None) -> None:
         from .placement_group import PlacementGroup
         if not isinstance(placement_group, PlacementGroup):

@@ -22,7 +22,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from .._checks import is_int, is_number
 from .._ids import machine_id, node_hex
@@ -39,6 +39,11 @@ from ..exceptions import ClusterLostError, OrchestraError
 from .args import check_session as _check_session
 from .args import check_timeout as _check_timeout
 from .local_head import build_cfg, launch_head, new_session_dir, sweep_stale_sessions
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    from .._observe.log_printer import LogPrinter
 
 _HEAD_EXIT_TIMEOUT_S = 5.0
 # At interpreter exit, tasks and actor calls still pending get this long to finish
@@ -59,7 +64,7 @@ class Session:
         self.head = head
         self.spill_dir = ""   # when outside session_dir: removed here too if the head was not
         self.exit_grace_s = DEFAULT_EXIT_GRACE_S
-        self.log_printer: Any = None   # _log_printer.LogPrinter, with log_to_driver
+        self.log_printer: LogPrinter | None = None   # with log_to_driver
 
     def forward_logs(self) -> None:
         """Print the output of this driver's tasks and actors here (init's log_to_driver)."""
@@ -332,7 +337,7 @@ def shutdown() -> None:
     # before the session is marked gone: from then on every Ctrl-C is absorbed.
     presses = 0
 
-    def on_sigint(signum: int, frame: Any) -> None:
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
         nonlocal presses
         presses += 1
         if presses == 1 and s.head is not None and s.head.returncode is None:

@@ -29,7 +29,12 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    import numpy as np
 
 try:
     from ..microbenchmark import MiB, _lat, _rate, cluster_memory
@@ -88,7 +93,7 @@ def _start_ray(nodes: int) -> tuple[Any, Any, list[str], dict[str, float]]:
     return ray, cluster, [n.node_id for n in [cluster.head_node] + joined], times
 
 
-def _wait_ready(fw: Any, ref: Any) -> None:
+def _wait_ready(fw: ModuleType, ref: Any) -> None:
     """Wait until ``ref`` is made where it was made, without pulling it here (Ray's wait
     fetches to the driver's node unless told not to)."""
     kwargs = {"fetch_local": False} if "fetch_local" in inspect.signature(fw.wait).parameters else {}
@@ -117,7 +122,7 @@ def run_tasks_framework(name: str, nodes: int, quick: bool) -> dict[str, Any]:
         return np.random.default_rng(seed).random(nbytes // 8)
 
     @fw.remote
-    def read(a: Any) -> float:
+    def read(a: np.ndarray) -> float:
         return float(a[:: 4096].sum())
 
     on = {i: {"scheduling_strategy": affinity(node_ids[i], soft=False)} for i in range(1, nodes)}
@@ -201,7 +206,7 @@ def _dask_make(nbytes: int, seed: int) -> Any:
     return np.random.default_rng(seed).random(nbytes // 8)
 
 
-def _dask_read(a: Any) -> float:
+def _dask_read(a: np.ndarray) -> float:
     return float(a[:: 4096].sum())
 
 

@@ -20,11 +20,14 @@ import os
 import signal
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._cluster import launch as _launch
 from .._cluster.launch import DEFAULT_HOST, DEFAULT_PORT, LaunchError
 from .._runtime import cluster_file as cf
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 START_HELP = f"""\
 orchestra start --head [--host IP] [--port PORT] [--token TOKEN] [resources] [--block]
@@ -212,7 +215,7 @@ class _StopAsked:
 def _catch_stop_signals() -> _StopAsked:
     asked = _StopAsked()
 
-    def on_signal(signum: int, frame: Any) -> None:
+    def on_signal(signum: int, frame: FrameType | None) -> None:
         asked.why.append(signal.Signals(signum).name)
         asked.done.set()
 

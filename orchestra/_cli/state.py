@@ -62,7 +62,7 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     """Rows as aligned text columns (None as "-"; user text through printable)."""
     from .cluster import printable
 
-    def cell(v: Any) -> str:
+    def cell(v: object) -> str:
         return "-" if v is None else printable(v)
     cells = [[c.upper() for c in columns]] + [[cell(r.get(c)) for c in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]

@@ -62,7 +62,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent import futures
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import grpc
 
@@ -644,7 +644,7 @@ class Coordinator:
         # KeyValueGet) while its heartbeats keep arriving; a pool that is too small queues
         # heartbeats behind blocked calls and aborts a healthy group.
         self._max_workers = max_workers or 16 + 4 * num_nodes
-        self._server: Any = None
+        self._server: grpc.Server | None = None
         self._address: str | None = None
         self._stop_checker = threading.Event()
         self._checker: threading.Thread | None = None

@@ -38,6 +38,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import grpc
+
     from orchestra._proto import xla_distributed_runtime_pb2 as xla_pb2
 
 __all__ = [
@@ -128,7 +130,7 @@ class CoordinatorClient:
         )
         self.client_id = secrets.randbits(64) or 1  # 0 reads as "unset" in proto3
         self._session_id: int | None = None
-        self._channel: Any = None
+        self._channel: Any = None   # a grpc.Channel, once connected
         self._stub: Any = None
         self._lock = threading.Lock()
         self._abort_error: CoordinatorAbortedError | None = None
@@ -355,7 +357,7 @@ class CoordinatorClient:
         except grpc.RpcError as err:
             raise self._translate(err, method) from err
 
-    def _translate(self, err: Any, method: str) -> CoordinatorError:
+    def _translate(self, err: grpc.RpcError, method: str) -> CoordinatorError:
         import grpc
 
         code, details = err.code(), err.details()

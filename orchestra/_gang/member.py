@@ -30,7 +30,7 @@ import socket
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._checks import is_number
 from .._runtime import context as _context
@@ -41,6 +41,9 @@ from .coordinator_client import (  # cheap: the client imports grpc when it conn
     CoordinatorTimeoutError,
 )
 from .errors import GangAbortedError, GangError, GangTimeoutError
+
+if TYPE_CHECKING:
+    from .._proto import xla_distributed_runtime_pb2 as xla_pb2
 
 __all__ = ["GangContext", "GangDevice", "GangSpec", "Layout", "gang_context", "join", "layout",
            "leave", "member_info"]
@@ -103,7 +106,7 @@ def layout(member: int, hosts: Sequence[str]) -> Layout:
                   local_world_size=sum(1 for h in hosts if h == mine))
 
 
-def topology_from_proto(topology: Any) -> tuple[GangDevice, ...]:
+def topology_from_proto(topology: xla_pb2.GlobalTopologyProto) -> tuple[GangDevice, ...]:
     """The ``GlobalTopologyProto`` as plain values, in ``global_device_id`` order."""
     devices = [GangDevice(global_device_id=d.global_device_id, member=node.node_id,
                           local_device_ordinal=d.local_device_ordinal, name=d.name)

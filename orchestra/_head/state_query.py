@@ -19,7 +19,7 @@ import itertools
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._ids import node_hex
 from .._observe.task_events import (
@@ -34,6 +34,9 @@ from .._protocol import pb
 from .._protocol import wire as _wire
 from .._scheduler.model import TaskState, WorkerState
 
+if TYPE_CHECKING:
+    from .._scheduler.model import Task
+
 # A state query waits this long at most for the workers' reports (a worker busy in a
 # long call still answers from its reader thread within ~20 ms; one that is stuck in
 # native code holding the GIL is not waited for).
@@ -45,7 +48,7 @@ _ACTOR_STATES = {"pending": "PENDING_CREATION", "starting": "PENDING_CREATION",
 _GROUP_SUFFIX = b"\xff\xff\xff\xfe"
 
 
-def sched_state(task: Any) -> str:
+def sched_state(task: Task) -> str:
     """A scheduler task's state in Ray's names (one not started by a worker yet)."""
     return PENDING_ARGS_AVAIL if task.state is TaskState.WAITING else PENDING_NODE_ASSIGNMENT
 
@@ -76,7 +79,7 @@ class StateQueries:
         # flush id -> (the asker's connection, its request, workers yet to report)
         self.waiting: dict[int, tuple[Any, Any, set[int]]] = {}
         # Workers' reports not read into the table yet: (batch, worker id, pid, node id)
-        self.backlog: list[tuple[Any, int, int, int]] = []
+        self.backlog: list[tuple[pb.TaskEventBatch, int, int, int]] = []
         self.backlog_events = 0
 
     # -------------------------------------------------------------- events in

@@ -167,10 +167,10 @@ class Node:
         self._warm_delay_s = warm_delay_s
         # The task path calls these straight: no method of ours in between.
         self.seal: Callable[[str], bool] = self.store.seal
-        self.pin: Callable[[int, Any], None] = self.store.pin
+        self.pin: Callable[[int, Iterable[str]], None] = self.store.pin
         # create_segment requests (connection id, Request) that wait for a spill to make
         # their room, in order; None while none waits.
-        self._creates_waiting: collections.deque[tuple[int, Any]] | None = None
+        self._creates_waiting: collections.deque[tuple[int, pb.Request | _Pull]] | None = None
         self.exit_reasons: dict[int, str] = {}   # worker id -> why we killed it
         self.connected: set[int] = set()         # workers whose connection the head accepted
         self.driver: int | None = None           # the connection that maps the warm reserve

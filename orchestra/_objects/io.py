@@ -38,7 +38,7 @@ class Client(Protocol):
     """What object reads and writes use of their process's CoreClient."""
 
     refs: RefCounts
-    results: dict[bytes, Any]
+    results: dict[bytes, pb.ObjectData]
     lost: str | None
     closing: bool
 

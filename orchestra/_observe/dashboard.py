@@ -35,7 +35,10 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import socket
 
 # Many pages open at once (and a scraper) build the summary once per this long.
 SUMMARY_MAX_AGE_S = 0.5
@@ -320,7 +323,7 @@ class Dashboard:
         self._refusal_logged: float | None = None
         self._last_refused_from = ""
 
-    async def serve_socket(self, sock: Any) -> None:
+    async def serve_socket(self, sock: socket.socket) -> None:
         """Serve the listening socket ``sock`` (bound by _dashboard_bind.listen)."""
         self.server = await asyncio.start_server(self.serve, sock=sock, limit=MAX_HEAD_BYTES)
 
@@ -397,7 +400,7 @@ class Dashboard:
             self._refused = 0
 
 
-async def serve_head(head: Any, sock: Any, token: str) -> None:
+async def serve_head(head: Any, sock: socket.socket, token: str) -> None:
     """Serve the dashboard of a _head.Head on its bound socket: requests prove ``token``
     ("" on loopback); the data is head_summary(head)."""
     dash = Dashboard(lambda: head_summary(head), token)

@@ -163,7 +163,7 @@ class LogCapture:
     def frame(self, pending: list[tuple[int, int, str, str]]) -> pb.LogLines:
         """Lines in order, one chunk per run of the same job, stream and name."""
         msg = pb.LogLines()
-        chunk: Any = None
+        chunk = pb.LogChunk()   # replaced at the first line (its key is None)
         key: tuple[int, int, str] | None = None
         for job, stream, name, line in pending:
             if (job, stream, name) != key:

@@ -11,8 +11,6 @@ in the worker's log files only.
 """
 from __future__ import annotations
 
-from typing import Any
-
 from .._protocol import pb
 
 
@@ -41,7 +39,7 @@ class LogRoutes:
         """The chunks of one worker's LogLines by the log connection that takes them
         (``default_job``: the job of lines without one; ``ip``: set on each chunk, the
         worker's node on a cluster of several)."""
-        out: dict[int, Any] = {}
+        out: dict[int, pb.LogLines] = {}
         by_job = self.by_job
         for chunk in msg.chunks:
             job = chunk.job or default_job

@@ -187,7 +187,7 @@ class TaskTable:
         self.records: dict[bytes, TaskRecord] = {}   # insertion order: oldest first
         self.dropped = 0
         # (unix time, connection, calls): appended per SUBMIT frame, read by ingest()
-        self.submits: list[tuple[float, int, Sequence[Any]]] = []
+        self.submits: list[tuple[float, int, Sequence[pb.Call]]] = []
         # worker id -> the task it started last (the job of what that task submits)
         self.last_started: dict[int, TaskRecord] = {}
         # Connections closed, the newest _DEPARTED_MAX: -> DRIVER, or the worker id
@@ -220,7 +220,7 @@ class TaskTable:
             self.live[r.task_id] = r
 
     # -------------------------------------------------------------- feeding
-    def submitted(self, conn: int, calls: Sequence[Any], now: float | None = None) -> None:
+    def submitted(self, conn: int, calls: Sequence[pb.Call], now: float | None = None) -> None:
         """Calls (pb.Call) that reached the head: kept as given (cheap: one tuple per
         frame), read at the next ingest, so that a task the scheduler drops before that
         (cancelled, its driver gone) keeps its name."""
@@ -246,7 +246,7 @@ class TaskTable:
                 r.submit_time = r.submit_time or when
         self._bound()
 
-    def adopted(self, conn: int, worker_id: int, calls: Iterable[Any]) -> None:
+    def adopted(self, conn: int, worker_id: int, calls: Iterable[pb.Call]) -> None:
         """Direct calls handed to the head when their connection to ``worker_id`` closed
         (AdoptCalls): known here even when the worker died before it reported them."""
         records = self.records

@@ -193,7 +193,8 @@ class AuthGate(asyncio.Protocol):
     handshake are fed). A client that fails, or is silent for ``timeout_s``, is closed
     and nothing it sent is decoded."""
 
-    def __init__(self, token: str, loop: Any, make_protocol: Callable[[Any], Any],
+    def __init__(self, token: str, loop: asyncio.AbstractEventLoop,
+                 make_protocol: Callable[[Any], Any],
                  timeout_s: float = HANDSHAKE_S, what: str = "orchestra",
                  pending: dict[AuthGate, None] | None = None) -> None:
         self.token = token
@@ -208,7 +209,7 @@ class AuthGate(asyncio.Protocol):
         self.buf = b""
         self.nonce = secrets.token_bytes(_NONCE)
         self.done = False
-        self._timer: Any = None
+        self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -244,7 +245,8 @@ class AuthGate(asyncio.Protocol):
         answer, rest = self.buf[:need], self.buf[need:]
         self.buf = b""
         self._settled()
-        self._timer.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
         reply, why = _judge(self.token, self.nonce, answer)
         if why:
             peer = self.transport.get_extra_info("peername")

@@ -52,7 +52,7 @@ def is_generator_function(fn: Any) -> bool:
     return inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)
 
 
-def generator_mode(num_returns: Any, is_generator: bool, what: str) -> int:
+def generator_mode(num_returns: object, is_generator: bool, what: str) -> int:
     """The Call's ``generator`` for ``num_returns`` (None: not given) of ``what``, a
     function or method that is, or is not, a generator function. A generator streams
     by default, as in Ray; "dynamic" or "streaming" on anything else is refused."""
@@ -91,7 +91,7 @@ class Stream:
 
     def __init__(self, tid: bytes) -> None:
         self.tid = tid
-        self.items: dict[bytes, Any] = {}
+        self.items: dict[bytes, pb.ObjectData] = {}
         self.closed = False   # ended or dropped: release items as they come
 
     def arrived(self, client: Client, oid: bytes, data: pb.ObjectData) -> None:

@@ -31,7 +31,6 @@ send to the drivers (Stalled frame), which log it: never a silent stall.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from .._ids import TASK_ID_LEN
 from .._protocol import pb
@@ -48,6 +47,11 @@ MAX_NESTED = 1000
 STALL_S = 5.0
 
 
+# What a stall looks like (Blocking._stalled_picture): the blocked workers, and the
+# objects they wait for.
+Picture = tuple[tuple[tuple[int, int, int], ...], tuple[bytes, ...]]
+
+
 class Blocking:
     """The blocked-worker decisions of a SchedulerState (its helper, as ActorTable is)."""
 
@@ -61,9 +65,9 @@ class Blocking:
         # since the last tick; those of the tick before, which may start one now.
         self._deferred: set[bytes] = set()
         self._grow_ok: set[bytes] = set()
-        self._stall_key: Any = None      # the stalled picture last seen, and since when
+        self._stall_key: Picture | None = None   # the stalled picture last seen, and since when
         self._stall_since = 0.0
-        self._warned: Any = None         # the picture last warned about (warn once)
+        self._warned: Picture | None = None      # the picture last warned about (warn once)
 
     # ------------------------------------------------------------------ events
     def blocked(self, w: Worker, is_blocked: bool, ids: Iterable[bytes] = (),
@@ -211,7 +215,7 @@ class Blocking:
             if c.kind == "driver":
                 self.s.out.append(Send(c.conn, STALLED, msg))
 
-    def _stalled_picture(self) -> tuple[tuple[tuple[int, int, int], ...], tuple[bytes, ...]] | None:
+    def _stalled_picture(self) -> Picture | None:
         """What is stuck (blocked tasks, ready tasks), or None while anything can move."""
         s = self.s
         if not s.has_ready():

@@ -218,7 +218,7 @@ class Obj:
         self.size = 0
         # Copies pulled by other nodes' stores (node id -> Segment there); the primary
         # copy is data.segment. None while there is none (every object on one node).
-        self.copies: dict[int, Any] | None = None
+        self.copies: dict[int, pb.Segment] | None = None
         # On a cluster of several nodes, a task's large result keeps how to make it
         # again (its Call, the retries it had left, its owner): lost with its node, it
         # is rebuilt by running the task again.

@@ -49,9 +49,9 @@ class ActorRuntime:
         self.lock = threading.Lock()
         self.running: dict[bytes, Any] = {}
         self.cancelled: set[bytes] = set()
-        self.pool: Any = None
+        self.pool: Any = None   # a ThreadPoolExecutor (a threaded actor's)
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.sem: Any = None
+        self.sem: Any = None    # an asyncio.Semaphore (an async actor's)
         if spec.is_async:
             import asyncio
 

@@ -28,7 +28,7 @@ import threading
 import time
 import traceback
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
@@ -59,6 +59,9 @@ from .calls import (
     split_returns,
 )
 from .producer import Acks, produce
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 _set_call = _context.set_call
 _HEAD_ROUTE = (None, 0, False)   # reply_to's answer for a task the head sent
@@ -361,7 +364,7 @@ class WorkerRuntime:
         self.send_done(pb.TaskDone(task_id=task_id, cancelled=True))
 
     # ------------------------------------------------------------ main thread side
-    def _on_cancel_signal(self, signum: int, frame: Any) -> None:
+    def _on_cancel_signal(self, signum: int, frame: FrameType | None) -> None:
         target = self.cancel_target
         if target is None or target != self.running:
             return
