@@ -33,10 +33,11 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._ids import machine_id
 from .._node.node import Node, node_from_cfg, worker_socket
+from .._node.worker_pool import ZygoteStart
 from .._objects.errors import make_error
 from .._objects.store import sweep_stale_segments
 from .._observe.log_router import LogRoutes
@@ -63,6 +64,9 @@ from .grpc_service import GRPC_CONN
 from .pulls import Pulls
 from .remote_node import RemoteNode
 from .state_query import StateQueries
+
+if TYPE_CHECKING:
+    from .._observe.dashboard import Dashboard
 
 # The node that runs in this process. Nodes of other machines will get ids of their own
 # when they join; nothing else names this one.
@@ -122,7 +126,7 @@ class Conn(asyncio.Protocol):
 
 class Head:
     def __init__(self, cfg: dict[str, Any], loop: asyncio.AbstractEventLoop,
-                 zygote: tuple[Any, int, int] | None = None) -> None:
+                 zygote: ZygoteStart | None = None) -> None:
         self.cfg = cfg
         self.loop = loop
         self.session_dir = cfg["session_dir"]
@@ -174,7 +178,7 @@ class Head:
         # (object id, node id) -> what waits for that node's copy (None: a prefetch)
         self.pulls = Pulls(self)   # objects copied between nodes for their readers
         self.address = cfg.get("listen", "")
-        self.dashboard: Any = None                   # _dashboard.Dashboard, once it serves
+        self.dashboard: Dashboard | None = None      # once it serves
         self.dashboard_url = ""
         # Task events and the state queries (orchestra.util.state, _head/state_query.py).
         self.events = StateQueries(self)
@@ -711,7 +715,7 @@ class Head:
         self.loop.stop()
 
 
-def main(argv: list[str] | None = None, zygote: tuple[Any, int, int] | None = None) -> None:
+def main(argv: list[str] | None = None, zygote: ZygoteStart | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     with open(argv[0]) as f:
         cfg = json.load(f)

@@ -59,7 +59,7 @@ from .._objects.transfer import DataServer, Fetcher
 from .._protocol import pb
 from .._protocol import wire as _wire
 from ..exceptions import ObjectStoreError, ObjectStoreFullError, OrchestraError
-from .worker_pool import WorkerPool, Zygote
+from .worker_pool import WorkerPool, Zygote, ZygoteStart
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -122,7 +122,7 @@ def worker_socket(session_dir: str, worker_id: int) -> str:
 
 
 def node_from_cfg(node_id: int, host: NodeHost, loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
-                  zygote: tuple[Any, int, int] | None = None) -> Node:
+                  zygote: ZygoteStart | None = None) -> Node:
     """The node a session's configuration (cfg JSON, _api/session.py) describes, whether it
     runs in the head process or in a process of its own."""
     capacity = int(cfg["object_store_memory"])
@@ -148,7 +148,7 @@ class Node:
                  pool_bytes: int | None = None, warm_bytes: int = 0,
                  spill_dir: str | None = None, env: dict[str, str] | None = None,
                  preload: list[str] | None = None, warm_delay_s: float = 0.5,
-                 zygote: tuple[Any, int, int] | None = None) -> None:
+                 zygote: ZygoteStart | None = None) -> None:
         self.node_id = node_id
         self.host = host
         self.loop = loop

@@ -40,6 +40,7 @@ from .._platform.procutil import watch_parent, watch_pid
 from .._protocol import pb
 from .._protocol import wire as _wire
 from .node import Node, NodeHost, node_from_cfg
+from .worker_pool import ZygoteStart
 
 # The head answers ObjStoreDebugInfo from the figures last sent; a spill or the warm
 # reserve changes them off the command path, and is sent within this long.
@@ -178,7 +179,7 @@ class NodeProcess(asyncio.Protocol):
         self.close()
 
     # ------------------------------------------------------------------ joining over TCP
-    def _welcomed(self, w: Any) -> None:
+    def _welcomed(self, w: pb.NodeWelcome) -> None:
         """The head gave this node its id: start the store, the data server and the
         workers' pool, and tell the head what this node is."""
         if self.node is not None:
@@ -241,7 +242,7 @@ class NodeProcess(asyncio.Protocol):
             self.done.set_result(None)
 
     # ------------------------------------------------------------------ NodeHost
-    def _event(self, ev: Any) -> None:
+    def _event(self, ev: pb.NodeEvent) -> None:
         self.wbuf.append(_wire.encode(_wire.NODE_EVENT, ev))
         if not self._flush_due:
             self._flush_due = True
@@ -297,7 +298,7 @@ class NodeProcess(asyncio.Protocol):
 
 
 async def _run(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any], node_sock: str, node_id: int,
-               zygote: tuple[Any, int, int] | None) -> None:
+               zygote: ZygoteStart | None) -> None:
     proto = NodeProcess(loop, cfg, lambda host: node_from_cfg(node_id, host, loop, cfg, zygote))
     for sig in (signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, proto.close)
@@ -328,7 +329,7 @@ def routable(address: str, sockname: tuple[str, int] | str | None) -> str:
     return address
 
 
-def _start_zygote(head_address: str) -> tuple[Any, int, int] | None:
+def _start_zygote(head_address: str) -> ZygoteStart | None:
     """The fork server of a joining node (_platform/bootstrap.py starts the others')."""
     import subprocess
     req_r, req_w = os.pipe()
@@ -345,7 +346,7 @@ def _start_zygote(head_address: str) -> tuple[Any, int, int] | None:
 
 
 async def _run_joined(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
-                      zygote: tuple[Any, int, int] | None) -> None:
+                      zygote: ZygoteStart | None) -> None:
     from .._protocol.auth import client_handshake
     from .._protocol.connection import parse_address
     proto = NodeProcess(loop, cfg, lambda host: node_from_cfg(int(cfg["_node_id"]), host, loop,
@@ -400,7 +401,7 @@ def join_main(cfg_path: str) -> None:
         loop.close()
 
 
-def main(argv: list[str] | None = None, zygote: tuple[Any, int, int] | None = None) -> None:
+def main(argv: list[str] | None = None, zygote: ZygoteStart | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--join":
         join_main(argv[1])

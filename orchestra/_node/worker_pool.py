@@ -19,9 +19,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from .._platform.procutil import kill_group
+
+# A fork server started (_platform/bootstrap.py, _node/process.py): its process, the
+# pipe requests go in and the pipe answers come out of.
+ZygoteStart = tuple[subprocess.Popen[bytes], int, int]
 
 
 class ForkedWorker:
@@ -57,7 +60,11 @@ class ForkedWorker:
         return self.returncode
 
 
-def _kill(p: Any) -> None:
+
+# A worker's process: started by exec, or forked by the zygote.
+WorkerProc = subprocess.Popen[bytes] | ForkedWorker
+
+def _kill(p: WorkerProc) -> None:
     """Kill a live worker with its process group (a Popen worker leads a session of its
     own, a forked one a group: ForkedWorker.kill)."""
     if p.poll() is not None:
@@ -155,7 +162,7 @@ class WorkerPool:
         self.cwd = cwd
         self.env = env
         self.on_failed = on_failed        # called on the spawning thread
-        self.procs: dict[int, Any] = {}   # Popen, or ForkedWorker from the zygote
+        self.procs: dict[int, WorkerProc] = {}
         self.lock = threading.Lock()
         self.kill_requested: set[int] = set()
         self.closed = False
@@ -170,7 +177,7 @@ class WorkerPool:
         self.zygote = zygote
 
     def _spawn(self, worker_id: int) -> None:
-        proc: Any
+        proc: WorkerProc
         try:
             z = self.zygote
             if z is not None and z.alive and not self.closed:
@@ -191,7 +198,7 @@ class WorkerPool:
         if doomed:
             proc.kill()
 
-    def snapshot(self) -> list[tuple[int, Any]]:
+    def snapshot(self) -> list[tuple[int, WorkerProc]]:
         with self.lock:
             return list(self.procs.items())
 

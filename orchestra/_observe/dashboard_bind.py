@@ -15,9 +15,12 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._protocol.connection import parse_host
+
+if TYPE_CHECKING:
+    import asyncio
 
 # Ray's dashboard port: what a bookmark finds. Taken (another cluster on this machine),
 # the dashboard takes any free port instead, unless the port was asked for by number.
@@ -104,7 +107,7 @@ def start_dashboard(head: Any) -> str:
     return url
 
 
-_starting: set[Any] = set()   # the serve_head tasks running (a task needs a reference)
+_starting: set[asyncio.Task[None]] = set()   # serve_head tasks running (each needs a ref)
 
 
 def _serve(head: Any, sock: socket.socket, token: str) -> None:

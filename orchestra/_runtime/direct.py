@@ -20,7 +20,7 @@ import select
 import signal
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from .._objects.errors import make_error
@@ -54,7 +54,7 @@ class Client(Protocol):
     ref counts, results, and the reading of every connection."""
 
     refs: RefCounts
-    results: dict[bytes, Any]
+    results: dict[bytes, pb.ObjectData]
     owned: set[bytes]
     lost: str | None
     conn_id: int
@@ -66,7 +66,7 @@ class Client(Protocol):
 
     def send(self, kind: int, msg: Any) -> None: ...
     def send_raw(self, frame: bytes) -> None: ...
-    def send_decided(self, decide: Any) -> None: ...
+    def send_decided(self, decide: Callable[[], bytes]) -> None: ...
     def send_submit(self, call: bytes, refs: Any) -> None: ...
     def subscribe_missing(self, ids: Iterable[bytes]) -> None: ...
     def wake(self) -> None: ...
@@ -100,7 +100,7 @@ class DirectCalls:
         self.listener: Listener | None = None
         self.tcp_listener: Listener | None = None   # on a cluster: callers on other nodes
         # An actor's worker: what to do with a frame from one of its callers.
-        self.on_peer_frame: Any = None
+        self.on_peer_frame: Callable[[Peer, int, Any], None] | None = None   # a worker's
         # Workers the head lent this driver (Loan), by resource shape, and the tasks of
         # each shape waiting for room on them; one lock for all of it.
         self.loan_lock = threading.Lock()
@@ -229,7 +229,7 @@ class DirectCalls:
         """Whether pushes from the head concern direct calls (see pushed)."""
         return bool(self.call_route or self.book.via_head or self.busy_tasks)
 
-    def pushed(self, objects: Iterable[Any]) -> list[Loan]:
+    def pushed(self, objects: Iterable[pb.ObjectData]) -> list[Loan]:
         """The head pushed these objects here (under the ref lock). Returns the lent
         workers that ended what the head had sent them (pump_woken, without that lock)."""
         woken: list[Loan] = []
@@ -370,7 +370,7 @@ class DirectCalls:
             loan.peer.send(_wire.encode(_wire.STEAL, pb.ReturnTasks(task_ids=ids)))
 
     def _dispatch_loan(self, loan: Loan, frames: list[tuple[int, Any]]) -> None:
-        forward: list[Any] = []
+        forward: list[pb.ObjectData] = []
         answered: list[Call] = []
         with self.loan_lock:
             returned: list[Call] = []
@@ -628,7 +628,7 @@ class DirectCalls:
             if self.waiting_routes:
                 self.pump_waiting()
             return
-        forward: list[Any] = []
+        forward: list[pb.ObjectData] = []
         answered: list[Call] = []
         with route.lock:
             for kind, msg in frames:

@@ -48,7 +48,7 @@ _RELEASE_ALL = 1 << 62
 _KEEP_CLOSED = 256
 
 
-def is_generator_function(fn: Any) -> bool:
+def is_generator_function(fn: object) -> bool:
     return inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import Any
 
 from .._ids import node_hex
 from .._objects.serialization import serialize
@@ -393,7 +392,7 @@ class PlacementGroups:
                              "placement_group(bundles, name=...)")
         return self.info(self.groups[gid])
 
-    def table(self, gid: bytes = b"") -> list[Any]:
+    def table(self, gid: bytes = b"") -> list[pb.PlacementGroupInfo]:
         if gid:
             g = self.groups.get(gid)
             if g is None:

@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
@@ -62,6 +62,8 @@ from .producer import Acks, produce
 
 if TYPE_CHECKING:
     from types import FrameType
+
+    from .._protocol.connection import Connection
 
 _set_call = _context.set_call
 _HEAD_ROUTE = (None, 0, False)   # reply_to's answer for a task the head sent
@@ -117,7 +119,7 @@ class WorkerRuntime:
         # Calls a caller sent straight to this actor: task id -> (its connection, the
         # caller's connection id at the head, whether the caller holds arguments for it
         # until told), until answered.
-        self.reply_to: dict[bytes, tuple[Any, int, bool]] = {}
+        self.reply_to: dict[bytes, tuple[Connection, int, bool]] = {}
         self.holding: dict[bytes, Any] = {}   # results holding refs, until answered
         # Tasks whose results are in shared memory or hold refs, until answered: a
         # direct caller gets those through the head.
@@ -224,7 +226,7 @@ class WorkerRuntime:
         if self.events.due(time.monotonic()):
             self.client.send(_wire.TASK_EVENTS, self.events.take())
 
-    def _on_peer_frame(self, peer: Any, kind: int, msg: Any) -> None:
+    def _on_peer_frame(self, peer: Connection, kind: int, msg: Any) -> None:
         """A frame from a caller connected straight to this actor."""
         if kind == _wire.EXECUTE:
             inv = msg.invoke
@@ -299,7 +301,7 @@ class WorkerRuntime:
         if self.actor is None:
             self._return(self._take_queued(wanted, None))
 
-    def _take_queued(self, wanted: set[bytes], sender: Any) -> list[bytes]:
+    def _take_queued(self, wanted: set[bytes], sender: Connection | None) -> list[bytes]:
         """Take the queued (not started) tasks among ``wanted`` that ``sender`` sent here
         (a caller's connection; None: the head) off the queue.
 
@@ -320,7 +322,7 @@ class WorkerRuntime:
         """Hand queued tasks back to whoever sent them: the head, or a driver that sent
         them straight here (``before``: frames for the head that go first)."""
         to_head: list[bytes] = []
-        to_peers: dict[Any, list[bytes]] = {}
+        to_peers: dict[Connection, list[bytes]] = {}
         for tid in task_ids:
             route = self.reply_to.pop(tid, None)
             if route is None:
@@ -400,7 +402,7 @@ class WorkerRuntime:
                     self._on_cancel_signal(signal.SIGUSR1, sys._getframe())
         return guarded
 
-    def _on_block(self, blocked: bool, ids: Any = ()) -> bool:
+    def _on_block(self, blocked: bool, ids: Iterable[bytes] = ()) -> bool:
         """A get()/wait() blocks on ``ids`` (or ends); True: this thread runs the tasks
         the head hands it meanwhile (only the main thread runs tasks)."""
         if blocked:
