@@ -35,6 +35,11 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 
+# One framework's numbers by row key (with its name and version), as the child process
+# that measured them prints them in JSON.
+Results = dict[str, float | str]
+
+
 class RemoteFn(Protocol):
     """A remote function of the framework under test (orchestra's or Ray's)."""
 
@@ -115,14 +120,15 @@ def _rate(fn: Callable[[int], Any], n: int) -> float:
 
 # ---------------------------------------------------------------- the workloads
 
-def run_framework(name: str, quick: bool) -> dict[str, Any]:
+def run_framework(name: str, quick: bool) -> Results:
     import numpy as np
     fw = importlib.import_module(name)
     scale = 0.02 if quick else 1.0
     big = (8 if quick else 512) * MiB
-    res: dict[str, Any] = {"framework": name, "version": getattr(fw, "__version__", "?")}
+    res: Results = {"framework": name, "version": getattr(fw, "__version__", "?")}
 
-    store = big * 3 + (32 if quick else 2048) * MiB   # room for the 1 GiB table too
+    # room for the 1 GiB table too; Ray refuses a store under 75 MiB (--quick)
+    store = max(big * 3 + (32 if quick else 2048) * MiB, 80 * MiB)
     t = time.perf_counter()
     if name == "ray":
         fw.init(num_cpus=os.cpu_count(), object_store_memory=store,
@@ -286,8 +292,8 @@ def _columnar(fw: ModuleType, quick: bool) -> dict[str, float]:
     return out
 
 
-def _actor_workloads(fw: ModuleType, scale: float) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _actor_workloads(fw: ModuleType, scale: float) -> Results:
+    out: Results = {}
 
     class Counter:
         def __init__(self) -> None:
@@ -344,10 +350,10 @@ def _stream_workloads(fw: ModuleType, scale: float) -> dict[str, float]:
     return {"stream_items_per_s": max(rate), "stream_first_item_ms": min(first_ms)}
 
 
-def _util_workloads(name: str, fw: ModuleType, scale: float) -> dict[str, Any]:
+def _util_workloads(name: str, fw: ModuleType, scale: float) -> Results:
     """ActorPool.map over small items with 2 actors, and Queue put+get round trips
     (``<framework>.util.ActorPool``, ``<framework>.util.queue.Queue``: Ray's names)."""
-    out: dict[str, Any] = {}
+    out: Results = {}
     util = importlib.import_module(f"{name}.util")
     queue_mod = importlib.import_module(f"{name}.util.queue")
 
@@ -374,12 +380,12 @@ def _util_workloads(name: str, fw: ModuleType, scale: float) -> dict[str, Any]:
     return out
 
 
-def run_pool(quick: bool) -> dict[str, Any]:
+def run_pool(quick: bool) -> Results:
     import multiprocessing as mp
 
     import numpy as np
     scale = 0.02 if quick else 1.0
-    res: dict[str, Any] = {"framework": "multiprocessing.Pool"}
+    res: Results = {"framework": "multiprocessing.Pool"}
     t = time.perf_counter()
     pool = mp.get_context("forkserver").Pool(os.cpu_count())
     pool.apply(_pool_noop)
@@ -466,11 +472,11 @@ NODE_ROWS = [
 ]
 
 
-def node_rows(results: list[dict[str, Any]]) -> list[tuple[str, str, bool]]:
+def node_rows(results: list[Results]) -> list[tuple[str, str, bool]]:
     """NODE_ROWS with this run's node count and transfer size in the labels."""
     ok = [r for r in results if "nodes" in r]
-    n = ok[0]["nodes"] if ok else 3
-    mib = next((r["transfer_mib"] for r in ok if "transfer_mib" in r), 200)
+    n = int(ok[0]["nodes"]) if ok else 3
+    mib = next((float(r["transfer_mib"]) for r in ok if "transfer_mib" in r), 200.0)
     return [(k, label.format(n1=n - 1, mib=f"{mib:g}"), hb) for k, label, hb in NODE_ROWS]
 
 
@@ -480,14 +486,14 @@ def _fmt(v: object) -> str:
     return str(v) if v is not None else "-"
 
 
-def report(results: list[dict[str, Any]], rows: list[tuple[str, str, bool]] | None = None) -> str:
+def report(results: list[Results], rows: list[tuple[str, str, bool]] | None = None) -> str:
     """A table: one row per workload, one column per framework, then orchestra's ratios."""
-    names = [r["framework"] for r in results]
+    names = [str(r["framework"]) for r in results]
     header = ["workload"] + names
     base = results[0]
     if len(results) > 1:
         header += [f"orchestra vs {n}" for n in names[1:]]
-    lines = [header]
+    lines: list[list[str]] = [header]
     for key, label, higher_better in ROWS if rows is None else rows:
         vals = [r.get(key) for r in results]
         if all(v is None for v in vals):
@@ -510,7 +516,7 @@ def report(results: list[dict[str, Any]], rows: list[tuple[str, str, bool]] | No
     return "\n".join(out)
 
 
-def _run_child(python: str, framework: str, quick: bool) -> dict[str, Any]:
+def _run_child(python: str, framework: str, quick: bool) -> Results:
     if framework == "ray":  # a Python without orchestra: run this file by path
         cmd = [python, os.path.abspath(__file__)]
     else:
@@ -521,7 +527,7 @@ def _run_child(python: str, framework: str, quick: bool) -> dict[str, Any]:
     return _child_json(cmd, framework)
 
 
-def _run_nodes_child(python: str, framework: str, nodes: int, quick: bool) -> dict[str, Any]:
+def _run_nodes_child(python: str, framework: str, nodes: int, quick: bool) -> Results:
     """One framework's cluster figures from a process of its own; an error becomes a row of
     dashes (and a message) so that the others still print."""
     if framework == "orchestra":
@@ -536,7 +542,7 @@ def _run_nodes_child(python: str, framework: str, nodes: int, quick: bool) -> di
         return {"framework": framework, "error": str(exc)[-500:]}
 
 
-def _child_json(cmd: list[str], framework: str) -> dict[str, Any]:
+def _child_json(cmd: list[str], framework: str) -> Results:
     """Run a benchmark child; its last stdout line that is a JSON object is its result."""
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     for line in reversed(proc.stdout.splitlines()):

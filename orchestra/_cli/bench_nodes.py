@@ -37,9 +37,15 @@ if TYPE_CHECKING:
     import numpy as np
 
 try:
-    from ..microbenchmark import MiB, _lat, _rate, cluster_memory
+    from ..microbenchmark import MiB, Results, _lat, _rate, cluster_memory
 except ImportError:   # run by path under a Python without orchestra: the sibling file
-    from microbenchmark import MiB, _lat, _rate, cluster_memory  # type: ignore[import-not-found,no-redef]
+    from microbenchmark import (  # type: ignore[import-not-found,no-redef]
+        MiB,
+        Results,
+        _lat,
+        _rate,
+        cluster_memory,
+    )
 
 # Each node offers the machine's cores, as the single-node benchmark's init(num_cpus=cpu_count)
 # does (a node stands for a machine). With 1 CPU per node Ray's spread tasks/s halved here
@@ -100,13 +106,13 @@ def _wait_ready(fw: ModuleType, ref: Any) -> None:
     fw.wait([ref], num_returns=1, timeout=120, **kwargs)
 
 
-def run_tasks_framework(name: str, nodes: int, quick: bool) -> dict[str, Any]:
+def run_tasks_framework(name: str, nodes: int, quick: bool) -> Results:
     """orchestra or Ray: the cluster started from this process, its workloads, its shutdown."""
     import numpy as np
     sc = _scale(quick)
     fw, cluster, node_ids, times = (_start_orchestra if name == "orchestra" else _start_ray)(nodes)
     affinity = importlib.import_module(f"{name}.util.scheduling_strategies").NodeAffinitySchedulingStrategy
-    res: dict[str, Any] = {"framework": name, "version": getattr(fw, "__version__", "?"),
+    res: Results = {"framework": name, "version": getattr(fw, "__version__", "?"),
                            "nodes": nodes, **times}
 
     @fw.remote
@@ -210,7 +216,7 @@ def _dask_read(a: np.ndarray) -> float:
     return float(a[:: 4096].sum())
 
 
-def run_dask(nodes: int, quick: bool) -> dict[str, Any]:
+def run_dask(nodes: int, quick: bool) -> Results:
     """Dask: a LocalCluster of nodes-1 worker processes (the scheduler in this process)."""
     import logging
     distributed = importlib.import_module("distributed")
@@ -219,7 +225,7 @@ def run_dask(nodes: int, quick: bool) -> dict[str, Any]:
     cluster = distributed.LocalCluster(
         n_workers=nodes - 1, threads_per_worker=CPUS_PER_NODE, processes=True,
         dashboard_address=None, silence_logs=logging.ERROR)
-    res: dict[str, Any] = {"framework": "dask", "version": distributed.__version__,
+    res: Results = {"framework": "dask", "version": distributed.__version__,
                            "nodes": nodes, "cluster_start_s": time.perf_counter() - t}
     t = time.perf_counter()
     client = distributed.Client(cluster)
@@ -263,7 +269,7 @@ def run_dask(nodes: int, quick: bool) -> dict[str, Any]:
     return res
 
 
-def run(framework: str, nodes: int, quick: bool) -> dict[str, Any]:
+def run(framework: str, nodes: int, quick: bool) -> Results:
     """One framework's results, printed as JSON by main() for microbenchmark.py's table."""
     if nodes < 3:
         raise ValueError(f"--nodes {nodes}: the multi-node benchmark needs a head and two nodes "
