@@ -51,7 +51,7 @@ class _QueueActor:
     def full(self) -> bool:
         return self.queue.full()
 
-    async def put(self, item: Any, timeout: float | None = None) -> tuple[int, Any]:
+    async def put(self, item: object, timeout: float | None = None) -> tuple[int, Any]:
         try:
             await asyncio.wait_for(self.queue.put(item), timeout)
         except asyncio.TimeoutError:
@@ -64,14 +64,14 @@ class _QueueActor:
         except asyncio.TimeoutError:
             return _EMPTY, None
 
-    async def put_nowait(self, item: Any) -> tuple[int, Any]:
+    async def put_nowait(self, item: object) -> tuple[int, Any]:
         try:
             self.queue.put_nowait(item)
         except asyncio.QueueFull:
             return _FULL, None
         return _OK, None
 
-    async def put_nowait_batch(self, items: list[Any]) -> tuple[int, Any]:
+    async def put_nowait_batch(self, items: list[object]) -> tuple[int, Any]:
         if self.maxsize > 0 and len(items) + self.queue.qsize() > self.maxsize:
             return _FULL, (f"Cannot add {len(items)} items to queue of size "
                            f"{self.queue.qsize()} and maxsize {self.maxsize}.")
@@ -150,7 +150,7 @@ class Queue:
         """Whether the queue holds ``maxsize`` items now (never, for maxsize 0)."""
         return bool(get(self._actor().full.remote()))
 
-    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+    def put(self, item: object, block: bool = True, timeout: float | None = None) -> None:
         """Add an item; with ``block``, wait up to ``timeout`` (None: forever) for room,
         else raise Full."""
         _check_timeout(block, timeout)
@@ -159,7 +159,8 @@ class Queue:
         else:
             _answer(get(self._actor().put.remote(item, timeout)), f"put() waited {timeout} s")
 
-    async def put_async(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+    async def put_async(self, item: object, block: bool = True,
+                        timeout: float | None = None) -> None:
         """put() for async code: awaits instead of blocking the event loop. ``item``,
         ``block``, ``timeout``: as for put()."""
         _check_timeout(block, timeout)
@@ -184,11 +185,11 @@ class Queue:
             return _answer(await self._actor().get_nowait.remote(), "get_nowait")
         return _answer(await self._actor().get.remote(timeout), f"get_async() waited {timeout} s")
 
-    def put_nowait(self, item: Any) -> None:
+    def put_nowait(self, item: object) -> None:
         """Add ``item`` if there is room now, else raise Full."""
         self.put(item, block=False)
 
-    def put_nowait_batch(self, items: Iterable[Any]) -> None:
+    def put_nowait_batch(self, items: Iterable[object]) -> None:
         """Add all items at once, or none (Full) if they do not all fit."""
         if not isinstance(items, Iterable):
             raise TypeError("Argument 'items' must be an Iterable")

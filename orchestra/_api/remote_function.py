@@ -124,7 +124,7 @@ def placement_of(strategy: Any) -> Any:
     raise TypeError(msg)
 
 
-def retry_on(value: Any) -> bytes:
+def retry_on(value: object) -> bytes:
     """retry_exceptions: True / False, or a list of exception classes to re-run on.
     Returns those classes pickled for the worker (b"" for a bool)."""
     if isinstance(value, bool):

@@ -315,7 +315,7 @@ MAX_CELL = 64
 _CONTROL = dict.fromkeys([*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029])
 
 
-def printable(value: Any, limit: int = MAX_CELL) -> str:
+def printable(value: object, limit: int = MAX_CELL) -> str:
     """Text from user code (an actor's, a task's or a resource's name) made safe for a
     terminal: control characters escaped as Python writes them (ESC -> \\x1b, a newline
     -> \\n), so that a name can neither move the cursor, retitle the window nor break a

@@ -164,7 +164,7 @@ def _check_capacity(name: str, size: int, options: Mapping[str, Any],
             "resources=), or start the cluster with more, e.g. orchestra.init(num_gpus=...)")
 
 
-def _check_positive(what: str, value: Any, *, integer: bool = False) -> None:
+def _check_positive(what: str, value: object, *, integer: bool = False) -> None:
     kinds: tuple[type, ...] = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds) or not cast(float, value) > 0:
         kind = "int" if integer else "number"

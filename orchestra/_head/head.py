@@ -66,6 +66,8 @@ from .remote_node import RemoteNode
 from .state_query import StateQueries
 
 if TYPE_CHECKING:
+    import grpc
+
     from .._observe.dashboard import Dashboard
 
 # The node that runs in this process. Nodes of other machines will get ids of their own
@@ -162,14 +164,14 @@ class Head:
         self.primary: int | None = None
         self.log_routes = LogRoutes()   # drivers' log connections (_observe/log_router.py)
         self.stopping = False
-        self.server: Any = None
+        self.server: asyncio.Server | None = None
         self.last_activity = time.monotonic()
-        self.grpc_server: Any = None
+        self.grpc_server: grpc.Server | None = None
         self.watchers: dict[bytes, list[Any]] = {}   # RequestObj futures (gRPC threads wait)
         # A cluster (cfg listen): the TCP listener, nodes that joined over it, and the
         # pulls of objects between their stores.
         self.token: str = cfg.get("token") or ""
-        self.tcp_server: Any = None
+        self.tcp_server: asyncio.Server | None = None
         self.data_address = ""                       # the local node's data server
         self.machine = machine_id()
         self.node_machine: dict[int, str] = {self.local.node_id: self.machine}

@@ -45,7 +45,7 @@ class _Pickler(cloudpickle.Pickler):
         return fn, args[:i] + (code.co_filename,) + args[i + 1:]
 
 
-def dumps_by_value(obj: Any) -> bytes:
+def dumps_by_value(obj: object) -> bytes:
     """cloudpickle.dumps(obj) with file names and source lines kept (see above); as
     cloudpickle.dumps where that fails (its error is the one raised)."""
     buf = io.BytesIO()

@@ -283,7 +283,7 @@ def _is_plain(value: Any, depth: int = 0) -> bool:
     return all(_is_plain(v, depth + 1) for v in value)
 
 
-def serialize(value: Any) -> Serialized:
+def serialize(value: object) -> Serialized:
     """Serialize ``value``; raises TypeError naming the value when it cannot be pickled."""
     if _is_plain(value):
         return PickledValue(pickle.dumps(value, 5), [], [])
@@ -318,7 +318,7 @@ def serialize(value: Any) -> Serialized:
     return PickledValue(pickled, buffers, contained)
 
 
-def _as_arrow(value: Any) -> ArrowValue | None:
+def _as_arrow(value: object) -> ArrowValue | None:
     """Arrow data, and DataFrames that convert to Arrow without loss, as ArrowValues
     (looked up only where the process has imported pyarrow or pandas)."""
     pa = sys.modules.get("pyarrow")
@@ -619,7 +619,7 @@ def dumps_exception(exc: BaseException) -> bytes:
         return cloudpickle.dumps(fallback, protocol=5)
 
 
-def _describe(value: Any) -> str:
+def _describe(value: object) -> str:
     r = repr(value)
     if len(r) > 120:
         r = r[:117] + "..."

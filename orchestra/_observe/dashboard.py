@@ -316,9 +316,9 @@ class Dashboard:
     def __init__(self, summary: Callable[[], dict[str, Any]], token: str = "") -> None:
         self.summary = summary
         self.token = token
-        self.server: Any = None
+        self.server: asyncio.Server | None = None
         self._cached: tuple[float, dict[str, Any]] | None = None
-        self._conns: set[Any] = set()
+        self._conns: set[asyncio.StreamWriter] = set()
         self._refused = 0
         self._refusal_logged: float | None = None
         self._last_refused_from = ""

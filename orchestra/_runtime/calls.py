@@ -44,7 +44,7 @@ def encode_call(client: Encoder, template: bytes, tid: bytes, args: Sequence[Any
     return call
 
 
-def _arg_value(client: Encoder, value: Any, refs: list[ObjectRef], nested: list[bytes]) -> bytes:
+def _arg_value(client: Encoder, value: object, refs: list[ObjectRef], nested: list[bytes]) -> bytes:
     if type(value) is ObjectRef:
         refs.append(value)
         return _codec.ref_value(value._id)

@@ -109,7 +109,7 @@ class CoreClient:
         self._cond = threading.Condition()
         self._sleepers = 0   # threads waiting on _cond (see wake)
         self._read_lock = threading.Lock()   # held by the one thread reading the sockets
-        self._replies: dict[int, list[Any]] = {}
+        self._replies: dict[int, list[pb.Reply | None]] = {}
         self._req_ids = itertools.count(1)
         self._registered: set[bytes] = set()
         self.function_frames: dict[bytes, bytes] = {}   # for lent workers
@@ -273,7 +273,7 @@ class CoreClient:
             self.direct.return_idle_loans()
         rid = next(self._req_ids)
         req.req_id = rid
-        slot: list[Any] = [None]
+        slot: list[pb.Reply | None] = [None]
         self._replies[rid] = slot
         seq = self.put_seq
         self.send(_wire.REQUEST, req)
@@ -282,6 +282,7 @@ class CoreClient:
             self._replies.pop(rid, None)
             raise GetTimeoutError(f"the head did not answer a request within {timeout_s:g} s")
         reply = slot[0]
+        assert reply is not None   # wait_until saw it
         self.synced_seq = max(self.synced_seq, seq)
         if reply.error:
             cls = _REPLY_ERRORS.get(reply.error_kind)
@@ -405,7 +406,7 @@ class CoreClient:
         return call
 
     # ------------------------------------------------------------------ objects
-    def put(self, value: Any) -> ObjectRef:
+    def put(self, value: object) -> ObjectRef:
         if isinstance(value, ObjectRef):
             raise TypeError("put() of an ObjectRef: pass the ref itself where it is needed, "
                             "or put() its value (orchestra.get(ref)) instead")

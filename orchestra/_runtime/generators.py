@@ -72,7 +72,7 @@ def generator_mode(num_returns: object, is_generator: bool, what: str) -> int:
     return NONE
 
 
-def check_backpressure(value: Any) -> int:
+def check_backpressure(value: object) -> int:
     """_generator_backpressure_num_objects: items the consumer may fall behind before
     the producer pauses; -1, 0 or None: never pauses (Ray's default)."""
     if value is None:

@@ -15,7 +15,6 @@ import importlib
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
 
 from .._protocol import pb
 
@@ -40,7 +39,7 @@ def _refuse(what: str) -> ValueError:
                       "environment, or pass local directories as working_dir / py_modules.")
 
 
-def _local_path(key: str, value: Any) -> str:
+def _local_path(key: str, value: object) -> str:
     if not isinstance(value, (str, os.PathLike)):
         raise TypeError(f"runtime_env[{key!r}] takes a local path, got {value!r}")
     path = os.fspath(value)

@@ -75,7 +75,7 @@ class _Sender:
         if self.limit:
             worker.acks.start(self.tid)
 
-    def send(self, value: Any) -> None:
+    def send(self, value: object) -> None:
         self.count += 1
         tid = self.tid
         client = self.worker.client
