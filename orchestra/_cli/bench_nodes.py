@@ -124,7 +124,7 @@ def run_tasks_framework(name: str, nodes: int, quick: bool) -> Results:
         return str(fw.get_runtime_context().get_node_id())
 
     @fw.remote
-    def make(nbytes: int, seed: int) -> Any:
+    def make(nbytes: int, seed: int) -> np.ndarray:
         return np.random.default_rng(seed).random(nbytes // 8)
 
     @fw.remote
@@ -207,7 +207,7 @@ def _dask_noop() -> None:
     return None
 
 
-def _dask_make(nbytes: int, seed: int) -> Any:
+def _dask_make(nbytes: int, seed: int) -> np.ndarray:
     import numpy as np
     return np.random.default_rng(seed).random(nbytes // 8)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any, Protocol
 
 from .._node.node import Node
@@ -33,6 +32,14 @@ class Conn(Protocol):
     node: Node | RemoteNode
 
 
+class Waiter(Protocol):
+    """Who waits for an object to be sealed (Head.watch_object): a gRPC reader's
+    concurrent.futures.Future, or a reader's pull on the loop (pulls._Then)."""
+
+    def done(self) -> bool: ...
+    def set_result(self, data: pb.ObjectData) -> None: ...
+
+
 class Head(Protocol):
     """What a handler may use of the head (head.Head): its state, its connections, and
     the steps it shares with them."""
@@ -44,7 +51,7 @@ class Head(Protocol):
     local: Node | RemoteNode   # the node of the head's own machine
 
     def queue(self, conn: Any, data: bytes) -> None: ...
-    def watch_object(self, oid: bytes, fut: Future[pb.ObjectData]) -> None: ...
+    def watch_object(self, oid: bytes, fut: Waiter) -> None: ...
     def queue_if_open(self, conn: Any, data: bytes) -> None: ...
     def carry_out(self) -> None: ...
     def request(self, conn: Any, req: pb.Request) -> None: ...

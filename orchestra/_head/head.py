@@ -59,7 +59,7 @@ from .._scheduler.instructions import (
 )
 from .._scheduler.state import SchedulerState, WorkerState
 from . import grpc_service as _grpc_service
-from .frames import FRAMES, REQUESTS
+from .frames import FRAMES, REQUESTS, Waiter
 from .grpc_service import GRPC_CONN
 from .pulls import Pulls
 from .remote_node import RemoteNode
@@ -167,7 +167,7 @@ class Head:
         self.server: asyncio.Server | None = None
         self.last_activity = time.monotonic()
         self.grpc_server: grpc.Server | None = None
-        self.watchers: dict[bytes, list[Any]] = {}   # RequestObj futures (gRPC threads wait)
+        self.watchers: dict[bytes, list[Waiter]] = {}   # gRPC readers, pulls
         # A cluster (cfg listen): the TCP listener, nodes that joined over it, and the
         # pulls of objects between their stores.
         self.token: str = cfg.get("token") or ""
@@ -246,7 +246,7 @@ class Head:
         if not self.stopping:
             threading.Thread(target=run, name="orchestra-grpc-start", daemon=True).start()
 
-    def watch_object(self, oid: bytes, fut: Any) -> None:
+    def watch_object(self, oid: bytes, fut: Waiter) -> None:
         """Resolve ``fut`` with the object's data once sealed (for RequestObj)."""
         self.watchers.setdefault(oid, []).append(fut)
         self.state.subscribe(GRPC_CONN, [oid])

@@ -22,7 +22,7 @@ from .._node.process import routable
 from .._protocol import pb
 from .._protocol import wire as _wire
 from .._scheduler.state import SchedulerState
-from .frames import Conn
+from .frames import Conn, Waiter
 from .remote_node import RemoteNode
 
 
@@ -39,7 +39,7 @@ class Head(Protocol):
     token: str
 
     def queue_if_open(self, conn: Any, data: bytes) -> None: ...
-    def watch_object(self, oid: bytes, fut: Any) -> None: ...
+    def watch_object(self, oid: bytes, fut: Waiter) -> None: ...
     def carry_out(self) -> None: ...
 
 # A reader's pull of an object from a node that may be dying is tried again this often,
@@ -109,7 +109,7 @@ class Pulls:
                 waiting.append(then)
             return
         o = self.head.state.objects.get(object_id)
-        dest: Any = self.head.nodes.get(node_id)
+        dest = self.head.nodes.get(node_id)
         src_seg = None
         if o is not None and o.data is not None and o.data.WhichOneof("data") == "segment":
             src_seg = o.data.segment

@@ -51,6 +51,7 @@ from .._objects.store import (
     ReleaseNeeded,
     SpillJob,
     SpillNeeded,
+    StoredSegment,
     open_segment,
     segment_path,
     spill_file,
@@ -349,7 +350,7 @@ class Node:
             return None
         return segment_path(store.dir, key), seg.size
 
-    def _wait_sealed(self, key: str, seg: Any) -> Any:
+    def _wait_sealed(self, key: str, seg: StoredSegment) -> StoredSegment | None:
         """On a data server thread: a segment the head already holds sealed may still be
         "writing" here. On a joined node the seal is a command on this node's connection
         to the head, while the puller's request comes on another, and can come first (a

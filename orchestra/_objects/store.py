@@ -109,7 +109,7 @@ class SpillJob(NamedTuple):
     size: int
 
 
-class _Seg:
+class StoredSegment:
     __slots__ = ("name", "capacity", "state", "pins", "writer", "object_id", "size",
                  "last_use", "no_pool", "rw")
 
@@ -141,7 +141,7 @@ class ObjectStore:
         self.warm_bytes = min(warm_bytes, self.pool_limit)
         self.used = 0          # bytes of segments holding live objects (writing/sealed/retired)
         self.pooled = 0        # bytes of free, warm segments
-        self.segs: dict[str, _Seg] = {}
+        self.segs: dict[str, StoredSegment] = {}
         self.pool: dict[int, collections.deque[str]] = {}
         self.conn_pins: dict[int, collections.Counter[str]] = {}
         self._n = 0
@@ -190,7 +190,7 @@ class ObjectStore:
         if name is None:
             self._evict_pool(self.used + self.pooled + cap - self.capacity)
             name = self._new_name()
-            seg = self.segs[name] = _Seg(name, cap, "writing", conn)
+            seg = self.segs[name] = StoredSegment(name, cap, "writing", conn)
         else:
             seg = self.segs[name]
             seg.state, seg.writer = "writing", conn
@@ -216,7 +216,7 @@ class ObjectStore:
         return (f"{text}; {reason}. Drop ObjectRefs and values read from them that you no "
                 "longer need, or start with a larger object_store_memory.")
 
-    def _least_recently_used(self, need: int, *, mapped: bool) -> list[_Seg] | None:
+    def _least_recently_used(self, need: int, *, mapped: bool) -> list[StoredSegment] | None:
         """Sealed segments, least recently used first, ``need`` bytes' worth; those
         that readers map too when ``mapped``. None when they cannot make the room."""
         if self.spill_dir is None:
@@ -293,7 +293,7 @@ class ObjectStore:
             return
         self._release(seg)
 
-    def _release(self, seg: _Seg) -> None:
+    def _release(self, seg: StoredSegment) -> None:
         self.used -= seg.capacity
         if not seg.no_pool and self.pooled + seg.capacity <= self.pool_limit and \
                 self.used + self.pooled + seg.capacity <= self.capacity:
@@ -432,7 +432,7 @@ class ObjectStore:
         if self.used + self.pooled + cap > self.capacity or name in self.segs:
             self._unlink(name)
             return
-        self.segs[name] = _Seg(name, cap, "pooled", -1)
+        self.segs[name] = StoredSegment(name, cap, "pooled", -1)
         self.pool.setdefault(cap, collections.deque()).append(name)
         self.pooled += cap
         self.warmed.append(name)

@@ -77,7 +77,7 @@ class LogCapture:
     ``current_call`` is the ContextVar of the call running in this thread or coroutine."""
 
     def __init__(self, logs_dir: str, worker_id: int, send: Callable[[bytes], Any],
-                 current_call: contextvars.ContextVar[Any]) -> None:
+                 current_call: contextvars.ContextVar[pb.Call | None]) -> None:
         os.makedirs(logs_dir, exist_ok=True)
         self.pid = os.getpid()
         self.paths = log_paths(logs_dir, worker_id, self.pid)

@@ -18,10 +18,13 @@ import os
 import socket
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..exceptions import ClusterLostError
 from . import wire as _wire
+
+if TYPE_CHECKING:
+    from .auth import Gatekeeper
 
 
 def parse_address(address: str) -> tuple[int, Any]:
@@ -189,7 +192,7 @@ class Listener:
         self.address = address
         self.token = (os.environ.get("ORCHESTRA_TOKEN", "") if token is None else token) \
             if family != socket.AF_UNIX else None
-        self._gate: Any = None
+        self._gate: Gatekeeper | None = None
         self._ready: list[socket.socket] = []
         self.fds: tuple[int, ...] = (sock.fileno(),)
         if self.token is not None:

@@ -141,7 +141,8 @@ def gpu_ids() -> list[int]:
 # ---------------------------------------------------------------- runtime context state
 
 # The Call the current thread or coroutine runs (None in a driver, between tasks).
-current_call: contextvars.ContextVar[Any] = contextvars.ContextVar("orchestra_call", default=None)
+current_call: contextvars.ContextVar[pb.Call | None] = contextvars.ContextVar(
+    "orchestra_call", default=None)
 set_call = current_call.set
 
 _actor: tuple[bytes, int, dict[str, float]] | None = None   # (id, restarts, resources)

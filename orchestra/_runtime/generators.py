@@ -26,6 +26,7 @@ import asyncio
 import inspect
 import threading
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .. import _ids
@@ -321,7 +322,7 @@ class DynamicObjectRefGenerator:
     def __init__(self, refs: list[ObjectRef]) -> None:
         self._refs = list(refs)
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[ObjectRef]:
         return iter(self._refs)
 
     def __len__(self) -> int:
