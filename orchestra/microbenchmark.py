@@ -96,7 +96,7 @@ def cluster_memory() -> dict[str, float]:
 
 # ---------------------------------------------------------------- helpers
 
-def _lat(fn: Callable[[], Any], n: int, budget_s: float) -> dict[str, float]:
+def _lat(fn: Callable[[], object], n: int, budget_s: float) -> dict[str, float]:
     fn()
     samples = []
     end = time.perf_counter() + budget_s
@@ -112,7 +112,7 @@ def _lat(fn: Callable[[], Any], n: int, budget_s: float) -> dict[str, float]:
             "n": len(samples)}
 
 
-def _rate(fn: Callable[[int], Any], n: int) -> float:
+def _rate(fn: Callable[[int], object], n: int) -> float:
     t = time.perf_counter()
     fn(n)
     return n / (time.perf_counter() - t)
@@ -206,7 +206,7 @@ def run_framework(name: str, quick: bool) -> Results:
     return res
 
 
-def _wait_all(fw: ModuleType, refs: list[Any]) -> float:
+def _wait_all(fw: ModuleType, refs: list[object]) -> float:
     fw.get(refs)
     return _lat(lambda: fw.wait(refs, num_returns=len(refs)), 50, 5)["median_us"]
 

@@ -9,7 +9,8 @@ first, in turn), a NodeAffinitySchedulingStrategy, or a PlacementGroupScheduling
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Hashable
+from typing import TYPE_CHECKING
 
 from .._checks import is_int
 from .._ids import node_from_hex
@@ -84,7 +85,7 @@ class PlacementGroupSchedulingStrategy:
     def __hash__(self) -> int:
         return hash(self._key())
 
-    def _key(self) -> tuple[Any, ...]:
+    def _key(self) -> tuple[Hashable, ...]:
         return (self.placement_group.id, self.placement_group_bundle_index,
                 bool(self.placement_group_capture_child_tasks))
 

@@ -18,7 +18,7 @@ from .._protocol import pb
 from .._runtime.context import current_client
 
 DEFAULT_LIMIT = 100
-Filter = tuple[str, str, Any]
+Filter = tuple[str, str, object]
 
 
 def _query(what: str, filters: Iterable[Filter] | None, limit: int, detail: bool = False,

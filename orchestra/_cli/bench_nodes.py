@@ -99,7 +99,7 @@ def _start_ray(nodes: int) -> tuple[Any, Any, list[str], dict[str, float]]:
     return ray, cluster, [n.node_id for n in [cluster.head_node] + joined], times
 
 
-def _wait_ready(fw: ModuleType, ref: Any) -> None:
+def _wait_ready(fw: ModuleType, ref: object) -> None:
     """Wait until ``ref`` is made where it was made, without pulling it here (Ray's wait
     fetches to the driver's node unless told not to)."""
     kwargs = {"fetch_local": False} if "fetch_local" in inspect.signature(fw.wait).parameters else {}
@@ -181,7 +181,7 @@ def _check_placement(driver_node: str, node_ids: list[str], where: list[str]) ->
                            "the node figures would mean nothing")
 
 
-def _timed(fn: Callable[[], Any]) -> float:
+def _timed(fn: Callable[[], object]) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t

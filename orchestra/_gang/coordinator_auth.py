@@ -33,7 +33,6 @@ import logging
 import secrets
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import grpc
 
@@ -139,9 +138,9 @@ class TokenInterceptor(grpc.ServerInterceptor):
 
     def intercept_service(
         self,
-        continuation: Callable[[Any], Any],
-        handler_call_details: Any,
-    ) -> Any:
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
         reason = refusal(self._token, handler_call_details.invocation_metadata or ())
         if reason is None:
             return continuation(handler_call_details)

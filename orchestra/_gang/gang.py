@@ -84,7 +84,7 @@ def _member_class(base: type) -> type:
         "__module__": base.__module__, "__qualname__": base.__qualname__})
 
 
-def _resolve_options(cls: Any, num_gpus: float | None, num_cpus: float | None,
+def _resolve_options(cls: object, num_gpus: float | None, num_cpus: float | None,
                      resources: Mapping[str, float] | None) -> tuple[type, dict[str, Any]]:
     """The user's class and the members' actor options (the ActorClass's, then overrides)."""
     if isinstance(cls, ActorClass):

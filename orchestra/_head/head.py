@@ -103,7 +103,7 @@ class Conn(asyncio.Protocol):
         self.transport: Any = None
         self.decoder = _wire.FrameDecoder()
         self.wbuf: list[bytes] = []
-        self.hello: Any = None
+        self.hello: pb.Hello | None = None
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport

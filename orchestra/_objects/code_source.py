@@ -19,7 +19,7 @@ import linecache
 import pickle
 import types
 from collections import ChainMap
-from typing import Any
+from typing import IO, Any
 
 import cloudpickle
 
@@ -31,7 +31,7 @@ _DYNAMIC = "<dynamic-code>"
 class _Pickler(cloudpickle.Pickler):
     """cloudpickle's pickler, keeping code objects' file names (and noting them)."""
 
-    def __init__(self, file: Any) -> None:
+    def __init__(self, file: IO[bytes]) -> None:
         self.filenames: set[str] = set()
         # Looked up by pickle per type; an instance's table, so _code can note names.
         self.dispatch_table = ChainMap({types.CodeType: self._code},

@@ -549,7 +549,7 @@ def deserialization_error(exc: BaseException, what: str, where: str) -> Deserial
         "module that process can import, and make their unpickling work there.")
 
 
-def dumps_function(fn: Callable[..., Any]) -> bytes:
+def dumps_function(fn: Callable[..., object]) -> bytes:
     from .code_source import dumps_by_value
     try:
         # File names and source lines kept, for remote tracebacks (_objects/code_source.py).
@@ -574,7 +574,7 @@ def _find_function(module: str, qualname: str) -> Any:
     """The function at module.qualname in this process, unwrapped from its RemoteFunction."""
     import sys
 
-    obj: Any = sys.modules.get(module)
+    obj: object = sys.modules.get(module)
     for part in qualname.split("."):
         obj = getattr(obj, part, None)
     # A RemoteFunction says what it wraps (asked by name: this module is imported by

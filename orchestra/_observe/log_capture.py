@@ -33,7 +33,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from .._protocol import pb
 from .._protocol import wire as _wire
@@ -76,7 +75,7 @@ class LogCapture:
     ``send(frame)`` writes an encoded frame to the head (the worker's connection);
     ``current_call`` is the ContextVar of the call running in this thread or coroutine."""
 
-    def __init__(self, logs_dir: str, worker_id: int, send: Callable[[bytes], Any],
+    def __init__(self, logs_dir: str, worker_id: int, send: Callable[[bytes], object],
                  current_call: contextvars.ContextVar[pb.Call | None]) -> None:
         os.makedirs(logs_dir, exist_ok=True)
         self.pid = os.getpid()

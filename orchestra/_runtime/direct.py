@@ -58,7 +58,7 @@ class Client(Protocol):
     owned: set[bytes]
     lost: str | None
     conn_id: int
-    poller: Any
+    poller: select.poll
     function_frames: dict[bytes, bytes]
     put_seq: int
     active: bool

@@ -299,7 +299,7 @@ def wait_with_generators(client: Client, items: list[Any], num_returns: int,
     results = client.results
     client.subscribe_missing([x._id for x in items if isinstance(x, ObjectRef)])
 
-    def is_ready(x: Any) -> bool:
+    def is_ready(x: ObjectRef | ObjectRefGenerator[Any]) -> bool:
         if isinstance(x, ObjectRef):
             return x._id in results
         return bool(x.next_ready() or x.is_finished())

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import collections
 import enum
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any, NamedTuple, Protocol
 
 from .. import _ids
@@ -131,7 +131,7 @@ class Task:
         # Its scheduling strategy (_scheduler/placement.py), None for the default; part of its
         # ready-queue key, so a task its strategy holds back never blocks others.
         self.placement: Placement | None = None
-        self.qkey: tuple[Any, ...] = (0, self.shape)
+        self.qkey: tuple[Hashable, ...] = (0, self.shape)
         if call.HasField("placement"):
             self.placement = placement_of(call)
             if self.placement is not None:
@@ -259,7 +259,7 @@ class SchedulerCore(Protocol):
     clients: dict[int, Client]
     tasks: dict[bytes, Task]
     objects: dict[bytes, Obj]
-    ready: dict[tuple[Any, ...], collections.deque[Task]]
+    ready: dict[tuple[Hashable, ...], collections.deque[Task]]
     out: list[Instruction]
     # Builds the pickled error for an object: (kind, **details) -> bytes.
     error: Callable[..., bytes]

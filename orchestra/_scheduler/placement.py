@@ -24,7 +24,7 @@ affinity to one fails when it is next scheduled.
 from __future__ import annotations
 
 import collections
-from typing import Any
+from collections.abc import Hashable
 
 from .._ids import node_hex
 from .._protocol import pb
@@ -55,7 +55,7 @@ class Placer:
         # instead of failing at once.
         self.joinable = joinable
         self.last_spread = -1        # the node the last SPREAD task went to
-        self._warned: set[tuple[int, Any]] = set()   # (owner, request) warned of
+        self._warned: set[tuple[int, Hashable]] = set()   # (owner, request) warned of
 
     # ------------------------------------------------------------------ admission
     def admit(self, t: Task, feasible: bool) -> bytes | None:

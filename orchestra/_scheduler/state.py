@@ -21,7 +21,7 @@ drivers), Placer (placement.py: which node), PlacementGroups (groups.py), Stream
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
 from .. import _ids
@@ -76,7 +76,7 @@ class SchedulerState:
         # Ready tasks by (-depth, resource shape): deeper tasks first, so the subtasks of
         # tasks blocked in get() run before more of their parents start (which would
         # block too, until no worker is left for anyone: a deadlock).
-        self.ready: dict[tuple[Any, ...], collections.deque[Task]] = {}
+        self.ready: dict[tuple[Hashable, ...], collections.deque[Task]] = {}
         self.pipeline_depth = pipeline_depth
         # Builds the pickled error for an object: (kind, **details) -> bytes. The head
         # passes orchestra._errors.make_error; tests may pass their own.

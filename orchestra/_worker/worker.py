@@ -27,8 +27,8 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import cloudpickle
 
@@ -66,6 +66,8 @@ if TYPE_CHECKING:
     from .._protocol.connection import Connection
 
 _set_call = _context.set_call
+P = ParamSpec("P")
+T = TypeVar("T")
 _HEAD_ROUTE = (None, 0, False)   # reply_to's answer for a task the head sent
 
 # Tasks run nested inside blocked get()s (_run_nested) stack up on the main thread. Each
@@ -385,11 +387,11 @@ class WorkerRuntime:
         if self.cancel_target == target and self.running == target:
             signal.pthread_kill(self.main_ident, signal.SIGUSR1)
 
-    def _guard(self, fn: Any) -> Any:
+    def _guard(self, fn: Callable[P, T]) -> Callable[P, T]:
         """``fn`` (client socket code) with a cancel of the main thread deferred past it."""
         main = self.main_ident
 
-        def guarded(*args: Any, **kwargs: Any) -> Any:
+        def guarded(*args: P.args, **kwargs: P.kwargs) -> T:
             if threading.get_ident() != main:
                 return fn(*args, **kwargs)
             self._in_socket_code += 1
