@@ -61,6 +61,13 @@ def placement_of(call: pb.Call) -> Placement | None:
     return None   # "" (DEFAULT), or a strategy this head does not know: the default
 
 
+
+def default_error(kind: str, **details: Any) -> bytes:
+    """An error's bytes when the head gives no factory (the core's tests): its kind and
+    details, readable."""
+    return repr((kind, sorted(details.items()))).encode()
+
+
 class Lineage(NamedTuple):
     """How to make a finished task's results in shared memory again, should their node
     die: its call, the retries it has left, and the client that owns its returns."""

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import Any
 
 from .. import _ids
 from .._protocol import pb
@@ -46,6 +45,7 @@ from .model import (
     TaskState,
     Worker,
     WorkerState,
+    default_error,
     summed,
 )
 from .objects import ObjectDirectory
@@ -80,7 +80,7 @@ class SchedulerState:
         self.pipeline_depth = pipeline_depth
         # Builds the pickled error for an object: (kind, **details) -> bytes. The head
         # passes orchestra._errors.make_error; tests may pass their own.
-        self.error: Callable[..., bytes] = error_factory or _default_error
+        self.error: Callable[..., bytes] = error_factory or default_error
         self.actor_table = ActorTable(self)
         self.blocking = Blocking(self)
         self.start_failures = 0   # consecutive worker processes that died before connecting
@@ -797,7 +797,3 @@ class SchedulerState:
     def available_resources(self) -> dict[str, float]:
         """What running tasks do not hold now, summed over the nodes."""
         return summed(n.resources.free for n in self.nodes.values())
-
-
-def _default_error(kind: str, **details: Any) -> bytes:
-    return repr((kind, sorted(details.items()))).encode()

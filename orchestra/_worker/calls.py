@@ -1,19 +1,20 @@
 """What a worker makes of a call's arguments and results, beside running it: the error
 of an argument that does not unpickle, the exception classes a task retries on, a
 generator's values split into returns, and whether the code running is a finalizer
-(where a blocking get() must not wait). No I/O.
+(where a blocking get() must not wait); its arguments decoded. No I/O of its own.
 """
 from __future__ import annotations
 
 import functools
 import traceback
 import weakref
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
 import cloudpickle
 
-from .._objects.serialization import deserialization_error
+from .._objects.serialization import deserialization_error, deserialize
 from .._protocol import pb
 from ..exceptions import DeserializationError
 
@@ -54,6 +55,34 @@ def argument_error(call: pb.Call, i: int, exc: DeserializationError) -> Deserial
     tb = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
     err = deserialization_error(cause, f"{what} of task {call.name}()", "its worker")
     return DeserializationError(f"{err}\n\nRemote traceback:\n{tb}")
+
+
+def decode_args(call: pb.Call, resolved: Sequence[pb.ObjectData],
+                map_object: Callable[[pb.ObjectData], tuple[memoryview, Any]]) -> list[Any]:
+    """A call's arguments as values: inline ones unpickled, the others from their data
+    (``resolved``, in order; ``map_object`` maps one in shared memory). ArgumentError
+    for one that does not unpickle; a failed dependency's error raised as it is (it may
+    be a DeserializationError)."""
+    out: list[Any] = []
+    it = iter(resolved)
+    for v in call.args:
+        try:
+            if v.WhichOneof("kind") == "inline":
+                out.append(deserialize(v.inline))
+                continue
+            data = next(it)
+            kind = data.WhichOneof("data")
+            if kind == "inline":
+                out.append(deserialize(data.inline))
+            elif kind == "segment":
+                out.append(deserialize(map_object(data)[0], f"object {data.object_id.hex()}"))
+            else:
+                raise load_error(data.error)
+        except DeserializationError as exc:
+            if v.WhichOneof("kind") != "inline" and data.WhichOneof("data") == "error":
+                raise   # the dependency's own error
+            raise ArgumentError(argument_error(call, len(out), exc)) from exc
+    return out
 
 
 def load_error(blob: bytes) -> BaseException:

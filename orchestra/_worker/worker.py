@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import cloudpickle
@@ -37,7 +37,7 @@ from .._api.actor import ActorExitRequest
 
 # _code_source: loaded here, in the fork server, for functions copied by value.
 from .._objects.errors import make_error
-from .._objects.serialization import deserialize, dumps_exception, serialize
+from .._objects.serialization import dumps_exception, serialize
 from .._observe.log_capture import LOGS_DIR, LogCapture, short_name
 from .._observe.task_events import ACTOR_CREATION_TASK, ACTOR_TASK, NORMAL_TASK, EventBuffer, end_error_type
 from .._platform.proctitle import set_title
@@ -52,9 +52,8 @@ from ..exceptions import ActorDiedError, DeserializationError, TaskError
 from .actors import ActorRuntime
 from .calls import (
     ArgumentError,
-    argument_error,
+    decode_args,
     in_finalizer,
-    load_error,
     retry_classes,
     split_returns,
 )
@@ -615,7 +614,7 @@ class WorkerRuntime:
             fn = getattr(self.actor.instance, call.method)
         else:
             fn = self._function(call.function_id)
-        args = self._decode_args(call, inv.resolved)
+        args = decode_args(call, inv.resolved, self.client.map_object)
         nk = len(call.kwarg_names)
         kwargs: dict[str, Any] = {}
         if nk:
@@ -756,36 +755,6 @@ class WorkerRuntime:
             self.logs.mark_actor(spec.actor_id, spec.class_name, self._job)
         # Calls queued behind a blocking get() belong to this actor: never hand them back.
         self.client.on_block = None
-
-
-    def _decode_args(self, call: pb.Call, resolved: Sequence[pb.ObjectData]) -> list[Any]:
-        out: list[Any] = []
-        try:
-            failed = self._decode_into(out, call, resolved)
-        except DeserializationError as exc:
-            raise ArgumentError(argument_error(call, len(out), exc)) from exc
-        if failed is not None:
-            raise failed   # a dependency's error, as it is (it may be a DeserializationError)
-        return out
-
-    def _decode_into(self, out: list[Any], call: pb.Call,
-                     resolved: Sequence[pb.ObjectData]) -> BaseException | None:
-        """Append the decoded arguments to ``out``; the error of a failed dependency."""
-        it = iter(resolved)
-        for v in call.args:
-            if v.WhichOneof("kind") == "inline":
-                out.append(deserialize(v.inline))
-            else:
-                data = next(it)
-                kind = data.WhichOneof("data")
-                if kind == "inline":
-                    out.append(deserialize(data.inline))
-                elif kind == "segment":
-                    view = self.client.map_object(data)[0]
-                    out.append(deserialize(view, f"object {data.object_id.hex()}"))
-                else:
-                    return load_error(data.error)
-        return None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -53,3 +53,13 @@ def test_every_module_map_row_says_what_the_module_does() -> None:
     for row in _map_rows():
         cells = [c.strip() for c in row.split("|")[1:-1]]
         assert len(cells) == 2 and len(cells[1]) > 10, row
+
+
+MAX_LINES = 800   # CONTRIBUTING.md, rule 10
+
+
+def test_no_hand_written_module_is_over_800_lines() -> None:
+    long = {path.relative_to(PACKAGE).as_posix(): n for path in PACKAGE.rglob("*.py")
+            if "_proto" not in path.parts
+            and (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them by responsibility): {long}"
