@@ -64,12 +64,24 @@ def decode_args(call: pb.Call, resolved: Sequence[pb.ObjectData],
     for one that does not unpickle; a failed dependency's error raised as it is (it may
     be a DeserializationError)."""
     out: list[Any] = []
+    try:
+        failed = _decode_into(out, call, resolved, map_object)
+    except DeserializationError as exc:
+        raise ArgumentError(argument_error(call, len(out), exc)) from exc
+    if failed is not None:
+        raise failed
+    return out
+
+
+def _decode_into(out: list[Any], call: pb.Call, resolved: Sequence[pb.ObjectData],
+                 map_object: Callable[[pb.ObjectData], tuple[memoryview, Any]],
+                 ) -> BaseException | None:
+    """Append the decoded arguments to ``out``; the error of a failed dependency."""
     it = iter(resolved)
     for v in call.args:
-        try:
-            if v.WhichOneof("kind") == "inline":
-                out.append(deserialize(v.inline))
-                continue
+        if v.WhichOneof("kind") == "inline":
+            out.append(deserialize(v.inline))
+        else:
             data = next(it)
             kind = data.WhichOneof("data")
             if kind == "inline":
@@ -77,12 +89,8 @@ def decode_args(call: pb.Call, resolved: Sequence[pb.ObjectData],
             elif kind == "segment":
                 out.append(deserialize(map_object(data)[0], f"object {data.object_id.hex()}"))
             else:
-                raise load_error(data.error)
-        except DeserializationError as exc:
-            if v.WhichOneof("kind") != "inline" and data.WhichOneof("data") == "error":
-                raise   # the dependency's own error
-            raise ArgumentError(argument_error(call, len(out), exc)) from exc
-    return out
+                return load_error(data.error)
+    return None
 
 
 def load_error(blob: bytes) -> BaseException:
