@@ -15,8 +15,12 @@ Maps kept: ``maps`` (object id -> read view, while a ref lives here: a second ge
 ~15 us, a new map of 512 MiB ~80 us), given up when the store wants to spill
 (RELEASE_MAPS); ``wmaps`` (segment name -> read-write map of a segment this process
 filled, for when the store hands the segment back: a new map of 512 MiB costs ~100 ms,
-the copy ~50 ms), closed when the store unlinks it (DROP_MAPS); and the store's warm
-reserve, mapped ahead while idle (MAP_AHEAD).
+the copy ~50 ms), closed when the store unlinks it (DROP_MAPS); ``rmaps`` (segment name ->
+read-only map of all of it, kept across the objects the segment holds: a worker reading
+each new large argument put in a pooled segment finds its pages mapped, and reads 512 MiB
+strided in ~2 ms instead of ~25 ms of page faults; the newest _RMAPS_MAX, closed on
+DROP_MAPS and RELEASE_MAPS; the store counts the reader among those it tells); and the
+store's warm reserve, mapped ahead while idle (MAP_AHEAD).
 """
 from __future__ import annotations
 
@@ -58,6 +62,11 @@ class ObjectIO:
         # object id -> (read view, segment, its stream parsed)
         self.maps: dict[bytes, tuple[memoryview, str, Parsed]] = {}
         self.wmaps: dict[str, mmap.mmap] = {}
+        # Segment name -> read-only map of all of it, kept across the objects it holds
+        # (the store pools segments): a worker reading each new large argument in the
+        # same memory finds its pages mapped already (no page faults). The newest
+        # _RMAPS_MAX; closed when the store unlinks the segment (DROP_MAPS).
+        self.rmaps: dict[str, mmap.mmap] = {}
         self.mapping_ahead: dict[str, bool] = {}   # name -> still wanted
 
     # ------------------------------------------------------------------ writes
@@ -115,6 +124,7 @@ class ObjectIO:
             maps = []
             for n in names:
                 maps.append(self.wmaps.pop(n, None))
+                maps.append(self.rmaps.pop(n, None))
                 if n in self.mapping_ahead:
                     self.mapping_ahead[n] = False   # unlinked before its map was made
             # Reads of them kept for a second get (a get that raced the removal read its
@@ -129,8 +139,8 @@ class ObjectIO:
                     pass   # a value read from it still lives: closed when the last goes
 
     def drop_all_maps(self) -> None:
-        """Close every read-write map (they would keep the segments' memory)."""
-        self.drop_maps(list(self.wmaps))
+        """Close every map kept (they would keep the segments' memory)."""
+        self.drop_maps(list(self.wmaps) + list(self.rmaps))
 
     def release_maps(self, names: Iterable[str]) -> None:
         """The store wants to spill these segments: forget the maps kept for later gets
@@ -139,6 +149,9 @@ class ObjectIO:
         with self.refs.lock:
             for oid in [o for o, (_, name, _) in self.maps.items() if name in wanted]:
                 del self.maps[oid]
+            kept = [self.rmaps.pop(n) for n in wanted if n in self.rmaps]
+        for mm in kept:
+            _close(mm)
 
     def map_ahead(self, names: Sequence[str]) -> None:
         with self.refs.lock:
@@ -236,16 +249,67 @@ class ObjectIO:
 
     def map_segment(self, segment: pb.Segment) -> memoryview:
         """Map a sealed segment read-only and pin it until the last view of it is gone
-        (a spill file needs no pin: removing it does not disturb a map)."""
-        mm, view = map_segment(self.shm_dir, segment)
-        if not segment.path:
-            name = segment.name
+        (a spill file needs no pin: removing it does not disturb a map). A segment's map
+        is kept for the next object in it (``rmaps``)."""
+        if segment.path:
+            return map_segment(self.shm_dir, segment)[1]
+        name = segment.name
+        with self.refs.lock:
+            mm = self.rmaps.get(name)
+        view = _export(mm, segment.size) if mm is not None else None
+        if view is None:
+            mm = map_segment(self.shm_dir, segment, whole=True)[0]
+            view = _export(mm, segment.size)
+            if view is None:
+                mm.close()
+                raise ObjectLostError(f"segment {name} of object store is shorter than the "
+                                      f"object it holds ({segment.size} bytes)")
             with self.refs.lock:
-                self.refs.pin.append(name)
-            weakref.finalize(mm, self._unmapped, name)
+                old = self.rmaps.pop(name, None)
+                if self.client.lost is None and not self.client.closing:
+                    self.rmaps[name] = mm
+                    if len(self.rmaps) > _RMAPS_MAX:   # the oldest goes
+                        old_name = next(iter(self.rmaps))
+                        if old is None:
+                            old = self.rmaps.pop(old_name)
+                        else:
+                            _close(self.rmaps.pop(old_name))
+            if old is not None:
+                _close(old)
+        with self.refs.lock:
+            self.refs.pin.append(name)
+        weakref.finalize(view.obj, self._unmapped, name)
         return view
 
     def _unmapped(self, name: str) -> None:
         with self.refs.lock:
             if self.client.lost is None:
                 self.refs.unpin.append(name)
+
+
+# Read maps kept across objects (ObjectIO.rmaps): address space only (the segments' pages
+# are the store's), each closed when the store unlinks its segment.
+_RMAPS_MAX = 64
+
+
+def _export(mm: mmap.mmap, size: int) -> memoryview | None:
+    """A read-only view of the first ``size`` bytes of ``mm`` over a buffer of its own,
+    whose finalizer tells when the last view of the value is gone (the map stays for
+    the next object); None when the map is closed or too short."""
+    import numpy as np
+    try:
+        export = np.frombuffer(mm, dtype=np.uint8)
+    except (ValueError, TypeError, BufferError):
+        return None
+    if export.nbytes < size:
+        return None
+    export.flags.writeable = False
+    return memoryview(export)[:size]  # type: ignore[arg-type]
+
+
+def _close(mm: mmap.mmap | None) -> None:
+    if mm is not None:
+        try:
+            mm.close()
+        except BufferError:
+            pass   # a value read from it still lives: closed when the last goes

@@ -125,7 +125,9 @@ class StoredSegment:
         self.size = 0
         self.last_use = 0
         self.no_pool = False      # spilled: unlink when released, never reuse the name
-        self.rw: set[int] = set()  # connections that keep a read-write map of it
+        # Connections that may keep a map of it (writers; readers keep theirs across
+        # objects): told when it is unlinked (DROP_MAPS).
+        self.rw: set[int] = set()
 
 
 class ObjectStore:
@@ -331,6 +333,7 @@ class ObjectStore:
                 seg.pins += 1
                 seg.last_use = next(self._clock)
                 pins[name] += 1
+                seg.rw.add(conn)   # a reader keeps its map (ObjectIO.rmaps)
 
     def unpin(self, conn: int, names: Iterable[str]) -> None:
         pins = self.conn_pins.get(conn)
@@ -719,14 +722,17 @@ def write_into(mm: mmap.mmap, ser: Serialized) -> None:
         view.release()
 
 
-def map_segment(folder: str, segment: types_pb2.Segment) -> tuple[mmap.mmap, memoryview]:
-    """A read-only map of a sealed segment or spill file; it lives as long as views
-    of it. FileNotFoundError: the object moved (spilled), ask the head where to;
+def map_segment(folder: str, segment: types_pb2.Segment,
+                whole: bool = False) -> tuple[mmap.mmap, memoryview]:
+    """A read-only map of a sealed segment or spill file (``whole``: all of the file, for
+    the later objects the segment will hold); it lives as long as views of it.
+    FileNotFoundError: the object moved (spilled), ask the head where to;
     ObjectStoreError: the file is not the session's own, or cannot be mapped."""
     path = segment.path or segment_path(folder, segment.name)
     fd = _open_own(path, os.O_RDONLY)
     try:
-        mm = mmap.mmap(fd, max(segment.size, 1), mmap.MAP_SHARED, mmap.PROT_READ)
+        length = max(os.fstat(fd).st_size if whole else segment.size, segment.size, 1)
+        mm = mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ)
     except (OSError, ValueError) as exc:
         raise ObjectStoreError(f"cannot map {path} ({exc}); the object's data cannot be "
                                "read here.") from exc
