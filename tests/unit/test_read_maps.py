@@ -8,7 +8,6 @@ import gc
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import pytest
 
 from orchestra._objects.io import _RMAPS_MAX, ObjectIO
