@@ -132,11 +132,7 @@ class ObjectIO:
             for oid in [o for o, (_, name, _) in self.maps.items() if name in names]:
                 del self.maps[oid]
         for mm in maps:
-            if mm is not None:
-                try:
-                    mm.close()
-                except BufferError:
-                    pass   # a value read from it still lives: closed when the last goes
+            _close(mm)
 
     def drop_all_maps(self) -> None:
         """Close every map kept (they would keep the segments' memory)."""
@@ -203,23 +199,10 @@ class ObjectIO:
         if segment.path or segment.node_id != self.node_id:
             return None
         mm = self.wmaps.get(segment.name)
-        if mm is None:
-            return None
-        import numpy as np
-        try:
-            # A buffer of its own over the map: its finalizer tells when the last view
-            # of the value is gone (the map itself stays in wmaps for the next put).
-            export = np.frombuffer(mm, dtype=np.uint8)
-        except (ValueError, TypeError, BufferError):
-            return None   # closed by DROP_MAPS meanwhile: map it anew
-        if export.nbytes < segment.size:
-            return None
-        export.flags.writeable = False
-        name = segment.name
-        with self.refs.lock:
-            self.refs.pin.append(name)
-        weakref.finalize(export, self._unmapped, name)
-        return memoryview(export)[: segment.size]  # type: ignore[arg-type]
+        # None when DROP_MAPS closed it meanwhile: mapped anew (the map stays in wmaps
+        # for the next put either way).
+        view = _export(mm, segment.size) if mm is not None else None
+        return self._pinned(view, segment.name) if view is not None else None
 
     def map_object(self, data: pb.ObjectData) -> tuple[memoryview, Any]:
         """Map a large object read-only, wherever it is now: a reader may have learnt
@@ -265,17 +248,17 @@ class ObjectIO:
                 raise ObjectLostError(f"segment {name} of object store is shorter than the "
                                       f"object it holds ({segment.size} bytes)")
             with self.refs.lock:
-                old = self.rmaps.pop(name, None)
+                stale = [self.rmaps.pop(name, None)]
                 if self.client.lost is None and not self.client.closing:
                     self.rmaps[name] = mm
-                    if len(self.rmaps) > _RMAPS_MAX:   # the oldest goes
-                        old_name = next(iter(self.rmaps))
-                        if old is None:
-                            old = self.rmaps.pop(old_name)
-                        else:
-                            _close(self.rmaps.pop(old_name))
-            if old is not None:
+                    while len(self.rmaps) > _RMAPS_MAX:   # the oldest go
+                        stale.append(self.rmaps.pop(next(iter(self.rmaps))))
+            for old in stale:
                 _close(old)
+        return self._pinned(view, name)
+
+    def _pinned(self, view: memoryview, name: str) -> memoryview:
+        """Pin segment ``name`` until the last view of ``view``'s buffer is gone."""
         with self.refs.lock:
             self.refs.pin.append(name)
         weakref.finalize(view.obj, self._unmapped, name)

@@ -188,16 +188,20 @@ def _catches(pid: int, sig: int) -> bool:
     return False
 
 
+def _start_blocking(out_path: Path) -> subprocess.Popen[bytes]:
+    """`orchestra start --head --block`, its output to ``out_path``."""
+    with open(out_path, "wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "orchestra._cli", "start", "--head",
+                                 "--port", "0", "--block", *SMALL], stdout=out, stderr=out,
+                                env=dict(os.environ, PYTHONPATH=REPO))
+
+
 def test_block_stops_what_it_starts_on_a_sigterm_that_comes_while_it_starts(
         state: str, tmp_path: Path) -> None:
     # The signal is taken from the start on: before, one that came before the head was
     # up (a batch system stopping the job at once) killed this process outright and left
     # the head running.
-    out = open(tmp_path / "out", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "orchestra._cli", "start", "--head",
-                             "--port", "0", "--block", *SMALL], stdout=out, stderr=out,
-                            env=dict(os.environ, PYTHONPATH=REPO))
-    out.close()
+    proc = _start_blocking(tmp_path / "out")
     try:
         wait_until(lambda: _catches(proc.pid, signal.SIGTERM) or proc.poll() is not None, T,
                    "the command takes SIGTERM")
@@ -212,11 +216,7 @@ def test_block_stops_what_it_starts_on_a_sigterm_that_comes_while_it_starts(
 
 
 def test_block_stops_what_it_started_on_sigterm(state: str, tmp_path: Path) -> None:
-    out = open(tmp_path / "out", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "orchestra._cli", "start", "--head",
-                             "--port", "0", "--block", *SMALL], stdout=out, stderr=out,
-                            env=dict(os.environ, PYTHONPATH=REPO))
-    out.close()
+    proc = _start_blocking(tmp_path / "out")
     try:
         wait_until(lambda: bool(records(state)), T, "the head recorded")
         [head] = records(state)
