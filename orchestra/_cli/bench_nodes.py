@@ -27,6 +27,7 @@ import importlib
 import inspect
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -38,14 +39,17 @@ if TYPE_CHECKING:
 
 try:
     from ..microbenchmark import MiB, Results, _lat, _rate, cluster_memory
-except ImportError:   # run by path under a Python without orchestra: the sibling file
-    from microbenchmark import (  # type: ignore[import-not-found,no-redef]
-        MiB,
-        Results,
-        _lat,
-        _rate,
-        cluster_memory,
-    )
+except ImportError:   # run by path under a Python without orchestra: ../microbenchmark.py
+    import importlib.util
+    _spec = importlib.util.spec_from_file_location(
+        "microbenchmark", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                       "microbenchmark.py"))
+    assert _spec is not None and _spec.loader is not None
+    _bench = importlib.util.module_from_spec(_spec)
+    sys.modules["microbenchmark"] = _bench
+    _spec.loader.exec_module(_bench)
+    MiB, Results, _lat, _rate, cluster_memory = (
+        _bench.MiB, _bench.Results, _bench._lat, _bench._rate, _bench.cluster_memory)
 
 # Each node offers the machine's cores, as the single-node benchmark's init(num_cpus=cpu_count)
 # does (a node stands for a machine). With 1 CPU per node Ray's spread tasks/s halved here
@@ -282,7 +286,6 @@ def run(framework: str, nodes: int, quick: bool) -> Results:
 def main() -> int:
     """Child entry when run by path: ``python _cli/bench_nodes.py FRAMEWORK NODES [--quick]``."""
     import json
-    import sys
     framework, nodes = sys.argv[1], int(sys.argv[2])
     print(json.dumps(run(framework, nodes, "--quick" in sys.argv[3:])))
     return 0

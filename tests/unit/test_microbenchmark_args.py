@@ -55,3 +55,14 @@ def test_a_failed_framework_prints_as_dashes_and_the_others_with_ratios() -> Non
     spread = next(line for line in report(ok, node_rows(ok)).splitlines()
                   if line.startswith("no-op tasks/s spread"))
     assert "2.00x better" in spread and "10.00x better" in spread
+
+
+def test_the_cluster_benchmark_runs_by_path_beside_microbenchmark_py() -> None:
+    # Ray's half runs this file by path under a Python without orchestra: it must find
+    # ../microbenchmark.py itself (it broke when the file moved into _cli/).
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-I", _bench_nodes.__file__, "ray", "2", "--quick"],
+                          capture_output=True, text=True, timeout=8, cwd="/")
+    assert "--nodes 3" in proc.stderr, proc.stderr
+    assert "ImportError" not in proc.stderr and "ModuleNotFoundError" not in proc.stderr
