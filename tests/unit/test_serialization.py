@@ -165,6 +165,30 @@ def test_a_large_pickle_without_buffers_is_an_arrow_stream_in_a_segment():
     assert deserialize(read_only_copy(ser)) == value  # the segment's form: a stream
 
 
+
+@pytest.mark.parametrize("make", [
+    lambda: [np.arange(3 << 20, dtype=np.int32), np.ones(5 << 20, dtype=np.uint8) * 7, "x"],
+    lambda: pa.table({f"c{i}": np.arange(1 << 20, dtype=np.float64) + i for i in range(4)}),
+    lambda: pd.DataFrame({f"c{i}": np.arange(1 << 20) * i for i in range(5)}),
+], ids=["buffers", "table", "frame"])
+def test_a_large_stream_written_on_several_threads_is_the_same_bytes(make, monkeypatch):
+    import orchestra._objects.serialization as serialization
+    value = make()
+    ser = serialize(value)
+    assert ser.stream_size() >= serialization._PARALLEL_MIN
+    streams = []
+    for threads in (1, 4):
+        monkeypatch.setattr(serialization, "_COPY_THREADS", threads)
+        out = bytearray(ser.stream_size())
+        ser.write_into(memoryview(out))
+        streams.append(bytes(out))
+    assert streams[0] == streams[1]
+    got = deserialize(streams[1])
+    if isinstance(value, list):
+        assert all(np.array_equal(a, b) for a, b in zip(got[:2], value[:2])) and got[2] == "x"
+    else:
+        assert got.equals(value)
+
 # ------------------------------------------------------------------ Arrow data and pandas
 
 def test_a_pyarrow_table_is_written_as_itself_and_read_back_zero_copy():
