@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 
 from ..exceptions import DeserializationError
+from .pickle5_stream import KIND, STREAM_MAGIC, read_pickle5
 
 if TYPE_CHECKING:
     import numpy as np
@@ -43,8 +44,6 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 ALIGN = 64
-STREAM_MAGIC = b"\xff\xff\xff\xff"   # an Arrow IPC message's continuation marker
-KIND = b"orchestra.kind"
 _PAD = b"orchestra.pad"         # spaces: moves a table's data to a better offset
 _OWN_KEYS = (KIND, _PAD)
 _PLACE_MIN = 1 << 20           # tables from this size are placed (see _DryRun)
@@ -472,6 +471,12 @@ _SCHEMA_CACHE: dict[bytes, pa.Schema] = {}
 def parse(view: memoryview, what: str) -> Parsed:
     """Parse and validate the Arrow stream in ``view`` (no copy of its data);
     DeserializationError naming ``what`` when it does not parse."""
+    try:
+        columns = read_pickle5(view)
+    except (ValueError, IndexError, struct.error) as exc:
+        raise _unreadable(what, exc) from exc
+    if columns is not None:
+        return Parsed(b"pickle5", columns, what)
     import pyarrow as pa
     import pyarrow.ipc  # noqa: F401 - pa.ipc
     buf = pa.py_buffer(view)
@@ -486,10 +491,16 @@ def parse(view: memoryview, what: str) -> Parsed:
             return Parsed(kind, [_value_of(column) for column in batch.columns], what)
         return Parsed(kind, _read_batches(buf, reader, schema, meta, kind), what)
     except (pa.ArrowException, OSError, ValueError, IndexError, EOFError) as exc:
-        raise DeserializationError(
-            f"could not deserialize {what} in this process (pid={os.getpid()}): its data is "
-            f"not a valid Arrow IPC stream ({type(exc).__name__}: {exc}). The object's bytes "
-            "were changed after it was written: put it again.") from exc
+        raise _unreadable(what, exc) from exc
+
+
+def _unreadable(what: str, exc: BaseException) -> DeserializationError:
+    return DeserializationError(
+        f"could not deserialize {what} in this process (pid={os.getpid()}): its data is "
+        f"not a valid Arrow IPC stream ({type(exc).__name__}: {exc}). The object's bytes "
+        "were changed after it was written: put it again.")
+
+
 
 
 def _read_batches(buf: pa.Buffer, reader: pa.BufferReader, schema: pa.Schema,

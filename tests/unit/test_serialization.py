@@ -15,7 +15,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from orchestra._objects.pickle5_stream import read_pickle5
 from orchestra._objects.serialization import (
     STREAM_MAGIC,
     ArrowValue,
@@ -23,6 +26,7 @@ from orchestra._objects.serialization import (
     deserialize,
     dumps_exception,
     dumps_function,
+    parse,
     serialize,
 )
 from orchestra._runtime import context as _context
@@ -185,7 +189,7 @@ def test_a_large_stream_written_on_several_threads_is_the_same_bytes(make, monke
     assert streams[0] == streams[1]
     got = deserialize(streams[1])
     if isinstance(value, list):
-        assert all(np.array_equal(a, b) for a, b in zip(got[:2], value[:2])) and got[2] == "x"
+        assert all(np.array_equal(a, b) for a, b in zip(got[:2], value[:2], strict=True)) and got[2] == "x"
     else:
         assert got.equals(value)
 
@@ -312,6 +316,73 @@ def test_a_stream_that_does_not_parse_raises_deserialization_error(value, damage
         deserialize(bytes(data), "object 00ff")
     assert "object 00ff" in str(info.value)
 
+
+
+# ------------------------------------------------------------------ the pickle5 reader by hand
+
+def _stream(value: Any) -> bytes:
+    ser = serialize(value)
+    out = bytearray(ser.stream_size())
+    ser.write_into(memoryview(out))
+    return bytes(out)
+
+
+def _by_pyarrow(data: bytes) -> list[bytes]:
+    batch = pa.ipc.open_stream(data).read_next_batch()
+    batch.validate(full=True)
+    return [column[0].as_py() for column in batch.columns]
+
+
+@given(st.lists(st.one_of(st.binary(max_size=64),
+                          st.integers(0, 200_000).map(lambda n: np.arange(n, dtype=np.uint8))),
+                max_size=5))
+@settings(max_examples=60, deadline=None)
+def test_the_hand_reader_gives_the_columns_pyarrow_reads(values):
+    data = _stream(values)
+    ours = read_pickle5(memoryview(data))
+    assert ours is not None and [bytes(v) for v in ours] == _by_pyarrow(data)
+    got = deserialize(data)
+    assert len(got) == len(values) and all(
+        np.array_equal(a, b) if isinstance(b, np.ndarray) else a == b
+        for a, b in zip(got, values, strict=True))
+
+
+def test_the_hand_reader_leaves_other_kinds_to_pyarrow():
+    assert read_pickle5(memoryview(_stream(pa.table({"x": np.arange(10)})))) is None
+
+
+@given(st.data())
+@settings(max_examples=200, deadline=None)
+def test_a_damaged_pickle5_stream_raises_deserialization_error_or_reads(data):
+    # Any byte of the two messages' metadata changed: the reader either says the
+    # stream is damaged or reads values inside it, never another error.
+    stream = bytearray(_stream([np.arange(70_000, dtype=np.uint8), b"abc"]))
+    meta_end = stream.index(STREAM_MAGIC, 4)
+    meta_end = meta_end + 8 + int.from_bytes(stream[meta_end + 4: meta_end + 8], "little")
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(0, meta_end + 16))
+        stream[at] = data.draw(st.integers(0, 255))
+    try:
+        parsed = parse(memoryview(bytes(stream)), "object 00ff")
+    except DeserializationError as exc:
+        assert "object 00ff" in str(exc)
+        return
+    if parsed.kind == b"pickle5":
+        assert all(isinstance(v, memoryview) for v in parsed.data)
+
+
+def test_reading_a_numpy_value_does_not_import_pyarrow(tmp_path):
+    import subprocess
+    (tmp_path / "value.stream").write_bytes(_stream([np.arange(100_000), "x"]))
+    code = (
+        "import sys, numpy as np\n"
+        "from orchestra._objects.serialization import deserialize\n"
+        "value = deserialize(open(sys.argv[1], 'rb').read())\n"
+        "assert value[0].sum() == sum(range(100_000)) and value[1] == 'x'\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pyarrow'))\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "value.stream")],
+                         capture_output=True, text=True, timeout=20, check=True).stdout
+    assert out.strip() == "[]"
 
 # ------------------------------------------------------------------ refs inside values
 
