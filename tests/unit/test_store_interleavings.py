@@ -1,0 +1,258 @@
+"""The object store under random interleavings (Hypothesis), over a real private
+directory of segment files and a real spill directory, no processes: objects of mixed
+sizes created, written, sealed, aborted, read (pinned) and freed in random order,
+spilled when the store is full, readers letting go of their maps when asked, and
+connections dropping. A final large put must find its room.
+
+Invariants after every step: the store's counts are exact (``used`` is the capacity of
+every segment holding a live object, ``pooled`` that of the pool); live and pooled
+segments never exceed the capacity; the directory holds exactly the segments the store
+names; every live object's bytes are still its own (no segment reused or removed under
+a live object or a reader's pin); spilled bytes are the spilled objects'; a full store
+is refused only when even spilling every sealed object would not make the room."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from orchestra._objects.store import (
+    ObjectStore,
+    ReleaseNeeded,
+    SpillNeeded,
+    open_segment,
+    segment_path,
+    size_class,
+    spill_file,
+)
+from orchestra.exceptions import ObjectStoreFullError
+
+pytestmark = pytest.mark.timeout(120)
+
+KiB, MiB = 1 << 10, 1 << 20
+CAPACITY = 24 * MiB
+# Mixed sizes across many classes: small (the 64 KiB class), middling, large.
+SIZES = [1 * KiB, 70 * KiB, 200 * KiB, 700 * KiB, 1 * MiB + 3, 2500 * KiB, 5 * MiB, 9 * MiB]
+WRITERS = [1, 2]
+READERS = [7, 8]
+
+
+@dataclass
+class Obj:
+    oid: bytes
+    name: str
+    size: int
+    state: str = "writing"              # writing / sealed / spilled
+    path: str = ""                      # its spill file, once spilled
+    pins: dict[int, int] = field(default_factory=dict)
+
+
+def pattern(oid: bytes, size: int) -> bytes:
+    return (oid * (size // len(oid) + 1))[:size]
+
+
+class StoreMachine(RuleBasedStateMachine):
+    objs = Bundle("objs")
+
+    @initialize()
+    def start(self) -> None:
+        self.spill_root = tempfile.mkdtemp(prefix="orchestra-test-spill-")
+        self.store = ObjectStore(0, "unit", CAPACITY,
+                                 spill_dir=os.path.join(self.spill_root, "spill"))
+        self.live: dict[bytes, Obj] = {}
+        self.retired: list[Obj] = []        # freed while readers pinned them
+        self.n = 0
+
+    def teardown(self) -> None:
+        if hasattr(self, "store"):
+            self.store.close()
+            assert not os.path.exists(self.store.dir)
+            shutil.rmtree(self.spill_root, ignore_errors=True)
+
+    # ------------------------------------------------------------ the node's part
+    def _create(self, conn: int, oid: bytes, size: int) -> object:
+        """As the node answers CreateSegment: spill, ask readers to let go, try again."""
+        store = self.store
+        for _ in range(64):
+            try:
+                return store.create(conn, oid, size)
+            except SpillNeeded as need:
+                for job in store.begin_spill(need.names):
+                    error = spill_file(job.source, job.dest, job.size)
+                    assert error == ""
+                    seg = store.end_spill(job.name, job.dest, error)
+                    obj = self.live[job.object_id]
+                    if seg is not None:
+                        obj.state, obj.path = "spilled", seg.path
+            except ReleaseNeeded as rel:
+                for conn_id, names in rel.held.items():   # RELEASE_MAPS: readers let go
+                    for obj in self.live.values():
+                        if obj.name in names and obj.pins.get(conn_id):
+                            store.unpin(conn_id, [obj.name] * obj.pins.pop(conn_id))
+            except ObjectStoreFullError:
+                # Only when even spilling every sealed object would not make the room.
+                stuck = sum(size_class(max(o.size, 1)) for o in self.live.values()
+                            if o.state == "writing")
+                retired = sum(s.capacity for s in store.segs.values() if s.state == "retired")
+                assert stuck + retired + size_class(max(size, 1)) > CAPACITY, \
+                    "refused a put that spilling would have made room for"
+                return None
+        raise AssertionError("the store kept asking to spill or release")
+
+    # ------------------------------------------------------------ rules
+    @rule(target=objs, size=st.sampled_from(SIZES), writer=st.sampled_from(WRITERS))
+    def create(self, size: int, writer: int) -> object:
+        self.n += 1
+        oid = self.n.to_bytes(4, "big") + b"obj."
+        seg = self._create(writer, oid, size)
+        if seg is None:
+            return None
+        mm = open_segment(self.store.dir, seg)
+        try:
+            mm[:size] = pattern(oid, size)
+        finally:
+            mm.close()
+        self.live[oid] = Obj(oid, seg.name, size)
+        return oid
+
+    @rule(oid=objs)
+    def seal(self, oid: bytes | None) -> None:
+        obj = self.live.get(oid) if oid else None
+        if obj is not None and obj.state == "writing":
+            assert self.store.seal(obj.name)
+            obj.state = "sealed"
+
+    @rule(oid=consumes(objs), writer=st.sampled_from(WRITERS))
+    def abort(self, oid: bytes | None, writer: int) -> None:
+        obj = self.live.get(oid) if oid else None
+        if obj is None:
+            return
+        writing = obj.state == "writing" and self.store.segs[obj.name].writer == writer
+        self.store.abort(writer, obj.name)
+        if writing:
+            del self.live[obj.oid]
+            assert obj.name not in self.store.segs or \
+                self.store.segs[obj.name].state not in ("writing", "sealed")
+
+    @rule(oid=objs, reader=st.sampled_from(READERS))
+    def pin(self, oid: bytes | None, reader: int) -> None:
+        obj = self.live.get(oid) if oid else None
+        if obj is not None and obj.state == "sealed":
+            self.store.pin(reader, [obj.name])
+            obj.pins[reader] = obj.pins.get(reader, 0) + 1
+
+    @rule(oid=objs, reader=st.sampled_from(READERS))
+    def unpin(self, oid: bytes | None, reader: int) -> None:
+        obj = self.live.get(oid) if oid else None
+        if obj is not None and obj.pins.get(reader):
+            self.store.unpin(reader, [obj.name])
+            obj.pins[reader] -= 1
+
+    @rule(oid=consumes(objs))
+    def free(self, oid: bytes | None) -> None:
+        obj = self.live.get(oid) if oid else None
+        if obj is None or obj.state == "writing":
+            return
+        del self.live[obj.oid]
+        self.store.free(obj.path if obj.state == "spilled" else obj.name)
+        if obj.state == "sealed" and any(obj.pins.values()):   # readers still map it
+            self.retired.append(obj)
+
+    @rule(oid=consumes(objs), reader=st.sampled_from(READERS))
+    def free_while_read(self, oid: bytes | None, reader: int) -> None:
+        """A reader still holds a view of the value when its last ref goes."""
+        self.pin(oid, reader)
+        self.free(oid)
+
+    @rule(reader=st.sampled_from(READERS))
+    def reader_leaves(self, reader: int) -> None:
+        self.store.drop_conn(reader)
+        for obj in list(self.live.values()) + self.retired:
+            obj.pins.pop(reader, None)
+
+    @rule(writer=st.sampled_from(WRITERS))
+    def writer_leaves(self, writer: int) -> None:
+        unsealed = [o for o in self.live.values()
+                    if o.state == "writing" and self.store.segs[o.name].writer == writer]
+        self.store.drop_conn(writer)   # its unsealed objects are garbage
+        for obj in unsealed:
+            del self.live[obj.oid]
+
+    # ------------------------------------------------------------ invariants
+    @invariant()
+    def counts_are_exact(self) -> None:
+        if not hasattr(self, "store"):
+            return
+        store = self.store
+        holding = sum(s.capacity for s in store.segs.values()
+                      if s.state in ("writing", "sealed", "retired", "spilling",
+                                     "spill-cancelled"))
+        pooled = sum(s.capacity for s in store.segs.values() if s.state == "pooled")
+        assert store.used == holding
+        assert store.pooled == pooled == sum(
+            c * len(q) for c, q in store.pool.items())
+        assert store.used + store.pooled <= CAPACITY
+        live_in_shm = {o.name for o in self.live.values() if o.state != "spilled"}
+        assert live_in_shm <= set(store.segs), "a live object's segment is gone"
+        assert store.spilled_bytes == sum(o.size for o in self.live.values()
+                                          if o.state == "spilled")
+
+    @invariant()
+    def the_directory_holds_what_the_store_names(self) -> None:
+        if not hasattr(self, "store"):
+            return
+        assert set(os.listdir(self.store.dir)) == set(self.store.segs)
+
+    @invariant()
+    def every_live_objects_bytes_are_its_own(self) -> None:
+        if not hasattr(self, "store"):
+            return
+        self.retired = [o for o in self.retired
+                        if any(o.pins.values()) and o.name in self.store.segs]
+        for obj in list(self.live.values()) + self.retired:
+            path = obj.path if obj.state == "spilled" else segment_path(self.store.dir, obj.name)
+            with open(path, "rb") as f:
+                assert f.read(obj.size) == pattern(obj.oid, obj.size), \
+                    f"object {obj.oid!r} ({obj.state}) lost its bytes"
+
+    # ------------------------------------------------------------ the end
+    @precondition(lambda self: hasattr(self, "store"))
+    @rule()
+    def everything_freed_then_a_large_put_fits(self) -> None:
+        store = self.store
+        for obj in list(self.live.values()):
+            if obj.state == "writing":
+                store.abort(store.segs[obj.name].writer, obj.name)
+            else:
+                store.free(obj.path if obj.state == "spilled" else obj.name)
+            del self.live[obj.oid]
+        for reader in READERS:
+            store.drop_conn(reader)
+        self.retired = []
+        assert store.used == 0 and store.spilled_bytes == 0
+        big = CAPACITY * 7 // 8   # a class of its own, larger than any object before
+        seg = store.create(WRITERS[0], b"big.", big)   # no SpillNeeded: the pool makes way
+        assert store.used == seg.capacity and store.used + store.pooled <= CAPACITY
+        store.abort(WRITERS[0], seg.name)
+        assert store.used == 0
+
+
+StoreMachine.TestCase.settings = settings(
+    max_examples=int(os.environ.get("ORCHESTRA_HYPOTHESIS_EXAMPLES", "60")),
+    stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+test_the_store_under_random_interleavings = StoreMachine.TestCase
