@@ -4,12 +4,18 @@ its pages mapped already), bounded, and closes it once the store removes the seg
 (a map of a removed segment would keep its memory)."""
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import numpy as np
 import pytest
 
 import orchestra
 from _probes import wait_until
 from orchestra._objects.io import _RMAPS_MAX
+from orchestra.exceptions import WorkerCrashedError
+from orchestra.util import state
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -84,3 +90,34 @@ def test_a_reader_closes_its_kept_maps_of_segments_the_store_removed(start_clust
                "the worker closed its maps of removed segments",
                lambda: str(orchestra.get(segment_maps.remote(True), timeout=T)))
     assert not _segment_maps(removed=True), "the driver kept maps of removed segments"
+
+
+@orchestra.remote(max_retries=0)
+def read_then_die(a: np.ndarray) -> None:
+    float(a[::4096].sum())   # mapped, its pages faulted in
+    time.sleep(0.3)          # the pin reaches the store (the client flushes every few ms)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _store_used() -> int:
+    return int(state.cluster_summary()["store"]["used"])
+
+
+def test_a_worker_killed_while_it_maps_an_object_leaves_no_pin(start_cluster):
+    # The store drops the pins of a connection that goes: killed mid-read, the worker's
+    # map must neither keep the segment (retired forever) nor let it go under a reader.
+    start_cluster(num_cpus=1, object_store_memory=64 * MiB)
+    n = (16 * MiB) // 8
+    ref = orchestra.put(np.ones(n))
+    with pytest.raises(WorkerCrashedError):
+        orchestra.get(read_then_die.remote(ref), timeout=T)
+    assert orchestra.get(total.remote(ref), timeout=T) == n   # the next worker reads it
+    view = orchestra.get(ref, timeout=T)
+    del ref
+    assert _store_used() > 0 and view.sum() == n               # held by the driver's view
+    del view
+    wait_until(lambda: _store_used() == 0, 10, "the store freed the object",
+               lambda: f"{_store_used()} bytes still held")
+    # The memory is the store's again: a put of the same size goes into it.
+    ref = orchestra.put(np.full(n, 2.0))
+    assert orchestra.get(total.remote(ref), timeout=T) == 2.0 * n
