@@ -189,6 +189,8 @@ class Node:
         """Adopt the fork server, then watch workers, warm the store and preload, later."""
         if self._zygote_started is not None:
             self.pool.adopt_zygote(Zygote(*self._zygote_started))
+            if self._preload_modules:   # before any spawn: the first workers have the list
+                self.pool.zygote.preload(self._preload_modules, now=False)   # type: ignore[union-attr]
         self.loop.call_later(_WATCH_S, self._watch)
         # Warm shared memory for the first large put, off init()'s path, while idle.
         self.loop.call_later(self._warm_delay_s, self.warm)

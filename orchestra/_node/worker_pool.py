@@ -129,10 +129,12 @@ class Zygote:
                     child.returncode = -signal.SIGKILL
                 child.exited.set()
 
-    def preload(self, modules: list[str]) -> None:
-        """Have the zygote import ``modules``: workers forked later start with them."""
+    def preload(self, modules: list[str], now: bool = True) -> None:
+        """Have the zygote import ``modules``: workers forked later start with them.
+        ``now=False``: only note them, for the workers forked from now on to import in
+        their first idle moment (before the zygote itself has them)."""
         try:
-            os.write(self.req_w, f"preload {' '.join(modules)}\n".encode())
+            os.write(self.req_w, f"{'preload' if now else 'later'} {' '.join(modules)}\n".encode())
         except OSError:
             pass
 

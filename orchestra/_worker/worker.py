@@ -49,6 +49,7 @@ from .._runtime import context as _context
 from .._runtime import runtime_env as _runtime_env
 from .._runtime.client import CoreClient
 from ..exceptions import ActorDiedError, DeserializationError, TaskError
+from . import zygote as _zygote
 from .actors import ActorRuntime
 from .calls import (
     ArgumentError,
@@ -83,6 +84,9 @@ _FRAME_BYTES = 512
 # A worker without work this long titles itself idle (orchestra::worker); a title costs
 # ~1 us (setproctitle), worth not paying twice per task of a get() loop.
 _IDLE_TITLE_S = 0.1
+# A worker forked before the fork server preloaded the driver's modules imports them
+# itself when idle, once it has lived this long (not in init()'s first tasks' way).
+_IMPORT_LATER_S = 1.0
 
 
 def _max_nested(base_limit: int) -> int:
@@ -156,6 +160,7 @@ class WorkerRuntime:
         self.logs: LogCapture | None = None
         self._job = 0   # Call.job of the task running (an actor's: its creator's)
         self._title: str | None = ""   # the running call's name; None: idle
+        self._started = time.monotonic()
         try:
             self.logs = LogCapture(os.path.join(info.node_dir or info.session_dir, LOGS_DIR),
                                    worker_id, self.client.send_raw, _context.current_call)
@@ -485,12 +490,12 @@ class WorkerRuntime:
                 # Idle: this thread reads the socket itself, so a task starts without a
                 # hand-off from the reader thread.
                 if self._title is None:
-                    self.client.wait_until(has_task, None)
+                    self._idle(has_task)
                 elif not self.client.wait_until(has_task, time.monotonic() + _IDLE_TITLE_S):
                     # The title says idle after a moment without work, so a worker that
                     # answers one task at a time sets no title per task.
                     self._set_title(None)
-                    self.client.wait_until(has_task, None)
+                    self._idle(has_task)
             if self.nested:   # handed over for a get() that ended first
                 self._run_nested()
                 continue
@@ -522,6 +527,21 @@ class WorkerRuntime:
             if self.block_depth:   # a cancel landed in get()'s bookkeeping, past its unblock
                 self._unblock_to(0)
             self.send_done(done)
+
+    def _idle(self, has_task: Callable[[], bool]) -> None:
+        """Wait for work; a worker forked before the fork server preloaded the driver's
+        modules imports them here, once it has lived _IMPORT_LATER_S (not an actor's:
+        hundreds of them, started at once, would each import them at once)."""
+        if _zygote.LATER and self.actor is None:
+            if self.client.wait_until(has_task, self._started + _IMPORT_LATER_S):
+                return
+            # What the last task let go of (its argument's pin) goes first: the imports
+            # hold the GIL for ~0.1 s.
+            import gc
+            gc.collect()
+            self.client.flush_refs()
+            _zygote.import_later()
+        self.client.wait_until(has_task, None)
 
     def _set_title(self, call: pb.Call | None) -> None:
         """The process title: what runs now (``call``), or idle (None). Set only when it

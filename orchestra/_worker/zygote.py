@@ -2,6 +2,8 @@
 
     head --"spawn <worker id>\\n"--> zygote --fork--> worker (runs _worker.main)
     head --"preload <module> ...\\n"--> zygote   (imports them: later workers have them)
+    head --"later <module> ...\\n"--> zygote     (notes them: workers forked before the
+        preload import them themselves, in their first idle moment: import_later())
     head <--"pid <worker id> <pid>\\n" / "exit <pid> <returncode>\\n"-- zygote
 
 Starting a worker with fork+exec costs ~0.2 s of CPU (the interpreter and orchestra's
@@ -35,6 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from .._platform.proctitle import set_title
     from . import worker as _worker
+    from . import zygote as named
     set_title("orchestra::forkserver")
     # SIGCHLD wakes the select through this pipe: exits are reported at once.
     wake_r, wake_w = os.pipe()
@@ -58,6 +61,10 @@ def main(argv: list[str] | None = None) -> None:
             if line.startswith(b"preload"):
                 _preload(line.decode().split()[1:])
                 continue
+            if line.startswith(b"later"):
+                # Run with -m, this file is __main__: the workers read the module by name.
+                named.LATER[:] = line.decode().split()[1:]
+                continue
             worker_id = int(line.split()[1])
             pid = os.fork()
             if pid == 0:
@@ -76,6 +83,19 @@ def main(argv: list[str] | None = None) -> None:
             except OSError:   # it did (and may have run already) or died
                 pass
             os.write(rep_fd, f"pid {worker_id} {pid}\n".encode())
+
+
+# What the driver uses, noted by "later": a worker forked from here imports what it has
+# not yet in its first idle moment a while after it started (import_later).
+LATER: list[str] = []
+
+
+def import_later() -> None:
+    """In a worker forked from the zygote, idle: import what the zygote noted for later
+    (a worker started with the cluster would otherwise import numpy, ~40 ms, in its
+    first task given an array). Once per process."""
+    modules, LATER[:] = list(LATER), []
+    _preload([m for m in modules if m not in sys.modules])
 
 
 def _preload(modules: list[str]) -> None:

@@ -312,6 +312,17 @@ def test_workers_started_later_have_the_drivers_numpy_already(start_cluster):
     assert orchestra.get(_square_sum.remote(200), timeout=T) == 200.0 ** 3   # BLAS threads work
 
 
+def test_a_worker_started_with_the_cluster_imports_the_drivers_numpy_when_idle(start_cluster):
+    # Forked before the fork server imported numpy, it imports it itself in its first
+    # idle moment a second after it started: not in the first task given an array.
+    c = start_cluster(num_cpus=1)
+    (first,) = c.worker_pids()
+    assert not _has_numpy(first)
+    wait_until(lambda: _has_numpy(first), 10, "the idle worker imported numpy")
+    assert c.worker_pids() == [first]
+    assert orchestra.get(_square_sum.remote(100), timeout=T) == 100.0 ** 3
+
+
 _USERLIB = textwrap.dedent('''
     import os
     import sys
