@@ -56,9 +56,11 @@ def test_a_worker_keeps_its_map_of_a_segment_and_reads_the_next_object_in_it(sta
     first = orchestra.get(segment_maps.remote(), timeout=T)
     assert len(first) == 1, f"the worker no longer maps the segment it read: {first}"
     del ref
-    # The next object of that size goes into the same (pooled) segment: the worker reads
-    # the new bytes through the map it kept.
+    # The next object of that size goes into the same (pooled) segment once the last one
+    # is freed (the call's arguments are released after its answer, through the head):
+    # the worker reads the new bytes through the map it kept.
     for value in (2.0, 3.0):
+        wait_until(lambda: _store_used() == 0, 10, "the last object freed")
         ref = orchestra.put(np.full(n, value))
         assert orchestra.get(total.remote(ref), timeout=T) == value * n
         assert orchestra.get(segment_maps.remote(), timeout=T) == first
