@@ -49,7 +49,7 @@ from .._runtime import context as _context
 from .._runtime import runtime_env as _runtime_env
 from .._runtime.client import CoreClient
 from ..exceptions import ActorDiedError, DeserializationError, TaskError
-from . import zygote as _zygote
+from . import preload as _preload
 from .actors import ActorRuntime
 from .calls import (
     ArgumentError,
@@ -532,7 +532,7 @@ class WorkerRuntime:
         """Wait for work; a worker forked before the fork server preloaded the driver's
         modules imports them here, once it has lived _IMPORT_LATER_S (not an actor's:
         hundreds of them, started at once, would each import them at once)."""
-        if _zygote.LATER and self.actor is None:
+        if _preload.LATER and self.actor is None:
             if self.client.wait_until(has_task, self._started + _IMPORT_LATER_S):
                 return
             # What the last task let go of (its argument's pin) goes first: the imports
@@ -540,7 +540,7 @@ class WorkerRuntime:
             import gc
             gc.collect()
             self.client.flush_refs()
-            _zygote.import_later()
+            _preload.import_later()
         self.client.wait_until(has_task, None)
 
     def _set_title(self, call: pb.Call | None) -> None:

@@ -22,6 +22,8 @@ import select
 import signal
 import sys
 
+from .preload import LATER, preload
+
 
 def _returncode(status: int) -> int:
     if os.WIFSIGNALED(status):
@@ -37,7 +39,6 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from .._platform.proctitle import set_title
     from . import worker as _worker
-    from . import zygote as named
     set_title("orchestra::forkserver")
     # SIGCHLD wakes the select through this pipe: exits are reported at once.
     wake_r, wake_w = os.pipe()
@@ -59,11 +60,10 @@ def main(argv: list[str] | None = None) -> None:
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
             if line.startswith(b"preload"):
-                _preload(line.decode().split()[1:])
+                preload(line.decode().split()[1:])
                 continue
             if line.startswith(b"later"):
-                # Run with -m, this file is __main__: the workers read the module by name.
-                named.LATER[:] = line.decode().split()[1:]
+                LATER[:] = line.decode().split()[1:]
                 continue
             worker_id = int(line.split()[1])
             pid = os.fork()
@@ -83,30 +83,6 @@ def main(argv: list[str] | None = None) -> None:
             except OSError:   # it did (and may have run already) or died
                 pass
             os.write(rep_fd, f"pid {worker_id} {pid}\n".encode())
-
-
-# What the driver uses, noted by "later": a worker forked from here imports what it has
-# not yet in its first idle moment a while after it started (import_later).
-LATER: list[str] = []
-
-
-def import_later() -> None:
-    """In a worker forked from the zygote, idle: import what the zygote noted for later
-    (a worker started with the cluster would otherwise import numpy, ~40 ms, in its
-    first task given an array). Once per process."""
-    modules, LATER[:] = list(LATER), []
-    _preload([m for m in modules if m not in sys.modules])
-
-
-def _preload(modules: list[str]) -> None:
-    """Import what the driver uses (the head asks once the cluster is idle): workers
-    forked afterwards have it already, shared copy-on-write."""
-    import importlib
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - a worker imports it itself when it needs it
-            pass
 
 
 def _reap(rep_fd: int) -> None:
