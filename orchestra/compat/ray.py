@@ -3,7 +3,8 @@
 
 ``install()`` puts module objects named ``ray``, ``ray.util``, ``ray.util.queue``,
 ``ray.util.actor_pool``, ``ray.util.placement_group``, ``ray.util.scheduling_strategies``,
-``ray.exceptions`` and ``ray.actor`` into sys.modules; each maps Ray's names onto
+``ray.util.multiprocessing``, ``ray.util.joblib``, ``ray.util.dask``, ``ray.exceptions``
+and ``ray.actor`` into sys.modules; each maps Ray's names onto
 orchestra's objects (names only: every behaviour is orchestra's). It also sets
 $ORCHESTRA_RAY_COMPAT, which the workers of this driver's cluster inherit, so that
 orchestra's worker installs the same modules (a task may ``import ray``, and a function
@@ -61,6 +62,42 @@ def _module(name: str, doc: str, names: dict[str, Any],
 
     mod.__dict__.update(names, __getattr__=__getattr__, _orchestra_compat=True)
     return mod
+
+
+def _lazy_module(name: str, doc: str, load: Callable[[], dict[str, Any]]) -> types.ModuleType:
+    """As _module, its names made by ``load()`` at the first use of one (it imports an
+    optional library: joblib, dask; missing, the ImportError names it)."""
+    mod = _module(name, doc, {})
+
+    def __getattr__(attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(f"module {name!r} has no attribute {attr!r}")
+        names = load()
+        mod.__dict__.update(names)
+        if attr not in names:
+            raise AttributeError(_missing(f"{name}.{attr}"))
+        return names[attr]
+
+    mod.__getattr__ = __getattr__  # type: ignore[method-assign]
+    return mod
+
+
+def _joblib_names() -> dict[str, Any]:
+    import joblib  # its ImportError, if missing, names it
+
+    from ..util import joblib as ojoblib
+
+    def register_ray() -> None:
+        """``ray.util.joblib.register_ray``: the backend "ray" is orchestra's."""
+        joblib.register_parallel_backend("ray", ojoblib.OrchestraBackend)
+    return {"register_ray": register_ray}
+
+
+def _dask_names() -> dict[str, Any]:
+    from ..util import dask as odask
+    return {"ray_dask_get": odask.orchestra_dask_get,
+            "enable_dask_on_ray": odask.enable_dask_on_orchestra,
+            "disable_dask_on_ray": odask.disable_dask_on_orchestra}
 
 
 def init(address: str | None = None, **kwargs: Any) -> dict[str, Any]:
@@ -137,9 +174,15 @@ def _build() -> dict[str, types.ModuleType]:
     state = _module("ray.util.state", "ray.util.state on orchestra.", {
         n: getattr(ostate, n) for n in ("list_tasks", "list_actors", "list_objects",
                                         "list_nodes", "list_workers", "summarize_tasks")})
+    from ..util import multiprocessing as omp
+    mp = _module("ray.util.multiprocessing", "ray.util.multiprocessing on orchestra.",
+                 {"Pool": omp.Pool, "TimeoutError": omp.TimeoutError})
+    jl = _lazy_module("ray.util.joblib", "ray.util.joblib on orchestra.", _joblib_names)
+    dk = _lazy_module("ray.util.dask", "ray.util.dask on orchestra.", _dask_names)
     util = _module("ray.util", "ray.util on orchestra.", {
         "ActorPool": outil.ActorPool, **pg_names, "queue": queue, "actor_pool": pool,
-        "scheduling_strategies": strategies, "state": state}, package=True)
+        "scheduling_strategies": strategies, "state": state, "multiprocessing": mp,
+        "joblib": jl, "dask": dk}, package=True)
     top = {n: getattr(orchestra, n) for n in (
         "remote", "get", "put", "wait", "cancel", "kill", "get_actor", "method", "nodes",
         "cluster_resources", "available_resources", "get_runtime_context", "get_gpu_ids",
@@ -149,7 +192,7 @@ def _build() -> dict[str, types.ModuleType]:
         **top, "init": init, "util": util, "exceptions": exceptions, "actor": actor,
         "__version__": orchestra.__version__}, package=True)
     return {m.__name__: m for m in (ray, util, queue, pool, pg, strategies, exceptions, actor,
-                                    state)}
+                                    state, mp, jl, dk)}
 
 
 class _MissingRayFinder(importlib.abc.MetaPathFinder):
