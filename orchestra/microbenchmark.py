@@ -398,7 +398,30 @@ def _util_workloads(name: str, fw: ModuleType, scale: float) -> Results:
     q.get()   # the queue's actor is up
     out["queue_round_trips_per_s"] = _rate(round_trips, n)
     q.shutdown()
+    mp_pool = importlib.import_module(f"{name}.util.multiprocessing").Pool(2)
+    try:
+        out.update(_pool_rows(mp_pool, scale))
+    finally:
+        mp_pool.terminate()
     return out
+
+
+def _pool_rows(pool: Any, scale: float) -> Results:
+    """A Pool(2)'s map of a trivial function over 100,000 items, and its imap_unordered
+    with chunksize=100 over 20,000 (best of three each): the standard library's Pool,
+    Ray's ``ray.util.multiprocessing.Pool`` and orchestra's, on the same interface."""
+    n, m = max(2000, int(100_000 * scale)), max(400, int(20_000 * scale))
+    pool.map(_pool_double, range(100))   # the processes are up
+    maps, imaps = [], []
+    for _ in range(3):
+        t = time.perf_counter()
+        pool.map(_pool_double, range(n))
+        maps.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        for _ in pool.imap_unordered(_pool_double, range(m), chunksize=100):
+            pass
+        imaps.append(time.perf_counter() - t)
+    return {"pool_map_items_per_s": n / min(maps), "pool_imap_items_per_s": m / min(imaps)}
 
 
 def run_pool(quick: bool) -> Results:
@@ -425,6 +448,8 @@ def run_pool(quick: bool) -> Results:
     pool.terminate()
     pool.join()
     res["shutdown_s"] = time.perf_counter() - t
+    with mp.get_context("forkserver").Pool(2) as two:
+        res.update(_pool_rows(two, scale))
     return res
 
 
@@ -434,6 +459,10 @@ def _pool_noop() -> None:
 
 def _pool_nbytes(a: np.ndarray) -> int:
     return int(a.nbytes)
+
+
+def _pool_double(x: int) -> int:
+    return 2 * x
 
 
 # ---------------------------------------------------------------- report
@@ -454,6 +483,8 @@ ROWS = [
     ("stream_first_item_ms", "streaming generator: time to first item (ms)", False),
     ("actor_pool_map_items_per_s", "ActorPool.map, 2 actors: small items/s (10k)", True),
     ("queue_round_trips_per_s", "Queue put+get round trips/s", True),
+    ("pool_map_items_per_s", "Pool(2).map, 100k trivial items: items/s", True),
+    ("pool_imap_items_per_s", "Pool(2).imap_unordered, chunksize=100: items/s", True),
     ("put_small_per_s", "put small values/s", True),
     ("get_small_per_s", "get small values/s", True),
     ("put_large_gb_per_s", "put 512 MiB array (GB/s)", True),
