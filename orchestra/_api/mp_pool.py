@@ -2,17 +2,20 @@
 on the cluster, with its semantics (``ray.util.multiprocessing.Pool`` names it too).
 
     Pool(n)          -> n actors (_PoolWorker, one CPU each), initializer run in each
-    apply_async/map  -> chunks (a list of argument tuples) on a queue; _pump() gives each
-                        actor up to _IN_FLIGHT chunks; a chunk's ref resolves on the
-                        process's futures thread (ObjectRef.future), which hands its
-                        results to their AsyncResult and pumps the next chunk
+    apply_async/map  -> chunks (a list of argument tuples) queued in the pool's PoolBook
+                        (_api/pool_book.py: the decisions, no I/O), which says what to send
+                        to which actor (two calls out per actor; several chunks per call
+                        while many wait); a call's ref resolves on the process's futures
+                        thread (ObjectRef.future), which hands its results to their
+                        AsyncResults and sends what the book says next
     maxtasksperchild -> an actor that ran that many chunks takes no more; once its last
-                        one is back it is killed and a new one (initializer again) starts
+                        one is back it is killed and a new one (initializer again) starts;
+                        an actor that died is replaced the same way
     close/join       -> no new work; join waits for the queue to drain, then the actors go
     terminate        -> the actors are killed now; results not in yet fail
 
-State shared between the caller's threads and the futures thread (the queue, each
-actor's count of chunks in flight, the pool's state) is the pool's, under ``_lock``;
+State shared between the caller's threads and the futures thread (the book, the actor
+of each slot) is the pool's, under ``_lock``;
 user callbacks run on the futures thread outside it, as the standard library runs them
 on its result thread.
 
@@ -41,11 +44,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ..exceptions import ActorDiedError
-
-_IN_FLIGHT = 2            # calls an actor holds at once: the next starts without a round trip
-_GROUP_MAX = 16           # chunks in one call at most
-RUN, CLOSE, TERMINATE = "RUN", "CLOSE", "TERMINATE"
-
+from .pool_book import RUN, TERMINATE, PoolBook
 
 # ---------------------------------------------------------------- in the pool's workers
 
@@ -295,15 +294,6 @@ class IMapIterator:
 
 # ---------------------------------------------------------------- the pool
 
-class _Slot:
-    """One actor of the pool, and what the pool knows of it (under Pool._lock)."""
-
-    __slots__ = ("actor", "in_flight", "ran")
-
-    def __init__(self, actor: Any) -> None:
-        self.actor, self.in_flight, self.ran = actor, 0, 0
-
-
 class Pool:
     """A process pool on the cluster, with ``multiprocessing.Pool``'s interface.
 
@@ -355,21 +345,21 @@ class Pool:
         self._maxtasksperchild = maxtasksperchild
         self._options = options
         self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)   # the queue drained, nothing in flight
-        self._queue: collections.deque[tuple[Any, int, Callable[..., Any] | _Call, list[Any], bool]] = \
-            collections.deque()
-        # ref -> (its chunks: (result, chunk index) each, slot, the actor it went to)
-        self._in_flight: dict[Any, tuple[list[tuple[Any, int]], _Slot, Any]] = {}
-        self._state = RUN
+        self._idle = threading.Condition(self._lock)   # the queue drained, nothing out
+        self._book = PoolBook(processes, maxtasksperchild)   # under _lock
         self._worker_cls = _worker_class()
-        self._slots = [_Slot(self._new_actor()) for _ in range(processes)]
+        self._actors = [self._new_actor() for _ in range(processes)]   # by slot, under _lock
+
+    @property
+    def _state(self) -> str:
+        return self._book.state
 
     def _new_actor(self) -> Any:
         return self._worker_cls.options(**self._options).remote(self._initializer, self._initargs)
 
     # ------------------------------------------------------------ submitting
     def _check_running(self) -> None:
-        if self._state != RUN:
+        if self._book.state != RUN:
             raise ValueError("Pool not running")
 
     def _submit(self, result: Any, fn: Callable[..., Any] | _Call, chunks: Iterable[list[Any]],
@@ -378,73 +368,51 @@ class Pool:
         n = 0
         for i, chunk in enumerate(chunks):
             with self._lock:
-                self._check_running()
-                self._queue.append((result, i, fn, chunk, star))
-                started = self._pump()
+                self._book.add((result, i, fn, chunk, star))
+                started = self._send()
             self._watch(started)
             n += 1
         return n
 
-    def _pump(self) -> list[Any]:
-        """Start queued chunks on actors with room (holding _lock); their refs."""
-        started: list[Any] = []
-        if self._state == TERMINATE:
-            return started
-        for slot in self._slots:
-            limit = _IN_FLIGHT
-            if self._maxtasksperchild is not None:
-                limit = min(limit, self._maxtasksperchild - slot.ran)
-            while self._queue and slot.in_flight < limit:
-                # Guided: while many chunks wait, several go in one call (a call costs
-                # ~100 us of the caller's time, a chunk of small items far less); fewer
-                # as the queue drains, so the last ones still spread over the processes.
-                group = min(_GROUP_MAX, max(1, len(self._queue) //
-                                            (4 * _IN_FLIGHT * len(self._slots))))
-                if self._maxtasksperchild is not None:
-                    group = min(group, self._maxtasksperchild - slot.ran)
-                entries = [self._queue.popleft() for _ in range(group)]
-                if group == 1:
-                    _, _, fn, chunk, star = entries[0]
-                    ref = slot.actor.run.remote(fn, chunk, star)
-                else:
-                    ref = slot.actor.run_many.remote([e[2:] for e in entries])
-                slot.in_flight += 1
-                slot.ran += group
-                self._in_flight[ref] = ([(e[0], e[1]) for e in entries], slot, slot.actor)
-                started.append(ref)
-            if not self._queue:
-                break
+    def _send(self) -> list[tuple[Any, int]]:
+        """Send the calls the book says to (holding _lock): (ref, call id) each."""
+        started = []
+        for call, slot, entries in self._book.pump():
+            actor = self._actors[slot]
+            if len(entries) == 1:
+                _, _, fn, chunk, star = entries[0]
+                ref = actor.run.remote(fn, chunk, star)
+            else:
+                ref = actor.run_many.remote([e[2:] for e in entries])
+            started.append((ref, call))
         return started
 
-    def _watch(self, refs: list[Any]) -> None:
-        for ref in refs:
-            ref.future().add_done_callback(lambda fut, ref=ref: self._done(ref, fut))
+    def _watch(self, started: list[tuple[Any, int]]) -> None:
+        for ref, call in started:
+            ref.future().add_done_callback(lambda fut, call=call: self._done(call, fut))
 
-    def _done(self, ref: Any, fut: Future[Any]) -> None:
-        """A chunk came back (on the futures thread): its results, the next chunks."""
+    def _done(self, call: int, fut: Future[Any]) -> None:
+        """A call came back (on the futures thread): its chunks' results, the next calls."""
+        exc = fut.exception()
+        old = None
         with self._lock:
-            entry = self._in_flight.pop(ref, None)
-            if entry is None:
+            got = self._book.done(call, isinstance(exc, ActorDiedError))
+            if got is None:
                 return   # terminated meanwhile: failed already
-            chunks, slot, actor = entry
-            exc = fut.exception()
-            if slot.actor is actor:
-                slot.in_flight -= 1
-                died = isinstance(exc, ActorDiedError)
-                if self._state != TERMINATE and (died or (
-                        self._maxtasksperchild is not None
-                        and slot.ran >= self._maxtasksperchild and slot.in_flight == 0)):
-                    # Its calls still out fail on their own: they no longer count here.
-                    self._replace(slot)
-            started = self._pump()
-            if not self._queue and not self._in_flight:
+            entries, replace, slot = got
+            if replace:   # died, or maxtasksperchild: a fresh process (initializer again)
+                old, self._actors[slot] = self._actors[slot], self._new_actor()
+            started = self._send()
+            if self._book.drained():
                 self._idle.notify_all()
+        if old is not None:
+            _kill_quietly(old)
         self._watch(started)
         if exc is not None:
-            outcomes: list[Any] = [exc] * len(chunks)
+            outcomes: list[Any] = [exc] * len(entries)
         else:
-            outcomes = fut.result() if len(chunks) > 1 else [fut.result()]
-        for (result, index), value in zip(chunks, outcomes, strict=True):
+            outcomes = fut.result() if len(entries) > 1 else [fut.result()]
+        for (result, index, *_), value in zip(entries, outcomes, strict=True):
             if isinstance(value, BaseException):
                 result._chunk_done(index, False, value)
             elif isinstance(value, _Failed):
@@ -452,16 +420,6 @@ class Pool:
                 result._chunk_done(index, False, value.exc)
             else:
                 result._chunk_done(index, True, value)
-
-    def _replace(self, slot: _Slot) -> None:
-        """maxtasksperchild reached: a fresh process (initializer again) in its place."""
-        from .actor import kill
-        old = slot.actor
-        slot.actor, slot.ran, slot.in_flight = self._new_actor(), 0, 0
-        try:
-            kill(old)
-        except Exception:  # noqa: BLE001 - dead already
-            pass
 
     # ------------------------------------------------------------ the API
     def apply(self, func: Callable[..., Any], args: Iterable[Any] = (),
@@ -552,36 +510,28 @@ class Pool:
     def close(self) -> None:
         """No more work; the processes exit once what was submitted is done (join)."""
         with self._lock:
-            if self._state == RUN:
-                self._state = CLOSE
+            self._book.close()
 
     def terminate(self) -> None:
         """Stop the processes now; results not in yet fail."""
-        from .actor import kill
         with self._lock:
-            if self._state == TERMINATE:
+            if self._book.state == TERMINATE:
                 return
-            self._state = TERMINATE
-            pending, self._in_flight = list(self._in_flight.values()), {}
-            queued, self._queue = list(self._queue), collections.deque()
+            pending = self._book.terminate()
             self._idle.notify_all()
         error = RuntimeError("the pool was terminated before this result came")
-        for result, index in [c for chunks, *_ in pending for c in chunks] + \
-                [(e[0], e[1]) for e in queued]:
+        for result, index, *_ in pending:
             result._chunk_done(index, False, error)
-        for slot in self._slots:
-            try:
-                kill(slot.actor)
-            except Exception:  # noqa: BLE001 - the cluster is gone: so are they
-                pass
+        for actor in self._actors:
+            _kill_quietly(actor)
 
     def join(self) -> None:
         """Wait for the work submitted to finish, then for the processes to go; close()
         or terminate() first."""
-        if self._state == RUN:
+        if self._book.state == RUN:
             raise ValueError("Pool is still running")
         with self._lock:
-            while self._state == CLOSE and (self._queue or self._in_flight):
+            while self._book.state != TERMINATE and not self._book.drained():
                 self._idle.wait()
         self.terminate()
 
@@ -593,7 +543,8 @@ class Pool:
         self.terminate()
 
     def __del__(self) -> None:
-        if getattr(self, "_state", TERMINATE) != TERMINATE and not sys.is_finalizing():
+        book = getattr(self, "_book", None)
+        if book is not None and book.state != TERMINATE and not sys.is_finalizing():
             try:
                 self.terminate()
             except Exception:  # noqa: BLE001 - the session is gone: so are the actors
@@ -604,6 +555,14 @@ class Pool:
 
     def __reduce__(self) -> Any:
         raise NotImplementedError("pool objects cannot be passed between processes or pickled")
+
+
+def _kill_quietly(actor: Any) -> None:
+    from .actor import kill
+    try:
+        kill(actor)
+    except Exception:  # noqa: BLE001 - dead already, or the session is gone (so is it)
+        pass
 
 
 class _Call:
