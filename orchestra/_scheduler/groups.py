@@ -28,6 +28,7 @@ Strategies, all or nothing (a group is placed whole, or waits):
 """
 from __future__ import annotations
 
+import collections
 import enum
 from collections.abc import Mapping
 
@@ -43,6 +44,7 @@ STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 BUNDLE_UNITS = 1000.0   # "bundle" units per bundle: tasks asking for nothing take 0.001
 READY_SUFFIX = b"\xff\xff\xff\xfe"   # group id + this: its ready pseudo-object
 _EPS = 1e-9
+_REMOVED_KEPT = 1000   # removed groups' records kept for placement_group_table
 
 
 class GroupState(enum.Enum):
@@ -163,6 +165,9 @@ class PlacementGroups:
         self.s = state
         self.joinable = joinable
         self.groups: dict[bytes, Group] = {}
+        # Removed groups stay in ``groups`` (placement_group_table gives their record,
+        # state REMOVED, as Ray does), the newest _REMOVED_KEPT of them, oldest first here.
+        self.removed: collections.deque[bytes] = collections.deque()
         self.names: dict[str, bytes] = {}
         self.pending: list[Group] = []
         # Tasks killed with their group, by task id: the error they end with when their
@@ -323,6 +328,9 @@ class PlacementGroups:
             return
         s = self.s
         g.state = GroupState.REMOVED
+        self.removed.append(gid)
+        while len(self.removed) > _REMOVED_KEPT:
+            self.groups.pop(self.removed.popleft(), None)
         if g.spec.name and self.names.get(g.spec.name) == gid:
             del self.names[g.spec.name]
         if g in self.pending:
@@ -368,8 +376,6 @@ class PlacementGroups:
         for g in list(self.groups.values()):
             if g.owner == conn and not g.spec.detached and g.state is not GroupState.REMOVED:
                 self.remove(g.gid, "removed when the process that made it exited")
-        for gid in [gid for gid, g in self.groups.items() if g.state is GroupState.REMOVED]:
-            del self.groups[gid]
 
     def node_removed(self, node_id: int) -> None:
         """The node died: its bundles are placed again (the group waits until they are)."""

@@ -217,6 +217,24 @@ def test_removing_a_group_kills_its_running_tasks_fails_queued_ones_and_frees_th
     assert isinstance(exc, TaskCancelledError) and "removed" in str(exc)   # not retried
 
 
+def test_a_removed_groups_record_outlives_other_connections_closing_and_is_bounded(
+        monkeypatch: pytest.MonkeyPatch):
+    import orchestra._scheduler.groups as groups_mod
+    monkeypatch.setattr(groups_mod, "_REMOVED_KEPT", 3)
+    c = cluster({0: {"CPU": 4}})
+    gids = [group(c, [{"CPU": 1}]) for _ in range(5)]
+    c.take()
+    c.s.groups.remove(gids[0])
+    c.s.client_disconnected(worker_conn(99), "exited")   # another connection goes
+    [info] = c.s.groups.table(gids[0])
+    assert info.state == "REMOVED"   # Ray's placement_group_table after remove
+    for gid in gids[1:]:
+        c.s.groups.remove(gid)
+    assert [i.state for i in c.s.groups.table()] == ["REMOVED"] * 3   # the newest three
+    with pytest.raises(ValueError, match="no placement group"):
+        c.s.groups.table(gids[0])
+
+
 def test_removing_a_group_kills_its_actors():
     c = cluster({0: {"CPU": 4}})
     gid = group(c, [{"CPU": 1}])
@@ -245,7 +263,8 @@ def test_a_group_ends_with_the_connection_that_made_it_unless_detached():
     gone = group(c, [{"CPU": 1}], conn=7)
     kept = group(c, [{"CPU": 1}], conn=7, detached=True)
     c.s.client_disconnected(7)
-    assert gone not in c.s.groups.groups and kept in c.s.groups.groups
+    assert c.s.groups.groups[gone].state.value == "REMOVED"   # its record stays, as Ray's
+    assert c.s.groups.groups[kept].state.value == "CREATED"
     assert c.s.nodes[0].resources.free["CPU"] == 3
 
 
