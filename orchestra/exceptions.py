@@ -124,7 +124,30 @@ class WorkerCrashedError(OrchestraError):
 
 
 class TaskCancelledError(OrchestraError):
-    """The task was cancelled with ``orchestra.cancel`` before it finished."""
+    """The task was cancelled with ``orchestra.cancel`` before it finished. A call of an
+    async actor cancelled while it ran raises one that is also a TaskError whose
+    ``cause`` is the ``asyncio.CancelledError`` its coroutine got (Ray raises a
+    RayTaskError there): ``except TaskError`` and ``except TaskCancelledError`` both
+    catch it."""
+
+
+class CancelledWhileRunningError(TaskCancelledError, TaskError):
+    """A call of an async actor cancelled while it ran: a TaskCancelledError and a
+    TaskError at once (``function_name``, ``traceback_str`` where the coroutine was,
+    ``cause`` the ``asyncio.CancelledError``, ``pid`` as TaskError's)."""
+
+    def __init__(self, function_name: str = "", traceback_str: str = "",
+                 cause: BaseException | None = None, pid: int = 0) -> None:
+        TaskError.__init__(self, function_name, traceback_str, cause, pid)
+
+    def _message(self) -> str:
+        return (f"call {self.function_name}() was cancelled by orchestra.cancel() while it ran "
+                f"(its coroutine got asyncio.CancelledError; worker pid={self.pid})\n\n"
+                f"Remote traceback:\n{self.traceback_str}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (CancelledWhileRunningError,
+                (self.function_name, self.traceback_str, self.cause, self.pid))
 
 
 class ObjectLostError(OrchestraError):

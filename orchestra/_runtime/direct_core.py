@@ -328,7 +328,10 @@ class ResultBook:
                     self.via_head[rid] = rid not in local
             return forward, decr
         if msg.cancelled:
-            err = cancelled_error(c.name)
+            # The callee's own error when it gave one (an async call cancelled while it
+            # ran), else the plain cancelled error.
+            given = msg.returns[0].error if msg.returns else b""
+            err = given or cancelled_error(c.name)
             returns = [pb.ObjectData(object_id=rid, error=err) for rid in c.rids]
         else:
             returns = msg.returns

@@ -496,8 +496,9 @@ class SchedulerState:
             self.enqueue_ready(t, front=True)
             self.after_worker_step(w)
             return
-        if msg.cancelled:
-            self.fail_task(t, self.error("cancelled", name=t.call.name))
+        if msg.cancelled:   # the worker's own error when it gave one (see DirectCalls)
+            given = msg.returns[0].error if msg.returns else b""
+            self.fail_task(t, given or self.error("cancelled", name=t.call.name))
         else:
             t.move(TaskState.DONE)
             self.finish_task(t)

@@ -140,6 +140,26 @@ class ActorRuntime:
                     except BaseException as exc:  # noqa: BLE001 - reported to the caller
                         if not self._was_cancelled(tid):
                             done = w.failed(inv, exc)
+                        elif isinstance(exc, asyncio.CancelledError):
+                            done = _cancelled_while_running(inv, exc)
         except asyncio.CancelledError:   # cancelled while waiting for its turn
             pass
         self._ended(inv, done)
+
+
+def _cancelled_while_running(inv: pb.InvokeCallRequest, exc: BaseException) -> pb.TaskDone:
+    """The answer of an async call cancelled while it ran: cancelled, its returns holding
+    a CancelledWhileRunningError (a TaskCancelledError and a TaskError caused by the
+    coroutine's CancelledError, as Ray's RayTaskError) with where it was awaiting."""
+    import os
+    import traceback
+
+    from .. import _ids
+    from .._objects.serialization import dumps_exception
+    from ..exceptions import CancelledWhileRunningError
+    call = inv.call
+    err = dumps_exception(CancelledWhileRunningError(
+        call.name, "".join(traceback.format_exception(exc)), exc, os.getpid()))
+    return pb.TaskDone(task_id=call.task_id, cancelled=True, returns=[
+        pb.ObjectData(object_id=_ids.object_id(call.task_id, i), error=err)
+        for i in range(call.num_returns)])

@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -24,7 +25,7 @@ import pytest
 import _helpers as h
 import orchestra
 from _probes import pid_gone, wait_until
-from orchestra.exceptions import ClusterLostError, TaskCancelledError, WorkerCrashedError
+from orchestra.exceptions import ClusterLostError, TaskCancelledError, TaskError, WorkerCrashedError
 
 T = 30
 
@@ -343,10 +344,17 @@ def _cancel_once_running(actor: Any, gate: h.Gate) -> orchestra.ObjectRef:
 @pytest.mark.timeout(60)
 def test_cancel_of_a_running_call_on_an_async_actor_cancels_its_coroutine(cluster, gates):
     a = AsyncSleeper.remote()
-    ref = _cancel_once_running(a, gates("async"))
-    with pytest.raises(TaskCancelledError):
+    ref = _cancel_once_running(a, gates("async"))   # the first call: through the head
+    with pytest.raises(TaskCancelledError) as info:
         orchestra.get(ref, timeout=T)
+    # Also a TaskError caused by the coroutine's CancelledError (Ray's RayTaskError).
+    assert isinstance(info.value, TaskError) and isinstance(info.value.cause, asyncio.CancelledError)
+    assert "while it ran" in str(info.value) and "sleep" in info.value.traceback_str
     assert orchestra.get(a.seen_so_far.remote(), timeout=T) == ["CancelledError"]
+    ref = _cancel_once_running(a, gates("async-direct"))   # later calls go straight to it
+    with pytest.raises(TaskError) as info:
+        orchestra.get(ref, timeout=T)
+    assert isinstance(info.value, TaskCancelledError)
     orchestra.kill(a)
 
 
