@@ -3,8 +3,8 @@
 
 ``install()`` puts module objects named ``ray``, ``ray.util``, ``ray.util.queue``,
 ``ray.util.actor_pool``, ``ray.util.placement_group``, ``ray.util.scheduling_strategies``,
-``ray.util.multiprocessing``, ``ray.util.joblib``, ``ray.util.dask``, ``ray.exceptions``
-and ``ray.actor`` into sys.modules; each maps Ray's names onto
+``ray.util.multiprocessing``, ``ray.util.joblib``, ``ray.util.dask``, ``ray.exceptions``,
+``ray.actor`` and ``ray._raylet`` into sys.modules; each maps Ray's names onto
 orchestra's objects (names only: every behaviour is orchestra's). It also sets
 $ORCHESTRA_RAY_COMPAT, which the workers of this driver's cluster inherit, so that
 orchestra's worker installs the same modules (a task may ``import ray``, and a function
@@ -188,11 +188,15 @@ def _build() -> dict[str, types.ModuleType]:
         "cluster_resources", "available_resources", "get_runtime_context", "get_gpu_ids",
         "shutdown", "is_initialized", "ObjectRef", "ObjectRefGenerator",
         "DynamicObjectRefGenerator", "timeline")}
+    # Scripts import the ref types from Ray's extension module too.
+    raylet = _module("ray._raylet", "ray._raylet's ref types, as orchestra's.", {
+        "ObjectRef": orchestra.ObjectRef, "ObjectRefGenerator": orchestra.ObjectRefGenerator,
+        "DynamicObjectRefGenerator": orchestra.DynamicObjectRefGenerator})
     ray = _module("ray", "Ray Core's names, as orchestra's objects (orchestra.compat.ray).", {
         **top, "init": init, "util": util, "exceptions": exceptions, "actor": actor,
-        "__version__": orchestra.__version__}, package=True)
+        "_raylet": raylet, "__version__": orchestra.__version__}, package=True)
     return {m.__name__: m for m in (ray, util, queue, pool, pg, strategies, exceptions, actor,
-                                    state, mp, jl, dk)}
+                                    state, mp, jl, dk, raylet)}
 
 
 class _MissingRayFinder(importlib.abc.MetaPathFinder):

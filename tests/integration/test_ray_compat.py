@@ -161,6 +161,10 @@ def test_init_refuses_unknown_kwargs_and_missing_modules(tmp_path: Path) -> None
             print("collective", e)
         import ray.util.placement_group
         print("function", callable(ray.util.placement_group))
+        from ray._raylet import ObjectRef, ObjectRefGenerator
+        import orchestra
+        print("raylet", ObjectRef is orchestra.ObjectRef,
+              ObjectRefGenerator is orchestra.ObjectRefGenerator)
         """, MODULE)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
@@ -170,6 +174,7 @@ def test_init_refuses_unknown_kwargs_and_missing_modules(tmp_path: Path) -> None
                         "equivalent); see docs/coming-from-ray.md"), lines
     assert lines[2].startswith("collective ray.util.collective is not available on orchestra"), lines
     assert lines[3] == "function True", lines
+    assert lines[4] == "raylet True True", lines
 
 
 def test_script_error_exits_nonzero_and_run_needs_ray_flag(tmp_path: Path) -> None:
