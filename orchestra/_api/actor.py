@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from .. import _ids
 from .._checks import is_int
-from .._objects.errors import private_detached
+from .._objects.errors import note_private_detached
 from .._objects.serialization import dumps_function
 from .._protocol import pb
 from .._protocol import wire as _wire
@@ -183,7 +183,7 @@ class ActorClass(Generic[T]):
         concurrency = opts.get("max_concurrency") or (DEFAULT_ASYNC_CONCURRENCY if self._is_async else 1)
         detached = opts.get("lifetime") == "detached"
         if detached and not client.info.joinable:
-            raise ValueError(private_detached("actor"))
+            note_private_detached("actor")
         spec = pb.ActorSpec(actor_id=actor_id, name=opts.get("name") or "",
                             max_restarts=opts.get("max_restarts", 0), max_concurrency=concurrency,
                             is_async=self._is_async, methods=self._methods,

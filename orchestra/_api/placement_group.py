@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import _ids
 from .._checks import is_number
-from .._objects.errors import private_detached
+from .._objects.errors import note_private_detached
 from .._protocol import pb
 from .._runtime import context as _context
 from .._runtime.object_ref import ObjectRef
@@ -131,7 +131,7 @@ def placement_group(bundles: list[dict[str, float]], strategy: str = "PACK", nam
     client = _context.current_client()
     detached = lifetime == "detached"
     if detached and not client.info.joinable:
-        raise ValueError(private_detached("placement group"))
+        note_private_detached("placement group")
     gid = _ids.next_task_id()
     spec = pb.PlacementGroupSpec(group_id=gid, strategy=strategy, name=name, detached=detached,
                                  bundles=[pb.PlacementBundle(resources=b) for b in specs])

@@ -38,12 +38,22 @@ def describe_exit(returncode: int | None) -> str:
     return f"signal {name} ({hint})"
 
 
-def private_detached(what: str) -> str:
-    """Why lifetime="detached" is refused on a private cluster."""
-    return (f"lifetime=\"detached\" {what}: this cluster was started by orchestra.init() in "
-            "this process and stops when it exits, so nothing can outlive it here. Start a "
-            "cluster with `orchestra start --head` and connect with "
-            f"orchestra.init(address=...) to keep detached {what}s across drivers.")
+_said_detached: set[str] = set()
+
+
+def note_private_detached(what: str) -> None:
+    """lifetime="detached" on a cluster started by init(): accepted, as Ray does (the
+    actor or group outlives the driver that made it, not the cluster), said once per
+    kind on the orchestra logger."""
+    if what in _said_detached:
+        return
+    _said_detached.add(what)
+    import logging
+    logging.getLogger("orchestra").warning(
+        "orchestra: a detached %s on a cluster started by orchestra.init(): it lives as long as "
+        "this cluster, which stops when the driver that started it exits. Start a cluster with "
+        "`orchestra start --head` and connect with orchestra.init(address=...) to keep detached "
+        "%ss across drivers.", what, what)
 
 
 def make_error(kind: str, **d: Any) -> bytes:

@@ -206,9 +206,38 @@ def test_without_max_task_retries_the_call_in_flight_fails(cluster, tmp_path):
 
 # ------------------------------------------------------------------ lifetime="detached"
 
-def test_detached_is_refused_on_a_private_cluster(cluster):
-    with pytest.raises(ValueError, match="orchestra start --head"):
-        Counter.options(name="d", lifetime="detached").remote()
+_SECOND_DRIVER = """
+import sys, orchestra
+orchestra.init(address=sys.argv[1], namespace="apart")
+
+@orchestra.remote
+class Keeper:
+    def ping(self):
+        return "still here"
+
+k = Keeper.options(name="keeper", lifetime="detached").remote()
+print(orchestra.get(k.ping.remote(), timeout=30))
+"""
+
+
+def test_a_detached_actor_on_a_private_cluster_outlives_the_driver_that_made_it(cluster, caplog):
+    # As in Ray: accepted on a cluster init() started (said once), and the actor lives
+    # on after its creator, a second driver of this cluster, exits.
+    import logging
+    import subprocess
+    import sys
+    with caplog.at_level(logging.WARNING, logger="orchestra"):
+        mine = Counter.options(name="d", lifetime="detached").remote()
+        Counter.options(name="d2", lifetime="detached").remote()
+    said = [r for r in caplog.records if "detached actor" in r.getMessage()]
+    assert len(said) <= 1 and all("stops when the driver" in r.getMessage() for r in said)
+    r = subprocess.run([sys.executable, "-c", _SECOND_DRIVER, cluster.session_dir],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "still here", r.stderr
+    keeper = orchestra.get_actor("keeper", namespace="apart")
+    assert orchestra.get(keeper.ping.remote(), timeout=T) == "still here"
+    for a in (keeper, mine, orchestra.get_actor("d2")):
+        orchestra.kill(a)
 
 
 def test_detached_needs_a_name(cluster):

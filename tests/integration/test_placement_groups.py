@@ -191,9 +191,11 @@ def test_a_task_larger_than_its_bundle_fails_naming_the_bundle(groups):
         orchestra.get(h.add.options(num_cpus=2, scheduling_strategy=in_pg(pg, 0)).remote(1, 1), timeout=T)
 
 
-def test_a_detached_group_is_refused_on_a_private_cluster(cluster):
-    with pytest.raises(ValueError, match="orchestra start --head"):
-        placement_group([{"CPU": 1}], lifetime="detached")
+def test_a_detached_group_is_accepted_on_a_private_cluster(groups):
+    pg = placement_group([{"CPU": 1}], lifetime="detached")
+    groups.append(pg)
+    assert pg.wait(T)
+    assert placement_group_table(pg)["stats"]["lifetime"] == "detached"
 
 
 def test_a_taken_group_name_is_refused(groups):
