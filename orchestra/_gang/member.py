@@ -149,6 +149,39 @@ def local_address_towards(host: str) -> str:
         return socket.gethostbyname(socket.gethostname())
 
 
+def interface_of(address: str) -> str | None:
+    """The name of this machine's network interface that holds ``address`` (IPv4 or
+    IPv6), None when none does (or the system will not say)."""
+    if ":" in address:   # IPv6: /proc/net/if_inet6 lists each address with its interface
+        try:
+            want = socket.inet_pton(socket.AF_INET6, address.split("%")[0]).hex()
+            with open("/proc/net/if_inet6") as f:
+                for line in f:
+                    fields = line.split()
+                    if len(fields) >= 6 and fields[0] == want:
+                        return fields[5]
+        except (OSError, ValueError):
+            return None
+        return None
+    import fcntl
+    import struct
+    siocgifaddr = 0x8915
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for name in names:
+                try:
+                    raw = fcntl.ioctl(s.fileno(), siocgifaddr,
+                                      struct.pack("256s", name.encode()[:15]))
+                except OSError:
+                    continue   # no IPv4 address on it
+                if socket.inet_ntoa(raw[20:24]) == address:
+                    return name
+    except OSError:
+        return None
+    return None
+
+
 def free_ports(address: str, count: int) -> list[int]:
     """``count`` distinct TCP ports free on ``address`` right now.
 
@@ -215,16 +248,27 @@ class GangContext:
         """The environment of ``torch.distributed.init_process_group(init_method="env://")``.
 
         MASTER_ADDR/MASTER_PORT: a port that member 0 found free on its host when the gang
-        formed. Use as ``os.environ.update(ctx.torch_env())``. ``timeout_s``: how long to
-        wait for member 0 to publish it (None: the gang's timeout).
+        formed. GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME: the interface of this host on
+        the route to member 0 (gloo and NCCL otherwise pick one from the host name, which
+        on a host with several interfaces may not reach the others, and all_reduce
+        hangs); left out when this process's environment sets them, or no interface
+        holds that address. Use as ``os.environ.update(ctx.torch_env())``.
+        ``timeout_s``: how long to wait for member 0 to publish it (None: the gang's
+        timeout).
         """
         if self._torch_master is None:
             self._torch_master = self._get(_TORCH_MASTER_KEY, timeout_s, "torch_env()")
         host, port = _split_host_port(self._torch_master)
-        return {"MASTER_ADDR": host, "MASTER_PORT": str(port), "RANK": str(self.rank),
-                "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": str(self.local_rank),
-                "LOCAL_WORLD_SIZE": str(self.local_world_size),
-                "NODE_RANK": str(self.node_rank)}
+        env = {"MASTER_ADDR": host, "MASTER_PORT": str(port), "RANK": str(self.rank),
+               "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": str(self.local_rank),
+               "LOCAL_WORLD_SIZE": str(self.local_world_size),
+               "NODE_RANK": str(self.node_rank)}
+        ifname = interface_of(local_address_towards(host))
+        if ifname is not None:
+            for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+                if var not in os.environ:
+                    env[var] = ifname
+        return env
 
     def jax_kwargs(self, timeout_s: float | None = None) -> dict[str, Any]:
         """Keyword arguments of ``jax.distributed.initialize(**ctx.jax_kwargs())``: member 0

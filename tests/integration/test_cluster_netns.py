@@ -67,15 +67,17 @@ class Reducer:
         from orchestra._gang.member import local_address_towards
         ctx = orchestra.gang_context()
         env = ctx.torch_env()
+        # gloo picks its interface from the host name, which these hosts share: torch_env()
+        # names the one on the route to rank 0 (else all_reduce hangs here).
         os.environ.update(env)
-        # gloo picks its interface from the host name, which these hosts share: name the
-        # one on the route to rank 0.
         me = local_address_towards(env["MASTER_ADDR"])
+        ifname = None
         for line in subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True,
                                    text=True).stdout.splitlines():
             f = line.split()
             if f[3].split("/")[0] == me:
-                os.environ["GLOO_SOCKET_IFNAME"] = f[1].split("@")[0]
+                ifname = f[1].split("@")[0]
+        assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == ifname, (env, ifname)
         dist.init_process_group("gloo", timeout=timedelta(seconds=60))
         t = torch.tensor([float(value)], dtype=torch.float64)
         dist.all_reduce(t)
