@@ -328,8 +328,9 @@ def printable(value: object, limit: int = MAX_CELL) -> str:
 
 def _status_order(res: dict[str, float]) -> list[str]:
     """Resource names as status prints them: by name, memory (in bytes) last, and no
-    placement group's bundle names (CPU_group_..., shown by placement_group_table())."""
-    names = sorted(k for k in res if "_group_" not in k)
+    placement group's bundle names (CPU_group_..., shown by placement_group_table()) nor
+    the nodes' own ``node:<address>`` (the node's line names its address), as Ray's."""
+    names = sorted(k for k in res if "_group_" not in k and not k.startswith("node:"))
     return [k for k in names if k != "memory"] + (["memory"] if "memory" in res else [])
 
 

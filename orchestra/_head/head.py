@@ -197,6 +197,7 @@ class Head:
         self.local.start()
         res = (self.local.resources if isinstance(self.local, RemoteNode)   # as registered
                else {k: float(v) for k, v in self.cfg["resources"].items()})
+        res = {**res, **self._node_resources(self.local), "node:__internal_head__": 1.0}
         self.state.add_node(self.local.node_id, res, num_workers=int(self.cfg["num_workers"]),
                             max_workers=int(self.cfg.get("max_workers", 0)) or
                             4 * max(int(res.get("CPU", 1)), 1) + 32)
@@ -403,6 +404,11 @@ class Head:
         conn.transport.write(_wire.encode(_wire.CLOSING, pb.Closing(reason=reason)))
         conn.transport.close()
 
+    def _node_resources(self, node: Node | RemoteNode) -> dict[str, float]:
+        """``node:<its address>`` = 1, as Ray's nodes advertise: resources={"node:10.0.0.5":
+        0.01} pins work to that machine."""
+        return {f"node:{self._node_address(node) or '127.0.0.1'}": 1.0}
+
     def _node_address(self, node: Node | RemoteNode) -> str:
         if type(node) is RemoteNode and node.ip:
             return node.ip
@@ -599,7 +605,7 @@ class Head:
         """A joined node registered (its store and data server are up): schedule on it."""
         nid = remote.node_id
         self.nodes[nid] = remote
-        res = dict(remote.resources)
+        res = {**remote.resources, **self._node_resources(remote)}
         cpus = max(int(res.get("CPU", 1)), 1)
         n = remote.num_workers or cpus
         self.state.add_node(nid, res, num_workers=n,

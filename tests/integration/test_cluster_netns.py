@@ -56,6 +56,30 @@ print(json.dumps({"me": me, "want": hashlib.sha256(x.tobytes()).hexdigest(), "fa
     assert got["sum"] == n * (n - 1) // 2
 
 
+def test_each_node_advertises_its_address_and_work_pins_to_it(netns_cluster):
+    # As Ray's nodes: node:<address> = 1 on each (the head's node also
+    # node:__internal_head__), so resources={"node:<ip>": 0.01} runs work on that host.
+    c = netns_cluster
+    got = _driver_on_node(c, 0, """
+@orchestra.remote
+def where():
+    return orchestra.get_runtime_context().get_node_id()
+
+nodes = [n for n in orchestra.nodes() if n["Alive"]]
+out = {}
+for n in nodes:
+    key = "node:" + n["NodeManagerAddress"]
+    out[n["NodeID"]] = {"has": n["Resources"].get(key),
+                        "head": n["Resources"].get("node:__internal_head__"),
+                        "ran": orchestra.get(where.options(num_cpus=0, resources={key: 0.01}).remote())}
+print(json.dumps(out))
+""")
+    assert len(got) == 3
+    for node_id, row in got.items():
+        assert row["has"] == 1.0 and row["ran"] == node_id
+    assert sorted(row["head"] for row in got.values() if row["head"]) == [1.0]
+
+
 _GANG = """
 import subprocess
 from datetime import timedelta

@@ -40,6 +40,8 @@ def test_init_returns_the_session_and_its_resources(no_cluster):
     assert orchestra.is_initialized()
     assert os.path.isdir(info["session_dir"])
     memory = info["node_resources"].pop("memory")   # bytes of RAM tasks may ask for (memory=)
+    assert info["node_resources"].pop("node:__internal_head__") == 1.0   # as Ray's head
+    assert info["node_resources"].pop("node:127.0.0.1") == 1.0           # its address
     assert info["node_resources"] == {"CPU": 1.0, "GPU": 1.0, "widget": 2.0} and memory > 0
     assert info["object_store_memory"] == 64 << 20
 

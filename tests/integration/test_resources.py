@@ -13,8 +13,9 @@ pytestmark = pytest.mark.timeout(60)
 
 T = 30
 def but_memory(res: dict[str, float]) -> dict[str, float]:
-    """The resources without the node's "memory" (bytes of RAM, the machine's)."""
-    return {k: v for k, v in res.items() if k != "memory"}
+    """The resources without the node's "memory" (bytes of RAM, the machine's) and its
+    own node:<address> and node:__internal_head__ (test_resources.py checks those)."""
+    return {k: v for k, v in res.items() if k != "memory" and not k.startswith("node:")}
 
 
 FULL = {"CPU": 2.0, "GPU": 2.0, "widget": 1.0}   # the shared cluster (tests/conftest.py)
@@ -23,6 +24,21 @@ FULL = {"CPU": 2.0, "GPU": 2.0, "widget": 1.0}   # the shared cluster (tests/con
 def test_cluster_resources_are_what_init_was_given(cluster):
     assert but_memory(orchestra.cluster_resources()) == FULL
     assert but_memory(orchestra.available_resources()) == FULL
+
+
+def test_each_node_advertises_its_address_and_the_head_its_own_as_ray_does(cluster):
+    total = orchestra.cluster_resources()
+    (address,) = {n["NodeManagerAddress"] for n in orchestra.nodes()}
+    assert total[f"node:{address}"] == 1.0 and total["node:__internal_head__"] == 1.0
+
+    @orchestra.remote(num_cpus=0)
+    def node() -> str:
+        return orchestra.get_runtime_context().get_node_id()
+    here = orchestra.get_runtime_context().get_node_id()
+    assert orchestra.get(node.options(resources={f"node:{address}": 0.01}).remote()) == here
+    assert orchestra.get(node.options(resources={"node:__internal_head__": 0.5}).remote()) == here
+    with pytest.raises(orchestra.exceptions.InfeasibleResourcesError):
+        node.options(resources={"node:10.255.255.1": 0.01}).remote()
 
 
 def test_init_with_gpus_works_without_gpus(start_cluster):
