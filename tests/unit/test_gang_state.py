@@ -201,12 +201,21 @@ def test_a_gang_spec_never_shows_its_token() -> None:
     assert spec.token == "t0k3n" and "t0k3n" not in repr(spec)
 
 
-def test_torch_env_reads_member_0s_address_and_gives_strings() -> None:
+def test_torch_env_reads_member_0s_address_and_gives_strings(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestra._gang.member import interface_of, local_address_towards
     client = FakeClient()
     client.kv["gang/torch_master"] = b"10.1.2.3:29500"
-    assert context(client).torch_env() == {
+    env = context(client).torch_env()
+    ifname = interface_of(local_address_towards("10.1.2.3"))   # on the route to member 0
+    assert env.pop("GLOO_SOCKET_IFNAME", None) == env.pop("NCCL_SOCKET_IFNAME", None) == ifname
+    assert env == {
         "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29500", "RANK": "1", "WORLD_SIZE": "4",
         "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "NODE_RANK": "0"}
+    # Set by the user: left as they are.
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "mine")
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "mine")
+    assert "GLOO_SOCKET_IFNAME" not in context(client).torch_env()
 
 
 def test_jax_kwargs_name_member_0s_service_and_this_process() -> None:
