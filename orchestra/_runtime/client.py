@@ -422,6 +422,18 @@ class CoreClient:
         self.put_seq += 1
         return ref
 
+    def put_error(self, error: bytes) -> ObjectRef:
+        """A new object whose get raises ``error`` (a pickled exception): the last ref
+        of a dynamic generator that raised (_worker/producer.py)."""
+        oid = _ids.object_id(_ids.next_task_id(), 0)
+        data = pb.ObjectData(object_id=oid, error=error)
+        ref: ObjectRef[Any] = ObjectRef(oid, self, counted=True)
+        with self.refs.lock:
+            self.results[oid] = data
+        self.send(_wire.OBJECTS, pb.Objects(objects=[data]))
+        self.put_seq += 1
+        return ref
+
     def make_object_data(self, oid: bytes, ser: Serialized,
                          out: pb.ObjectData | None = None) -> pb.ObjectData:
         return self.objects.make_object_data(oid, ser, out)

@@ -6,6 +6,7 @@ generator's values split into returns, and whether the code running is a finaliz
 from __future__ import annotations
 
 import functools
+import os
 import traceback
 import weakref
 from collections.abc import Callable, Sequence
@@ -14,9 +15,10 @@ from typing import Any
 
 import cloudpickle
 
-from .._objects.serialization import deserialization_error, deserialize
+from .. import _ids
+from .._objects.serialization import deserialization_error, deserialize, dumps_exception
 from .._protocol import pb
-from ..exceptions import DeserializationError
+from ..exceptions import ActorDiedError, DeserializationError, TaskError
 
 
 def in_finalizer(frame: FrameType | None) -> bool:
@@ -99,6 +101,28 @@ def load_error(blob: bytes) -> BaseException:
     return exc
 
 
+def yielded_returns(gen: Any, n: int, name: str) -> tuple[list[Any], Exception | None]:
+    """The values a generator with num_returns=n yields, and the exception it raised
+    before its n-th (None when it did not): the refs of the values before it hold them,
+    the rest the error, as Ray's. ValueError when it yields another number of values."""
+    values: list[Any] = []
+    while True:
+        try:
+            value = next(gen)
+        except StopIteration:
+            break
+        except Exception as exc:  # noqa: BLE001 - the generator's own error, for its refs
+            if len(values) < n:
+                return values, exc
+            raise
+        values.append(value)
+        if len(values) > n:
+            raise ValueError(f"{name}() has num_returns={n} but yielded more than {n} values")
+    if len(values) != n:
+        raise ValueError(f"{name}() has num_returns={n} but yielded {len(values)} values")
+    return values, None
+
+
 def split_returns(result: Any, n: int, name: str) -> list[Any]:
     try:
         values = list(result)
@@ -108,3 +132,58 @@ def split_returns(result: Any, n: int, name: str) -> list[Any]:
     if len(values) != n:
         raise ValueError(f"{name}() has num_returns={n} but returned {len(values)} values")
     return values
+
+
+def task_error(call: pb.Call, exc: BaseException) -> BaseException:
+    """The TaskError ``exc``, raised by the call's code, reaches its caller as (also an
+    instance of ``exc``'s class), with its traceback."""
+    tb = "".join(traceback.format_exception(exc))
+    try:
+        return TaskError.wrap(call.name, tb, exc, os.getpid())
+    except Exception:  # noqa: BLE001 - a class wrap() cannot build: keep the text
+        return TaskError(call.name, tb, None, os.getpid())
+
+
+def error_done(inv: pb.InvokeCallRequest, exc: BaseException) -> pb.TaskDone:
+    """TaskDone carrying the error ``exc`` of a call's code (raised in the except block
+    that caught it: its traceback is format_exc()'s); a constructor's as ActorDiedError."""
+    call = inv.call
+    tid = call.task_id
+    oids = _ids.return_ids(tid, call.num_returns)
+    # Called inside the except block that caught exc: format_exc() is its traceback.
+    tb = traceback.format_exc()
+    if isinstance(exc, TaskError):
+        # A nested task's error that escaped this task: format_exc() ends with that
+        # error's whole message (its remote traceback too), which the message made
+        # below carries already. Twice per level, an error 16 tasks down a recursion
+        # became 69 MB (and 30 down, a cluster that seemed hung).
+        tb = ("Traceback (most recent call last):\n"
+              + "".join(traceback.format_list(traceback.extract_tb(exc.__traceback__)))
+              + f"{type(exc).__name__}: the error of {exc.function_name}(), above\n")
+    err: BaseException
+    if isinstance(exc, ArgumentError):
+        # The task never ran: its error is the DeserializationError itself (the
+        # traceback of the unpickling is in its text), not a TaskError "raised" by
+        # code that did not run.
+        exc = err = exc.error
+        detail = f"{type(exc).__name__}: {exc}"
+    else:
+        detail = f"{type(exc).__name__}: {exc}\n\nRemote traceback:\n{tb}"
+        try:
+            err = TaskError.wrap(call.name, tb, exc, os.getpid())
+        except Exception:  # noqa: BLE001 - a class wrap() cannot build must not kill
+            # the worker (it was then reported as a crash): keep the text and traceback.
+            err = TaskError(call.name, tb, None, os.getpid())
+    if call.HasField("actor"):
+        died = ActorDiedError(f"actor {call.actor.class_name} failed in its constructor: {detail}")
+        died.__cause__ = exc
+        oids = [call.actor.actor_id]
+        blob = dumps_exception(died)
+    else:
+        blob = dumps_exception(err)
+    not_retryable = False
+    if call.retry_exceptions:
+        not_retryable = isinstance(exc, DeserializationError) or (
+            bool(call.retry_on) and not isinstance(exc, retry_classes(call.retry_on)))
+    return pb.TaskDone(task_id=tid, user_error=True, not_retryable=not_retryable,
+                       returns=[pb.ObjectData(object_id=o, error=blob) for o in oids])

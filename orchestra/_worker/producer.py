@@ -21,10 +21,11 @@ import threading
 from typing import Any
 
 from .. import _ids
-from .._objects.serialization import serialize
+from .._objects.serialization import dumps_exception, serialize
 from .._protocol import pb
 from .._protocol import wire as _wire
 from .._runtime.generators import DYNAMIC, DynamicObjectRefGenerator
+from .calls import task_error
 
 _MODE_NAMES = {1: "dynamic", 2: "streaming"}
 _ASYNC_POLL_S = 0.002   # how often a paused async generator looks for the consumer's acks
@@ -112,8 +113,15 @@ def produce(worker: Any, call: pb.Call, result: Any) -> Any:
         return asyncio.run(produce_async(worker, call, result))
     it = _iterator(call, result)
     if call.generator == DYNAMIC:
-        put = worker.client.put
-        return DynamicObjectRefGenerator([put(v) for v in it])
+        # Each value put as it comes; an error ends the list with a ref that raises it
+        # (the values before it keep theirs), as Ray's dynamic generators do.
+        put, refs = worker.client.put, []
+        try:
+            for v in it:
+                refs.append(put(v))
+        except Exception as exc:  # noqa: BLE001 - the generator's own error, into its ref
+            refs.append(worker.client.put_error(dumps_exception(task_error(call, exc))))
+        return DynamicObjectRefGenerator(refs)
     sender = _Sender(worker, call)
     try:
         for value in it:
@@ -130,9 +138,14 @@ def produce(worker: Any, call: pb.Call, result: Any) -> Any:
 async def produce_async(worker: Any, call: pb.Call, agen: Any) -> Any:
     """produce() for an async generator (an async actor's method): paused on the event
     loop, other calls run meanwhile."""
-    if call.generator == DYNAMIC:
-        put = worker.client.put
-        return DynamicObjectRefGenerator([put(v) async for v in agen])
+    if call.generator == DYNAMIC:   # as produce()'s: an error ends the list in a ref
+        put, refs = worker.client.put, []
+        try:
+            async for v in agen:
+                refs.append(put(v))
+        except Exception as exc:  # noqa: BLE001 - the generator's own error, into its ref
+            refs.append(worker.client.put_error(dumps_exception(task_error(call, exc))))
+        return DynamicObjectRefGenerator(refs)
     sender = _Sender(worker, call)
     try:
         async for value in agen:

@@ -21,12 +21,12 @@ arguments and results beside running the call is in calls.py.
 from __future__ import annotations
 
 import collections
+import inspect
 import os
 import signal
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -48,15 +48,17 @@ from .._protocol import wire as _wire
 from .._runtime import context as _context
 from .._runtime import runtime_env as _runtime_env
 from .._runtime.client import CoreClient
-from ..exceptions import ActorDiedError, DeserializationError, TaskError
+from ..exceptions import ActorDiedError, TaskError
 from . import preload as _preload
 from .actors import ActorRuntime
 from .calls import (
     ArgumentError,
     decode_args,
+    error_done,
     in_finalizer,
-    retry_classes,
     split_returns,
+    task_error,
+    yielded_returns,
 )
 from .producer import Acks, produce
 
@@ -650,7 +652,13 @@ class WorkerRuntime:
             result = produce(self, call, result)
         tid = call.task_id
         n = call.num_returns
-        values = [result] if n == 1 else split_returns(result, n, call.name)
+        failure = None
+        if n == 1:
+            values = [result]
+        elif inspect.isgenerator(result):
+            values, failure = yielded_returns(result, n, call.name)
+        else:
+            values = split_returns(result, n, call.name)
         del result
         sers = [serialize(v) for v in values]
         # Filled in place: a message passed to the constructor is copied.
@@ -669,6 +677,12 @@ class WorkerRuntime:
                 if r.HasField("segment"):
                     self.client.abort_segment(r.segment.name)
             raise
+        if failure is not None:   # the refs after the values it yielded hold its error
+            self.events.error_types[tid] = type(failure).__name__
+            blob = dumps_exception(task_error(call, failure))
+            for i in range(len(values), n):
+                add(object_id=_ids.object_id(tid, i), error=blob)
+            done.user_error = True
         if call.max_retries and tid in self.heavy and not call.actor_id and tid in self.reply_to:
             # A direct call's results through the head: with the call, which the head
             # runs again should the node holding them die (TaskDone.lineage).
@@ -687,7 +701,7 @@ class WorkerRuntime:
         self.events.error_types[inv.call.task_id] = type(
             exc.error if isinstance(exc, ArgumentError) else exc).__name__
         try:
-            return self._failed(inv, exc)
+            return error_done(inv, exc)
         except RecursionError:
             if inv.call.HasField("actor"):
                 raise
@@ -723,48 +737,6 @@ class WorkerRuntime:
         return pb.TaskDone(task_id=tid, user_error=True, returns=[
             pb.ObjectData(object_id=_ids.object_id(tid, i), error=dumps_exception(err))
             for i in range(inv.call.num_returns)])
-
-    def _failed(self, inv: pb.InvokeCallRequest, exc: BaseException) -> pb.TaskDone:
-        call = inv.call
-        tid = call.task_id
-        oids = _ids.return_ids(tid, call.num_returns)
-        # Called inside the except block that caught exc: format_exc() is its traceback.
-        tb = traceback.format_exc()
-        if isinstance(exc, TaskError):
-            # A nested task's error that escaped this task: format_exc() ends with that
-            # error's whole message (its remote traceback too), which the message made
-            # below carries already. Twice per level, an error 16 tasks down a recursion
-            # became 69 MB (and 30 down, a cluster that seemed hung).
-            tb = ("Traceback (most recent call last):\n"
-                  + "".join(traceback.format_list(traceback.extract_tb(exc.__traceback__)))
-                  + f"{type(exc).__name__}: the error of {exc.function_name}(), above\n")
-        err: BaseException
-        if isinstance(exc, ArgumentError):
-            # The task never ran: its error is the DeserializationError itself (the
-            # traceback of the unpickling is in its text), not a TaskError "raised" by
-            # code that did not run.
-            exc = err = exc.error
-            detail = f"{type(exc).__name__}: {exc}"
-        else:
-            detail = f"{type(exc).__name__}: {exc}\n\nRemote traceback:\n{tb}"
-            try:
-                err = TaskError.wrap(call.name, tb, exc, os.getpid())
-            except Exception:  # noqa: BLE001 - a class wrap() cannot build must not kill
-                # the worker (it was then reported as a crash): keep the text and traceback.
-                err = TaskError(call.name, tb, None, os.getpid())
-        if call.HasField("actor"):
-            died = ActorDiedError(f"actor {call.actor.class_name} failed in its constructor: {detail}")
-            died.__cause__ = exc
-            oids = [call.actor.actor_id]
-            blob = dumps_exception(died)
-        else:
-            blob = dumps_exception(err)
-        not_retryable = False
-        if call.retry_exceptions:
-            not_retryable = isinstance(exc, DeserializationError) or (
-                bool(call.retry_on) and not isinstance(exc, retry_classes(call.retry_on)))
-        return pb.TaskDone(task_id=tid, user_error=True, not_retryable=not_retryable,
-                           returns=[pb.ObjectData(object_id=o, error=blob) for o in oids])
 
     def become_actor(self, spec: pb.ActorSpec, instance: Any, gpu_ids: list[int],
                      resources: dict[str, float]) -> None:

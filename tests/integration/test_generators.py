@@ -306,10 +306,34 @@ def test_dynamic_returns_a_ref_to_a_dynamic_generator(cluster):
     assert get(list(dyn)) == [0, 1, 4, 9]
 
 
-def test_dynamic_error_midway_fails_the_whole_call(cluster):
-    ref = fail_at.options(num_returns="dynamic").remote(5, 3)
-    with pytest.raises(ValueError, match="no item 3"):
-        get(ref)
+def test_a_dynamic_generators_error_midway_goes_in_its_last_ref(cluster):
+    # As Ray's: the values yielded before the error keep their refs; one more ref, the
+    # last, holds the error.
+    dyn = get(fail_at.options(num_returns="dynamic").remote(5, 3))
+    refs = list(dyn)
+    assert len(refs) == 4 and get(refs[:3]) == [0, 1, 2]
+    with pytest.raises(ValueError, match="no item 3") as info:
+        get(refs[3])
+    assert isinstance(info.value, TaskError)
+
+
+def test_a_generators_error_midway_with_num_returns_fails_only_the_refs_after_it(cluster):
+    refs = fail_at.options(num_returns=5).remote(5, 3)
+    assert get(refs[:3]) == [0, 1, 2]
+    for ref in refs[3:]:
+        with pytest.raises(ValueError, match="no item 3"):
+            get(ref)
+    # Without an error, the count must match, as for returned sequences.
+    with pytest.raises(ValueError, match="yielded 3 values"):
+        get(count_to.options(num_returns=4).remote(3)[0])
+
+
+def test_an_async_actors_dynamic_generator_error_goes_in_its_last_ref(cluster):
+    a = AsyncSource.remote()
+    refs = list(get(a.fail_after.options(num_returns="dynamic").remote(2)))
+    assert len(refs) == 3 and get(refs[:2]) == [0, 1]
+    with pytest.raises(RuntimeError, match="async stream broke"):
+        get(refs[2])
 
 
 # ------------------------------------------------------------------ actors
