@@ -412,21 +412,12 @@ class CoreClient:
                             "or put() its value (orchestra.get(ref)) instead")
         return self.put_serialized(serialize(value))
 
-    def put_serialized(self, ser: Serialized) -> ObjectRef:
+    def put_serialized(self, ser: Serialized | None, error: bytes = b"") -> ObjectRef:
+        """A new object of ``ser``; or (``ser`` None) one whose get raises ``error`` (a
+        pickled exception: the last ref of a dynamic generator that raised)."""
         oid = _ids.object_id(_ids.next_task_id(), 0)
-        data = self.objects.make_object_data(oid, ser)
-        ref: ObjectRef[Any] = ObjectRef(oid, self, counted=True)
-        with self.refs.lock:
-            self.results[oid] = data
-        self.send(_wire.OBJECTS, pb.Objects(objects=[data]))
-        self.put_seq += 1
-        return ref
-
-    def put_error(self, error: bytes) -> ObjectRef:
-        """A new object whose get raises ``error`` (a pickled exception): the last ref
-        of a dynamic generator that raised (_worker/producer.py)."""
-        oid = _ids.object_id(_ids.next_task_id(), 0)
-        data = pb.ObjectData(object_id=oid, error=error)
+        data = self.objects.make_object_data(oid, ser) if ser is not None else \
+            pb.ObjectData(object_id=oid, error=error)
         ref: ObjectRef[Any] = ObjectRef(oid, self, counted=True)
         with self.refs.lock:
             self.results[oid] = data

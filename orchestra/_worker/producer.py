@@ -120,7 +120,7 @@ def produce(worker: Any, call: pb.Call, result: Any) -> Any:
             for v in it:
                 refs.append(put(v))
         except Exception as exc:  # noqa: BLE001 - the generator's own error, into its ref
-            refs.append(worker.client.put_error(dumps_exception(task_error(call, exc))))
+            refs.append(worker.client.put_serialized(None, dumps_exception(task_error(call, exc))))
         return DynamicObjectRefGenerator(refs)
     sender = _Sender(worker, call)
     try:
@@ -144,7 +144,7 @@ async def produce_async(worker: Any, call: pb.Call, agen: Any) -> Any:
             async for v in agen:
                 refs.append(put(v))
         except Exception as exc:  # noqa: BLE001 - the generator's own error, into its ref
-            refs.append(worker.client.put_error(dumps_exception(task_error(call, exc))))
+            refs.append(worker.client.put_serialized(None, dumps_exception(task_error(call, exc))))
         return DynamicObjectRefGenerator(refs)
     sender = _Sender(worker, call)
     try:
