@@ -344,8 +344,10 @@ def serialize(value: object) -> Serialized:
 def _as_arrow(value: object) -> ArrowValue | None:
     """Arrow data, and DataFrames that convert to Arrow without loss, as ArrowValues
     (looked up only where the process has imported pyarrow or pandas)."""
-    pa = sys.modules.get("pyarrow")
-    if pa is not None:
+    # In sys.modules does not mean imported: another thread may be importing it (a put
+    # of an array imports pyarrow to write it). The import statement waits for that.
+    if "pyarrow" in sys.modules:
+        import pyarrow as pa
         if isinstance(value, pa.Table):
             return ArrowValue(value, b"table")
         if isinstance(value, pa.RecordBatch):
@@ -354,7 +356,10 @@ def _as_arrow(value: object) -> ArrowValue | None:
             return ArrowValue(pa.table({"array": value}), b"chunked_array")
         if isinstance(value, pa.Array):
             return ArrowValue(pa.table({"array": value}), b"array")
-    pd = sys.modules.get("pandas")
+    if "pandas" in sys.modules:
+        import pandas as pd
+    else:
+        pd = None
     if pd is not None and type(value) is pd.DataFrame:
         table = _frame_as_table(value)
         if table is not None:

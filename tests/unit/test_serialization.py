@@ -665,3 +665,25 @@ def test_orchestra_errors_share_one_base():
         assert issubclass(cls, OrchestraError)
     assert issubclass(ObjectStoreFullError, MemoryError)
     assert issubclass(InfeasibleResourcesError, ValueError)
+
+
+def test_serializing_while_another_thread_imports_pyarrow_waits_for_it(tmp_path):
+    # pyarrow is in sys.modules from the start of its import (~0.1 s): a put on another
+    # thread then found a module without Table ("partially initialized module").
+    import subprocess
+    code = (
+        "import sys, threading, numpy as np\n"
+        "from orchestra._objects.serialization import serialize\n"
+        "t = threading.Thread(target=lambda: __import__('pyarrow')); t.start()\n"
+        "errors = []\n"
+        "while t.is_alive():\n"
+        "    try:\n"
+        "        serialize([np.ones(10), 'x'])\n"
+        "    except Exception as e:\n"
+        "        errors.append(repr(e))\n"
+        "t.join()\n"
+        "print(len(errors), errors[:1])\n")
+    for _ in range(3):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=30, check=True).stdout
+        assert out.startswith("0 "), out
