@@ -73,6 +73,9 @@ class OrchestraExecutor(cf.Executor):
         """``fn(*args, **kwargs)`` as a task: a Future of its result."""
         if not callable(fn):
             raise TypeError(f"submit() needs a callable, got {fn!r}")
+        return self._enqueue(fn, args, kwargs)
+
+    def _enqueue(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> cf.Future[Any]:
         fut: cf.Future[Any] = cf.Future()
         with self._lock:
             if self._shutdown:
@@ -150,7 +153,7 @@ class OrchestraExecutor(cf.Executor):
         return _results(fs, end, flat=chunksize > 1)
 
     def _submit_chunk(self, fn: Callable[..., Any], chunk: list[tuple[Any, ...]]) -> cf.Future[Any]:
-        return self.submit(_ChunkOf(fn), chunk)
+        return self._enqueue(_ChunkOf(fn), (chunk,), {})
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """No more submits (RuntimeError); ``cancel_futures``: the calls still queued are
@@ -172,16 +175,13 @@ class OrchestraExecutor(cf.Executor):
 
 
 class _ChunkOf:
-    """A chunk of map's calls: submitted as one task running ``fn`` over each argument
+    """A chunk of map's calls: queued as one task running ``fn`` over each argument
     tuple (see OrchestraExecutor._task)."""
 
     __slots__ = ("fn",)
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
-
-    def __call__(self, chunk: list[tuple[Any, ...]]) -> list[Any]:
-        return _chunk(self.fn, chunk)
 
 
 def _results(fs: list[cf.Future[Any]], end: float | None, flat: bool) -> Iterator[Any]:

@@ -154,12 +154,10 @@ def _cancelled_while_running(inv: pb.InvokeCallRequest, exc: BaseException) -> p
     import os
     import traceback
 
-    from .. import _ids
     from .._objects.serialization import dumps_exception
     from ..exceptions import CancelledWhileRunningError
+    from .calls import error_returns
     call = inv.call
     err = dumps_exception(CancelledWhileRunningError(
         call.name, "".join(traceback.format_exception(exc)), exc, os.getpid()))
-    return pb.TaskDone(task_id=call.task_id, cancelled=True, returns=[
-        pb.ObjectData(object_id=_ids.object_id(call.task_id, i), error=err)
-        for i in range(call.num_returns)])
+    return pb.TaskDone(task_id=call.task_id, cancelled=True, returns=error_returns(call, err))

@@ -134,6 +134,12 @@ def split_returns(result: Any, n: int, name: str) -> list[Any]:
     return values
 
 
+def error_returns(call: pb.Call, error: bytes) -> list[pb.ObjectData]:
+    """Each of the call's returns holding ``error`` (a pickled exception)."""
+    return [pb.ObjectData(object_id=oid, error=error)
+            for oid in _ids.return_ids(call.task_id, call.num_returns)]
+
+
 def task_error(call: pb.Call, exc: BaseException) -> BaseException:
     """The TaskError ``exc``, raised by the call's code, reaches its caller as (also an
     instance of ``exc``'s class), with its traceback."""

@@ -55,6 +55,7 @@ from .calls import (
     ArgumentError,
     decode_args,
     error_done,
+    error_returns,
     in_finalizer,
     split_returns,
     task_error,
@@ -714,10 +715,8 @@ class WorkerRuntime:
             tb = (f"(the error of a task {levels} levels down; the chain of their remote "
                   "tracebacks is too deep to keep)\n")
             err = TaskError.wrap(inv.call.name, tb, root, os.getpid())
-            tid = inv.call.task_id
-            return pb.TaskDone(task_id=tid, user_error=True, returns=[
-                pb.ObjectData(object_id=_ids.object_id(tid, i), error=dumps_exception(err))
-                for i in range(inv.call.num_returns)])
+            return pb.TaskDone(task_id=inv.call.task_id, user_error=True,
+                               returns=error_returns(inv.call, dumps_exception(err)))
 
     def _exit_actor(self, inv: pb.InvokeCallRequest) -> pb.TaskDone:
         """exit_actor() in a method: the head ends the actor for good (queued and later
@@ -733,10 +732,8 @@ class WorkerRuntime:
         except Exception:  # noqa: BLE001 - the cluster is going: the process ends anyway
             os._exit(0)
         err = ActorDiedError(f"actor {spec.class_name} is dead: {reason}")
-        tid = inv.call.task_id
-        return pb.TaskDone(task_id=tid, user_error=True, returns=[
-            pb.ObjectData(object_id=_ids.object_id(tid, i), error=dumps_exception(err))
-            for i in range(inv.call.num_returns)])
+        return pb.TaskDone(task_id=inv.call.task_id, user_error=True,
+                           returns=error_returns(inv.call, dumps_exception(err)))
 
     def become_actor(self, spec: pb.ActorSpec, instance: Any, gpu_ids: list[int],
                      resources: dict[str, float]) -> None:
