@@ -2,7 +2,7 @@
 
 The public API; everything else lives in private modules.
 """
-from . import actor, exceptions, util
+from . import actor, dag, exceptions, util
 from ._api.actor import ActorClass, ActorHandle, get_actor, kill, method
 from ._api.progress import as_completed
 from ._api.remote import remote
@@ -36,7 +36,7 @@ __all__ = [
     "as_completed", "cancel", "get_gpu_ids", "nodes", "get_runtime_context", "RuntimeContext",
     "cluster_resources", "available_resources", "ObjectRef",
     "ObjectRefGenerator", "DynamicObjectRefGenerator",
-    "exceptions", "ActorClass", "ActorHandle", "get_actor", "kill", "method", "actor", "util",
+    "exceptions", "ActorClass", "ActorHandle", "get_actor", "kill", "method", "actor", "dag", "util",
     "gang", "Gang", "gang_context", "GangContext", "GangDevice", "GangError",
     "GangAbortedError", "GangTimeoutError", "GangMemberDiedError", "timeline",
 ]

@@ -27,6 +27,7 @@ from .._resources import check_feasible, make_request
 from .._runtime import context as _context
 from .._runtime import runtime_env as _runtime_env
 from .._runtime.generators import (
+    DYNAMIC,
     NONE,
     STREAMING,
     ObjectRefGenerator,
@@ -169,7 +170,7 @@ class ActorClass(Generic[T]):
         top-level ones arrive as their values)."""
         client = _context.current_client()
         if client is not self._client:
-            if not client.info.joinable:
+            if not (client.info.joinable or client.info.infeasible_waits):
                 check_feasible(self._resources, [dict(client.info.node_resources)],
                                f"actor {self._cls.__name__}")
             reg = pb.RegisterFunctionRequest(function_id=self._function_id, fnname=self._cls.__qualname__,
@@ -207,6 +208,14 @@ class ActorClass(Generic[T]):
             return ActorHandle(reply.actor, client)
         handle: ActorHandle[T] = ActorHandle(spec, client, counted=True)
         return handle
+
+    def bind(self, *args: Any, **kwargs: Any) -> Any:
+        """A node of a lazy graph that starts this actor when the graph executes
+        (``orchestra.dag``); ``node.method.bind(...)`` calls its methods there.
+
+        ``args``, ``kwargs``: the constructor's arguments; they may hold other nodes."""
+        from .dag import ClassNode
+        return ClassNode(self, args, kwargs)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (ActorClass, (self._cls, self._options, self._function_id))
@@ -345,6 +354,16 @@ class ActorMethod:
         if self._num_returns == 1:
             return refs[0]
         return None if self._num_returns == 0 else refs
+
+    def bind(self, *args: Any, **kwargs: Any) -> Any:
+        """A node of a lazy graph that calls this method when the graph executes
+        (``orchestra.dag``).
+
+        ``args``, ``kwargs``: the method's arguments; they may hold other nodes."""
+        from .dag import ClassMethodNode
+        mode = {NONE: self._num_returns, DYNAMIC: "dynamic", STREAMING: "streaming"}
+        opts = {"num_returns": mode[self._generator]}
+        return ClassMethodNode(self._handle, self._name, args, kwargs, opts)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"actor method {self._name}() cannot be called directly: use "

@@ -179,8 +179,17 @@ class RemoteFunction(Generic[P, R]):
         merged = {**self._options, **options}
         return RemoteFunction(self._fn, merged, self._function_id)
 
+    def bind(self, *args: Any, **kwargs: Any) -> Any:
+        """A node of a lazy graph that calls this function when the graph executes
+        (``orchestra.dag``); nothing runs now.
+
+        ``args``, ``kwargs``: the function's arguments; they may hold other nodes and
+        the graph's ``InputNode``."""
+        from .dag import FunctionNode
+        return FunctionNode(self, args, kwargs)
+
     def _bind(self, client: _context.Client) -> None:
-        if not client.info.joinable:
+        if not (client.info.joinable or client.info.infeasible_waits):
             check_feasible(self._resources, [dict(client.info.node_resources)], f"task {self._name}()")
         opts = self._options
         call = types_pb2.Call(

@@ -38,7 +38,8 @@ LAYERS: dict[str, int] = {
     "_cli": 10, "_worker": 10, "__main__": 11,
 }
 # The public modules, one part: they re-export, and some need the whole API.
-PUBLIC = {"__init__", "actor", "util", "compat", "cluster_utils", "coordinator", "microbenchmark"}
+PUBLIC = {"__init__", "actor", "dag", "util", "compat", "cluster_utils", "coordinator",
+          "microbenchmark"}
 
 # The scheduler core's helpers never reach back into its state machine.
 SCHEDULER_HELPERS = ["_scheduler.model", "_scheduler.instructions", "_scheduler.actors",

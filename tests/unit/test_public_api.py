@@ -31,7 +31,7 @@ DOCUMENTED_API = [
     "as_completed", "cancel", "get_gpu_ids", "cluster_resources", "available_resources", "ObjectRef",
     "nodes", "get_runtime_context", "RuntimeContext", "exceptions", "ActorClass", "ActorHandle",
     "ObjectRefGenerator", "DynamicObjectRefGenerator",
-    "get_actor", "kill", "method", "actor", "util",
+    "get_actor", "kill", "method", "actor", "dag", "util",
     "gang", "Gang", "gang_context", "GangContext", "GangDevice", "GangError",
     "GangAbortedError", "GangTimeoutError", "GangMemberDiedError", "timeline",
 ]
