@@ -69,6 +69,14 @@ def short_name(call_name: str) -> str:
     return parts[-1] or "worker"
 
 
+_active: LogCapture | None = None
+
+
+def active() -> LogCapture | None:
+    """This worker's LogCapture once installed; None in a driver."""
+    return _active
+
+
 class LogCapture:
     """This worker's two streams: files, markers, pending lines and their flusher.
 
@@ -98,6 +106,8 @@ class LogCapture:
 
     def install(self) -> None:
         """Make sys.stdout and sys.stderr this worker's line writers."""
+        global _active
+        _active = self
         sys.stdout = self.writers[STDOUT]
         sys.stderr = self.writers[STDERR]
 

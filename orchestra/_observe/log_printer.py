@@ -3,8 +3,9 @@
     init() -> LogPrinter: a second connection to the head (Hello kind "logs", naming the
         driver's first connection as its job), read by a daemon thread of its own, so
         lines appear while the driver sleeps or computes, not only inside get()
-    head --LOG_LINES--> thread -> LineFolder (repeated lines folded) -> "(square pid=4242)
-        hello" on sys.stdout, stderr lines on sys.stderr
+    head --LOG_LINES--> thread -> a task's progress bar lines to the driver's Bars
+        (_observe/progress_bars.py), the others -> LineFolder (repeated lines folded) ->
+        "(square pid=4242) hello" on sys.stdout, stderr lines on sys.stderr, above the bars
     shutdown() -> close(): LOG_FLUSH to the head and back (every line the head had is
         printed), the folded counts printed, the connection closed
 
@@ -25,6 +26,7 @@ import time
 from .._protocol import pb
 from .._protocol import wire as _wire
 from .._protocol.connection import Connection
+from .progress_bars import PREFIX, driver_bars, parse
 
 FOLD_WINDOW_S = 5.0
 _CLOSE_WAIT_S = 2.0
@@ -151,24 +153,39 @@ class LogPrinter:
                 if kind == _wire.LOG_LINES:
                     now = time.monotonic()
                     for chunk in msg.chunks:
+                        if any(line.startswith(PREFIX) for line in chunk.lines):
+                            chunk = self._bar_lines(chunk)
                         self._print(self.folder.add(chunk, now))
                 elif kind == _wire.LOG_FLUSH:
                     self._flushed.set()
         self._flushed.set()
 
+    def _bar_lines(self, chunk: pb.LogChunk) -> pb.LogChunk:
+        """Hand a chunk's progress bar lines to the driver's bars; the chunk without them."""
+        bars = driver_bars()
+        rest = []
+        for line in chunk.lines:
+            state = parse(line)
+            if state is None:
+                rest.append(line)
+            else:
+                bars.update(state, chunk.pid, chunk.ip)
+        out = pb.LogChunk()
+        out.CopyFrom(chunk)
+        del out.lines[:]
+        out.lines.extend(rest)
+        return out
+
     def _print(self, lines: list[tuple[int, str]]) -> None:
         if not lines:
             return
+        bars = driver_bars()
         with self._lock:
             for stream, text in lines:
                 out = sys.stderr if stream == 2 else sys.stdout
                 if out is None:   # pythonw, or a driver that closed its streams
                     continue
-                try:
-                    out.write(text + "\n")
-                    out.flush()
-                except (OSError, ValueError):   # the driver closed its own stream
-                    pass
+                bars.print_lines(out, [text])
 
     def close(self) -> None:
         """Print every line the head holds for this driver, then the folded counts, and
@@ -186,3 +203,4 @@ class LogPrinter:
         self._thread.join(_CLOSE_WAIT_S)
         self.conn.sock.close()
         self._print(self.folder.drain())
+        driver_bars().close_all()
