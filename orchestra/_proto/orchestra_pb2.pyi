@@ -281,7 +281,7 @@ class Hello(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., pid: _Optional[int] = ..., workerid: _Optional[int] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., node_id: _Optional[int] = ..., machine: _Optional[str] = ..., namespace: _Optional[str] = ..., log_job: _Optional[int] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("session_id", "node_id", "node_resources", "store_capacity", "session_dir", "cwd", "sys_path", "inline_threshold", "conn_id", "shm_dir", "node_dir", "joinable", "node_address", "dashboard_url")
+    __slots__ = ("session_id", "node_id", "node_resources", "store_capacity", "session_dir", "cwd", "sys_path", "inline_threshold", "conn_id", "shm_dir", "node_dir", "joinable", "node_address", "dashboard_url", "infeasible_waits")
     class NodeResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -303,6 +303,7 @@ class HelloReply(_message.Message):
     JOINABLE_FIELD_NUMBER: _ClassVar[int]
     NODE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     DASHBOARD_URL_FIELD_NUMBER: _ClassVar[int]
+    INFEASIBLE_WAITS_FIELD_NUMBER: _ClassVar[int]
     session_id: bytes
     node_id: int
     node_resources: _containers.ScalarMap[str, float]
@@ -317,7 +318,8 @@ class HelloReply(_message.Message):
     joinable: bool
     node_address: str
     dashboard_url: str
-    def __init__(self, session_id: _Optional[bytes] = ..., node_id: _Optional[int] = ..., node_resources: _Optional[_Mapping[str, float]] = ..., store_capacity: _Optional[int] = ..., session_dir: _Optional[str] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., inline_threshold: _Optional[int] = ..., conn_id: _Optional[int] = ..., shm_dir: _Optional[str] = ..., node_dir: _Optional[str] = ..., joinable: _Optional[bool] = ..., node_address: _Optional[str] = ..., dashboard_url: _Optional[str] = ...) -> None: ...
+    infeasible_waits: bool
+    def __init__(self, session_id: _Optional[bytes] = ..., node_id: _Optional[int] = ..., node_resources: _Optional[_Mapping[str, float]] = ..., store_capacity: _Optional[int] = ..., session_dir: _Optional[str] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., inline_threshold: _Optional[int] = ..., conn_id: _Optional[int] = ..., shm_dir: _Optional[str] = ..., node_dir: _Optional[str] = ..., joinable: _Optional[bool] = ..., node_address: _Optional[str] = ..., dashboard_url: _Optional[str] = ..., infeasible_waits: _Optional[bool] = ...) -> None: ...
 
 class Submit(_message.Message):
     __slots__ = ("calls",)
@@ -514,7 +516,7 @@ class CancelTask(_message.Message):
     def __init__(self, task_id: _Optional[bytes] = ..., recursive: _Optional[bool] = ...) -> None: ...
 
 class Request(_message.Message):
-    __slots__ = ("req_id", "create_segment", "query", "create_actor", "kill_actor", "get_actor", "locate", "abort_segment", "create_placement_group", "remove_placement_group", "get_placement_group", "placement_group_table", "get_actor_in", "state_query")
+    __slots__ = ("req_id", "create_segment", "query", "create_actor", "kill_actor", "get_actor", "locate", "abort_segment", "create_placement_group", "remove_placement_group", "get_placement_group", "placement_group_table", "get_actor_in", "state_query", "prefetch")
     REQ_ID_FIELD_NUMBER: _ClassVar[int]
     CREATE_SEGMENT_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
@@ -529,6 +531,7 @@ class Request(_message.Message):
     PLACEMENT_GROUP_TABLE_FIELD_NUMBER: _ClassVar[int]
     GET_ACTOR_IN_FIELD_NUMBER: _ClassVar[int]
     STATE_QUERY_FIELD_NUMBER: _ClassVar[int]
+    PREFETCH_FIELD_NUMBER: _ClassVar[int]
     req_id: int
     create_segment: CreateSegment
     query: str
@@ -543,7 +546,14 @@ class Request(_message.Message):
     placement_group_table: bytes
     get_actor_in: ActorLookup
     state_query: StateQuery
-    def __init__(self, req_id: _Optional[int] = ..., create_segment: _Optional[_Union[CreateSegment, _Mapping]] = ..., query: _Optional[str] = ..., create_actor: _Optional[_Union[_types_pb2.Call, _Mapping]] = ..., kill_actor: _Optional[_Union[KillActor, _Mapping]] = ..., get_actor: _Optional[str] = ..., locate: _Optional[bytes] = ..., abort_segment: _Optional[str] = ..., create_placement_group: _Optional[_Union[PlacementGroupSpec, _Mapping]] = ..., remove_placement_group: _Optional[bytes] = ..., get_placement_group: _Optional[str] = ..., placement_group_table: _Optional[bytes] = ..., get_actor_in: _Optional[_Union[ActorLookup, _Mapping]] = ..., state_query: _Optional[_Union[StateQuery, _Mapping]] = ...) -> None: ...
+    prefetch: Prefetch
+    def __init__(self, req_id: _Optional[int] = ..., create_segment: _Optional[_Union[CreateSegment, _Mapping]] = ..., query: _Optional[str] = ..., create_actor: _Optional[_Union[_types_pb2.Call, _Mapping]] = ..., kill_actor: _Optional[_Union[KillActor, _Mapping]] = ..., get_actor: _Optional[str] = ..., locate: _Optional[bytes] = ..., abort_segment: _Optional[str] = ..., create_placement_group: _Optional[_Union[PlacementGroupSpec, _Mapping]] = ..., remove_placement_group: _Optional[bytes] = ..., get_placement_group: _Optional[str] = ..., placement_group_table: _Optional[bytes] = ..., get_actor_in: _Optional[_Union[ActorLookup, _Mapping]] = ..., state_query: _Optional[_Union[StateQuery, _Mapping]] = ..., prefetch: _Optional[_Union[Prefetch, _Mapping]] = ...) -> None: ...
+
+class Prefetch(_message.Message):
+    __slots__ = ("object_ids",)
+    OBJECT_IDS_FIELD_NUMBER: _ClassVar[int]
+    object_ids: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, object_ids: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class StateQuery(_message.Message):
     __slots__ = ("what", "filters_json", "limit", "detail")

@@ -96,7 +96,7 @@ class Call(_message.Message):
     def __init__(self, task_id: _Optional[bytes] = ..., function_id: _Optional[bytes] = ..., args: _Optional[_Iterable[_Union[Value, _Mapping]]] = ..., kwarg_names: _Optional[_Iterable[str]] = ..., num_returns: _Optional[int] = ..., resources: _Optional[_Mapping[str, float]] = ..., max_retries: _Optional[int] = ..., name: _Optional[str] = ..., nested: _Optional[_Iterable[bytes]] = ..., retry_exceptions: _Optional[bool] = ..., actor: _Optional[_Union[ActorSpec, _Mapping]] = ..., actor_id: _Optional[bytes] = ..., method: _Optional[str] = ..., retry_on: _Optional[bytes] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., generator: _Optional[int] = ..., generator_backpressure: _Optional[int] = ..., max_calls: _Optional[int] = ..., runtime_env: _Optional[_Union[RuntimeEnvSpec, _Mapping]] = ..., job: _Optional[int] = ...) -> None: ...
 
 class RuntimeEnvSpec(_message.Message):
-    __slots__ = ("env_vars", "working_dir", "py_modules")
+    __slots__ = ("env_vars", "working_dir", "py_modules", "setup_hook")
     class EnvVarsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -107,10 +107,12 @@ class RuntimeEnvSpec(_message.Message):
     ENV_VARS_FIELD_NUMBER: _ClassVar[int]
     WORKING_DIR_FIELD_NUMBER: _ClassVar[int]
     PY_MODULES_FIELD_NUMBER: _ClassVar[int]
+    SETUP_HOOK_FIELD_NUMBER: _ClassVar[int]
     env_vars: _containers.ScalarMap[str, str]
     working_dir: str
     py_modules: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, env_vars: _Optional[_Mapping[str, str]] = ..., working_dir: _Optional[str] = ..., py_modules: _Optional[_Iterable[str]] = ...) -> None: ...
+    setup_hook: bytes
+    def __init__(self, env_vars: _Optional[_Mapping[str, str]] = ..., working_dir: _Optional[str] = ..., py_modules: _Optional[_Iterable[str]] = ..., setup_hook: _Optional[bytes] = ...) -> None: ...
 
 class Placement(_message.Message):
     __slots__ = ("strategy", "node_id", "soft", "group_id", "bundle_index", "capture_child_tasks")

@@ -3,8 +3,9 @@
     init(runtime_env=) / @remote(runtime_env=) / .options(runtime_env=)
         --check (at the call: unknown keys, anything that would download)--> RuntimeEnvSpec
         --merge (job's under the task's, once per function and client)--> Call.runtime_env
-    worker: enter(spec) before the call (env vars, cwd, sys.path) -> run -> restore;
-        an actor's constructor enters it for the actor's life
+    worker: enter(spec) before the call (env vars, cwd, sys.path) -> the setup hook, the
+        first time this process meets it -> run -> restore; an actor's constructor
+        enters it for the actor's life
 
 Nothing is downloaded or installed: the paths must exist on the node that runs the task
 (this machine, or a filesystem every node mounts at the same path).
@@ -18,7 +19,7 @@ from collections.abc import Callable
 
 from .._protocol import pb
 
-SUPPORTED = ("env_vars", "working_dir", "py_modules")
+SUPPORTED = ("env_vars", "working_dir", "py_modules", "worker_process_setup_hook")
 # Keys of Ray's runtime_env that fetch or build something: refused by name.
 _DOWNLOADS = {
     "pip": "installs packages from a package registry",
@@ -79,13 +80,41 @@ def check(runtime_env: object) -> pb.RuntimeEnvSpec | None:
     if not isinstance(mods, (list, tuple)):
         raise TypeError(f"runtime_env['py_modules'] takes a list of local paths, got {mods!r}")
     spec.py_modules.extend(_local_path("py_modules", m) for m in mods)
+    hook = runtime_env.get("worker_process_setup_hook")
+    if hook is not None:
+        spec.setup_hook = _setup_hook(hook)
     return spec
+
+
+def _setup_hook(hook: object) -> bytes:
+    """worker_process_setup_hook=: a callable taking no arguments, or the "module.fn"
+    name of one that the workers import; pickled for the worker."""
+    import cloudpickle
+    if isinstance(hook, str):
+        mod, _, fn = hook.rpartition(".")
+        if not mod or not fn:
+            raise ValueError(f"runtime_env['worker_process_setup_hook']={hook!r}: give a "
+                             "callable or its importable name, 'module.function'")
+    elif not callable(hook):
+        raise TypeError(f"runtime_env['worker_process_setup_hook'] takes a callable or its "
+                        f"'module.function' name, got {hook!r}")
+    return cloudpickle.dumps(hook, protocol=5)
+
+
+def run_setup_hook(pickled: bytes) -> None:
+    """Run a worker_process_setup_hook in this process (its name imported first)."""
+    import cloudpickle
+    hook = cloudpickle.loads(pickled)
+    if isinstance(hook, str):
+        mod, _, name = hook.rpartition(".")
+        hook = getattr(importlib.import_module(mod), name)
+    hook()
 
 
 def merge(job: pb.RuntimeEnvSpec | None,
           task: pb.RuntimeEnvSpec | None) -> pb.RuntimeEnvSpec | None:
     """The task's runtime_env over the job's (init's): env_vars merged, the task's
-    winning; working_dir and py_modules the task's when it gives them."""
+    winning; working_dir, py_modules and the setup hook the task's when it gives them."""
     if job is None:
         return task
     if task is None:
@@ -98,6 +127,8 @@ def merge(job: pb.RuntimeEnvSpec | None,
     if task.py_modules:
         del out.py_modules[:]
         out.py_modules.extend(task.py_modules)
+    if task.setup_hook:
+        out.setup_hook = task.setup_hook
     return out
 
 

@@ -110,6 +110,8 @@ class WorkerRuntime:
         self.cond = threading.Condition()
         self.functions: dict[bytes, pb.RegisterFunctionRequest] = {}
         self.loaded: dict[bytes, Any] = {}
+        # worker_process_setup_hook=s this process has run (each once, before its first call).
+        self.hooks_run: set[bytes] = set()
         self.running: bytes | None = None
         self.running_name = ""
         self.cancel_target: bytes | None = None
@@ -581,6 +583,13 @@ class WorkerRuntime:
         for the actor's life."""
         undo = _runtime_env.enter(inv.call.runtime_env)
         try:
+            hook = inv.call.runtime_env.setup_hook
+            if hook and hook not in self.hooks_run:
+                try:
+                    _runtime_env.run_setup_hook(hook)
+                except BaseException as exc:  # noqa: BLE001 - the call fails with it; the next tries again
+                    return self.failed(inv, exc)
+                self.hooks_run.add(hook)
             return self._execute_plain(inv)
         finally:
             if not inv.call.HasField("actor"):

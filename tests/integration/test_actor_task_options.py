@@ -150,6 +150,54 @@ def test_init_s_runtime_env_reaches_every_task(start_cluster, tmp_path):
     assert orchestra.get(merged.remote("ORCH_JOB"), timeout=T) == "job"
 
 
+@orchestra.remote
+def hooked() -> tuple[int, object]:
+    return os.getpid(), getattr(sys, "_orch_hooked", None)
+
+
+@orchestra.remote
+class HookedActor:
+    def seen(self) -> tuple[int, object]:
+        return os.getpid(), getattr(sys, "_orch_hooked", None)
+
+
+def test_worker_process_setup_hook_runs_once_in_each_worker_before_its_first_task(
+        start_cluster, tmp_path):
+    log = tmp_path / "hook.log"
+
+    def setup() -> None:   # as a user sets up logging: once per process, before any task
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        sys._orch_hooked = os.getpid()  # type: ignore[attr-defined]
+
+    start_cluster(num_cpus=2, runtime_env={"worker_process_setup_hook": setup})
+    seen = orchestra.get([hooked.remote() for _ in range(40)], timeout=T)
+    actor = HookedActor.remote()
+    seen += orchestra.get([actor.seen.remote() for _ in range(3)], timeout=T)
+    assert all(p == hooked_in for p, hooked_in in seen), seen   # before the first task
+    ran = log.read_text().split()
+    assert sorted(ran) == sorted(set(ran)), ran                 # once in each process
+    assert {str(p) for p, _ in seen} <= set(ran)
+
+
+def test_a_setup_hook_by_name_that_raises_fails_the_tasks_with_its_error(start_cluster, tmp_path):
+    (tmp_path / "orch_hooks.py").write_text(
+        "def broken():\n    raise ValueError('the hook broke')\n"
+        "def fine():\n    import sys\n    sys._orch_hooked = 'by name'\n")
+    with pytest.raises(ValueError, match="module.function"):
+        env_of.options(runtime_env={"worker_process_setup_hook": "nodots"})
+    with pytest.raises(TypeError, match="callable"):
+        env_of.options(runtime_env={"worker_process_setup_hook": 3})
+    start_cluster(num_cpus=1, runtime_env={"worker_process_setup_hook": "orch_hooks.broken",
+                                           "py_modules": [str(tmp_path / "orch_hooks.py")]})
+    for _ in range(2):   # every task of the job, not only the first
+        with pytest.raises(orchestra.exceptions.TaskError, match="the hook broke") as err:
+            orchestra.get(hooked.remote(), timeout=T)
+        assert isinstance(err.value, ValueError)
+    fixed = hooked.options(runtime_env={"worker_process_setup_hook": "orch_hooks.fine"})
+    assert orchestra.get(fixed.remote(), timeout=T)[1] == "by name"
+
+
 # ------------------------------------------------------------------ namespaces, get_if_exists
 
 def test_names_are_per_namespace(cluster):
