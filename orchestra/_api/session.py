@@ -539,9 +539,10 @@ def wait(refs: Sequence[_W], *, num_returns: int = 1, timeout: float | None = No
     when next() on it returns at once. ``num_returns``: how many to wait for, between 1
     and ``len(refs)``. ``timeout``: seconds to wait at most (None: no limit; 0: look
     and return); at the timeout ``ready`` holds those ready then, no error.
-    ``fetch_local`` is accepted for Ray's scripts: a ref counts as ready once its value
-    exists anywhere in the cluster either way; a value on another node is copied to
-    this one when get() reads it.
+    ``fetch_local``: on a cluster of several nodes, start copying the ready values that
+    live on another node to this one (as Ray does), so that the get() that follows
+    reads them here; False leaves them where they are (get() copies them when it reads).
+    Either way a ref counts as ready once its value exists anywhere in the cluster.
     ``progress``: True draws a progress bar up to ``num_returns`` (tqdm), a string
     draws it with that label; False (the default) draws nothing."""
     if not isinstance(fetch_local, bool):
@@ -575,7 +576,10 @@ def wait(refs: Sequence[_W], *, num_returns: int = 1, timeout: float | None = No
         return wait_with_progress(_client(), list(refs), num_returns, timeout, progress, streams)
     if streams:
         return wait_with_generators(_client(), list(refs), num_returns, timeout)
-    ready: Any = _client().wait(list(refs), num_returns, timeout)   # the refs given: _W's
+    client = _client()
+    ready: Any = client.wait(list(refs), num_returns, timeout)   # the refs given: _W's
+    if fetch_local and client.info.joinable and ready[0]:
+        client.prefetch(ready[0])
     return ready
 
 

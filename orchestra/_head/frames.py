@@ -13,7 +13,7 @@ kind or request body missing from the tables is ignored (a request gets an empty
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from .._node.node import Node
@@ -58,6 +58,7 @@ class Head(Protocol):
     def hello(self, conn: Any, hello: pb.Hello) -> None: ...
     def forward_logs(self, conn: Any, msg: pb.LogLines) -> None: ...
     def locate(self, conn: Any, req_id: int, object_id: bytes, since: float = 0.0) -> None: ...
+    def prefetch(self, conn: Any, object_ids: Iterable[bytes]) -> None: ...
     def debug_info(self) -> pb.SchedulerDebugInfoReply: ...
     def nodes_info(self) -> list[pb.NodeInfo]: ...
     def shutdown(self, reason: str) -> None: ...
@@ -242,6 +243,11 @@ def _locate(head: Head, conn: Conn, req: pb.Request, reply: pb.Reply) -> bool:
     return False
 
 
+def _prefetch(head: Head, conn: Conn, req: pb.Request, reply: pb.Reply) -> bool:
+    head.prefetch(conn, req.prefetch.object_ids)
+    return False   # never answered
+
+
 def _state_query(head: Head, conn: Conn, req: pb.Request, reply: pb.Reply) -> bool:
     head.events.query(conn, req)   # answered once the workers reported
     return False
@@ -354,6 +360,7 @@ REQUESTS: dict[str, RequestHandler] = {
     "create_segment": _create_segment,
     "abort_segment": _abort_segment,
     "locate": _locate,
+    "prefetch": _prefetch,
     "state_query": _state_query,
     "create_actor": _create_actor,
     "get_actor_in": _get_actor_in,

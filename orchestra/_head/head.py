@@ -33,6 +33,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._ids import machine_id
@@ -136,10 +137,12 @@ class Head:
         # Up to 8 tasks queued per busy worker: 5.3k -> 7k no-op tasks/s on 2 cores (8 -> 16
         # adds ~10% more). An idle worker takes queued tasks back (STEAL), so a long
         # task never holds up the ones pipelined behind it for long.
-        # joinable: nodes may join, so a request no node holds waits for one (warned).
+        # joinable: nodes may join, so a request no node holds waits for one (warned);
+        # infeasible_waits: it waits on a private cluster too (the Ray runner's).
         self.state = SchedulerState(pipeline_depth=cfg.get("pipeline_depth", 8),
                                     error_factory=make_error,
-                                    joinable=bool(cfg.get("joinable", False)))
+                                    joinable=bool(cfg.get("joinable", False)),
+                                    infeasible_waits=bool(cfg.get("infeasible_waits", False)))
         # Internal switches (init(_system_config=...)): direct calls at all, and loans
         # (tasks as direct calls to lent workers) among them.
         if cfg.get("direct_calls", True):
@@ -368,6 +371,7 @@ class Head:
             cwd=self.cfg.get("cwd", ""), sys_path=self.cfg.get("sys_path", []),
             inline_threshold=int(self.cfg.get("inline_threshold", 100 * 1024)),
             conn_id=conn.conn_id, joinable=bool(self.cfg.get("joinable")),
+            infeasible_waits=bool(self.cfg.get("infeasible_waits")),
             node_address=self._node_address(node),
             dashboard_url=self.dashboard_url)
         frame = _wire.encode(_wire.HELLO_REPLY, reply)
@@ -433,6 +437,11 @@ class Head:
         handler = REQUESTS.get(req.WhichOneof("body"))
         if handler is None or handler(self, conn, req, reply):
             self.queue(conn, _wire.encode(_wire.REPLY, reply))
+
+    def prefetch(self, conn: Conn, object_ids: Iterable[bytes]) -> None:
+        """wait(fetch_local=True): pull the objects that live on other nodes to the
+        caller's node, as its get() would."""
+        self.pulls.prefetch(conn.node.node_id, object_ids)
 
     def locate(self, conn: Conn, req_id: int, object_id: bytes, since: float = 0.0) -> None:
         """Answer where an object's data is now, for a reader on the connection's node."""

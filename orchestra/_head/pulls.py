@@ -1,6 +1,7 @@
 """Objects copied between nodes for their readers, on the head's loop: where a reader on
 a node maps an object, and the pulls that bring a copy there.
 
+    prefetch (wait(fetch_local=True)) -> a pull of each object not on the waiter's node
     locate (a reader asks) -> the copy on its node | the object being made again:
         answered once it is | none there: pull -> node.pull(source data server, key,
         size) -> pulled: the copy added to the object (add_copy), readers answered
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from .._node.node import Node
@@ -97,6 +98,15 @@ class Pulls:
             answer(data, "")
         else:
             self.pull(conn.node.node_id, object_id, answer)
+
+    def prefetch(self, node_id: int, object_ids: Iterable[bytes]) -> None:
+        """Copy to node ``node_id`` those of the objects that are segments on another
+        node and have no copy there yet (wait(fetch_local=True); nobody waits on it)."""
+        state = self.head.state
+        for oid in object_ids:
+            o = state.objects.get(oid)
+            if o is not None and o.data is not None and state.copy_on(oid, node_id) is None:
+                self.pull(node_id, oid)
 
     def pull(self, node_id: int, object_id: bytes,
               then: Callable[[pb.ObjectData | None, str], None] | None = None) -> None:

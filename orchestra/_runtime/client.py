@@ -469,6 +469,15 @@ class CoreClient:
                 not_ready.append(r)
         return ready, not_ready
 
+    def prefetch(self, refs: Sequence[ObjectRef]) -> None:
+        """wait(fetch_local=True): have the head copy the ready objects that live on
+        another node to this one (no answer awaited); nothing to send on one node."""
+        here = self.info.node_id
+        away = [r._id for r in refs if (d := self.results.get(r._id)) is not None
+                and d.WhichOneof("data") == "segment" and d.segment.node_id != here]
+        if away:
+            self.send(_wire.REQUEST, pb.Request(prefetch=pb.Prefetch(object_ids=away)))
+
     def _wait(self, ids: Sequence[bytes], k: int, timeout: float | None,
               raise_timeout: bool = True) -> None:
         results = self.results

@@ -80,6 +80,42 @@ print(json.dumps(out))
     assert sorted(row["head"] for row in got.values() if row["head"]) == [1.0]
 
 
+def test_wait_with_fetch_local_copies_ready_objects_to_the_callers_node(netns_cluster):
+    # As Ray: wait(fetch_local=True), the default, starts moving the ready values to the
+    # caller's node, so the get() that follows is local; fetch_local=False leaves them.
+    c = netns_cluster
+    got = _driver_on_node(c, 0, """
+import time, numpy as np
+from orchestra.util.scheduling_strategies import NodeAffinitySchedulingStrategy as A
+from orchestra.util.state import list_objects
+me = orchestra.get_runtime_context().get_node_id()
+other = [n["NodeID"] for n in orchestra.nodes() if n["NodeID"] != me and n["Alive"]][0]
+
+@orchestra.remote
+def make(seed):
+    return np.full(4 << 20, seed, dtype=np.uint8)
+
+def copies(ref):
+    rows = [o for o in list_objects() if o["object_id"] == ref.hex()]
+    return rows[0]["copies"] if rows else None
+
+out = {}
+for fetch in (False, True):
+    ref = make.options(scheduling_strategy=A(other)).remote(int(fetch))
+    ready, _ = orchestra.wait([ref], timeout=60, fetch_local=fetch)
+    assert ready == [ref]
+    deadline = time.monotonic() + (2 if not fetch else 20)
+    while time.monotonic() < deadline and me not in (copies(ref) or []):
+        time.sleep(0.05)
+    out[str(fetch)] = {"copies": copies(ref), "value": int(orchestra.get(ref)[0])}
+print(json.dumps({"me": me, "out": out}))
+""")
+    me = got["me"]
+    assert me not in got["out"]["False"]["copies"], got
+    assert me in got["out"]["True"]["copies"], got
+    assert [got["out"][k]["value"] for k in ("False", "True")] == [0, 1]
+
+
 _GANG = """
 import subprocess
 from datetime import timedelta
