@@ -159,6 +159,9 @@ def build_cfg(*, num_cpus: int | None = None, num_gpus: int | None = None,
         # head's (_node/process.py): _system_config={"node_process": True}, or this
         # variable for a whole run (tests of the default mode in that mode).
         **({"node_process": True} if os.environ.get("ORCHESTRA_NODE_PROCESS") == "1" else {}),
+        # Under the Ray runner (orchestra.compat.ray sets the variable) a request no node
+        # can hold stays pending with a warning, as in Ray, instead of failing at submit.
+        **({"infeasible_waits": True} if os.environ.get("ORCHESTRA_RAY_COMPAT") == "1" else {}),
         **(system_config or {}),
     }
     return warning, cfg

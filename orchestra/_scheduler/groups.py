@@ -161,9 +161,11 @@ def _fmt(req: Mapping[str, float]) -> str:
 class PlacementGroups:
     """The placement groups of a SchedulerState (its helper, as ActorTable is)."""
 
-    def __init__(self, state: SchedulerCore, joinable: bool = False) -> None:
+    def __init__(self, state: SchedulerCore, joinable: bool = False,
+                 infeasible_waits: bool = False) -> None:
         self.s = state
         self.joinable = joinable
+        self.infeasible_waits = infeasible_waits
         self.groups: dict[bytes, Group] = {}
         # Removed groups stay in ``groups`` (placement_group_table gives their record,
         # state REMOVED, as Ray does), the newest _REMOVED_KEPT of them, oldest first here.
@@ -190,13 +192,16 @@ class PlacementGroups:
         g = Group(spec, conn)
         why = self.infeasible(g)
         if why is not None:
-            if not self.joinable:
+            if not (self.joinable or self.infeasible_waits):
                 raise InfeasibleResourcesError(why + " Lower the bundle, or start the cluster with "
                                                "more, e.g. orchestra.init(num_cpus=..., resources={...}).")
             if conn in self.s.clients:
                 self.s.out.append(Send(conn, WARNING, pb.ClusterWarning(text=(
-                    f"orchestra: {why} It waits until nodes that can hold it join "
-                    "(orchestra start --address ...)."))))
+                    f"orchestra: {why} " + (
+                        "It waits until nodes that can hold it join (orchestra start "
+                        "--address ...)." if self.joinable else
+                        "It stays pending, as in Ray, although no node can join this "
+                        "local cluster: remove it, or lower its bundles.")))))
         self.groups[g.gid] = g
         if spec.name:
             self.names[spec.name] = g.gid

@@ -2,7 +2,8 @@
 
     Call.placement (scheduling_strategy=) --Task.placement--> None, or (strategy, node, soft)
     submit: Placer.admit -- no node can ever hold it --> fail (InfeasibleResourcesError), or,
-        on a cluster nodes may join (joinable), wait for one, its owner warned once (WARNING)
+        on a cluster nodes may join (joinable), wait for one, its owner warned once (WARNING);
+        with infeasible_waits (a private cluster under the Ray runner) wait too, as Ray does
         -- hard affinity to a node not in the cluster, or one that can never hold it --> fail
     schedule, one node and no strategy: the first idle worker (SchedulerState's fast path)
     schedule, several nodes or a strategy: Placer.order(t) = the nodes where the request
@@ -49,11 +50,13 @@ def cpu_share_free(node: Node) -> float:
 class Placer:
     """The node decisions of a SchedulerState (its helper, as Loans is)."""
 
-    def __init__(self, state: SchedulerCore, joinable: bool = False) -> None:
+    def __init__(self, state: SchedulerCore, joinable: bool = False,
+                 infeasible_waits: bool = False) -> None:
         self.s = state
         # Nodes may join this cluster: a request no node holds waits (with a warning)
-        # instead of failing at once.
+        # instead of failing at once. infeasible_waits: it waits although none may join.
         self.joinable = joinable
+        self.infeasible_waits = infeasible_waits
         self.last_spread = -1        # the node the last SPREAD task went to
         self._warned: set[tuple[int, Hashable]] = set()   # (owner, request) warned of
 
@@ -65,12 +68,12 @@ class Placer:
         if err is not None or feasible or t.placement is not None and t.placement[0] == PLACEMENT_GROUP:
             return err   # (in a group: it waits for its bundle, however long)
         s = self.s
-        if not self.joinable:
+        if not (self.joinable or self.infeasible_waits):
             return s.error("infeasible", name=t.call.name, resources=t.resources)
         key = (t.owner, (t.shape, t.placement))
         if key not in self._warned and t.owner in s.clients:
             self._warned.add(key)
-            s.out.append(Send(t.owner, WARNING, _warning(t, s.nodes)))
+            s.out.append(Send(t.owner, WARNING, _warning(t, s.nodes, self.joinable)))
         return None
 
     def unplaceable(self, t: Task) -> bytes | None:
@@ -147,10 +150,13 @@ def _fmt(req: dict[str, float]) -> str:
     return ", ".join(f"{k}={v:g}" for k, v in sorted(req.items())) or "nothing"
 
 
-def _warning(t: Task, nodes: dict[int, Node]) -> pb.ClusterWarning:
+def _warning(t: Task, nodes: dict[int, Node], joinable: bool) -> pb.ClusterWarning:
     have = "; ".join(f"{node_hex(n.node_id)}: {_fmt(n.resources.total)}" for n in nodes.values())
     what = f"actor {t.call.actor.class_name}" if t.call.HasField("actor") else f"task {t.call.name}()"
     return pb.ClusterWarning(text=(
         f"orchestra: {what} asks for {_fmt(t.resources)}, which no node of the cluster can hold "
-        f"now (nodes: {have or 'none'}). It waits until a node that can hold it joins "
-        "(orchestra start --address ...); or lower the request in .options(...)."))
+        f"now (nodes: {have or 'none'}). " + (
+            "It waits until a node that can hold it joins (orchestra start --address ...); "
+            "or lower the request in .options(...)." if joinable else
+            "It stays pending, as in Ray, although no node can join this local cluster: "
+            "lower the request in .options(...), or cancel it (cancel(ref)).")))

@@ -63,7 +63,8 @@ class SchedulerState:
     """All scheduling decisions of the cluster."""
 
     def __init__(self, *, pipeline_depth: int = 2,
-                 error_factory: Callable[..., bytes] | None = None, joinable: bool = False) -> None:
+                 error_factory: Callable[..., bytes] | None = None, joinable: bool = False,
+                 infeasible_waits: bool = False) -> None:
         self.out: list[Instruction] = []
         self.nodes: dict[int, Node] = {}
         self.workers: dict[int, Worker] = {}
@@ -95,12 +96,10 @@ class SchedulerState:
         # Lend idle workers to drivers for their tasks (loans; _scheduler/loans.py).
         self.lending = False
         self.loans = Loans(self)
-        # Which node a task or actor goes to, with several nodes or a strategy
-        # (_scheduler/placement.py). joinable: nodes may join, so a request no node holds waits.
-        self.placer = Placer(self, joinable)
-        # Placement groups: bundles reserved on nodes (_scheduler/groups.py).
-        self.groups = PlacementGroups(self, joinable)
-        # Streaming generators' items and acks (_scheduler/streams.py).
+        # Which node a task goes to (_scheduler/placement.py); a request no node holds
+        # waits if nodes may join, or under the Ray runner (infeasible_waits).
+        self.placer = Placer(self, joinable, infeasible_waits)
+        self.groups = PlacementGroups(self, joinable, infeasible_waits)
         self.streams = Streams(self, self.directory)
         # Direct calls handed over when their connection closed (_scheduler/adoption.py).
         self.adoption = Adoption(self, self.actor_table)
