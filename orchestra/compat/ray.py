@@ -4,12 +4,15 @@
 ``install()`` puts module objects named ``ray``, ``ray.util``, ``ray.util.queue``,
 ``ray.util.actor_pool``, ``ray.util.placement_group``, ``ray.util.scheduling_strategies``,
 ``ray.util.multiprocessing``, ``ray.util.joblib``, ``ray.util.dask``, ``ray.exceptions``,
-``ray.actor`` and ``ray._raylet`` into sys.modules; each maps Ray's names onto
+``ray.actor``, ``ray.dag``, ``ray.experimental.tqdm_ray`` and ``ray._raylet`` into
+sys.modules; each maps Ray's names onto
 orchestra's objects (names only: every behaviour is orchestra's). It also sets
 $ORCHESTRA_RAY_COMPAT, which the workers of this driver's cluster inherit, so that
 orchestra's worker installs the same modules (a task may ``import ray``, and a function
 pickled with a reference to the module finds it). A meta path finder answers any other
-``ray.*`` import with an error naming what is missing.
+``ray.*`` import with an error naming what is missing. It puts orchestra/compat/shim on
+sys.path and $PYTHONPATH too: there ``import ray`` installs the same modules, in the
+processes the script starts itself (a spawn or forkserver pool re-imports the script).
 """
 from __future__ import annotations
 
@@ -192,11 +195,20 @@ def _build() -> dict[str, types.ModuleType]:
     raylet = _module("ray._raylet", "ray._raylet's ref types, as orchestra's.", {
         "ObjectRef": orchestra.ObjectRef, "ObjectRefGenerator": orchestra.ObjectRefGenerator,
         "DynamicObjectRefGenerator": orchestra.DynamicObjectRefGenerator})
+    from ..util import tqdm as otqdm
+    tqdm_ray = _module("ray.experimental.tqdm_ray", "ray.experimental.tqdm_ray on orchestra.",
+                       {"tqdm": otqdm.tqdm, "safe_print": otqdm.safe_print})
+    experimental = _module("ray.experimental", "ray.experimental on orchestra.",
+                           {"tqdm_ray": tqdm_ray}, package=True)
+    from .. import dag as odag
+    dag = _module("ray.dag", "ray.dag on orchestra.", {n: getattr(odag, n) for n in odag.__all__})
     ray = _module("ray", "Ray Core's names, as orchestra's objects (orchestra.compat.ray).", {
         **top, "init": init, "util": util, "exceptions": exceptions, "actor": actor,
-        "_raylet": raylet, "__version__": orchestra.__version__}, package=True)
+        "_raylet": raylet, "dag": dag, "experimental": experimental,
+        "__version__": orchestra.__version__}, package=True)
     return {m.__name__: m for m in (ray, util, queue, pool, pg, strategies, exceptions, actor,
-                                    state, mp, jl, dk, raylet)}
+                                    state, mp, jl, dk, raylet, dag, experimental,
+                                    tqdm_ray)}
 
 
 class _MissingRayFinder(importlib.abc.MetaPathFinder):
@@ -212,8 +224,15 @@ class _MissingRayFinder(importlib.abc.MetaPathFinder):
 
 def install() -> None:
     """Make ``import ray`` (and its submodules above) resolve to orchestra in this
-    process, and set $ORCHESTRA_RAY_COMPAT so the workers it starts do the same."""
+    process, and set $ORCHESTRA_RAY_COMPAT so the workers it starts do the same (and
+    $PYTHONPATH, so that any other Python process it starts does)."""
     os.environ[ENV] = "1"
+    from .shim import PATH
+    if PATH not in sys.path:
+        sys.path.insert(0, PATH)
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if PATH not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [PATH, *paths] if p)
     if getattr(sys.modules.get("ray"), "_orchestra_compat", False):
         return
     sys.modules.update(_build())

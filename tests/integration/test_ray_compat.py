@@ -6,6 +6,7 @@ script prints what it saw and the test reads its stdout."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -225,3 +226,74 @@ def test_script_on_a_started_cluster(tmp_path: Path) -> None:
         assert r.stdout.splitlines() == ["2"], r.stderr
     finally:
         cli("stop", "--timeout", "5", env=env)
+
+
+RAY_CORE_SCRIPT = """
+import multiprocessing as mp
+import os
+import re
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+import ray
+from ray.dag import InputNode, MultiOutputNode
+from ray.experimental.tqdm_ray import tqdm
+
+
+def square(x):   # run by a spawn / forkserver pool: its children import this script
+    return x * x
+
+
+def setup():
+    os.environ["HOOKED"] = str(os.getpid())
+
+
+@ray.remote
+def add(a, b):
+    return a + b
+
+
+@ray.remote
+def hooked():
+    for _ in tqdm(range(50), desc="hooked"):
+        pass
+    return os.environ.get("HOOKED") == str(os.getpid())
+
+
+@ray.remote
+class Acc:
+    def __init__(self, start):
+        self.total = start
+
+    def add(self, x):
+        self.total += x
+        return self.total
+
+
+if __name__ == "__main__":
+    ray.init(num_cpus=2, runtime_env={"worker_process_setup_hook": setup})
+    with InputNode() as inp:
+        a = Acc.bind(inp.start)
+        dag = MultiOutputNode([a.add.bind(add.bind(inp.x, 1)), a.add.bind(inp.x)])
+    print("dag", ray.get(dag.execute(x=2, start=10)))
+    print("hook", all(ray.get([hooked.remote() for _ in range(6)])))
+    big = add.options(num_cpus=64).remote(1, 2)
+    ready, pending = ray.wait([big], timeout=1)
+    print("infeasible pending", len(ready), len(pending))
+    ray.cancel(big)
+    for method in ("spawn", "forkserver"):
+        with ProcessPoolExecutor(2, mp_context=mp.get_context(method)) as ex:
+            print(method, list(ex.map(square, range(4))))
+    ray.shutdown()
+"""
+
+
+def test_ray_core_behaviours_under_the_ray_runner(tmp_path: Path) -> None:
+    r = run(tmp_path, RAY_CORE_SCRIPT, CLI)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "dag [13, 15]", "hook True", "infeasible pending 0 1",
+        "spawn [0, 1, 4, 9]", "forkserver [0, 1, 4, 9]"], r.stderr
+    # The pending request is named in a warning, as Ray warns; the bar is drawn once.
+    assert re.search(r"add\(\) asks for CPU=64.*stays pending", r.stderr), r.stderr
+    assert re.search(r"hooked: 100%\|#+\| 50/50", r.stderr), r.stderr
