@@ -318,6 +318,16 @@ def _info(s: Session) -> dict[str, Any]:
             "dashboard_url": s.client.info.dashboard_url}
 
 
+def _flush_metrics() -> None:
+    """Send the user metrics recorded here since their last report (a driver that joined
+    a cluster that outlives it loses none)."""
+    from .._observe.metrics import recorder
+    try:
+        recorder().flush()
+    except Exception:  # noqa: BLE001 - the cluster is gone already: nothing to send to
+        pass
+
+
 def shutdown() -> None:
     """Stop the cluster this driver started (every process and segment), or disconnect.
 
@@ -331,6 +341,7 @@ def shutdown() -> None:
     if s is None:
         return
     _context.namespace = None
+    _flush_metrics()
     # A KeyboardInterrupt raised in the head's wait abandoned the cleanup: the head, its
     # zygote and workers, the segments and the session directory all stayed
     # (test_ctrl_c_during_shutdown_cuts_its_wait_short_and_leaves_nothing). Installed

@@ -185,6 +185,10 @@ def _task_events(head: Head, conn: Conn, msg: pb.TaskEventBatch) -> None:
     head.events.worker_batch(conn.conn_id, msg)
 
 
+def _metrics(head: Head, conn: Conn, msg: pb.MetricsBatch) -> None:
+    head.events.metrics.add(msg)
+
+
 def _shutdown(head: Head, conn: Conn, msg: pb.AckReply) -> None:
     head.loop.call_soon(head.shutdown, "the driver called shutdown()")
 
@@ -211,6 +215,7 @@ FRAMES: dict[int, FrameHandler] = {
     _wire.LOG_LINES: _log_lines,
     _wire.LOG_FLUSH: _log_flush,
     _wire.TASK_EVENTS: _task_events,
+    _wire.METRICS: _metrics,
     _wire.SHUTDOWN: _shutdown,
 }
 

@@ -22,6 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .._ids import node_hex
+from .._observe.metrics_table import MetricsTable
 from .._observe.task_events import (
     DEFAULT_MAX_TASKS,
     KINDS,
@@ -81,6 +82,10 @@ class StateQueries:
         # Workers' reports not read into the table yet: (batch, worker id, pid, node id)
         self.backlog: list[tuple[pb.TaskEventBatch, int, int, int]] = []
         self.backlog_events = 0
+        # Each worker's last reported (resident bytes, CPU seconds): the dashboard's charts.
+        self.usage: dict[int, tuple[int, float]] = {}
+        # User metrics (orchestra.util.metrics) of every process: /metrics, the dashboard.
+        self.metrics = MetricsTable()
 
     # -------------------------------------------------------------- events in
     def worker_batch(self, conn_id: int, batch: pb.TaskEventBatch) -> None:
@@ -89,6 +94,8 @@ class StateQueries:
         reading the frame."""
         c = self.head.state.clients.get(conn_id)
         w = c.worker if c is not None else None
+        if w is not None and batch.cpu_seconds:
+            self.usage[w.worker_id] = (batch.rss_bytes, batch.cpu_seconds)
         if w is not None and (batch.start_task_id or batch.end_task_id):
             self.backlog.append((batch, w.worker_id, w.pid, w.node_id))
             self.backlog_events += len(batch.start_task_id) + len(batch.end_task_id)
@@ -116,6 +123,13 @@ class StateQueries:
         for batch, worker_id, pid, node_id in backlog:
             self.table.worker_batch(batch, worker_id, pid, node_id)
         self.table.ingest()
+
+    def dashboard_views(self) -> Any:
+        """The dashboard's data (_head/dashboard_views.py), its sampler started."""
+        from .dashboard_views import DashboardViews
+        views = DashboardViews(self.head)
+        views.start()
+        return views
 
     # -------------------------------------------------------------- queries
     def query(self, conn: Any, req: pb.Request) -> None:

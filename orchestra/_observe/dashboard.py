@@ -2,8 +2,9 @@
 on the socket _observe/dashboard_bind.py bound.
 
     browser --GET /--> the page (_observe/dashboard_page.py: one HTML file, inline CSS and JS)
-    the page --GET api/summary every 1 s--> summary() -> JSON
-    Prometheus --GET /metrics--> summary() -> text exposition format 0.0.4
+    the page --GET api/summary every 1 s--> summary() -> JSON; the view it shows --GET
+        api/NAME?...--> views[NAME](query) -> JSON (_head/dashboard_views.py)
+    Prometheus --GET /metrics--> summary() and the user metrics -> text format 0.0.4
     summary: a callable the head hands over (head_summary() below: the cluster summary
         of the head, task events included), cached for SUMMARY_MAX_AGE_S, so that many open
         pages and a scraper cost the head as much as one
@@ -21,7 +22,7 @@ Who may read it (respond() decides, without I/O):
   the head's log says how many were refused, at most once a minute, never with what
   they sent.
 
-Nothing here runs code or changes the cluster: GET and HEAD of three read-only paths.
+Nothing here runs code or changes the cluster: GET and HEAD of read-only paths.
 """
 from __future__ import annotations
 
@@ -262,9 +263,13 @@ def _text(status: int, text: str, extra: list[tuple[str, str]] | None = None,
                     text.encode(), refused)
 
 
-def respond(req: Request, token: str, summary: Callable[[], dict[str, Any]]) -> Response:
+def respond(req: Request, token: str, summary: Callable[[], dict[str, Any]],
+            views: dict[str, Callable[[dict[str, str]], Any]] | None = None,
+            user_metrics: Callable[[], str] | None = None) -> Response:
     """The answer to one request (no I/O). ``token``: the cluster token every request
-    must prove ("" on loopback: then the Host must be local)."""
+    must prove ("" on loopback: then the Host must be local). ``summary``: the cluster
+    summary; ``views``: the other /api/NAME answers (given the query's pairs);
+    ``user_metrics``: the user metrics' exposition text, appended to /metrics."""
     if req.method not in ("GET", "HEAD"):
         return _text(405, "the dashboard answers GET and HEAD only\n", [("Allow", "GET, HEAD")])
     proof = ""
@@ -289,12 +294,22 @@ def respond(req: Request, token: str, summary: Callable[[], dict[str, Any]]) -> 
         return Response(200, [("Content-Type", "text/html; charset=utf-8"),
                               ("Content-Security-Policy", CSP)], PAGE)
     if req.path == "/api/summary":
-        body = json.dumps(summary(), separators=(",", ":")).encode()
-        return Response(200, [("Content-Type", "application/json")], body)
+        return _json(summary())
+    if req.path.startswith("/api/") and views and req.path[5:] in views:
+        from urllib.parse import parse_qsl
+        query = {k: v for k, v in parse_qsl(req.query, keep_blank_values=True) if k != "token"}
+        return _json(views[req.path[5:]](query))
     if req.path == "/metrics":
+        text = metrics_text(summary()) + (user_metrics() if user_metrics is not None else "")
         return Response(200, [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")],
-                        metrics_text(summary()).encode())
-    return _text(404, "not found: the dashboard serves /, /api/summary and /metrics\n")
+                        text.encode())
+    return _text(404, "not found: the dashboard serves /, /api/summary, /api/NAME for the "
+                      "page's views, and /metrics\n")
+
+
+def _json(data: Any) -> Response:
+    body = json.dumps(data, separators=(",", ":")).encode()
+    return Response(200, [("Content-Type", "application/json")], body)
 
 
 def encode_response(resp: Response, head_only: bool, keep_alive: bool) -> bytes:
@@ -313,9 +328,14 @@ class Dashboard:
     """The HTTP server: one asyncio server on the head's loop; each connection reads
     request heads (keep-alive) and writes respond()'s answers."""
 
-    def __init__(self, summary: Callable[[], dict[str, Any]], token: str = "") -> None:
+    def __init__(self, summary: Callable[[], dict[str, Any]], token: str = "",
+                 views: dict[str, Callable[[dict[str, str]], Any]] | None = None,
+                 user_metrics: Callable[[], str] | None = None) -> None:
         self.summary = summary
         self.token = token
+        self.views = views
+        self.user_metrics = user_metrics
+        self.on_close: Callable[[], None] | None = None
         self.server: asyncio.Server | None = None
         self._cached: tuple[float, dict[str, Any]] | None = None
         self._conns: set[asyncio.StreamWriter] = set()
@@ -328,6 +348,8 @@ class Dashboard:
         self.server = await asyncio.start_server(self.serve, sock=sock, limit=MAX_HEAD_BYTES)
 
     def close(self) -> None:
+        if self.on_close is not None:
+            self.on_close()
         if self.server is not None:
             self.server.close()
         for w in list(self._conns):
@@ -376,7 +398,7 @@ class Dashboard:
 
     def _answer(self, req: Request, writer: asyncio.StreamWriter) -> Response:
         try:
-            resp = respond(req, self.token, self.cached_summary)
+            resp = respond(req, self.token, self.cached_summary, self.views, self.user_metrics)
         except Exception as exc:  # noqa: BLE001 - a bug here must not take the head down
             print(f"orchestra head: the dashboard failed to answer {req.path}: {exc!r}",
                   file=sys.stderr)
@@ -402,8 +424,12 @@ class Dashboard:
 
 async def serve_head(head: Any, sock: socket.socket, token: str) -> None:
     """Serve the dashboard of a _head.Head on its bound socket: requests prove ``token``
-    ("" on loopback); the data is head_summary(head)."""
-    dash = Dashboard(lambda: head_summary(head), token)
+    ("" on loopback); the data is head_summary(head) and the head's dashboard views
+    (_head/dashboard_views.py, whose sampler this starts)."""
+    views = head.events.dashboard_views()
+    dash = Dashboard(lambda: head_summary(head), token, views.routes(),
+                     head.events.metrics.exposition)
+    dash.on_close = views.stop
     await dash.serve_socket(sock)
     if head.stopping:
         dash.close()

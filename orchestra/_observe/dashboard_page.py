@@ -2,14 +2,18 @@
 run offline), and the Content-Security-Policy that lets only that script and that style
 run (by their hashes), fetching from its own origin only.
 
-    the page --GET api/summary every 1 s (every 5 s while hidden)--> render(summary):
-    cards (nodes, CPU, GPU, object store, workers), tasks and actors by state,
-    resources, one row per node. Text goes in with textContent, never as HTML.
+    views, one shown at a time (location.hash): overview (the summary: cards, tasks and
+    actors by state, resources, nodes), actors, tasks, task stream, nodes over time,
+    objects, logs, drivers, user metrics; the script (_observe/dashboard_script.py)
+    polls api/summary every 1 s and the shown view's api/NAME. Text goes in with
+    textContent, never as HTML; charts and the task stream are drawn on canvases.
 """
 from __future__ import annotations
 
 import base64
 import hashlib
+
+from .dashboard_script import SCRIPT
 
 _STYLE = """
 :root { --bg:#f6f7f9; --fg:#1d2430; --muted:#667085; --card:#fff; --line:#e3e6eb;
@@ -69,166 +73,47 @@ footer { color:var(--muted); font-size:12px; padding:4px 24px 18px; max-width:12
 footer a { color:var(--muted); }
 #notice { display:none; margin:12px 0 0; padding:10px 14px; border-radius:8px;
   border:1px solid var(--bad); color:var(--bad); background:var(--card); }
+nav { display:flex; gap:2px; flex-wrap:wrap; }
+nav a { color:var(--muted); text-decoration:none; padding:4px 10px; border-radius:6px; font-size:13px; }
+nav a:hover { background:var(--bar); }
+nav a.on { color:var(--fg); background:var(--bar); font-weight:600; }
+.toolbar { display:flex; gap:8px; align-items:center; margin:2px 0 10px; flex-wrap:wrap; }
+.toolbar input, .toolbar select, .toolbar button { font:inherit; padding:3px 8px; border-radius:6px;
+  border:1px solid var(--line); background:var(--card); color:var(--fg); }
+.muted { color:var(--muted); }
+td.error, td.cause { color:var(--bad); max-width:520px; overflow:hidden; text-overflow:ellipsis;
+  white-space:nowrap; }
+tr.clickable { cursor:pointer; }
+tr.clickable:hover td { background:var(--bar); }
+pre { white-space:pre-wrap; word-break:break-word; font:12px/1.4 ui-monospace,Menlo,Consolas,monospace;
+  background:var(--bg); border:1px solid var(--line); border-radius:6px; padding:8px; margin:6px 0;
+  max-height:520px; overflow:auto; }
+#stream-wrap { position:relative; width:100%; }
+#stream-canvas { display:block; width:100%; }
+#stream-tip { position:fixed; z-index:5; background:var(--card); border:1px solid var(--line);
+  border-radius:6px; padding:4px 8px; font-size:12px; pointer-events:none; max-width:320px; }
+.legend { display:inline-block; border-left:10px solid; padding:0 8px 0 4px; margin:2px 6px 2px 0;
+  font-size:12px; }
+.charts { display:grid; grid-template-columns:repeat(auto-fit,minmax(220px,1fr)); gap:10px; }
+.chart canvas { width:100%; height:70px; display:block; }
+.nodecard.dead { opacity:.6; }
+.nodecard h2 .state { margin-left:8px; }
+a.loglink { color:var(--accent); }
 """
 
-_SCRIPT = """
-"use strict";
-const TASK_STATES = ["PENDING_ARGS_AVAIL", "PENDING_NODE_ASSIGNMENT", "RUNNING", "FINISHED", "FAILED"];
-const ACTOR_STATES = ["DEPENDENCIES_UNREADY", "PENDING_CREATION", "ALIVE", "RESTARTING", "DEAD"];
-const $ = (id) => document.getElementById(id);
-
-function el(tag, cls, text) {
-  const e = document.createElement(tag);
-  if (cls) e.className = cls;
-  if (text !== undefined) e.textContent = String(text);
-  return e;
-}
-function fmtBytes(n) {
-  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-  let i = 0;
-  n = Number(n) || 0;
-  while (Math.abs(n) >= 1024 && i < units.length - 1) { n /= 1024; i++; }
-  return i === 0 ? n.toFixed(0) + " B" : n.toFixed(1) + " " + units[i];
-}
-function fmtAmount(x) {
-  x = Number(x) || 0;
-  return Number.isInteger(x) ? String(x) : x.toFixed(2).replace(/0+$/, "");
-}
-function fmtRes(name, x) { return name === "memory" ? fmtBytes(x) : fmtAmount(x); }
-function shown(res) {
-  const names = Object.keys(res || {}).filter((k) => !k.includes("_group_")).sort();
-  return names.filter((k) => k !== "memory").concat(names.includes("memory") ? ["memory"] : []);
-}
-function bar(frac) {
-  const b = el("div", "bar" + (frac > 0.9 ? " hot" : ""));
-  const f = el("div");
-  f.style.width = (Math.max(0, Math.min(1, frac || 0)) * 100).toFixed(1) + "%";
-  b.appendChild(f);
-  return b;
-}
-function setBar(id, frac) {
-  const b = $(id);
-  b.classList.toggle("hot", frac > 0.9);
-  b.firstElementChild.style.width = (Math.max(0, Math.min(1, frac || 0)) * 100).toFixed(1) + "%";
-}
-function row(cells) {
-  const tr = el("tr");
-  for (const c of cells) tr.appendChild(c);
-  return tr;
-}
-function td(text, cls) { return el("td", cls, text); }
-function cellWith(node, cls) { const c = el("td", cls); c.appendChild(node); return c; }
-
-function renderCounts(tbodyId, states, counts) {
-  const rows = [];
-  const names = states.concat(Object.keys(counts || {}).filter((k) => !states.includes(k)));
-  for (const s of names) {
-    const n = (counts || {})[s] || 0;
-    const tr = row([cellWith(el("span", "state s-" + s, s)), td(n, "num count")]);
-    tr.dataset.state = s;
-    if (!n) tr.className = "zero";
-    rows.push(tr);
-  }
-  $(tbodyId).replaceChildren(...rows);
-}
-
-function renderCards(s) {
-  const nodes = s.nodes || [];
-  const alive = nodes.filter((n) => n.alive).length;
-  $("nodes-alive").textContent = alive;
-  $("nodes-sub").textContent = nodes.length > alive ? (nodes.length - alive) + " dead" : "all alive";
-  for (const [key, label] of [["CPU", "cpu"], ["GPU", "gpu"]]) {
-    const total = (s.resources_total || {})[key] || 0;
-    const used = total - ((s.resources_available || {})[key] || 0);
-    $(label + "-card").hidden = key === "GPU" && !total;
-    $(label + "-used").textContent = fmtAmount(used);
-    $(label + "-sub").textContent = "of " + fmtAmount(total);
-    setBar(label + "-bar", total ? used / total : 0);
-  }
-  const st = s.store || {};
-  $("store-used").textContent = fmtBytes(st.used);
-  $("store-cap").textContent = "of " + fmtBytes(st.capacity) +
-    (st.capacity ? " (" + Math.round(100 * st.used / st.capacity) + "%)" : "");
-  $("store-sub").textContent = st.spilled_bytes ?
-    "spilled " + fmtBytes(st.spilled_bytes) + " (" + (st.spilled_objects || 0) + " objects)" :
-    "nothing spilled";
-  setBar("store-bar", st.capacity ? st.used / st.capacity : 0);
-  $("workers").textContent = s.workers || 0;
-  $("drivers").textContent = (s.drivers || 0) + " driver" + (s.drivers === 1 ? "" : "s") + " connected";
-}
-
-function renderResources(s) {
-  const total = s.resources_total || {}, free = s.resources_available || {};
-  const rows = shown(total).map((k) => {
-    const used = total[k] - (free[k] || 0);
-    const tr = row([td(k), td(fmtRes(k, used), "num"), td(fmtRes(k, total[k]), "num"),
-                    cellWith(bar(total[k] ? used / total[k] : 0), "barcell")]);
-    tr.dataset.resource = k;
-    return tr;
-  });
-  $("resources").replaceChildren(...rows);
-}
-
-function renderNodes(s) {
-  const rows = (s.nodes || []).map((n) => {
-    const tot = n.resources_total || {}, free = n.resources_available || {};
-    const res = shown(tot).filter((k) => k !== "memory").map(
-      (k) => k + " " + (n.alive ? fmtAmount(tot[k] - (free[k] || 0)) + "/" : "") + fmtAmount(tot[k]));
-    const state = el("span", "state " + (n.alive ? "s-ALIVE" : "s-DEAD dead-node"),
-                     n.alive ? "ALIVE" : "DEAD");
-    const store = n.alive ? fmtBytes(n.store_used) + " / " + fmtBytes(n.store_capacity) : "";
-    const tr = row([td(n.node_id, "mono"), td(n.address), cellWith(state), td(res.join(", ")),
-                    td(store, "num"), td(n.spilled_bytes ? fmtBytes(n.spilled_bytes) : "", "num")]);
-    tr.dataset.node = n.node_id;
-    return tr;
-  });
-  $("nodes").replaceChildren(...rows);
-}
-
-function render(s) {
-  $("session").textContent = s.session ? "session " + s.session : "";
-  renderCards(s);
-  renderCounts("tasks", TASK_STATES, s.tasks);
-  renderCounts("actors", ACTOR_STATES, s.actors);
-  renderResources(s);
-  renderNodes(s);
-  $("updated").textContent = new Date((s.time || Date.now() / 1000) * 1000).toLocaleTimeString();
-  document.body.dataset.loaded = "1";
-}
-
-function status(ok, text) {
-  const live = $("live");
-  live.className = ok ? "ok" : "down";
-  live.textContent = text;
-}
-
-async function poll() {
-  try {
-    const r = await fetch("api/summary", { cache: "no-store", credentials: "same-origin" });
-    if (r.status === 401 || r.status === 403) {
-      $("notice").style.display = "block";
-      $("notice").textContent = "This dashboard needs the cluster token: open it as " +
-        location.origin + "/?token=TOKEN (the token `orchestra start --head` printed).";
-      status(false, "no access");
-    } else if (!r.ok) {
-      status(false, "the head answered " + r.status);
-    } else {
-      render(await r.json());
-      $("notice").style.display = "none";
-      status(true, "live");
-    }
-  } catch (e) {
-    status(false, "disconnected: the head does not answer");
-  }
-  setTimeout(poll, document.hidden ? 5000 : 1000);
-}
-poll();
-"""
+_SCRIPT = SCRIPT
 
 _BODY = """
-<header><h1>orchestra</h1><span id="session"></span><span id="live">connecting</span></header>
+<header><h1>orchestra</h1><span id="session"></span>
+<nav><a href="#overview" data-view="overview">Overview</a><a href="#actors" data-view="actors">Actors</a>
+<a href="#tasks" data-view="tasks">Tasks</a><a href="#stream" data-view="stream">Task stream</a>
+<a href="#nodes" data-view="nodes">Nodes</a><a href="#objects" data-view="objects">Objects</a>
+<a href="#logs" data-view="logs">Logs</a><a href="#drivers" data-view="drivers">Drivers</a>
+<a href="#metrics" data-view="metrics">Metrics</a></nav>
+<span id="live">connecting</span></header>
 <main>
 <div id="notice"></div>
+<div id="view-overview">
 <section class="cards">
   <div class="card"><div class="label">Nodes alive</div><div class="value" id="nodes-alive">-</div>
     <div class="sub" id="nodes-sub"></div></div>
@@ -256,6 +141,52 @@ _BODY = """
 <section class="panel"><h2>Nodes</h2><table><thead><tr><th>node</th><th>address</th>
   <th>state</th><th>resources (in use/total)</th><th class="num">object store</th>
   <th class="num">spilled</th></tr></thead><tbody id="nodes"></tbody></table></section>
+</div>
+<div id="view-actors" hidden><section class="panel"><h2>Actors</h2>
+  <div class="toolbar"><select id="actor-state"><option value="">every state</option>
+  <option>ALIVE</option><option>PENDING_CREATION</option><option>DEPENDENCIES_UNREADY</option>
+  <option>RESTARTING</option><option>DEAD</option></select>
+  <input id="actor-filter" placeholder="filter: id, class, name, namespace">
+  <span class="muted" id="actor-count"></span></div>
+  <table><thead><tr><th>actor id</th><th>class</th><th>name</th><th>namespace</th><th>state</th>
+  <th>node</th><th class="num">pid</th><th class="num">restarts</th><th>death cause</th><th></th></tr>
+  </thead><tbody id="actor-rows"></tbody></table></section></div>
+<div id="view-tasks" hidden><section class="panel"><h2>Tasks</h2>
+  <div class="toolbar"><select id="task-state"><option value="">every state</option>
+  <option>FAILED</option><option>RUNNING</option><option>FINISHED</option>
+  <option>PENDING_NODE_ASSIGNMENT</option><option>PENDING_ARGS_AVAIL</option></select>
+  <input id="task-filter" placeholder="filter by name (Enter)"><span class="muted" id="task-count"></span></div>
+  <div id="traceback-box" hidden><div class="toolbar"><strong id="traceback-title"></strong>
+  <button id="traceback-close">close</button></div><pre id="traceback"></pre></div>
+  <table><thead><tr><th>name</th><th>state</th><th>node</th><th class="num">worker pid</th>
+  <th>start</th><th class="num">duration</th><th>error</th></tr></thead><tbody id="task-rows"></tbody>
+  </table></section>
+  <section class="panel"><h2>By function</h2><table><thead><tr><th>function</th><th>type</th>
+  <th class="num">running</th><th class="num">finished</th><th class="num">failed</th>
+  <th class="num">all</th></tr></thead><tbody id="fn-rows"></tbody></table></section></div>
+<div id="view-stream" hidden><section class="panel"><h2>Task stream (last minute)</h2>
+  <div class="toolbar"><span class="muted" id="stream-count"></span></div>
+  <div id="stream-wrap"><canvas id="stream-canvas"></canvas></div>
+  <div id="stream-tip" hidden></div><div id="stream-legend"></div></section></div>
+<div id="view-nodes" hidden><div id="node-charts"></div></div>
+<div id="view-objects" hidden><section class="panel"><h2>Largest objects</h2>
+  <div class="toolbar"><span class="muted" id="object-count"></span></div>
+  <table><thead><tr><th>object id</th><th class="num">size</th><th>where</th><th>node</th>
+  <th>copies on</th><th>held by</th></tr></thead><tbody id="object-rows"></tbody></table></section></div>
+<div id="view-logs" hidden><section class="panel"><h2>Logs</h2>
+  <div class="toolbar"><input id="log-pid" placeholder="worker pid" size="10"><button id="log-open">open</button>
+  <label><input type="checkbox" id="log-follow" checked> follow</label><span class="muted" id="log-note">
+  </span></div><div class="label">stdout</div><pre id="log-out"></pre><div class="label">stderr</div>
+  <pre id="log-err"></pre></section></div>
+<div id="view-drivers" hidden><section class="panel"><h2>Drivers</h2>
+  <table><thead><tr><th>job id</th><th class="num">pid</th><th>node</th><th>namespace</th>
+  <th>connected</th><th class="num">running</th><th class="num">finished</th><th class="num">failed</th>
+  </tr></thead><tbody id="driver-rows"></tbody></table></section></div>
+<div id="view-metrics" hidden><section class="panel"><h2>User metrics</h2>
+  <p class="muted" id="metrics-empty">No metric recorded yet (orchestra.util.metrics: Counter, Gauge,
+  Histogram).</p><table><thead><tr><th>name</th><th>kind</th><th>tags</th><th class="num">value</th>
+  <th>description</th></tr></thead><tbody id="metric-rows"></tbody></table></section>
+  <section class="panel"><h2>Over time</h2><div class="charts" id="metric-charts"></div></section></div>
 </main>
 <footer>Updated <span id="updated">never</span> &middot; <a href="api/summary">api/summary</a>
   &middot; <a href="metrics">metrics</a></footer>

@@ -18,6 +18,8 @@ are dropped first (counted in ``dropped``), then the oldest of any state.
 """
 from __future__ import annotations
 
+import collections
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -67,7 +69,16 @@ NOT_RUN = "TASK_NOT_RUN"   # ended without a worker running it: dependency faile
 _SETTLE_S = 2.0
 # Workers send what they buffered this often (and at once when a state query asks).
 REPORT_S = 0.5
+# While a call runs, a worker reports its usage at least this often.
+USAGE_S = 2.0
+# A failed call's message and traceback, as kept for the dashboard, at most.
+ERROR_MESSAGE_MAX = 2000
+ERROR_TRACEBACK_MAX = 16000
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 DEFAULT_MAX_TASKS = 100_000
+# Changes (starts and ends) kept for the task stream, and failed calls' texts kept.
+CHANGES_KEPT = 200_000
+ERRORS_KEPT = 1000
 
 
 class IllegalTaskTransition(RuntimeError):
@@ -80,19 +91,35 @@ class EventBuffer:
     """A worker's events since its last report: tuples appended on the task path
     (list.append is atomic, so any thread may append), taken by the background thread."""
 
-    __slots__ = ("started", "ended", "error_types", "last_report", "lock")
+    __slots__ = ("started", "ended", "error_types", "errors", "last_report", "lock")
 
     def __init__(self) -> None:
         self.started: list[StartRow] = []
         self.ended: list[EndRow] = []
         # task id -> the class name of the error user code raised, until its end is noted
         self.error_types: dict[bytes, str] = {}
+        # (task id, message, traceback) of failed calls, for the dashboard (cut short)
+        self.errors: list[tuple[bytes, str, str]] = []
         self.last_report = time.monotonic()
         self.lock = threading.Lock()
 
     def due(self, now: float) -> bool:
         """Whether a periodic report is due (something buffered, REPORT_S passed)."""
         return bool(self.started or self.ended) and now - self.last_report >= REPORT_S
+
+    def usage_due(self, now: float, busy: bool) -> bool:
+        """Whether a report of usage alone is due: a call runs, and none was sent for
+        USAGE_S (the dashboard's charts of a node then follow a long task)."""
+        return busy and now - self.last_report >= USAGE_S
+
+    def failed(self, task_id: bytes, exc: BaseException, traceback_text: str) -> None:
+        """Keep a failed call's message and traceback for the next report."""
+        try:
+            message = str(exc)
+        except Exception:  # noqa: BLE001 - a __str__ that raises: its type alone
+            message = type(exc).__name__
+        self.errors.append((task_id, message[:ERROR_MESSAGE_MAX],
+                            traceback_text[-ERROR_TRACEBACK_MAX:]))
 
     def take(self, flush_id: int = 0) -> pb.TaskEventBatch | None:
         """What was buffered, as one TaskEventBatch; the buffer keeps what is appended
@@ -120,7 +147,24 @@ class EventBuffer:
                 batch.end_task_id.extend([e[0] for e in ends])
                 batch.end_time.extend([e[1] for e in ends])
                 batch.end_error_type.extend([e[2] for e in ends])
+            if self.errors:
+                errors, self.errors = self.errors, []
+                batch.error_task_id.extend([e[0] for e in errors])
+                batch.error_message.extend([e[1] for e in errors])
+                batch.error_traceback.extend([e[2] for e in errors])
+            batch.rss_bytes, batch.cpu_seconds = usage()
             return batch
+
+
+def usage() -> tuple[int, float]:
+    """This process's resident memory (bytes) and CPU time so far (seconds)."""
+    t = os.times()
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            rss = int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        rss = 0
+    return rss, t.user + t.system
 
 
 def end_error_type(done: pb.TaskDone, error_types: dict[bytes, str]) -> str:
@@ -197,6 +241,13 @@ class TaskTable:
         # and settling never walk the whole table: tasks by state, and those not ended.
         self._counts: dict[str, int] = {}
         self.live: dict[bytes, TaskRecord] = {}
+        # Starts and ends in the order reported, numbered: the dashboard's task stream
+        # asks for those after the last number it saw (only what changed is sent).
+        self.seq = 0
+        self.changes: collections.deque[tuple[int, TaskRecord]] = collections.deque(
+            maxlen=CHANGES_KEPT)
+        # Failed calls' (message, traceback), the newest ERRORS_KEPT.
+        self.errors: dict[bytes, tuple[str, str]] = {}
 
     def _new(self, tid: bytes, state: str) -> TaskRecord:
         r = self.records[tid] = TaskRecord(tid)
@@ -266,6 +317,7 @@ class TaskTable:
         that was quick). Every call passes here once or twice: the usual transitions
         (new -> RUNNING -> ended) are written out, the others go through _move."""
         records, counts, live = self.records, self._counts, self.live
+        changes, seq = self.changes, self.seq
         r = None
         for tid, name, aid, kind, owner, t in zip(
                 batch.start_task_id, batch.start_name, batch.start_actor_id,
@@ -285,6 +337,8 @@ class TaskTable:
             r.start_time = t
             r.worker_id, r.pid, r.node_id = worker_id, pid, node_id
             r.attempts += 1
+            seq += 1
+            changes.append((seq, r))
         if r is not None:
             self.last_started[worker_id] = r
         for tid, t, err in zip(batch.end_task_id, batch.end_time, batch.end_error_type,
@@ -304,7 +358,31 @@ class TaskTable:
                 except IllegalTaskTransition:
                     continue   # a second end of one run (never seen): the first stands
             r.end_time, r.error_type = t, err
+            seq += 1
+            changes.append((seq, r))
+        self.seq = seq
+        if batch.error_task_id:
+            errors = self.errors
+            for tid, message, tb in zip(batch.error_task_id, batch.error_message,
+                                        batch.error_traceback, strict=True):
+                errors.pop(tid, None)
+                errors[tid] = (message, tb)
+            while len(errors) > ERRORS_KEPT:
+                del errors[next(iter(errors))]
         self._bound()
+
+    def changed_since(self, seq: int) -> tuple[list[TaskRecord], bool]:
+        """The records started or ended after change number ``seq`` (each once, oldest
+        change first), and whether that is all of them (False: older changes than
+        ``seq`` are no longer kept, so the caller has missed some)."""
+        changes = self.changes
+        out: dict[bytes, TaskRecord] = {}
+        for n, r in reversed(changes):
+            if n <= seq:
+                break
+            out.setdefault(r.task_id, r)
+        complete = not changes or changes[0][0] <= seq + 1
+        return list(reversed(out.values())), complete
 
     def _bound(self) -> None:
         records = self.records

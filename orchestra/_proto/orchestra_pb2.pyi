@@ -666,7 +666,7 @@ class Reply(_message.Message):
     def __init__(self, req_id: _Optional[int] = ..., error: _Optional[str] = ..., error_kind: _Optional[str] = ..., segment: _Optional[_Union[_types_pb2.Segment, _Mapping]] = ..., resources: _Optional[_Mapping[str, float]] = ..., debug: _Optional[_Union[SchedulerDebugInfoReply, _Mapping]] = ..., actor: _Optional[_Union[_types_pb2.ActorSpec, _Mapping]] = ..., object: _Optional[_Union[_types_pb2.ObjectData, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., placement_groups: _Optional[_Iterable[_Union[PlacementGroupInfo, _Mapping]]] = ..., pending_tasks: _Optional[int] = ..., state_json: _Optional[str] = ...) -> None: ...
 
 class TaskEventBatch(_message.Message):
-    __slots__ = ("start_task_id", "start_name", "start_actor_id", "start_kind", "start_owner", "start_time", "end_task_id", "end_time", "end_error_type", "flush_id")
+    __slots__ = ("start_task_id", "start_name", "start_actor_id", "start_kind", "start_owner", "start_time", "end_task_id", "end_time", "end_error_type", "flush_id", "rss_bytes", "cpu_seconds", "error_task_id", "error_message", "error_traceback")
     START_TASK_ID_FIELD_NUMBER: _ClassVar[int]
     START_NAME_FIELD_NUMBER: _ClassVar[int]
     START_ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
@@ -677,6 +677,11 @@ class TaskEventBatch(_message.Message):
     END_TIME_FIELD_NUMBER: _ClassVar[int]
     END_ERROR_TYPE_FIELD_NUMBER: _ClassVar[int]
     FLUSH_ID_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_TRACEBACK_FIELD_NUMBER: _ClassVar[int]
     start_task_id: _containers.RepeatedScalarFieldContainer[bytes]
     start_name: _containers.RepeatedScalarFieldContainer[str]
     start_actor_id: _containers.RepeatedScalarFieldContainer[bytes]
@@ -687,7 +692,38 @@ class TaskEventBatch(_message.Message):
     end_time: _containers.RepeatedScalarFieldContainer[float]
     end_error_type: _containers.RepeatedScalarFieldContainer[str]
     flush_id: int
-    def __init__(self, start_task_id: _Optional[_Iterable[bytes]] = ..., start_name: _Optional[_Iterable[str]] = ..., start_actor_id: _Optional[_Iterable[bytes]] = ..., start_kind: _Optional[_Iterable[int]] = ..., start_owner: _Optional[_Iterable[int]] = ..., start_time: _Optional[_Iterable[float]] = ..., end_task_id: _Optional[_Iterable[bytes]] = ..., end_time: _Optional[_Iterable[float]] = ..., end_error_type: _Optional[_Iterable[str]] = ..., flush_id: _Optional[int] = ...) -> None: ...
+    rss_bytes: int
+    cpu_seconds: float
+    error_task_id: _containers.RepeatedScalarFieldContainer[bytes]
+    error_message: _containers.RepeatedScalarFieldContainer[str]
+    error_traceback: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, start_task_id: _Optional[_Iterable[bytes]] = ..., start_name: _Optional[_Iterable[str]] = ..., start_actor_id: _Optional[_Iterable[bytes]] = ..., start_kind: _Optional[_Iterable[int]] = ..., start_owner: _Optional[_Iterable[int]] = ..., start_time: _Optional[_Iterable[float]] = ..., end_task_id: _Optional[_Iterable[bytes]] = ..., end_time: _Optional[_Iterable[float]] = ..., end_error_type: _Optional[_Iterable[str]] = ..., flush_id: _Optional[int] = ..., rss_bytes: _Optional[int] = ..., cpu_seconds: _Optional[float] = ..., error_task_id: _Optional[_Iterable[bytes]] = ..., error_message: _Optional[_Iterable[str]] = ..., error_traceback: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class MetricPoint(_message.Message):
+    __slots__ = ("name", "kind", "description", "tag_keys", "tag_values", "value", "boundaries", "buckets")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    TAG_KEYS_FIELD_NUMBER: _ClassVar[int]
+    TAG_VALUES_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    BOUNDARIES_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kind: int
+    description: str
+    tag_keys: _containers.RepeatedScalarFieldContainer[str]
+    tag_values: _containers.RepeatedScalarFieldContainer[str]
+    value: float
+    boundaries: _containers.RepeatedScalarFieldContainer[float]
+    buckets: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[int] = ..., description: _Optional[str] = ..., tag_keys: _Optional[_Iterable[str]] = ..., tag_values: _Optional[_Iterable[str]] = ..., value: _Optional[float] = ..., boundaries: _Optional[_Iterable[float]] = ..., buckets: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class MetricsBatch(_message.Message):
+    __slots__ = ("points",)
+    POINTS_FIELD_NUMBER: _ClassVar[int]
+    points: _containers.RepeatedCompositeFieldContainer[MetricPoint]
+    def __init__(self, points: _Optional[_Iterable[_Union[MetricPoint, _Mapping]]] = ...) -> None: ...
 
 class TaskEventFlush(_message.Message):
     __slots__ = ("flush_id",)

@@ -56,6 +56,7 @@ LOG_LINES = 37     # LogLines, worker -> head -> the job's driver (its log conne
 LOG_FLUSH = 38     # LogFlush, driver -> head -> driver on the log connection: lines sent
 TASK_EVENTS = 40   # TaskEventBatch, worker -> head: tasks started and ended (_head/state_query.py)
 TASK_EVENTS_FLUSH = 41  # TaskEventFlush, head -> worker: report buffered events now
+METRICS = 42       # MetricsBatch, any client -> head: user metrics recorded since the last one
 
 MESSAGES: dict[int, Any] = {
     HELLO: pb.Hello, HELLO_REPLY: pb.HelloReply, FUNCTION: pb.RegisterFunctionRequest,
@@ -73,6 +74,7 @@ MESSAGES: dict[int, Any] = {
     GENERATOR_ITEM: pb.GeneratorItem, GENERATOR_ACK: pb.GeneratorAck,
     LOG_LINES: pb.LogLines, LOG_FLUSH: pb.LogFlush,
     TASK_EVENTS: pb.TaskEventBatch, TASK_EVENTS_FLUSH: pb.TaskEventFlush,
+    METRICS: pb.MetricsBatch,
 }
 
 MAX_FRAME = 1 << 31

@@ -37,7 +37,7 @@ class ActorState(enum.Enum):
 
 class Actor:
     __slots__ = ("spec", "creation", "state", "worker", "restarts", "queue", "death", "no_restart",
-                 "draining", "owner", "killing", "handled")
+                 "draining", "owner", "killing", "handled", "cause")
 
     def __init__(self, spec: pb.ActorSpec, creation: Task, owner: int) -> None:
         self.spec = spec
@@ -47,6 +47,7 @@ class Actor:
         self.restarts = 0
         self.queue: collections.deque[Task] = collections.deque()
         self.death: bytes | None = None       # pickled ActorDiedError once dead
+        self.cause = ""                       # why it died, in words (the dashboard's)
         self.no_restart = False
         self.draining = False
         self.owner = owner
@@ -120,7 +121,7 @@ class ActorTable:
         actor is dead with ``blob``, the error its calls raise."""
         a = self.actors.get(task.call.actor.actor_id)
         if a is not None and a.state is not ActorState.DEAD:
-            self._die(a, blob)
+            self._die(a, blob, "it could not be placed: no node can hold it")
 
     def _place(self, a: Actor) -> bool:
         """Start its dedicated worker on the best node that holds its request now; False:
@@ -132,7 +133,8 @@ class ActorTable:
         if len(s.nodes) > 1 or task.placement is not None:
             err = s.unplaceable(task)
             if err is not None:
-                self._die(a, err)
+                self._die(a, err, "it could not be placed: its strategy names a node that "
+                                  "cannot hold it")
                 return True
             nodes = s.node_order(task)
         else:
@@ -233,7 +235,7 @@ class ActorTable:
             blob = msg.returns[0].error if msg.returns else self.s.error(
                 "actor_dead", name=a.spec.class_name, reason="its constructor failed")
             a.no_restart = True
-            self._die(a, blob)
+            self._die(a, blob, "its constructor raised")
             self.s.out.append(KillWorker(w.node_id, w.worker_id, "the actor's constructor raised"))
             return
         if a.killing:   # killed while its constructor ran: calls wait for the death
@@ -286,19 +288,21 @@ class ActorTable:
                 self.pending.append(a)
             return
         if a.no_restart:
-            self._die(a, self.s.error("actor_dead", name=name, reason=reason))
+            self._die(a, self.s.error("actor_dead", name=name, reason=reason), reason)
         else:
             self._die(a, self.s.error("actor_dead", name=name, reason=reason,
-                                       restarts=a.restarts, max_restarts=limit))
+                                       restarts=a.restarts, max_restarts=limit),
+                      f"{reason} (after {a.restarts} restart(s) of {limit})")
 
     def _release_name(self, a: Actor) -> None:
         key = (a.spec.namespace, a.spec.name)
         if a.spec.name and self.names.get(key) == a.spec.actor_id:
             del self.names[key]
 
-    def _die(self, a: Actor, blob: bytes) -> None:
+    def _die(self, a: Actor, blob: bytes, cause: str) -> None:
         a.state = ActorState.DEAD
         a.death = blob
+        a.cause = cause
         self._release_name(a)
         queued, a.queue = list(a.queue), collections.deque()
         for t in queued:
@@ -310,7 +314,7 @@ class ActorTable:
     def _stop(self, a: Actor, reason: str) -> None:
         a.no_restart = True
         w = a.worker
-        self._die(a, self.s.error("actor_dead", name=a.spec.class_name, reason=reason))
+        self._die(a, self.s.error("actor_dead", name=a.spec.class_name, reason=reason), reason)
         if w is not None:
             self.s.out.append(KillWorker(w.node_id, w.worker_id, reason))
 
@@ -334,8 +338,8 @@ class ActorTable:
             self.s.out.append(KillWorker(a.worker.node_id, a.worker.worker_id,
                                          reason or "killed by orchestra.kill()"))
         elif no_restart or a.state is ActorState.PENDING:
-            self._die(a, self.s.error("actor_dead", name=a.spec.class_name,
-                                       reason=f"{reason or 'killed by orchestra.kill()'} before it started"))
+            why = f"{reason or 'killed by orchestra.kill()'} before it started"
+            self._die(a, self.s.error("actor_dead", name=a.spec.class_name, reason=why), why)
 
     def handles_gone(self, actor_id: bytes) -> None:
         a = self.actors.get(actor_id)

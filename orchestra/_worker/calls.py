@@ -140,6 +140,14 @@ def error_returns(call: pb.Call, error: bytes) -> list[pb.ObjectData]:
             for oid in _ids.return_ids(call.task_id, call.num_returns)]
 
 
+def format_error(exc: BaseException) -> str:
+    """The traceback of an exception user code raised, as Python prints it."""
+    try:
+        return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except Exception:  # noqa: BLE001 - a __str__ that raises: the type alone
+        return f"{type(exc).__name__} (its message could not be formatted)\n"
+
+
 def task_error(call: pb.Call, exc: BaseException) -> BaseException:
     """The TaskError ``exc``, raised by the call's code, reaches its caller as (also an
     instance of ``exc``'s class), with its traceback."""

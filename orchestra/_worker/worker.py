@@ -56,6 +56,7 @@ from .calls import (
     decode_args,
     error_done,
     error_returns,
+    format_error,
     in_finalizer,
     split_returns,
     task_error,
@@ -233,8 +234,9 @@ class WorkerRuntime:
 
     def _report_events(self) -> None:
         """The client's background thread, every few ms: send the buffered task events
-        when a report is due."""
-        if self.events.due(time.monotonic()):
+        when a report is due (or, while a call runs, the process's usage)."""
+        now = time.monotonic()
+        if self.events.due(now) or self.events.usage_due(now, self.running is not None):
             self.client.send(_wire.TASK_EVENTS, self.events.take())
 
     def _on_peer_frame(self, peer: Connection, kind: int, msg: Any) -> None:
@@ -689,6 +691,7 @@ class WorkerRuntime:
             raise
         if failure is not None:   # the refs after the values it yielded hold its error
             self.events.error_types[tid] = type(failure).__name__
+            self.events.failed(tid, failure, format_error(failure))
             blob = dumps_exception(task_error(call, failure))
             for i in range(len(values), n):
                 add(object_id=_ids.object_id(tid, i), error=blob)
@@ -708,8 +711,9 @@ class WorkerRuntime:
         """TaskDone carrying the error of user code (an ActorDiedError for a constructor)."""
         if isinstance(exc, ActorExitRequest) and self.actor is not None:
             return self._exit_actor(inv)
-        self.events.error_types[inv.call.task_id] = type(
-            exc.error if isinstance(exc, ArgumentError) else exc).__name__
+        raised = exc.error if isinstance(exc, ArgumentError) else exc
+        self.events.error_types[inv.call.task_id] = type(raised).__name__
+        self.events.failed(inv.call.task_id, raised, format_error(raised))
         try:
             return error_done(inv, exc)
         except RecursionError:

@@ -3,12 +3,12 @@
 
 ``install()`` puts module objects named ``ray``, ``ray.util``, ``ray.util.queue``,
 ``ray.util.actor_pool``, ``ray.util.placement_group``, ``ray.util.scheduling_strategies``,
-``ray.util.multiprocessing``, ``ray.util.joblib``, ``ray.util.dask``, ``ray.exceptions``,
-``ray.actor``, ``ray.dag``, ``ray.experimental.tqdm_ray`` and ``ray._raylet`` into
-sys.modules; each maps Ray's names onto
-orchestra's objects (names only: every behaviour is orchestra's). It also sets
-$ORCHESTRA_RAY_COMPAT, which the workers of this driver's cluster inherit, so that
-orchestra's worker installs the same modules (a task may ``import ray``, and a function
+``ray.util.multiprocessing``, ``ray.util.joblib``, ``ray.util.dask``, ``ray.util.metrics``,
+``ray.exceptions``, ``ray.actor``, ``ray.dag``, ``ray.experimental.tqdm_ray`` and
+``ray._raylet`` into sys.modules; each maps Ray's names onto orchestra's objects
+(names only: every behaviour is orchestra's). It also sets $ORCHESTRA_RAY_COMPAT,
+which the workers of this driver's cluster inherit, so that orchestra's worker installs
+the same modules (a task may ``import ray``, and a function
 pickled with a reference to the module finds it). A meta path finder answers any other
 ``ray.*`` import with an error naming what is missing. It puts orchestra/compat/shim on
 sys.path and $PYTHONPATH too: there ``import ray`` installs the same modules, in the
@@ -182,10 +182,13 @@ def _build() -> dict[str, types.ModuleType]:
                  {"Pool": omp.Pool, "TimeoutError": omp.TimeoutError})
     jl = _lazy_module("ray.util.joblib", "ray.util.joblib on orchestra.", _joblib_names)
     dk = _lazy_module("ray.util.dask", "ray.util.dask on orchestra.", _dask_names)
+    from ..util import metrics as ometrics
+    metrics = _module("ray.util.metrics", "ray.util.metrics on orchestra.", {
+        n: getattr(ometrics, n) for n in ("Counter", "Gauge", "Histogram")})
     util = _module("ray.util", "ray.util on orchestra.", {
         "ActorPool": outil.ActorPool, **pg_names, "queue": queue, "actor_pool": pool,
         "scheduling_strategies": strategies, "state": state, "multiprocessing": mp,
-        "joblib": jl, "dask": dk}, package=True)
+        "joblib": jl, "dask": dk, "metrics": metrics}, package=True)
     top = {n: getattr(orchestra, n) for n in (
         "remote", "get", "put", "wait", "cancel", "kill", "get_actor", "method", "nodes",
         "cluster_resources", "available_resources", "get_runtime_context", "get_gpu_ids",
@@ -208,7 +211,7 @@ def _build() -> dict[str, types.ModuleType]:
         "__version__": orchestra.__version__}, package=True)
     return {m.__name__: m for m in (ray, util, queue, pool, pg, strategies, exceptions, actor,
                                     state, mp, jl, dk, raylet, dag, experimental,
-                                    tqdm_ray)}
+                                    tqdm_ray, metrics)}
 
 
 class _MissingRayFinder(importlib.abc.MetaPathFinder):

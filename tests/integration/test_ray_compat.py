@@ -87,7 +87,7 @@ print("timeline", any(e["ph"] == "X" for e in ray.timeline()))
 from ray.util.state import list_tasks
 print("state", any(t["state"] == "FINISHED" for t in list_tasks()))
 try:
-    ray.util.metrics
+    ray.util.collective
 except AttributeError as e:
     print("missing", e)
 ray.shutdown()
@@ -108,7 +108,7 @@ EXPECTED = [
     "worker-global 10",
     "timeline True",
     "state True",
-    "missing ray.util.metrics is not available on orchestra (orchestra has no equivalent); "
+    "missing ray.util.collective is not available on orchestra (orchestra has no equivalent); "
     "see docs/coming-from-ray.md",
 ]
 

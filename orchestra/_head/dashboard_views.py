@@ -1,0 +1,353 @@
+"""What the dashboard's page asks the head for, as JSON-able data: one function per path
+under /api/ (``routes()``), read from the head's tables on its loop.
+
+    /api/summary       the cluster summary (cards, counts, nodes)
+    /api/actors        every actor: id, class, name, namespace, state, node, pid,
+                       restarts, and for a dead one the cause
+    /api/tasks         the recent and running tasks, failed ones first with their error,
+                       filtered by state and name; counts by function
+    /api/task?id=      one task, with its error message and traceback
+    /api/stream?since= the task stream: tasks started or ended since change number
+                       ``since`` (only what changed since the last poll), by worker
+    /api/history?since= the nodes' and user metrics' points after time ``since``
+    /api/objects       the largest objects, their node and holders
+    /api/logs?pid=     a worker's log on this machine (the tail, then what was added
+                       after the offsets the page passes back: follow)
+    /api/drivers       the connected drivers, when they connected, their task counts
+    /api/metrics       the user metrics' series and values
+
+The sampler (every SAMPLE_S on the head's loop) adds a point per node to the history:
+its workers' CPU use (from the CPU time they report) and memory, its object store's
+bytes and spilled bytes, and a point per user metric series.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .._ids import node_hex
+from .._observe.history import SAMPLE_S, History
+from .._observe.log_capture import LOGS_DIR, MARKER
+from .._observe.task_events import ENDED, FAILED, KINDS, RUNNING, summarize
+from .._scheduler.model import WorkerState
+
+TASKS_LIMIT = 500           # rows of the tasks table per answer
+STREAM_WINDOW_S = 90.0      # a page that starts (or missed changes) gets this much back
+LOG_TAIL_BYTES = 64 << 10   # the first answer for a log: its last 64 KiB
+LOG_CHUNK_BYTES = 256 << 10 # a follow answer: at most this much more
+OBJECTS_LIMIT = 100
+
+View = Callable[[dict[str, str]], Any]
+
+
+class DashboardViews:
+    """The head's answers to the page (see the module docstring). ``head``: the Head."""
+
+    def __init__(self, head: Any) -> None:
+        self.head = head
+        self.events = head.events
+        self.history = History()
+        self.first_seen: dict[int, float] = {}   # driver connection -> when first seen
+        self._cpu: dict[int, float] = {}          # worker id -> CPU seconds at the last sample
+        self._last_sample = 0.0
+        self._timer: Any = None
+
+    def routes(self) -> dict[str, View]:
+        """Path under /api/ -> the function answering it (given the query's pairs)."""
+        return {"summary": lambda q: self.head.cluster_summary(), "actors": self.actors,
+                "tasks": self.tasks, "task": self.task, "stream": self.stream,
+                "history": self.history_since, "objects": self.objects, "logs": self.logs,
+                "drivers": self.drivers, "metrics": self.metric_rows}
+
+    # ------------------------------------------------------------ sampling
+    def start(self) -> None:
+        """Sample now and every SAMPLE_S on the head's loop, until the head stops."""
+        self.sample()
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def sample(self) -> None:
+        head = self.head
+        if getattr(head, "stopping", False):
+            return
+        try:
+            self._sample(time.time())
+        except Exception as exc:  # noqa: BLE001 - a bug here must not stop the head's loop
+            print(f"orchestra head: the dashboard's sampler failed: {exc!r}", flush=True)
+        self._timer = head.loop.call_later(SAMPLE_S, self.sample)
+
+    def _sample(self, now: float) -> None:
+        st = self.head.state
+        usage = self.events.usage
+        dt = now - self._last_sample if self._last_sample else 0.0
+        self._last_sample = now
+        cpu: dict[int, float] = {}
+        mem: dict[int, float] = {}
+        seen_cpu: dict[int, float] = {}
+        for wid, w in st.workers.items():
+            u = usage.get(wid)
+            if u is None or w.state is WorkerState.DEAD:
+                continue
+            rss, cpu_s = u
+            mem[w.node_id] = mem.get(w.node_id, 0.0) + rss
+            before = self._cpu.get(wid)
+            if dt > 0 and before is not None and cpu_s >= before:
+                cpu[w.node_id] = cpu.get(w.node_id, 0.0) + (cpu_s - before) / dt
+            seen_cpu[wid] = cpu_s
+        self._cpu = seen_cpu
+        values: dict[str, float] = {}
+        for row in self.events.node_rows():
+            nid = row["node_id"]
+            n = _node_number(nid)
+            alive = row["state"] == "ALIVE"
+            values[f"node:{nid}:alive"] = 1.0 if alive else 0.0
+            values[f"node:{nid}:cpu"] = cpu.get(n, 0.0) if alive else 0.0
+            values[f"node:{nid}:mem"] = mem.get(n, 0.0) if alive else 0.0
+            values[f"node:{nid}:store"] = float(row.get("store_used") or 0)
+            values[f"node:{nid}:spilled"] = float(row.get("spilled_bytes") or 0)
+        for key, v in self.events.metrics.values().items():
+            values[f"metric:{key}"] = v
+        self.history.add(now, values)
+        for conn, c in st.clients.items():
+            if c.kind == "driver":
+                self.first_seen.setdefault(conn, now)
+        for conn in [k for k in self.first_seen if k not in st.clients]:
+            del self.first_seen[conn]
+        for wid in [k for k in usage if k not in st.workers]:
+            del usage[wid]
+
+    # ------------------------------------------------------------ views
+    def history_since(self, q: dict[str, str]) -> dict[str, Any]:
+        since = _float(q.get("since"), 0.0)
+        nodes = [{"node_id": r["node_id"], "address": r["node_ip"],
+                  "alive": r["state"] == "ALIVE", "cpus": r["resources_total"].get("CPU", 0.0),
+                  "store_capacity": r.get("store_capacity") or 0}
+                 for r in self.events.node_rows()]
+        return {"time": time.time(), "nodes": nodes, "series": self.history.since(since)}
+
+    def actors(self, q: dict[str, str]) -> dict[str, Any]:
+        table = self.head.state.actor_table.actors
+        rows = []
+        for row in self.events.actor_rows():
+            a = table.get(bytes.fromhex(row["actor_id"]))
+            rows.append({"actor_id": row["actor_id"], "class_name": row["class_name"],
+                         "name": row["name"], "namespace": row["ray_namespace"],
+                         "state": row["state"], "node_id": row["node_id"], "pid": row["pid"],
+                         "restarts": row["num_restarts"], "detached": row["is_detached"],
+                         "cause": (a.cause if a is not None else "") or None})
+        order = {"ALIVE": 0, "RESTARTING": 1, "PENDING_CREATION": 2, "DEPENDENCIES_UNREADY": 3}
+        rows.sort(key=lambda r: order.get(r["state"], 4))
+        return {"actors": rows}
+
+    def tasks(self, q: dict[str, str]) -> dict[str, Any]:
+        self.events._settle(False)
+        want_state = q.get("state") or ""
+        want_name = (q.get("name") or "").lower()
+        limit = int(_float(q.get("limit"), TASKS_LIMIT))
+        table = self.events.table
+        failed: list[Any] = []
+        running: list[Any] = []
+        other: list[Any] = []
+        for r in table.records.values():
+            if want_state and r.state != want_state:
+                continue
+            if want_name and want_name not in r.name.lower():
+                continue
+            (failed if r.state == FAILED else running if r.state == RUNNING else other).append(r)
+        picked = (failed[::-1] + running[::-1] + other[::-1])[:max(limit, 0)]
+        errors = table.errors
+        rows = []
+        for r in picked:
+            row = _task_row(r)
+            e = errors.get(r.task_id)
+            if e is not None:
+                row["error_message"] = e[0][:500]
+            rows.append(row)
+        counts = summarize({"name": r.name, "type": KINDS[r.kind], "state": r.state}
+                           for r in table.records.values())["cluster"]["summary"]
+        by_fn = sorted(({"name": k, "type": v["type"], "counts": v["state_counts"]}
+                        for k, v in counts.items()),
+                       key=lambda d: -sum(d["counts"].values()))
+        return {"tasks": rows, "matched": len(failed) + len(running) + len(other),
+                "total": len(table.records), "dropped": table.dropped, "by_function": by_fn}
+
+    def task(self, q: dict[str, str]) -> dict[str, Any]:
+        try:
+            tid = bytes.fromhex(q.get("id") or "")
+        except ValueError:
+            return {"error": "id must be a task id in hex"}
+        self.events._settle(False)
+        r = self.events.table.records.get(tid)
+        if r is None:
+            return {"error": "no such task (it may have been dropped from the table)"}
+        row = _task_row(r)
+        e = self.events.table.errors.get(tid)
+        if e is not None:
+            row["error_message"], row["traceback"] = e
+        return {"task": row}
+
+    def stream(self, q: dict[str, str]) -> dict[str, Any]:
+        """The task stream's changes after change number ``since``: tasks as
+        [id, function index, worker index, start ms, end ms or null, failed]."""
+        self.events.catch_up()
+        table = self.events.table
+        since = int(_float(q.get("since"), 0))
+        records, complete = table.changed_since(since)
+        now = time.time()
+        reset = since == 0 or not complete
+        if reset:   # a fresh page, or one that missed changes: the last window, whole
+            cutoff = now - STREAM_WINDOW_S
+            records = [r for r in table.records.values()
+                       if r.start_time and (r.end_time == 0.0 and r.state == RUNNING
+                                            or r.end_time >= cutoff)]
+        names: dict[str, int] = {}
+        workers: dict[str, int] = {}
+        out = []
+        for r in records:
+            if not r.start_time or r.pid == 0:
+                continue
+            fn = names.setdefault(r.name, len(names))
+            wk = workers.setdefault(f"{node_hex(r.node_id) if r.node_id >= 0 else '?'}:{r.pid}",
+                                    len(workers))
+            end = int(r.end_time * 1000) if r.end_time and r.state in ENDED else None
+            out.append([r.task_id.hex(), fn, wk, int(r.start_time * 1000), end,
+                        1 if r.state == FAILED else 0])
+        return {"seq": table.seq, "reset": reset, "time": int(now * 1000),
+                "names": list(names), "workers": list(workers), "tasks": out}
+
+    def objects(self, q: dict[str, str]) -> dict[str, Any]:
+        rows = self.events.object_rows()
+        keep = [{"object_id": r["object_id"], "size": r["object_size"],
+                 "location": r["location"], "node_id": r["node_id"],
+                 "copies": r.get("copies", []), "holders": r.get("holders", []),
+                 "owner_pid": r.get("pid"), "ref_count": r.get("ref_count")}
+                for r in rows[:OBJECTS_LIMIT]]
+        return {"objects": keep, "total": len(rows),
+                "bytes": sum(int(r["object_size"] or 0) for r in rows)}
+
+    def drivers(self, q: dict[str, str]) -> dict[str, Any]:
+        st = self.head.state
+        table = self.events.table
+        clients = st.clients
+
+        def is_driver(conn: int) -> bool:
+            c = clients.get(conn)
+            return c is not None and c.kind == "driver"
+
+        def worker_of(conn: int) -> int:
+            c = clients.get(conn)
+            return c.worker.worker_id if c is not None and c.worker is not None else -1
+
+        self.events._settle(False)
+        counts: dict[int, dict[str, int]] = {}
+        jobs: dict[int, int] = {}
+        for r in table.records.values():
+            job = jobs.get(r.caller)
+            if job is None:
+                job = jobs[r.caller] = table.job_of(r.caller, is_driver, worker_of)
+            c = counts.setdefault(job, {})
+            c[r.state] = c.get(r.state, 0) + 1
+        rows = []
+        for conn, c in clients.items():
+            if c.kind != "driver":
+                continue
+            rows.append({"job_id": f"{conn:08x}", "pid": c.pid, "node_id": node_hex(c.node_id),
+                         "namespace": c.namespace or None,
+                         "connected_at_ms": int(self.first_seen.get(conn, time.time()) * 1000),
+                         "tasks": counts.get(conn, {})})
+        return {"drivers": rows}
+
+    def metric_rows(self, q: dict[str, str]) -> dict[str, Any]:
+        m = self.events.metrics
+        return {"metrics": m.rows(), "conflicts": m.conflicts, "dropped": m.dropped}
+
+    def logs(self, q: dict[str, str]) -> dict[str, Any]:
+        """A worker's stdout and stderr files on this machine: the tail, or (offsets
+        given) what was written after them."""
+        try:
+            pid = int(q.get("pid") or "")
+        except ValueError:
+            return {"error": "pid must be a worker's process id"}
+        files = self._log_files(pid)
+        if not files:
+            w = next((w for w in self.head.state.workers.values() if w.pid == pid), None)
+            where = (f" (it runs on node {node_hex(w.node_id)}: run `orchestra logs {pid}` "
+                     "on that machine)" if w is not None else "")
+            return {"pid": pid, "error": f"no log of a worker with pid {pid} on the head's "
+                                         f"machine{where}"}
+        out = {}
+        for stream, path in files.items():
+            offset = int(_float(q.get(f"offset_{stream}"), -1))
+            out[stream] = _read_log(path, offset)
+        return {"pid": pid, **out}
+
+    def _log_files(self, pid: int) -> dict[str, str]:
+        dirs = {self.head.session_dir}
+        for node in self.head.nodes.values():
+            d = getattr(node, "node_dir", "")
+            if d and os.path.isdir(d):
+                dirs.add(d)
+        found: dict[str, str] = {}
+        for d in dirs:
+            for path in glob.glob(os.path.join(d, LOGS_DIR, f"worker-*-{pid}.*")):
+                stream = path.rsplit(".", 1)[1]
+                if stream in ("out", "err"):
+                    found[stream] = path
+        return found
+
+
+def _read_log(path: str, offset: int) -> dict[str, Any]:
+    """{"text", "offset"}: from ``offset`` (-1: the last LOG_TAIL_BYTES) to the end, at
+    most LOG_CHUNK_BYTES; "offset" is where the next read starts."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            start = max(size - LOG_TAIL_BYTES, 0) if offset < 0 or offset > size else offset
+            f.seek(start)
+            data = f.read(LOG_CHUNK_BYTES)
+    except OSError as exc:
+        return {"text": "", "offset": 0, "error": str(exc)}
+    if start and offset < 0:   # the tail starts at a line
+        cut = data.find(b"\n")
+        data, start = (data[cut + 1:], start + cut + 1) if cut >= 0 else (data, start)
+    lines = [_shown(line) for line in data.decode("utf-8", "backslashreplace").splitlines(True)
+             if not line.startswith(":orchestra-bar: ")]
+    return {"text": "".join(lines), "offset": start + len(data)}
+
+
+def _shown(line: str) -> str:
+    """A log file's line as `orchestra logs` prints it: a marker as a header."""
+    if not line.startswith(MARKER):
+        return line
+    parts = line[len(MARKER):].split() + ["", "", ""]
+    return f"--- {parts[0]} {parts[2]} {parts[1]} ---\n"
+
+
+def _task_row(r: Any) -> dict[str, Any]:
+    return {"task_id": r.task_id.hex(), "name": r.name, "state": r.state, "type": KINDS[r.kind],
+            "node_id": node_hex(r.node_id) if r.node_id >= 0 else None,
+            "pid": r.pid or None, "error_type": r.error_type or None,
+            "submit_ms": int(r.submit_time * 1000) if r.submit_time else None,
+            "start_ms": int(r.start_time * 1000) if r.start_time else None,
+            "end_ms": int(r.end_time * 1000) if r.end_time else None,
+            "attempts": r.attempts, "actor_id": r.actor_id.hex() or None}
+
+
+def _node_number(hex_id: str) -> int:
+    try:
+        return int(hex_id, 16)
+    except (TypeError, ValueError):
+        return -1
+
+
+def _float(text: str | None, default: float) -> float:
+    try:
+        return float(text) if text else default
+    except ValueError:
+        return default
