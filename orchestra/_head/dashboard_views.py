@@ -22,6 +22,7 @@ bytes and spilled bytes, and a point per user metric series.
 """
 from __future__ import annotations
 
+import collections
 import glob
 import os
 import time
@@ -31,7 +32,7 @@ from typing import Any
 from .._ids import node_hex
 from .._observe.history import SAMPLE_S, History
 from .._observe.log_capture import LOGS_DIR, MARKER
-from .._observe.task_events import ENDED, FAILED, KINDS, RUNNING, summarize
+from .._observe.task_events import ENDED, FAILED, KINDS, RUNNING
 from .._scheduler.model import WorkerState
 
 TASKS_LIMIT = 500           # rows of the tasks table per answer
@@ -39,6 +40,9 @@ STREAM_WINDOW_S = 90.0      # a page that starts (or missed changes) gets this m
 LOG_TAIL_BYTES = 64 << 10   # the first answer for a log: its last 64 KiB
 LOG_CHUNK_BYTES = 256 << 10 # a follow answer: at most this much more
 OBJECTS_LIMIT = 100
+STREAM_MAX = 20_000         # tasks in one answer of the task stream, the newest
+MERGE_MS = 50               # tasks shorter than this (under a pixel of the minute) that
+MERGE_GAP_MS = 5            # ran this close after each other on a worker share a bar
 
 View = Callable[[dict[str, str]], Any]
 
@@ -149,18 +153,24 @@ class DashboardViews:
         self.events._settle(False)
         want_state = q.get("state") or ""
         want_name = (q.get("name") or "").lower()
-        limit = int(_float(q.get("limit"), TASKS_LIMIT))
+        limit = max(int(_float(q.get("limit"), TASKS_LIMIT)), 0)
         table = self.events.table
-        failed: list[Any] = []
-        running: list[Any] = []
-        other: list[Any] = []
+        # One pass over the table (100k records: ~30 ms): the newest ``limit`` of each
+        # group kept, the counts by function and state tallied.
+        failed: collections.deque[Any] = collections.deque(maxlen=limit)
+        running: collections.deque[Any] = collections.deque(maxlen=limit)
+        other: collections.deque[Any] = collections.deque(maxlen=limit)
+        tally: collections.Counter[tuple[str, int, str]] = collections.Counter()
+        matched = 0
         for r in table.records.values():
+            tally[(r.name, r.kind, r.state)] += 1
             if want_state and r.state != want_state:
                 continue
             if want_name and want_name not in r.name.lower():
                 continue
+            matched += 1
             (failed if r.state == FAILED else running if r.state == RUNNING else other).append(r)
-        picked = (failed[::-1] + running[::-1] + other[::-1])[:max(limit, 0)]
+        picked = [*reversed(failed), *reversed(running), *reversed(other)][:limit]
         errors = table.errors
         rows = []
         for r in picked:
@@ -169,12 +179,12 @@ class DashboardViews:
             if e is not None:
                 row["error_message"] = e[0][:500]
             rows.append(row)
-        counts = summarize({"name": r.name, "type": KINDS[r.kind], "state": r.state}
-                           for r in table.records.values())["cluster"]["summary"]
-        by_fn = sorted(({"name": k, "type": v["type"], "counts": v["state_counts"]}
-                        for k, v in counts.items()),
-                       key=lambda d: -sum(d["counts"].values()))
-        return {"tasks": rows, "matched": len(failed) + len(running) + len(other),
+        fns: dict[str, dict[str, Any]] = {}
+        for (name, kind, state), n in tally.items():
+            f = fns.setdefault(name or "?", {"name": name or "?", "type": KINDS[kind], "counts": {}})
+            f["counts"][state] = f["counts"].get(state, 0) + n
+        by_fn = sorted(fns.values(), key=lambda d: -sum(d["counts"].values()))
+        return {"tasks": rows, "matched": matched,
                 "total": len(table.records), "dropped": table.dropped, "by_function": by_fn}
 
     def task(self, q: dict[str, str]) -> dict[str, Any]:
@@ -193,8 +203,10 @@ class DashboardViews:
         return {"task": row}
 
     def stream(self, q: dict[str, str]) -> dict[str, Any]:
-        """The task stream's changes after change number ``since``: tasks as
-        [id, function index, worker index, start ms, end ms or null, failed]."""
+        """The task stream's changes after change number ``since``: each bar as
+        [function index, worker index, start, end or null, failed, tasks], the times in
+        ms relative to ``time`` (short numbers: a busy cluster's answer stays small);
+        short tasks back to back merged (merge_bars); at most STREAM_MAX tasks, the newest."""
         self.events.catch_up()
         table = self.events.table
         since = int(_float(q.get("since"), 0))
@@ -206,19 +218,23 @@ class DashboardViews:
             records = [r for r in table.records.values()
                        if r.start_time and (r.end_time == 0.0 and r.state == RUNNING
                                             or r.end_time >= cutoff)]
+        if len(records) > STREAM_MAX:
+            records = records[-STREAM_MAX:]
         names: dict[str, int] = {}
         workers: dict[str, int] = {}
-        out = []
+        now_ms = int(now * 1000)
+        rows: list[list[Any]] = []
         for r in records:
             if not r.start_time or r.pid == 0:
                 continue
             fn = names.setdefault(r.name, len(names))
             wk = workers.setdefault(f"{node_hex(r.node_id) if r.node_id >= 0 else '?'}:{r.pid}",
                                     len(workers))
-            end = int(r.end_time * 1000) if r.end_time and r.state in ENDED else None
-            out.append([r.task_id.hex(), fn, wk, int(r.start_time * 1000), end,
-                        1 if r.state == FAILED else 0])
-        return {"seq": table.seq, "reset": reset, "time": int(now * 1000),
+            end = int(r.end_time * 1000) - now_ms if r.end_time and r.state in ENDED else None
+            rows.append([fn, wk, int(r.start_time * 1000) - now_ms, end,
+                         1 if r.state == FAILED else 0, 1])
+        out = merge_bars(rows)
+        return {"seq": table.seq, "reset": reset, "time": now_ms,
                 "names": list(names), "workers": list(workers), "tasks": out}
 
     def objects(self, q: dict[str, str]) -> dict[str, Any]:
@@ -300,6 +316,27 @@ class DashboardViews:
                 if stream in ("out", "err"):
                     found[stream] = path
         return found
+
+
+def merge_bars(rows: list[list[Any]]) -> list[list[Any]]:
+    """Task-stream rows [fn, worker, start, end, failed, count] with the short ended tasks
+    that ran back to back on one worker, of one function, merged into one bar counting
+    them: a bar under MERGE_MS is narrower than a pixel of the minute drawn, and a busy
+    worker runs thousands a second. Running, failed and longer tasks stay bars of their own."""
+    rows.sort(key=lambda x: (x[1], x[2]))
+    out: list[list[Any]] = []
+    last: list[Any] | None = None
+    for row in rows:
+        fn, wk, start, end, failed, _ = row
+        if (last is not None and end is not None and not failed and last[1] == wk
+                and last[0] == fn and last[3] is not None and not last[4]
+                and start - last[3] <= MERGE_GAP_MS and end - start < MERGE_MS):
+            last[3] = max(last[3], end)
+            last[5] += 1
+            continue
+        out.append(row)
+        last = row if end is not None and end - start < MERGE_MS else None
+    return out
 
 
 def _read_log(path: str, offset: int) -> dict[str, Any]:

@@ -56,7 +56,7 @@ th { text-align:left; color:var(--muted); font-weight:500; font-size:12px;
 td { padding:5px 6px; border-bottom:1px solid var(--line); vertical-align:middle; }
 tr:last-child td { border-bottom:0; }
 td.num, th.num { text-align:right; }
-td.mono { font-family:ui-monospace,Menlo,Consolas,monospace; font-size:12px; }
+td.mono, .mono { font-family:ui-monospace,Menlo,Consolas,monospace; font-size:12px; }
 td.barcell { width:32%; }
 td.barcell .bar { margin-top:0; }
 .state { display:inline-block; padding:1px 8px; border-radius:10px; font-size:12px;
@@ -96,6 +96,7 @@ pre { white-space:pre-wrap; word-break:break-word; font:12px/1.4 ui-monospace,Me
   font-size:12px; }
 .charts { display:grid; grid-template-columns:repeat(auto-fit,minmax(220px,1fr)); gap:10px; }
 .chart canvas { width:100%; height:70px; display:block; }
+.ctitle { font-size:12px; color:var(--muted); }
 .nodecard.dead { opacity:.6; }
 .nodecard h2 .state { margin-left:8px; }
 a.loglink { color:var(--accent); }

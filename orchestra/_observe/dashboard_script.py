@@ -243,13 +243,13 @@ async function showTask(id) {
 }
 
 // ------------------------------------------------------------------ task stream
-const stream = { seq: 0, tasks: new Map(), workers: [], workerIndex: new Map(), names: [],
+const stream = { seq: 0, tasks: new Map(), last: new Map(), workers: [], workerIndex: new Map(), names: [],
   nameIndex: new Map(), colors: [], offset: 0, drawn: 0 };
 const WINDOW_MS = 60000;
 function colorOf(i) { return "hsl(" + ((i * 137.508) % 360).toFixed(0) + ",62%,52%)"; }
 async function pollStream() {
   const d = await getJSON("api/stream?since=" + stream.seq);
-  if (d.reset) stream.tasks.clear();
+  if (d.reset) { stream.tasks.clear(); stream.last.clear(); }
   stream.seq = d.seq;
   stream.offset = Date.now() - d.time;
   const fn = d.names.map((n) => {
@@ -260,8 +260,21 @@ async function pollStream() {
     if (!stream.workerIndex.has(w)) { stream.workerIndex.set(w, stream.workers.length); stream.workers.push(w); }
     return stream.workerIndex.get(w);
   });
-  for (const [id, f, w, start, end, failed] of d.tasks) {
-    stream.tasks.set(id, { id: id, fn: fn[f], worker: wk[w], start: start, end: end, failed: failed });
+  for (const [f, w, start, end, failed, count] of d.tasks) {
+    const t = { fn: fn[f], worker: wk[w], start: d.time + start, end: end === null ? null : d.time + end,
+      failed: failed, count: count };
+    const key = t.worker + ":" + t.start;
+    const last = stream.last.get(t.worker);
+    stream.tasks.delete(key);   // its running bar, now ended
+    if (last && t.end !== null && !t.failed && !last.failed && last.fn === t.fn && last.end !== null &&
+        t.start - last.end <= 5 && t.end - t.start < 50 && stream.tasks.get(last.key) === last) {
+      last.end = Math.max(last.end, t.end);   // back to back on one worker: one bar
+      last.count += t.count;
+      continue;
+    }
+    t.key = key;
+    stream.tasks.set(key, t);
+    if (t.end !== null) stream.last.set(t.worker, t);
   }
   const cutoff = d.time - WINDOW_MS * 1.5;
   for (const [id, t] of stream.tasks) if (t.end !== null && t.end < cutoff) stream.tasks.delete(id);
@@ -308,7 +321,10 @@ function drawStream() {
   }
   stream.hits = hits;
   stream.drawn = n;
-  $("stream-count").textContent = n + " tasks in the last minute on " + stream.workers.length + " workers";
+  let tasks = 0;
+  for (const [, , , t] of hits) tasks += t.count;
+  $("stream-count").textContent = tasks + " tasks (" + n + " bars) in the last minute on " +
+    stream.workers.length + " workers";
   $("stream-legend").replaceChildren(...stream.names.slice(0, 40).map((name, i) => {
     const s = el("span", "legend", name);
     s.style.borderColor = colorOf(i);
@@ -324,9 +340,10 @@ function streamHover(ev) {
   if (!hit) { tip.hidden = true; return; }
   const t = hit[3];
   tip.hidden = false;
-  tip.textContent = stream.names[t.fn] + " \u00b7 " + stream.workers[t.worker] + " \u00b7 " +
+  tip.textContent = stream.names[t.fn] + (t.count > 1 ? " \u00d7 " + t.count + " tasks" : "") +
+    " \u00b7 " + stream.workers[t.worker] + " \u00b7 " +
     (t.end === null ? "running " + fmtDur(Date.now() - stream.offset - t.start) : fmtDur(t.end - t.start)) +
-    (t.failed ? " \u00b7 FAILED" : "") + " \u00b7 " + t.id;
+    (t.failed ? " \u00b7 FAILED" : "");
   tip.style.left = Math.min(ev.clientX + 12, window.innerWidth - 320) + "px";
   tip.style.top = ev.clientY + 12 + "px";
 }
@@ -382,9 +399,9 @@ function drawChart(canvas, pts, fmt, fixedMax) {
   ctx.textBaseline = "bottom";
   ctx.fillText("-5 min", 2, height);
 }
-function chartBox(title, id) {
+function chartBox(title, id, cls) {
   const box = el("div", "chart");
-  box.appendChild(el("div", "label", title));
+  box.appendChild(el("div", cls || "label", title));
   const c = el("canvas");
   c.id = id;
   box.appendChild(c);
@@ -431,15 +448,15 @@ async function pollMetrics() {
   $("metrics-empty").hidden = d.metrics.length > 0;
   const root = $("metric-charts");
   const names = [...history.series.keys()].filter((k) => k.startsWith("metric:")).sort();
-  for (const name of names) {
+  for (const name of names) {   // every box first: the grid's widths are final when drawn
     const id = "chart-" + name;
     if (!document.getElementById(id)) {
-      const box = chartBox(name.slice(7), id);
+      const box = chartBox(name.slice(7), id, "ctitle mono");
       box.dataset.metric = name.slice(7);
       root.appendChild(box);
     }
-    drawChart(document.getElementById(id), history.series.get(name), fmtAmount, 0);
   }
+  for (const name of names) drawChart(document.getElementById("chart-" + name), history.series.get(name), fmtAmount, 0);
 }
 
 // ------------------------------------------------------------------ objects, drivers, logs

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._protocol import pb
@@ -89,9 +89,8 @@ class Recorder:
 
     def _run(self) -> None:
         from .._protocol import wire as _wire
-        from .._runtime import context as _context
         while not self._wake.wait(REPORT_S):
-            client = _context.client_or_none()
+            client = client_source()
             if client is None or getattr(client, "lost", None) is not None:
                 continue   # kept until this process is connected
             batch = self.take()
@@ -104,14 +103,27 @@ class Recorder:
     def flush(self) -> None:
         """Send what is recorded now (a driver about to shut down)."""
         from .._protocol import wire as _wire
-        from .._runtime import context as _context
-        client = _context.client_or_none()
+        client = client_source()
         batch = self.take() if client is not None else None
         if batch is not None:
-            client.send(_wire.METRICS, batch)  # type: ignore[union-attr]
+            client.send(_wire.METRICS, batch)
 
 
 _recorder = Recorder()
+# This process's connection to the head, or None: set by _runtime/context.py (the layer
+# above, which owns the connection).
+_client_source: Callable[[], Any] = lambda: None
+
+
+def client_source() -> Any:
+    """This process's client (None while it is not connected)."""
+    return _client_source()
+
+
+def set_client_source(source: Callable[[], Any]) -> None:
+    """Where the recorder finds this process's client. ``source``: returns it or None."""
+    global _client_source
+    _client_source = source
 
 
 def recorder() -> Recorder:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._objects.refs import RefCounts
+from .._observe import metrics as _metrics
 from .._protocol import pb
 
 if TYPE_CHECKING:
@@ -250,3 +251,7 @@ class RuntimeContext:
 def get_runtime_context() -> RuntimeContext:
     """The runtime context of this process (a driver, a task's or an actor's worker)."""
     return RuntimeContext()
+
+
+# The user metrics' recorder (_observe/metrics.py) reports on this process's connection.
+_metrics.set_client_source(client_or_none)

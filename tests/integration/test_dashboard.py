@@ -201,6 +201,9 @@ def test_without_the_dashboard_init_says_so(start_cluster: Any) -> None:
 def test_the_default_port_taken_the_dashboard_takes_a_free_one() -> None:
     from orchestra._observe.dashboard_bind import DEFAULT_PORT, listen
     holder = socket.socket()
+    # As listen() does: a connection of an earlier dashboard on the port, in TIME_WAIT,
+    # must not keep this holder from taking it (and listen() from taking it after).
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         holder.bind(("127.0.0.1", DEFAULT_PORT))
         holder.listen()

@@ -136,3 +136,15 @@ def test_task_table_numbers_changes_and_keeps_errors() -> None:
     recs, complete = t.changed_since(seq)
     assert [r.task_id for r in recs] == [b"t2"] and complete
     assert t.changed_since(t.seq) == ([], True)
+
+
+def test_short_tasks_back_to_back_share_a_bar_in_the_task_stream() -> None:
+    from orchestra._head.dashboard_views import merge_bars
+    rows = [[0, 0, 0, 2, 0, 1], [0, 0, 3, 5, 0, 1], [0, 0, 6, 8, 0, 1],   # back to back: one bar
+            [1, 0, 9, 11, 0, 1],                                         # another function
+            [1, 0, 12, 14, 1, 1], [1, 0, 15, 17, 0, 1],                  # a failed one splits
+            [1, 0, 100, 300, 0, 1], [1, 0, 301, 303, 0, 1],              # a long one stays alone
+            [0, 1, 0, None, 0, 1]]                                       # running: alone
+    assert merge_bars(rows) == [[0, 0, 0, 8, 0, 3], [1, 0, 9, 11, 0, 1], [1, 0, 12, 14, 1, 1],
+                                [1, 0, 15, 17, 0, 1], [1, 0, 100, 300, 0, 1],
+                                [1, 0, 301, 303, 0, 1], [0, 1, 0, None, 0, 1]]
