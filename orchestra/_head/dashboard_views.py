@@ -248,26 +248,12 @@ class DashboardViews:
                 "bytes": sum(int(r["object_size"] or 0) for r in rows)}
 
     def drivers(self, q: dict[str, str]) -> dict[str, Any]:
-        st = self.head.state
-        table = self.events.table
-        clients = st.clients
-
-        def is_driver(conn: int) -> bool:
-            c = clients.get(conn)
-            return c is not None and c.kind == "driver"
-
-        def worker_of(conn: int) -> int:
-            c = clients.get(conn)
-            return c.worker.worker_id if c is not None and c.worker is not None else -1
-
+        clients = self.head.state.clients
         self.events._settle(False)
+        job_of = self.events.job_finder()
         counts: dict[int, dict[str, int]] = {}
-        jobs: dict[int, int] = {}
-        for r in table.records.values():
-            job = jobs.get(r.caller)
-            if job is None:
-                job = jobs[r.caller] = table.job_of(r.caller, is_driver, worker_of)
-            c = counts.setdefault(job, {})
+        for r in self.events.table.records.values():
+            c = counts.setdefault(job_of(r.caller), {})
             c[r.state] = c.get(r.state, 0) + 1
         rows = []
         for conn, c in clients.items():

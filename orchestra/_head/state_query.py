@@ -19,6 +19,7 @@ import itertools
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._ids import node_hex
@@ -203,10 +204,11 @@ class StateQueries:
 
         self.table.settle(SchedView(task_state, worker_alive), flushed)
 
-    def task_rows(self, detail: bool = False, flushed: bool = False) -> list[dict[str, Any]]:
-        """list_tasks()'s rows, oldest first."""
-        self._settle(flushed)
+    def job_finder(self) -> Callable[[int], int]:
+        """caller connection -> the driver connection whose job it works for (0:
+        unknown), each caller looked up once (TaskTable.job_of)."""
         clients = self.head.state.clients
+        jobs: dict[int, int] = {}
 
         def is_driver(conn: int) -> bool:
             c = clients.get(conn)
@@ -216,12 +218,21 @@ class StateQueries:
             c = clients.get(conn)
             return c.worker.worker_id if c is not None and c.worker is not None else -1
 
-        jobs: dict[int, int] = {}
+        def job_of(caller: int) -> int:
+            job = jobs.get(caller)
+            if job is None:
+                job = jobs[caller] = self.table.job_of(caller, is_driver, worker_of)
+            return job
+        return job_of
+
+    def task_rows(self, detail: bool = False, flushed: bool = False) -> list[dict[str, Any]]:
+        """list_tasks()'s rows, oldest first."""
+        self._settle(flushed)
+        clients = self.head.state.clients
+        job_of = self.job_finder()
         rows = []
         for r in self.table.records.values():
-            job = jobs.get(r.caller)
-            if job is None:
-                job = jobs[r.caller] = self.table.job_of(r.caller, is_driver, worker_of)
+            job = job_of(r.caller)
             row = {
                 "task_id": r.task_id.hex(), "attempt_number": max(r.attempts - 1, 0),
                 "name": r.name, "state": r.state, "job_id": f"{job:08x}" if job else None,
