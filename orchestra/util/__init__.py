@@ -1,7 +1,9 @@
 """Utilities beside the core API, named as in Ray: ``orchestra.util.ActorPool``,
 ``orchestra.util.queue.Queue``, ``orchestra.util.scheduling_strategies``, placement groups
 (``orchestra.util.placement_group`` and the names below), and the cluster's state
-(``orchestra.util.state``: ``list_tasks``, ``list_actors``, ..., imported when used).
+(``orchestra.util.state``: ``list_tasks``, ``list_actors``, ..., imported when used), user
+metrics (``orchestra.util.metrics``: ``Counter``, ``Gauge``, ``Histogram``) and progress
+bars drawn on the driver (``orchestra.util.tqdm``).
 The libraries' adapters, each imported when used: ``orchestra.util.multiprocessing.Pool``,
 ``orchestra.util.futures.OrchestraExecutor``, ``orchestra.util.joblib`` (needs joblib) and
 ``orchestra.util.dask`` (needs dask)."""
