@@ -4,8 +4,11 @@ and the dashboard's history and task-stream changes."""
 from __future__ import annotations
 
 import re
+import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from orchestra._observe import metrics as m
 from orchestra._observe.history import History
@@ -148,3 +151,79 @@ def test_short_tasks_back_to_back_share_a_bar_in_the_task_stream() -> None:
     assert merge_bars(rows) == [[0, 0, 0, 8, 0, 3], [1, 0, 9, 11, 0, 1], [1, 0, 12, 14, 1, 1],
                                 [1, 0, 15, 17, 0, 1], [1, 0, 100, 300, 0, 1],
                                 [1, 0, 301, 303, 0, 1], [0, 1, 0, None, 0, 1]]
+
+
+# The recorder is shared by every thread of a process (they record) and its reporting
+# thread (it takes): rule, one lock; every record lands in exactly one batch.
+
+_OPS = st.lists(st.one_of(
+    st.tuples(st.just("inc"), st.sampled_from(["a", "b"]), st.integers(1, 5)),
+    st.tuples(st.just("set"), st.sampled_from(["a", "b"]), st.integers(-5, 5)),
+    st.tuples(st.just("obs"), st.sampled_from(["a", "b"]), st.floats(0, 3)),
+    st.tuples(st.just("take"), st.just(""), st.just(0))), max_size=60)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_OPS)
+def test_records_interleaved_with_takes_add_up_at_the_head(ops: list[tuple[str, str, float]]) -> None:
+    rec = m.Recorder()
+    rec._thread = object()  # type: ignore[assignment]
+    old, m._recorder = m._recorder, rec
+    try:
+        c = m.Counter("c", tag_keys=("k",))
+        g = m.Gauge("g", tag_keys=("k",))
+        h = m.Histogram("h", boundaries=[1.0, 2.0], tag_keys=("k",))
+        table = MetricsTable()
+        want_c: dict[str, float] = {}
+        want_g: dict[str, float] = {}
+        want_h: dict[str, int] = {}
+        for op, k, v in ops:
+            if op == "inc":
+                c.inc(v, tags={"k": k})
+                want_c[k] = want_c.get(k, 0) + v
+            elif op == "set":
+                g.set(v, tags={"k": k})
+                want_g[k] = v
+            elif op == "obs":
+                h.observe(v, tags={"k": k})
+                want_h[k] = want_h.get(k, 0) + 1
+            elif (batch := rec.take()) is not None:
+                table.add(batch)
+        if (batch := rec.take()) is not None:
+            table.add(batch)
+        got = {(r["name"], r["tags"]["k"]): r for r in table.rows()}
+        assert {k: got[("c", k)]["value"] for k in want_c} == want_c
+        assert {k: got[("g", k)]["value"] for k in want_g} == want_g
+        assert {k: got[("h", k)]["count"] for k in want_h} == want_h
+    finally:
+        m._recorder = old
+
+
+def test_threads_recording_while_the_reporter_takes_lose_nothing() -> None:
+    rec = m.Recorder()
+    rec._thread = object()  # type: ignore[assignment]
+    old, m._recorder = m._recorder, rec
+    try:
+        c = m.Counter("hits")
+        table = MetricsTable()
+        stop = threading.Event()
+
+        def reporter() -> None:
+            while not stop.is_set():
+                if (batch := rec.take()) is not None:
+                    table.add(batch)
+
+        t = threading.Thread(target=reporter)
+        t.start()
+        workers = [threading.Thread(target=lambda: [c.inc() for _ in range(5000)]) for _ in range(4)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        stop.set()
+        t.join()
+        if (batch := rec.take()) is not None:
+            table.add(batch)
+        assert table.rows()[0]["value"] == 20_000
+    finally:
+        m._recorder = old
