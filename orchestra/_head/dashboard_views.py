@@ -1,7 +1,7 @@
 """What the dashboard's page asks the head for, as JSON-able data: one function per path
-under /api/ (``routes()``), read from the head's tables on its loop.
+under /api/ (``routes()``; /api/summary, the cached cluster summary, is the server's own),
+read from the head's tables on its loop.
 
-    /api/summary       the cluster summary (cards, counts, nodes)
     /api/actors        every actor: id, class, name, namespace, state, node, pid,
                        restarts, and for a dead one the cause
     /api/tasks         the recent and running tasks, failed ones first with their error,
@@ -25,13 +25,15 @@ from __future__ import annotations
 import collections
 import glob
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from .._ids import node_hex
+from .._ids import node_from_hex, node_hex
 from .._observe.history import SAMPLE_S, History
 from .._observe.log_capture import LOGS_DIR, MARKER
+from .._observe.progress_bars import PREFIX as BAR_PREFIX
 from .._observe.task_events import ENDED, FAILED, KINDS, RUNNING
 from .._scheduler.model import WorkerState
 
@@ -61,7 +63,7 @@ class DashboardViews:
 
     def routes(self) -> dict[str, View]:
         """Path under /api/ -> the function answering it (given the query's pairs)."""
-        return {"summary": lambda q: self.head.cluster_summary(), "actors": self.actors,
+        return {"actors": self.actors,
                 "tasks": self.tasks, "task": self.task, "stream": self.stream,
                 "history": self.history_since, "objects": self.objects, "logs": self.logs,
                 "drivers": self.drivers, "metrics": self.metric_rows}
@@ -83,7 +85,8 @@ class DashboardViews:
         try:
             self._sample(time.time())
         except Exception as exc:  # noqa: BLE001 - a bug here must not stop the head's loop
-            print(f"orchestra head: the dashboard's sampler failed: {exc!r}", flush=True)
+            print(f"orchestra head: the dashboard's sampler failed: {exc!r}", file=sys.stderr,
+                  flush=True)
         self._timer = head.loop.call_later(SAMPLE_S, self.sample)
 
     def _sample(self, now: float) -> None:
@@ -108,7 +111,7 @@ class DashboardViews:
         values: dict[str, float] = {}
         for row in self.events.node_rows():
             nid = row["node_id"]
-            n = _node_number(nid)
+            n = node_from_hex(nid)
             alive = row["state"] == "ALIVE"
             values[f"node:{nid}:alive"] = 1.0 if alive else 0.0
             values[f"node:{nid}:cpu"] = cpu.get(n, 0.0) if alive else 0.0
@@ -340,7 +343,7 @@ def _read_log(path: str, offset: int) -> dict[str, Any]:
         cut = data.find(b"\n")
         data, start = (data[cut + 1:], start + cut + 1) if cut >= 0 else (data, start)
     lines = [_shown(line) for line in data.decode("utf-8", "backslashreplace").splitlines(True)
-             if not line.startswith(":orchestra-bar: ")]
+             if not line.startswith(BAR_PREFIX)]
     return {"text": "".join(lines), "offset": start + len(data)}
 
 
@@ -360,13 +363,6 @@ def _task_row(r: Any) -> dict[str, Any]:
             "start_ms": int(r.start_time * 1000) if r.start_time else None,
             "end_ms": int(r.end_time * 1000) if r.end_time else None,
             "attempts": r.attempts, "actor_id": r.actor_id.hex() or None}
-
-
-def _node_number(hex_id: str) -> int:
-    try:
-        return int(hex_id, 16)
-    except (TypeError, ValueError):
-        return -1
 
 
 def _float(text: str | None, default: float) -> float:

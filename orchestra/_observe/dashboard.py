@@ -31,12 +31,13 @@ import hashlib
 import hmac
 import ipaddress
 import json
-import math
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from .metrics_table import label_value, number
 
 if TYPE_CHECKING:
     import socket
@@ -94,16 +95,6 @@ _HELP = {
 }
 
 
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
-
-
-def _number(x: float) -> str:
-    if isinstance(x, float) and not math.isfinite(x):
-        return "NaN" if math.isnan(x) else ("+Inf" if x > 0 else "-Inf")
-    return repr(int(x)) if float(x).is_integer() else repr(float(x))
-
-
 def metrics_text(s: dict[str, Any]) -> str:
     """The cluster summary in Prometheus's text exposition format (version 0.0.4)."""
     rows: dict[str, list[tuple[str, float]]] = {name: [] for name in _HELP}
@@ -113,17 +104,17 @@ def metrics_text(s: dict[str, Any]) -> str:
     rows["orchestra_workers"] = [("", s.get("workers", 0))]
     rows["orchestra_drivers"] = [("", s.get("drivers", 0))]
     tasks, actors = s.get("tasks", {}), s.get("actors", {})
-    rows["orchestra_tasks"] = [(f'state="{_label(k)}"', tasks.get(k, 0))
+    rows["orchestra_tasks"] = [(f'state="{label_value(k)}"', tasks.get(k, 0))
                                for k in dict.fromkeys([*TASK_STATES, *tasks])]
-    rows["orchestra_actors"] = [(f'state="{_label(k)}"', actors.get(k, 0))
+    rows["orchestra_actors"] = [(f'state="{label_value(k)}"', actors.get(k, 0))
                                 for k in dict.fromkeys([*ACTOR_STATES, *actors])]
     for n in nodes:
         if not n.get("alive"):
             continue
-        node = f'node="{_label(n["node_id"])}"'
+        node = f'node="{label_value(n["node_id"])}"'
         total, free = n.get("resources_total", {}), n.get("resources_available", {})
         for k in shown_resources(total):
-            lab = f'resource="{_label(k)}",{node}'
+            lab = f'resource="{label_value(k)}",{node}'
             rows["orchestra_resources_total"].append((lab, total[k]))
             rows["orchestra_resources_available"].append((lab, free.get(k, 0.0)))
         rows["orchestra_object_store_used_bytes"].append((node, n.get("store_used", 0)))
@@ -133,7 +124,7 @@ def metrics_text(s: dict[str, Any]) -> str:
     for name, (kind, text) in _HELP.items():
         out.append(f"# HELP {name} {text}")
         out.append(f"# TYPE {name} {kind}")
-        out.extend(f"{name}{{{lab}}} {_number(v)}" if lab else f"{name} {_number(v)}"
+        out.extend(f"{name}{{{lab}}} {number(v)}" if lab else f"{name} {number(v)}"
                    for lab, v in rows[name])
     return "\n".join(out) + "\n"
 

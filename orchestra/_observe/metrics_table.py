@@ -13,6 +13,7 @@ counted too, so a tag with unbounded values cannot grow the head without limit.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,11 +50,11 @@ def _help(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n")
 
 
-def _num(x: float) -> str:
-    if x != x:
-        return "NaN"
-    if x in (float("inf"), float("-inf")):
-        return "+Inf" if x > 0 else "-Inf"
+def number(x: float) -> str:
+    """A sample's value as the exposition format writes it (NaN, +Inf, -Inf; an integral
+    value without a fraction)."""
+    if not math.isfinite(x):
+        return "NaN" if math.isnan(x) else ("+Inf" if x > 0 else "-Inf")
     return repr(int(x)) if float(x).is_integer() and abs(x) < 1e15 else repr(float(x))
 
 
@@ -105,14 +106,14 @@ class MetricsTable:
             for tags, s in fam.series.items():
                 labels = [f'{k}="{label_value(v)}"' for k, v in zip(fam.tag_keys, tags, strict=True)]
                 if fam.kind != HISTOGRAM:
-                    out.append(f"{name}{_braces(labels)} {_num(s.value)}")
+                    out.append(f"{name}{_braces(labels)} {number(s.value)}")
                     continue
                 acc = 0
                 for bound, n in zip((*fam.boundaries, float("inf")), s.buckets, strict=True):
                     acc += n
-                    le = 'le="' + _num(bound) + '"'
+                    le = 'le="' + number(bound) + '"'
                     out.append(f"{name}_bucket{_braces([*labels, le])} {acc}")
-                out.append(f"{name}_sum{_braces(labels)} {_num(s.value)}")
+                out.append(f"{name}_sum{_braces(labels)} {number(s.value)}")
                 out.append(f"{name}_count{_braces(labels)} {s.count}")
         return "\n".join(out) + ("\n" if out else "")
 
@@ -152,4 +153,4 @@ def _braces(labels: list[str]) -> str:
     return "{" + ",".join(labels) + "}" if labels else ""
 
 
-__all__ = ["MetricsTable", "label_value", "COUNTER", "GAUGE", "HISTOGRAM"]
+__all__ = ["MetricsTable", "label_value", "number", "COUNTER", "GAUGE", "HISTOGRAM"]
