@@ -61,6 +61,9 @@ class ObjectIO:
         self.inline_threshold = inline_threshold
         # object id -> (read view, segment, its stream parsed)
         self.maps: dict[bytes, tuple[memoryview, str, Parsed]] = {}
+        # Objects kept in maps by their put (keep_read) that no get has read yet: the
+        # first get tells the store of the use (its least recently used spill first).
+        self.unread: set[bytes] = set()
         self.wmaps: dict[str, mmap.mmap] = {}
         # Segment name -> read-only map of all of it, kept across the objects it holds
         # (the store pools segments): a worker reading each new large argument in the
@@ -130,7 +133,7 @@ class ObjectIO:
             # Reads of them kept for a second get (a get that raced the removal read its
             # own write map): a later get maps the object where it is now.
             for oid in [o for o, (_, name, _) in self.maps.items() if name in names]:
-                del self.maps[oid]
+                self.forget(oid)
         for mm in maps:
             _close(mm)
 
@@ -144,7 +147,7 @@ class ObjectIO:
         wanted = set(names)
         with self.refs.lock:
             for oid in [o for o, (_, name, _) in self.maps.items() if name in wanted]:
-                del self.maps[oid]
+                self.forget(oid)
             kept = [self.rmaps.pop(n) for n in wanted if n in self.rmaps]
         for mm in kept:
             _close(mm)
@@ -177,6 +180,8 @@ class ObjectIO:
         if kind == "segment":
             cached = self.maps.get(oid)
             if cached is not None:
+                if oid in self.unread:
+                    self._first_read(oid, cached[1])
                 return cached[2].value()
             own = self.own_view(data.segment)
             name = data.segment.name
@@ -191,6 +196,40 @@ class ObjectIO:
                     self.maps[oid] = (view, name, parsed)
             return parsed.value()
         raise pickle.loads(data.error)
+
+    def keep_read(self, oid: bytes, segment: pb.Segment) -> None:
+        """After a put: parse the object just written, as its first get would, and keep
+        it as a get keeps it. The put has just copied the value through the caches, so
+        the get that often follows it runs cold: it then only makes the value (~70 us
+        for 512 MiB instead of ~240). A DataFrame of a schema new to this process is
+        converted once here, so that the next are made by hand (``frames``)."""
+        view = self.own_view(segment)
+        if view is None:
+            return
+        try:
+            parsed = parse(view, f"object {oid.hex()}")
+            if parsed.kind == b"pandas" and parsed.ready is None:
+                parsed.value()
+        except OrchestraError:
+            return   # a get says it, where it is asked for
+        with self.refs.lock:
+            if oid in self.refs.local:
+                self.maps[oid] = (view, segment.name, parsed)
+                self.unread.add(oid)
+
+    def _first_read(self, oid: bytes, name: str) -> None:
+        """A get of an object its put kept: a pin and an unpin tell the store of the use,
+        as a get that maps it does (the put's own pin holds meanwhile)."""
+        with self.refs.lock:
+            if oid in self.unread:
+                self.unread.discard(oid)
+                self.refs.pin.append(name)
+                self.refs.unpin.append(name)
+
+    def forget(self, oid: bytes) -> None:
+        """Under the ref lock: the read kept for ``oid`` goes (its view's pin with it)."""
+        self.maps.pop(oid, None)
+        self.unread.discard(oid)
 
     def own_view(self, segment: pb.Segment) -> memoryview | None:
         """A read-only view of a segment this process filled and still maps (a fresh

@@ -294,7 +294,7 @@ class CoreClient:
         """Under the ref lock: this process dropped its last ref to ``oid``. Forget what
         was kept for it; True when the head holds a count for it here (a decrement)."""
         self.results.pop(oid, None)
-        self.objects.maps.pop(oid, None)
+        self.objects.forget(oid)
         self.owned.discard(oid)
         self._subscribed.discard(oid)
         direct = self.direct
@@ -410,7 +410,11 @@ class CoreClient:
         if isinstance(value, ObjectRef):
             raise TypeError("put() of an ObjectRef: pass the ref itself where it is needed, "
                             "or put() its value (orchestra.get(ref)) instead")
-        return self.put_serialized(serialize(value))
+        ref = self.put_serialized(serialize(value))
+        data = self.results.get(ref._id)
+        if data is not None and data.WhichOneof("data") == "segment":
+            self.objects.keep_read(ref._id, data.segment)
+        return ref
 
     def put_serialized(self, ser: Serialized | None, error: bytes = b"") -> ObjectRef:
         """A new object of ``ser``; or (``ser`` None) one whose get raises ``error`` (a

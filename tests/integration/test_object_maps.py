@@ -123,3 +123,68 @@ def test_a_worker_killed_while_it_maps_an_object_leaves_no_pin(start_cluster):
     # The memory is the store's again: a put of the same size goes into it.
     ref = orchestra.put(np.full(n, 2.0))
     assert orchestra.get(total.remote(ref), timeout=T) == 2.0 * n
+
+
+# ------------------------------------------------------------------ a put's read, kept
+
+def test_a_put_keeps_its_read_for_the_first_get_and_frees_it_with_the_ref(start_cluster):
+    # A put parses what it wrote, as a get would, and keeps it (a pinned view) for the
+    # get that often follows: the value is the same, over the same shared memory, and the
+    # kept view goes with the last ref, read or not.
+    start_cluster(num_cpus=1, object_store_memory=96 * MiB)
+    n = (16 * MiB) // 8
+    unread = orchestra.put(np.full(n, 3.0))
+    ref = orchestra.put(np.arange(n, dtype=np.float64))
+    value = orchestra.get(ref, timeout=T)
+    assert value[0] == 0 and value[-1] == n - 1 and not value.flags.writeable
+    assert orchestra.get(ref, timeout=T).__array_interface__["data"][0] == \
+        value.__array_interface__["data"][0]
+    assert orchestra.get(total.remote(unread), timeout=T) == 3.0 * n
+    del unread, ref
+    assert value.sum() == n * (n - 1) / 2                     # the view outlives the ref
+    wait_until(lambda: 0 < _store_used() < 32 * MiB, 10, "the unread object freed",
+               lambda: f"{_store_used()} bytes held")
+    del value
+    wait_until(lambda: _store_used() == 0, 10, "every object freed",
+               lambda: f"{_store_used()} bytes still held")
+
+
+def test_puts_beyond_the_store_spill_their_kept_reads_and_read_back(start_cluster):
+    # Every put pins its kept read: the store asks the driver to let go of the least
+    # recently used ones to spill them (as for maps a get kept); each reads back intact.
+    start_cluster(num_cpus=1, object_store_memory=64 * MiB)
+    n = (16 * MiB) // 8
+    refs = [orchestra.put(np.full(n, float(i))) for i in range(8)]
+    assert orchestra.get(refs[-1], timeout=T)[0] == 7.0
+    for i, ref in enumerate(refs):
+        got = orchestra.get(ref, timeout=T)
+        assert got[0] == got[-1] == float(i)
+        del got
+    assert orchestra.get([total.remote(r) for r in refs], timeout=T) == \
+        [float(i) * n for i in range(8)]
+    del refs, ref
+    wait_until(lambda: _store_used() == 0, 10, "the store's memory returned",
+               lambda: f"{_store_used()} bytes still held")
+
+
+def test_a_dataframe_put_and_got_is_the_same_frame_over_shared_memory(start_cluster):
+    pd = pytest.importorskip("pandas")
+    start_cluster(num_cpus=1, object_store_memory=128 * MiB)
+    rows = 1_000_000
+    for k in range(3):   # the first of a schema is converted by pyarrow, the next by hand
+        df = pd.DataFrame({f"c{i}": np.arange(rows, dtype=np.float64 if i % 2 else np.int64) + k
+                           for i in range(4)})
+        ref = orchestra.put(df)
+        got = orchestra.get(ref, timeout=T)
+        pd.testing.assert_frame_equal(got, df, check_exact=True)
+        again = orchestra.get(ref, timeout=T)
+        pd.testing.assert_frame_equal(again, df, check_exact=True)
+        assert again["c0"].to_numpy().__array_interface__["data"][0] == \
+            got["c0"].to_numpy().__array_interface__["data"][0]
+        assert orchestra.get(frame_total.remote(ref), timeout=T) == float(df["c1"].sum())
+        del got, again, ref
+
+
+@orchestra.remote
+def frame_total(df) -> float:
+    return float(df["c1"].sum())
