@@ -51,6 +51,7 @@ from .calls import encode_call
 from .direct import DirectCalls
 from .direct_core import LOAN_IDLE_S, Call
 from .object_ref import ObjectRef
+from .pacer import Pacer
 
 # Why every call fails once the head's connection is gone (ClusterLostError).
 _LOST = ("lost the connection to the cluster: its head process exited (it crashed or was "
@@ -58,7 +59,6 @@ _LOST = ("lost the connection to the cluster: its head process exited (it crashe
 
 _log = logging.getLogger("orchestra")
 
-_FLUSH_INTERVAL_S = 0.02
 # Ids a blocked get() names to the head (Blocked): enough to find a task to run inline
 # (_scheduler/blocking.py), without a frame the size of a get of 100k refs.
 _BLOCKED_IDS = 256
@@ -154,7 +154,7 @@ class CoreClient:
         # One reused buffer: recv(1 MiB) would allocate (and fault in) 1 MiB per read.
         self._buf = bytearray(1 << 18)
         self._view = memoryview(self._buf)
-        self._stop = threading.Event()
+        self.pacer = Pacer()   # the background thread's rounds (_runtime/pacer.py)
         # Called by the background thread every few ms (a worker reports its task
         # events from there, _observe/task_events.py); None: nothing to call.
         self.on_tick: Callable[[], None] | None = None
@@ -224,7 +224,14 @@ class CoreClient:
             self.conn.send_locked(pre + frame + post if (pre or post) else frame)
         except OSError as exc:
             return exc
+        self.pacer.stir()
         return None
+
+    def stir(self) -> None:
+        """Direct calls went by: the head hears the cluster is busy, and the background
+        thread takes its short round again."""
+        self.active = True
+        self.pacer.stir()
 
     def _send_failed(self, failed: OSError) -> NoReturn:
         # The head closed the connection: what it sent last may say why (Closing).
@@ -500,26 +507,12 @@ class CoreClient:
         else:
             def ready() -> bool:
                 return sum(1 for oid in ids if oid in results) >= k
-        if ready():
-            return
-        blocked = inline = False
-        if self.on_block is not None:
-            blocked = True
-            missing = list(itertools.islice((oid for oid in ids if oid not in results), _BLOCKED_IDS))
-            inline = self.on_block(True, missing)
-        try:
-            if inline:
-                ok = self._wait_running_nested(ready, deadline)
-            else:
-                ok = self.wait_until(ready, deadline)
-            if not ok and raise_timeout:
-                raise GetTimeoutError(
-                    f"get() timed out after {timeout:g} s with "
-                    f"{sum(1 for oid in ids if oid not in results)} of {n} objects not ready; "
-                    "the tasks keep running. Call get() again later or raise the timeout.")
-        finally:
-            if blocked and self.on_block is not None:
-                self.on_block(False, ())
+        if not self.wait_for(ready, deadline, (oid for oid in ids if oid not in results)) \
+                and raise_timeout:
+            raise GetTimeoutError(
+                f"get() timed out after {timeout:g} s with "
+                f"{sum(1 for oid in ids if oid not in results)} of {n} objects not ready; "
+                "the tasks keep running. Call get() again later or raise the timeout.")
 
     def wait_for(self, ready: Callable[[], bool], deadline: float | None,
                  ids: Iterable[bytes] = ()) -> bool:
@@ -656,19 +649,22 @@ class CoreClient:
             self._broken(exc)
 
     def _background_loop(self) -> None:
-        direct = self.direct
-        while not self._stop.wait(_FLUSH_INTERVAL_S):
+        direct, pacer = self.direct, self.pacer
+        while pacer.sleep():
+            busy = pacer.took()
             if self._read_lock.acquire(False):
                 try:
                     for _ in range(64):
                         if not self._read_once(0):
                             break
+                        busy = True
                 except ClusterLostError:   # a frame's answer found the head gone
                     return
                 finally:
                     self._read_lock.release()
             if self.lost is not None:
                 return
+            pacer.done(busy or bool(direct.loans) or self.active or self.refs.pending())
             if direct.loans:
                 try:
                     direct.return_idle_loans(LOAN_IDLE_S, ask=True)
@@ -688,6 +684,7 @@ class CoreClient:
                     return
 
     def _dispatch(self, frames: list[tuple[int, Any]]) -> None:
+        self.pacer.stir()
         wake = False
         woken: list[Any] = []
         direct = self.direct
@@ -787,7 +784,7 @@ class CoreClient:
 
     def close(self) -> None:
         self.closing = True
-        self._stop.set()
+        self.pacer.stop()
         self.conn.shutdown()
         self.conn.close()
         if self._reader is not threading.current_thread():

@@ -70,6 +70,7 @@ class Client(Protocol):
     def send_submit(self, call: bytes, refs: Any) -> None: ...
     def subscribe_missing(self, ids: Iterable[bytes]) -> None: ...
     def wake(self) -> None: ...
+    def stir(self) -> None: ...
 
 
 class Peer(Connection):
@@ -132,7 +133,7 @@ class DirectCalls:
                 frames.append(_codec.execute_frame(
                     c.call, [d.SerializeToString() for d in resolved] if resolved else (),
                     client.conn_id))
-            client.active = True
+            client.stir()
             route.peer.send(frames[0] if len(frames) == 1 else b"".join(frames))
         for c in plan.resubmit:
             self._resubmit(c)
@@ -616,7 +617,7 @@ class DirectCalls:
     def _dispatch_peer(self, peer: Peer, frames: list[tuple[int, Any]]) -> None:
         route = peer.route
         client = self.client
-        client.active = True
+        client.stir()
         if route is None:   # this is an actor's (or lent) worker: calls from a caller
             if self.on_peer_frame is not None:
                 for kind, msg in frames:
