@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from _streams import read_only_copy, within
 from orchestra._objects import frames, serialization
 from orchestra._objects.serialization import deserialize, parse, serialize
-from tests.unit.test_serialization import _within, read_only_copy
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -67,7 +67,7 @@ def test_an_array_is_made_as_numpy_unpickles_it(make):
     slow = pickle.loads(parsed.data[0], buffers=parsed.data[2::2])
     fast = parsed.value()
     _same_array(fast, slow)
-    assert _within(fast.__array_interface__["data"][0], view)
+    assert within(fast.__array_interface__["data"][0], view)
     assert np.array_equal(fast, value) or value.dtype.kind == "V" and fast.tobytes() == value.tobytes()
 
 
@@ -193,7 +193,7 @@ def test_a_dataframe_made_by_hand_is_the_one_pyarrow_makes(df):
     pd.testing.assert_frame_equal(again, df, check_exact=True)
     if numeric and len(df):
         for name in again.columns:
-            assert _within(again[name].to_numpy().__array_interface__["data"][0], view)
+            assert within(again[name].to_numpy().__array_interface__["data"][0], view)
 
 
 @pytest.mark.skipif(pd.__version__ < "3", reason="pandas 2: no frames made by hand")

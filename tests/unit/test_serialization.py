@@ -4,7 +4,6 @@ pickling, and TaskError (no processes, no sockets)."""
 from __future__ import annotations
 
 import importlib
-import mmap
 import pickle
 import sys
 import threading
@@ -18,11 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from _streams import address_of, read_only_copy, within
 from orchestra._objects.pickle5_stream import read_pickle5
 from orchestra._objects.serialization import (
     STREAM_MAGIC,
     ArrowValue,
-    Serialized,
     deserialize,
     dumps_exception,
     dumps_function,
@@ -44,26 +43,6 @@ pytestmark = pytest.mark.timeout(30)
 
 def round_trip(value: Any) -> Any:
     return deserialize(serialize(value).to_bytes())
-
-
-def read_only_copy(ser: Serialized) -> memoryview:
-    """The layout in a read-only shared map, as a reader of a segment sees it."""
-    size = ser.stream_size()
-    mm = mmap.mmap(-1, max(size, 1))
-    ser.write_into(memoryview(mm))
-    ro = mmap.mmap(-1, max(size, 1))
-    ro.write(mm[:])
-    return memoryview(ro).toreadonly()[:size]
-
-
-def _address(view: memoryview) -> int:
-    return int(np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0])
-
-
-def _within(address: int, view: memoryview) -> bool:
-    """``address`` lies in ``view``'s memory: a value read from it is not a copy."""
-    start = _address(view)
-    return start <= address < start + len(view)
 
 
 class Point:
@@ -123,14 +102,14 @@ def test_a_numpy_array_read_from_shared_memory_is_a_read_only_view():
     got = deserialize(view)
     np.testing.assert_array_equal(got, arr)
     assert not got.flags.writeable
-    assert _within(got.__array_interface__["data"][0], view)   # a view of the map
+    assert within(got.__array_interface__["data"][0], view)   # a view of the map
 
 
 def test_out_of_band_buffers_are_64_byte_aligned_at_their_sources_page_offset():
     arrays = [np.ones(70_000, dtype=np.uint8), np.ones(100_000, dtype=np.float64),
               np.ones(200_001, dtype=np.uint8)[1:]]   # a source 1 byte past an allocation
     view = read_only_copy(serialize(arrays))
-    base = _address(view)
+    base = address_of(view)
     for src, got in zip(arrays, deserialize(view), strict=True):
         at = got.__array_interface__["data"][0] - base
         assert at % 64 == 0
@@ -203,7 +182,7 @@ def test_a_pyarrow_table_is_written_as_itself_and_read_back_zero_copy():
     view = read_only_copy(ser)
     got = deserialize(view)
     assert got.equals(table) and got.schema.metadata == {b"own": b"kept"}
-    assert _within(got.column("n").chunk(0).buffers()[1].address, view)
+    assert within(got.column("n").chunk(0).buffers()[1].address, view)
     # the segment is a plain Arrow stream of the same table
     plain = pa.ipc.open_stream(view).read_all()
     assert plain.schema.metadata[b"orchestra.kind"] == b"table"
@@ -264,7 +243,7 @@ def test_numeric_dataframe_columns_are_read_zero_copy():
     got = deserialize(view)
     for name in df.columns:
         column = got[name].to_numpy()
-        assert _within(column.__array_interface__["data"][0], view)
+        assert within(column.__array_interface__["data"][0], view)
         assert not column.flags.writeable
 
 

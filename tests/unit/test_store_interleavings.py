@@ -105,7 +105,9 @@ class StoreMachine(RuleBasedStateMachine):
                             store.unpin(conn_id, [obj.name] * obj.pins.pop(conn_id))
             except ObjectStoreFullError:
                 # Only when even spilling every sealed object would not make the room.
-                stuck = sum(size_class(max(o.size, 1)) for o in self.live.values()
+                # A segment being written counts its capacity, which may be up to twice
+                # its object's class (a larger pooled segment is reused).
+                stuck = sum(store.segs[o.name].capacity for o in self.live.values()
                             if o.state == "writing")
                 retired = sum(s.capacity for s in store.segs.values() if s.state == "retired")
                 assert stuck + retired + size_class(max(size, 1)) > CAPACITY, \
