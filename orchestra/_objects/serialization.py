@@ -340,7 +340,7 @@ def serialize(value: object) -> Serialized:
     finally:
         _collect.refs = outer
     if len(buffers) == 1 and pickled not in _ARRAYS:
-        _note_array(pickled, value, buffers[0])
+        _note_array(pickled, value, buffers[0], unpickled=False)
     return PickledValue(pickled, buffers, contained)
 
 
@@ -354,18 +354,25 @@ _ARRAYS: dict[bytes, tuple[np.dtype, tuple[int, ...], str]] = {}
 _ARRAYS_MAX = 256
 
 
-def _note_array(pickled: bytes, value: Any, buffer: memoryview) -> None:
+def _note_array(pickled: bytes, value: Any, buffer: memoryview, *, unpickled: bool) -> None:
     """Learn ``pickled`` when ``value`` is a plain ndarray that is exactly ``buffer``'s
-    bytes: its pickle, read with that buffer, makes it again."""
+    bytes, strides included: its pickle, read with that buffer, makes it again.
+    ``unpickled``: value is what numpy's unpickling made (else the array pickled, whose
+    size-1 axes' strides numpy's choice of order may change: such arrays are learnt
+    where they are read)."""
     np = sys.modules.get("numpy")
     if np is None or type(value) is not np.ndarray or len(_ARRAYS) >= _ARRAYS_MAX:
         return
     flags = value.flags
     if value.nbytes != buffer.nbytes or not (flags.c_contiguous or flags.f_contiguous) \
-            or value.ctypes.data != np.frombuffer(buffer, np.uint8).ctypes.data:
+            or value.ctypes.data != np.frombuffer(buffer, np.uint8).ctypes.data \
+            or (flags.c_contiguous and flags.f_contiguous and value.ndim > 1 and not unpickled):
         return
-    _ARRAYS[bytes(pickled)] = (value.dtype, value.shape,
-                               "F" if flags.f_contiguous and not flags.c_contiguous else "C")
+    for order in ("C", "F"):
+        if np.frombuffer(buffer, value.dtype).reshape(value.shape, order=order).strides \
+                == value.strides:
+            _ARRAYS[bytes(pickled)] = (value.dtype, value.shape, order)
+            return
 
 
 def _as_arrow(value: object) -> ArrowValue | None:
@@ -515,7 +522,7 @@ class Parsed:
     def _learn_array(self, value: object) -> None:
         pickled = bytes(self.data[0])
         if pickled not in _ARRAYS:
-            _note_array(pickled, value, self.data[2])
+            _note_array(pickled, value, self.data[2], unpickled=True)
         self.ready = _ARRAYS.get(pickled)
 
 
