@@ -507,8 +507,9 @@ class Parsed:
                     dtype, shape, order = ready
                     return np.frombuffer(self.data[2], dtype).reshape(shape, order=order)
                 value = pickle.loads(self.data[0], buffers=self.data[2::2])
-                if len(self.data) == 3 and "numpy" in sys.modules:
-                    self._learn_array(value)
+                numpy = sys.modules.get("numpy")
+                if len(self.data) == 3 and numpy is not None and type(value) is numpy.ndarray:
+                    self._learn_array(value)   # other values: nothing to learn, each get
                 return value
             if ready is not None:
                 return frames.build(ready)
