@@ -298,8 +298,10 @@ class SchedulerCore(Protocol):
         """A pending object held by ``conn``."""
         ...
 
-    def hold_args(self, t: Task) -> bool:
-        """``t`` holds its arguments (and waits for those not made); False when it failed."""
+    def hold_args(self, t: Task, rebuilds: list[Lineage] | None = None) -> bool:
+        """``t`` holds its arguments (and waits for those not made); False when it failed.
+        ``rebuilds``: ``t`` runs again, and freed arguments are revived (their lineages
+        to run are added)."""
         ...
 
     def enqueue_ready(self, t: Task, front: bool = False) -> None:

@@ -8,22 +8,52 @@ it (subscribers, tasks); sealed, located and freed here. No I/O.
         (FreeSegment), the refs it contains released; an actor's handle object ends the
         actor (SchedulerCore.handles_gone)
     copy_on / add_copy / relocate --> where a reader on a node maps it
+    set_lineage / free / revive --> a freed value that a kept lineage names as an
+        argument stays a tomb (its small value, or its own lineage) until the last
+        lineage naming it goes; a rebuild whose argument was freed revives it
 
 Objects: PENDING (a task will produce it) -> READY (data inline, in a segment, or an
 error) -> freed when its count drops to zero. The count is the number of processes
 holding a ref (each tells 0->1 / 1->0), plus queued tasks using it as an argument, plus
 sealed objects that contain it.
 
-``ObjectDirectory`` owns ``objects`` (SchedulerState.objects is the same table); the rest
-of the core reaches it through SchedulerState's event methods.
+Lineage (several nodes only): a task's result in shared memory keeps its Lineage (call,
+retries left, owner), so that losing its node makes it again. Running that call again
+needs its arguments, and a chain whose driver keeps only the last ref has freed each
+step's argument when the step ended (a result lost in ~74,000 under node deaths). So, as
+Ray's lineage pinning: ``lineage_refs`` counts the kept lineages (live objects' and
+tombs') naming each object as an argument; an object freed while that count is positive
+leaves a tomb (``tombs``): its value when small (inline, holding no refs), else its own
+lineage, and the tomb goes with the last lineage naming it (iteratively: a chain of any
+length). A rebuild revives what it needs (``revive``: sealed again from the small
+value, or pending with its lineage to run). Values are never kept for lineage, only
+calls: memory stays bounded by the calls of the chains whose last result is alive.
+
+``ObjectDirectory`` owns ``objects``, ``tombs`` and ``lineage_refs`` (SchedulerState.objects
+is the same table); the rest of the core reaches them through SchedulerState's event
+methods.
 """
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from .._protocol import pb
 from .instructions import FreeSegment, Push
 from .model import Lineage, Obj, SchedulerCore, TaskState
+
+
+class Tomb(NamedTuple):
+    """A freed object a kept lineage names as an argument: its small value (inline,
+    holding no refs), or how to make it again."""
+
+    data: pb.ObjectData | None
+    lineage: Lineage | None
+
+
+# Revived objects belong to no client: their new value is pushed to nobody.
+NO_OWNER = -1
 
 
 class ObjectDirectory:
@@ -32,6 +62,8 @@ class ObjectDirectory:
     def __init__(self, core: SchedulerCore) -> None:
         self.core = core
         self.objects: dict[bytes, Obj] = {}
+        self.tombs: dict[bytes, Tomb] = {}
+        self.lineage_refs: collections.Counter[bytes] = collections.Counter()
 
     def new_object(self, conn: int, oid: bytes) -> Obj:
         """A pending object held by ``conn`` (implied hold: no RefDelta for it)."""
@@ -213,7 +245,63 @@ class ObjectDirectory:
                     self.free_segment(seg)
         for cid in data.contained:
             self.decr(cid)
+        if self.lineage_refs.get(oid):   # a kept lineage may need it: leave a tomb
+            small = data if data.WhichOneof("data") == "inline" and not data.contained else None
+            lineage = o.lineage if small is None and data.WhichOneof("data") == "segment" else None
+            if small is not None or lineage is not None:
+                self.tombs[oid] = Tomb(small, lineage)
+                if lineage is None and o.lineage is not None:
+                    self._forget(o.lineage)
+                return
+        if o.lineage is not None:
+            self._forget(o.lineage)
 
+    # ------------------------------------------------------------------ lineage
+    def set_lineage(self, oid: bytes, lineage: Lineage | None) -> None:
+        """Object ``oid`` is made (again) by ``lineage``, or by nothing any more (None)."""
+        o = self.objects.get(oid)
+        if o is None or (o.lineage is None and lineage is None):
+            return
+        if lineage is not None:   # named first: what both name is never released between
+            for v in lineage.call.args:
+                if v.WhichOneof("kind") == "ref":
+                    self.lineage_refs[v.ref] += 1
+        old, o.lineage = o.lineage, lineage
+        if old is not None:
+            self._forget(old)
+
+    def _forget(self, lineage: Lineage) -> None:
+        """A kept lineage goes: the tombs only it named go too, and theirs after them."""
+        refs, tombs = self.lineage_refs, self.tombs
+        stack = [lineage]
+        while stack:
+            for v in stack.pop().call.args:
+                if v.WhichOneof("kind") != "ref":
+                    continue
+                n = refs[v.ref] - 1
+                if n > 0:
+                    refs[v.ref] = n
+                    continue
+                del refs[v.ref]
+                tomb = tombs.pop(v.ref, None)
+                if tomb is not None and tomb.lineage is not None:
+                    stack.append(tomb.lineage)
+
+    def revive(self, oid: bytes) -> Obj | None:
+        """A rebuild needs the freed object ``oid``: back from its tomb, sealed with its
+        small value or pending with its lineage (the caller runs it); None when nothing
+        can make it."""
+        tomb = self.tombs.pop(oid, None)
+        if tomb is None:
+            return None
+        o = Obj(NO_OWNER)
+        self.objects[oid] = o
+        if tomb.data is not None:
+            o.data = tomb.data
+            o.size = len(tomb.data.inline)
+        else:
+            o.lineage = tomb.lineage   # still counted in lineage_refs: named while it lives
+        return o
 
     def node_lost(self, node_id: int, reason: str) -> dict[bytes, Lineage]:
         """Node ``node_id`` is gone with its store: its copies are forgotten; an object
@@ -232,9 +320,10 @@ class ObjectDirectory:
                 _, seg = o.copies.popitem()
                 o.data = pb.ObjectData(object_id=oid, segment=seg, contained=data.contained)
             elif o.lineage is not None:
+                # Pending again: readers wait for the new run. The lineage stays until
+                # the run ends (its arguments' tombs are needed by it).
                 rebuild.setdefault(o.lineage.call.task_id, o.lineage)
-                o.data = None   # pending again: readers wait for the new run
-                o.lineage = None
+                o.data = None
                 for cid in data.contained:   # counted again when it is sealed anew
                     self.decr(cid)
             else:

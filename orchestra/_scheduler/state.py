@@ -31,6 +31,7 @@ from .adoption import Adoption
 from .blocking import Blocking
 from .groups import PlacementGroups
 from .instructions import Instruction, KillWorker, Pull, Send
+from .lineage import Rebuilds
 from .loans import Loans
 from .model import (
     TASK_TRANSITIONS,
@@ -101,6 +102,8 @@ class SchedulerState:
         self.placer = Placer(self, joinable, infeasible_waits)
         self.groups = PlacementGroups(self, joinable, infeasible_waits)
         self.streams = Streams(self, self.directory)
+        # Results lost with their node made again (_scheduler/lineage.py).
+        self.rebuilds = Rebuilds(self, self.directory)
         # Direct calls handed over when their connection closed (_scheduler/adoption.py).
         self.adoption = Adoption(self, self.actor_table)
         # Which worker runs what, when one starts or goes (_scheduler/workers.py).
@@ -235,8 +238,8 @@ class SchedulerState:
     def remove_node(self, node_id: int, reason: str) -> None:
         """Node ``node_id`` is gone with its store. Its workers' deaths come as their
         connections close (client_disconnected); here: workers that never connected,
-        and the objects whose only copy was there (rebuilt by nothing yet: they hold
-        ObjectLostError naming the node)."""
+        and the objects whose only copy was there (made again from their lineage, or
+        ObjectLostError naming the node: _scheduler/lineage.py)."""
         if self.nodes.pop(node_id, None) is None:
             return
         self._feasible.clear()
@@ -246,46 +249,8 @@ class SchedulerState:
                 self.worker_failed_to_start(w.worker_id, f"its node died: {reason}", broken=False)
             else:   # its tasks are retried elsewhere, its actor restarted or dead
                 self.worker_died(w.worker_id, f"its node died ({reason})")
-        rebuild = self.directory.node_lost(node_id, reason)
-        if rebuild:
-            self._wait_again()
-        for call, retries_left, owner in rebuild.values():
-            self._rebuild(call, retries_left, owner)
+        self.rebuilds.node_lost(node_id, reason)
         self.schedule()
-
-    def _wait_again(self) -> None:
-        """Objects are pending again (their node died; their tasks run again): a task
-        not sent yet whose argument is one of them waits for it once more. Queued as
-        ready (or ready once its other arguments came), it was dispatched with no data
-        for that argument, and the head's loop died on it; an actor's queued call
-        stops its actor's queue there (pump)."""
-        objects = self.objects
-        for t in self.tasks.values():
-            if t.state is not TaskState.READY and t.state is not TaskState.WAITING:
-                continue
-            gone = [v.ref for v in t.call.args if v.WhichOneof("kind") == "ref"
-                    and (o := objects.get(v.ref)) is not None and o.data is None
-                    and v.ref not in t.deps]
-            if not gone:
-                continue
-            if t.state is TaskState.READY:
-                q = self.ready.get(t.qkey)
-                if q is not None and t in q:
-                    q.remove(t)
-                t.move(TaskState.WAITING)
-            for oid in gone:
-                t.deps.add(oid)
-                objects[oid].waiting_tasks.append(t)
-
-    def _rebuild(self, call: pb.Call, retries_left: int, owner: int) -> None:
-        """Run a finished task again: a result of it was lost with its node. Its returns
-        still alive elsewhere keep their data (the new copies are freed)."""
-        t = Task(call, owner)
-        t.retries_left = retries_left
-        t.spend_retry()
-        self.tasks[call.task_id] = t
-        if self.hold_args(t) and not t.deps:
-            self.deps_met(t)
 
     # ------------------------------------------------------------------ functions
     def register_function(self, req: pb.RegisterFunctionRequest) -> None:
@@ -331,9 +296,11 @@ class SchedulerState:
             self.actor_table.creation_deps_met(t)
         return None
 
-    def hold_args(self, t: Task) -> bool:
+    def hold_args(self, t: Task, rebuilds: list[Lineage] | None = None) -> bool:
         """The task holds its arguments; False when it already failed (lost or failed
-        argument, infeasible request)."""
+        argument, infeasible request). ``rebuilds``: the task runs again (Rebuilds.rebuild),
+        and an argument freed since is revived; the lineages to run for them are added
+        (_scheduler/lineage.py)."""
         call = t.call
         objects = self.objects
         for v in call.args:
@@ -341,6 +308,11 @@ class SchedulerState:
                 oid = v.ref
                 t.arg_ids.append(oid)
                 arg = objects.get(oid)
+                if arg is None and rebuilds is not None:
+                    arg = self.directory.revive(oid)
+                    if arg is not None and arg.data is None:
+                        assert arg.lineage is not None, "a tomb without a value has a lineage"
+                        rebuilds.append(arg.lineage)
                 if arg is None:
                     self.fail_task(t, self.error("lost", object_id=oid, name=call.name))
                     return False
@@ -484,7 +456,7 @@ class SchedulerState:
             for data in msg.returns:
                 self.directory.put_for(msg.owner, data)
             if msg.HasField("lineage") and len(self.nodes) > 1:
-                self._keep_lineage(msg.lineage, msg.lineage.max_retries, msg.owner, msg.returns)
+                self.rebuilds.keep(msg.lineage, msg.lineage.max_retries, msg.owner, msg.returns)
         if t is None or t.state is TaskState.DONE:
             self.after_worker_step(w)
             return
@@ -500,23 +472,19 @@ class SchedulerState:
             self.fail_task(t, given or self.error("cancelled", name=t.call.name))
         else:
             t.move(TaskState.DONE)
+            several = len(self.nodes) > 1
+            if not t.call.actor_id and (several or t.retries_left != t.call.max_retries):
+                # Before its arguments are released: a kept lineage names them, and
+                # their freed values leave tombs (_scheduler/objects.py). On one node
+                # there is none to keep, and a rebuild's old one goes.
+                self.rebuilds.keep(t.call, t.retries_left if several else 0, t.owner,
+                                   msg.returns)
             self.finish_task(t)
             for data in msg.returns:
                 self.directory.seal(data.object_id, data)
-            if len(self.nodes) > 1 and t.retries_left != 0 and not t.call.actor_id:
-                self._keep_lineage(t.call, t.retries_left, t.owner, msg.returns)
         if t.call.max_calls and w is not None and w.actor is None:
             self.worker_pool.count_call(w, t.call)
         self.after_worker_step(w, t)
-
-    def _keep_lineage(self, call: pb.Call, retries_left: int, owner: int,
-                      returns: Sequence[pb.ObjectData]) -> None:
-        """How to make a task's results in shared memory again (its node may die)."""
-        for data in returns:
-            if data.WhichOneof("data") == "segment":
-                o = self.objects.get(data.object_id)
-                if o is not None:
-                    o.lineage = Lineage(call, retries_left, owner)
 
     def after_worker_step(self, w: Worker | None, done: Task | None = None) -> None:
         """``w`` ended a task (``done``, when it ran to its end)."""

@@ -3,8 +3,11 @@ the driver processes it starts (``python _soak.py ADDRESS TOKEN SECONDS SEED [fa
 which prints its counts as one JSON line).
 
 Each round is one of: a dependent chain (f -> g -> h, the last two given refs of the
-first), a large array made on the joined node and read by a task anywhere and by the
-driver, nested tasks (a task that gets five subtasks), or actor calls. Every result is
+first), a chain of 5-15 steps whose driver keeps only the last ref (each step's argument,
+1 KiB inline or 200-600 KiB in shared memory, held by the next step alone: a node's
+death makes the lost steps again from their lineage), a large array made on the joined
+node and read by a task anywhere and by the driver, nested tasks (a task that gets five
+subtasks), or actor calls. Every result is
 checked; every get() has a timeout, so a hang shows as a count, never as a stuck test.
 """
 from __future__ import annotations
@@ -47,6 +50,25 @@ def total(a: np.ndarray) -> int:
 
 
 @orchestra.remote(max_retries=RETRIES)
+def step(prev: dict[str, Any], seed: int, i: int, kib: int) -> dict[str, Any]:
+    """The i-th step of a chain: checks the step before it, makes its own (kib KiB)."""
+    if prev["seed"] != seed or prev["i"] != i - 1 or not (prev["pad"] == seed + i - 1).all():
+        raise ValueError(f"step {i} of chain {seed} got {prev['seed']}/{prev['i']}")
+    return {"seed": seed, "i": i, "pad": np.full(kib * 128, seed + i, dtype=np.int64)}
+
+
+def run_steps(rng: random.Random, seed: int) -> bool:
+    """``ref = step.remote(ref, ...)`` 5-15 times, the driver keeping only the last ref."""
+    n, kib = rng.randrange(5, 16), rng.choice((1, 1, 200, 600))
+    ref = step.remote({"seed": seed, "i": 0, "pad": np.full(kib * 128, seed, dtype=np.int64)},
+                      seed, 1, kib)
+    for i in range(2, n + 1):
+        ref = step.remote(ref, seed, i, kib)
+    last = orchestra.get(ref, timeout=GET_TIMEOUT_S)
+    return bool(last["i"] == n and (last["pad"] == seed + n).all())
+
+
+@orchestra.remote(max_retries=RETRIES)
 def square(x: int) -> int:
     return x * x
 
@@ -86,12 +108,14 @@ def rounds(seconds: float, seed: int, options: dict[str, Any] | None = None) -> 
     i = seed * 1_000_000
     while time.monotonic() < deadline:
         i += 1
-        kind = rng.choice(("chain", "chain", "big", "nested", "actor"))
+        kind = rng.choice(("chain", "chain", "steps", "big", "nested", "actor"))
         try:
             if kind == "chain":
                 a = inc.remote(i)
                 b = inc.remote(a)
                 ok = orchestra.get(add.remote(a, b), timeout=GET_TIMEOUT_S) == 2 * i + 3
+            elif kind == "steps":
+                ok = run_steps(rng, i % 1_000_000)
             elif kind == "big":
                 arr = on_far.remote(i % 1000)
                 s = total.remote(arr)
@@ -115,7 +139,8 @@ def rounds(seconds: float, seed: int, options: dict[str, Any] | None = None) -> 
 
 def failures(counts: dict[str, Any]) -> dict[str, Any]:
     """The counts that are not rounds done right."""
-    return {k: v for k, v in counts.items() if k not in ("chain", "big", "nested", "actor")}
+    return {k: v for k, v in counts.items()
+            if k not in ("chain", "steps", "big", "nested", "actor")}
 
 
 def main(argv: list[str]) -> None:

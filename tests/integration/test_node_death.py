@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -138,3 +139,49 @@ def test_a_silent_node_is_declared_dead_after_the_timeout(cluster):
         assert orchestra.get(node_of.options(resources={"shared": 1}).remote()) == y.node_id
     finally:
         os.kill(x.pid, signal.SIGCONT)
+
+
+@orchestra.remote
+def plus(a: np.ndarray, k: int) -> np.ndarray:
+    return a + np.uint8(k)
+
+
+@orchestra.remote
+def after(a: np.ndarray, _gate_result: object) -> list[int]:
+    return [int(a[0]), int(a[-1]), a.shape[0]]
+
+
+@orchestra.remote(resources={"y": 1})
+def gate_on_y(gate: Gate) -> int:
+    open(gate.started, "a").close()
+    wait_for_file(gate.opened, 120)
+    return 0
+
+
+@pytest.mark.parametrize("steps", [2, 4])
+def test_a_waiting_task_gets_an_argument_whose_own_arguments_were_freed(cluster, tmp_path, steps):
+    # A chain whose driver keeps only the last ref: each step's argument is held by that
+    # step alone and freed when it ends. The last result lives on x and a task waiting
+    # on y still needs it; x dies. Making it again needs the step before it, whose value
+    # was freed: its lineage was kept (freed values, remembered calls), so the whole
+    # chain runs again and the waiting task gets the right value (before: ObjectLostError,
+    # "freed when its last ref was dropped", shared/repros/retried_argument_lost.py).
+    c, x, y = cluster
+    on_x = NodeAffinitySchedulingStrategy(x.node_id, soft=True)
+    gate = Gate(tmp_path)
+    held = gate_on_y.remote(gate)
+    gate.wait_started()
+    ref = big.options(scheduling_strategy=on_x, max_retries=2).remote(5)
+    for _ in range(steps):
+        ref = plus.options(scheduling_strategy=on_x, max_retries=2).remote(ref, 1)
+    orchestra.wait([ref], timeout=60, fetch_local=False)   # its one copy is on x
+    last = after.remote(ref, held)     # waits on y's gate, holding ``ref`` alone
+    del ref
+    from orchestra.util.state import list_objects
+    deadline = time.monotonic() + 30   # the steps' own results freed, the last one held
+    while len(list_objects(filters=[("location", "=", "SHARED_MEMORY")], limit=0)) > 1 \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    c.remove_node(x, allow_graceful=False)
+    gate.open()
+    assert orchestra.get(last, timeout=60) == [5 + steps, 5 + steps, 4 * MB]

@@ -14,6 +14,7 @@ from _sched_helpers import (
     affinity,
     executed,
     executes,
+    inline_data,
     make_call,
     ref,
     rid,
@@ -296,3 +297,59 @@ def test_a_dead_nodes_workers_still_starting_do_not_count_as_a_broken_environmen
     c.done(w0, busy)
     out += c.take()
     assert [(w, inv.call.task_id) for w, inv in executes(out)] == [(w0, waiting.task_id)]
+
+
+def _drop(c: Cluster, oid: bytes) -> None:
+    c.s.ref_delta(DRIVER, [], [oid])
+
+
+@pytest.mark.parametrize("inline_first", [False, True])
+def test_a_lost_argument_whose_own_argument_was_freed_is_made_again_from_its_lineage(inline_first):
+    # make -> step, the driver keeping only step's result: make's result is freed when
+    # step ends. A consumer waits on step's result, which was on node 2 alone; node 2
+    # dies. Running step again needs make's result: its value was freed but its
+    # lineage was kept (a freed value named by a kept lineage), so make runs again
+    # first (before: the rebuild failed with "freed when its last ref was dropped").
+    # A small (inline) first result keeps its value instead.
+    c, w0, w2 = two_nodes()
+    there = affinity(OTHER, soft=True)   # may run again elsewhere
+    make = c.submit(make_call("make", placement=there, max_retries=1))
+    assert executed(c.take()) == [(w2, make.task_id)]
+    first = rid(make)
+    made = inline_data(first, "small") if inline_first else seg_on(OTHER, first, "make-on-2")
+    c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=make.task_id, returns=[made]))
+    step = c.submit(make_call("step", (ref(first),), placement=there, max_retries=1))
+    _drop(c, first)
+    assert executed(c.take()) == [(w2, step.task_id)]
+    second = rid(step)
+    c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=step.task_id,
+                                               returns=[seg_on(OTHER, second, "step-on-2")]))
+    assert first not in c.s.objects   # freed: its value is gone
+    gate = c.submit(make_call("gate"))
+    consumer = c.submit(make_call("consumer", (ref(second), ref(rid(gate)))))
+    _drop(c, second)
+    assert executed(c.take()) == [(w0, gate.task_id)]
+    c.s.remove_node(OTHER, "killed")
+    c.done(w0, gate)
+    out = c.take()
+    if inline_first:   # its value was kept: step runs again at once
+        assert executed(out) == [(w0, step.task_id)]
+        [(_, inv)] = executes(out)
+        assert inv.resolved[0].inline == made.inline
+    else:
+        assert executed(out) == [(w0, make.task_id)]
+        c.s.task_done(worker_conn(w0), pb.TaskDone(task_id=make.task_id,
+                                                   returns=[seg_on(NODE, first, "make-on-0")]))
+        [(w, inv)] = executes(c.take())
+        assert (w, inv.call.task_id) == (w0, step.task_id)
+        assert inv.resolved[0].segment.name == "make-on-0"
+    c.s.task_done(worker_conn(w0), pb.TaskDone(task_id=step.task_id,
+                                               returns=[seg_on(NODE, second, "step-on-0")]))
+    [(w, inv)] = executes(c.take())
+    assert (w, inv.call.task_id) == (w0, consumer.task_id)
+    assert inv.resolved[0].segment.name == "step-on-0"
+    # What only lineage kept goes with the last ref to what it could make.
+    c.done(w0, consumer)
+    c.take()
+    assert first not in c.s.objects and second not in c.s.objects
+    assert not c.s.directory.lineage_refs and not c.s.directory.tombs

@@ -1,17 +1,20 @@
 """The scheduler core under random interleavings (Hypothesis state machine).
 
 Rules are the events the head feeds SchedulerState from several clients at once:
-submits from two drivers (with ref arguments), results registered pending before their
+submits from two drivers (with ref arguments; chains whose driver keeps only the last
+ref), results registered pending before their
 task comes through the head (a driver's direct call that escaped), puts, drops,
 task ends (a value, a user error, or a large result in its node's store), workers that
 block in get() and resume, workers that die and connect, and a second node that dies
-(its results made again by their tasks) and joins again. After every step the invariants are the promises:
+(its results made again by their tasks, freed arguments revived from their lineage) and
+joins again. After every step the invariants are the promises:
 
 - every task the scheduler holds either runs, is queued for a worker, or waits for an
   object that something will still make (its task is held, or a driver registered it);
 - no object is freed while a driver's ref, or a task that is not done, holds it;
 - each driver's count of an object at the head is the number of refs it holds;
-- a task the scheduler ended has its result sealed (a value, or an error).
+- a task the scheduler ended has its result sealed (a value, or an error);
+- the kept lineages count what they name, and a tomb lives while one names it.
 
 ``drain`` (also run at the end) connects every worker, resumes every blocked one and
 finishes whatever runs until nothing is left: every task must end. A failure prints the
@@ -86,6 +89,19 @@ class SchedulerInterleavings(RuleBasedStateMachine):
         self.calls[call.task_id] = call
         self.held[driver][rid(call)] += 1
         self.s.submit(driver, call)
+        self._take()
+
+    @rule(driver=st.sampled_from(DRIVERS), i=st.integers(0, 50))
+    def chain(self, driver: int, i: int) -> None:
+        """``ref = step.remote(ref)``: the next step of a chain (retries on), the driver
+        keeping only its result; the argument is held by the step alone."""
+        ids = self._held_ids(driver)
+        if not ids:
+            return
+        oid = ids[i % len(ids)]
+        self.submit(driver, [i], 1)
+        self.held[driver][oid] -= 1
+        self.s.ref_delta(driver, [], [oid])
         self._take()
 
     @rule(driver=st.sampled_from(DRIVERS))
@@ -277,6 +293,24 @@ class SchedulerInterleavings(RuleBasedStateMachine):
             for oid, n in self.held[driver].items():
                 assert holds.get(oid, 0) == n, \
                     f"driver {driver} holds {n} ref(s) to {oid.hex()}, the head counts {holds.get(oid, 0)}"
+
+    @invariant()
+    def the_lineages_kept_count_what_they_name_and_each_tomb_is_named(self) -> None:
+        # A freed argument leaves a tomb while a kept lineage (a live object's or a
+        # tomb's) names it, and goes with the last one (_scheduler/objects.py).
+        d = self.s.directory
+        named: collections.Counter[bytes] = collections.Counter()
+        kept = [o.lineage for o in self.s.objects.values() if o.lineage is not None]
+        kept += [tomb.lineage for tomb in d.tombs.values() if tomb.lineage is not None]
+        for lineage in kept:
+            for v in lineage.call.args:
+                if v.WhichOneof("kind") == "ref":
+                    named[v.ref] += 1
+        assert dict(d.lineage_refs) == dict(named)
+        for oid, tomb in d.tombs.items():
+            assert named[oid] > 0, f"tomb {oid.hex()} is named by no kept lineage"
+            assert oid not in self.s.objects, f"{oid.hex()} is both alive and a tomb"
+            assert (tomb.data is None) != (tomb.lineage is None)
 
     @invariant()
     def an_ended_task_has_its_result_sealed(self) -> None:
