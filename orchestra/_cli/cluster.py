@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 START_HELP = f"""\
 orchestra start --head [--host IP] [--port PORT] [--token TOKEN] [resources] [--block]
                        [--dashboard-port PORT] [--include-dashboard false]
+                       [--state-store redis://HOST:PORT[/DB] | sqlite:///PATH]
 orchestra start --address IP:PORT --token TOKEN [--host IP] [resources] [--block]
 
 Starts the cluster's head (its scheduler and this machine's node), or a node that joins
@@ -40,6 +41,11 @@ it, in the background. The head listens on {DEFAULT_HOST}:{DEFAULT_PORT} unless 
 machines share to let them join. Every connection proves the cluster token. Its web
 dashboard listens on the same address (port 8265, or any free one), and asks for the
 cluster token unless that address is loopback.
+
+The head keeps its durable state (the cluster's id and token) in a state store: by
+default one SQLite file in the state directory per port (head-PORT.db), or in Redis with
+--state-store. A head started again on the same store serves the same cluster, with the
+same token; a second head on a store whose head still runs refuses to start.
 """
 
 
@@ -112,6 +118,9 @@ def start_parser() -> argparse.ArgumentParser:
                         "that is taken; 0: any free port)")
     p.add_argument("--include-dashboard", type=_bool, default=True, metavar="BOOL",
                    help="serve the dashboard and /metrics (default true)")
+    p.add_argument("--state-store", metavar="URL", default=None,
+                   help="where the head keeps its durable state: redis://HOST:PORT[/DB] or "
+                        "sqlite:///PATH (default: SQLite in the state directory)")
     p.add_argument("--block", action="store_true",
                    help="stay in the foreground until SIGTERM/SIGINT, then stop")
     return p
@@ -126,6 +135,8 @@ def parse_start(argv: list[str]) -> argparse.Namespace:
             p.error("--port is the head's; a node joining with --address takes none")
         if args.dashboard_port is not None:
             p.error("--dashboard-port is the head's; a node joining with --address takes none")
+        if args.state_store is not None:
+            p.error("--state-store is the head's; a node joining with --address takes none")
         try:
             _launch.split_address(args.address)
         except ValueError as exc:
@@ -163,7 +174,8 @@ def start(argv: list[str]) -> int:
                 state, host=args.host, port=args.port, token=args.token,
                 num_cpus=args.num_cpus, num_gpus=args.num_gpus, resources=args.resources,
                 object_store_memory=args.object_store_memory, log=log,
-                include_dashboard=args.include_dashboard, dashboard_port=args.dashboard_port)
+                include_dashboard=args.include_dashboard, dashboard_port=args.dashboard_port,
+                state_store=args.state_store)
         else:
             started = _launch.start_node(
                 state, head_address=args.address, token=args.token, host=args.host,

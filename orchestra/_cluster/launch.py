@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from .._api import local_head
+from .._head import state_store as _store
 from .._objects.store import sweep_stale_segments
 from .._platform.bootstrap import JOIN_BOOTSTRAP
 from .._platform.procutil import pid_alive
@@ -146,21 +147,40 @@ def start_head(state: str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
                object_store_memory: int | None = None, include_dashboard: bool = True,
                dashboard_port: int | None = None,
                system_config: dict[str, Any] | None = None, log: bool = True,
-               timeout_s: float = READY_TIMEOUT_S, owner_pid: int = 0) -> Started:
+               timeout_s: float = READY_TIMEOUT_S, owner_pid: int = 0,
+               state_store: str | None = None) -> Started:
     """Start a cluster head listening on HOST:PORT; return once it authenticates a
     connection (LaunchError with its log's tail if it exits or stays silent). Its
     dashboard (include_dashboard, dashboard_port: as init()'s) binds HOST too, and asks
-    for the token beyond loopback."""
-    token = token or new_token()
+    for the token beyond loopback. ``state_store``: the head's durable state
+    (_head/state_store.py; default: <state>/head-PORT.db, none for port 0): a head
+    started again on it serves the same cluster, with the same token unless ``token``
+    says another."""
     probe = DEFAULT_HOST if host in ("0.0.0.0", "::", "") else host
     if port and _answers(probe, port):
         raise LaunchError(_taken(port, probe))
+    url = state_store or (_store.default_url(state, port) if port else "")
+    if url:
+        try:
+            store = _store.open_store(url)
+            try:
+                stored = store.get(_store.CLUSTER, "token")
+            finally:
+                store.close()
+        except _store.StateStoreError as exc:
+            raise LaunchError(str(exc)) from exc
+        token = token or (stored.decode() if stored else None)
+    token = token or new_token()
     warning, cfg = head_cfg(host=host, port=port, token=token, num_cpus=num_cpus,
                             num_gpus=num_gpus, resources=resources,
                             object_store_memory=object_store_memory,
                             include_dashboard=include_dashboard,
                             dashboard_port=dashboard_port, system_config=system_config,
                             owner_pid=owner_pid, owner_dir=state if owner_pid else "")
+    if url:
+        cfg["state_store"] = url
+        # Who holds the store's lease: this head, and a restart of it with this cfg.
+        cfg["state_holder"] = f"head {socket.gethostname()}:{port} ({new_token()[:8]})"
     if warning:
         print(f"orchestra: {warning}", file=sys.stderr)
     local_head.sweep_stale_sessions()

@@ -65,6 +65,7 @@ from .grpc_service import GRPC_CONN
 from .pulls import Pulls
 from .remote_node import RemoteNode
 from .state_query import StateQueries
+from .state_store import HeadState
 
 if TYPE_CHECKING:
     import grpc
@@ -763,11 +764,19 @@ def main(argv: list[str] | None = None, zygote: ZygoteStart | None = None) -> No
             if cfg.get("owner_dir"):
                 shutil.rmtree(str(cfg["owner_dir"]), ignore_errors=True)
         watch_pid(loop, owner, owner_gone)
+
+    def lease_lost(reason: str) -> None:   # from the lease's thread
+        loop.call_soon_threadsafe(head.shutdown, reason)
+    durable = HeadState.from_cfg(cfg, lease_lost)
     try:
+        if durable is not None:   # before anything listens: a second head stops here
+            durable.start()
         loop.run_until_complete(head.start())
     except Exception as exc:
-        print(f"orchestra head: failed to start: {exc}", file=sys.stderr)
+        print(f"orchestra head: failed to start: {exc}", file=sys.stderr, flush=True)
         head.shutdown("start failed")
+        if durable is not None:
+            durable.stop()
         raise SystemExit(1) from exc
     try:
         loop.run_forever()
@@ -775,6 +784,8 @@ def main(argv: list[str] | None = None, zygote: ZygoteStart | None = None) -> No
         if not head.stopping:
             head.shutdown("loop ended")
         loop.close()
+        if durable is not None:
+            durable.stop()
 
 
 if __name__ == "__main__":

@@ -476,3 +476,40 @@ def test_a_namespaced_host_that_dies_is_seen_dead_and_the_others_carry_on(
     result: Any = netns_cluster.driver(code, timeout=90)
     assert result["dead"] == [netns_cluster.node_ids[1]]
     assert result["placed"] == netns_cluster.node_ids[0]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_a_head_started_again_on_its_state_store_serves_the_same_cluster(
+        state: str, tmp_path: Path, kind: str) -> None:
+    from _redis import RedisServer, skip_reason
+    server = None
+    if kind == "redis":
+        if skip_reason():
+            pytest.skip(skip_reason())
+        server = RedisServer(tmp_path / "redis")
+        server.start()
+    try:
+        store = server.url if server else "sqlite://" + str(tmp_path / "store" / "head.db")
+        head = start_head(state, "--state-store", store)
+        # A second head on the same store refuses: never two heads serving one cluster.
+        second = cli("start", "--head", "--port", "0", *SMALL, "--state-store", store)
+        assert second.returncode == 1
+        assert "another head" in second.stderr and store in second.stderr, second.stderr
+        assert [rec["pid"] for rec in records(state)] == [head["pid"]]
+        assert cli("stop", "--timeout", "5").returncode == 0
+        # Started again on the store: the same cluster, with the same token.
+        again = start_head(state, "--state-store", store)
+        assert again["token"] == head["token"] and again["pid"] != head["pid"]
+    finally:
+        cli("stop", "--timeout", "5")
+        if server is not None:
+            server.stop()
+
+
+def test_an_unreachable_state_store_is_named_at_start(state: str) -> None:
+    from _redis import free_port
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    r = cli("start", "--head", "--port", "0", *SMALL, "--state-store", url)
+    assert r.returncode == 1
+    assert url in r.stderr and ("cannot reach" in r.stderr or "redis package" in r.stderr), r.stderr
+    assert records(state) == []

@@ -1,0 +1,180 @@
+"""The head's state store (orchestra/_head/state_store.py), the same promises of both
+kinds: SQLite (a file) and Redis (a redis-server of the test's own). Records by table and
+key survive a reopen; one head holds the lease, another is refused naming it, the same
+holder takes it back at once, an expired one is taken over; a Redis that goes away while
+the head runs is said and survived; a store that cannot be used is a clear error."""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from _redis import RedisServer, free_port, skip_reason
+from orchestra._head import state_store as ss
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return "sqlite://" + str(tmp_path / "state" / "head.db")
+    return request.getfixturevalue("redis_server").url
+
+
+def test_records_survive_a_reopen(url: str) -> None:
+    store = ss.open_store(url)
+    store.put("actors", "a", b"\x00spec")
+    store.put("actors", "b", b"other")
+    store.put("nodes", "a", b"not an actor")
+    store.delete("actors", "b")
+    store.close()
+    again = ss.open_store(url)
+    assert again.get("actors", "a") == b"\x00spec"
+    assert again.get("actors", "b") is None
+    assert again.items("actors") == {"a": b"\x00spec"}
+    assert again.items("nodes") == {"a": b"not an actor"}
+    again.close()
+
+
+def test_one_head_holds_the_lease_and_its_restart_takes_it_back(url: str) -> None:
+    first, second = ss.open_store(url), ss.open_store(url)
+    first.take_lease("head A")
+    with pytest.raises(ss.HeadLeaseHeld, match="another head \\(head A\\)") as info:
+        second.take_lease("head B")
+    assert "orchestra stop" in str(info.value) and url in str(info.value)
+    first.take_lease("head A")   # its own restart: at once
+    assert first.renew_lease("head A")
+    assert not second.renew_lease("head B")
+    first.release_lease("head A")
+    second.take_lease("head B")   # given back: at once
+    assert not first.renew_lease("head A")
+    first.close()
+    second.close()
+
+
+def test_a_lease_whose_holder_died_is_taken_over_once_it_expires(url: str) -> None:
+    first, second = ss.open_store(url), ss.open_store(url)
+    first.take_lease("head A", ttl_s=0.3)   # then it "dies": no renewal
+    with pytest.raises(ss.HeadLeaseHeld):
+        second.take_lease("head B")
+    time.sleep(0.5)
+    second.take_lease("head B")
+    assert not first.renew_lease("head A")
+    first.close()
+    second.close()
+
+
+def test_the_head_writes_its_identity_and_keeps_it_across_starts(url: str) -> None:
+    said: list[str] = []
+    head = ss.HeadState(url, "head A", "tok-1", said.append, said.append)
+    head.start()
+    cluster_id = head.cluster_id
+    assert len(cluster_id) == 16
+    head.stop()
+    again = ss.HeadState(url, "head B", "tok-2", said.append, said.append)
+    again.start()   # given back at stop: another head may start at once
+    assert again.cluster_id == cluster_id
+    store = ss.open_store(url)
+    assert store.get(ss.CLUSTER, "token") == b"tok-2"
+    with pytest.raises(ss.HeadLeaseHeld, match="head B"):
+        store.take_lease("head C")
+    store.close()
+    again.stop()
+    assert said == []
+
+
+def test_a_head_whose_lease_was_taken_is_told_to_stop(url: str) -> None:
+    lost: list[str] = []
+    head = ss.HeadState(url, "head A", "tok", lost.append, lost.append)
+    head.start()
+    other = ss.open_store(url)
+    other.release_lease("head A")   # as if it had expired
+    other.take_lease("head B")
+    deadline = time.monotonic() + ss.LEASE_TTL_S
+    while not lost and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert lost and "another head took the lease" in lost[0]
+    head.stop()
+    assert not other.renew_lease("head A") and other.renew_lease("head B")
+    other.close()
+
+
+def test_a_redis_that_goes_away_is_said_and_the_lease_kept_when_it_is_back(
+        redis_server: RedisServer) -> None:
+    said: list[str] = []
+    lost: list[str] = []
+    head = ss.HeadState(redis_server.url, "head A", "tok", lost.append, said.append)
+    head.start()
+    redis_server.stop()
+    deadline = time.monotonic() + ss.LEASE_TTL_S
+    while not said and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert said and "does not answer" in said[0] and "serves on" in said[0]
+    redis_server.start()   # its append-only file kept the lease
+    while len(said) < 2 and time.monotonic() < deadline + ss.LEASE_TTL_S:
+        time.sleep(0.05)
+    assert len(said) == 2 and "answers again" in said[1]
+    assert lost == []
+    store = ss.open_store(redis_server.url)
+    with pytest.raises(ss.HeadLeaseHeld, match="head A"):
+        store.take_lease("head B")
+    store.close()
+    head.stop()
+
+
+def test_an_unreachable_redis_is_named_with_the_fix() -> None:
+    if skip_reason().startswith("the redis package"):
+        pytest.skip(skip_reason())
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    with pytest.raises(ss.StateStoreError, match="cannot reach the state store") as info:
+        ss.open_store(url)
+    assert url in str(info.value) and "start that Redis" in str(info.value)
+
+
+def test_a_file_that_is_not_sqlite_is_named_with_the_fix(tmp_path: Path) -> None:
+    path = tmp_path / "head.db"
+    path.write_bytes(b"this is not a database, " * 100)
+    with pytest.raises(ss.StateStoreError, match="not a usable SQLite database") as info:
+        ss.open_store(f"sqlite://{path}")
+    assert str(path) in str(info.value) and "move the file away" in str(info.value)
+
+
+def test_a_store_of_another_schema_is_refused(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path / 'head.db'}"
+    ss.open_store(url).close()
+    import sqlite3
+    db = sqlite3.connect(tmp_path / "head.db")
+    db.execute("UPDATE meta SET value='99' WHERE key='schema'")
+    db.commit()
+    db.close()
+    with pytest.raises(ss.StateStoreError, match="schema 99"):
+        ss.open_store(url)
+
+
+@pytest.mark.parametrize("url", ["postgres://db/x", "sqlite://", "nothing"])
+def test_a_store_of_an_unknown_kind_is_named(url: str) -> None:
+    with pytest.raises(ss.StateStoreError, match=r"state store '.*'"):
+        ss.open_store(url)
+
+
+def test_the_sqlite_file_is_this_users_only(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "head.db"
+    ss.open_store(f"sqlite://{path}").close()
+    assert path.stat().st_mode & 0o077 == 0
+    assert path.parent.stat().st_mode & 0o077 == 0
