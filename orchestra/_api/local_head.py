@@ -191,10 +191,13 @@ def new_session_dir(cfg: dict[str, Any]) -> str:
     return session_dir
 
 
-def launch_head(cfg: dict[str, Any], *, stdout: Any = None, stderr: Any = None) -> subprocess.Popen[bytes]:
+def launch_head(cfg: dict[str, Any], *, stdout: Any = None, stderr: Any = None,
+                new_session: bool = True, keeper_pid: int = 0) -> subprocess.Popen[bytes]:
     """Write cfg into its session directory and start the head on it (its pid in
-    head.pid, for the sweep of crashed sessions). A session of its own: Ctrl-C in the
-    driver's terminal reaches the driver only."""
+    head.pid, for the sweep of crashed sessions; ``keeper_pid``'s instead, for a head
+    whose supervisor keeps the session between two of its runs). A session of its own
+    (``new_session``): Ctrl-C in the driver's terminal reaches the driver only; a
+    supervised head stays in its supervisor's process group."""
     session_dir = cfg["session_dir"]
     cfg_path = os.path.join(session_dir, "config.json")
     with open(cfg_path, "w") as f:
@@ -214,7 +217,8 @@ def launch_head(cfg: dict[str, Any], *, stdout: Any = None, stderr: Any = None) 
            if cfg.get("zygote", True) and not cfg.get("node_process")
            else [sys.executable, "-m", "orchestra._head", cfg_path])
     head = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
-                            start_new_session=True, close_fds=True, cwd=session_dir, env=env)
+                            start_new_session=new_session, close_fds=True, cwd=session_dir,
+                            env=env)
     with open(os.path.join(session_dir, "head.pid"), "w") as f:
-        f.write(str(head.pid))
+        f.write(str(keeper_pid or head.pid))
     return head

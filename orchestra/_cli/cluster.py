@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from .._cluster import launch as _launch
@@ -175,7 +176,7 @@ def start(argv: list[str]) -> int:
                 num_cpus=args.num_cpus, num_gpus=args.num_gpus, resources=args.resources,
                 object_store_memory=args.object_store_memory, log=log,
                 include_dashboard=args.include_dashboard, dashboard_port=args.dashboard_port,
-                state_store=args.state_store)
+                state_store=args.state_store, supervise=True)
         else:
             started = _launch.start_node(
                 state, head_address=args.address, token=args.token, host=args.host,
@@ -192,7 +193,10 @@ def start(argv: list[str]) -> int:
 
 def _announce(started: _launch.Started) -> None:
     if started.kind == "head":
-        print(f"orchestra: the head runs (pid {started.pid}) at {started.address}\n\n"
+        from .._cluster.supervisor import head_pid
+        pid = head_pid(started.run_dir) or started.pid
+        print(f"orchestra: the head runs (pid {pid}) at {started.address}; its supervisor "
+              f"(pid {started.pid}) starts it again if it dies\n\n"
               f"Join another machine with:\n"
               f"  orchestra start --address {started.address} --token {started.token}\n\n"
               f"Connect a driver with orchestra.init(address=\"{started.address}\", "
@@ -288,6 +292,8 @@ def status(argv: list[str]) -> int:
                               or "auto", token=args.token)
     except Exception as exc:  # noqa: BLE001 - any failure to connect is reported, not raised
         print(f"orchestra status: cannot connect: {exc}", file=sys.stderr)
+        for why in _heads_down():
+            print(f"orchestra status: {why}", file=sys.stderr)
         return 1
     from .._api.state import cluster_summary
     try:
@@ -304,6 +310,15 @@ def status(argv: list[str]) -> int:
     return 0
 
 
+def _heads_down() -> list[str]:
+    """Why a head started here stays down (its supervisor gave up: _cluster/supervisor.py)."""
+    from .._cluster.supervisor import down_reasons
+    try:
+        return down_reasons(cf.read_records(cf.state_dir()))
+    except OSError:
+        return []
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     """The lines of ``orchestra status`` from the cluster summary: the object store's
     use and spilled bytes, tasks and actors by state, workers and drivers."""
@@ -318,6 +333,12 @@ def format_summary(summary: dict[str, Any]) -> str:
              f"tasks: {by_state(summary['tasks'])}",
              f"actors: {by_state(summary['actors'])}",
              f"processes: {summary['workers']} worker(s), {summary['drivers']} driver(s)"]
+    restarts = summary.get("head_restarts", 0)
+    if restarts:
+        last = summary.get("head_last_restart") or {}
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last.get("time", 0)))
+        lines.append(f"head: restarted {restarts} time(s), last at {when}: "
+                     f"{last.get('reason', '?')}")
     return "\n".join(lines)
 
 

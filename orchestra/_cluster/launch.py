@@ -148,14 +148,15 @@ def start_head(state: str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
                dashboard_port: int | None = None,
                system_config: dict[str, Any] | None = None, log: bool = True,
                timeout_s: float = READY_TIMEOUT_S, owner_pid: int = 0,
-               state_store: str | None = None) -> Started:
+               state_store: str | None = None, supervise: bool = False) -> Started:
     """Start a cluster head listening on HOST:PORT; return once it authenticates a
     connection (LaunchError with its log's tail if it exits or stays silent). Its
     dashboard (include_dashboard, dashboard_port: as init()'s) binds HOST too, and asks
     for the token beyond loopback. ``state_store``: the head's durable state
     (_head/state_store.py; default: <state>/head-PORT.db, none for port 0): a head
     started again on it serves the same cluster, with the same token unless ``token``
-    says another."""
+    says another. ``supervise``: the process started (and recorded) is the head's
+    supervisor (_cluster/supervisor.py), which starts the head again when it dies."""
     probe = DEFAULT_HOST if host in ("0.0.0.0", "::", "") else host
     if port and _answers(probe, port):
         raise LaunchError(_taken(port, probe))
@@ -188,7 +189,10 @@ def start_head(state: str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
     run_dir = cf.new_run_dir(state, "head")
     out = _log_file(run_dir, log)
     try:
-        proc = local_head.launch_head(cfg, stdout=out, stderr=out)
+        if supervise:
+            proc = _launch_supervisor(cfg, run_dir, out)
+        else:
+            proc = local_head.launch_head(cfg, stdout=out, stderr=out)
     finally:
         if out is not None:
             out.close()
@@ -206,6 +210,20 @@ def start_head(state: str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
         raise
     cf.write_record(run_dir, started.record())
     return started
+
+
+def _launch_supervisor(cfg: dict[str, Any], run_dir: str,
+                       out: BinaryIO | None) -> subprocess.Popen[bytes]:
+    """The head's supervisor, in a session of its own, on cfg (written where the head's
+    launch writes it); it starts the head."""
+    cfg_path = os.path.join(cfg["session_dir"], "config.json")
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+    env = _child_env(cfg["sys_path"])
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestra._cluster.supervisor", cfg_path, run_dir],
+        stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+        close_fds=True, cwd=cfg["session_dir"], env=env)
 
 
 def dashboard_url(started: Started) -> str:

@@ -379,7 +379,10 @@ class StateQueries:
             "tasks": self.table.counts(), "actors": actors,
             "workers": sum(1 for w in st.workers.values() if w.state is not WorkerState.DEAD),
             "drivers": sum(1 for c in st.clients.values() if c.kind == "driver"),
-            "tasks_dropped": self.table.dropped, "time": time.time()}
+            "tasks_dropped": self.table.dropped, "time": time.time(),
+            # Started again by its supervisor (_cluster/supervisor.py): how often, why last.
+            "head_restarts": int(head.cfg.get("head_restarts", 0)),
+            "head_last_restart": head.cfg.get("last_restart") or None}
 
 
 def _ms(t: float) -> int | None:

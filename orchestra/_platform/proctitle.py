@@ -1,6 +1,7 @@
 """Process titles, so `ps` and `top` say what each process of a cluster runs.
 
-    orchestra::head, orchestra::node, orchestra::forkserver
+    orchestra::head, orchestra::node, orchestra::forkserver, orchestra::supervisor (the
+    head's, under `orchestra start --head`)
     orchestra::worker (idle), orchestra::worker square (running square)
     orchestra::actor Counter (idle), orchestra::actor Counter.incr (running a method)
 

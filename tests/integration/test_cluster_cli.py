@@ -66,6 +66,13 @@ def start_head(state: str, *args: str) -> dict[str, Any]:
     return head
 
 
+def store_pid(rec: dict[str, Any]) -> int:
+    """The process whose store a record's segments belong to: a node's, or the head
+    its supervisor runs now (the record names the supervisor)."""
+    from orchestra._cluster.supervisor import head_pid
+    return head_pid(rec["run_dir"]) if rec["kind"] == "head" else int(rec["pid"])
+
+
 def shm_of(pid: int) -> list[str]:
     prefix = f"orchestra-{os.geteuid()}-{pid}-"
     return [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
@@ -93,16 +100,18 @@ def test_start_then_stop_leaves_no_process_socket_or_segment(state: str) -> None
     assert sorted(rec["kind"] for rec in recs) == ["head", "node"]
     procs = {p for rec in recs for p in group_members(rec["pid"])}
     assert {rec["pid"] for rec in recs} <= procs
-    assert all(shm_of(rec["pid"]) for rec in recs), "each store has its segment directory"
+    stores = [store_pid(rec) for rec in recs]
+    assert stores[0] in procs, "the head runs in its supervisor's process group"
+    assert all(shm_of(pid) for pid in stores), "each store has its segment directory"
     port = int(head["address"].rsplit(":", 1)[1])
 
     r = cli("stop")
     assert r.returncode == 0, r.stderr
     assert "stopped the head" in r.stdout and "stopped the node" in r.stdout
     wait_until(lambda: all(pid_gone(p) for p in procs), T, "every started process gone")
-    for rec in recs:
+    for rec, pid in zip(recs, stores, strict=True):
         assert not os.path.exists(rec["session_dir"]), rec
-        assert shm_of(rec["pid"]) == [], rec
+        assert shm_of(pid) == [], rec
     assert listening(port) == []
     assert os.listdir(state) == []
     assert "nothing to stop" in cli("stop").stdout

@@ -1,0 +1,103 @@
+"""``orchestra start --head`` supervises its head (orchestra/_cluster/supervisor.py): a head
+that dies (SIGKILL) is started again at once on the same address, port and token, and
+``orchestra status`` counts the restart; one that dies too often stays down and status
+says why; a SIGTERM sent to the head stops it for good; the supervisor's own death takes
+the head along. Nothing is left behind after a stop."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _probes import pid_gone, wait_until
+from orchestra._cluster.supervisor import MAX_RESTARTS, head_pid
+from orchestra._platform.procutil import group_members
+from test_cluster_cli import REPO, T, cli, records, shm_of, start_head, state  # noqa: F401
+
+pytestmark = pytest.mark.timeout(120)
+
+DRIVER = """
+import orchestra
+orchestra.init(address="auto")
+
+@orchestra.remote
+def inc(x):
+    return x + 1
+
+print(orchestra.get(inc.remote(41), timeout=30))
+orchestra.shutdown()
+"""
+
+
+def run_driver() -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", DRIVER], capture_output=True, text=True,
+                          timeout=T, env=dict(os.environ, PYTHONPATH=REPO))
+
+
+def serving_head(rec: dict[str, Any], other_than: int = 0) -> int:
+    """The pid of the head the supervisor runs, once it serves (and is not ``other_than``)."""
+    session = Path(rec["session_dir"])
+
+    def up() -> bool:
+        pid = head_pid(rec["run_dir"])
+        return pid not in (0, other_than) and (session / "address").exists()
+    wait_until(up, T, "the head to serve")
+    return head_pid(rec["run_dir"])
+
+
+def test_a_killed_head_comes_back_on_its_address_and_status_counts_it(state: str) -> None:
+    rec = start_head(state)
+    first = serving_head(rec)
+    assert first != rec["pid"] and first in group_members(rec["pid"])
+    assert run_driver().stdout.strip() == "42"
+    t0 = time.monotonic()
+    os.kill(first, signal.SIGKILL)
+    second = serving_head(rec, other_than=first)
+    print(f"serving again {time.monotonic() - t0:.2f} s after the SIGKILL")
+    done = run_driver()
+    assert done.stdout.strip() == "42", done.stderr
+    status = cli("status")
+    assert status.returncode == 0, status.stderr
+    assert "head: restarted 1 time(s)" in status.stdout and "SIGKILL" in status.stdout
+    log = Path(rec["run_dir"], "stderr.log").read_text()
+    assert f"the head died (killed by SIGKILL) (pid {first}); starting it again" in log
+    assert records(state)[0]["address"] == rec["address"]   # the same record
+    procs = group_members(rec["pid"])
+    assert cli("stop").returncode == 0
+    wait_until(lambda: all(pid_gone(p) for p in procs), T, "the cluster's processes gone")
+    assert shm_of(first) == [] and shm_of(second) == []   # the dead head's swept too
+
+
+def test_a_head_that_keeps_dying_stays_down_and_status_says_why(state: str) -> None:
+    rec = start_head(state)
+    pid = 0
+    for _ in range(MAX_RESTARTS + 1):
+        pid = serving_head(rec, other_than=pid)
+        os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: pid_gone(rec["pid"]), T, "the supervisor to give up")
+    status = cli("status")
+    assert status.returncode == 1
+    assert f"died {MAX_RESTARTS + 1} times within 60 s" in status.stderr, status.stderr
+    assert "is down since" in status.stderr
+
+
+def test_a_sigterm_sent_to_the_head_stops_it_for_good(state: str) -> None:
+    rec = start_head(state)
+    head = serving_head(rec)
+    procs = group_members(rec["pid"])
+    os.kill(head, signal.SIGTERM)
+    wait_until(lambda: all(pid_gone(p) for p in procs), T, "the head and its supervisor gone")
+    assert "starting it again" not in Path(rec["run_dir"], "stderr.log").read_text()
+
+
+def test_a_killed_supervisor_takes_its_head_along(state: str) -> None:
+    rec = start_head(state)
+    head = serving_head(rec)
+    os.kill(rec["pid"], signal.SIGKILL)
+    wait_until(lambda: pid_gone(head), T, "the head to stop with its supervisor")
