@@ -1,5 +1,8 @@
 """Fixtures of the integration tests that need more than one machine's worth of set-up.
 
+``state``: a state directory of the test's own for the ``orchestra`` command it runs
+(_cli.py), stopped at teardown.
+
 ``netns_cluster``: a head and two nodes, each node on a host of its own (_netns.py: a
 network namespace, and a mount namespace with private /dev/shm and /tmp), started and
 joined with ``orchestra start ... --block`` as on real machines. Skips (with the
@@ -13,10 +16,26 @@ import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
+from _cli import cli
 from _netns import Hosts, skip_reason
+from orchestra._runtime import cluster_file as cf
+
+
+@pytest.fixture
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A state directory of the test's own (for the CLI it runs and for this process's
+    init(address="auto")); whatever is recorded there is stopped at teardown."""
+    path = str(tmp_path / "state")
+    monkeypatch.setenv(cf.STATE_DIR_ENV, path)
+    monkeypatch.delenv("ORCHESTRA_ADDRESS", raising=False)
+    monkeypatch.delenv("ORCHESTRA_TOKEN", raising=False)
+    yield path
+    cli("stop", "--timeout", "5")
+
 
 PORT = 6380   # inside the head's namespace: no other cluster can hold it
 # Each node's store: 128 MiB, or ORCHESTRA_NETNS_STORE_MIB (bench_netns.py moves 200 MiB).

@@ -15,13 +15,13 @@ import socket
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import orchestra
+from _cli import REPO, SMALL, T, cli, records, shm_of, start_head, store_pid
 from _netns import Hosts, kept_under_tmp, skip_reason
 from _probes import pid_gone, wait_until
 from orchestra._platform.procutil import group_members
@@ -29,54 +29,6 @@ from orchestra._runtime import cluster_file as cf
 from orchestra.cluster_utils import Cluster
 
 pytestmark = pytest.mark.timeout(90)
-
-REPO = str(Path(__file__).resolve().parents[2])
-T = 30
-SMALL = ["--num-cpus", "1", "--object-store-memory", str(64 << 20)]
-
-
-@pytest.fixture
-def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A state directory of the test's own (for the CLI it runs and for this process's
-    init(address="auto")); whatever is recorded there is stopped at teardown."""
-    path = str(tmp_path / "state")
-    monkeypatch.setenv(cf.STATE_DIR_ENV, path)
-    monkeypatch.delenv("ORCHESTRA_ADDRESS", raising=False)
-    monkeypatch.delenv("ORCHESTRA_TOKEN", raising=False)
-    yield path
-    cli("stop", "--timeout", "5")
-
-
-def cli(*args: str, env: dict[str, str] | None = None,
-        timeout: float = T) -> subprocess.CompletedProcess[str]:
-    full = dict(os.environ, PYTHONPATH=REPO, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "orchestra._cli", *args], capture_output=True,
-                          text=True, timeout=timeout, env=full)
-
-
-def records(state: str) -> list[dict[str, Any]]:
-    return cf.read_records(state)
-
-
-def start_head(state: str, *args: str) -> dict[str, Any]:
-    r = cli("start", "--head", "--port", "0", *SMALL, *args)
-    assert r.returncode == 0, r.stderr
-    [head] = [rec for rec in records(state) if rec["kind"] == "head"]
-    assert f"orchestra start --address {head['address']} --token {head['token']}" in r.stdout
-    return head
-
-
-def store_pid(rec: dict[str, Any]) -> int:
-    """The process whose store a record's segments belong to: a node's, or the head
-    its supervisor runs now (the record names the supervisor)."""
-    from orchestra._cluster.supervisor import head_pid
-    return head_pid(rec["run_dir"]) if rec["kind"] == "head" else int(rec["pid"])
-
-
-def shm_of(pid: int) -> list[str]:
-    prefix = f"orchestra-{os.geteuid()}-{pid}-"
-    return [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
-
 
 def listening(port: int) -> list[str]:
     """The local addresses ("127.0.0.1", "0.0.0.0", ...) with a TCP listener on ``port``."""

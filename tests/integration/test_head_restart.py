@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
+from _cli import REPO, T, cli, records, shm_of, start_head
 from _probes import pid_gone, wait_until
 from orchestra._cluster.supervisor import MAX_RESTARTS, head_pid
 from orchestra._platform.procutil import group_members
-from test_cluster_cli import REPO, T, cli, records, shm_of, start_head, state  # noqa: F401
 
 pytestmark = pytest.mark.timeout(120)
 
