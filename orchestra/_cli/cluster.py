@@ -35,6 +35,7 @@ orchestra start --head [--host IP] [--port PORT] [--token TOKEN] [resources] [--
                        [--dashboard-port PORT] [--include-dashboard false]
                        [--state-store redis://HOST:PORT[/DB] | sqlite:///PATH]
 orchestra start --address IP:PORT --token TOKEN [--host IP] [resources] [--block]
+                          [--reconnect-timeout SECONDS]
 
 Starts the cluster's head (its scheduler and this machine's node), or a node that joins
 it, in the background. The head listens on {DEFAULT_HOST}:{DEFAULT_PORT} unless --host and
@@ -46,7 +47,9 @@ cluster token unless that address is loopback.
 The head keeps its durable state (the cluster's id and token) in a state store: by
 default one SQLite file in the state directory per port (head-PORT.db), or in Redis with
 --state-store. A head started again on the same store serves the same cluster, with the
-same token; a second head on a store whose head still runs refuses to start.
+same token; a second head on a store whose head still runs refuses to start. The head
+runs under a supervisor that starts it again when it dies; a node that loses the head
+joins it again, as a new node, for up to --reconnect-timeout seconds (60).
 """
 
 
@@ -94,6 +97,11 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+# A node that loses the head tries to join it again this long (as Ray's raylets wait
+# for their GCS); its supervisor starts a dead head again in about half a second.
+RECONNECT_TIMEOUT_S = 60.0
+
+
 def start_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="orchestra start", usage=START_HELP,
                                 description="Start a cluster head, or a node joining one.")
@@ -122,6 +130,9 @@ def start_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-store", metavar="URL", default=None,
                    help="where the head keeps its durable state: redis://HOST:PORT[/DB] or "
                         "sqlite:///PATH (default: SQLite in the state directory)")
+    p.add_argument("--reconnect-timeout", type=float, default=None, metavar="SECONDS",
+                   help="a node that loses the head joins it again for this long (default "
+                        f"{RECONNECT_TIMEOUT_S:g}; 0: it stops at once)")
     p.add_argument("--block", action="store_true",
                    help="stay in the foreground until SIGTERM/SIGINT, then stop")
     return p
@@ -138,6 +149,10 @@ def parse_start(argv: list[str]) -> argparse.Namespace:
             p.error("--dashboard-port is the head's; a node joining with --address takes none")
         if args.state_store is not None:
             p.error("--state-store is the head's; a node joining with --address takes none")
+        if args.reconnect_timeout is None:
+            args.reconnect_timeout = RECONNECT_TIMEOUT_S
+        elif args.reconnect_timeout < 0:
+            p.error("--reconnect-timeout must be >= 0")
         try:
             _launch.split_address(args.address)
         except ValueError as exc:
@@ -147,6 +162,8 @@ def parse_start(argv: list[str]) -> argparse.Namespace:
             p.error("joining needs the cluster token: --token TOKEN or ORCHESTRA_TOKEN "
                     "(`orchestra start --head` printed it)")
     else:
+        if args.reconnect_timeout is not None:
+            p.error("--reconnect-timeout is a node's (orchestra start --address ...)")
         args.token = args.token or os.environ.get("ORCHESTRA_TOKEN") or None
         args.host = args.host or DEFAULT_HOST
         args.port = DEFAULT_PORT if args.port is None else args.port
@@ -181,7 +198,8 @@ def start(argv: list[str]) -> int:
             started = _launch.start_node(
                 state, head_address=args.address, token=args.token, host=args.host,
                 num_cpus=args.num_cpus, num_gpus=args.num_gpus, resources=args.resources,
-                object_store_memory=args.object_store_memory, log=log)
+                object_store_memory=args.object_store_memory, log=log,
+                reconnect_timeout_s=args.reconnect_timeout)
     except (LaunchError, ValueError, TypeError) as exc:
         print(f"orchestra start: {exc}", file=sys.stderr)
         return 1

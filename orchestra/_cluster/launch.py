@@ -334,13 +334,15 @@ def start_node(state: str, *, head_address: str, token: str, host: str | None = 
                num_cpus: int | None = None, num_gpus: int | None = None,
                resources: dict[str, float] | None = None,
                object_store_memory: int | None = None, log: bool = True,
-               timeout_s: float = READY_TIMEOUT_S, owner_pid: int = 0) -> Started:
+               timeout_s: float = READY_TIMEOUT_S, owner_pid: int = 0,
+               reconnect_timeout_s: float = 0.0) -> Started:
     """Start a node that joins the head at ``head_address``; return once the head
-    welcomed it (its node.json), else LaunchError naming the cause."""
+    welcomed it (its node.json), else LaunchError naming the cause.
+    ``reconnect_timeout_s``: how long it tries to join again after losing the head."""
     started = spawn_node(state, head_address=head_address, token=token, host=host,
                          num_cpus=num_cpus, num_gpus=num_gpus, resources=resources,
                          object_store_memory=object_store_memory, log=log,
-                         owner_pid=owner_pid)
+                         owner_pid=owner_pid, reconnect_timeout_s=reconnect_timeout_s)
     wait_joined(started, timeout_s)
     return started
 
@@ -349,7 +351,7 @@ def spawn_node(state: str, *, head_address: str, token: str, host: str | None = 
                num_cpus: int | None = None, num_gpus: int | None = None,
                resources: dict[str, float] | None = None,
                object_store_memory: int | None = None, log: bool = True,
-               owner_pid: int = 0) -> Started:
+               owner_pid: int = 0, reconnect_timeout_s: float = 0.0) -> Started:
     """Start a node process joining the head at ``head_address``, without waiting:
     wait_joined() waits (several nodes started first join side by side)."""
     split_address(head_address)   # a bad address fails here, not in the node
@@ -365,6 +367,7 @@ def spawn_node(state: str, *, head_address: str, token: str, host: str | None = 
                    resources=resources, object_store_memory=object_store_memory)
     if owner_pid:   # stops when that process exits (cluster_utils.Cluster)
         cfg["owner_pid"] = owner_pid
+    cfg["reconnect_timeout_s"] = float(reconnect_timeout_s)
     cfg_path = os.path.join(run_dir, "config.json")
     fd = os.open(cfg_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:

@@ -114,6 +114,9 @@ class NodeProcess(asyncio.Protocol):
         self._last_command = time.monotonic()
         self._figures: tuple[int, ...] = ()
         self.done: asyncio.Future[None] = loop.create_future()
+        # A joined node that lost the head (its connection closed or went silent, with
+        # no close command): it may join the head again (join_main).
+        self.lost_head = False
 
     # ------------------------------------------------------------------ connection
     def connection_made(self, transport: Any) -> None:
@@ -173,9 +176,10 @@ class NodeProcess(asyncio.Protocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.transport = None
-        if self.join:
-            print("orchestra node: lost the head: stopping this node and its workers",
+        if self.join and not self.done.done():
+            print("orchestra node: lost the head: stopping this node's workers",
                   file=sys.stderr)
+            self.lost_head = True
         self.close()
 
     # ------------------------------------------------------------------ joining over TCP
@@ -225,7 +229,8 @@ class NodeProcess(asyncio.Protocol):
             return
         if time.monotonic() - self.last_heard > self.timeout_s:
             print(f"orchestra node: the head said nothing for {self.timeout_s:g} s: "
-                  "stopping this node and its workers", file=sys.stderr)
+                  "stopping this node's workers", file=sys.stderr)
+            self.lost_head = True
             self.close()
             return
         self._event(pb.NodeEvent(heartbeat=True))
@@ -345,14 +350,29 @@ def _start_zygote(head_address: str) -> ZygoteStart | None:
     return (proc, req_w, rep_r) if proc is not None else None
 
 
+class _Stopped:
+    """A stop signal came (SIGTERM, SIGHUP, SIGINT): no joining again."""
+
+    def __init__(self) -> None:
+        self.asked = False
+        self.proto: NodeProcess | None = None
+
+    def __call__(self) -> None:
+        self.asked = True
+        if self.proto is not None:
+            self.proto.close()
+
+
 async def _run_joined(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
-                      zygote: ZygoteStart | None) -> None:
+                      zygote: Callable[[], ZygoteStart | None], stopped: _Stopped,
+                      quiet: bool = False) -> bool:
+    """Join the head at cfg head_address and serve until the node ends; True when it
+    ended because it lost the head. OSError when the head cannot be reached or refuses
+    (an AuthenticationError; said unless ``quiet``: tries while the head is away)."""
     from .._protocol.auth import client_handshake
     from .._protocol.connection import parse_address
     proto = NodeProcess(loop, cfg, lambda host: node_from_cfg(int(cfg["_node_id"]), host, loop,
-                                                              cfg, zygote), join=True)
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        loop.add_signal_handler(sig, proto.close)
+                                                              cfg, zygote()), join=True)
     address = cfg["head_address"]
     family, target = parse_address(address)
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -362,13 +382,55 @@ async def _run_joined(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
         client_handshake(sock, cfg.get("token", ""), peer=address)
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        stopped.proto = proto
         await loop.create_connection(lambda: proto, sock=sock)
     except OSError as exc:   # AuthenticationError too
         sock.close()
-        print(f"orchestra node: cannot join the cluster at {address}: {exc}", file=sys.stderr)
+        if not quiet:
+            print(f"orchestra node: cannot join the cluster at {address}: {exc}",
+                  file=sys.stderr)
         proto.close()
         raise
     await proto.done
+    return proto.lost_head and not stopped.asked
+
+
+# Between two tries to join a head that is away (its supervisor starts it again).
+_REJOIN_PAUSE_S = 0.5
+
+
+def _join_until_stopped(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
+                        zygote: Callable[[], ZygoteStart | None]) -> None:
+    """Join, and join again each time the head is lost, for up to cfg
+    reconnect_timeout_s after each loss (0: stop at the first); each time as a new node,
+    its workers and objects of before gone. SystemExit(3) when the first join fails or
+    the head stays away too long."""
+    from .._protocol.auth import AuthenticationError
+    stopped = _Stopped()
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        loop.add_signal_handler(sig, stopped)
+    wait_s = float(cfg.get("reconnect_timeout_s", 0.0))
+    away_since = 0.0   # 0: never joined, or joined now
+    while not stopped.asked:
+        try:
+            lost = loop.run_until_complete(_run_joined(loop, cfg, zygote, stopped,
+                                                       quiet=bool(away_since)))
+        except AuthenticationError:
+            raise SystemExit(3) from None
+        except OSError:
+            if not away_since or time.monotonic() - away_since > wait_s:
+                if away_since:
+                    print(f"orchestra node: the head stayed away for more than {wait_s:g} s "
+                          "(reconnect_timeout_s): stopping", file=sys.stderr, flush=True)
+                raise SystemExit(3) from None
+            loop.run_until_complete(asyncio.sleep(_REJOIN_PAUSE_S))
+            continue
+        if not lost or wait_s <= 0:
+            return
+        away_since = time.monotonic()
+        print(f"orchestra node: joining the head again for up to {wait_s:g} s, as a new node",
+              file=sys.stderr, flush=True)
+        loop.run_until_complete(asyncio.sleep(_REJOIN_PAUSE_S))
 
 
 def join_main(cfg_path: str) -> None:
@@ -386,14 +448,19 @@ def join_main(cfg_path: str) -> None:
     cfg.setdefault("session_id", "")
     # Its workers connect to the head over TCP too, with the same token.
     os.environ["ORCHESTRA_TOKEN"] = cfg.get("token", "")
-    zygote = _start_zygote(cfg["head_address"]) if cfg.get("zygote", True) else None
+    # The first node's fork server starts now, warm by the time its workers start; a
+    # node joined again gets its own (a closed node stops its fork server).
+    first = [_start_zygote(cfg["head_address"])] if cfg.get("zygote", True) else []
+
+    def zygote() -> ZygoteStart | None:
+        if first:
+            return first.pop()
+        return _start_zygote(cfg["head_address"]) if cfg.get("zygote", True) else None
     import uvloop
     loop = uvloop.new_event_loop()
     asyncio.set_event_loop(loop)
     try:
-        loop.run_until_complete(_run_joined(loop, cfg, zygote))
-    except OSError:
-        raise SystemExit(3) from None
+        _join_until_stopped(loop, cfg, zygote)
     finally:
         # Its whole directory: nobody else removes it when the node ends by itself (a
         # SIGTERM sent here, its cluster_utils script gone); orchestra stop does too.

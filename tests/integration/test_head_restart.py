@@ -2,9 +2,11 @@
 that dies (SIGKILL) is started again at once on the same address, port and token, and
 ``orchestra status`` counts the restart; one that dies too often stays down and status
 says why; a SIGTERM sent to the head stops it for good; the supervisor's own death takes
-the head along. Nothing is left behind after a stop."""
+the head along. Nothing is left behind after a stop. A joined node that loses the head
+joins it again once it is back (as a new node), or stops after --reconnect-timeout."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from _cli import REPO, T, cli, records, shm_of, start_head
+from _cli import REPO, SMALL, T, cli, records, shm_of, start_head
 from _probes import pid_gone, wait_until
 from orchestra._cluster.supervisor import MAX_RESTARTS, head_pid
-from orchestra._platform.procutil import group_members
+from orchestra._platform.procutil import group_members, pid_alive
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -101,3 +103,67 @@ def test_a_killed_supervisor_takes_its_head_along(state: str) -> None:
     head = serving_head(rec)
     os.kill(rec["pid"], signal.SIGKILL)
     wait_until(lambda: pid_gone(head), T, "the head to stop with its supervisor")
+
+
+WHERE = """
+import json, orchestra
+orchestra.init(address="auto")
+
+@orchestra.remote(resources={"far": 1})
+def where():
+    return orchestra.get_runtime_context().get_node_id()
+
+print(json.dumps([orchestra.get(where.remote(), timeout=30),
+                  sorted(n["NodeID"] for n in orchestra.nodes() if n["Alive"])]))
+orchestra.shutdown()
+"""
+
+
+def join(rec: dict[str, Any], *args: str) -> dict[str, Any]:
+    r = cli("start", "--address", rec["address"], "--token", rec["token"], *SMALL,
+            "--resources", '{"far": 1}', *args)
+    assert r.returncode == 0, r.stderr
+    [node] = [n for n in records(rec_state(rec)) if n["kind"] == "node"]
+    return node
+
+
+def rec_state(rec: dict[str, Any]) -> str:
+    return str(Path(rec["run_dir"]).parent)
+
+
+def where() -> list[Any]:
+    r = subprocess.run([sys.executable, "-c", WHERE], capture_output=True, text=True,
+                       timeout=T, env=dict(os.environ, PYTHONPATH=REPO))
+    assert r.returncode == 0, r.stderr
+    return list(json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+def test_a_node_that_loses_the_head_joins_it_again_once_it_is_back(state: str) -> None:
+    rec = start_head(state)
+    node = join(rec)
+    on, alive = where()
+    assert len(alive) == 2 and on in alive
+    head = serving_head(rec)
+    os.kill(head, signal.SIGKILL)
+    serving_head(rec, other_than=head)
+    log = Path(node["run_dir"], "stderr.log")
+    wait_until(lambda: log.read_text().count("joined the cluster") == 2, T,
+               "the node to join the restarted head")
+    on, alive = where()   # the node's resource is there again: a task runs on it
+    assert len(alive) == 2 and on in alive
+    assert "joining the head again for up to 60 s" in log.read_text()
+    assert pid_alive(node["pid"])
+
+
+def test_a_node_whose_head_stays_away_stops_after_its_reconnect_timeout(state: str) -> None:
+    rec = start_head(state)
+    node = join(rec, "--reconnect-timeout", "1.5")
+    head = serving_head(rec)
+    os.kill(rec["pid"], signal.SIGSTOP)   # nothing starts the head again
+    try:
+        os.kill(head, signal.SIGKILL)     # and it sends its nodes no close
+        wait_until(lambda: pid_gone(node["pid"]), T, "the node to give up")
+    finally:
+        os.kill(rec["pid"], signal.SIGKILL)
+    text = Path(node["run_dir"], "stderr.log").read_text()
+    assert "stayed away for more than 1.5 s (reconnect_timeout_s): stopping" in text
