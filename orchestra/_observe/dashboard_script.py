@@ -118,6 +118,9 @@ function renderCards(s) {
   setBar("store-bar", st.capacity ? st.used / st.capacity : 0);
   $("workers").textContent = s.workers || 0;
   $("drivers").textContent = (s.drivers || 0) + " driver" + (s.drivers === 1 ? "" : "s") + " connected";
+  const r = s.head_restarts || 0, last = s.head_last_restart;
+  $("head-restarts").textContent = r ? "head restarted " + r + " time" + (r === 1 ? "" : "s") +
+    (last ? " (last: " + last.reason + ")" : "") : "";
 }
 
 function renderResources(s) {

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,10 @@ def test_a_killed_head_comes_back_on_its_address_and_status_counts_it(state: str
     status = cli("status")
     assert status.returncode == 0, status.stderr
     assert "head: restarted 1 time(s)" in status.stdout and "SIGKILL" in status.stdout
+    dashboard = Path(rec["session_dir"], "dashboard").read_text().strip().rstrip("/")
+    with urllib.request.urlopen(dashboard + "/api/summary", timeout=10) as page:
+        summary = json.loads(page.read())
+    assert summary["head_restarts"] == 1 and "SIGKILL" in summary["head_last_restart"]["reason"]
     log = Path(rec["run_dir"], "stderr.log").read_text()
     assert f"the head died (killed by SIGKILL) (pid {first}); starting it again" in log
     assert records(state)[0]["address"] == rec["address"]   # the same record
