@@ -228,7 +228,8 @@ class DirectCalls:
 
     def watching(self) -> bool:
         """Whether pushes from the head concern direct calls (see pushed)."""
-        return bool(self.call_route or self.book.via_head or self.busy_tasks)
+        return bool(self.call_route or self.book.via_head or self.busy_tasks
+                    or self.book.awaiting_push)
 
     def pushed(self, objects: Iterable[pb.ObjectData]) -> list[Loan]:
         """The head pushed these objects here (under the ref lock). Returns the lent

@@ -236,7 +236,7 @@ class ResultBook:
     docstring). Every method runs under the process's ref lock."""
 
     __slots__ = ("unregistered", "forward", "via_head", "pushed_early", "releasing",
-                 "released_early")
+                 "released_early", "awaiting_push")
 
     def __init__(self) -> None:
         self.unregistered: set[bytes] = set()   # only this process knows them
@@ -248,6 +248,13 @@ class ResultBook:
         # reached the head (RELEASE_CALL): task id -> call; and those told before.
         self.releasing: dict[bytes, Call] = {}
         self.released_early: set[bytes] = set()
+        # Calls answered through the head whose results it has not pushed back yet: task
+        # id -> call, its arguments held until then. The callee's notice can come before
+        # the head has read the callee's TaskDone (another connection): released then,
+        # an argument was freed before the head kept the call's lineage naming it, and a
+        # rebuild of the result (its node died) found it gone (the soak's chains lost
+        # one in ~5,000 under node deaths).
+        self.awaiting_push: dict[bytes, Call] = {}
 
     def sent(self, rids: Iterable[bytes]) -> None:
         """A call goes direct: its results are known here only."""
@@ -316,6 +323,8 @@ class ResultBook:
         if msg.owner:
             # Answered through the head (in shared memory, or holding refs): the head
             # holds the returns for this process and pushes them here.
+            if not any(rid in self.pushed_early for rid in c.rids):
+                self.awaiting_push[c.tid] = c   # its arguments live until the push
             for rid in c.rids:
                 self.unregistered.discard(rid)
                 if rid in self.forward:   # registered from here: drops are in order
@@ -348,7 +357,10 @@ class ResultBook:
 
     def pushed(self, oid: bytes, running: bool) -> bool:
         """The head pushed object ``oid`` here; ``running``: its direct call is not
-        answered yet. True when the push releases a ref dropped meanwhile."""
+        answered yet. True when the push releases a ref dropped meanwhile. A call
+        answered through the head lets its arguments go now (awaiting_push)."""
+        if self.awaiting_push:
+            self.awaiting_push.pop(oid[:-4], None)
         if self.via_head and oid in self.via_head:
             return self.via_head.pop(oid)
         if running:

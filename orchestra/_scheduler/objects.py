@@ -23,11 +23,14 @@ needs its arguments, and a chain whose driver keeps only the last ref has freed 
 step's argument when the step ended (a result lost in ~74,000 under node deaths). So, as
 Ray's lineage pinning: ``lineage_refs`` counts the kept lineages (live objects' and
 tombs') naming each object as an argument; an object freed while that count is positive
-leaves a tomb (``tombs``): its value when small (inline, holding no refs), else its own
-lineage, and the tomb goes with the last lineage naming it (iteratively: a chain of any
-length). A rebuild revives what it needs (``revive``: sealed again from the small
-value, or pending with its lineage to run). Values are never kept for lineage, only
-calls: memory stays bounded by the calls of the chains whose last result is alive.
+leaves a tomb (``tombs``): its own lineage when it has one, else its value when it holds
+no refs (small and inline; or in shared memory, made by nothing that could make it
+again, as a put passed to the first step of a chain: its segment is freed with the
+tomb), and the tomb goes with the last lineage naming it (iteratively: a chain of any
+length). A rebuild revives what it needs (``revive``: sealed again from the kept value,
+or pending with its lineage to run). Results that can be made again keep only their
+calls: memory stays bounded by the chains whose last result is alive and the values at
+their roots.
 
 ``ObjectDirectory`` owns ``objects``, ``tombs`` and ``lineage_refs`` (SchedulerState.objects
 is the same table); the rest of the core reaches them through SchedulerState's event
@@ -150,7 +153,7 @@ class ObjectDirectory:
         False when the object is gone or no longer in that segment."""
         o = self.objects.get(oid)
         if o is None:
-            return False
+            return self._relocate_tomb(oid, segment)
         data = o.data
         if data is None or data.WhichOneof("data") != "segment":
             return False
@@ -163,6 +166,16 @@ class ObjectDirectory:
         if data.segment.path or data.segment.name != segment.name:
             return False
         o.data = pb.ObjectData(object_id=oid, segment=segment, contained=data.contained)
+        return True
+
+    def _relocate_tomb(self, oid: bytes, segment: pb.Segment) -> bool:
+        """A value kept for a lineage was spilled: its tomb points at the file."""
+        tomb = self.tombs.get(oid)
+        kept = tomb.data if tomb is not None else None
+        if kept is None or not kept.HasField("segment") or kept.segment.path \
+                or kept.segment.name != segment.name or kept.segment.node_id != segment.node_id:
+            return False
+        self.tombs[oid] = Tomb(pb.ObjectData(object_id=oid, segment=segment), None)
         return True
 
     def copy_on(self, oid: bytes, node_id: int) -> pb.ObjectData | None:
@@ -238,22 +251,19 @@ class ObjectDirectory:
             return
         data = o.data
         assert data is not None, "freed before it was made"
+        # A kept lineage may need it: leave a tomb (see the module docstring).
+        tomb = _tomb_of(o, data) if self.lineage_refs.get(oid) else None
         if data.WhichOneof("data") == "segment":
-            self.free_segment(data.segment)
+            if tomb is None or tomb.data is None:
+                self.free_segment(data.segment)
             if o.copies:
                 for seg in o.copies.values():
                     self.free_segment(seg)
         for cid in data.contained:
             self.decr(cid)
-        if self.lineage_refs.get(oid):   # a kept lineage may need it: leave a tomb
-            small = data if data.WhichOneof("data") == "inline" and not data.contained else None
-            lineage = o.lineage if small is None and data.WhichOneof("data") == "segment" else None
-            if small is not None or lineage is not None:
-                self.tombs[oid] = Tomb(small, lineage)
-                if lineage is None and o.lineage is not None:
-                    self._forget(o.lineage)
-                return
-        if o.lineage is not None:
+        if tomb is not None:
+            self.tombs[oid] = tomb
+        if o.lineage is not None and (tomb is None or tomb.lineage is None):
             self._forget(o.lineage)
 
     # ------------------------------------------------------------------ lineage
@@ -284,8 +294,12 @@ class ObjectDirectory:
                     continue
                 del refs[v.ref]
                 tomb = tombs.pop(v.ref, None)
-                if tomb is not None and tomb.lineage is not None:
+                if tomb is None:
+                    continue
+                if tomb.lineage is not None:
                     stack.append(tomb.lineage)
+                elif tomb.data is not None and tomb.data.WhichOneof("data") == "segment":
+                    self.free_segment(tomb.data.segment)   # a kept value: freed now
 
     def revive(self, oid: bytes) -> Obj | None:
         """A rebuild needs the freed object ``oid``: back from its tomb, sealed with its
@@ -298,7 +312,8 @@ class ObjectDirectory:
         self.objects[oid] = o
         if tomb.data is not None:
             o.data = tomb.data
-            o.size = len(tomb.data.inline)
+            o.size = tomb.data.segment.size if tomb.data.HasField("segment") \
+                else len(tomb.data.inline)
         else:
             o.lineage = tomb.lineage   # still counted in lineage_refs: named while it lives
         return o
@@ -309,6 +324,10 @@ class ObjectDirectory:
         again when its task can run again (the tasks to rebuild, by task id: call,
         retries left, owner), or holds ObjectLostError naming the node."""
         rebuild: dict[bytes, Lineage] = {}
+        gone = [oid for oid, t in self.tombs.items() if t.data is not None
+                and t.data.HasField("segment") and t.data.segment.node_id == node_id]
+        for oid in gone:   # a value kept for a lineage, lost with its node
+            del self.tombs[oid]
         for oid, o in self.objects.items():
             if o.copies:
                 o.copies.pop(node_id, None)
@@ -330,6 +349,19 @@ class ObjectDirectory:
                 o.data = pb.ObjectData(object_id=oid, contained=data.contained, error=self.core.error(
                     "node_lost", object_id=oid, node=node_id, reason=reason))
         return rebuild
+
+
+def _tomb_of(o: Obj, data: pb.ObjectData) -> Tomb | None:
+    """What a freed object a kept lineage names leaves: its own lineage (a task's result
+    in shared memory), else its value when it holds no refs (small and inline, or in
+    shared memory and made by nothing that could make it again: a put, or a task with
+    no retry left; kept until the last lineage naming it goes), else nothing."""
+    kind = data.WhichOneof("data")
+    if kind == "segment" and o.lineage is not None:
+        return Tomb(None, o.lineage)
+    if kind in ("inline", "segment") and not data.contained:
+        return Tomb(data, None)
+    return None
 
 
 def _holds(o: Obj | None, segment: pb.Segment) -> bool:

@@ -133,7 +133,7 @@ def rounds(seconds: float, seed: int, options: dict[str, Any] | None = None) -> 
             counts[f"hung in a round of {kind}"] += 1
         except Exception as exc:  # noqa: BLE001 - counted by name: the test says which
             counts[type(exc).__name__] += 1
-            counts["first error: " + str(exc).splitlines()[0][:300]] = 1
+            counts[f"first error ({kind}): " + str(exc).splitlines()[0][:300]] = 1
     return dict(counts)
 
 

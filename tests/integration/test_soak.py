@@ -39,7 +39,7 @@ from orchestra.cluster_utils import Cluster
 SOAK_S = float(os.environ.get("ORCHESTRA_SOAK_S", "20"))
 # With faults, the joined node is SIGKILLed (and replaced) this often: twice in the
 # normal run, every 40 s in a long one.
-NODE_KILL_S = min(SOAK_S / 3, 40.0)
+NODE_KILL_S = float(os.environ.get("ORCHESTRA_SOAK_NODE_KILL_S", 0)) or min(SOAK_S / 3, 40.0)
 THREADS = 3
 PROCESSES = 2
 HERE = Path(__file__).resolve().parent
@@ -128,6 +128,8 @@ def _check(results: list[dict[str, int]]) -> None:
     bad = [_soak.failures(r) for r in results if _soak.failures(r)]
     assert bad == [], f"rounds that failed: {bad}"
     done = sum(sum(r.values()) for r in results)
+    by_kind = {k: sum(r.get(k, 0) for r in results) for k in ("chain", "steps", "big", "nested", "actor")}
+    print(f"soak: {done} rounds right, by kind {by_kind}")   # shown with -s
     assert done >= THREADS + PROCESSES, f"too few rounds ran: {results}"
 
 

@@ -322,3 +322,27 @@ def test_a_lost_callee_lets_go_of_the_arguments_it_kept() -> None:
     book.keep_args(c)
     assert book.peer_lost(PEER) == [c]
     assert book.release_call(c.tid, running=False) is None
+
+
+def test_an_answer_through_the_head_holds_its_arguments_until_the_head_pushes_a_result() -> None:
+    # The callee's notice (owner set) can come before the head read its TaskDone, on
+    # another connection: arguments released then were freed before the head kept the
+    # call's lineage naming them, and rebuilding its result after a node death found
+    # them gone (the soak's chains, under node deaths).
+    book = ResultBook()
+    c = call()
+    book.sent(c.rids)
+    rid = c.rids[0]
+    book.answered(c, done(c, owner=7), {rid: 1}, {}, lambda name: b"")
+    assert book.awaiting_push == {c.tid: c}   # the call, and so its argument refs, kept
+    book.pushed(rid, running=False)
+    assert book.awaiting_push == {}
+
+
+def test_an_answer_through_the_head_after_its_push_holds_nothing() -> None:
+    book = ResultBook()
+    c = call()
+    book.sent(c.rids)
+    book.pushed(c.rids[0], running=True)   # the head read the TaskDone already
+    book.answered(c, done(c, owner=7), {c.rids[0]: 1}, {}, lambda name: b"")
+    assert book.awaiting_push == {}

@@ -14,6 +14,7 @@ from _sched_helpers import (
     affinity,
     executed,
     executes,
+    freed_segments,
     inline_data,
     make_call,
     ref,
@@ -352,4 +353,39 @@ def test_a_lost_argument_whose_own_argument_was_freed_is_made_again_from_its_lin
     c.done(w0, consumer)
     c.take()
     assert first not in c.s.objects and second not in c.s.objects
+    assert not c.s.directory.lineage_refs and not c.s.directory.tombs
+
+
+def test_a_put_argument_a_kept_lineage_names_keeps_its_value_until_that_lineage_goes():
+    # The first step of a chain took a value the driver put (no lineage: nothing can
+    # make it again). Freed when the step ended, its segment would be gone when the
+    # step's result, lost with its node, must be made again: it is kept instead, and
+    # freed with the last lineage naming it.
+    c, w0, w2 = two_nodes()
+    put_id = bytes(12) + b"\x00\x00\x00\x09"
+    c.s.put(DRIVER, seg_on(NODE, put_id, "put-on-0"))
+    step = c.submit(make_call("step", (ref(put_id),), placement=affinity(OTHER, soft=True),
+                              max_retries=1))
+    _drop(c, put_id)
+    assert executed(c.take()) == [(w2, step.task_id)]
+    second = rid(step)
+    c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=step.task_id,
+                                               returns=[seg_on(OTHER, second, "step-on-2")]))
+    assert "put-on-0" not in freed_segments(c.take())   # kept for the lineage
+    gate = c.submit(make_call("gate"))
+    consumer = c.submit(make_call("consumer", (ref(second), ref(rid(gate)))))
+    _drop(c, second)
+    c.take()
+    c.s.remove_node(OTHER, "killed")
+    c.done(w0, gate)
+    [(w, inv)] = executes(c.take())
+    assert (w, inv.call.task_id) == (w0, step.task_id)
+    assert inv.resolved[0].segment.name == "put-on-0"
+    c.s.task_done(worker_conn(w0), pb.TaskDone(task_id=step.task_id,
+                                               returns=[seg_on(NODE, second, "step-on-0")]))
+    # Made again with no retry left, the result keeps no lineage: nothing names the
+    # put any more, and its segment goes.
+    assert "put-on-0" in freed_segments(c.take())
+    c.done(w0, consumer)
+    c.take()
     assert not c.s.directory.lineage_refs and not c.s.directory.tombs
