@@ -252,8 +252,8 @@ class ResultBook:
         # id -> call, its arguments held until then. The callee's notice can come before
         # the head has read the callee's TaskDone (another connection): released then,
         # an argument was freed before the head kept the call's lineage naming it, and a
-        # rebuild of the result (its node died) found it gone (the soak's chains lost
-        # one in ~5,000 under node deaths).
+        # rebuild of the result (its node died) found it gone (found by the soak's
+        # chains under node deaths).
         self.awaiting_push: dict[bytes, Call] = {}
 
     def sent(self, rids: Iterable[bytes]) -> None:
