@@ -48,7 +48,9 @@ from .._protocol import pb
 from .._protocol import wire as _wire
 from .._protocol.auth import AuthGate
 from .._protocol.connection import parse_address, parse_host
+from .._scheduler.durable import restore
 from .._scheduler.instructions import (
+    Durable,
     FreeSegment,
     KillWorker,
     LateSend,
@@ -188,6 +190,7 @@ class Head:
         self.dashboard_url = ""
         # Task events and the state queries (orchestra.util.state, _head/state_query.py).
         self.events = StateQueries(self)
+        self.durable: HeadState | None = None   # its state store (main() sets it)
 
     async def start(self) -> None:
         if isinstance(self.local, RemoteNode):
@@ -206,6 +209,8 @@ class Head:
                             max_workers=int(self.cfg.get("max_workers", 0)) or
                             4 * max(int(res.get("CPU", 1)), 1) + 32)
         self.state.client_connected(GRPC_CONN, pb.Hello(kind="grpc"))
+        for problem in restore(self.state, GRPC_CONN, self.durable.records() if self.durable else {}):
+            print(f"orchestra head: not restored: {problem}", file=sys.stderr, flush=True)
         self.carry_out()
         if self.address:
             await self._listen_tcp()
@@ -529,6 +534,8 @@ class Head:
                         node.stop_worker(ins.worker_id)
                 elif type(ins) is Pull:
                     self.pulls.pull(ins.node_id, ins.object_id)
+                elif type(ins) is Durable and self.durable is not None:
+                    self.durable.write(ins.table, ins.key, ins.value)
             for cid, msg in pushes.items():
                 if cid == GRPC_CONN:
                     for d in msg.objects:
@@ -767,7 +774,7 @@ def main(argv: list[str] | None = None, zygote: ZygoteStart | None = None) -> No
 
     def lease_lost(reason: str) -> None:   # from the lease's thread
         loop.call_soon_threadsafe(head.shutdown, reason)
-    durable = HeadState.from_cfg(cfg, lease_lost)
+    durable = head.durable = HeadState.from_cfg(cfg, lease_lost)
     try:
         if durable is not None:   # before anything listens: a second head stops here
             durable.start()

@@ -7,8 +7,9 @@ drivers, in a store that outlives the head process.
         live holder); renew_lease(holder) every LEASE_TTL_S / 4 keeps it; a holder that
         dies lets it expire after LEASE_TTL_S, and the same holder (a restart of the head
         under its supervisor) takes it back at once
-    get / put / delete / items(table) --> small records (bytes) by table and key:
-        "cluster" (its id and token), and the tables later steps add
+    get / put / delete / items(table) / apply(changes) --> small records (bytes) by
+        table and key: "cluster" (its id and token), "actors" and "groups" (detached
+        ones, _scheduler/durable.py)
 
 Written when a durable thing changes, never per task: the hot path never touches it.
 Errors name the store and the fix: unreachable (Redis down, a path that cannot be
@@ -18,8 +19,8 @@ bounded (SQLite's busy timeout, Redis's socket timeouts).
 Who owns what: the head process opens its store, holds the lease and is the only writer
 while it holds it. The launcher (``orchestra start --head``) reads the cluster's token
 before the head exists, so a head started again on the same store serves the same
-cluster. A store is used from one thread at a time (the head's lease thread takes its
-own connection).
+cluster. A store is used from one thread at a time: in the head, HeadState's thread
+(the lease and every write) once the head started.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from .._scheduler.durable import TABLES as KEPT  # what a restarted head makes again
 from ..exceptions import OrchestraError
 
 # How long a lease outlives its holder's last renewal: a head that died (SIGKILL, its
@@ -45,6 +47,8 @@ SCHEMA_VERSION = 1
 
 # The tables (keys are text, values bytes).
 CLUSTER = "cluster"   # "id", "token"
+# While the store does not answer, changes are tried again this often.
+_RETRY_S = 1.0
 
 
 class StateStoreError(OrchestraError):
@@ -66,6 +70,8 @@ class StateStore(Protocol):
     def delete(self, table: str, key: str) -> None: ...
 
     def items(self, table: str) -> dict[str, bytes]: ...
+
+    def apply(self, changes: list[tuple[str, str, bytes | None]]) -> None: ...
 
     def take_lease(self, holder: str, ttl_s: float = LEASE_TTL_S) -> None: ...
 
@@ -165,6 +171,20 @@ class SqliteStore:
         return {k: bytes(v) for k, v in
                 self.db.execute("SELECT key, value FROM state WHERE tbl=?", (table,))}
 
+    def apply(self, changes: list[tuple[str, str, bytes | None]]) -> None:
+        """Puts (value) and deletes (None), in one transaction."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            for table, key, value in changes:
+                if value is None:
+                    self.delete(table, key)
+                else:
+                    self.put(table, key, value)
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
     def take_lease(self, holder: str, ttl_s: float = LEASE_TTL_S) -> None:
         # BEGIN IMMEDIATE: the read and the write are one step against another head's.
         self.db.execute("BEGIN IMMEDIATE")
@@ -251,6 +271,16 @@ class RedisStore:
     def items(self, table: str) -> dict[str, bytes]:
         return {k.decode(): bytes(v) for k, v in self.db.hgetall(self._table(table)).items()}
 
+    def apply(self, changes: list[tuple[str, str, bytes | None]]) -> None:
+        """Puts (value) and deletes (None), in one MULTI/EXEC."""
+        pipe = self.db.pipeline(transaction=True)
+        for table, key, value in changes:
+            if value is None:
+                pipe.hdel(self._table(table), key)
+            else:
+                pipe.hset(self._table(table), key, value)
+        pipe.execute()
+
     def take_lease(self, holder: str, ttl_s: float = LEASE_TTL_S) -> None:
         key = self.PREFIX + "lease"
         ms = int(ttl_s * 1000)
@@ -274,10 +304,19 @@ class RedisStore:
 
 class HeadState:
     """The head process's side of its store: open it, take the lease, write the
-    cluster's identity (start); keep the lease on a thread of its own; give it back
-    (stop). ``on_lost(reason)`` is called from that thread when another head holds the
-    lease (the store was away longer than the lease): the head must stop serving.
-    While the store does not answer, the head serves on and says so (``log``)."""
+    cluster's identity and read the records a restart makes again (start); on a thread
+    of its own, keep the lease and write the changes the scheduler decides (write);
+    give it back (stop). ``on_lost(reason)`` is called from that thread when another
+    head holds the lease: the head must stop serving.
+
+    The thread is the store's one user after start. The loop thread only calls
+    write(), which changes ``_mirror`` (every record this head keeps, as it should be
+    in the store) and ``_dirty`` (the keys not written since) under ``_lock`` and
+    wakes the thread. While the store does not answer the head serves on and says so
+    (``log``); the changes wait in ``_dirty`` and are written once it is back. A store
+    that lost the lease with nobody else holding it (a Redis restarted empty, a lease
+    that ran out while the store was away) is taken back and written whole again from
+    the mirror."""
 
     def __init__(self, url: str, holder: str, token: str, on_lost: Callable[[str], None],
                  log: Callable[[str], None]) -> None:
@@ -285,7 +324,12 @@ class HeadState:
         self.on_lost, self.log = on_lost, log
         self.store: StateStore | None = None
         self.cluster_id = ""
+        self.writes = 0          # records written (the thread's), for figures
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._mirror: dict[str, dict[str, bytes]] = {}
+        self._dirty: set[tuple[str, str]] = set()
         self._thread: threading.Thread | None = None
 
     @classmethod
@@ -311,36 +355,105 @@ class HeadState:
             self.cluster_id = known.decode()
             if store.get(CLUSTER, "token") != self.token.encode():
                 store.put(CLUSTER, "token", self.token.encode())
+            self._mirror = {CLUSTER: {"id": known, "token": self.token.encode()}}
+            for table in KEPT:
+                self._mirror[table] = store.items(table)
         except store.errors as exc:
             raise StateStoreError(f"state store {self.url} failed while the head started "
                                   f"({exc}); start the head again") from exc
-        self._thread = threading.Thread(target=self._keep, name="orchestra-lease", daemon=True)
+        self._thread = threading.Thread(target=self._keep, name="orchestra-state", daemon=True)
         self._thread.start()
+
+    def records(self) -> dict[str, dict[str, bytes]]:
+        """What the store held at start for a restart to make again (table -> key ->
+        value): detached actors and placement groups (_scheduler/durable.py)."""
+        with self._lock:
+            return {t: dict(self._mirror.get(t, {})) for t in KEPT}
+
+    def write(self, table: str, key: str, value: bytes | None) -> None:
+        """Keep ``value`` as record ``key`` of ``table`` (None: delete it); written by
+        the store's thread soon after, in order with the other changes of that key."""
+        with self._lock:
+            kept = self._mirror.setdefault(table, {})
+            if value is None:
+                kept.pop(key, None)
+            else:
+                kept[key] = value
+            self._dirty.add((table, key))
+        self._wake.set()
+
+    def _flush(self, whole: bool = False) -> None:
+        """Write the changed records (``whole``: every record, and delete what the
+        store holds beyond them). The store's errors pass up; what was not written
+        stays dirty."""
+        store = self.store
+        assert store is not None
+        with self._lock:
+            if whole:
+                self._dirty.update((t, k) for t, kept in self._mirror.items() for k in kept)
+            keys, self._dirty = self._dirty, set()
+            changes = [(t, k, self._mirror.get(t, {}).get(k)) for t, k in sorted(keys)]
+        try:
+            if whole:
+                for table in KEPT:
+                    stale = set(store.items(table)) - set(self._mirror.get(table, {}))
+                    changes += [(table, k, None) for k in stale]
+            store.apply(changes)
+        except BaseException:
+            with self._lock:
+                self._dirty.update(keys)
+            raise
+        self.writes += len(changes)
 
     def _keep(self) -> None:
         store = self.store
         assert store is not None
         away_since = 0.0
-        while not self._stop.wait(LEASE_TTL_S / 4):
+        renew_at = time.monotonic() + LEASE_TTL_S / 4
+        while True:
+            wait = renew_at - time.monotonic()
+            if away_since:
+                wait = min(wait, _RETRY_S)
+            self._wake.wait(max(wait, 0.0))
+            self._wake.clear()
+            stopping = self._stop.is_set()
             try:
-                held = store.renew_lease(self.holder)
+                if self._dirty or stopping:
+                    self._flush()
+                if stopping:
+                    return
+                if time.monotonic() >= renew_at:
+                    renew_at = time.monotonic() + LEASE_TTL_S / 4
+                    if not store.renew_lease(self.holder):
+                        # Not ours any more: another head's (HeadLeaseHeld), or nobody's
+                        # (the store lost it): taken back, and everything written again.
+                        store.take_lease(self.holder)
+                        self.log(f"the state store {self.url} had lost this head's lease: "
+                                 "taken back, and its records written again")
+                        self._flush(whole=True)
+            except HeadLeaseHeld as exc:
+                self.on_lost(f"another head took the lease of state store {self.url} "
+                             f"(this head could not renew it in time): {exc}")
+                return
             except store.errors as exc:
+                if stopping:
+                    self.log(f"the state store {self.url} does not answer ({exc}); "
+                             f"{len(self._dirty)} change(s) not written at stop")
+                    return
                 if not away_since:
                     away_since = time.monotonic()
                     self.log(f"the state store {self.url} does not answer ({exc}); the head "
-                             "serves on, and keeps its lease once it is back")
+                             "serves on, and writes its changes once it is back")
                 continue
             if away_since:
                 self.log(f"the state store {self.url} answers again "
                          f"(after {time.monotonic() - away_since:.1f} s)")
                 away_since = 0.0
-            if not held:
-                self.on_lost(f"another head took the lease of state store {self.url} "
-                             "(this head could not renew it in time)")
-                return
 
     def stop(self) -> None:
+        """Write what is left (bounded), give the lease back."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(TIMEOUT_S * 2)
         if self.store is not None:

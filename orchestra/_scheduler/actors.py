@@ -21,6 +21,7 @@ import enum
 
 from .._protocol import pb
 from .._protocol.wire import ACTOR_ADDRESS
+from .durable import actor_gone, actor_kept
 from .instructions import KillWorker, LateSend
 from .model import PLACEMENT_GROUP, SchedulerCore, Task, TaskState, Worker, WorkerState
 
@@ -80,10 +81,13 @@ class ActorTable:
                              "namespace; pick another, get_actor() the existing one, or pass "
                              "get_if_exists=True")
         a = Actor(spec, task, conn)
+        a.restarts = spec.restart_count   # > 0: a restarted head's restore (durable.py)
         self.actors[spec.actor_id] = a
         if spec.name:
             self.names[key] = spec.actor_id
         s = self.s
+        if spec.detached:
+            s.out.append(actor_kept(task.call, a.restarts, s.functions.get(call.function_id)))
         token = s.new_object(conn, spec.actor_id)   # the handle's pseudo-object
         token.data = pb.ObjectData(object_id=spec.actor_id, inline=b"")
         return None
@@ -116,12 +120,14 @@ class ActorTable:
         if not self._place(a):
             self.pending.append(a)
 
-    def creation_failed(self, task: Task, blob: bytes) -> None:
-        """The creation task failed before placement (no node can ever hold it): the
-        actor is dead with ``blob``, the error its calls raise."""
+    def creation_failed(self, task: Task, blob: bytes,
+                        cause: str = "it could not be placed: no node can hold it") -> None:
+        """The creation task failed before placement (no node can ever hold it, an
+        argument lost): the actor is dead with ``blob``, the error its calls raise."""
         a = self.actors.get(task.call.actor.actor_id)
         if a is not None and a.state is not ActorState.DEAD:
-            self._die(a, blob, "it could not be placed: no node can hold it")
+            a.no_restart = True
+            self._die(a, blob, cause)
 
     def _place(self, a: Actor) -> bool:
         """Start its dedicated worker on the best node that holds its request now; False:
@@ -283,6 +289,9 @@ class ActorTable:
             # The new instance learns it is one (was_current_actor_reconstructed()).
             a.creation.call.actor.restart_count = a.restarts
             a.creation.state = TaskState.READY
+            if a.spec.detached:
+                call = a.creation.call
+                self.s.out.append(actor_kept(call, a.restarts, self.s.functions.get(call.function_id)))
             if not self._place(a):
                 a.state = ActorState.RESTARTING
                 self.pending.append(a)
@@ -301,6 +310,8 @@ class ActorTable:
 
     def _die(self, a: Actor, blob: bytes, cause: str) -> None:
         a.state = ActorState.DEAD
+        if a.spec.detached:
+            self.s.out.append(actor_gone(a.spec.actor_id))
         a.death = blob
         a.cause = cause
         self._release_name(a)

@@ -37,6 +37,7 @@ from .._objects.serialization import serialize
 from .._protocol import pb
 from .._protocol.wire import WARNING
 from ..exceptions import InfeasibleResourcesError
+from .durable import group_gone, group_kept
 from .instructions import KillWorker, Send
 from .model import PLACEMENT_GROUP, SchedulerCore, Task, TaskState, Worker
 
@@ -205,6 +206,8 @@ class PlacementGroups:
         self.groups[g.gid] = g
         if spec.name:
             self.names[spec.name] = g.gid
+        if spec.detached:
+            self.s.out.append(group_kept(spec))
         ready = g.gid + READY_SUFFIX
         self.s.new_object(conn, ready).count += 1   # held by its creator and by the group
         if not self._try_place(g):
@@ -334,6 +337,8 @@ class PlacementGroups:
         s = self.s
         g.state = GroupState.REMOVED
         self.removed.append(gid)
+        if g.spec.detached:
+            s.out.append(group_gone(gid))
         while len(self.removed) > _REMOVED_KEPT:
             self.groups.pop(self.removed.popleft(), None)
         if g.spec.name and self.names.get(g.spec.name) == gid:

@@ -96,4 +96,15 @@ class Pull(NamedTuple):
     object_id: bytes
 
 
-Instruction = Send | Push | LateSend | StartWorker | KillWorker | StopWorker | FreeSegment | Pull
+class Durable(NamedTuple):
+    """Keep record ``key`` of ``table`` in the head's state store as ``value`` (None:
+    delete it): a change of what a restarted head must know (_scheduler/durable.py).
+    Written off the loop, in order, never per task."""
+
+    table: str
+    key: str
+    value: bytes | None
+
+
+Instruction = (Send | Push | LateSend | StartWorker | KillWorker | StopWorker | FreeSegment
+               | Pull | Durable)

@@ -266,6 +266,7 @@ class SchedulerCore(Protocol):
     clients: dict[int, Client]
     tasks: dict[bytes, Task]
     objects: dict[bytes, Obj]
+    functions: dict[bytes, pb.RegisterFunctionRequest]   # registered functions and classes
     ready: dict[tuple[Hashable, ...], collections.deque[Task]]
     out: list[Instruction]
     # Builds the pickled error for an object: (kind, **details) -> bytes.

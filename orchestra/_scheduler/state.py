@@ -314,7 +314,11 @@ class SchedulerState:
                         assert arg.lineage is not None, "a tomb without a value has a lineage"
                         rebuilds.append(arg.lineage)
                 if arg is None:
-                    self.fail_task(t, self.error("lost", object_id=oid, name=call.name))
+                    lost = self.error("lost", object_id=oid, name=call.name)
+                    self.fail_task(t, lost)
+                    if call.HasField("actor"):
+                        self.actor_table.creation_failed(
+                            t, lost, f"its constructor's argument {oid.hex()} is lost")
                     return False
                 arg.count += 1
                 if arg.data is None:

@@ -22,7 +22,23 @@ import pytest
 
 from _cli import cli
 from _netns import Hosts, skip_reason
+from _redis import RedisServer
+from _redis import skip_reason as redis_skip_reason
 from orchestra._runtime import cluster_file as cf
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own on a free loopback port (skips without one)."""
+    reason = redis_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture

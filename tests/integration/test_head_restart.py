@@ -172,3 +172,83 @@ def test_a_node_whose_head_stays_away_stops_after_its_reconnect_timeout(state: s
         os.kill(rec["pid"], signal.SIGKILL)
     text = Path(node["run_dir"], "stderr.log").read_text()
     assert "stayed away for more than 1.5 s (reconnect_timeout_s): stopping" in text
+
+
+MAKE_DETACHED = """
+import json, orchestra
+from orchestra.util.placement_group import placement_group
+orchestra.init(address="auto", namespace="app")
+
+@orchestra.remote
+class Counter:
+    def __init__(self, start):
+        self.n = start
+    def inc(self):
+        self.n += 1
+        return self.n
+    def restarted(self):
+        return orchestra.get_runtime_context().was_current_actor_reconstructed()
+
+keeper = Counter.options(name="keeper", lifetime="detached").remote(100)
+for _ in range(5):
+    n = orchestra.get(keeper.inc.remote(), timeout=30)
+gone = Counter.options(name="gone", lifetime="detached").remote(0)
+orchestra.get(gone.inc.remote(), timeout=30)
+orchestra.kill(gone)
+pg = placement_group([{"CPU": 1}], name="pg", lifetime="detached")
+orchestra.get(pg.ready(), timeout=30)
+print(json.dumps([n, orchestra.get(keeper.restarted.remote(), timeout=30)]))
+"""
+
+USE_DETACHED = """
+import json, orchestra
+from orchestra.util.placement_group import get_placement_group
+from orchestra.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+orchestra.init(address="auto", namespace="app")
+keeper = orchestra.get_actor("keeper")
+out = [orchestra.get(keeper.inc.remote(), timeout=60),
+       orchestra.get(keeper.restarted.remote(), timeout=30)]
+try:
+    orchestra.get_actor("gone")
+    out.append("gone found")
+except ValueError as exc:
+    out.append("no live actor" in str(exc))
+pg = get_placement_group("pg")
+orchestra.get(pg.ready(), timeout=60)
+
+@orchestra.remote(num_cpus=1)
+def inside():
+    return "ran in it"
+
+strategy = PlacementGroupSchedulingStrategy(placement_group=pg)
+out.append(orchestra.get(inside.options(scheduling_strategy=strategy).remote(), timeout=60))
+from orchestra.util.state import list_actors
+out.append([a["num_restarts"] for a in list_actors()
+            if a["name"] == "keeper" and a["state"] == "ALIVE"])
+print(json.dumps(out))
+"""
+
+
+def run_script(code: str) -> list[Any]:
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=T, env=dict(os.environ, PYTHONPATH=REPO))
+    assert r.returncode == 0, r.stderr
+    return list(json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.parametrize("store", ["sqlite", "redis"])
+def test_detached_actors_and_groups_are_made_again_by_a_restarted_head(
+        state: str, tmp_path: Path, store: str, request: pytest.FixtureRequest) -> None:
+    """The records a head keeps (orchestra/_scheduler/durable.py) bring back a detached
+    named actor (a new instance: its constructor runs again, restart counted) and a
+    detached named placement group; a killed one stays gone."""
+    if store == "redis":
+        url = request.getfixturevalue("redis_server").url
+    else:
+        url = "sqlite://" + str(tmp_path / "store" / "head.db")
+    rec = start_head(state, "--state-store", url)
+    assert run_script(MAKE_DETACHED) == [105, False]
+    head = serving_head(rec)
+    os.kill(head, signal.SIGKILL)
+    serving_head(rec, other_than=head)
+    assert run_script(USE_DETACHED) == [101, True, True, "ran in it", [1]]

@@ -6,8 +6,8 @@ the head runs is said and survived; a store that cannot be used is a clear error
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,19 +15,6 @@ from _redis import RedisServer, free_port, skip_reason
 from orchestra._head import state_store as ss
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -178,3 +165,90 @@ def test_the_sqlite_file_is_this_users_only(tmp_path: Path) -> None:
     ss.open_store(f"sqlite://{path}").close()
     assert path.stat().st_mode & 0o077 == 0
     assert path.parent.stat().st_mode & 0o077 == 0
+
+
+def wait_for(check: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_the_heads_records_are_written_in_order_and_read_by_the_next_head(url: str) -> None:
+    said: list[str] = []
+    head = ss.HeadState(url, "head A", "tok", said.append, said.append)
+    head.start()
+    assert head.records() == {"actors": {}, "groups": {}}
+    head.write("actors", "a1", b"one")
+    head.write("actors", "a2", b"two")
+    head.write("groups", "g1", b"group")
+    head.write("actors", "a1", b"one again")
+    head.write("actors", "a2", None)
+    store = ss.open_store(url)
+    wait_for(lambda: store.items("actors") == {"a1": b"one again"}
+             and store.items("groups") == {"g1": b"group"}, 10, "the records written")
+    head.write("groups", "g1", None)
+    head.stop()   # what is left is written before the lease is given back
+    assert store.items("groups") == {}
+    store.close()
+    again = ss.HeadState(url, "head B", "tok", said.append, said.append)
+    again.start()
+    assert again.records() == {"actors": {"a1": b"one again"}, "groups": {}}
+    again.stop()
+    assert said == []
+
+
+def test_changes_made_while_redis_is_away_are_written_when_it_is_back(
+        redis_server: RedisServer) -> None:
+    said: list[str] = []
+    lost: list[str] = []
+    head = ss.HeadState(redis_server.url, "head A", "tok", lost.append, said.append)
+    head.start()
+    head.write("actors", "kept", b"before")
+    store = ss.open_store(redis_server.url)
+    wait_for(lambda: store.items("actors") == {"kept": b"before"}, 10, "the first record")
+    store.close()
+    redis_server.stop()
+    head.write("actors", "made-meanwhile", b"x")
+    head.write("actors", "kept", None)
+    wait_for(lambda: said, 10, "the store's absence said")
+    assert "does not answer" in said[0] and "writes its changes once it is back" in said[0]
+    redis_server.start()
+    store = ss.open_store(redis_server.url)
+    wait_for(lambda: store.items("actors") == {"made-meanwhile": b"x"}, 10,
+             "the changes made while Redis was away")
+    store.close()
+    assert lost == []
+    head.stop()
+
+
+def test_a_redis_restarted_empty_gets_the_lease_and_every_record_back(
+        redis_server: RedisServer) -> None:
+    said: list[str] = []
+    lost: list[str] = []
+    head = ss.HeadState(redis_server.url, "head A", "tok", lost.append, said.append)
+    head.start()
+    cluster_id = head.cluster_id
+    head.write("groups", "g", b"spec")
+    store = ss.open_store(redis_server.url)
+    wait_for(lambda: store.items("groups") == {"g": b"spec"}, 10, "the record written")
+    store.close()
+    redis_server.stop()
+    for f in redis_server.dir.rglob("appendonly*"):   # its data gone with it
+        if f.is_file():
+            f.unlink()
+    redis_server.start()
+    store = ss.open_store(redis_server.url)
+
+    def back() -> bool:
+        return (store.items("groups") == {"g": b"spec"}
+                and store.get(ss.CLUSTER, "id") == cluster_id.encode())
+    wait_for(back, ss.LEASE_TTL_S, "the lease and records written again")
+    assert any("taken back" in text for text in said), said
+    with pytest.raises(ss.HeadLeaseHeld, match="head A"):
+        store.take_lease("head B")
+    assert store.get(ss.CLUSTER, "token") == b"tok"
+    store.close()
+    assert lost == []
+    head.stop()

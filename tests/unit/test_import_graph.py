@@ -44,7 +44,7 @@ PUBLIC = {"__init__", "actor", "dag", "util", "compat", "cluster_utils", "coordi
 # The scheduler core's helpers never reach back into its state machine.
 SCHEDULER_HELPERS = ["_scheduler.model", "_scheduler.instructions", "_scheduler.actors",
                      "_scheduler.blocking", "_scheduler.lineage", "_scheduler.loans",
-                     "_scheduler.placement", "_scheduler.groups"]
+                     "_scheduler.placement", "_scheduler.groups", "_scheduler.durable"]
 
 
 def modules() -> dict[str, pathlib.Path]:

@@ -1,0 +1,102 @@
+"""What a restarted head must know and cannot learn again from its nodes and drivers:
+records of detached actors and placement groups, decided here, kept in the head's state
+store (_head/state_store.py). No I/O.
+
+    ActorTable: a detached actor created, restarted, dead
+    PlacementGroups: a detached group created, removed
+        --Durable(table, key, value | None)--> state.out --> Head.carry_out
+        --> HeadState.write: the store's own thread writes it, in order, off the loop
+    a head started on a store that holds records: restore(state, owner, records)
+        the groups first (an actor may be placed in one), then the actors: each a new
+        instance of its class (its constructor runs again, restart_count + 1)
+
+Records change when a detached thing is made, restarted or ends: never per task or
+call, so the hot path never meets them. A detached actor's record holds its
+constructor's call and its class (the function table is not kept: a restarted head
+knows no other function until a driver registers it again). Its constructor's
+arguments passed as refs name objects of the cluster before the restart, gone since:
+such an actor is restored dead, its error naming the lost argument.
+
+Non-detached actors and groups end with their creator's connection, which does not
+outlive the head; they are not kept.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from .._protocol import pb
+from .instructions import Durable, Instruction
+
+ACTORS = "actors"   # detached actor id (hex) -> DurableActor
+GROUPS = "groups"   # detached placement group id (hex) -> PlacementGroupSpec
+TABLES = (ACTORS, GROUPS)
+
+
+class _Groups(Protocol):
+    def create(self, conn: int, spec: pb.PlacementGroupSpec) -> None: ...
+
+
+class Restorable(Protocol):
+    """What restore() uses of the scheduler (SchedulerState)."""
+
+    out: list[Instruction]
+
+    @property
+    def groups(self) -> _Groups: ...
+
+    def register_function(self, req: pb.RegisterFunctionRequest) -> None: ...
+
+    def create_actor(self, conn: int, call: pb.Call) -> pb.ActorSpec | None: ...
+
+
+def actor_kept(creation: pb.Call, restarts: int,
+               cls: pb.RegisterFunctionRequest | None) -> Durable:
+    """The record of a detached actor as it is now: its constructor's call, its
+    restarts so far, its class."""
+    rec = pb.DurableActor(creation=creation, restarts=restarts)
+    if cls is not None:
+        rec.cls.CopyFrom(cls)
+    return Durable(ACTORS, creation.actor.actor_id.hex(), rec.SerializeToString())
+
+
+def actor_gone(actor_id: bytes) -> Durable:
+    return Durable(ACTORS, actor_id.hex(), None)
+
+
+def group_kept(spec: pb.PlacementGroupSpec) -> Durable:
+    return Durable(GROUPS, spec.group_id.hex(), spec.SerializeToString())
+
+
+def group_gone(group_id: bytes) -> Durable:
+    return Durable(GROUPS, group_id.hex(), None)
+
+
+def restore(state: Restorable, owner: int,
+            records: Mapping[str, Mapping[str, bytes]]) -> list[str]:
+    """Make again what ``records`` (table -> key -> value, as the store holds them)
+    name, held by ``owner`` (the head's own pseudo-client, which lives as long as the
+    head). Returns what could not be restored, in words (the head logs it); such a
+    record is deleted (a Durable in state.out)."""
+    problems: list[str] = []
+    for key, value in sorted(records.get(GROUPS, {}).items()):
+        try:
+            spec = pb.PlacementGroupSpec.FromString(value)
+            state.groups.create(owner, spec)
+        except Exception as exc:   # a record no head can use: said, and dropped
+            problems.append(f"placement group {key}: {exc}")
+            state.out.append(Durable(GROUPS, key, None))
+    for key, value in sorted(records.get(ACTORS, {}).items()):
+        try:
+            rec = pb.DurableActor.FromString(value)
+            call = rec.creation
+            if not call.HasField("actor") or not rec.cls.function_id:
+                raise ValueError("the record holds no actor's constructor and class")
+            call.actor.restart_count = rec.restarts + 1
+            call.actor.get_if_exists = False
+            state.register_function(rec.cls)
+            state.create_actor(owner, call)
+        except Exception as exc:
+            problems.append(f"actor {key}: {exc}")
+            state.out.append(Durable(ACTORS, key, None))
+    return problems

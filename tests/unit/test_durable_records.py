@@ -1,0 +1,197 @@
+"""The records a head keeps for its restart (orchestra/_scheduler/durable.py): the Durable
+instructions the scheduler emits, replayed into a dict as the store's thread writes
+them, hold exactly the live detached actors (their restarts counted) and the live
+detached placement groups, whatever happens to them; a new scheduler restored from
+them holds the same actors (one restart more) and groups. No processes."""
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from _sched_helpers import DRIVER, Cluster, new_id, worker_conn
+from orchestra._proto import types_pb2
+from orchestra._protocol import pb
+from orchestra._scheduler import durable
+from orchestra._scheduler.actors import ActorState
+from orchestra._scheduler.groups import GroupState
+from orchestra._scheduler.instructions import Durable, StartWorker
+
+pytestmark = pytest.mark.timeout(60)
+
+HEAD = 0   # the restored things' owner: the head's own pseudo-client
+_gids = itertools.count(1)
+
+
+def ctor_call(name: str, *, detached: bool, max_restarts: int, args: tuple[Any, ...] = ()) -> Any:
+    tid = new_id()
+    call = types_pb2.Call(task_id=tid, function_id=b"cls-" + tid[:4], name=f"{name}.__init__",
+                          num_returns=0, resources={"CPU": 0.5}, args=list(args))
+    call.actor.CopyFrom(types_pb2.ActorSpec(
+        actor_id=tid + b"\xff\xff\xff\xff", name=name, max_restarts=max_restarts,
+        class_name="Counter", detached=detached))
+    return call
+
+
+def apply(store: dict[str, dict[str, bytes]], out: list[Any]) -> None:
+    for ins in out:
+        if type(ins) is Durable:
+            kept = store.setdefault(ins.table, {})
+            if ins.value is None:
+                kept.pop(ins.key, None)
+            else:
+                kept[ins.key] = ins.value
+
+
+class Records(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = Cluster(cpus=4, workers=0, max_workers=64)
+        self.store: dict[str, dict[str, bytes]] = {}
+        self.made: list[Any] = []      # constructor calls
+        self.groups: list[bytes] = []
+        self.n = 0
+
+    def _take(self) -> list[Any]:
+        out = self.c.take()
+        apply(self.store, out)
+        for wid in self.c.started(out):   # each actor's worker comes up at once
+            self.c.connect(wid)
+        if self.c.s.out:
+            self._take()
+        return out
+
+    def _actor(self, i: int) -> Any:
+        return self.c.s.actor_table.actors[self.made[i % len(self.made)].actor.actor_id]
+
+    @rule(detached=st.booleans(), max_restarts=st.sampled_from([0, 1, -1]))
+    def create(self, detached: bool, max_restarts: int) -> None:
+        self.n += 1
+        call = ctor_call(f"a{self.n}", detached=detached, max_restarts=max_restarts)
+        self.c.s.register_function(pb.RegisterFunctionRequest(function_id=call.function_id,
+                                                              pickled=b"the class"))
+        self.c.s.create_actor(DRIVER, call)
+        self.made.append(call)
+        self._take()
+
+    @rule(i=st.integers(0, 50), raised=st.booleans())
+    def constructor_ends(self, i: int, raised: bool) -> None:
+        if not self.made:
+            return
+        a = self._actor(i)
+        if a.state in (ActorState.STARTING, ActorState.RESTARTING) and a.worker is not None \
+                and a.worker.queue:
+            self.c.s.task_done(worker_conn(a.worker.worker_id), pb.TaskDone(
+                task_id=a.creation.call.task_id, user_error=raised))
+            self._take()
+
+    @rule(i=st.integers(0, 50))
+    def process_dies(self, i: int) -> None:
+        if not self.made:
+            return
+        a = self._actor(i)
+        if a.worker is not None:
+            self.c.s.worker_died(a.worker.worker_id, "killed by a signal")
+            self._take()
+
+    @rule(i=st.integers(0, 50), no_restart=st.booleans())
+    def kill(self, i: int, no_restart: bool) -> None:
+        if not self.made:
+            return
+        a = self._actor(i)
+        self.c.s.actor_table.kill(a.spec.actor_id, no_restart)
+        out = self._take()
+        for ins in out:   # the kill seen: the worker's death follows
+            if type(ins).__name__ == "KillWorker":
+                self.c.s.worker_died(ins.worker_id, "killed")
+        self._take()
+
+    @rule(detached=st.booleans(), named=st.booleans())
+    def make_group(self, detached: bool, named: bool) -> None:
+        gid = next(_gids).to_bytes(12, "big")
+        spec = pb.PlacementGroupSpec(group_id=gid, strategy="PACK", detached=detached,
+                                     name=f"g{gid[-1]}" if named else "",
+                                     bundles=[pb.PlacementBundle(resources={"CPU": 0.5})])
+        self.c.s.groups.create(DRIVER, spec)
+        self.groups.append(gid)
+        self._take()
+
+    @rule(i=st.integers(0, 50))
+    def remove_group(self, i: int) -> None:
+        if self.groups:
+            self.c.s.groups.remove(self.groups[i % len(self.groups)])
+            self._take()
+
+    @invariant()
+    def the_records_are_the_live_detached_actors_and_groups(self) -> None:
+        live = {aid.hex(): a for aid, a in self.c.s.actor_table.actors.items()
+                if a.spec.detached and a.state is not ActorState.DEAD}
+        kept = self.store.get(durable.ACTORS, {})
+        assert set(kept) == set(live)
+        for key, value in kept.items():
+            rec = pb.DurableActor.FromString(value)
+            assert rec.restarts == live[key].restarts
+            assert rec.cls.pickled == b"the class"
+            assert rec.creation.actor.actor_id.hex() == key
+        groups = {g.gid.hex() for g in self.c.s.groups.groups.values()
+                  if g.spec.detached and g.state is not GroupState.REMOVED}
+        assert set(self.store.get(durable.GROUPS, {})) == groups
+
+    def teardown(self) -> None:
+        """A new head restored from the records holds the same detached things."""
+        before = {aid: a for aid, a in self.c.s.actor_table.actors.items()
+                  if a.spec.detached and a.state is not ActorState.DEAD}
+        groups = {gid: g.spec.name for gid, g in self.c.s.groups.groups.items()
+                  if g.spec.detached and g.state is not GroupState.REMOVED}
+        fresh = Cluster(cpus=4, workers=0, max_workers=64)
+        fresh.s.client_connected(HEAD, pb.Hello(kind="grpc"))
+        assert durable.restore(fresh.s, HEAD, self.store) == []
+        out = fresh.take()
+        after = fresh.s.actor_table.actors
+        assert set(after) == set(before)
+        for aid, a in before.items():
+            assert after[aid].restarts == a.restarts + 1
+            assert after[aid].creation.call.actor.restart_count == a.restarts + 1
+            if a.spec.name:
+                assert fresh.s.actor_table.names[(a.spec.namespace, a.spec.name)] == aid
+        assert {gid: g.spec.name for gid, g in fresh.s.groups.groups.items()} == groups
+        store: dict[str, dict[str, bytes]] = {}
+        apply(store, out)   # the restored head keeps them again, one restart more
+        assert set(store.get(durable.ACTORS, {})) == {aid.hex() for aid in before}
+        assert set(store.get(durable.GROUPS, {})) == {gid.hex() for gid in groups}
+        assert len([ins for ins in out if type(ins) is StartWorker]) <= len(before)
+
+
+TestRecords = Records.TestCase
+TestRecords.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+def test_a_restored_actor_whose_constructor_argument_is_gone_is_dead_naming_it() -> None:
+    lost = new_id()
+    call = ctor_call("keeper", detached=True, max_restarts=0,
+                     args=(types_pb2.Value(ref=lost),))
+    rec = pb.DurableActor(creation=call, restarts=0,
+                          cls=pb.RegisterFunctionRequest(function_id=call.function_id))
+    c = Cluster(cpus=1, workers=0)
+    c.s.client_connected(HEAD, pb.Hello(kind="grpc"))
+    records = {durable.ACTORS: {call.actor.actor_id.hex(): rec.SerializeToString()}}
+    assert durable.restore(c.s, HEAD, records) == []
+    a = c.s.actor_table.actors[call.actor.actor_id]
+    assert a.state is ActorState.DEAD and lost.hex() in a.cause
+    assert Durable(durable.ACTORS, call.actor.actor_id.hex(), None) in c.take()
+    with pytest.raises(ValueError, match="no live actor is named 'keeper'"):
+        c.s.actor_table.get("keeper", "")
+
+
+def test_a_record_no_head_can_read_is_said_and_deleted() -> None:
+    c = Cluster(cpus=1, workers=0)
+    c.s.client_connected(HEAD, pb.Hello(kind="grpc"))
+    problems = durable.restore(c.s, HEAD, {durable.ACTORS: {"ab": b"\x00not a record"},
+                                           durable.GROUPS: {"cd": b"\xff\xff"}})
+    assert len(problems) == 2 and problems[0].startswith("placement group cd")
+    assert set(c.take()) == {Durable(durable.ACTORS, "ab", None),
+                             Durable(durable.GROUPS, "cd", None)}
