@@ -23,6 +23,7 @@ from .._protocol import pb
 from .._protocol.wire import ACTOR_ADDRESS
 from .durable import actor_gone, actor_kept
 from .instructions import KillWorker, LateSend
+from .lineage import wait_for_made_again
 from .model import PLACEMENT_GROUP, SchedulerCore, Task, TaskState, Worker, WorkerState
 
 ACTOR_SHAPE = (("__actor__", 1.0),)   # a grant shape no task has: no task is pipelined there
@@ -117,6 +118,12 @@ class ActorTable:
         a = self.actors.get(task.call.actor.actor_id)
         if a is None or a.state is ActorState.DEAD:
             return
+        w = a.worker
+        if w is not None and w.state is WorkerState.BUSY and not w.queue:
+            # Its restarted process waited for an argument made again: it is back.
+            task.state = TaskState.READY
+            self.s.dispatch(task, w)
+            return
         if not self._place(a):
             self.pending.append(a)
 
@@ -172,6 +179,9 @@ class ActorTable:
         assert a is not None
         w.state = WorkerState.BUSY
         t = a.creation
+        if wait_for_made_again(t, self.s.objects):
+            t.state = TaskState.WAITING   # an argument lost with its node: once it is back
+            return
         t.state = TaskState.READY
         self.s.dispatch(t, w)
 
@@ -271,8 +281,11 @@ class ActorTable:
         for t in inflight:
             t.worker = None
             if restarts and t.retries_left != 0 and t.state is not TaskState.DONE:
-                # max_task_retries=: run it again on the restarted instance, first.
+                # max_task_retries=: run it again on the restarted instance, first
+                # (once an argument made again since it was sent is back).
                 t.spend_retry()
+                if wait_for_made_again(t, self.s.objects):
+                    t.state = TaskState.WAITING
                 retried.append(t)
                 continue
             # Named for the actor (not "actor Counter.inc is dead") and its process.

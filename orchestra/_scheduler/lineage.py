@@ -6,7 +6,8 @@ keeps so that it can. No I/O.
         (ObjectDirectory.set_lineage: a freed argument then leaves a tomb)
     node lost --> ObjectDirectory.node_lost: the objects whose only copy was there are
         pending again (or hold ObjectLostError) --> wait_again: tasks not sent yet wait
-        for them --> rebuild: their tasks run again; an argument freed since is revived
+        for them (and a task sent before, when it runs again: wait_for_made_again)
+        --> rebuild: their tasks run again; an argument freed since is revived
         from its tomb, and its own task runs again first when it left no value
 
 A rebuild spends one retry of the lineage it runs; a run with none left keeps no lineage
@@ -15,11 +16,27 @@ helper, as Loans and Blocking are; the tombs and counts are the ObjectDirectory'
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from .._protocol import pb
-from .model import Lineage, SchedulerCore, Task, TaskState
+from .model import Lineage, Obj, SchedulerCore, Task, TaskState
 from .objects import ObjectDirectory
+
+
+def wait_for_made_again(t: Task, objects: Mapping[bytes, Obj]) -> bool:
+    """``t`` waits (deps) for those of its arguments that are pending again (made again:
+    their node died); True when it waits for one. A task sent before that death is
+    left alone by wait_again, and checked here when it runs again (a retry, handed
+    back): sent with no data for such an argument, it killed the head's loop."""
+    waits = False
+    for v in t.call.args:
+        if v.WhichOneof("kind") == "ref":
+            o = objects.get(v.ref)
+            if o is not None and o.data is None and v.ref not in t.deps:
+                t.deps.add(v.ref)
+                o.waiting_tasks.append(t)
+                waits = True
+    return waits
 
 
 class Rebuilds:
@@ -57,19 +74,13 @@ class Rebuilds:
         for t in s.tasks.values():
             if t.state is not TaskState.READY and t.state is not TaskState.WAITING:
                 continue
-            gone = [v.ref for v in t.call.args if v.WhichOneof("kind") == "ref"
-                    and (o := objects.get(v.ref)) is not None and o.data is None
-                    and v.ref not in t.deps]
-            if not gone:
+            if not wait_for_made_again(t, objects):
                 continue
             if t.state is TaskState.READY:
                 q = s.ready.get(t.qkey)
                 if q is not None and t in q:
                     q.remove(t)
                 t.move(TaskState.WAITING)
-            for oid in gone:
-                t.deps.add(oid)
-                objects[oid].waiting_tasks.append(t)
 
     def rebuild(self, first: Lineage) -> None:
         """Run a finished task again: a result of it was lost with its node. Its returns

@@ -31,7 +31,7 @@ from .adoption import Adoption
 from .blocking import Blocking
 from .groups import PlacementGroups
 from .instructions import Instruction, KillWorker, Pull, Send
-from .lineage import Rebuilds
+from .lineage import Rebuilds, wait_for_made_again
 from .loans import Loans
 from .model import (
     TASK_TRANSITIONS,
@@ -218,16 +218,14 @@ class SchedulerState:
                     self.fail_task(t, self._cancelled_error(t))
                 elif t.retries_left != 0:
                     t.spend_retry()
-                    t.move(TaskState.READY)
-                    self.enqueue_ready(t, front=True)
+                    self.requeue(t)
                 else:
                     self.fail_task(t, self.error("crashed", name=t.call.name, pid=w.pid,
                                                    reason=reason, attempts=t.attempt))
             elif t.cancelled:   # cancelled while queued there: see return_tasks
                 self.fail_task(t, self._cancelled_error(t))
             else:  # never started there: schedule again, no retry spent
-                t.move(TaskState.READY)
-                self.enqueue_ready(t, front=True)
+                self.requeue(t)
         node = self.nodes.get(w.node_id)
         if node is not None and not was_starting:
             # Keep the pool at its size: replace the dead worker.
@@ -375,6 +373,16 @@ class SchedulerState:
         else:
             q.append(t)
 
+    def requeue(self, t: Task) -> None:
+        """A task sent to a worker runs again (retried, handed back): first in its
+        ready queue, or waiting once more for an argument made again since it was sent
+        (_scheduler/lineage.py)."""
+        t.move(TaskState.READY)
+        if wait_for_made_again(t, self.objects):
+            t.move(TaskState.WAITING)
+        else:
+            self.enqueue_ready(t, front=True)
+
     def schedule(self) -> None:
         """Give ready tasks to workers: idle workers first, then pipelining on the
         workers granted that shape."""
@@ -467,8 +475,7 @@ class SchedulerState:
         if msg.user_error and t.call.retry_exceptions and not msg.not_retryable \
                 and t.retries_left != 0 and not t.cancelled:
             t.spend_retry()
-            t.move(TaskState.READY)
-            self.enqueue_ready(t, front=True)
+            self.requeue(t)
             self.after_worker_step(w)
             return
         if msg.cancelled:   # the worker's own error when it gave one (see DirectCalls)
@@ -580,8 +587,7 @@ class SchedulerState:
                 # ignored the cancel for a task it no longer had: re-queued, it ran.
                 self.fail_task(t, self._cancelled_error(t))
                 continue
-            t.move(TaskState.READY)
-            self.enqueue_ready(t, front=True)
+            self.requeue(t)
         self.after_worker_step(w)
 
     def cancel(self, object_id: bytes, force: bool, recursive: bool = False) -> None:

@@ -216,6 +216,57 @@ def test_a_queued_task_whose_argument_is_made_again_waits_for_it():
     assert inv.resolved[0].segment.name == "again-on-0"
 
 
+@pytest.mark.parametrize("how", ["its worker died", "its worker handed it back",
+                                 "it raised and is retried"])
+def test_a_sent_task_that_runs_again_after_its_argument_was_lost_waits_for_it(how):
+    # Sent to a worker before the node holding its argument died (so wait_again left it
+    # alone), then queued again: its worker died, it was handed back (STEAL), or it
+    # raised with retry_exceptions. Queued as ready it was dispatched with no data for
+    # the argument, and the head's loop died on a TypeError (found by the fault soak
+    # with node kills every 8 s). It waits for the argument made again now.
+    c = Cluster(cpus=1, custom={"zero": 1.0}, pipeline_depth=2)
+    c.s.add_node(OTHER, {"CPU": 1.0}, num_workers=1, max_workers=4)
+    (w2,) = c.started(c.take())
+    c.connect(w2)
+    c.take()
+    (w0,) = c.pool
+    busy = c.submit(make_call("busy", resources={"zero": 1.0}))
+    assert executed(c.take()) == [(w0, busy.task_id)]
+    make = c.submit(make_call("make", max_retries=1))
+    assert executed(c.take()) == [(w2, make.task_id)]
+    oid = rid(make)
+    c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=make.task_id,
+                                               returns=[seg_on(OTHER, oid, "seg-on-2")]))
+    consumer = make_call("consumer", (ref(oid),), resources={"zero": 1.0}, max_retries=2)
+    consumer.retry_exceptions = True
+    c.submit(consumer)
+    if how == "it raised and is retried":
+        c.done(w0, busy)
+    assert (w0, consumer.task_id) in executed(c.take())   # sent to w0
+    c.s.remove_node(OTHER, "killed")
+    assert c.s.objects[oid].data is None   # pending again: made again
+    c.take()
+    if how == "its worker died":
+        c.s.worker_died(w0, "killed by a signal")
+        (w0,) = c.started(c.take())
+        c.connect(w0)
+    elif how == "its worker handed it back":
+        c.s.return_tasks(worker_conn(w0), [consumer.task_id])
+        c.done(w0, busy)
+    else:
+        c.s.task_done(worker_conn(w0), pb.TaskDone(
+            task_id=consumer.task_id, user_error=True,
+            returns=[pb.ObjectData(object_id=rid(consumer), error=b"raised")]))
+    assert c.s.tasks[consumer.task_id].state is TaskState.WAITING
+    sent = executed(c.take())
+    assert (w0, make.task_id) in sent and consumer.task_id not in [t for _, t in sent]
+    c.s.task_done(worker_conn(w0), pb.TaskDone(task_id=make.task_id,
+                                               returns=[seg_on(NODE, oid, "again-on-0")]))
+    [(w, inv)] = executes(c.take())
+    assert (w, inv.call.task_id) == (w0, consumer.task_id)
+    assert inv.resolved[0].segment.name == "again-on-0"
+
+
 def test_a_removed_nodes_workers_that_never_connected_fail_to_start():
     c = Cluster(cpus=1)
     c.s.add_node(OTHER, {"CPU": 1.0}, num_workers=1, max_workers=4)
@@ -389,3 +440,87 @@ def test_a_put_argument_a_kept_lineage_names_keeps_its_value_until_that_lineage_
     c.done(w0, consumer)
     c.take()
     assert not c.s.directory.lineage_refs and not c.s.directory.tombs
+
+
+def test_an_actor_call_retried_after_its_argument_was_lost_waits_for_it():
+    # The same for an actor's call in flight (max_task_retries=) when its process died:
+    # run again on the restarted instance once its argument is made again.
+    from orchestra._proto import types_pb2
+    c = Cluster(cpus=1, custom={"zero": 1.0, "here": 1.0})
+    c.s.add_node(OTHER, {"CPU": 1.0}, num_workers=1, max_workers=4)
+    (w2,) = c.started(c.take())
+    c.connect(w2)
+    c.take()
+    (w0,) = c.pool
+    busy = c.submit(make_call("busy", resources={"zero": 1.0}))
+    make = c.submit(make_call("make", max_retries=1))   # on node 2: node 0's CPU is busy
+    c.take()
+    oid = rid(make)
+    c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=make.task_id,
+                                               returns=[seg_on(OTHER, oid, "seg-on-2")]))
+    ctor = make_call("Keeper.__init__", cpus=0, num_returns=0, resources={"here": 1.0})
+    ctor.actor.CopyFrom(types_pb2.ActorSpec(actor_id=ctor.task_id + b"\xff" * 4, max_restarts=1,
+                                            max_task_retries=1, class_name="Keeper"))
+    c.s.create_actor(DRIVER, ctor)
+    (wa,) = c.started(c.take())
+    c.connect(wa)
+    c.done(wa, ctor)
+    c.take()
+    call = make_call("use", (ref(oid),), cpus=0, max_retries=1)
+    call.actor_id = ctor.actor.actor_id
+    c.submit(call)
+    assert (wa, call.task_id) in executed(c.take())
+    c.s.remove_node(OTHER, "killed")
+    c.take()
+    c.s.worker_died(wa, "killed by a signal")   # the actor restarts; its call is retried
+    (wa,) = c.started(c.take())
+    c.connect(wa)
+    c.done(wa, ctor)
+    sent = executed(c.take())
+    assert call.task_id not in [t for _, t in sent]   # not sent with no data for oid
+    c.done(w0, busy)
+    assert (w0, make.task_id) in executed(c.take())   # the rebuild
+    c.s.task_done(worker_conn(w0), pb.TaskDone(task_id=make.task_id,
+                                               returns=[seg_on(NODE, oid, "again-on-0")]))
+    [(w, inv)] = executes(c.take())
+    assert (w, inv.call.task_id) == (wa, call.task_id)
+    assert inv.resolved[0].segment.name == "again-on-0"
+
+
+def test_a_restarted_actor_whose_constructor_argument_was_lost_waits_for_it():
+    from orchestra._proto import types_pb2
+    c = Cluster(cpus=1, custom={"zero": 1.0, "here": 1.0})
+    c.s.add_node(OTHER, {"CPU": 1.0}, num_workers=1, max_workers=4)
+    (w2,) = c.started(c.take())
+    c.connect(w2)
+    c.take()
+    (w0,) = c.pool
+    busy = c.submit(make_call("busy", resources={"zero": 1.0}))
+    make = c.submit(make_call("make", max_retries=1))   # on node 2: node 0's CPU is busy
+    c.take()
+    oid = rid(make)
+    c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=make.task_id,
+                                               returns=[seg_on(OTHER, oid, "seg-on-2")]))
+    ctor = make_call("Keeper.__init__", (ref(oid),), cpus=0, num_returns=0,
+                     resources={"here": 1.0})
+    ctor.actor.CopyFrom(types_pb2.ActorSpec(actor_id=ctor.task_id + b"\xff" * 4, max_restarts=1,
+                                            class_name="Keeper"))
+    c.s.create_actor(DRIVER, ctor)
+    (wa,) = c.started(c.take())
+    c.connect(wa)
+    c.done(wa, ctor)
+    c.take()
+    c.s.remove_node(OTHER, "killed")
+    c.take()
+    c.s.worker_died(wa, "killed by a signal")   # the actor restarts
+    (wa,) = c.started(c.take())
+    c.connect(wa)
+    assert executed(c.take()) == []   # its constructor waits for its argument
+    c.done(w0, busy)
+    assert (w0, make.task_id) in executed(c.take())   # the rebuild
+    c.s.task_done(worker_conn(w0), pb.TaskDone(task_id=make.task_id,
+                                               returns=[seg_on(NODE, oid, "again-on-0")]))
+    [(w, inv)] = executes(c.take())
+    assert (w, inv.call.task_id) == (wa, ctor.task_id)
+    assert inv.resolved[0].segment.name == "again-on-0"
+    assert len(c.s.workers) == 2   # no second process was started for it
