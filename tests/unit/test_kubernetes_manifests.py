@@ -134,3 +134,10 @@ def test_the_manifests_say_what_orchestra_needs() -> None:
     assert service["spec"]["selector"] == head["spec"]["template"]["metadata"]["labels"] | \
         service["spec"]["selector"]
     assert "--head" in head["spec"]["template"]["spec"]["containers"][0]["command"]
+    # The head's state store on a volume of the pod: a restarted container finds it.
+    (container,) = head["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert env["ORCHESTRA_STATE_DIR"] in mounts
+    volumes = {v["name"] for v in head["spec"]["template"]["spec"]["volumes"]}
+    assert mounts[env["ORCHESTRA_STATE_DIR"]] in volumes
