@@ -357,6 +357,15 @@ def format_summary(summary: dict[str, Any]) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last.get("time", 0)))
         lines.append(f"head: restarted {restarts} time(s), last at {when}: "
                      f"{last.get('reason', '?')}")
+    store = summary.get("state_store")
+    if store:
+        kept = store.get("kept", {})
+        line = (f"state store: {store['url']}: {kept.get('actors', 0)} detached actor(s), "
+                f"{kept.get('groups', 0)} detached placement group(s) kept")
+        if store.get("away_since"):
+            line += (f"; DOES NOT ANSWER for {time.time() - store['away_since']:.0f} s, "
+                     f"{store.get('waiting', 0)} change(s) wait to be written")
+        lines.append(line)
     return "\n".join(lines)
 
 

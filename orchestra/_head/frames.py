@@ -14,15 +14,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._node.node import Node
 from .._protocol import pb
 from .._protocol import wire as _wire
+from .._scheduler.instructions import Durable
 from .._scheduler.state import SchedulerState
 from ..exceptions import InfeasibleResourcesError
 from .remote_node import RemoteNode
 from .state_query import StateQueries
+
+if TYPE_CHECKING:
+    from .state_store import HeadState
 
 
 class Conn(Protocol):
@@ -49,6 +53,8 @@ class Head(Protocol):
     conns: dict[int, Any]
     loop: asyncio.AbstractEventLoop
     local: Node | RemoteNode   # the node of the head's own machine
+
+    durable: HeadState | None   # its state store, if it keeps one
 
     def queue(self, conn: Any, data: bytes) -> None: ...
     def watch_object(self, oid: bytes, fut: Waiter) -> None: ...
@@ -258,15 +264,34 @@ def _state_query(head: Head, conn: Conn, req: pb.Request, reply: pb.Reply) -> bo
     return False
 
 
+def _once_kept(head: Head, conn: Conn, reply: pb.Reply) -> bool:
+    """Answer a request that changed a record of the state store (a detached actor or
+    group made, killed, removed) once the record is written, so that a head killed
+    right after does what the answer said (at once when the store does not answer: the
+    record is written once it is back). True: answer now (nothing to wait for)."""
+    durable = head.durable
+    if durable is None or reply.error or not any(type(i) is Durable for i in head.state.out):
+        return True
+    head.carry_out()   # the record goes to the store's thread
+    data = _wire.encode(_wire.REPLY, reply)
+
+    def answer() -> None:
+        head.queue_if_open(conn, data)
+        head.carry_out()
+    durable.after_written(answer)
+    return False
+
+
 def _create_actor(head: Head, conn: Conn, req: pb.Request, reply: pb.Reply) -> bool:
     head.events.table.submitted(conn.conn_id, (req.create_actor,))
     try:
         existing = head.state.create_actor(conn.conn_id, req.create_actor)
         if existing is not None:   # get_if_exists: the live one's handle
             reply.actor.CopyFrom(existing)
+            return True
     except ValueError as exc:
         reply.error, reply.error_kind = str(exc), "ValueError"
-    return True
+    return _once_kept(head, conn, reply)
 
 
 def _get_actor_in(head: Head, conn: Conn, req: pb.Request, reply: pb.Reply) -> bool:
@@ -290,7 +315,7 @@ def _get_actor(head: Head, conn: Conn, req: pb.Request, reply: pb.Reply) -> bool
 def _kill_actor(head: Head, conn: Conn, req: pb.Request, reply: pb.Reply) -> bool:
     kill = req.kill_actor
     head.state.actor_table.kill(kill.actor_id, kill.no_restart, kill.reason)
-    return True
+    return _once_kept(head, conn, reply)
 
 
 def _group(body: str) -> RequestHandler:
@@ -309,7 +334,7 @@ def _group(body: str) -> RequestHandler:
                 reply.placement_groups.extend(groups.table(req.placement_group_table))
         except (ValueError, InfeasibleResourcesError) as exc:
             reply.error, reply.error_kind = str(exc), type(exc).__name__
-        return True
+        return _once_kept(head, conn, reply)
     return handle
 
 

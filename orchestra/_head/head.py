@@ -774,7 +774,7 @@ def main(argv: list[str] | None = None, zygote: ZygoteStart | None = None) -> No
 
     def lease_lost(reason: str) -> None:   # from the lease's thread
         loop.call_soon_threadsafe(head.shutdown, reason)
-    durable = head.durable = HeadState.from_cfg(cfg, lease_lost)
+    durable = head.durable = HeadState.from_cfg(cfg, lease_lost, loop.call_soon_threadsafe)
     try:
         if durable is not None:   # before anything listens: a second head stops here
             durable.start()

@@ -382,7 +382,9 @@ class StateQueries:
             "tasks_dropped": self.table.dropped, "time": time.time(),
             # Started again by its supervisor (_cluster/supervisor.py): how often, why last.
             "head_restarts": int(head.cfg.get("head_restarts", 0)),
-            "head_last_restart": head.cfg.get("last_restart") or None}
+            "head_last_restart": head.cfg.get("last_restart") or None,
+            # Its state store (_head/state_store.py): None when it keeps none.
+            "state_store": head.durable.health() if head.durable is not None else None}
 
 
 def _ms(t: float) -> int | None:

@@ -325,23 +325,37 @@ class HeadState:
         self.store: StateStore | None = None
         self.cluster_id = ""
         self.writes = 0          # records written (the thread's), for figures
+        # Since when the store does not answer (time.time(); 0: it answers). Written by
+        # the thread, read by the loop (health).
+        self.away_since = 0.0
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._mirror: dict[str, dict[str, bytes]] = {}
         self._dirty: set[tuple[str, str]] = set()
+        # Changes made (write, loop thread) and written (the thread), counted; what
+        # waits for a count to be written (after_written). All under _lock.
+        self._made = 0
+        self._written = 0
+        self._waiters: list[tuple[int, Callable[[], None]]] = []
+        # How the thread has the loop call a waiter (the head's: call_soon_threadsafe).
+        self.notify: Callable[[Callable[[], None]], object] = lambda fn: fn()
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def from_cfg(cls, cfg: dict[str, Any], on_lost: Callable[[str], None]) -> HeadState | None:
-        """The head's, from its cfg (state_store, state_holder, token); None without one."""
+    def from_cfg(cls, cfg: dict[str, Any], on_lost: Callable[[str], None],
+                 notify: Callable[[Callable[[], None]], object]) -> HeadState | None:
+        """The head's, from its cfg (state_store, state_holder, token); None without one.
+        ``notify``: how its thread has the head's loop call a waiter of after_written."""
         if not cfg.get("state_store"):
             return None
 
         def log(text: str) -> None:
             print(f"orchestra head: {text}", file=sys.stderr, flush=True)
-        return cls(cfg["state_store"], cfg.get("state_holder") or f"head pid {os.getpid()}",
+        head = cls(cfg["state_store"], cfg.get("state_holder") or f"head pid {os.getpid()}",
                    cfg.get("token", ""), on_lost, log)
+        head.notify = notify
+        return head
 
     def start(self) -> None:
         """StateStoreError (HeadLeaseHeld) when the head must not start."""
@@ -380,7 +394,39 @@ class HeadState:
             else:
                 kept[key] = value
             self._dirty.add((table, key))
+            self._made += 1
         self._wake.set()
+
+    def after_written(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` once every change made so far is in the store (through notify,
+        on the loop), or now when none waits or the store does not answer: then the
+        changes wait, and are written once it is back."""
+        with self._lock:
+            if self._written < self._made and not self.away_since:
+                self._waiters.append((self._made, fn))
+                return
+        fn()
+
+    def _release(self, everyone: bool) -> None:
+        """Call the waiters whose changes are written (``everyone``: all of them, the
+        store does not answer)."""
+        with self._lock:
+            done = [fn for n, fn in self._waiters if everyone or n <= self._written]
+            if done:
+                self._waiters = [(n, fn) for n, fn in self._waiters
+                                 if not (everyone or n <= self._written)]
+        for fn in done:
+            self.notify(fn)
+
+    def health(self) -> dict[str, Any]:
+        """What ``orchestra status`` and the dashboard's summary say of the store: its
+        URL, the records kept by table, the changes not written yet, since when it does
+        not answer (0: it does)."""
+        with self._lock:
+            kept = {t: len(self._mirror.get(t, {})) for t in KEPT}
+            waiting = len(self._dirty)
+        return {"url": self.url, "kept": kept, "waiting": waiting,
+                "away_since": self.away_since, "writes": self.writes}
 
     def _flush(self, whole: bool = False) -> None:
         """Write the changed records (``whole``: every record, and delete what the
@@ -392,6 +438,7 @@ class HeadState:
             if whole:
                 self._dirty.update((t, k) for t, kept in self._mirror.items() for k in kept)
             keys, self._dirty = self._dirty, set()
+            made = self._made
             changes = [(t, k, self._mirror.get(t, {}).get(k)) for t, k in sorted(keys)]
         try:
             if whole:
@@ -404,15 +451,17 @@ class HeadState:
                 self._dirty.update(keys)
             raise
         self.writes += len(changes)
+        with self._lock:
+            self._written = max(self._written, made)
+        self._release(everyone=False)
 
     def _keep(self) -> None:
         store = self.store
         assert store is not None
-        away_since = 0.0
         renew_at = time.monotonic() + LEASE_TTL_S / 4
         while True:
             wait = renew_at - time.monotonic()
-            if away_since:
+            if self.away_since:
                 wait = min(wait, _RETRY_S)
             self._wake.wait(max(wait, 0.0))
             self._wake.clear()
@@ -440,15 +489,16 @@ class HeadState:
                     self.log(f"the state store {self.url} does not answer ({exc}); "
                              f"{len(self._dirty)} change(s) not written at stop")
                     return
-                if not away_since:
-                    away_since = time.monotonic()
+                self._release(everyone=True)   # nobody waits for a store that is away
+                if not self.away_since:
+                    self.away_since = time.time()
                     self.log(f"the state store {self.url} does not answer ({exc}); the head "
                              "serves on, and writes its changes once it is back")
                 continue
-            if away_since:
+            if self.away_since:
                 self.log(f"the state store {self.url} answers again "
-                         f"(after {time.monotonic() - away_since:.1f} s)")
-                away_since = 0.0
+                         f"(after {time.time() - self.away_since:.1f} s)")
+                self.away_since = 0.0
 
     def stop(self) -> None:
         """Write what is left (bounded), give the lease back."""

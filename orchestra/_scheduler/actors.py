@@ -359,6 +359,8 @@ class ActorTable:
             a.killing = True
             if no_restart:
                 self._release_name(a)   # get_actor() fails as soon as kill() returns
+                if a.spec.detached:     # and a restarted head does not make it again
+                    self.s.out.append(actor_gone(a.spec.actor_id))
             self.s.out.append(KillWorker(a.worker.node_id, a.worker.worker_id,
                                          reason or "killed by orchestra.kill()"))
         elif no_restart or a.state is ActorState.PENDING:

@@ -229,10 +229,11 @@ print(json.dumps(out))
 """
 
 
-def run_script(code: str) -> list[Any]:
+def run_script(code: str, rec: dict[str, Any]) -> list[Any]:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=T, env=dict(os.environ, PYTHONPATH=REPO))
-    assert r.returncode == 0, r.stderr
+    log = Path(rec["run_dir"], "stderr.log")
+    assert r.returncode == 0, r.stderr + "\n--- the head's log:\n" + log.read_text()
     return list(json.loads(r.stdout.strip().splitlines()[-1]))
 
 
@@ -247,8 +248,12 @@ def test_detached_actors_and_groups_are_made_again_by_a_restarted_head(
     else:
         url = "sqlite://" + str(tmp_path / "store" / "head.db")
     rec = start_head(state, "--state-store", url)
-    assert run_script(MAKE_DETACHED) == [105, False]
+    assert run_script(MAKE_DETACHED, rec) == [105, False]
     head = serving_head(rec)
     os.kill(head, signal.SIGKILL)
     serving_head(rec, other_than=head)
-    assert run_script(USE_DETACHED) == [101, True, True, "ran in it", [1]]
+    assert run_script(USE_DETACHED, rec) == [101, True, True, "ran in it", [1]]
+    status = cli("status")
+    assert status.returncode == 0, status.stderr
+    assert (f"state store: {url}: 1 detached actor(s), 1 detached placement group(s) kept"
+            in status.stdout), status.stdout

@@ -214,11 +214,16 @@ def test_changes_made_while_redis_is_away_are_written_when_it_is_back(
     head.write("actors", "kept", None)
     wait_for(lambda: said, 10, "the store's absence said")
     assert "does not answer" in said[0] and "writes its changes once it is back" in said[0]
+    health = head.health()   # what orchestra status says of it
+    assert health["away_since"] > 0 and health["waiting"] == 2
+    assert health["kept"] == {"actors": 1, "groups": 0}
     redis_server.start()
     store = ss.open_store(redis_server.url)
     wait_for(lambda: store.items("actors") == {"made-meanwhile": b"x"}, 10,
              "the changes made while Redis was away")
     store.close()
+    wait_for(lambda: head.health()["away_since"] == 0, 10, "the store said back")
+    assert head.health()["waiting"] == 0
     assert lost == []
     head.stop()
 
@@ -251,4 +256,40 @@ def test_a_redis_restarted_empty_gets_the_lease_and_every_record_back(
     assert store.get(ss.CLUSTER, "token") == b"tok"
     store.close()
     assert lost == []
+    head.stop()
+
+
+def test_a_waiter_is_called_once_the_changes_before_it_are_written(url: str) -> None:
+    import threading
+    said: list[str] = []
+    head = ss.HeadState(url, "head A", "tok", said.append, said.append)
+    called: list[tuple[str, dict[str, bytes]]] = []
+    store = ss.open_store(url)
+    head.notify = lambda fn: fn()   # from the store's thread, as call_soon_threadsafe would
+    head.start()
+    head.after_written(lambda: called.append(("nothing waits", store.items("actors"))))
+    assert called == [("nothing waits", {})]   # at once
+    done = threading.Event()
+    head.write("actors", "a", b"1")
+    head.after_written(lambda: (called.append(("after a", store.items("actors"))), done.set()))
+    assert done.wait(10)
+    assert called[1] == ("after a", {"a": b"1"})   # it was in the store when called
+    head.stop()
+    store.close()
+    assert said == []
+
+
+def test_waiters_go_on_when_redis_does_not_answer(redis_server: RedisServer) -> None:
+    import threading
+    said: list[str] = []
+    head = ss.HeadState(redis_server.url, "head A", "tok", said.append, said.append)
+    head.start()
+    redis_server.stop()
+    released = threading.Event()
+    head.write("actors", "a", b"1")
+    head.after_written(released.set)
+    assert released.wait(10)   # not held for as long as the store is away
+    assert head.health()["waiting"] == 1
+    redis_server.start()
+    wait_for(lambda: head.health()["waiting"] == 0, 10, "the change written once it is back")
     head.stop()

@@ -69,3 +69,20 @@ def test_names_from_user_code_reach_the_terminal_escaped_and_cut() -> None:
                            {"evil\x07" + "r" * 500: 1.0}, {})
     assert "\x1b" not in status and "\x07" not in status
     assert max(len(line) for line in status.splitlines()) < 4 * MAX_CELL
+
+
+def test_status_says_a_state_store_that_does_not_answer_and_what_waits() -> None:
+    import time as _time
+
+    from orchestra._cli.cluster import format_summary
+    summary = {"store": {"used": 0, "capacity": 1 << 30, "spilled_bytes": 0,
+                         "spilled_objects": 0}, "tasks": {}, "actors": {}, "workers": 2,
+               "drivers": 0, "head_restarts": 0,
+               "state_store": {"url": "redis://10.0.0.9:6379/0", "waiting": 3,
+                               "kept": {"actors": 2, "groups": 1},
+                               "away_since": _time.time() - 12}}
+    text = format_summary(summary)
+    assert ("state store: redis://10.0.0.9:6379/0: 2 detached actor(s), 1 detached placement "
+            "group(s) kept; DOES NOT ANSWER for 12 s, 3 change(s) wait to be written") in text
+    summary["state_store"] = None   # a head that keeps no store says nothing of one
+    assert "state store" not in format_summary(summary)
