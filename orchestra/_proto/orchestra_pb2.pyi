@@ -60,14 +60,16 @@ class RegisterFunctionRequest(_message.Message):
     def __init__(self, workerid: _Optional[int] = ..., fnname: _Optional[str] = ..., num_return_vals: _Optional[int] = ..., function_id: _Optional[bytes] = ..., pickled: _Optional[bytes] = ...) -> None: ...
 
 class DurableActor(_message.Message):
-    __slots__ = ("creation", "cls", "restarts")
+    __slots__ = ("creation", "cls", "restarts", "revived")
     CREATION_FIELD_NUMBER: _ClassVar[int]
     CLS_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    REVIVED_FIELD_NUMBER: _ClassVar[int]
     creation: _types_pb2.Call
     cls: RegisterFunctionRequest
     restarts: int
-    def __init__(self, creation: _Optional[_Union[_types_pb2.Call, _Mapping]] = ..., cls: _Optional[_Union[RegisterFunctionRequest, _Mapping]] = ..., restarts: _Optional[int] = ...) -> None: ...
+    revived: int
+    def __init__(self, creation: _Optional[_Union[_types_pb2.Call, _Mapping]] = ..., cls: _Optional[_Union[RegisterFunctionRequest, _Mapping]] = ..., restarts: _Optional[int] = ..., revived: _Optional[int] = ...) -> None: ...
 
 class RemoteCallRequest(_message.Message):
     __slots__ = ("call",)

@@ -38,7 +38,8 @@ class ActorState(enum.Enum):
 
 
 class Actor:
-    __slots__ = ("spec", "creation", "state", "worker", "restarts", "queue", "death", "no_restart",
+    __slots__ = ("spec", "creation", "state", "worker", "restarts", "revived", "queue", "death",
+                 "no_restart",
                  "draining", "owner", "killing", "handled", "cause")
 
     def __init__(self, spec: pb.ActorSpec, creation: Task, owner: int) -> None:
@@ -47,6 +48,7 @@ class Actor:
         self.state = ActorState.PENDING
         self.worker: Worker | None = None
         self.restarts = 0
+        self.revived = 0   # of the restarts, by a restarted head (not against max_restarts)
         self.queue: collections.deque[Task] = collections.deque()
         self.death: bytes | None = None       # pickled ActorDiedError once dead
         self.cause = ""                       # why it died, in words (the dashboard's)
@@ -88,10 +90,19 @@ class ActorTable:
             self.names[key] = spec.actor_id
         s = self.s
         if spec.detached:
-            s.out.append(actor_kept(task.call, a.restarts, s.functions.get(call.function_id)))
+            s.out.append(actor_kept(task.call, a.restarts, 0, s.functions.get(call.function_id)))
         token = s.new_object(conn, spec.actor_id)   # the handle's pseudo-object
         token.data = pb.ObjectData(object_id=spec.actor_id, inline=b"")
         return None
+
+    def restored(self, actor_id: bytes, revived: int) -> None:
+        """A restarted head made the actor again (_scheduler/durable.py): ``revived``
+        of its restarts so far were such, and do not count against max_restarts."""
+        a = self.actors.get(actor_id)
+        if a is not None and a.state is not ActorState.DEAD:
+            a.revived = revived
+            call = a.creation.call
+            self.s.out.append(actor_kept(call, a.restarts, revived, self.s.functions.get(call.function_id)))
 
     def namespace_of(self, conn: int) -> str:
         """The namespace a connection acts in: a driver's own; a worker's, that of the
@@ -276,7 +287,7 @@ class ActorTable:
         name = a.spec.class_name
         limit = a.spec.max_restarts
         restarts = a.state is not ActorState.DEAD and not a.no_restart and not a.draining \
-            and (limit < 0 or a.restarts < limit)
+            and (limit < 0 or a.restarts - a.revived < limit)
         retried = []
         for t in inflight:
             t.worker = None
@@ -304,7 +315,8 @@ class ActorTable:
             a.creation.state = TaskState.READY
             if a.spec.detached:
                 call = a.creation.call
-                self.s.out.append(actor_kept(call, a.restarts, self.s.functions.get(call.function_id)))
+                self.s.out.append(actor_kept(call, a.restarts, a.revived,
+                                             self.s.functions.get(call.function_id)))
             if not self._place(a):
                 a.state = ActorState.RESTARTING
                 self.pending.append(a)
@@ -313,8 +325,8 @@ class ActorTable:
             self._die(a, self.s.error("actor_dead", name=name, reason=reason), reason)
         else:
             self._die(a, self.s.error("actor_dead", name=name, reason=reason,
-                                       restarts=a.restarts, max_restarts=limit),
-                      f"{reason} (after {a.restarts} restart(s) of {limit})")
+                                       restarts=a.restarts - a.revived, max_restarts=limit),
+                      f"{reason} (after {a.restarts - a.revived} restart(s) of {limit})")
 
     def _release_name(self, a: Actor) -> None:
         key = (a.spec.namespace, a.spec.name)

@@ -8,7 +8,8 @@ store (_head/state_store.py). No I/O.
         --> HeadState.write: the store's own thread writes it, in order, off the loop
     a head started on a store that holds records: restore(state, owner, records)
         the groups first (an actor may be placed in one), then the actors: each a new
-        instance of its class (its constructor runs again, restart_count + 1)
+        instance of its class (its constructor runs again, restart_count + 1; such
+        restarts are not counted against its max_restarts)
 
 Records change when a detached thing is made, restarted or ends: never per task or
 call, so the hot path never meets them. A detached actor's record holds its
@@ -37,6 +38,10 @@ class _Groups(Protocol):
     def create(self, conn: int, spec: pb.PlacementGroupSpec) -> None: ...
 
 
+class _Actors(Protocol):
+    def restored(self, actor_id: bytes, revived: int) -> None: ...
+
+
 class Restorable(Protocol):
     """What restore() uses of the scheduler (SchedulerState)."""
 
@@ -45,16 +50,19 @@ class Restorable(Protocol):
     @property
     def groups(self) -> _Groups: ...
 
+    @property
+    def actor_table(self) -> _Actors: ...
+
     def register_function(self, req: pb.RegisterFunctionRequest) -> None: ...
 
     def create_actor(self, conn: int, call: pb.Call) -> pb.ActorSpec | None: ...
 
 
-def actor_kept(creation: pb.Call, restarts: int,
+def actor_kept(creation: pb.Call, restarts: int, revived: int,
                cls: pb.RegisterFunctionRequest | None) -> Durable:
     """The record of a detached actor as it is now: its constructor's call, its
-    restarts so far, its class."""
-    rec = pb.DurableActor(creation=creation, restarts=restarts)
+    restarts so far (``revived`` of them by restarted heads), its class."""
+    rec = pb.DurableActor(creation=creation, restarts=restarts, revived=revived)
     if cls is not None:
         rec.cls.CopyFrom(cls)
     return Durable(ACTORS, creation.actor.actor_id.hex(), rec.SerializeToString())
@@ -94,8 +102,12 @@ def restore(state: Restorable, owner: int,
                 raise ValueError("the record holds no actor's constructor and class")
             call.actor.restart_count = rec.restarts + 1
             call.actor.get_if_exists = False
+            # Its prints went to its creator's connection id, which a restarted head
+            # gives to another process: now to no driver (its log files keep them).
+            call.job = 0
             state.register_function(rec.cls)
             state.create_actor(owner, call)
+            state.actor_table.restored(call.actor.actor_id, rec.revived + 1)
         except Exception as exc:
             problems.append(f"actor {key}: {exc}")
             state.out.append(Durable(ACTORS, key, None))

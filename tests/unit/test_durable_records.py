@@ -30,7 +30,7 @@ _gids = itertools.count(1)
 def ctor_call(name: str, *, detached: bool, max_restarts: int, args: tuple[Any, ...] = ()) -> Any:
     tid = new_id()
     call = types_pb2.Call(task_id=tid, function_id=b"cls-" + tid[:4], name=f"{name}.__init__",
-                          num_returns=0, resources={"CPU": 0.5}, args=list(args))
+                          num_returns=0, resources={"CPU": 0.5}, args=list(args), job=DRIVER)
     call.actor.CopyFrom(types_pb2.ActorSpec(
         actor_id=tid + b"\xff\xff\xff\xff", name=name, max_restarts=max_restarts,
         class_name="Counter", detached=detached))
@@ -134,7 +134,7 @@ class Records(RuleBasedStateMachine):
         assert set(kept) == set(live)
         for key, value in kept.items():
             rec = pb.DurableActor.FromString(value)
-            assert rec.restarts == live[key].restarts
+            assert rec.restarts == live[key].restarts and rec.revived == live[key].revived
             assert rec.cls.pickled == b"the class"
             assert rec.creation.actor.actor_id.hex() == key
         groups = {g.gid.hex() for g in self.c.s.groups.groups.values()
@@ -155,7 +155,9 @@ class Records(RuleBasedStateMachine):
         assert set(after) == set(before)
         for aid, a in before.items():
             assert after[aid].restarts == a.restarts + 1
+            assert after[aid].revived == a.revived + 1
             assert after[aid].creation.call.actor.restart_count == a.restarts + 1
+            assert after[aid].creation.call.job == 0   # its creator's connection is gone
             if a.spec.name:
                 assert fresh.s.actor_table.names[(a.spec.namespace, a.spec.name)] == aid
         assert {gid: g.spec.name for gid, g in fresh.s.groups.groups.items()} == groups
@@ -195,3 +197,22 @@ def test_a_record_no_head_can_read_is_said_and_deleted() -> None:
     assert len(problems) == 2 and problems[0].startswith("placement group cd")
     assert set(c.take()) == {Durable(durable.ACTORS, "ab", None),
                              Durable(durable.GROUPS, "cd", None)}
+
+
+def test_a_restart_by_a_restarted_head_is_not_counted_against_max_restarts() -> None:
+    call = ctor_call("keeper", detached=True, max_restarts=1)
+    rec = pb.DurableActor(creation=call, restarts=0,
+                          cls=pb.RegisterFunctionRequest(function_id=call.function_id))
+    c = Cluster(cpus=1, workers=0)
+    c.s.client_connected(HEAD, pb.Hello(kind="grpc"))
+    durable.restore(c.s, HEAD, {durable.ACTORS: {call.actor.actor_id.hex(): rec.SerializeToString()}})
+    a = c.s.actor_table.actors[call.actor.actor_id]
+    assert (a.restarts, a.revived) == (1, 1)
+    for crash in range(2):   # its own max_restarts=1 still holds one restart
+        (wid,) = c.started(c.take())
+        c.connect(wid)
+        c.s.task_done(worker_conn(wid), pb.TaskDone(task_id=call.task_id))
+        assert a.state is ActorState.ALIVE
+        c.s.worker_died(wid, "killed by a signal")
+    assert a.state is ActorState.DEAD and "after 1 restart(s) of 1" in a.cause
+    assert a.restarts == 2
