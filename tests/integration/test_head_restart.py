@@ -257,3 +257,47 @@ def test_detached_actors_and_groups_are_made_again_by_a_restarted_head(
     assert status.returncode == 0, status.stderr
     assert (f"state store: {url}: 1 detached actor(s), 1 detached placement group(s) kept"
             in status.stdout), status.stdout
+
+
+ON_NODE = """
+import json, orchestra
+from orchestra.util.placement_group import placement_group
+orchestra.init(address="auto", namespace="far")
+
+@orchestra.remote(resources={"far": 0.5})
+class Where:
+    def node(self):
+        return orchestra.get_runtime_context().get_node_id()
+
+w = Where.options(name="far-away", lifetime="detached").remote()
+pg = placement_group([{"far": 0.5}], name="far-pg", lifetime="detached")
+orchestra.get(pg.ready(), timeout=30)
+print(json.dumps([orchestra.get(w.node.remote(), timeout=30)]))
+"""
+
+FIND_ON_NODE = """
+import json, orchestra
+from orchestra.util.placement_group import get_placement_group
+orchestra.init(address="auto", namespace="far")
+w = orchestra.get_actor("far-away")
+pg = get_placement_group("far-pg")
+orchestra.get(pg.ready(), timeout=60)
+alive = sorted(n["NodeID"] for n in orchestra.nodes() if n["Alive"])
+print(json.dumps([orchestra.get(w.node.remote(), timeout=60), alive]))
+"""
+
+
+def test_a_detached_actor_that_needs_a_joined_node_waits_for_it_to_join_again(state: str) -> None:
+    """Made again before its node joined the restarted head, the actor (and the group
+    whose bundle only that node holds) waits for the node, and lands on it."""
+    rec = start_head(state, "--state-store", "sqlite://" + str(Path(state, "s.db")))
+    node = join(rec)
+    [before] = run_script(ON_NODE, rec)
+    head = serving_head(rec)
+    os.kill(head, signal.SIGKILL)
+    serving_head(rec, other_than=head)
+    log = Path(node["run_dir"], "stderr.log")
+    on, alive = run_script(FIND_ON_NODE, rec)   # may start before the node is back
+    wait_until(lambda: log.read_text().count("joined the cluster") == 2, T, "the node's log")
+    head_node = "0" * 16
+    assert len(alive) == 2 and on in alive and on != head_node and before != head_node
