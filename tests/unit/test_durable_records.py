@@ -208,7 +208,7 @@ def test_a_restart_by_a_restarted_head_is_not_counted_against_max_restarts() -> 
     durable.restore(c.s, HEAD, {durable.ACTORS: {call.actor.actor_id.hex(): rec.SerializeToString()}})
     a = c.s.actor_table.actors[call.actor.actor_id]
     assert (a.restarts, a.revived) == (1, 1)
-    for crash in range(2):   # its own max_restarts=1 still holds one restart
+    for _ in range(2):   # its own max_restarts=1 still holds one restart
         (wid,) = c.started(c.take())
         c.connect(wid)
         c.s.task_done(worker_conn(wid), pb.TaskDone(task_id=call.task_id))
