@@ -489,11 +489,11 @@ class HeadState:
                     self.log(f"the state store {self.url} does not answer ({exc}); "
                              f"{len(self._dirty)} change(s) not written at stop")
                     return
-                self._release(everyone=True)   # nobody waits for a store that is away
                 if not self.away_since:
-                    self.away_since = time.time()
+                    self.away_since = time.time()   # before the release: after_written
                     self.log(f"the state store {self.url} does not answer ({exc}); the head "
                              "serves on, and writes its changes once it is back")
+                self._release(everyone=True)   # nobody waits for a store that is away
                 continue
             if self.away_since:
                 self.log(f"the state store {self.url} answers again "
