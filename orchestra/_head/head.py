@@ -368,7 +368,6 @@ class Head:
             return
         if hello.kind == "worker":
             node.worker_connected(hello.workerid)
-            self._release_driver_replies()
         reply = pb.HelloReply(
             session_id=self.cfg["session_id"].encode(), node_id=node.node_id,
             node_resources=self.state.nodes[node.node_id].resources.total,
@@ -392,6 +391,8 @@ class Head:
                                      self._release_driver_replies)
             return
         self.queue(conn, frame)
+        if hello.kind == "worker":   # after its reply: what it was sent at connect follows
+            self._release_driver_replies()   # it (the client drops frames before it)
 
     def _node_for(self, conn: Conn, hello: pb.Hello) -> Node | RemoteNode | None:
         """The node whose store a connecting process maps: a worker's is the node that

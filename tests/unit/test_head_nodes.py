@@ -103,3 +103,44 @@ def test_hello_reply_describes_the_node_of_the_connection(head: Head) -> None:
     assert reply.node_id == REMOTE and dict(reply.node_resources) == {"CPU": 2.0}
     assert reply.store_capacity == 1000 + REMOTE and reply.shm_dir == f"/dev/shm/node-{REMOTE}"
     assert calls(head, REMOTE) == [("set_driver", 1)]
+
+
+class _Later:
+    def call_later(self, delay: float, fn: Any, *args: Any) -> None:
+        pass
+
+
+def test_a_worker_gets_its_hello_reply_before_the_constructor_sent_at_its_connect(head: Head) -> None:
+    # A driver that connects before any worker has its reply parked; the first worker's
+    # connect released it, carrying out what was decided so far, so an actor's
+    # constructor dispatched at that connect went out before the worker's own
+    # HelloReply, which the worker's client dropped: the actor never started (a
+    # detached actor made again by a restarted head, 1 start in ~15).
+    from orchestra._head.grpc_service import GRPC_CONN
+    from orchestra._proto import types_pb2
+    head.loop = _Later()  # type: ignore[assignment]
+    local = head.local.node_id
+    head.state.add_node(local, {"CPU": 1.0}, num_workers=0, max_workers=2)
+    head.state.client_connected(GRPC_CONN, pb.Hello(kind="grpc"))
+    tid = bytes(range(12))
+    ctor = types_pb2.Call(task_id=tid, function_id=b"cls", name="C.__init__", resources={"CPU": 1.0})
+    ctor.actor.CopyFrom(types_pb2.ActorSpec(actor_id=tid + b"\xff" * 4, class_name="C",
+                                            detached=True))
+    head.state.register_function(pb.RegisterFunctionRequest(function_id=b"cls", pickled=b"C"))
+    head.state.create_actor(GRPC_CONN, ctor)
+    [start] = [ins for ins in head.state.out if type(ins) is StartWorker]
+    head.carry_out()
+    driver = Conn(head, 5, head.local)
+    driver.transport = FakeTransport()
+    head.conns[5] = driver
+    head.hello(driver, pb.Hello(kind="driver", pid=1))   # parked: no worker yet
+    head.carry_out()
+    assert driver.transport.written == b""
+    worker = Conn(head, 6, head.local)
+    worker.transport = FakeTransport()
+    head.conns[6] = worker
+    head.hello(worker, pb.Hello(kind="worker", pid=2, workerid=start.worker_id))
+    head.carry_out()
+    kinds = [kind for kind, _ in _wire.FrameDecoder().feed(worker.transport.written)]
+    assert kinds[0] == _wire.HELLO_REPLY and _wire.EXECUTE in kinds, kinds
+    assert [k for k, _ in _wire.FrameDecoder().feed(driver.transport.written)] == [_wire.HELLO_REPLY]
