@@ -319,9 +319,13 @@ class HeadState:
     the mirror."""
 
     def __init__(self, url: str, holder: str, token: str, on_lost: Callable[[str], None],
-                 log: Callable[[str], None]) -> None:
+                 log: Callable[[str], None],
+                 notify: Callable[[Callable[[], None]], object] = lambda fn: fn()) -> None:
         self.url, self.holder, self.token = url, holder, token
         self.on_lost, self.log = on_lost, log
+        # How the thread has the loop call a waiter of after_written (the head's:
+        # call_soon_threadsafe).
+        self.notify = notify
         self.store: StateStore | None = None
         self.cluster_id = ""
         self.writes = 0          # records written (the thread's), for figures
@@ -338,8 +342,6 @@ class HeadState:
         self._made = 0
         self._written = 0
         self._waiters: list[tuple[int, Callable[[], None]]] = []
-        # How the thread has the loop call a waiter (the head's: call_soon_threadsafe).
-        self.notify: Callable[[Callable[[], None]], object] = lambda fn: fn()
         self._thread: threading.Thread | None = None
 
     @classmethod
@@ -352,10 +354,8 @@ class HeadState:
 
         def log(text: str) -> None:
             print(f"orchestra head: {text}", file=sys.stderr, flush=True)
-        head = cls(cfg["state_store"], cfg.get("state_holder") or f"head pid {os.getpid()}",
-                   cfg.get("token", ""), on_lost, log)
-        head.notify = notify
-        return head
+        return cls(cfg["state_store"], cfg.get("state_holder") or f"head pid {os.getpid()}",
+                   cfg.get("token", ""), on_lost, log, notify)
 
     def start(self) -> None:
         """StateStoreError (HeadLeaseHeld) when the head must not start."""
@@ -410,11 +410,14 @@ class HeadState:
     def _release(self, everyone: bool) -> None:
         """Call the waiters whose changes are written (``everyone``: all of them, the
         store does not answer)."""
+        done: list[Callable[[], None]] = []
         with self._lock:
-            done = [fn for n, fn in self._waiters if everyone or n <= self._written]
-            if done:
-                self._waiters = [(n, fn) for n, fn in self._waiters
-                                 if not (everyone or n <= self._written)]
+            waiting, self._waiters = self._waiters, []
+            for n, fn in waiting:
+                if everyone or n <= self._written:
+                    done.append(fn)
+                else:
+                    self._waiters.append((n, fn))
         for fn in done:
             self.notify(fn)
 

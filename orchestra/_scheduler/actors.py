@@ -39,8 +39,7 @@ class ActorState(enum.Enum):
 
 class Actor:
     __slots__ = ("spec", "creation", "state", "worker", "restarts", "revived", "queue", "death",
-                 "no_restart",
-                 "draining", "owner", "killing", "handled", "cause")
+                 "no_restart", "draining", "owner", "killing", "handled", "cause")
 
     def __init__(self, spec: pb.ActorSpec, creation: Task, owner: int) -> None:
         self.spec = spec
@@ -89,8 +88,7 @@ class ActorTable:
         if spec.name:
             self.names[key] = spec.actor_id
         s = self.s
-        if spec.detached:
-            s.out.append(actor_kept(task.call, a.restarts, 0, s.functions.get(call.function_id)))
+        self._keep(a)
         token = s.new_object(conn, spec.actor_id)   # the handle's pseudo-object
         token.data = pb.ObjectData(object_id=spec.actor_id, inline=b"")
         return None
@@ -101,8 +99,14 @@ class ActorTable:
         a = self.actors.get(actor_id)
         if a is not None and a.state is not ActorState.DEAD:
             a.revived = revived
+            self._keep(a)
+
+    def _keep(self, a: Actor) -> None:
+        """A detached actor's record, as it is now, for the state store."""
+        if a.spec.detached:
             call = a.creation.call
-            self.s.out.append(actor_kept(call, a.restarts, revived, self.s.functions.get(call.function_id)))
+            self.s.out.append(actor_kept(call, a.restarts, a.revived,
+                                         self.s.functions.get(call.function_id)))
 
     def namespace_of(self, conn: int) -> str:
         """The namespace a connection acts in: a driver's own; a worker's, that of the
@@ -313,10 +317,7 @@ class ActorTable:
             # The new instance learns it is one (was_current_actor_reconstructed()).
             a.creation.call.actor.restart_count = a.restarts
             a.creation.state = TaskState.READY
-            if a.spec.detached:
-                call = a.creation.call
-                self.s.out.append(actor_kept(call, a.restarts, a.revived,
-                                             self.s.functions.get(call.function_id)))
+            self._keep(a)
             if not self._place(a):
                 a.state = ActorState.RESTARTING
                 self.pending.append(a)

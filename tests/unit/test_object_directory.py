@@ -4,6 +4,7 @@ node's death does to the objects it held."""
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
 import pytest
 
@@ -216,6 +217,47 @@ def test_a_queued_task_whose_argument_is_made_again_waits_for_it():
     assert inv.resolved[0].segment.name == "again-on-0"
 
 
+def argument_on_other_node() -> tuple[Cluster, int, Any, Any, bytes]:
+    """Node 0, its one worker busy with a task holding resource "zero" (node 0 also has
+    "here", for an actor), and node 2 (OTHER), where a task with a retry left made
+    ``oid``, a segment there: (cluster, node 0's worker, busy, that task, oid)."""
+    c = Cluster(cpus=1, custom={"zero": 1.0, "here": 1.0}, pipeline_depth=2)
+    c.s.add_node(OTHER, {"CPU": 1.0}, num_workers=1, max_workers=4)
+    (w2,) = c.started(c.take())
+    c.connect(w2)
+    c.take()
+    (w0,) = c.pool
+    busy = c.submit(make_call("busy", resources={"zero": 1.0}))
+    assert executed(c.take()) == [(w0, busy.task_id)]
+    make = c.submit(make_call("make", max_retries=1))   # on node 2: node 0's CPU is busy
+    assert executed(c.take()) == [(w2, make.task_id)]
+    oid = rid(make)
+    c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=make.task_id,
+                                               returns=[seg_on(OTHER, oid, "seg-on-2")]))
+    return c, w0, busy, make, oid
+
+
+def made_again_then_sent(c: Cluster, w0: int, make: Any, oid: bytes,
+                         sent: list[tuple[int, bytes]]) -> tuple[int, bytes]:
+    """``make`` was sent to ``w0`` again (in ``sent``) to make ``oid`` again; it ends
+    there: the one task then sent (worker, task id), given the new copy of ``oid``."""
+    assert (w0, make.task_id) in sent   # the rebuild
+    c.s.task_done(worker_conn(w0), pb.TaskDone(task_id=make.task_id,
+                                               returns=[seg_on(NODE, oid, "again-on-0")]))
+    [(w, inv)] = executes(c.take())
+    assert inv.resolved[0].segment.name == "again-on-0"
+    return w, inv.call.task_id
+
+
+def keeper(*args: Any, **spec: Any) -> Any:
+    """The constructor call of an actor Keeper (max_restarts=1) held on node 0 ("here")."""
+    from orchestra._proto import types_pb2
+    ctor = make_call("Keeper.__init__", args, cpus=0, num_returns=0, resources={"here": 1.0})
+    ctor.actor.CopyFrom(types_pb2.ActorSpec(actor_id=ctor.task_id + b"\xff" * 4, max_restarts=1,
+                                            class_name="Keeper", **spec))
+    return ctor
+
+
 @pytest.mark.parametrize("how", ["its worker died", "its worker handed it back",
                                  "it raised and is retried"])
 def test_a_sent_task_that_runs_again_after_its_argument_was_lost_waits_for_it(how):
@@ -224,19 +266,7 @@ def test_a_sent_task_that_runs_again_after_its_argument_was_lost_waits_for_it(ho
     # raised with retry_exceptions. Queued as ready it was dispatched with no data for
     # the argument, and the head's loop died on a TypeError (found by the fault soak
     # with node kills every 8 s). It waits for the argument made again now.
-    c = Cluster(cpus=1, custom={"zero": 1.0}, pipeline_depth=2)
-    c.s.add_node(OTHER, {"CPU": 1.0}, num_workers=1, max_workers=4)
-    (w2,) = c.started(c.take())
-    c.connect(w2)
-    c.take()
-    (w0,) = c.pool
-    busy = c.submit(make_call("busy", resources={"zero": 1.0}))
-    assert executed(c.take()) == [(w0, busy.task_id)]
-    make = c.submit(make_call("make", max_retries=1))
-    assert executed(c.take()) == [(w2, make.task_id)]
-    oid = rid(make)
-    c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=make.task_id,
-                                               returns=[seg_on(OTHER, oid, "seg-on-2")]))
+    c, w0, busy, make, oid = argument_on_other_node()
     consumer = make_call("consumer", (ref(oid),), resources={"zero": 1.0}, max_retries=2)
     consumer.retry_exceptions = True
     c.submit(consumer)
@@ -259,12 +289,8 @@ def test_a_sent_task_that_runs_again_after_its_argument_was_lost_waits_for_it(ho
             returns=[pb.ObjectData(object_id=rid(consumer), error=b"raised")]))
     assert c.s.tasks[consumer.task_id].state is TaskState.WAITING
     sent = executed(c.take())
-    assert (w0, make.task_id) in sent and consumer.task_id not in [t for _, t in sent]
-    c.s.task_done(worker_conn(w0), pb.TaskDone(task_id=make.task_id,
-                                               returns=[seg_on(NODE, oid, "again-on-0")]))
-    [(w, inv)] = executes(c.take())
-    assert (w, inv.call.task_id) == (w0, consumer.task_id)
-    assert inv.resolved[0].segment.name == "again-on-0"
+    assert consumer.task_id not in [t for _, t in sent]
+    assert made_again_then_sent(c, w0, make, oid, sent) == (w0, consumer.task_id)
 
 
 def test_a_removed_nodes_workers_that_never_connected_fail_to_start():
@@ -445,22 +471,8 @@ def test_a_put_argument_a_kept_lineage_names_keeps_its_value_until_that_lineage_
 def test_an_actor_call_retried_after_its_argument_was_lost_waits_for_it():
     # The same for an actor's call in flight (max_task_retries=) when its process died:
     # run again on the restarted instance once its argument is made again.
-    from orchestra._proto import types_pb2
-    c = Cluster(cpus=1, custom={"zero": 1.0, "here": 1.0})
-    c.s.add_node(OTHER, {"CPU": 1.0}, num_workers=1, max_workers=4)
-    (w2,) = c.started(c.take())
-    c.connect(w2)
-    c.take()
-    (w0,) = c.pool
-    busy = c.submit(make_call("busy", resources={"zero": 1.0}))
-    make = c.submit(make_call("make", max_retries=1))   # on node 2: node 0's CPU is busy
-    c.take()
-    oid = rid(make)
-    c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=make.task_id,
-                                               returns=[seg_on(OTHER, oid, "seg-on-2")]))
-    ctor = make_call("Keeper.__init__", cpus=0, num_returns=0, resources={"here": 1.0})
-    ctor.actor.CopyFrom(types_pb2.ActorSpec(actor_id=ctor.task_id + b"\xff" * 4, max_restarts=1,
-                                            max_task_retries=1, class_name="Keeper"))
+    c, w0, busy, make, oid = argument_on_other_node()
+    ctor = keeper(max_task_retries=1)
     c.s.create_actor(DRIVER, ctor)
     (wa,) = c.started(c.take())
     c.connect(wa)
@@ -479,32 +491,12 @@ def test_an_actor_call_retried_after_its_argument_was_lost_waits_for_it():
     sent = executed(c.take())
     assert call.task_id not in [t for _, t in sent]   # not sent with no data for oid
     c.done(w0, busy)
-    assert (w0, make.task_id) in executed(c.take())   # the rebuild
-    c.s.task_done(worker_conn(w0), pb.TaskDone(task_id=make.task_id,
-                                               returns=[seg_on(NODE, oid, "again-on-0")]))
-    [(w, inv)] = executes(c.take())
-    assert (w, inv.call.task_id) == (wa, call.task_id)
-    assert inv.resolved[0].segment.name == "again-on-0"
+    assert made_again_then_sent(c, w0, make, oid, executed(c.take())) == (wa, call.task_id)
 
 
 def test_a_restarted_actor_whose_constructor_argument_was_lost_waits_for_it():
-    from orchestra._proto import types_pb2
-    c = Cluster(cpus=1, custom={"zero": 1.0, "here": 1.0})
-    c.s.add_node(OTHER, {"CPU": 1.0}, num_workers=1, max_workers=4)
-    (w2,) = c.started(c.take())
-    c.connect(w2)
-    c.take()
-    (w0,) = c.pool
-    busy = c.submit(make_call("busy", resources={"zero": 1.0}))
-    make = c.submit(make_call("make", max_retries=1))   # on node 2: node 0's CPU is busy
-    c.take()
-    oid = rid(make)
-    c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=make.task_id,
-                                               returns=[seg_on(OTHER, oid, "seg-on-2")]))
-    ctor = make_call("Keeper.__init__", (ref(oid),), cpus=0, num_returns=0,
-                     resources={"here": 1.0})
-    ctor.actor.CopyFrom(types_pb2.ActorSpec(actor_id=ctor.task_id + b"\xff" * 4, max_restarts=1,
-                                            class_name="Keeper"))
+    c, w0, busy, make, oid = argument_on_other_node()
+    ctor = keeper(ref(oid))
     c.s.create_actor(DRIVER, ctor)
     (wa,) = c.started(c.take())
     c.connect(wa)
@@ -517,10 +509,5 @@ def test_a_restarted_actor_whose_constructor_argument_was_lost_waits_for_it():
     c.connect(wa)
     assert executed(c.take()) == []   # its constructor waits for its argument
     c.done(w0, busy)
-    assert (w0, make.task_id) in executed(c.take())   # the rebuild
-    c.s.task_done(worker_conn(w0), pb.TaskDone(task_id=make.task_id,
-                                               returns=[seg_on(NODE, oid, "again-on-0")]))
-    [(w, inv)] = executes(c.take())
-    assert (w, inv.call.task_id) == (wa, ctor.task_id)
-    assert inv.resolved[0].segment.name == "again-on-0"
+    assert made_again_then_sent(c, w0, make, oid, executed(c.take())) == (wa, ctor.task_id)
     assert len(c.s.workers) == 2   # no second process was started for it
