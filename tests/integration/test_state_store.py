@@ -13,6 +13,7 @@ import pytest
 
 from _redis import RedisServer, free_port, skip_reason
 from orchestra._head import state_store as ss
+from test_shm_security import other_user  # noqa: F401 (the fixture, a second local user)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -293,3 +294,40 @@ def test_waiters_go_on_when_redis_does_not_answer(redis_server: RedisServer) -> 
     redis_server.start()
     wait_for(lambda: head.health()["waiting"] == 0, 10, "the change written once it is back")
     head.stop()
+
+
+def test_another_user_cannot_open_the_sqlite_store_even_in_a_directory_it_can_list(
+        request: pytest.FixtureRequest) -> None:
+    """The store holds the cluster's token: its file is this user's alone (0600), also
+    where its directory lets others in (made by someone else, 0755). Run as a second
+    local user (skips where tests do not run as root)."""
+    user = request.getfixturevalue("other_user")
+    import os
+    import shutil
+    import tempfile
+    shared = tempfile.mkdtemp(prefix="orchestra-store-test-")
+    try:
+        os.chmod(shared, 0o755)
+        path = os.path.join(shared, "head.db")
+        store = ss.open_store(f"sqlite://{path}")
+        store.put(ss.CLUSTER, "token", b"the-secret-token")
+        store.close()
+        seen = user.run(
+            "import json, os, sqlite3, sys\n"
+            "out = {'listed': sorted(os.listdir(sys.argv[1]))}\n"
+            "try:\n"
+            "    open(os.path.join(sys.argv[1], 'head.db'), 'rb').read()\n"
+            "    out['read'] = 'read'\n"
+            "except OSError as exc:\n"
+            "    out['read'] = type(exc).__name__\n"
+            "try:\n"
+            "    db = sqlite3.connect(os.path.join(sys.argv[1], 'head.db'))\n"
+            "    out['sql'] = repr(db.execute('SELECT value FROM state').fetchall())\n"
+            "except sqlite3.Error as exc:\n"
+            "    out['sql'] = type(exc).__name__\n"
+            "print(json.dumps(out))", shared)
+        assert "head.db" in seen["listed"]   # the directory let it look
+        assert seen["read"] == "PermissionError"
+        assert seen["sql"] == "OperationalError"   # unable to open database file
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
