@@ -48,7 +48,6 @@ from .._protocol import pb
 from .._protocol import wire as _wire
 from .._protocol.auth import AuthGate
 from .._protocol.connection import parse_address, parse_host
-from .._scheduler.durable import restore
 from .._scheduler.instructions import (
     Durable,
     FreeSegment,
@@ -62,6 +61,7 @@ from .._scheduler.instructions import (
 )
 from .._scheduler.state import SchedulerState, WorkerState
 from . import grpc_service as _grpc_service
+from . import rejoin
 from .frames import FRAMES, REQUESTS, Waiter
 from .grpc_service import GRPC_CONN
 from .pulls import Pulls
@@ -182,7 +182,7 @@ class Head:
         self.machine = machine_id()
         self.node_machine: dict[int, str] = {self.local.node_id: self.machine}
         self.gone: dict[int, NodeGone] = {}          # nodes that died, for nodes()
-        self._next_node_id = NODE_PROCESS_ID + 1
+        self.next_node_id = NODE_PROCESS_ID + 1   # (_head/rejoin.py)
         # (object id, node id) -> what waits for that node's copy (None: a prefetch)
         self.pulls = Pulls(self)   # objects copied between nodes for their readers
         self.address = cfg.get("listen", "")
@@ -209,8 +209,7 @@ class Head:
                             max_workers=int(self.cfg.get("max_workers", 0)) or
                             4 * max(int(res.get("CPU", 1)), 1) + 32)
         self.state.client_connected(GRPC_CONN, pb.Hello(kind="grpc"))
-        for problem in restore(self.state, GRPC_CONN, self.durable.records() if self.durable else {}):
-            print(f"orchestra head: not restored: {problem}", file=sys.stderr, flush=True)
+        rejoin.restore(self, NODE_PROCESS_ID + 1)
         self.carry_out()
         if self.address:
             await self._listen_tcp()
@@ -351,6 +350,9 @@ class Head:
             self.queue(conn, _wire.encode(_wire.HELLO_REPLY, pb.HelloReply(conn_id=conn.conn_id)))
             return
         node = self._node_for(conn, hello)
+        if node is None and hello.resume_actor:   # its node has not joined again yet
+            conn.transport.close()
+            return
         if node is None:
             self._refuse(conn, "no node of this cluster runs on this machine (none shares "
                          "its /dev/shm): start one here with `orchestra start --address "
@@ -363,8 +365,7 @@ class Head:
         try:
             self.state.client_connected(conn.conn_id, hello, node.node_id)
         except ValueError as exc:
-            print(f"orchestra head: refusing a connection: {exc}", file=sys.stderr)
-            conn.transport.close()
+            self._refuse(conn, str(exc))
             return
         if hello.kind == "worker":
             node.worker_connected(hello.workerid)
@@ -396,9 +397,9 @@ class Head:
 
     def _node_for(self, conn: Conn, hello: pb.Hello) -> Node | RemoteNode | None:
         """The node whose store a connecting process maps: a worker's is the node that
-        started it; a driver's the one it names, or the first on its machine (the one
-        it connected to, when that shares its machine)."""
-        if hello.kind == "worker":
+        started it (one that outlived the head names it); a driver's the one it names, or
+        the first on its machine (the one it connected to, when that shares it)."""
+        if hello.kind == "worker" and not hello.resume_actor:
             w = self.state.workers.get(hello.workerid)
             return self.nodes.get(w.node_id) if w is not None else self.local
         if hello.HasField("node_id"):
@@ -604,8 +605,7 @@ class Head:
             conn.transport.close()
             return
         j = ev.join
-        node_id = self._next_node_id
-        self._next_node_id += 1
+        node_id = rejoin.node_id_for(self, j.node_id, NODE_PROCESS_ID + 1)
         self.conns.pop(conn.conn_id, None)
         remote = RemoteNode(node_id, self, self.loop, self.cfg, joined=True)
         remote.adopt(conn.transport)

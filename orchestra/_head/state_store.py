@@ -46,7 +46,7 @@ TIMEOUT_S = 5.0
 SCHEMA_VERSION = 1
 
 # The tables (keys are text, values bytes).
-CLUSTER = "cluster"   # "id", "token"
+CLUSTER = "cluster"   # "id", "token", "boots", "next_node"
 # While the store does not answer, changes are tried again this often.
 _RETRY_S = 1.0
 
@@ -328,6 +328,8 @@ class HeadState:
         self.notify = notify
         self.store: StateStore | None = None
         self.cluster_id = ""
+        self.boots = 0       # heads started on the store, this one included (start)
+        self.next_node = 0   # the next joined node's id, as the heads before left it
         self.writes = 0          # records written (the thread's), for figures
         # Since when the store does not answer (time.time(); 0: it answers). Written by
         # the thread, read by the loop (health).
@@ -369,7 +371,14 @@ class HeadState:
             self.cluster_id = known.decode()
             if store.get(CLUSTER, "token") != self.token.encode():
                 store.put(CLUSTER, "token", self.token.encode())
-            self._mirror = {CLUSTER: {"id": known, "token": self.token.encode()}}
+            # Heads started on this store so far, this one included: each starts its
+            # workers' ids above those of the heads before it (Head.start).
+            self.boots = int(store.get(CLUSTER, "boots") or 0) + 1
+            store.put(CLUSTER, "boots", str(self.boots).encode())
+            self.next_node = int(store.get(CLUSTER, "next_node") or 0)
+            self._mirror = {CLUSTER: {"id": known, "token": self.token.encode(),
+                                      "boots": str(self.boots).encode(),
+                                      "next_node": str(self.next_node).encode()}}
             for table in KEPT:
                 self._mirror[table] = store.items(table)
         except store.errors as exc:

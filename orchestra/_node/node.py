@@ -522,8 +522,18 @@ class Node:
             spilled_bytes=s.spilled_bytes, spilled_objects=len(s.files))
 
     # ------------------------------------------------------------------ teardown
-    def close(self) -> None:
-        """Kill every worker and the fork server, remove every segment and spill file."""
+    def take_workers(self, old: Node) -> None:
+        """The workers and fork server of ``old`` (closed with kill_workers=False: a
+        joined node that lost the head) become this node's: those serving detached
+        actors outlived the head. They connect to the head on their own; until the head
+        accepts one (worker_connected), its exit is reported as one before connecting."""
+        self.pool = old.pool
+        self.pool.on_failed = self._spawn_failed
+        self.exit_reasons = old.exit_reasons
+
+    def close(self, kill_workers: bool = True) -> None:
+        """Kill every worker and the fork server (unless not ``kill_workers``), remove
+        every segment and spill file."""
         if self.closed:
             return
         self.closed = True
@@ -536,7 +546,8 @@ class Node:
         for mm in self._pull_maps.values():
             _close_map(mm)
         self._pull_maps.clear()
-        self.pool.kill_all()
+        if kill_workers:
+            self.pool.kill_all()
         self.store.close()
 
 

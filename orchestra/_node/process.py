@@ -94,7 +94,8 @@ class NodeProcess(asyncio.Protocol):
     """The connection to the head, and the NodeHost of the node it carries."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
-                 make_node: Callable[[NodeHost], Node], join: bool = False) -> None:
+                 make_node: Callable[[NodeHost], Node], join: bool = False,
+                 kept: Node | None = None) -> None:
         self.loop = loop
         self.cfg = cfg
         self.token = str(cfg.get("token", ""))
@@ -117,6 +118,12 @@ class NodeProcess(asyncio.Protocol):
         # A joined node that lost the head (its connection closed or went silent, with
         # no close command): it may join the head again (join_main).
         self.lost_head = False
+        # A joined node that may join again keeps its workers when it loses the head
+        # (its store is gone): a worker serving a detached actor waits for the head
+        # too, and the node joining again asks for its id of before (NodeJoin.node_id)
+        # and takes them over (Node.take_workers). ``kept``: that node, closed.
+        self.keep_workers = join and float(cfg.get("reconnect_timeout_s", 0.0)) > 0
+        self.kept = kept
 
     # ------------------------------------------------------------------ connection
     def connection_made(self, transport: Any) -> None:
@@ -125,7 +132,8 @@ class NodeProcess(asyncio.Protocol):
             res = {k: float(v) for k, v in self.cfg["resources"].items()}
             self._event(pb.NodeEvent(join=pb.NodeJoin(
                 resources=res, machine=machine_id(), host=self.cfg.get("host", "127.0.0.1"),
-                pid=os.getpid(), num_workers=int(self.cfg.get("num_workers", 0)))))
+                pid=os.getpid(), num_workers=int(self.cfg.get("num_workers", 0)),
+                node_id=self.kept.node_id if self.kept is not None else 0)))
             return
         node = self.node
         res = {k: float(v) for k, v in self.cfg["resources"].items()}
@@ -193,6 +201,7 @@ class NodeProcess(asyncio.Protocol):
         self.timeout_s = w.timeout_s or 10.0
         cfg["_node_id"] = w.node_id
         node = self.node = self.make_node(self)
+        self.kept = None   # its workers are this node's now, or killed
         data_address = node.serve_data(cfg.get("host", "127.0.0.1"), cfg.get("token", ""))
         data_address = routable(data_address, self.transport.get_extra_info("sockname"))
         res = {k: float(v) for k, v in cfg["resources"].items()}
@@ -237,9 +246,14 @@ class NodeProcess(asyncio.Protocol):
         self.loop.call_later(every, self._heartbeat, every)
 
     def close(self) -> None:
-        """Kill the workers, remove the segments, end the process."""
+        """Kill the workers (kept when the head was lost and they may outlive it),
+        remove the segments, end the process."""
         if self.node is not None:
-            self.node.close()
+            if self.lost_head and self.keep_workers:
+                self.node.close(kill_workers=False)
+                self.kept = self.node
+            else:
+                self.node.close()
         if self.transport is not None:
             self.transport.abort()
             self.transport = None
@@ -365,14 +379,24 @@ class _Stopped:
 
 async def _run_joined(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
                       zygote: Callable[[], ZygoteStart | None], stopped: _Stopped,
-                      quiet: bool = False) -> bool:
-    """Join the head at cfg head_address and serve until the node ends; True when it
-    ended because it lost the head. OSError when the head cannot be reached or refuses
-    (an AuthenticationError; said unless ``quiet``: tries while the head is away)."""
+                      quiet: bool = False, kept: Node | None = None) -> tuple[bool, Node | None]:
+    """Join the head at cfg head_address and serve until the node ends: (whether it
+    ended because it lost the head, the node whose workers it kept then). ``kept``:
+    the node of before, whose workers this one takes over if it gets the same id.
+    OSError when the head cannot be reached or refuses (an AuthenticationError; said
+    unless ``quiet``: tries while the head is away)."""
     from .._protocol.auth import client_handshake
     from .._protocol.connection import parse_address
-    proto = NodeProcess(loop, cfg, lambda host: node_from_cfg(int(cfg["_node_id"]), host, loop,
-                                                              cfg, zygote()), join=True)
+    def make_node(host: NodeHost) -> Node:
+        node_id = int(cfg["_node_id"])
+        if kept is not None and kept.node_id == node_id:   # its workers are this one's
+            node = node_from_cfg(node_id, host, loop, cfg)
+            node.take_workers(kept)
+            return node
+        if kept is not None:   # another id: its workers cannot be taken back
+            kept.pool.kill_all()
+        return node_from_cfg(node_id, host, loop, cfg, zygote())
+    proto = NodeProcess(loop, cfg, make_node, join=True, kept=kept)
     address = cfg["head_address"]
     family, target = parse_address(address)
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -392,7 +416,10 @@ async def _run_joined(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
         proto.close()
         raise
     await proto.done
-    return proto.lost_head and not stopped.asked
+    if stopped.asked and proto.kept is not None:
+        proto.kept.pool.kill_all()
+        proto.kept = None
+    return proto.lost_head and not stopped.asked, proto.kept
 
 
 # Between two tries to join a head that is away (its supervisor starts it again).
@@ -411,26 +438,31 @@ def _join_until_stopped(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
         loop.add_signal_handler(sig, stopped)
     wait_s = float(cfg.get("reconnect_timeout_s", 0.0))
     away_since = 0.0   # 0: never joined, or joined now
-    while not stopped.asked:
-        try:
-            lost = loop.run_until_complete(_run_joined(loop, cfg, zygote, stopped,
-                                                       quiet=bool(away_since)))
-        except AuthenticationError:
-            raise SystemExit(3) from None
-        except OSError:
-            if not away_since or time.monotonic() - away_since > wait_s:
-                if away_since:
-                    print(f"orchestra node: the head stayed away for more than {wait_s:g} s "
-                          "(reconnect_timeout_s): stopping", file=sys.stderr, flush=True)
+    kept: Node | None = None   # lost the head: its workers, until it joins again
+    try:
+        while not stopped.asked:
+            try:
+                lost, kept = loop.run_until_complete(_run_joined(
+                    loop, cfg, zygote, stopped, quiet=bool(away_since), kept=kept))
+            except AuthenticationError:
                 raise SystemExit(3) from None
+            except OSError:
+                if not away_since or time.monotonic() - away_since > wait_s:
+                    if away_since:
+                        print(f"orchestra node: the head stayed away for more than {wait_s:g} s "
+                              "(reconnect_timeout_s): stopping", file=sys.stderr, flush=True)
+                    raise SystemExit(3) from None
+                loop.run_until_complete(asyncio.sleep(_REJOIN_PAUSE_S))
+                continue
+            if not lost or wait_s <= 0:
+                return
+            away_since = time.monotonic()
+            print(f"orchestra node: joining the head again for up to {wait_s:g} s (its "
+                  "objects are gone; workers of detached actors wait)", file=sys.stderr, flush=True)
             loop.run_until_complete(asyncio.sleep(_REJOIN_PAUSE_S))
-            continue
-        if not lost or wait_s <= 0:
-            return
-        away_since = time.monotonic()
-        print(f"orchestra node: joining the head again for up to {wait_s:g} s, as a new node",
-              file=sys.stderr, flush=True)
-        loop.run_until_complete(asyncio.sleep(_REJOIN_PAUSE_S))
+    finally:
+        if kept is not None:   # it never joined again: nothing waits for them
+            kept.pool.kill_all()
 
 
 def join_main(cfg_path: str) -> None:
@@ -448,6 +480,8 @@ def join_main(cfg_path: str) -> None:
     cfg.setdefault("session_id", "")
     # Its workers connect to the head over TCP too, with the same token.
     os.environ["ORCHESTRA_TOKEN"] = cfg.get("token", "")
+    # A worker of a detached actor waits this long for a head that is lost (_worker/rejoin.py).
+    os.environ["ORCHESTRA_RECONNECT_S"] = str(float(cfg.get("reconnect_timeout_s", 0.0)))
     # The first node's fork server starts now, warm by the time its workers start; a
     # node joined again gets its own (a closed node stops its fork server).
     first = [_start_zygote(cfg["head_address"])] if cfg.get("zygote", True) else []

@@ -104,6 +104,11 @@ class LogCapture:
         self.writers = {STDOUT: LineWriter(self, STDOUT), STDERR: LineWriter(self, STDERR)}
         threading.Thread(target=self._flusher, name="orchestra-logs", daemon=True).start()
 
+    def rebind(self, send: Callable[[bytes], object]) -> None:
+        """Send lines on another connection (a worker connected to a restarted head)."""
+        with self.lock:
+            self._send = send
+
     def install(self) -> None:
         """Make sys.stdout and sys.stderr this worker's line writers."""
         global _active

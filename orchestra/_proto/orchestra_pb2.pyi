@@ -60,16 +60,18 @@ class RegisterFunctionRequest(_message.Message):
     def __init__(self, workerid: _Optional[int] = ..., fnname: _Optional[str] = ..., num_return_vals: _Optional[int] = ..., function_id: _Optional[bytes] = ..., pickled: _Optional[bytes] = ...) -> None: ...
 
 class DurableActor(_message.Message):
-    __slots__ = ("creation", "cls", "restarts", "revived")
+    __slots__ = ("creation", "cls", "restarts", "revived", "node_id")
     CREATION_FIELD_NUMBER: _ClassVar[int]
     CLS_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
     REVIVED_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
     creation: _types_pb2.Call
     cls: RegisterFunctionRequest
     restarts: int
     revived: int
-    def __init__(self, creation: _Optional[_Union[_types_pb2.Call, _Mapping]] = ..., cls: _Optional[_Union[RegisterFunctionRequest, _Mapping]] = ..., restarts: _Optional[int] = ..., revived: _Optional[int] = ...) -> None: ...
+    node_id: int
+    def __init__(self, creation: _Optional[_Union[_types_pb2.Call, _Mapping]] = ..., cls: _Optional[_Union[RegisterFunctionRequest, _Mapping]] = ..., restarts: _Optional[int] = ..., revived: _Optional[int] = ..., node_id: _Optional[int] = ...) -> None: ...
 
 class RemoteCallRequest(_message.Message):
     __slots__ = ("call",)
@@ -271,7 +273,7 @@ class InvokeCallReply(_message.Message):
     def __init__(self) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("kind", "pid", "workerid", "cwd", "sys_path", "node_id", "machine", "namespace", "log_job")
+    __slots__ = ("kind", "pid", "workerid", "cwd", "sys_path", "node_id", "machine", "namespace", "log_job", "resume_actor")
     KIND_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     WORKERID_FIELD_NUMBER: _ClassVar[int]
@@ -281,6 +283,7 @@ class Hello(_message.Message):
     MACHINE_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     LOG_JOB_FIELD_NUMBER: _ClassVar[int]
+    RESUME_ACTOR_FIELD_NUMBER: _ClassVar[int]
     kind: str
     pid: int
     workerid: int
@@ -290,7 +293,8 @@ class Hello(_message.Message):
     machine: str
     namespace: str
     log_job: int
-    def __init__(self, kind: _Optional[str] = ..., pid: _Optional[int] = ..., workerid: _Optional[int] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., node_id: _Optional[int] = ..., machine: _Optional[str] = ..., namespace: _Optional[str] = ..., log_job: _Optional[int] = ...) -> None: ...
+    resume_actor: bytes
+    def __init__(self, kind: _Optional[str] = ..., pid: _Optional[int] = ..., workerid: _Optional[int] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., node_id: _Optional[int] = ..., machine: _Optional[str] = ..., namespace: _Optional[str] = ..., log_job: _Optional[int] = ..., resume_actor: _Optional[bytes] = ...) -> None: ...
 
 class HelloReply(_message.Message):
     __slots__ = ("session_id", "node_id", "node_resources", "store_capacity", "session_dir", "cwd", "sys_path", "inline_threshold", "conn_id", "shm_dir", "node_dir", "joinable", "node_address", "dashboard_url", "infeasible_waits")
@@ -914,7 +918,7 @@ class NodeEvent(_message.Message):
     def __init__(self, register: _Optional[_Union[NodeRegister, _Mapping]] = ..., send: _Optional[_Union[NodeSend, _Mapping]] = ..., worker_failed_to_start: _Optional[_Union[NodeWorkerExit, _Mapping]] = ..., worker_exited: _Optional[_Union[NodeWorkerExit, _Mapping]] = ..., relocate: _Optional[_Union[NodeRelocate, _Mapping]] = ..., store_info: _Optional[_Union[ObjStoreDebugInfoReply, _Mapping]] = ..., synced: _Optional[int] = ..., pulled: _Optional[_Union[NodePulled, _Mapping]] = ..., join: _Optional[_Union[NodeJoin, _Mapping]] = ..., heartbeat: _Optional[bool] = ...) -> None: ...
 
 class NodeJoin(_message.Message):
-    __slots__ = ("resources", "machine", "host", "pid", "num_workers")
+    __slots__ = ("resources", "machine", "host", "pid", "num_workers", "node_id")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -927,12 +931,14 @@ class NodeJoin(_message.Message):
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
     resources: _containers.ScalarMap[str, float]
     machine: str
     host: str
     pid: int
     num_workers: int
-    def __init__(self, resources: _Optional[_Mapping[str, float]] = ..., machine: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., num_workers: _Optional[int] = ...) -> None: ...
+    node_id: int
+    def __init__(self, resources: _Optional[_Mapping[str, float]] = ..., machine: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., num_workers: _Optional[int] = ..., node_id: _Optional[int] = ...) -> None: ...
 
 class NodeRegister(_message.Message):
     __slots__ = ("node_id", "resources", "capacity", "shm_dir", "pid", "data_address", "node_dir", "machine", "num_workers")

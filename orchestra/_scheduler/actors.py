@@ -66,6 +66,10 @@ class ActorTable:
         self.actors: dict[bytes, Actor] = {}
         self.names: dict[tuple[str, str], bytes] = {}   # (namespace, name) -> actor id
         self.pending: list[Actor] = []
+        # Detached actors a restarted head made again whose process ran on a joined node:
+        # actor id -> that node's id. Not placed until released (release_awaiting), so
+        # that their process, if it outlived the head, is taken back (adopt).
+        self.awaiting: dict[bytes, int] = {}
 
     # ------------------------------------------------------------------ creation
     def create(self, conn: int, call: pb.Call, task: Task) -> pb.ActorSpec | None:
@@ -106,7 +110,50 @@ class ActorTable:
         if a.spec.detached:
             call = a.creation.call
             self.s.out.append(actor_kept(call, a.restarts, a.revived,
-                                         self.s.functions.get(call.function_id)))
+                                         self.s.functions.get(call.function_id),
+                                         a.worker.node_id if a.worker is not None else 0))
+
+    def adopt(self, actor_id: bytes, worker_id: int, node_id: int) -> Worker:
+        """A worker that outlived a restart of the head still serves ``actor_id`` on
+        node ``node_id``: it becomes the actor's process again, state kept (the restart
+        the restore counted is taken back). ValueError when it cannot be: the actor was
+        made again meanwhile (or is no detached actor this head knows), or its node
+        cannot hold it; the worker then exits."""
+        a = self.actors.get(actor_id)
+        s = self.s
+        node = s.nodes.get(node_id)
+        if a is None or self.awaiting.get(actor_id) != node_id or a.state is not ActorState.PENDING:
+            raise ValueError(f"actor {actor_id.hex()} is not waiting for its process on node "
+                             f"{node_id}: made again, or not kept")
+        req = a.creation.resources
+        if node is None or not node.resources.fits(req) or worker_id in s.workers \
+                or a.creation.placement is not None:   # a group's bundles: placed again
+            raise ValueError(f"node {node_id} cannot take actor {actor_id.hex()} back")
+        del self.awaiting[actor_id]
+        w = s.adopt_worker(worker_id, node_id)
+        w.actor = a
+        w.grant = dict(req)
+        w.grant_shape = ACTOR_SHAPE
+        w.gpu_ids = node.resources.acquire(req)
+        a.worker = w
+        a.state = ActorState.ALIVE
+        a.restarts -= 1
+        a.revived -= 1
+        a.spec.restart_count = a.restarts
+        s.tasks.pop(a.creation.call.task_id, None)   # it keeps its arguments for restarts
+        a.creation.state = TaskState.DONE
+        self._keep(a)
+        return w
+
+    def release_awaiting(self) -> None:
+        """The wait for processes that outlived the head is over: the actors still
+        waiting are placed as new instances."""
+        waiting, self.awaiting = self.awaiting, {}
+        for actor_id in waiting:
+            a = self.actors.get(actor_id)
+            if a is not None and a.state is ActorState.PENDING and a.worker is None \
+                    and not a.creation.deps:
+                self.creation_deps_met(a.creation)
 
     def namespace_of(self, conn: int) -> str:
         """The namespace a connection acts in: a driver's own; a worker's, that of the
@@ -131,7 +178,7 @@ class ActorTable:
 
     def creation_deps_met(self, task: Task) -> None:
         a = self.actors.get(task.call.actor.actor_id)
-        if a is None or a.state is ActorState.DEAD:
+        if a is None or a.state is ActorState.DEAD or task.call.actor.actor_id in self.awaiting:
             return
         w = a.worker
         if w is not None and w.state is WorkerState.BUSY and not w.queue:
@@ -178,6 +225,7 @@ class ActorTable:
                 a.state = ActorState.STARTING if a.restarts == 0 else ActorState.RESTARTING
                 if task.placement is not None:
                     s.placed_on(task, node.node_id)
+                self._keep(a)   # where it runs now
                 return True
         return False
 
@@ -189,10 +237,14 @@ class ActorTable:
                     self.pending.append(a)
 
     def worker_connected(self, w: Worker) -> None:
-        """The dedicated worker is up: run the constructor there."""
+        """The dedicated worker is up: run the constructor there (or, taken back after a
+        restart of the head, its calls)."""
         a = w.actor
         assert a is not None
         w.state = WorkerState.BUSY
+        if a.state is ActorState.ALIVE:   # adopt()ed
+            self.pump(a)
+            return
         t = a.creation
         if wait_for_made_again(t, self.s.objects):
             t.state = TaskState.WAITING   # an argument lost with its node: once it is back

@@ -39,6 +39,8 @@ class _Groups(Protocol):
 
 
 class _Actors(Protocol):
+    awaiting: dict[bytes, int]
+
     def restored(self, actor_id: bytes, revived: int) -> None: ...
 
 
@@ -59,10 +61,12 @@ class Restorable(Protocol):
 
 
 def actor_kept(creation: pb.Call, restarts: int, revived: int,
-               cls: pb.RegisterFunctionRequest | None) -> Durable:
+               cls: pb.RegisterFunctionRequest | None, node_id: int = 0) -> Durable:
     """The record of a detached actor as it is now: its constructor's call, its
-    restarts so far (``revived`` of them by restarted heads), its class."""
-    rec = pb.DurableActor(creation=creation, restarts=restarts, revived=revived)
+    restarts so far (``revived`` of them by restarted heads), its class, the node its
+    process runs on (0: none yet)."""
+    rec = pb.DurableActor(creation=creation, restarts=restarts, revived=revived,
+                          node_id=node_id)
     if cls is not None:
         rec.cls.CopyFrom(cls)
     return Durable(ACTORS, creation.actor.actor_id.hex(), rec.SerializeToString())
@@ -81,11 +85,13 @@ def group_gone(group_id: bytes) -> Durable:
 
 
 def restore(state: Restorable, owner: int,
-            records: Mapping[str, Mapping[str, bytes]]) -> list[str]:
+            records: Mapping[str, Mapping[str, bytes]], joined_from: int = 0) -> list[str]:
     """Make again what ``records`` (table -> key -> value, as the store holds them)
     name, held by ``owner`` (the head's own pseudo-client, which lives as long as the
-    head). Returns what could not be restored, in words (the head logs it); such a
-    record is deleted (a Durable in state.out)."""
+    head). An actor whose process ran on a joined node (id >= ``joined_from``; 0: none
+    is) waits in actor_table.awaiting for that process to come back, instead of being
+    placed (ActorTable.adopt / release_awaiting). Returns what could not be restored, in
+    words (the head logs it); such a record is deleted (a Durable in state.out)."""
     problems: list[str] = []
     for key, value in sorted(records.get(GROUPS, {}).items()):
         try:
@@ -106,6 +112,8 @@ def restore(state: Restorable, owner: int,
             # gives to another process: now to no driver (its log files keep them).
             call.job = 0
             state.register_function(rec.cls)
+            if joined_from and rec.node_id >= joined_from and not call.HasField("placement"):
+                state.actor_table.awaiting[call.actor.actor_id] = rec.node_id
             state.create_actor(owner, call)
             state.actor_table.restored(call.actor.actor_id, rec.revived + 1)
         except Exception as exc:

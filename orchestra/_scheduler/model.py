@@ -283,6 +283,10 @@ class SchedulerCore(Protocol):
         """A new worker on the node (StartWorker emitted), STARTING."""
         ...
 
+    def adopt_worker(self, worker_id: int, node_id: int) -> Worker:
+        """A worker this head did not start (it outlived the head before), STARTING."""
+        ...
+
     def dispatch(self, t: Task, w: Worker) -> None:
         """Queue ``t`` on ``w`` and send it there (Execute)."""
         ...

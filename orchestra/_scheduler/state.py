@@ -122,6 +122,8 @@ class SchedulerState:
         c.namespace = hello.namespace
         self.clients[conn] = c
         if hello.kind == "worker":
+            if hello.resume_actor:   # it outlived a restart of the head
+                self.actor_table.adopt(hello.resume_actor, hello.workerid, node_id)
             w = self.workers.get(hello.workerid)
             if w is None or w.state is not WorkerState.STARTING:
                 raise ValueError(f"unknown or duplicate worker id {hello.workerid}")
@@ -666,6 +668,10 @@ class SchedulerState:
     def start_worker(self, node_id: int) -> Worker:
         """A new worker on the node (StartWorker emitted), STARTING."""
         return self.worker_pool.start(node_id)
+
+    def adopt_worker(self, worker_id: int, node_id: int) -> Worker:
+        """A worker this head did not start (it outlived the head before), STARTING."""
+        return self.worker_pool.adopt(worker_id, node_id)
 
     def pool(self, node_id: int) -> list[Worker]:
         """The node's task workers (dedicated actor workers do not count)."""

@@ -43,6 +43,19 @@ class WorkerPool:
         self.core.out.append(StartWorker(node_id, w.worker_id))
         return w
 
+    def first_id(self, worker_id: int) -> None:
+        """Workers started from now on get ids from ``worker_id`` up: a restarted head
+        starts above the ids of every head before it, so a worker that outlived one
+        keeps its id (ActorTable.adopt)."""
+        self._next_id = max(self._next_id, worker_id)
+
+    def adopt(self, worker_id: int, node_id: int) -> Worker:
+        """A worker this head did not start (it outlived the head before), STARTING:
+        its connection is being accepted."""
+        w = Worker(worker_id, node_id)
+        self.core.workers[worker_id] = w
+        return w
+
     def pool(self, node_id: int) -> list[Worker]:
         """The node's task workers (dedicated actor workers do not count)."""
         return [w for w in self.core.workers.values() if w.node_id == node_id and w.actor is None]

@@ -48,8 +48,9 @@ from .._protocol import wire as _wire
 from .._runtime import context as _context
 from .._runtime import runtime_env as _runtime_env
 from .._runtime.client import CoreClient
-from ..exceptions import ActorDiedError, TaskError
+from ..exceptions import ActorDiedError, ClusterLostError, TaskError
 from . import preload as _preload
+from . import rejoin as _rejoin
 from .actors import ActorRuntime
 from .calls import (
     ArgumentError,
@@ -155,11 +156,10 @@ class WorkerRuntime:
         # until the main thread leaves that code (socket_guard=self._guard).
         self._in_socket_code = 0
         self._cancel_deferred = False
-        hello = pb.Hello(kind="worker", pid=os.getpid(), workerid=worker_id)
+        self.sock_path = sock_path
         # Started below, once every handler can run (see CoreClient.start).
-        self.client = CoreClient(sock_path, hello, on_frame=self._on_frame,
-                                 on_lost=lambda: os._exit(1), socket_guard=self._guard,
-                                 start=False)
+        self.client: CoreClient = _rejoin.connect(self, pb.Hello(
+            kind="worker", pid=os.getpid(), workerid=worker_id))
         info = self.client.info
         # Output to the log files (and, line by line, to the driver of the task that
         # printed it): from here on, also what this constructor prints below.
@@ -179,29 +179,8 @@ class WorkerRuntime:
         for p in info.sys_path:
             if p not in sys.path:
                 sys.path.append(p)
-        _context.set_client(self.client)
-        self.client.on_block = self._on_block
-        self.client.nested_ready = self.nested.__len__   # type: ignore[assignment]
-        self.client.run_nested = self._run_nested
-        self.client.direct.on_peer_frame = self._on_peer_frame
-        # Callers send calls straight here once the head gives them this address: a
-        # driver this worker is lent to (Loan), or callers of the actor it becomes.
-        path = os.path.join(info.node_dir or info.session_dir, f"worker-{worker_id}.sock")
-        try:
-            self.client.listen(path)
-        except OSError as exc:   # callers stay on the head's path
-            print(f"orchestra worker: not taking calls at {path}: {exc}", file=sys.stderr)
-        token = os.environ.get("ORCHESTRA_TOKEN", "")
-        if info.node_address and token:
-            # On a cluster: callers on other nodes too, over TCP with the cluster token.
-            try:
-                address = self.client.direct.listen_tcp(info.node_address, token)
-                self.client.send(_wire.WORKER_ADDRESS, pb.WorkerAddress(address=address))
-            except (OSError, ValueError) as exc:
-                print(f"orchestra worker: no direct calls from other nodes: {exc}",
-                      file=sys.stderr)
+        _rejoin.wire(self)
         signal.signal(signal.SIGUSR1, self._on_cancel_signal)
-        self.client.on_tick = self._report_events
         self.client.start()
 
     # ------------------------------------------------------------ reader thread side
@@ -772,7 +751,12 @@ def main(argv: list[str] | None = None) -> None:
         install()
     set_title("orchestra::worker")
     runtime = WorkerRuntime(sock_path, worker_id)
-    runtime.run()
+    while True:
+        try:
+            runtime.run()
+        except ClusterLostError:   # the head was lost: a detached actor's process waits
+            if not (_rejoin.may_rejoin(runtime) and _rejoin.rejoin(runtime)):
+                os._exit(1)
 
 
 if __name__ == "__main__":

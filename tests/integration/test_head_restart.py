@@ -301,3 +301,51 @@ def test_a_detached_actor_that_needs_a_joined_node_waits_for_it_to_join_again(st
     wait_until(lambda: log.read_text().count("joined the cluster") == 2, T, "the node's log")
     head_node = "0" * 16
     assert len(alive) == 2 and on in alive and on != head_node and before != head_node
+
+
+KEEP_COUNTING = """
+import json, os, orchestra
+orchestra.init(address="auto", namespace="far")
+
+@orchestra.remote(resources={"far": 0.5})
+class Counter:
+    def __init__(self):
+        self.n = 0
+    def inc(self):
+        self.n += 1
+        return [self.n, os.getpid(), orchestra.get_runtime_context().get_node_id()]
+
+c = Counter.options(name="counter", lifetime="detached").remote()
+for _ in range(5):
+    out = orchestra.get(c.inc.remote(), timeout=30)
+print(json.dumps(out))
+"""
+
+COUNT_ON = """
+import json, orchestra
+from orchestra.util.state import list_actors
+orchestra.init(address="auto", namespace="far")
+out = orchestra.get(orchestra.get_actor("counter").inc.remote(), timeout=60)
+out.append([a["num_restarts"] for a in list_actors()
+            if a["name"] == "counter" and a["state"] == "ALIVE"])
+alive = sorted(n["NodeID"] for n in orchestra.nodes() if n["Alive"])
+print(json.dumps(out + [alive]))
+"""
+
+
+def test_a_detached_actor_on_a_joined_node_outlives_the_head_with_its_state(state: str) -> None:
+    """Its process lives on while the head is away; the node joins again under its id
+    of before and the restarted head takes the process back (_head/rejoin.py): the
+    counter goes on at 6, in the same process, with no restart counted."""
+    rec = start_head(state, "--state-store", "sqlite://" + str(Path(state, "s.db")))
+    node = join(rec)
+    n, pid, on = run_script(KEEP_COUNTING, rec)
+    assert n == 5 and on != "0" * 16
+    head = serving_head(rec)
+    os.kill(head, signal.SIGKILL)
+    serving_head(rec, other_than=head)
+    n, pid_after, on_after, restarts, alive = run_script(COUNT_ON, rec)
+    assert (n, pid_after, on_after, restarts) == (6, pid, on, [0])
+    assert on in alive
+    log = Path(node["run_dir"], "stderr.log").read_text()
+    assert log.count("joined the cluster") == 2 and log.count(f"as node {int(on, 16)}") == 2, log

@@ -13,7 +13,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from _sched_helpers import DRIVER, Cluster, new_id, worker_conn
+from _sched_helpers import DRIVER, Cluster, Nodes, executed, make_call, new_id, worker_conn
 from orchestra._proto import types_pb2
 from orchestra._protocol import pb
 from orchestra._scheduler import durable
@@ -216,3 +216,81 @@ def test_a_restart_by_a_restarted_head_is_not_counted_against_max_restarts() -> 
         c.s.worker_died(wid, "killed by a signal")
     assert a.state is ActorState.DEAD and "after 1 restart(s) of 1" in a.cause
     assert a.restarts == 2
+
+
+# ---------------------------------------------------------------- processes that outlived the head
+JOINED = 2              # a joined node's id (the head's own: 0)
+OLD_WORKER = (3 << 32) + 7   # a worker id given by an earlier head
+
+
+def restored_on(node_id: int, *, revived: int = 0) -> tuple[Nodes, Any]:
+    """A fresh head (node 0 and JOINED, no workers) restored from the record of a
+    detached actor whose process ran on ``node_id``."""
+    call = ctor_call("keeper", detached=True, max_restarts=0)
+    rec = pb.DurableActor(creation=call, restarts=0, revived=revived, node_id=node_id,
+                          cls=pb.RegisterFunctionRequest(function_id=call.function_id))
+    c = Nodes({0: {"CPU": 1}, JOINED: {"CPU": 1}}, workers={0: 0, JOINED: 0})
+    c.s.worker_pool.first_id((4 << 32) + 1)
+    c.s.client_connected(HEAD, pb.Hello(kind="grpc"))
+    records = {durable.ACTORS: {call.actor.actor_id.hex(): rec.SerializeToString()}}
+    assert durable.restore(c.s, HEAD, records, joined_from=JOINED) == []
+    return c, call
+
+
+def resume(c: Nodes, call: Any, node_id: int = JOINED, worker_id: int = OLD_WORKER) -> None:
+    c.s.client_connected(worker_conn(worker_id), pb.Hello(
+        kind="worker", pid=4242, workerid=worker_id, node_id=node_id,
+        resume_actor=call.actor.actor_id), node_id)
+
+
+def test_a_restored_actor_of_a_joined_node_waits_for_its_process_and_takes_it_back() -> None:
+    c, call = restored_on(JOINED, revived=2)
+    a = c.s.actor_table.actors[call.actor.actor_id]
+    out = c.take()
+    assert c.started(out) == [] and a.state is ActorState.PENDING   # not made again yet
+    assert c.s.actor_table.awaiting == {call.actor.actor_id: JOINED}
+    resume(c, call)
+    assert a.state is ActorState.ALIVE and a.worker is c.s.workers[OLD_WORKER]
+    assert (a.restarts, a.revived, a.spec.restart_count) == (0, 2, 0)   # no restart counted
+    assert c.available()["CPU"] == 1.5   # its half CPU is taken on JOINED again
+    assert c.s.nodes[JOINED].resources.fits({"CPU": 1.0}) is False
+    out = c.take()
+    rec = pb.DurableActor.FromString(
+        [ins for ins in out if type(ins) is Durable][-1].value)   # type: ignore[arg-type]
+    assert (rec.restarts, rec.revived, rec.node_id) == (0, 2, JOINED)
+    method = make_call("keeper.inc", cpus=0)
+    method.actor_id = call.actor.actor_id
+    c.submit(method)
+    assert executed(c.take()) == [(OLD_WORKER, method.task_id)]   # its calls reach it
+    c.s.actor_table.release_awaiting()   # the wait ends: nothing is made twice
+    assert c.started(c.take()) == []
+
+
+def test_a_restored_actor_whose_process_does_not_come_back_is_made_again() -> None:
+    c, call = restored_on(JOINED)
+    a = c.s.actor_table.actors[call.actor.actor_id]
+    c.take()
+    c.s.actor_table.release_awaiting()
+    (wid,) = c.started(c.take())
+    assert wid > (4 << 32) and a.restarts == 1   # a new instance, ids above the old head's
+    with pytest.raises(ValueError, match="not waiting for its process"):
+        resume(c, call)   # too late: that process is refused (and exits)
+    c.s.client_disconnected(worker_conn(OLD_WORKER))
+    c.connect(wid)
+    assert a.worker is c.s.workers[wid] and OLD_WORKER not in c.s.workers
+
+
+def test_an_actor_of_the_heads_own_node_is_made_again_at_once() -> None:
+    c, call = restored_on(0)   # its process died with the head
+    assert c.s.actor_table.awaiting == {}
+    assert len(c.started(c.take())) == 1
+
+
+def test_a_process_that_names_another_node_or_actor_is_refused() -> None:
+    c, call = restored_on(JOINED)
+    with pytest.raises(ValueError, match="not waiting"):
+        resume(c, call, node_id=0)   # not where its record says it ran
+    other = ctor_call("other", detached=True, max_restarts=0)
+    with pytest.raises(ValueError, match="not waiting"):
+        resume(c, other)
+    assert OLD_WORKER not in c.s.workers and call.actor.actor_id in c.s.actor_table.awaiting

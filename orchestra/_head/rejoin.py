@@ -1,0 +1,79 @@
+"""What a restarted head takes back from the head before it, on the head's loop.
+
+    Head.start -> restore(head): the state store's records made again
+        (_scheduler/durable.py); workers' ids start above every earlier head's (the
+        store counts heads: the n-th starts at (n - 1) << 32), joined nodes' ids above
+        every id given so far (next_node); a detached actor whose process ran on a joined node waits up to
+        adopt_wait_s for that process (ActorTable.awaiting), then is made again
+    a node joins again (NodeJoin.node_id) -> node_id_for: its id of before, unless
+        another node holds it or held it (then a new one), kept in the store
+    a worker that outlived the head (Hello.resume_actor) -> the node it names
+        (Head._node_for; not joined again yet: closed, it tries again);
+        SchedulerState.client_connected takes it back as its actor's process
+        (ActorTable.adopt), or refuses it (Closing) and the worker exits
+
+Without a state store nothing is restored, and ids start at 1 as before.
+"""
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any, Protocol
+
+from .._scheduler.durable import restore as restore_records
+from .._scheduler.state import SchedulerState
+from .grpc_service import GRPC_CONN
+from .state_store import CLUSTER, HeadState
+
+
+class Head(Protocol):
+    """What this module uses of the head (head.Head)."""
+
+    state: SchedulerState
+    durable: HeadState | None
+    next_node_id: int
+    nodes: dict[int, Any]
+    gone: dict[int, Any]
+    cfg: dict[str, Any]
+    loop: asyncio.AbstractEventLoop
+
+    def carry_out(self) -> None: ...
+
+# How long a restored detached actor of a joined node waits for its process: its node
+# joins again within ~0.5 s of the head listening, and its worker a moment after.
+ADOPT_WAIT_S = 10.0
+
+
+def restore(head: Head, joined_from: int) -> None:
+    """Make again what the store holds, and start ids above those given before
+    (``joined_from``: the first id of a joined node)."""
+    durable = head.durable
+    if durable is None:
+        return
+    head.state.worker_pool.first_id(((durable.boots - 1) << 32) + 1)
+    head.next_node_id = max(head.next_node_id, durable.next_node)
+    for problem in restore_records(head.state, GRPC_CONN, durable.records(), joined_from):
+        print(f"orchestra head: not restored: {problem}", file=sys.stderr, flush=True)
+    if head.state.actor_table.awaiting:
+        head.loop.call_later(float(head.cfg.get("adopt_wait_s", ADOPT_WAIT_S)), _release, head)
+
+
+def _release(head: Head) -> None:
+    waiting = len(head.state.actor_table.awaiting)
+    if waiting:
+        print(f"orchestra head: {waiting} detached actor(s) whose process did not come back "
+              "are made again", file=sys.stderr, flush=True)
+        head.state.actor_table.release_awaiting()
+        head.carry_out()
+
+
+def node_id_for(head: Head, asked: int, joined_from: int) -> int:
+    """The id of a node joining now: ``asked`` (its id before a restart of the head)
+    when no node holds or held it, else the next one; the next id is kept in the store."""
+    taken = asked in head.nodes or asked in head.gone
+    node_id = asked if asked >= joined_from and not taken else head.next_node_id
+    head.next_node_id = max(head.next_node_id, node_id + 1)
+    if head.durable is not None:
+        head.durable.write(CLUSTER, "next_node", str(head.next_node_id).encode())
+    return node_id
+
