@@ -9,6 +9,7 @@ from .._checks import is_number
 from .._runtime import context as _context
 from .._runtime.object_ref import ObjectRef
 from ..exceptions import ObjectLostError
+from .reconnect import replaced
 
 
 def check_timeout(timeout: float | None) -> float | None:
@@ -30,6 +31,11 @@ def check_session(ref: ObjectRef[Any], client: _context.Client | None) -> None:
     # A ref made before shutdown() names an object the new session never had: its
     # value was never pushed here, and get() waited forever (or until its timeout).
     if ref._client is not client:
+        if ref._client in replaced:   # a driver connected to its restarted head
+            raise ObjectLostError(
+                f"{ref!r} was lost with the cluster's head ({getattr(ref._client, 'lost', '')}); "
+                "the head was started again, but it knows no object of before: put the "
+                "value again, or run its task again")
         raise ObjectLostError(
             f"{ref!r} belongs to a session that was shut down; refs do not outlive "
             "orchestra.shutdown(). Put the value again, or re-run its task, in this session.")

@@ -22,7 +22,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, overload
 
 from .._checks import is_int, is_number
 from .._ids import machine_id, node_hex
@@ -35,10 +35,11 @@ from .._runtime import runtime_env as _runtime_env
 from .._runtime.client import CoreClient
 from .._runtime.generators import ObjectRefGenerator, wait_with_generators
 from .._runtime.object_ref import ObjectRef
-from ..exceptions import ClusterLostError, OrchestraError
+from ..exceptions import ClusterLostError, ObjectLostError, OrchestraError
 from .args import check_session as _check_session
 from .args import check_timeout as _check_timeout
 from .local_head import build_cfg, launch_head, new_session_dir, sweep_stale_sessions
+from .reconnect import Rejoin
 
 if TYPE_CHECKING:
     from types import FrameType
@@ -65,6 +66,25 @@ class Session:
         self.spill_dir = ""   # when outside session_dir: removed here too if the head was not
         self.exit_grace_s = DEFAULT_EXIT_GRACE_S
         self.log_printer: LogPrinter | None = None   # with log_to_driver
+        self.rejoin: Rejoin | None = None   # connects to a restarted head (_api/reconnect.py)
+
+    def keep_connected(self, address: str, token: str | None, namespace: str) -> None:
+        """A head started again when it dies (at a HOST:PORT): connect to it again when
+        it is lost."""
+        if self.client.info.reconnect_s > 0 and parse_address(address)[0] != socket.AF_UNIX:
+            self.rejoin = Rejoin(address, token, lambda: _hello(namespace), self.client,
+                                 self._swap)
+            _context.set_reconnect(self.rejoin.wait)
+
+    def _swap(self, old: CoreClient, new: CoreClient) -> None:
+        """(The rejoin thread.) ``new`` is connected to the restarted head: it is this
+        session's client from now on."""
+        self.client = new
+        if _context.client_or_none() is old:
+            _context.set_client(new)
+        if self.log_printer is not None:
+            self.log_printer.close()
+            self.forward_logs()
 
     def forward_logs(self) -> None:
         """Print the output of this driver's tasks and actors here (init's log_to_driver)."""
@@ -77,6 +97,9 @@ class Session:
                          "the session's log files (`orchestra logs`)", exc)
 
     def stop(self) -> None:
+        if self.rejoin is not None:
+            self.rejoin.close()
+            _context.set_reconnect(None)
         client = self.client
         if self.log_printer is not None:
             self.log_printer.close()
@@ -193,6 +216,7 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     address, token = resolve_address(address, token)
     if address is not None:
         _session = _connect(address, token, ns)
+        _session.keep_connected(address, token, ns)
         _session.client.runtime_env = env
         _session.exit_grace_s = grace
         if log_to_driver:
@@ -490,6 +514,19 @@ def _client() -> _context.Client:
     return _context.current_client()
 
 
+def _lost_with_head(client: _context.Client, exc: ClusterLostError) -> NoReturn:
+    """A get() or wait() whose head was lost meanwhile: when this driver connects to the
+    restarted head (_api/reconnect.py), ObjectLostError (the objects of before are gone
+    with it); else ``exc``."""
+    s = _session
+    if s is not None and s.rejoin is not None and s.rejoin.wait(client) is not None:
+        raise ObjectLostError(
+            f"the objects waited for were lost with the cluster's head ({exc}); the head "
+            "was started again and this driver is connected to it, but it knows no object "
+            "of before: put the values again, or run their tasks again") from exc
+    raise exc
+
+
 @overload
 def get(refs: ObjectRef[R], *, timeout: float | None = None, progress: bool | str = False) -> R: ...
 
@@ -517,7 +554,10 @@ def get(refs: ObjectRef[Any] | Sequence[ObjectRef[Any]], *, timeout: float | Non
         if progress is not False:
             from .progress import get_with_progress
             return get_with_progress(client, [refs], timeout, progress)[0]
-        return client.get_one(refs, timeout)
+        try:
+            return client.get_one(refs, timeout)
+        except ClusterLostError as exc:
+            _lost_with_head(client, exc)
     if isinstance(refs, (list, tuple)):
         for r in refs:
             if not isinstance(r, ObjectRef):
@@ -527,7 +567,10 @@ def get(refs: ObjectRef[Any] | Sequence[ObjectRef[Any]], *, timeout: float | Non
         if progress is not False:
             from .progress import get_with_progress
             return get_with_progress(client, refs, timeout, progress)
-        return client.get_many(refs, timeout)
+        try:
+            return client.get_many(refs, timeout)
+        except ClusterLostError as exc:
+            _lost_with_head(client, exc)
     raise TypeError(f"get() takes an ObjectRef or a list of ObjectRefs, not a "
                     f"{type(refs).__name__}; f.remote(...) and orchestra.put(...) return refs")
 
@@ -588,7 +631,10 @@ def wait(refs: Sequence[_W], *, num_returns: int = 1, timeout: float | None = No
     if streams:
         return wait_with_generators(_client(), list(refs), num_returns, timeout)
     client = _client()
-    ready: Any = client.wait(list(refs), num_returns, timeout)   # the refs given: _W's
+    try:
+        ready: Any = client.wait(list(refs), num_returns, timeout)   # the refs given: _W's
+    except ClusterLostError as exc:
+        _lost_with_head(client, exc)
     if fetch_local and client.info.joinable and ready[0]:
         client.prefetch(ready[0])
     return ready

@@ -24,7 +24,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .._cluster import launch as _launch
-from .._cluster.launch import DEFAULT_HOST, DEFAULT_PORT, LaunchError
+from .._cluster.launch import DEFAULT_HOST, DEFAULT_PORT, RECONNECT_TIMEOUT_S, LaunchError
 from .._runtime import cluster_file as cf
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ START_HELP = f"""\
 orchestra start --head [--host IP] [--port PORT] [--token TOKEN] [resources] [--block]
                        [--dashboard-port PORT] [--include-dashboard false]
                        [--state-store redis://HOST:PORT[/DB] | sqlite:///PATH]
+                       [--reconnect-timeout SECONDS]
 orchestra start --address IP:PORT --token TOKEN [--host IP] [resources] [--block]
                           [--reconnect-timeout SECONDS]
 
@@ -49,7 +50,9 @@ default one SQLite file in the state directory per port (head-PORT.db), or in Re
 --state-store. A head started again on the same store serves the same cluster, with the
 same token; a second head on a store whose head still runs refuses to start. The head
 runs under a supervisor that starts it again when it dies; a node that loses the head
-joins it again, as a new node, for up to --reconnect-timeout seconds (60).
+joins it again for up to --reconnect-timeout seconds (60), under its id of before, its
+detached actors' processes kept; a driver connected with init(address=...) waits as long
+(the head's --reconnect-timeout) and connects to the restarted head.
 """
 
 
@@ -97,11 +100,6 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-# A node that loses the head tries to join it again this long (as Ray's raylets wait
-# for their GCS); its supervisor starts a dead head again in about half a second.
-RECONNECT_TIMEOUT_S = 60.0
-
-
 def start_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="orchestra start", usage=START_HELP,
                                 description="Start a cluster head, or a node joining one.")
@@ -131,8 +129,9 @@ def start_parser() -> argparse.ArgumentParser:
                    help="where the head keeps its durable state: redis://HOST:PORT[/DB] or "
                         "sqlite:///PATH (default: SQLite in the state directory)")
     p.add_argument("--reconnect-timeout", type=float, default=None, metavar="SECONDS",
-                   help="a node that loses the head joins it again for this long (default "
-                        f"{RECONNECT_TIMEOUT_S:g}; 0: it stops at once)")
+                   help="a node that loses the head joins it again for this long; with "
+                        "--head, its drivers wait this long for it to come back (default "
+                        f"{RECONNECT_TIMEOUT_S:g}; 0: they stop at once)")
     p.add_argument("--block", action="store_true",
                    help="stay in the foreground until SIGTERM/SIGINT, then stop")
     return p
@@ -149,10 +148,6 @@ def parse_start(argv: list[str]) -> argparse.Namespace:
             p.error("--dashboard-port is the head's; a node joining with --address takes none")
         if args.state_store is not None:
             p.error("--state-store is the head's; a node joining with --address takes none")
-        if args.reconnect_timeout is None:
-            args.reconnect_timeout = RECONNECT_TIMEOUT_S
-        elif args.reconnect_timeout < 0:
-            p.error("--reconnect-timeout must be >= 0")
         try:
             _launch.split_address(args.address)
         except ValueError as exc:
@@ -162,11 +157,13 @@ def parse_start(argv: list[str]) -> argparse.Namespace:
             p.error("joining needs the cluster token: --token TOKEN or ORCHESTRA_TOKEN "
                     "(`orchestra start --head` printed it)")
     else:
-        if args.reconnect_timeout is not None:
-            p.error("--reconnect-timeout is a node's (orchestra start --address ...)")
         args.token = args.token or os.environ.get("ORCHESTRA_TOKEN") or None
         args.host = args.host or DEFAULT_HOST
         args.port = DEFAULT_PORT if args.port is None else args.port
+    if args.reconnect_timeout is None:
+        args.reconnect_timeout = RECONNECT_TIMEOUT_S
+    elif args.reconnect_timeout < 0:
+        p.error("--reconnect-timeout must be >= 0")
     for name in ("num_cpus", "num_gpus"):
         if getattr(args, name) is not None and getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0")
@@ -193,7 +190,8 @@ def start(argv: list[str]) -> int:
                 num_cpus=args.num_cpus, num_gpus=args.num_gpus, resources=args.resources,
                 object_store_memory=args.object_store_memory, log=log,
                 include_dashboard=args.include_dashboard, dashboard_port=args.dashboard_port,
-                state_store=args.state_store, supervise=True)
+                state_store=args.state_store, supervise=True,
+                reconnect_timeout_s=args.reconnect_timeout)
         else:
             started = _launch.start_node(
                 state, head_address=args.address, token=args.token, host=args.host,

@@ -43,6 +43,9 @@ READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 NODE_SESSION_PREFIX = "orchestra-joined-"
 _POLL_S = 0.02
+# A node or driver that loses the head tries to reach it again this long (as Ray's
+# raylets wait for their GCS); its supervisor starts a dead head again in ~0.5 s.
+RECONNECT_TIMEOUT_S = 60.0
 _TAIL = 2000
 
 
@@ -148,7 +151,8 @@ def start_head(state: str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
                dashboard_port: int | None = None,
                system_config: dict[str, Any] | None = None, log: bool = True,
                timeout_s: float = READY_TIMEOUT_S, owner_pid: int = 0,
-               state_store: str | None = None, supervise: bool = False) -> Started:
+               state_store: str | None = None, supervise: bool = False,
+               reconnect_timeout_s: float = RECONNECT_TIMEOUT_S) -> Started:
     """Start a cluster head listening on HOST:PORT; return once it authenticates a
     connection (LaunchError with its log's tail if it exits or stays silent). Its
     dashboard (include_dashboard, dashboard_port: as init()'s) binds HOST too, and asks
@@ -156,7 +160,8 @@ def start_head(state: str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
     (_head/state_store.py; default: <state>/head-PORT.db, none for port 0): a head
     started again on it serves the same cluster, with the same token unless ``token``
     says another. ``supervise``: the process started (and recorded) is the head's
-    supervisor (_cluster/supervisor.py), which starts the head again when it dies."""
+    supervisor (_cluster/supervisor.py), which starts the head again when it dies, and
+    whose drivers wait ``reconnect_timeout_s`` for it to come back (_api/reconnect.py)."""
     probe = DEFAULT_HOST if host in ("0.0.0.0", "::", "") else host
     if port and _answers(probe, port):
         raise LaunchError(_taken(port, probe))
@@ -190,6 +195,7 @@ def start_head(state: str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
     out = _log_file(run_dir, log)
     try:
         if supervise:
+            cfg["reconnect_timeout_s"] = float(reconnect_timeout_s)
             proc = _launch_supervisor(cfg, run_dir, out)
         else:
             proc = local_head.launch_head(cfg, stdout=out, stderr=out)

@@ -378,8 +378,8 @@ class Head:
             inline_threshold=int(self.cfg.get("inline_threshold", 100 * 1024)),
             conn_id=conn.conn_id, joinable=bool(self.cfg.get("joinable")),
             infeasible_waits=bool(self.cfg.get("infeasible_waits")),
-            node_address=self._node_address(node),
-            dashboard_url=self.dashboard_url)
+            node_address=self._node_address(node), dashboard_url=self.dashboard_url,
+            reconnect_s=float(self.cfg.get("reconnect_timeout_s", 0.0)))
         frame = _wire.encode(_wire.HELLO_REPLY, reply)
         if hello.kind == "driver" and self._no_worker_yet():
             # init() returns once a task can start at once: the head is ready before

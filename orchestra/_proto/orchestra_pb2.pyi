@@ -297,7 +297,7 @@ class Hello(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., pid: _Optional[int] = ..., workerid: _Optional[int] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., node_id: _Optional[int] = ..., machine: _Optional[str] = ..., namespace: _Optional[str] = ..., log_job: _Optional[int] = ..., resume_actor: _Optional[bytes] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("session_id", "node_id", "node_resources", "store_capacity", "session_dir", "cwd", "sys_path", "inline_threshold", "conn_id", "shm_dir", "node_dir", "joinable", "node_address", "dashboard_url", "infeasible_waits")
+    __slots__ = ("session_id", "node_id", "node_resources", "store_capacity", "session_dir", "cwd", "sys_path", "inline_threshold", "conn_id", "shm_dir", "node_dir", "joinable", "node_address", "dashboard_url", "infeasible_waits", "reconnect_s")
     class NodeResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -320,6 +320,7 @@ class HelloReply(_message.Message):
     NODE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     DASHBOARD_URL_FIELD_NUMBER: _ClassVar[int]
     INFEASIBLE_WAITS_FIELD_NUMBER: _ClassVar[int]
+    RECONNECT_S_FIELD_NUMBER: _ClassVar[int]
     session_id: bytes
     node_id: int
     node_resources: _containers.ScalarMap[str, float]
@@ -335,7 +336,8 @@ class HelloReply(_message.Message):
     node_address: str
     dashboard_url: str
     infeasible_waits: bool
-    def __init__(self, session_id: _Optional[bytes] = ..., node_id: _Optional[int] = ..., node_resources: _Optional[_Mapping[str, float]] = ..., store_capacity: _Optional[int] = ..., session_dir: _Optional[str] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., inline_threshold: _Optional[int] = ..., conn_id: _Optional[int] = ..., shm_dir: _Optional[str] = ..., node_dir: _Optional[str] = ..., joinable: _Optional[bool] = ..., node_address: _Optional[str] = ..., dashboard_url: _Optional[str] = ..., infeasible_waits: _Optional[bool] = ...) -> None: ...
+    reconnect_s: float
+    def __init__(self, session_id: _Optional[bytes] = ..., node_id: _Optional[int] = ..., node_resources: _Optional[_Mapping[str, float]] = ..., store_capacity: _Optional[int] = ..., session_dir: _Optional[str] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., inline_threshold: _Optional[int] = ..., conn_id: _Optional[int] = ..., shm_dir: _Optional[str] = ..., node_dir: _Optional[str] = ..., joinable: _Optional[bool] = ..., node_address: _Optional[str] = ..., dashboard_url: _Optional[str] = ..., infeasible_waits: _Optional[bool] = ..., reconnect_s: _Optional[float] = ...) -> None: ...
 
 class Submit(_message.Message):
     __slots__ = ("calls",)

@@ -84,6 +84,9 @@ class Client(Protocol):
 
 
 _client: Client | None = None
+# A driver whose head is started again when it dies (_api/reconnect.py): lost client ->
+# the client connected to the restarted head, once it is (None: it will not be).
+_reconnect: Callable[[Client], Client | None] | None = None
 
 
 def set_client(client: Client | None) -> None:
@@ -91,11 +94,20 @@ def set_client(client: Client | None) -> None:
     _client = client
 
 
+def set_reconnect(wait: Callable[[Client], Client | None] | None) -> None:
+    global _reconnect
+    _reconnect = wait
+
+
 def current_client() -> Client:
     client = _client
     if client is None or client.lost is not None:
         if client is None:
             return _implicit_init()
+        if _reconnect is not None:   # a call made while the head restarts waits for it
+            again = _reconnect(client)
+            if again is not None:
+                return again
         # The head died: every later call fails at once with the same error, also
         # those that would otherwise go straight to a (dying) worker.
         from ..exceptions import ClusterLostError

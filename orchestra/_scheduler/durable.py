@@ -2,17 +2,21 @@
 records of detached actors and placement groups, decided here, kept in the head's state
 store (_head/state_store.py). No I/O.
 
-    ActorTable: a detached actor created, restarted, dead
+    ActorTable: a detached actor created, placed (the node its process runs on),
+        restarted, dead
     PlacementGroups: a detached group created, removed
         --Durable(table, key, value | None)--> state.out --> Head.carry_out
         --> HeadState.write: the store's own thread writes it, in order, off the loop
     a head started on a store that holds records: restore(state, owner, records)
         the groups first (an actor may be placed in one), then the actors: each a new
         instance of its class (its constructor runs again, restart_count + 1; such
-        restarts are not counted against its max_restarts)
+        restarts are not counted against its max_restarts), except one whose process
+        ran on a joined node: it waits for that process (ActorTable.awaiting), which
+        ActorTable.adopt takes back with its state (the restart taken back), or is
+        placed as a new instance once the wait ends (release_awaiting)
 
-Records change when a detached thing is made, restarted or ends: never per task or
-call, so the hot path never meets them. A detached actor's record holds its
+Records change when a detached thing is made, placed, restarted or ends: never per task
+or call, so the hot path never meets them. A detached actor's record holds its
 constructor's call and its class (the function table is not kept: a restarted head
 knows no other function until a driver registers it again). Its constructor's
 arguments passed as refs name objects of the cluster before the restart, gone since:

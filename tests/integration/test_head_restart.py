@@ -349,3 +349,108 @@ def test_a_detached_actor_on_a_joined_node_outlives_the_head_with_its_state(stat
     assert on in alive
     log = Path(node["run_dir"], "stderr.log").read_text()
     assert log.count("joined the cluster") == 2 and log.count(f"as node {int(on, 16)}") == 2, log
+
+
+LIVES_ON = """
+import json, os, sys, orchestra
+from orchestra.exceptions import ObjectLostError
+orchestra.init(address="auto", namespace="far")
+
+@orchestra.remote(resources={"far": 0.5})
+class Counter:
+    def __init__(self):
+        self.n = 0
+    def inc(self):
+        self.n += 1
+        return [self.n, os.getpid()]
+
+@orchestra.remote
+def inc(x):
+    return x + 1
+
+c = Counter.options(name="counter", lifetime="detached").remote()
+for _ in range(5):
+    n, pid = orchestra.get(c.inc.remote(), timeout=30)
+held = orchestra.put(b"x" * (1 << 20))
+print("ready", flush=True)
+sys.stdin.readline()   # the head is killed, and back
+out = [n, orchestra.get(c.inc.remote(), timeout=60) == [6, pid],
+       orchestra.get(inc.remote(41), timeout=60)]
+try:
+    orchestra.get(held, timeout=10)
+    out.append("an object of before was found")
+except ObjectLostError as exc:
+    out.append("lost with the cluster's head" in str(exc))
+print(json.dumps(out), flush=True)
+orchestra.shutdown()
+"""
+
+
+def test_a_driver_outlives_the_head_and_its_detached_actor_goes_on(state: str) -> None:
+    """A driver of `orchestra start --head` connects to the restarted head by itself
+    (_api/reconnect.py): the same actor handle reaches the detached counter, which goes
+    on at 6 in its process of before; new tasks run; a ref of before raises
+    ObjectLostError naming the lost head."""
+    rec = start_head(state, "--state-store", "sqlite://" + str(Path(state, "s.db")))
+    join(rec)
+    driver = subprocess.Popen([sys.executable, "-c", LIVES_ON], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, PYTHONPATH=REPO))
+    try:
+        assert driver.stdout is not None and driver.stdin is not None
+        assert driver.stdout.readline().strip() == "ready"
+        head = serving_head(rec)
+        os.kill(head, signal.SIGKILL)
+        serving_head(rec, other_than=head)
+        driver.stdin.write("go\n")
+        driver.stdin.flush()
+        out, err = driver.communicate(timeout=T)
+        log = Path(rec["run_dir"], "stderr.log").read_text()
+        assert driver.returncode == 0, err + "\n--- the head's log:\n" + log
+        assert json.loads(out.strip().splitlines()[-1]) == [5, True, 42, True]
+    finally:
+        driver.kill()
+
+
+GIVES_UP = """
+import sys, time, orchestra
+from orchestra.exceptions import ClusterLostError
+orchestra.init(address="auto")
+
+@orchestra.remote
+def inc(x):
+    return x + 1
+
+print(orchestra.get(inc.remote(1), timeout=30), flush=True)
+sys.stdin.readline()   # the head is killed, and nothing starts it again
+time.sleep(0.5)   # (a worker lent to this driver may answer a call until it dies too)
+t0 = time.monotonic()
+try:   # a call made as the head dies is lost with it: its get() says so
+    print(orchestra.get(inc.remote(2), timeout=30))
+except ClusterLostError as exc:
+    print(f"lost after {time.monotonic() - t0:.1f} s: {exc}")
+"""
+
+
+def test_a_driver_whose_head_stays_away_stops_after_the_heads_reconnect_timeout(
+        state: str) -> None:
+    rec = start_head(state, "--reconnect-timeout", "1.5")
+    driver = subprocess.Popen([sys.executable, "-c", GIVES_UP], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, PYTHONPATH=REPO))
+    head = serving_head(rec)
+    os.kill(rec["pid"], signal.SIGSTOP)   # nothing starts the head again
+    try:
+        assert driver.stdout is not None and driver.stdin is not None
+        assert driver.stdout.readline().strip() == "2"
+        os.kill(head, signal.SIGKILL)
+        driver.stdin.write("go\n")
+        driver.stdin.flush()
+        out, err = driver.communicate(timeout=T)
+    finally:
+        os.kill(rec["pid"], signal.SIGKILL)
+        driver.kill()
+    assert driver.returncode == 0, err
+    said = out.strip().splitlines()[-1]
+    assert said.startswith("lost after ") and "head process" in said, out
+    assert 0.5 <= float(said.split()[2]) < 15, said

@@ -1,0 +1,114 @@
+"""A driver that outlives its head: connected with init(address=...) to a head that is
+started again when it dies (orchestra start --head: HelloReply.reconnect_s > 0), it
+connects to the restarted head and goes on.
+
+    the head's connection closes -> CoreClient.on_lost (its reader thread), or a call
+        that finds the client lost first -> Rejoin.begin(): one thread tries to connect
+        every _PAUSE_S for up to reconnect_s
+    current_client() (every call: remote, put, get, actor calls, ...) while it tries:
+        waits for it (_context.set_reconnect) -> the new client, or ClusterLostError once
+        the wait runs out
+    connected again: the session's client is the new one (its namespace and runtime_env
+        the same; functions register again as they are called), the log printer too
+
+What the dead head knew is gone: the driver's refs of before raise ObjectLostError
+naming the lost head (args.check_session), its non-detached actors are gone; detached
+actors are found again (their handles work: a call goes to the restarted head), and
+one whose process outlived the head keeps its state (_head/rejoin.py).
+
+Rule: ``lock`` guards ``thread`` and ``client``; the thread alone makes the new client.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Callable
+
+from .._protocol import pb
+from .._runtime import context as _context
+from .._runtime.client import CoreClient
+from ..exceptions import ClusterLostError, OrchestraError
+
+# Between two tries to reach a head that is away (its supervisor starts it again).
+_PAUSE_S = 0.5
+# Clients of this process that a client of a restarted head replaced: a ref made by one
+# names an object lost with its head (args.check_session says so).
+replaced: weakref.WeakSet[CoreClient] = weakref.WeakSet()
+
+
+class Rejoin:
+    """Connects a driver's session to its restarted head (see the module docstring)."""
+
+    def __init__(self, address: str, token: str | None, hello: Callable[[], pb.Hello],
+                 client: CoreClient, swap: Callable[[CoreClient, CoreClient], None]) -> None:
+        self.address, self.token, self.hello = address, token, hello
+        self.swap = swap   # (old, new): the session takes the new client
+        self.lock = threading.Lock()
+        self.done = threading.Condition(self.lock)
+        self.client = client          # the client now (the new one once connected)
+        self.thread: threading.Thread | None = None
+        self.failed = ""              # why it gave up ("" while it may still connect)
+        self.closed = False
+        client.on_lost = self.begin
+
+    def begin(self) -> None:
+        """The client was lost: start connecting again (once per lost client)."""
+        with self.lock:
+            if self.thread is not None or self.closed or self.client.closing:
+                return
+            self.thread = threading.Thread(target=self._connect, name="orchestra-rejoin",
+                                           daemon=True)
+            self.thread.start()
+
+    def wait(self, old: _context.Client) -> _context.Client | None:
+        """For current_client(): the client that replaced ``old`` once connected again
+        (None: it gave up, or ``old`` is no client of this session)."""
+        self.begin()
+        wait_s = self.client.info.reconnect_s
+        deadline = time.monotonic() + wait_s + 10.0
+        with self.lock:
+            while self.client is old and not self.failed and not self.closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.done.wait(min(left, 1.0))
+            return None if self.client is old or self.client.lost is not None else self.client
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.done.notify_all()
+
+    def _connect(self) -> None:
+        old = self.client
+        wait_s = old.info.reconnect_s
+        deadline = time.monotonic() + wait_s
+        why = f"the head did not come back within {wait_s:g} s"
+        new: CoreClient | None = None
+        while time.monotonic() < deadline and not self.closed:
+            time.sleep(_PAUSE_S)
+            try:
+                new = CoreClient(self.address, self.hello(), token=self.token,
+                                 connect_timeout_s=5.0)
+                break
+            except ClusterLostError:   # away still
+                continue
+            except (OrchestraError, OSError) as exc:   # refused: the cluster is another
+                why = str(exc)
+                break
+        with self.lock:
+            if new is None or self.closed:
+                self.failed = why
+                self.done.notify_all()
+                if new is not None:
+                    new.close()
+                return
+            new.runtime_env = old.runtime_env
+            replaced.add(old)
+            self.swap(old, new)
+            self.client = new
+            self.thread = None
+            new.on_lost = self.begin
+            self.done.notify_all()
+        old.close()
