@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import random
 import sys
 import time
+import traceback
 from typing import Any
 
 import numpy as np
@@ -134,7 +136,18 @@ def rounds(seconds: float, seed: int, options: dict[str, Any] | None = None) -> 
         except Exception as exc:  # noqa: BLE001 - counted by name: the test says which
             counts[type(exc).__name__] += 1
             counts[f"first error ({kind}): " + str(exc).splitlines()[0][:300]] = 1
+            _record(kind, exc)
     return dict(counts)
+
+
+def _record(kind: str, exc: BaseException) -> None:
+    """With $ORCHESTRA_SOAK_ERRORS (a file's path), each failure's whole traceback and
+    time are appended there, to read beside the head's log."""
+    path = os.environ.get("ORCHESTRA_SOAK_ERRORS")
+    if path:
+        text = "".join(traceback.format_exception(exc))
+        with open(path, "a") as f:
+            f.write(f"--- {time.strftime('%H:%M:%S')} pid {os.getpid()} round {kind}:\n{text}\n")
 
 
 def failures(counts: dict[str, Any]) -> dict[str, Any]:

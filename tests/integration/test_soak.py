@@ -2,7 +2,7 @@
 with nothing injected and then with faults (workers SIGKILLed every few seconds, the
 joined node killed and replaced every NODE_KILL_S). Workload: tests/integration/_soak.py.
 
-Each soak lasts ORCHESTRA_SOAK_S seconds (20 by default, in the normal run); run longer
+Each soak lasts ORCHESTRA_SOAK_S seconds (12 by default, in the normal run); run longer
 ones with ``ORCHESTRA_SOAK_S=600 pytest -m soak tests/integration/test_soak.py``.
 
     promise                                   checked by
@@ -36,9 +36,9 @@ from orchestra._platform.procutil import process_tree
 from orchestra._runtime import cluster_file as cf
 from orchestra.cluster_utils import Cluster
 
-SOAK_S = float(os.environ.get("ORCHESTRA_SOAK_S", "20"))
+SOAK_S = float(os.environ.get("ORCHESTRA_SOAK_S", "12"))
 # With faults, the joined node is SIGKILLed (and replaced) this often: once in the
-# normal run (at 12 s), every 40 s in a long one.
+# normal run (at ~7 s), every 40 s in a long one.
 NODE_KILL_S = float(os.environ.get("ORCHESTRA_SOAK_NODE_KILL_S", 0)) or min(SOAK_S * 0.6, 40.0)
 THREADS = 3
 PROCESSES = 2
@@ -105,6 +105,9 @@ class Soak:
         log = Path(head._started.run_dir) / cf.LOG if head is not None else None
         if log is not None and log.exists():
             text = log.read_text(errors="replace")
+            keep = os.environ.get("ORCHESTRA_SOAK_HEAD_LOG")   # the whole log, kept there
+            if keep:
+                Path(keep).write_text(text)
             if len(text) > 30000:   # its beginning says what went wrong first
                 text = text[:20000] + "\n[...]\n" + text[-10000:]
             print(f"--- the head's log ({log}):\n{text}")
