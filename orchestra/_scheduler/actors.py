@@ -68,8 +68,11 @@ class ActorTable:
         self.pending: list[Actor] = []
         # Detached actors a restarted head made again whose process ran on a joined node:
         # actor id -> that node's id. Not placed until released (release_awaiting), so
-        # that their process, if it outlived the head, is taken back (adopt).
+        # that their process, if it outlived the head, is taken back (adopt); what each
+        # holds on its node is kept for it once the node is there (reserve: actor id ->
+        # its GPU ids), so nothing placed meanwhile takes its place.
         self.awaiting: dict[bytes, int] = {}
+        self.reserved: dict[bytes, list[int]] = {}
 
     # ------------------------------------------------------------------ creation
     def create(self, conn: int, call: pb.Call, task: Task) -> pb.ActorSpec | None:
@@ -126,15 +129,16 @@ class ActorTable:
             raise ValueError(f"actor {actor_id.hex()} is not waiting for its process on node "
                              f"{node_id}: made again, or not kept")
         req = a.creation.resources
-        if node is None or not node.resources.fits(req) or worker_id in s.workers \
-                or a.creation.placement is not None:   # a group's bundles: placed again
+        if node is None or worker_id in s.workers or a.creation.placement is not None \
+                or (actor_id not in self.reserved and not node.resources.fits(req)):
             raise ValueError(f"node {node_id} cannot take actor {actor_id.hex()} back")
         del self.awaiting[actor_id]
         w = s.adopt_worker(worker_id, node_id)
         w.actor = a
         w.grant = dict(req)
         w.grant_shape = ACTOR_SHAPE
-        w.gpu_ids = node.resources.acquire(req)
+        gpus = self.reserved.pop(actor_id, None)
+        w.gpu_ids = node.resources.acquire(req) if gpus is None else gpus
         a.worker = w
         a.state = ActorState.ALIVE
         a.restarts -= 1
@@ -145,10 +149,26 @@ class ActorTable:
         self._keep(a)
         return w
 
+    def reserve(self, node_id: int) -> None:
+        """Node ``node_id`` is there: keep what the actors waiting for their process on
+        it hold (as far as it fits)."""
+        node = self.s.nodes.get(node_id)
+        for actor_id, nid in self.awaiting.items():
+            a = self.actors.get(actor_id)
+            if nid == node_id and node is not None and a is not None \
+                    and actor_id not in self.reserved and node.resources.fits(a.creation.resources):
+                self.reserved[actor_id] = node.resources.acquire(a.creation.resources)
+
     def release_awaiting(self) -> None:
         """The wait for processes that outlived the head is over: the actors still
         waiting are placed as new instances."""
         waiting, self.awaiting = self.awaiting, {}
+        for actor_id, node_id in waiting.items():
+            gpus = self.reserved.pop(actor_id, None)
+            node = self.s.nodes.get(node_id)
+            a = self.actors.get(actor_id)
+            if gpus is not None and node is not None and a is not None:
+                node.resources.release(a.creation.resources, gpus)
         for actor_id in waiting:
             a = self.actors.get(actor_id)
             if a is not None and a.state is ActorState.PENDING and a.worker is None \

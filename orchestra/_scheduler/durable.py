@@ -46,6 +46,7 @@ class _Actors(Protocol):
     awaiting: dict[bytes, int]
 
     def restored(self, actor_id: bytes, revived: int) -> None: ...
+    def reserve(self, node_id: int) -> None: ...
 
 
 class Restorable(Protocol):
@@ -104,9 +105,23 @@ def restore(state: Restorable, owner: int,
         except Exception as exc:   # a record no head can use: said, and dropped
             problems.append(f"placement group {key}: {exc}")
             state.out.append(Durable(GROUPS, key, None))
+    # Those that wait for their process first, and what they hold kept on their nodes
+    # there now, before any other is placed (one of the head's node could take its room).
+    def waits(rec: pb.DurableActor) -> bool:
+        return bool(joined_from) and rec.node_id >= joined_from \
+            and not rec.creation.HasField("placement")
+    parsed: list[tuple[bool, str, pb.DurableActor | None, Exception | None]] = []
     for key, value in sorted(records.get(ACTORS, {}).items()):
         try:
             rec = pb.DurableActor.FromString(value)
+            parsed.append((not waits(rec), key, rec, None))
+        except Exception as exc:
+            parsed.append((True, key, None, exc))
+    for later, key, rec, error in sorted(parsed, key=lambda p: (p[0], p[1])):
+        try:
+            if error is not None:
+                raise error
+            assert rec is not None
             call = rec.creation
             if not call.HasField("actor") or not rec.cls.function_id:
                 raise ValueError("the record holds no actor's constructor and class")
@@ -116,10 +131,12 @@ def restore(state: Restorable, owner: int,
             # gives to another process: now to no driver (its log files keep them).
             call.job = 0
             state.register_function(rec.cls)
-            if joined_from and rec.node_id >= joined_from and not call.HasField("placement"):
+            if not later:
                 state.actor_table.awaiting[call.actor.actor_id] = rec.node_id
             state.create_actor(owner, call)
             state.actor_table.restored(call.actor.actor_id, rec.revived + 1)
+            if not later:   # its node may be there already
+                state.actor_table.reserve(rec.node_id)
         except Exception as exc:
             problems.append(f"actor {key}: {exc}")
             state.out.append(Durable(ACTORS, key, None))

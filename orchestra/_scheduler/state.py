@@ -114,6 +114,8 @@ class SchedulerState:
                  max_workers: int) -> None:
         self.nodes[node_id] = Node(node_id, resources, max_workers, num_workers)
         self._feasible.clear()   # a request no node could hold may fit this one
+        if self.actor_table.awaiting:   # before anything is placed there
+            self.actor_table.reserve(node_id)
         for _ in range(num_workers):
             self.worker_pool.start(node_id)
 
