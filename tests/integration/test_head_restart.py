@@ -454,3 +454,61 @@ def test_a_driver_whose_head_stays_away_stops_after_the_heads_reconnect_timeout(
     said = out.strip().splitlines()[-1]
     assert said.startswith("lost after ") and "head process" in said, out
     assert 0.5 <= float(said.split()[2]) < 15, said
+
+
+GANG_AGAIN = """
+import json, sys, time, orchestra
+orchestra.init(address="auto")
+
+class Member:
+    def rank(self):
+        return orchestra.gang_context().rank
+
+def gang():
+    return orchestra.gang(Member, 2, num_cpus=1, num_gpus=0, spread=True, timeout_s=60,
+                          heartbeat_interval_s=0.5, max_missing_heartbeats=4)
+
+g = gang()
+out = [orchestra.get(g.call("rank"), timeout=60)]
+print("ready", flush=True)
+sys.stdin.readline()   # the head is killed, and back
+deadline = time.monotonic() + 30
+while not g.dead_members() and time.monotonic() < deadline:
+    time.sleep(0.1)
+try:
+    g.check()
+    out.append("the gang of before lives")
+except orchestra.GangMemberDiedError as exc:
+    out.append("died" in str(exc))
+g.shutdown()
+g2 = gang()
+out.append(orchestra.get(g2.call("rank"), timeout=60))
+g2.shutdown()
+print(json.dumps(out), flush=True)
+orchestra.shutdown()
+"""
+
+
+def test_a_gang_in_flight_aborts_with_the_head_and_a_new_one_forms(state: str) -> None:
+    """Its members die with the head (or, on a joined node, with their connection to
+    it): the gang says a member died, and the driver, connected to the restarted head,
+    forms a new gang there."""
+    rec = start_head(state, "--num-cpus", "2")
+    join(rec)
+    driver = subprocess.Popen([sys.executable, "-c", GANG_AGAIN], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, PYTHONPATH=REPO))
+    try:
+        assert driver.stdout is not None and driver.stdin is not None
+        ready = driver.stdout.readline().strip()
+        assert ready == "ready", driver.communicate(timeout=T)[1]
+        head = serving_head(rec)
+        os.kill(head, signal.SIGKILL)
+        serving_head(rec, other_than=head)
+        driver.stdin.write("go\n")
+        driver.stdin.flush()
+        out, err = driver.communicate(timeout=T)
+        assert driver.returncode == 0, err
+        assert json.loads(out.strip().splitlines()[-1]) == [[0, 1], True, [0, 1]]
+    finally:
+        driver.kill()
