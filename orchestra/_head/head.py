@@ -166,7 +166,7 @@ class Head:
         # HelloReplies to drivers held until the first worker connects (hello).
         self._parked_replies: list[tuple[Conn, bytes]] = []
         self.dirty: set[Conn] = set()
-        self._next_conn = 1
+        self.next_conn = 1
         self.primary: int | None = None
         self.log_routes = LogRoutes()   # drivers' log connections (_observe/log_router.py)
         self.stopping = False
@@ -313,8 +313,8 @@ class Head:
         return worker_socket(getattr(node, "node_dir", "") or self.session_dir, worker_id)
 
     def _new_conn(self) -> Conn:
-        c = Conn(self, self._next_conn, self.local)
-        self._next_conn += 1
+        c = Conn(self, self.next_conn, self.local)
+        self.next_conn += 1
         return c
 
     # ------------------------------------------------------------------ frames

@@ -1,10 +1,11 @@
 """What a restarted head takes back from the head before it, on the head's loop.
 
     Head.start -> restore(head): the state store's records made again
-        (_scheduler/durable.py); workers' ids start above every earlier head's (the
-        store counts heads: the n-th starts at (n - 1) << 32), joined nodes' ids above
-        every id given so far (next_node); a detached actor whose process ran on a joined node waits up to
-        adopt_wait_s for that process (ActorTable.awaiting), then is made again
+        (_scheduler/durable.py); workers' and connections' ids start above every
+        earlier head's (the store counts heads: the n-th starts at (n - 1) << 32),
+        joined nodes' ids above every id given so far (next_node); a detached actor
+        whose process ran on a joined node waits up to adopt_wait_s for that process
+        (ActorTable.awaiting), what it holds kept on its node, then is made again
     a node joins again (NodeJoin.node_id) -> node_id_for: its id of before, unless
         another node holds it or held it (then a new one), kept in the store
     a worker that outlived the head (Hello.resume_actor) -> the node it names
@@ -32,6 +33,7 @@ class Head(Protocol):
     state: SchedulerState
     durable: HeadState | None
     next_node_id: int
+    next_conn: int
     nodes: dict[int, Any]
     gone: dict[int, Any]
     cfg: dict[str, Any]
@@ -50,7 +52,11 @@ def restore(head: Head, joined_from: int) -> None:
     durable = head.durable
     if durable is None:
         return
-    head.state.worker_pool.first_id(((durable.boots - 1) << 32) + 1)
+    # Connections too: a process of before that outlived the head (a detached actor's)
+    # prints with its creator's connection id as the job; no new driver has that id.
+    base = ((durable.boots - 1) << 32) + 1
+    head.state.worker_pool.first_id(base)
+    head.next_conn = max(head.next_conn, base)
     head.next_node_id = max(head.next_node_id, durable.next_node)
     for problem in restore_records(head.state, GRPC_CONN, durable.records(), joined_from):
         print(f"orchestra head: not restored: {problem}", file=sys.stderr, flush=True)

@@ -1,0 +1,76 @@
+"""A restarted head's ids (orchestra/_head/rejoin.py): workers and connections start
+above every id a head before it gave (the store counts heads), a joined node gets its
+id of before back unless another node holds or held it, and the next node's id is kept
+in the store. No processes: a head's parts, without its loop's I/O."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from orchestra._head import rejoin
+from orchestra._head.state_store import CLUSTER
+from orchestra._scheduler.state import SchedulerState
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Store:
+    """The parts of HeadState rejoin reads and writes."""
+
+    def __init__(self, boots: int, next_node: int) -> None:
+        self.boots, self.next_node = boots, next_node
+        self.written: list[tuple[str, str, bytes | None]] = []
+
+    def records(self) -> dict[str, dict[str, bytes]]:
+        return {}
+
+    def write(self, table: str, key: str, value: bytes | None) -> None:
+        self.written.append((table, key, value))
+
+
+class Head:
+    def __init__(self, durable: Store | None) -> None:
+        self.state = SchedulerState()
+        self.durable: Any = durable
+        self.next_node_id = 2
+        self.next_conn = 1
+        self.nodes: dict[int, Any] = {0: object()}
+        self.gone: dict[int, Any] = {}
+        self.cfg: dict[str, Any] = {}
+        self.loop = asyncio.new_event_loop()
+
+    def carry_out(self) -> None:
+        pass
+
+
+def test_the_third_head_starts_its_ids_above_those_of_the_two_before() -> None:
+    head = Head(Store(boots=3, next_node=9))
+    rejoin.restore(head, 2)   # type: ignore[arg-type]
+    assert head.state.start_worker(0).worker_id == (2 << 32) + 1
+    assert head.next_conn == (2 << 32) + 1 and head.next_node_id == 9
+    head.loop.close()
+
+
+def test_the_first_head_and_one_without_a_store_start_at_one() -> None:
+    for durable in (Store(boots=1, next_node=0), None):
+        head = Head(durable)
+        rejoin.restore(head, 2)   # type: ignore[arg-type]
+        assert head.state.start_worker(0).worker_id == 1 and head.next_conn == 1
+        head.loop.close()
+
+
+def test_a_node_gets_its_id_of_before_back_unless_it_is_taken() -> None:
+    store = Store(boots=2, next_node=5)
+    head = Head(store)
+    rejoin.restore(head, 2)   # type: ignore[arg-type]
+    assert rejoin.node_id_for(head, 3, 2) == 3      # free: its own again
+    head.nodes[3] = object()
+    assert rejoin.node_id_for(head, 3, 2) == 5      # held by another: a new one
+    head.gone[7] = object()
+    assert rejoin.node_id_for(head, 7, 2) == 6      # held by one that died
+    assert rejoin.node_id_for(head, 0, 2) == 7      # a new node
+    assert rejoin.node_id_for(head, 1, 2) == 8      # never the head's own ids
+    assert store.written[-1] == (CLUSTER, "next_node", b"9")
+    head.loop.close()
