@@ -268,7 +268,12 @@ def test_the_segment_directory_of_a_killed_head_is_swept_by_the_next_init(no_clu
         if time.monotonic() > deadline:
             pytest.skip("PID 1 here does not reap orphaned processes")
         time.sleep(0.01)
-    assert os.listdir(shm), "the killed head's segments should still be there"
+    # Another session of this user on the machine may sweep them first: its init() does
+    # what this one is about to (the dead head's directory is gone either way).
+    try:
+        assert os.listdir(shm), "the killed head's segments should still be there"
+    except FileNotFoundError:
+        pass
     orchestra.init(num_cpus=1)
     assert not os.path.exists(shm)
 
