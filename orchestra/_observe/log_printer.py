@@ -194,7 +194,11 @@ class LogPrinter:
             return
         self._closed = True
         self._flushed.clear()
-        if self.conn.send(_wire.encode(_wire.LOG_FLUSH, pb.LogFlush(seq=1))):
+        # A connection the head closed already (its reader ended; a head that died)
+        # answers no flush: nothing to wait for (it waited _CLOSE_WAIT_S). A reader that
+        # ends from here on sets _flushed as it goes.
+        if self._thread.is_alive() and self.conn.send(
+                _wire.encode(_wire.LOG_FLUSH, pb.LogFlush(seq=1))):
             self._flushed.wait(_CLOSE_WAIT_S)
         try:
             self.conn.sock.shutdown(socket.SHUT_RDWR)
