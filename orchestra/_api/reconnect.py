@@ -31,7 +31,7 @@ from .._runtime.client import CoreClient
 from ..exceptions import ClusterLostError, OrchestraError
 
 # Between two tries to reach a head that is away (its supervisor starts it again).
-_PAUSE_S = 0.5
+_PAUSE_S = 0.2
 # Clients of this process that a client of a restarted head replaced: a ref made by one
 # names an object lost with its head (args.check_session says so).
 replaced: weakref.WeakSet[CoreClient] = weakref.WeakSet()
@@ -41,9 +41,13 @@ class Rejoin:
     """Connects a driver's session to its restarted head (see the module docstring)."""
 
     def __init__(self, address: str, token: str | None, hello: Callable[[], pb.Hello],
-                 client: CoreClient, swap: Callable[[CoreClient, CoreClient], None]) -> None:
+                 client: CoreClient, swap: Callable[[CoreClient, CoreClient], None],
+                 then: Callable[[], None]) -> None:
         self.address, self.token, self.hello = address, token, hello
-        self.swap = swap   # (old, new): the session takes the new client
+        # (old, new): the session takes the new client (quick, under the lock); then():
+        # what may take a while (the log printer's new connection), after the waiters
+        # were let go.
+        self.swap, self.then = swap, then
         self.lock = threading.Lock()
         self.done = threading.Condition(self.lock)
         self.client = client          # the client now (the new one once connected)
@@ -111,4 +115,5 @@ class Rejoin:
             self.thread = None
             new.on_lost = self.begin
             self.done.notify_all()
+        self.then()
         old.close()

@@ -73,7 +73,7 @@ class Session:
         it is lost."""
         if self.client.info.reconnect_s > 0 and parse_address(address)[0] != socket.AF_UNIX:
             self.rejoin = Rejoin(address, token, lambda: _hello(namespace), self.client,
-                                 self._swap)
+                                 self._swap, self._logs_again)
             _context.set_reconnect(self.rejoin.wait)
 
     def _swap(self, old: CoreClient, new: CoreClient) -> None:
@@ -82,6 +82,10 @@ class Session:
         self.client = new
         if _context.client_or_none() is old:
             _context.set_client(new)
+
+    def _logs_again(self) -> None:
+        """(The rejoin thread, after the swap.) The task output's own connection, to
+        the restarted head."""
         if self.log_printer is not None:
             self.log_printer.close()
             self.forward_logs()

@@ -423,7 +423,7 @@ async def _run_joined(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
 
 
 # Between two tries to join a head that is away (its supervisor starts it again).
-_REJOIN_PAUSE_S = 0.5
+_REJOIN_PAUSE_S = 0.2
 
 
 def _join_until_stopped(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],

@@ -62,7 +62,7 @@ class WorkerRuntime(Protocol):
     def _report_events(self) -> None: ...
 
 # Between two tries to reach a head that is away (its supervisor starts it again).
-_PAUSE_S = 0.5
+_PAUSE_S = 0.2
 
 
 def wait_s() -> float:
