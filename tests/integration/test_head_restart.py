@@ -3,7 +3,10 @@ that dies (SIGKILL) is started again at once on the same address, port and token
 ``orchestra status`` counts the restart; one that dies too often stays down and status
 says why; a SIGTERM sent to the head stops it for good; the supervisor's own death takes
 the head along. Nothing is left behind after a stop. A joined node that loses the head
-joins it again once it is back (as a new node), or stops after --reconnect-timeout."""
+joins it again once it is back (under its id of before, the processes of its detached
+actors kept and taken back with their state), or stops after --reconnect-timeout; a
+driver connects to the restarted head by itself and goes on (its work in flight lost,
+and said so), or stops after the head's --reconnect-timeout."""
 from __future__ import annotations
 
 import json
