@@ -57,9 +57,12 @@ class Rejoin:
         client.on_lost = self.begin
 
     def begin(self) -> None:
-        """The client was lost: start connecting again (once per lost client)."""
+        """The client was lost: start connecting again (once per lost client). Called by
+        the lost client's reader thread and by calls that found it lost, in any order:
+        one whose client was replaced meanwhile (the one now is not lost) does nothing."""
         with self.lock:
-            if self.thread is not None or self.closed or self.client.closing:
+            if self.thread is not None or self.closed or self.client.closing \
+                    or self.client.lost is None:
                 return
             self.thread = threading.Thread(target=self._connect, name="orchestra-rejoin",
                                            daemon=True)

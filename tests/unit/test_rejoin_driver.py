@@ -1,0 +1,55 @@
+"""The driver's reconnection to a restarted head (orchestra/_api/reconnect.py): who
+starts it. The lost client's reader thread (on_lost) and a call that found the client
+lost (wait) both ask; whichever comes second, or comes once the new client is there,
+starts nothing. Stand-in clients: this is Rejoin's decision, not the client's I/O (the
+whole path runs in tests/integration/test_head_restart.py)."""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from orchestra._api import reconnect
+from orchestra._protocol import pb
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Client:
+    def __init__(self, lost: str | None) -> None:
+        self.lost = lost
+        self.closing = False
+        self.on_lost: Any = None
+        self.runtime_env = None
+        self.info = pb.HelloReply(reconnect_s=5.0)
+
+    def close(self) -> None:
+        self.closing = True
+
+
+def test_a_late_on_lost_of_a_replaced_client_starts_no_second_reconnection(monkeypatch) -> None:
+    made: list[Client] = []
+    go = threading.Event()
+
+    def connect(*args: Any, **kwargs: Any) -> Client:
+        go.wait(10)
+        made.append(Client(lost=None))
+        return made[-1]
+    monkeypatch.setattr(reconnect, "CoreClient", connect)
+    monkeypatch.setattr(reconnect, "_PAUSE_S", 0.0)
+    old = Client(lost="the head closed the connection")
+    swaps: list[tuple[Any, Any]] = []
+    r = reconnect.Rejoin("127.0.0.1:1", "t", lambda: pb.Hello(kind="driver"), old,  # type: ignore[arg-type]
+                         lambda a, b: swaps.append((a, b)), lambda: None)
+    late_on_lost = old.on_lost
+    r.begin()                 # a call found the client lost first
+    first = r.thread
+    assert first is not None
+    go.set()
+    assert r.wait(old) is made[0]          # connected again
+    late_on_lost()            # the old reader thread's on_lost, after that
+    r.begin()
+    assert r.thread is None and len(made) == 1 and swaps == [(old, made[0])]
+    first.join(10)
+    assert old.closing and old in reconnect.replaced
