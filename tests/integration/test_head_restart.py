@@ -306,10 +306,9 @@ def test_a_detached_actor_that_needs_a_joined_node_waits_for_it_to_join_again(st
     assert len(alive) == 2 and on in alive and on != head_node and before != head_node
 
 
-KEEP_COUNTING = """
-import json, os, orchestra
-orchestra.init(address="auto", namespace="far")
-
+# A detached counter's class on the joined node ("far"), for the scripts below: its
+# answer says the count, its process and its node.
+COUNTER = """
 @orchestra.remote(resources={"far": 0.5})
 class Counter:
     def __init__(self):
@@ -317,12 +316,18 @@ class Counter:
     def inc(self):
         self.n += 1
         return [self.n, os.getpid(), orchestra.get_runtime_context().get_node_id()]
+"""
 
+KEEP_COUNTING = """
+import json, os, orchestra
+orchestra.init(address="auto", namespace="far")
+
+{counter}
 c = Counter.options(name="counter", lifetime="detached").remote()
 for _ in range(5):
     out = orchestra.get(c.inc.remote(), timeout=30)
 print(json.dumps(out))
-"""
+""".replace("{counter}", COUNTER)
 
 COUNT_ON = """
 import json, orchestra
@@ -359,25 +364,18 @@ import json, os, sys, orchestra
 from orchestra.exceptions import ObjectLostError
 orchestra.init(address="auto", namespace="far")
 
-@orchestra.remote(resources={"far": 0.5})
-class Counter:
-    def __init__(self):
-        self.n = 0
-    def inc(self):
-        self.n += 1
-        return [self.n, os.getpid()]
-
+{counter}
 @orchestra.remote
 def inc(x):
     return x + 1
 
 c = Counter.options(name="counter", lifetime="detached").remote()
 for _ in range(5):
-    n, pid = orchestra.get(c.inc.remote(), timeout=30)
+    n, pid, _ = orchestra.get(c.inc.remote(), timeout=30)
 held = orchestra.put(b"x" * (1 << 20))
 print("ready", flush=True)
 sys.stdin.readline()   # the head is killed, and back
-out = [n, orchestra.get(c.inc.remote(), timeout=60) == [6, pid],
+out = [n, orchestra.get(c.inc.remote(), timeout=60)[:2] == [6, pid],
        orchestra.get(inc.remote(41), timeout=60)]
 try:
     orchestra.get(held, timeout=10)
@@ -386,7 +384,7 @@ except ObjectLostError as exc:
     out.append("lost with the cluster's head" in str(exc))
 print(json.dumps(out), flush=True)
 orchestra.shutdown()
-"""
+""".replace("{counter}", COUNTER)
 
 
 def test_a_driver_outlives_the_head_and_its_detached_actor_goes_on(state: str) -> None:
@@ -522,26 +520,19 @@ import collections, json, os, sys, time, orchestra
 from orchestra.exceptions import GetTimeoutError, ObjectLostError
 orchestra.init(address="auto", namespace="soak")
 
-@orchestra.remote(resources={"far": 1})
-class Counter:
-    def __init__(self):
-        self.n = 0
-    def inc(self):
-        self.n += 1
-        return [self.n, os.getpid()]
-
+{counter}
 @orchestra.remote(max_retries=3)
 def sq(x):
     return x * x
 
 c = Counter.options(name="c", lifetime="detached").remote()
-last, pid0 = orchestra.get(c.inc.remote(), timeout=60)
+last, pid0, _ = orchestra.get(c.inc.remote(), timeout=60)
 counts = collections.Counter()
 print("ready", flush=True)
 deadline = time.monotonic() + float(sys.argv[1])
 while time.monotonic() < deadline:
     try:
-        n, pid = orchestra.get(c.inc.remote(), timeout=60)
+        n, pid, _ = orchestra.get(c.inc.remote(), timeout=60)
         counts["actor ok" if pid == pid0 and n > last else "actor state lost"] += 1
         last = n
         right = orchestra.get([sq.remote(j) for j in range(20)], timeout=60) == [j * j for j in range(20)]
@@ -551,7 +542,7 @@ while time.monotonic() < deadline:
     except GetTimeoutError:
         counts["hung"] += 1
 print(json.dumps(dict(counts)), flush=True)
-"""
+""".replace("{counter}", COUNTER)
 
 HEAD_KILLS_S = float(os.environ.get("ORCHESTRA_HEAD_KILLS_S", "12"))
 
