@@ -26,6 +26,7 @@ from .._protocol import wire as _wire
 from .._resources import check_feasible, make_request
 from .._runtime import context as _context
 from .._runtime import runtime_env as _runtime_env
+from .._runtime.calls import build_call
 from .._runtime.generators import (
     DYNAMIC,
     NONE,
@@ -194,8 +195,8 @@ class ActorClass(Generic[T]):
                             get_if_exists=bool(opts.get("get_if_exists")), detached=detached,
                             max_task_retries=opts.get("max_task_retries", 0),
                             method_num_returns=self._num_returns)
-        call = client.build_call(tid, self._function_id, args, kwargs, num_returns=0,
-                                 resources=self._resources, name=f"{self._cls.__qualname__}.__init__")
+        call = build_call(client, tid, self._function_id, args, kwargs, num_returns=0,
+                          resources=self._resources, name=f"{self._cls.__qualname__}.__init__")
         call.actor.CopyFrom(spec)
         placement = placement_of(opts.get("scheduling_strategy"))
         if placement is not None:

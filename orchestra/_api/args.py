@@ -32,10 +32,14 @@ def check_session(ref: ObjectRef[Any], client: _context.Client | None) -> None:
     # value was never pushed here, and get() waited forever (or until its timeout).
     if ref._client is not client:
         if ref._client in replaced:   # a driver connected to its restarted head
+            book = getattr(client, "book", None)
+            if book is not None and ref._id not in book.lost:
+                return   # carried over (_api/reconnect.py carry_over)
             raise ObjectLostError(
                 f"{ref!r} was lost with the cluster's head ({getattr(ref._client, 'lost', '')}); "
-                "the head was started again, but it knows no object of before: put the "
-                "value again, or run its task again")
+                "the head was started again, and this value was in shared memory that no "
+                "task of this driver makes again (a large put, an actor call's result): put "
+                "the value again, or run its task again")
         raise ObjectLostError(
             f"{ref!r} belongs to a session that was shut down; refs do not outlive "
             "orchestra.shutdown(). Put the value again, or re-run its task, in this session.")

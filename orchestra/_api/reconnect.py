@@ -20,16 +20,21 @@ Rule: ``lock`` guards ``thread`` and ``client``; the thread alone makes the new 
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import weakref
 from collections.abc import Callable
 
+from .. import _ids
 from .._protocol import pb
+from .._protocol import wire as _wire
 from .._runtime import context as _context
 from .._runtime.client import CoreClient
+from .._runtime.replay import ReplayBook
 from ..exceptions import ClusterLostError, OrchestraError
 
+_log = logging.getLogger("orchestra")
 # Between two tries to reach a head that is away (its supervisor starts it again).
 _PAUSE_S = 0.2
 # Clients of this process that a client of a restarted head replaced: a ref made by one
@@ -55,18 +60,22 @@ class Rejoin:
         self.failed = ""              # why it gave up ("" while it may still connect)
         self.closed = False
         client.on_lost = self.begin
+        keep_calls(client)
 
     def begin(self) -> None:
         """The client was lost: start connecting again (once per lost client). Called by
         the lost client's reader thread and by calls that found it lost, in any order:
         one whose client was replaced meanwhile (the one now is not lost) does nothing."""
         with self.lock:
-            if self.thread is not None or self.closed or self.client.closing \
-                    or self.client.lost is None:
-                return
-            self.thread = threading.Thread(target=self._connect, name="orchestra-rejoin",
-                                           daemon=True)
-            self.thread.start()
+            if self.client.lost is not None:
+                self.begin_locked()
+
+    def begin_locked(self) -> None:
+        if self.thread is not None or self.closed or self.client.closing:
+            return
+        self.thread = threading.Thread(target=self._connect, name="orchestra-rejoin",
+                                       daemon=True)
+        self.thread.start()
 
     def wait(self, old: _context.Client) -> _context.Client | None:
         """For current_client(): the client that replaced ``old`` once connected again
@@ -112,6 +121,16 @@ class Rejoin:
                     new.close()
                 return
             new.runtime_env = old.runtime_env
+            try:
+                carry_over(old, new)
+            except ClusterLostError as exc:   # the head went again: try again
+                new.close()
+                self.thread = None
+                self.failed = "" if time.monotonic() < deadline else str(exc)
+                self.done.notify_all()
+                if not self.failed:
+                    self.begin_locked()
+                return
             replaced.add(old)
             self.swap(old, new)
             self.client = new
@@ -120,3 +139,50 @@ class Rejoin:
             self.done.notify_all()
         self.then()
         old.close()
+
+
+def keep_calls(client: CoreClient, book: ReplayBook | None = None) -> None:
+    """``client`` keeps its calls in ``book`` (a new one by default) from now on."""
+    client.book = book = book or ReplayBook()
+    route = client.direct.call_route
+    book.bind(client.refs.lock, lambda r: r in client.owned or r[:-4] in route,
+              client.results, client.refs.local)
+
+
+def carry_over(old: CoreClient, new: CoreClient) -> None:
+    """``new`` (connected to the restarted head) takes ``old``'s refs over, and the head
+    learns what it needs of them (_runtime/replay.py): the functions, the values held
+    here, the calls still needed, then the releases of returns nothing here holds. Under
+    the ref lock throughout: no ref's count changes meanwhile. ClusterLostError: the
+    head went again."""
+    refs = old.refs
+    with refs.lock:
+        new.refs, new.add_ref, new.remove_ref = refs, refs.add, refs.remove
+        refs.on_last = new._last_ref_gone
+        refs.incr, refs.decr, refs.pin, refs.unpin = [], [], [], []
+        refs.lost = False
+        book = old.book
+        if book is None:   # nothing kept: every ref of before is lost
+            new.book = book = ReplayBook()
+        route = old.direct.call_route
+        plan = book.plan(lambda r: r in old.owned or r[:-4] in route, old.results,
+                         refs.local, list(refs.local))
+        new.results.update((d.object_id, d) for d in plan.puts)
+        new.owned.update(r for tid, k in book.calls.items()
+                         for r in _ids.return_ids(tid, k.num_returns) if r not in new.results)
+        keep_calls(new, book)
+        new.function_frames.update(old.function_frames)
+        new._registered.update(old.function_frames)
+        frames = list(old.function_frames.values())
+        if plan.puts:
+            frames.append(_wire.encode(_wire.OBJECTS, pb.Objects(objects=plan.puts)))
+        frames.extend(plan.submits)
+        if plan.release:
+            frames.append(_wire.encode(_wire.REF_DELTA, pb.RefDelta(decr=plan.release)))
+        for i in range(0, len(frames), 256):
+            new.send_raw(b"".join(frames[i:i + 256]))
+    if plan.lost:
+        _log.warning("orchestra: %d object(s) held here were lost with the cluster's head "
+                     "(values in shared memory that no task of this driver makes again: "
+                     "large puts, results of actor calls); their gets raise "
+                     "ObjectLostError", len(plan.lost))

@@ -22,7 +22,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from .._checks import is_int, is_number
 from .._ids import machine_id, node_hex
@@ -35,7 +35,7 @@ from .._runtime import runtime_env as _runtime_env
 from .._runtime.client import CoreClient
 from .._runtime.generators import ObjectRefGenerator, wait_with_generators
 from .._runtime.object_ref import ObjectRef
-from ..exceptions import ClusterLostError, ObjectLostError, OrchestraError
+from ..exceptions import ClusterLostError, OrchestraError
 from .args import check_session as _check_session
 from .args import check_timeout as _check_timeout
 from .local_head import build_cfg, launch_head, new_session_dir, sweep_stale_sessions
@@ -518,17 +518,17 @@ def _client() -> _context.Client:
     return _context.current_client()
 
 
-def _lost_with_head(client: _context.Client, exc: ClusterLostError) -> NoReturn:
-    """A get() or wait() whose head was lost meanwhile: when this driver connects to the
-    restarted head (_api/reconnect.py), ObjectLostError (the objects of before are gone
-    with it); else ``exc``."""
+def _lost_with_head(client: _context.Client, exc: ClusterLostError) -> None:
+    """A get() or wait() whose head was lost meanwhile: returns once this driver is
+    connected to the restarted head (_api/reconnect.py: its refs carried over, the call
+    goes on there); else raises ``exc``."""
     s = _session
-    if s is not None and s.rejoin is not None and s.rejoin.wait(client) is not None:
-        raise ObjectLostError(
-            f"the objects waited for were lost with the cluster's head ({exc}); the head "
-            "was started again and this driver is connected to it, but it knows no object "
-            "of before: put the values again, or run their tasks again") from exc
-    raise exc
+    if s is None or s.rejoin is None or s.rejoin.wait(client) is None:
+        raise exc
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 @overload
@@ -552,6 +552,7 @@ def get(refs: ObjectRef[Any] | Sequence[ObjectRef[Any]], *, timeout: float | Non
     counts and rate; a widget in a notebook), a string draws it with that label; False
     (the default) draws nothing and costs nothing."""
     timeout = _check_timeout(timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
     client = _client()
     if isinstance(refs, ObjectRef):
         _check_session(refs, client)
@@ -562,6 +563,7 @@ def get(refs: ObjectRef[Any] | Sequence[ObjectRef[Any]], *, timeout: float | Non
             return client.get_one(refs, timeout)
         except ClusterLostError as exc:
             _lost_with_head(client, exc)
+            return get(refs, timeout=_left(deadline))
     if isinstance(refs, (list, tuple)):
         for r in refs:
             if not isinstance(r, ObjectRef):
@@ -575,6 +577,7 @@ def get(refs: ObjectRef[Any] | Sequence[ObjectRef[Any]], *, timeout: float | Non
             return client.get_many(refs, timeout)
         except ClusterLostError as exc:
             _lost_with_head(client, exc)
+            return get(refs, timeout=_left(deadline))
     raise TypeError(f"get() takes an ObjectRef or a list of ObjectRefs, not a "
                     f"{type(refs).__name__}; f.remote(...) and orchestra.put(...) return refs")
 
@@ -635,10 +638,13 @@ def wait(refs: Sequence[_W], *, num_returns: int = 1, timeout: float | None = No
     if streams:
         return wait_with_generators(_client(), list(refs), num_returns, timeout)
     client = _client()
+    deadline = None if timeout is None else time.monotonic() + timeout
     try:
         ready: Any = client.wait(list(refs), num_returns, timeout)   # the refs given: _W's
     except ClusterLostError as exc:
         _lost_with_head(client, exc)
+        return wait(refs, num_returns=num_returns, timeout=_left(deadline),
+                    fetch_local=fetch_local)
     if fetch_local and client.info.joinable and ready[0]:
         client.prefetch(ready[0])
     return ready

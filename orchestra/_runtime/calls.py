@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from .._objects.serialization import Serialized, serialize
 from .._protocol import codec as _codec
+from .._protocol import pb
 from .object_ref import ObjectRef, RefCounter
 
 
@@ -21,6 +22,7 @@ class Encoder(RefCounter, Protocol):
 
     inline_threshold: int
     job_suffix: bytes
+    _keep_until_sent: list[ObjectRef]
 
     def put_serialized(self, ser: Serialized) -> ObjectRef: ...
     def escape(self, ids: Iterable[bytes]) -> None: ...
@@ -41,6 +43,20 @@ def encode_call(client: Encoder, template: bytes, tid: bytes, args: Sequence[Any
         client.escape(nested)
         if hold is not None:
             hold.extend(ObjectRef(oid, client) for oid in nested)
+    return call
+
+
+def build_call(client: Encoder, tid: bytes, function_id: bytes, args: Sequence[Any],
+               kwargs: dict[str, Any], *, num_returns: int, resources: dict[str, float],
+               name: str) -> pb.Call:
+    """A parsed Call (for requests that carry one, like actor creation); its large
+    arguments stay alive until the client's next request is sent."""
+    template = pb.Call(function_id=function_id, num_returns=num_returns, resources=resources,
+                       name=name).SerializeToString()
+    refs: list[ObjectRef] = []
+    call = pb.Call.FromString(encode_call(client, template, tid, args, kwargs, refs))
+    client.escape([r._id for r in refs])
+    client._keep_until_sent = refs
     return call
 
 

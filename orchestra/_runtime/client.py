@@ -52,6 +52,7 @@ from .direct import DirectCalls
 from .direct_core import LOAN_IDLE_S, Call
 from .object_ref import ObjectRef
 from .pacer import Pacer
+from .replay import ReplayBook
 
 # Why every call fails once the head's connection is gone (ClusterLostError).
 _LOST = ("lost the connection to the cluster: its head process exited (it crashed or was "
@@ -125,6 +126,7 @@ class CoreClient:
         self.namespace: str = hello.namespace
         self.runtime_env: pb.RuntimeEnvSpec | None = None
         self._keep_until_sent: list[ObjectRef] = []
+        self.book: ReplayBook | None = None   # a driver that outlives its head (_runtime/replay.py)
         self.lost: str | None = None
         self.closing = False
         self._closing_reason = ""   # why the head stopped, when it said so (CLOSING)
@@ -300,10 +302,12 @@ class CoreClient:
     def _last_ref_gone(self, oid: bytes) -> bool:
         """Under the ref lock: this process dropped its last ref to ``oid``. Forget what
         was kept for it; True when the head holds a count for it here (a decrement)."""
-        self.results.pop(oid, None)
+        data = self.results.pop(oid, None)
         self.objects.forget(oid)
         self.owned.discard(oid)
         self._subscribed.discard(oid)
+        if self.book is not None and self.book.dropped(oid, data):
+            return False   # lost with a head: the restarted one holds nothing of it
         direct = self.direct
         if direct.routes or direct.book.unregistered or direct.book.via_head:
             return direct.last_ref_gone(oid)
@@ -334,6 +338,8 @@ class CoreClient:
         call = encode_call(self, template, tid, args, kwargs, refs, hold)
         rids = _ids.return_ids(tid, num_returns)
         out: list[ObjectRef[Any]] = [ObjectRef(rid, self, counted=True) for rid in rids]
+        if self.book is not None and not self.streams:
+            self.book.add(tid, call, num_returns, refs)
         if shape is not None and hold is not None and direct.loans.get(shape) \
                 and (not refs or all(r._id in self.results for r in refs)):
             if hold and self.put_seq > self.synced_seq:
@@ -344,7 +350,11 @@ class CoreClient:
                 return out
         with self.refs.lock:
             self.owned.update(rids)
-        self.send_submit(call, refs)
+        try:
+            self.send_submit(call, refs)
+        except ClusterLostError:
+            if self.book is None:   # else kept: sent again to the restarted head
+                raise
         del refs
         return out
 
@@ -400,17 +410,6 @@ class CoreClient:
     def listen(self, path: str) -> None:
         """Take direct calls to this process (an actor's or a lent worker) at ``path``."""
         self.direct.listen(path)
-
-    def build_call(self, tid: bytes, function_id: bytes, args: Sequence[Any], kwargs: dict[str, Any],
-                   *, num_returns: int, resources: dict[str, float], name: str) -> pb.Call:
-        """A parsed Call (for requests that carry one, like actor creation)."""
-        template = pb.Call(function_id=function_id, num_returns=num_returns, resources=resources,
-                           name=name).SerializeToString()
-        refs: list[ObjectRef] = []
-        call = pb.Call.FromString(encode_call(self, template, tid, args, kwargs, refs))
-        self.escape([r._id for r in refs])
-        self._keep_until_sent = refs   # large args stay alive until the request is sent
-        return call
 
     # ------------------------------------------------------------------ objects
     def put(self, value: object) -> ObjectRef:

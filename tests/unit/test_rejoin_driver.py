@@ -38,6 +38,9 @@ def test_a_late_on_lost_of_a_replaced_client_starts_no_second_reconnection(monke
         return made[-1]
     monkeypatch.setattr(reconnect, "CoreClient", connect)
     monkeypatch.setattr(reconnect, "_PAUSE_S", 0.0)
+    # What the clients carry over is the replay's (tests/unit/test_replay_book.py).
+    monkeypatch.setattr(reconnect, "keep_calls", lambda client, book=None: None)
+    monkeypatch.setattr(reconnect, "carry_over", lambda old, new: None)
     old = Client(lost="the head closed the connection")
     swaps: list[tuple[Any, Any]] = []
     r = reconnect.Rejoin("127.0.0.1:1", "t", lambda: pb.Hello(kind="driver"), old,  # type: ignore[arg-type]

@@ -1,0 +1,168 @@
+"""What a driver sends a restarted head so that its work goes on: the tasks it submitted
+that are still needed, and the small values it holds. No I/O (_api/reconnect.py sends).
+
+    submit (through the head or to a lent worker) --> ReplayBook.add: the Call kept
+    every few submissions --> sweep: a kept call goes once none of its returns is needed
+    the head is lost and started again --> plan(): the values to put again (inline ones
+        held here), the calls to submit again (in submission order, each once its
+        arguments are known again), the returns to release after, the refs lost
+
+A return is needed while (a) its task has not answered (the return is still owned, or
+its direct call is in flight), or (b) its value is not here inline and a ref to it is
+held here, or a kept call names it as an argument (lineage: a chain whose driver keeps
+only its last ref runs again from its root). So a kept call whose results came back
+inline and are held goes at the next sweep: the values themselves are what the driver
+puts again. A small value here that a kept call names as an argument is kept with
+the call (``values``), even once its refs here went (the root of a chain, a step's
+value).
+
+What cannot come back: values in shared memory that no kept call makes (a large put,
+a result of an actor call), refs that other processes made: ``lost`` holds the ids held
+here that the restarted head does not know, and a get of one raises ObjectLostError
+naming the lost head. Tasks whose refs were all dropped before they answered are not
+submitted again (nothing here waits for them).
+
+Rule: the book belongs to the client's ref lock (``RefCounts.lock``): add, sweep and
+plan run under it, as do the changes of the maps they read (results, owned, refs).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Container, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, NamedTuple
+
+from .. import _ids
+from .._protocol import codec as _codec
+from .._protocol import pb
+
+# A sweep runs when the book has grown by this many calls since the last one (and at
+# least doubled): amortized O(1) per submission.
+SWEEP_EVERY = 4096
+
+
+class Kept(NamedTuple):
+    call: bytes               # the serialized Call, as submitted
+    num_returns: int
+    args: tuple[bytes, ...]   # the ids of its ref arguments, in order
+
+
+class Plan(NamedTuple):
+    puts: list[pb.ObjectData]     # values held here, put again under their ids
+    submits: list[bytes]          # SUBMIT frames, in submission order
+    release: list[bytes]          # returns of those submits that nothing here holds
+    lost: set[bytes]              # ids held here that no put or submit brings back
+
+
+def _never(oid: bytes) -> bool:
+    return False
+
+
+def inline(data: pb.ObjectData | None) -> bool:
+    """A value this process has in full (inline bytes, or a task's error)."""
+    return data is not None and data.WhichOneof("data") != "segment"
+
+
+class ReplayBook:
+    """The calls a driver kept (see the module docstring)."""
+
+    __slots__ = ("calls", "values", "lost", "swept_at", "lock", "answering", "results",
+                 "held")
+
+    def __init__(self) -> None:
+        self.calls: dict[bytes, Kept] = {}   # task id -> its call (insertion: submission order)
+        # Small values (puts, values pushed here) that kept calls name as arguments: kept
+        # even when the refs here go (the root of a chain whose driver keeps its last ref).
+        self.values: dict[bytes, pb.ObjectData] = {}
+        self.lost: set[bytes] = set()
+        self.swept_at = 0
+        # The client's (bind): its ref lock, and what a sweep reads.
+        self.lock: AbstractContextManager[object] = contextlib.nullcontext()
+        self.answering: Callable[[bytes], bool] = _never
+        self.results: Mapping[bytes, pb.ObjectData] = {}
+        self.held: Container[bytes] = ()
+
+    def bind(self, lock: AbstractContextManager[object], answering: Callable[[bytes], bool],
+             results: Mapping[bytes, pb.ObjectData], held: Container[bytes]) -> None:
+        """The client whose calls are kept now: ``answering(oid)``, its task has not
+        answered; ``results``, the values here; ``held``, the ids refs here hold."""
+        self.lock, self.answering, self.results, self.held = lock, answering, results, held
+
+    def add(self, tid: bytes, call: bytes, num_returns: int, refs: Sequence[Any]) -> None:
+        """Keep a submitted call (``refs``: its ref arguments); sweep now and then."""
+        calls = self.calls
+        args = tuple(r._id for r in refs)
+        calls[tid] = Kept(call, num_returns, args)
+        values = self.values
+        for a in args:
+            if a not in values:
+                data = self.results.get(a)
+                if data is not None and data.WhichOneof("data") != "segment":
+                    values[a] = data
+        if len(calls) >= self.swept_at + SWEEP_EVERY and len(calls) >= 2 * self.swept_at:
+            with self.lock:
+                self.sweep(self.answering, self.results, self.held)
+
+    def sweep(self, answering: Callable[[bytes], bool], results: Mapping[bytes, pb.ObjectData],
+              held: Container[bytes]) -> None:
+        """Drop the calls none of whose returns is needed. ``answering(oid)``: its task has
+        not answered; ``results``: the values here; ``held``: the ids refs here hold."""
+        calls = self.calls
+        named: set[bytes] = set()   # arguments of the kept calls submitted later
+        gone: list[bytes] = []
+        values = self.values
+        for tid, k in reversed(calls.items()):   # consumers come after their producers
+            rids = _ids.return_ids(tid, k.num_returns)
+            if any(answering(r) or (r not in values and not inline(results.get(r))
+                                    and (r in held or r in named)) for r in rids):
+                named.update(k.args)
+                continue
+            gone.append(tid)
+            for r in rids:   # its value here stands for the call: kept while named
+                if r in named and r not in values:
+                    data = results.get(r)
+                    assert data is not None   # inline: else the call was needed
+                    values[r] = data
+        for tid in gone:
+            del calls[tid]
+        for oid in [oid for oid in values if oid not in named]:
+            del values[oid]
+        self.swept_at = len(calls)
+
+    def plan(self, answering: Callable[[bytes], bool], results: Mapping[bytes, pb.ObjectData],
+             held: Container[bytes], holding: list[bytes]) -> Plan:
+        """What to send a restarted head (see the module docstring); ``holding``: every id
+        held here. The book keeps the calls submitted again, with their returns now
+        owned by the new connection."""
+        self.sweep(answering, results, held)
+        puts = [results[oid] for oid in holding if inline(results.get(oid))]
+        known = {d.object_id for d in puts}
+        puts.extend(d for oid, d in self.values.items() if oid not in known)
+        known.update(self.values)
+        submits: list[bytes] = []
+        release = [oid for oid in self.values if oid not in held]
+        for tid, k in list(self.calls.items()):
+            rids = _ids.return_ids(tid, k.num_returns)
+            if not all(a in known for a in k.args):   # an argument is lost: so is the call
+                del self.calls[tid]
+                continue
+            submits.append(_codec.submit_frame(k.call))
+            known.update(rids)
+            release.extend(r for r in rids if r not in held)
+        lost = {oid for oid in holding if oid not in known}
+        self.lost |= lost
+        self.swept_at = len(self.calls)
+        return Plan(puts, submits, release, lost)
+
+    def dropped(self, oid: bytes, data: pb.ObjectData | None) -> bool:
+        """The last ref here to ``oid`` went (``data``: its value here, if any). A small
+        return of a kept call stays with the call (a kept call may name it; the next
+        sweep sees). True when ``oid`` was one of the lost ids (the head holds no count
+        of it for this process)."""
+        if data is not None and oid[:_ids.TASK_ID_LEN] in self.calls \
+                and data.WhichOneof("data") != "segment":
+            self.values[oid] = data
+        if oid in self.lost:
+            self.lost.discard(oid)
+            return True
+        return False
