@@ -5,8 +5,9 @@ says why; a SIGTERM sent to the head stops it for good; the supervisor's own dea
 the head along. Nothing is left behind after a stop. A joined node that loses the head
 joins it again once it is back (under its id of before, the processes of its detached
 actors kept and taken back with their state), or stops after --reconnect-timeout; a
-driver connects to the restarted head by itself and goes on (its work in flight lost,
-and said so), or stops after the head's --reconnect-timeout."""
+driver connects to the restarted head by itself and its work goes on (its tasks sent
+again, its refs carried over; a large put of before lost, and said so), or stops after
+the head's --reconnect-timeout."""
 from __future__ import annotations
 
 import json
