@@ -32,7 +32,7 @@ from .._protocol import wire as _wire
 from .._runtime import context as _context
 from .._runtime.client import CoreClient
 from .._runtime.replay import ReplayBook
-from ..exceptions import ClusterLostError, OrchestraError
+from ..exceptions import ClusterLostError, ObjectStoreError, OrchestraError
 
 _log = logging.getLogger("orchestra")
 # Between two tries to reach a head that is away (its supervisor starts it again).
@@ -149,6 +149,28 @@ def keep_calls(client: CoreClient, book: ReplayBook | None = None) -> None:
               client.results, client.refs.local)
 
 
+def copy_large(old: CoreClient, new: CoreClient) -> dict[bytes, pb.ObjectData]:
+    """The values in shared memory that refs here hold and that this process still maps
+    (its large puts, results it read), copied into new segments of the restarted head:
+    object id -> its new ObjectData. Outside the ref lock (each copy asks the head for a
+    segment, and the reader thread that brings the answer may need that lock)."""
+    with old.refs.lock:
+        views = []
+        for oid in old.refs.local:
+            data = old.results.get(oid)
+            kept = old.objects.maps.get(oid)
+            if data is not None and kept is not None and data.WhichOneof("data") == "segment":
+                views.append((oid, kept[0], list(data.contained)))
+    copied = {}
+    for oid, view, contained in views:
+        try:
+            copied[oid] = new.objects.copy_object(oid, view, contained)
+        except ObjectStoreError as exc:   # no room: made again, or lost (said below)
+            _log.warning("orchestra: object %s could not be copied to the restarted head: %s",
+                         oid.hex(), exc)
+    return copied
+
+
 def carry_over(old: CoreClient, new: CoreClient) -> None:
     """``new`` (connected to the restarted head) takes ``old``'s refs over, and the head
     learns what it needs of them (_runtime/replay.py): the functions, the values held
@@ -156,8 +178,12 @@ def carry_over(old: CoreClient, new: CoreClient) -> None:
     the ref lock throughout: no ref's count changes meanwhile. ClusterLostError: the
     head went again."""
     refs = old.refs
+    copied = copy_large(old, new)
     with refs.lock:
+        for oid in [oid for oid in copied if oid not in refs.local]:   # dropped meanwhile
+            new.objects.abort_segment(copied.pop(oid).segment.name)
         new.refs, new.add_ref, new.remove_ref = refs, refs.add, refs.remove
+        new.objects.refs = refs
         refs.on_last = new._last_ref_gone
         refs.incr, refs.decr, refs.pin, refs.unpin = [], [], [], []
         refs.lost = False
@@ -166,8 +192,8 @@ def carry_over(old: CoreClient, new: CoreClient) -> None:
             new.book = book = ReplayBook()
         route = old.direct.call_route
         plan = book.plan(lambda r: r in old.owned or r[:-4] in route, old.results,
-                         refs.local, list(refs.local))
-        new.results.update((d.object_id, d) for d in plan.puts)
+                         refs.local, list(refs.local), copied)
+        new.results.update((d.object_id, d) for d in plan.puts if d.object_id in refs.local)
         new.owned.update(r for tid, k in book.calls.items()
                          for r in _ids.return_ids(tid, k.num_returns) if r not in new.results)
         keep_calls(new, book)

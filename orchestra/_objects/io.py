@@ -112,6 +112,26 @@ class ObjectIO:
         out.segment.CopyFrom(seg)
         return out
 
+    def copy_object(self, oid: bytes, view: memoryview, contained: Sequence[bytes]) -> pb.ObjectData:
+        """ObjectData of a new segment holding ``view``'s bytes (an object's Arrow stream
+        as another segment held it): a driver's large put carried over to a restarted
+        head (_api/reconnect.py). ObjectStoreError when it cannot be made."""
+        size = len(view)
+        seg = self.client.request(pb.Request(create_segment=pb.CreateSegment(
+            object_id=oid, size=size))).segment
+        mm = None
+        try:
+            mm = open_segment(self.shm_dir, seg)
+            mm[:size] = view
+        except BaseException:
+            if mm is not None:
+                mm.close()
+            self.abort_segment(seg.name)
+            raise
+        with self.refs.lock:
+            self.wmaps[seg.name] = mm
+        return pb.ObjectData(object_id=oid, contained=contained, segment=seg)
+
     def abort_segment(self, name: str) -> None:
         """Tell the store a segment it handed out was not filled (see make_object_data)."""
         if self.client.lost is None:

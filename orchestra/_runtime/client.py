@@ -747,7 +747,8 @@ class CoreClient:
             warnings.warn(text, RuntimeWarning, stacklevel=2)
 
     def _connection_lost(self) -> None:
-        self.objects.drop_all_maps()
+        if self.book is None:   # else its large puts are copied to a restarted head first
+            self.objects.drop_all_maps()
         if self.lost is None:
             if self.closing:
                 self.lost = "the connection to the cluster's head process closed"

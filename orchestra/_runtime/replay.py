@@ -16,10 +16,13 @@ puts again. A small value here that a kept call names as an argument is kept wit
 the call (``values``), even once its refs here went (the root of a chain, a step's
 value).
 
-What cannot come back: values in shared memory that no kept call makes (a large put,
-a result of an actor call), refs that other processes made: ``lost`` holds the ids held
-here that the restarted head does not know, and a get of one raises ObjectLostError
-naming the lost head. Tasks whose refs were all dropped before they answered are not
+Values in shared memory held here and mapped here (a large put, a result read) are
+copied into new segments of the restarted head (``copied``; _api/reconnect.py makes
+them). What cannot come back: values in shared memory that are not mapped here (the
+store released the map to spill it) and that no kept call makes (a result of an actor
+call, refs that other processes made): ``lost`` holds the ids held here that the
+restarted head does not know, and a get of one raises ObjectLostError naming the lost
+head. Tasks whose refs were all dropped before they answered are not
 submitted again (nothing here waits for them).
 
 Rule: the book belongs to the client's ref lock (``RefCounts.lock``): add, sweep and
@@ -130,12 +133,15 @@ class ReplayBook:
         self.swept_at = len(calls)
 
     def plan(self, answering: Callable[[bytes], bool], results: Mapping[bytes, pb.ObjectData],
-             held: Container[bytes], holding: list[bytes]) -> Plan:
+             held: Container[bytes], holding: list[bytes],
+             copied: Mapping[bytes, pb.ObjectData] | None = None) -> Plan:
         """What to send a restarted head (see the module docstring); ``holding``: every id
-        held here. The book keeps the calls submitted again, with their returns now
-        owned by the new connection."""
+        held here; ``copied``: values in shared memory held here, copied into new
+        segments (large puts, results read here). The book keeps the calls submitted
+        again, with their returns now owned by the new connection."""
         self.sweep(answering, results, held)
         puts = [results[oid] for oid in holding if inline(results.get(oid))]
+        puts.extend((copied or {}).values())
         known = {d.object_id for d in puts}
         puts.extend(d for oid, d in self.values.items() if oid not in known)
         known.update(self.values)
@@ -143,6 +149,8 @@ class ReplayBook:
         release = [oid for oid in self.values if oid not in held]
         for tid, k in list(self.calls.items()):
             rids = _ids.return_ids(tid, k.num_returns)
+            if all(r in known for r in rids):   # its values are put again: nothing to run
+                continue
             if not all(a in known for a in k.args):   # an argument is lost: so is the call
                 del self.calls[tid]
                 continue
