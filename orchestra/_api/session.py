@@ -588,7 +588,12 @@ def put(value: R) -> ObjectRef[R]:
 
     ``value``: anything cloudpickle can pickle (numpy arrays, Arrow tables and pandas
     frames travel as buffers, not pickled bytes)."""
-    return _client().put(value)
+    client = _client()
+    try:
+        return client.put(value)
+    except ClusterLostError as exc:   # the head died as it was sent: to the restarted one
+        _lost_with_head(client, exc)
+        return put(value)
 
 
 def wait(refs: Sequence[_W], *, num_returns: int = 1, timeout: float | None = None,

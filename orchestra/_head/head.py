@@ -146,8 +146,8 @@ class Head:
                                     error_factory=make_error,
                                     joinable=bool(cfg.get("joinable", False)),
                                     infeasible_waits=bool(cfg.get("infeasible_waits", False)))
-        # Internal switches (init(_system_config=...)): direct calls at all, and loans
-        # (tasks as direct calls to lent workers) among them.
+        self.state.directory.tell_owner_freed = float(cfg.get("reconnect_timeout_s", 0)) > 0
+        # Internal switches (init(_system_config=...)): direct calls, loans among them.
         if cfg.get("direct_calls", True):
             self.state.worker_socket = self.worker_socket
             self.state.lending = bool(cfg.get("loans", True))

@@ -304,7 +304,8 @@ class CoreClient:
         was kept for it; True when the head holds a count for it here (a decrement)."""
         data = self.results.pop(oid, None)
         self.objects.forget(oid)
-        self.owned.discard(oid)
+        if self.book is None:   # else owned until answered (the head tells: replay.py)
+            self.owned.discard(oid)
         self._subscribed.discard(oid)
         if self.book is not None and self.book.dropped(oid, data):
             return False   # lost with a head: the restarted one holds nothing of it

@@ -22,8 +22,12 @@ them). What cannot come back: values in shared memory that are not mapped here (
 store released the map to spill it) and that no kept call makes (a result of an actor
 call, refs that other processes made): ``lost`` holds the ids held here that the
 restarted head does not know, and a get of one raises ObjectLostError naming the lost
-head. Tasks whose refs were all dropped before they answered are not
-submitted again (nothing here waits for them).
+head.
+
+A return stays owned until its task answered, even once the refs here went (the head
+tells a driver it outlives when a return freed at its seal was its own: objects.py
+``tell_owner_freed``): a task submitted and forgotten (its ref dropped at once) is kept
+until it answered, and runs again on a restarted head if it had not.
 
 Rule: the book belongs to the client's ref lock (``RefCounts.lock``): add, sweep and
 plan run under it, as do the changes of the maps they read (results, owned, refs).

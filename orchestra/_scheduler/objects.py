@@ -67,6 +67,10 @@ class ObjectDirectory:
         self.objects: dict[bytes, Obj] = {}
         self.tombs: dict[bytes, Tomb] = {}
         self.lineage_refs: collections.Counter[bytes] = collections.Counter()
+        # A head that drivers outlive: a task's return freed as it is sealed (its owner
+        # dropped every ref) is told to its owner (a driver keeps the call until then,
+        # _runtime/replay.py), as a lost value no ref can read.
+        self.tell_owner_freed = False
 
     def new_object(self, conn: int, oid: bytes) -> Obj:
         """A pending object held by ``conn`` (implied hold: no RefDelta for it)."""
@@ -124,10 +128,15 @@ class ObjectDirectory:
                 co.count += 1
         if o.count <= 0:
             self.free(oid, o)
-            if o.subscribers:   # readers holding no ref (locate, gRPC): it is gone
+            told = o.subscribers
+            if push_owner and self.tell_owner_freed:
+                owner = self.core.clients.get(o.owner)
+                if owner is not None and owner.kind == "driver" and o.owner not in told:
+                    told = [*told, o.owner]
+            if told:   # readers holding no ref (locate, gRPC), an owner: it is gone
                 lost = pb.ObjectData(object_id=oid, error=self.core.error(
                     "lost", object_id=oid, name=""))
-                self.core.out.extend(Push(sub, lost) for sub in o.subscribers
+                self.core.out.extend(Push(sub, lost) for sub in told
                                      if sub in self.core.clients)
             return
         out = self.core.out

@@ -421,7 +421,7 @@ def test_a_driver_outlives_the_head_and_its_detached_actor_goes_on(state: str) -
 
 
 IN_FLIGHT = """
-import json, sys, threading, time, orchestra
+import json, os, sys, threading, time, orchestra
 orchestra.init(address="auto")
 
 @orchestra.remote(max_retries=0)
@@ -438,6 +438,12 @@ def slow(i):
 def big(n):
     return bytes(range(256)) * (n // 256)
 
+@orchestra.remote(max_retries=0)
+def touch(path):
+    time.sleep(1.5)
+    with open(path, "a") as f:
+        f.write("ran")
+
 small = orchestra.put({"kept": [1, 2, 3]})
 large = orchestra.put(b"L" * (1 << 20))            # in shared memory, mapped here: copied
 done_big = big.remote(1 << 20)                     # made before, in shared memory: made again
@@ -447,6 +453,7 @@ ref = orchestra.put((0, b""))
 for n in range(12):                                # the driver keeps only the last ref
     ref = step.remote(ref, n, 1024 if n % 2 else 600 * 1024)
 squares = [slow.remote(i) for i in range(6)]
+touch.remote(sys.argv[1])                          # fire and forget: its ref dropped at once
 got = {}
 waiter = threading.Thread(target=lambda: got.update(sq=orchestra.get(squares, timeout=90)))
 waiter.start()                                     # a get() that blocks across the gap
@@ -456,6 +463,10 @@ waiter.join()
 out = [got.get("sq"), orchestra.get(ref, timeout=90)[0], orchestra.get(small),
        len(orchestra.get(done_big, timeout=60)), done_small,
        orchestra.get(large, timeout=10) == b"L" * (1 << 20)]
+deadline = time.monotonic() + 20
+while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
+    time.sleep(0.1)
+out.append(os.path.exists(sys.argv[1]))
 print(json.dumps(out), flush=True)
 orchestra.shutdown()
 """
@@ -464,12 +475,14 @@ orchestra.shutdown()
 def test_a_drivers_work_in_flight_outlives_the_head(state: str) -> None:
     """Tasks running and queued when the head is SIGKILLed, a chain whose driver keeps
     only its last ref (arguments of 1 KiB and 600 KiB), a get() blocked across the gap,
-    small values held, a result in shared memory made before and a large put: the
-    driver carries them over to the restarted head (_runtime/replay.py: small values put
-    again, tasks submitted again, large values it maps copied) and every value comes."""
+    small values held, a result in shared memory made before, a large put, a task
+    whose ref the driver dropped at once: the driver carries them over to the restarted
+    head (_runtime/replay.py: small values put again, tasks submitted again, large values
+    it maps copied) and every value comes; the dropped task runs (once or twice)."""
     rec = start_head(state, "--num-cpus", "4")
     join(rec)
-    driver = subprocess.Popen([sys.executable, "-c", IN_FLIGHT], stdin=subprocess.PIPE,
+    touched = Path(state, "touched")
+    driver = subprocess.Popen([sys.executable, "-c", IN_FLIGHT, str(touched)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=dict(os.environ, PYTHONPATH=REPO))
     try:
@@ -486,7 +499,7 @@ def test_a_drivers_work_in_flight_outlives_the_head(state: str) -> None:
         log = Path(rec["run_dir"], "stderr.log").read_text()
         assert driver.returncode == 0, err + "\n--- the head's log:\n" + log
         assert json.loads(out.strip().splitlines()[-1]) == [
-            [i * i for i in range(6)], 12, {"kept": [1, 2, 3]}, 1 << 20, 7, True]
+            [i * i for i in range(6)], 12, {"kept": [1, 2, 3]}, 1 << 20, 7, True, True]
         assert "lost with the cluster's head" not in err, err
     finally:
         driver.kill()
@@ -630,6 +643,9 @@ while time.monotonic() < deadline:
         for _ in range(5):   # a chain whose driver keeps only the last ref
             ref = inc.remote(ref)
         counts["chain ok" if orchestra.get(ref, timeout=60) % 5 == 0 else "wrong"] += 1
+        small, large = orchestra.put(last), orchestra.put(bytes([last % 256]) * (200 << 10))
+        right = orchestra.get(small) == last and orchestra.get(large) == bytes([last % 256]) * (200 << 10)
+        counts["puts ok" if right else "wrong"] += 1
     except ObjectLostError as exc:
         counts[f"tasks lost: {exc}"] += 1
     except GetTimeoutError:
@@ -674,7 +690,7 @@ def test_work_goes_on_through_head_kills_and_the_detached_actor_keeps_its_state(
     counts = json.loads(out.strip().splitlines()[-1])
     print(f"{kills} head kills: {counts}")
     assert kills >= 1 and counts["actor ok"] > 0 and counts["tasks ok"] > 0
-    assert set(counts) <= {"actor ok", "tasks ok", "chain ok", "actor call lost with the head"}, \
-        counts
+    assert set(counts) <= {"actor ok", "tasks ok", "chain ok", "puts ok",
+                           "actor call lost with the head"}, counts
     assert counts.get("actor call lost with the head", 0) <= kills, counts
     assert "Traceback" not in log, log

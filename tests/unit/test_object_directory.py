@@ -123,6 +123,30 @@ def test_a_subscriber_of_a_result_nobody_holds_any_more_hears_it_is_gone_when_it
     assert told.object_id == oid and told.error
 
 
+@pytest.mark.parametrize("drivers_outlive_the_head", [False, True])
+def test_a_driver_that_dropped_a_tasks_refs_hears_when_it_answered_if_it_outlives_the_head(
+        drivers_outlive_the_head: bool):
+    # A driver of a supervised head keeps each call until it answered, to submit it
+    # again to a restarted head (_runtime/replay.py); a task whose refs it dropped used
+    # to answer unheard, so such a call was either kept forever or forgotten unrun.
+    c, _, w2 = two_nodes()
+    c.s.directory.tell_owner_freed = drivers_outlive_the_head
+    call = c.submit(make_call("make", resources={"other": 1.0}))
+    c.take()
+    oid = rid(call)
+    c.s.ref_delta(DRIVER, [], [oid])
+    c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=call.task_id,
+                                               returns=[seg_on(OTHER, oid, "seg-on-2")]))
+    out = c.take()
+    assert FreeSegment(OTHER, "seg-on-2") in out
+    told = [i.data for i in out if type(i) is Push and i.conn == DRIVER]
+    if not drivers_outlive_the_head:
+        assert told == []
+        return
+    [data] = told
+    assert data.object_id == oid and data.WhichOneof("data") == "error" and data.error
+
+
 def test_a_copy_of_an_object_already_freed_is_refused():
     c, _, w2 = two_nodes()
     oid, _ = made_on_other(c, w2)
