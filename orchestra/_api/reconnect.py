@@ -26,7 +26,6 @@ import time
 import weakref
 from collections.abc import Callable
 
-from .. import _ids
 from .._protocol import pb
 from .._protocol import wire as _wire
 from .._runtime import context as _context
@@ -180,8 +179,7 @@ def carry_over(old: CoreClient, new: CoreClient) -> None:
     refs = old.refs
     copied = copy_large(old, new)
     with refs.lock:
-        for oid in [oid for oid in copied if oid not in refs.local]:   # dropped meanwhile
-            new.objects.abort_segment(copied.pop(oid).segment.name)
+        gone = [copied.pop(oid).segment.name for oid in list(copied) if oid not in refs.local]
         new.refs, new.add_ref, new.remove_ref = refs, refs.add, refs.remove
         new.objects.refs = refs
         refs.on_last = new._last_ref_gone
@@ -194,8 +192,7 @@ def carry_over(old: CoreClient, new: CoreClient) -> None:
         plan = book.plan(lambda r: r in old.owned or r[:-4] in route, old.results,
                          refs.local, list(refs.local), copied)
         new.results.update((d.object_id, d) for d in plan.puts if d.object_id in refs.local)
-        new.owned.update(r for tid, k in book.calls.items()
-                         for r in _ids.return_ids(tid, k.num_returns) if r not in new.results)
+        new.owned.update(plan.owned)
         keep_calls(new, book)
         new.function_frames.update(old.function_frames)
         new._registered.update(old.function_frames)
@@ -207,8 +204,10 @@ def carry_over(old: CoreClient, new: CoreClient) -> None:
             frames.append(_wire.encode(_wire.REF_DELTA, pb.RefDelta(decr=plan.release)))
         for i in range(0, len(frames), 256):
             new.send_raw(b"".join(frames[i:i + 256]))
+    for name in gone:   # copied, and its refs dropped meanwhile (outside the lock: a request)
+        new.objects.abort_segment(name)
     if plan.lost:
         _log.warning("orchestra: %d object(s) held here were lost with the cluster's head "
-                     "(values in shared memory that no task of this driver makes again: "
-                     "large puts, results of actor calls); their gets raise "
+                     "(values this driver can neither copy nor make again: results of actor "
+                     "calls in flight, refs other processes made); their gets raise "
                      "ObjectLostError", len(plan.lost))

@@ -58,6 +58,7 @@ class Plan(NamedTuple):
     puts: list[pb.ObjectData]     # values held here, put again under their ids
     submits: list[bytes]          # SUBMIT frames, in submission order
     release: list[bytes]          # returns of those submits that nothing here holds
+    owned: list[bytes]            # returns of those submits, their values to come
     lost: set[bytes]              # ids held here that no put or submit brings back
 
 
@@ -150,6 +151,7 @@ class ReplayBook:
         puts.extend(d for oid, d in self.values.items() if oid not in known)
         known.update(self.values)
         submits: list[bytes] = []
+        owned: list[bytes] = []
         release = [oid for oid in self.values if oid not in held]
         for tid, k in list(self.calls.items()):
             rids = _ids.return_ids(tid, k.num_returns)
@@ -159,12 +161,13 @@ class ReplayBook:
                 del self.calls[tid]
                 continue
             submits.append(_codec.submit_frame(k.call))
+            owned.extend(r for r in rids if r not in known)
             known.update(rids)
             release.extend(r for r in rids if r not in held)
         lost = {oid for oid in holding if oid not in known}
         self.lost |= lost
         self.swept_at = len(self.calls)
-        return Plan(puts, submits, release, lost)
+        return Plan(puts, submits, release, owned, lost)
 
     def dropped(self, oid: bytes, data: pb.ObjectData | None) -> bool:
         """The last ref here to ``oid`` went (``data``: its value here, if any). A small

@@ -1,6 +1,7 @@
 """The soak's workload, shared by the driver threads of tests/integration/test_soak.py and
-the driver processes it starts (``python _soak.py ADDRESS TOKEN SECONDS SEED [faults]``,
-which prints its counts as one JSON line).
+the driver processes it starts (``python _soak.py ADDRESS TOKEN SECONDS SEED
+[faults|head-kills]``, which prints its counts as one JSON line; head-kills: its actor is
+detached, so that it outlives the head).
 
 Each round is one of: a dependent chain (f -> g -> h, the last two given refs of the
 first), a chain of 5-15 steps whose driver keeps only the last ref (each step's argument,
@@ -98,14 +99,28 @@ def make_options(faults: bool) -> dict[str, Any]:
     return {"resources": {"far": 0.01}}
 
 
-def rounds(seconds: float, seed: int, options: dict[str, Any] | None = None) -> dict[str, int]:
+def rounds(seconds: float, seed: int, options: dict[str, Any] | None = None,
+           detached: bool = False) -> dict[str, int]:
     """Run rounds for ``seconds``; counts of each kind that was right, and of every
     failure by name ("hung" for a get() past its timeout, "wrong" for a wrong value).
-    ``options``: make_big's (make_options)."""
+    ``options``: make_big's (make_options). ``detached``: the actor is detached (it
+    outlives a head restart; a non-detached one is lost with its head), killed at the
+    end."""
     rng = random.Random(seed)
     counts: collections.Counter[str] = collections.Counter()
     on_far = make_big.options(**options) if options else make_big
-    actor = Echo.remote()
+    actor = Echo.options(name=f"echo-{seed}-{os.getpid()}", lifetime="detached").remote() \
+        if detached else Echo.remote()
+    try:
+        _rounds(seconds, seed, rng, counts, on_far, actor)
+    finally:
+        if detached:
+            orchestra.kill(actor)
+    return dict(counts)
+
+
+def _rounds(seconds: float, seed: int, rng: random.Random, counts: collections.Counter[str],
+            on_far: Any, actor: Any) -> None:
     deadline = time.monotonic() + seconds
     i = seed * 1_000_000
     while time.monotonic() < deadline:
@@ -137,7 +152,6 @@ def rounds(seconds: float, seed: int, options: dict[str, Any] | None = None) -> 
             counts[type(exc).__name__] += 1
             counts[f"first error ({kind}): " + str(exc).splitlines()[0][:300]] = 1
             _record(kind, exc)
-    return dict(counts)
 
 
 def _record(kind: str, exc: BaseException) -> None:
@@ -158,10 +172,11 @@ def failures(counts: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> None:
     address, token, seconds, seed = argv[0], argv[1], float(argv[2]), int(argv[3])
-    faults = len(argv) > 4 and argv[4] == "faults"
-    orchestra.init(address=address, token=token)
+    faults = len(argv) > 4 and argv[4] in ("faults", "head-kills")
+    detached = len(argv) > 4 and argv[4] == "head-kills"
+    orchestra.init(address=address, token=token, namespace="soak" if detached else None)
     try:
-        print(json.dumps(rounds(seconds, seed, make_options(faults))), flush=True)
+        print(json.dumps(rounds(seconds, seed, make_options(faults), detached)), flush=True)
     finally:
         orchestra.shutdown()
 

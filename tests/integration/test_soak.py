@@ -1,6 +1,7 @@
 """Soaks: ordinary concurrent work on a two-node cluster, checked round by round, first
-with nothing injected and then with faults (workers SIGKILLed every few seconds, the
-joined node killed and replaced every NODE_KILL_S). Workload: tests/integration/_soak.py.
+with nothing injected, then with faults (workers SIGKILLed every few seconds, the
+joined node killed and replaced every NODE_KILL_S), then on `orchestra start` with the
+head SIGKILLed every HEAD_KILL_S as well. Workload: tests/integration/_soak.py.
 
 Each soak lasts ORCHESTRA_SOAK_S seconds (12 by default, in the normal run); run longer
 ones with ``ORCHESTRA_SOAK_S=600 pytest -m soak tests/integration/test_soak.py``.
@@ -31,7 +32,9 @@ import pytest
 
 import _soak
 import orchestra
+from _cli import cli, records, start_head
 from _probes import child_env, pid_gone, wait_until
+from orchestra._cluster.supervisor import head_pid
 from orchestra._platform.procutil import process_tree
 from orchestra._runtime import cluster_file as cf
 from orchestra.cluster_utils import Cluster
@@ -175,4 +178,67 @@ def test_with_workers_killed_and_the_node_replaced_every_result_is_still_right(s
         killer.join(30)
     assert killed, "no worker was killed: the faults never ran"
     assert node_kills, "the joined node was never killed"
+    _check(results)
+
+
+# With head kills: the head is SIGKILLed this often (once or twice in the normal run).
+HEAD_KILL_S = float(os.environ.get("ORCHESTRA_SOAK_HEAD_KILL_S", 0)) or min(SOAK_S * 0.4, 20.0)
+
+
+def test_with_the_head_and_workers_killed_every_result_is_still_right(state: str) -> None:
+    """`orchestra start --head` and a joined node, PROCESSES + THREADS drivers running the
+    soak's rounds (chains whose driver keeps only the last ref, large arrays, nested
+    tasks, a detached actor) while a worker is SIGKILLed every 2 s and the head every
+    HEAD_KILL_S: the supervisor starts it again, the node joins again, each driver carries
+    its work over (_runtime/replay.py), and no round fails, hangs or is lost."""
+    head = start_head(state, "--num-cpus", "2", "--object-store-memory", str(256 << 20))
+    r = cli("start", "--address", head["address"], "--token", head["token"], "--num-cpus", "2",
+            "--object-store-memory", str(256 << 20), "--resources", '{"far": 100}')
+    assert r.returncode == 0, r.stderr
+    stop = threading.Event()
+    killed: list[int] = []
+    head_kills: list[int] = []
+
+    def faults() -> None:
+        rng = random.Random(11)
+        last_head_kill = time.monotonic()
+        while not stop.wait(2.0):
+            pids = process_tree(int(head["pid"]))
+            for n in records(state):
+                if n["kind"] == "node":
+                    pids |= process_tree(int(n["pid"]))
+            workers = [p for p in pids if _title(p).startswith("orchestra::worker")]
+            if workers:
+                victim = rng.choice(sorted(workers))
+                try:
+                    os.kill(victim, signal.SIGKILL)
+                    killed.append(victim)
+                except ProcessLookupError:
+                    pass
+            pid = head_pid(head["run_dir"])
+            if time.monotonic() - last_head_kill > HEAD_KILL_S and pid:
+                last_head_kill = time.monotonic()
+                os.kill(pid, signal.SIGKILL)
+                head_kills.append(pid)
+
+    procs = [subprocess.Popen(
+        [sys.executable, str(HERE / "_soak.py"), head["address"], head["token"], str(SOAK_S),
+         str(200 + k), "head-kills"], stdout=subprocess.PIPE, text=True, env=child_env())
+        for k in range(PROCESSES + THREADS)]
+    killer = threading.Thread(target=faults, daemon=True)
+    killer.start()
+    try:
+        results = []
+        for p in procs:
+            out, _ = p.communicate(timeout=SOAK_S + 2 * _soak.GET_TIMEOUT_S + 120)
+            assert p.returncode == 0, f"a driver process exited with {p.returncode}"
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        stop.set()
+        killer.join(30)
+        for p in procs:
+            p.kill()
+    assert killed, "no worker was killed: the faults never ran"
+    assert head_kills, "the head was never killed"
+    print(f"{len(head_kills)} head kills, {len(killed)} worker kills")
     _check(results)

@@ -137,12 +137,19 @@ class Driver(RuleBasedStateMachine):
         book.calls, book.values = dict(self.book.calls), dict(self.book.values)
         plan = book.plan(self.owned.__contains__, self.results, self.held, sorted(self.held))
         known = {d.object_id for d in plan.puts}
+        put = set(known)
         assert len(known) == len(plan.puts), "a value put twice"
+        coming: set[bytes] = set()
         for frame in plan.submits:
             tid = self.frames[frame]
             missing = [a for a in self.args[tid] if a not in known]
             assert not missing, f"a call sent again before its arguments {missing}"
-            known.update(_ids.return_ids(tid, book.calls[tid].num_returns))
+            rids = _ids.return_ids(tid, book.calls[tid].num_returns)
+            assert not put.issuperset(rids), "a call run again whose values were put"
+            known.update(rids)
+            coming.update(r for r in rids if r not in put)
+        # Owned: exactly the values the calls sent again will bring (each answers once).
+        assert sorted(plan.owned) == sorted(coming)
         expect = {oid for oid in self.held
                   if not _inline(self.results.get(oid)) and self.needs_large(oid)}
         assert plan.lost == expect
