@@ -42,6 +42,19 @@ def return_ids(task_id: bytes, num_returns: int) -> list[bytes]:
     return [task_id + i.to_bytes(4, "big") for i in range(num_returns)]
 
 
+# An actor's id: its creation's task id and this index. A handle counts it as an object
+# (the handle's token), which the head makes with the actor.
+ACTOR_INDEX = b"\xff\xff\xff\xff"
+
+
+def actor_id(task_id: bytes) -> bytes:
+    return task_id + ACTOR_INDEX
+
+
+def is_actor_id(object_id_: bytes) -> bool:
+    return object_id_.endswith(ACTOR_INDEX) and len(object_id_) == TASK_ID_LEN + 4
+
+
 def task_of(object_id_: bytes) -> bytes:
     return object_id_[:TASK_ID_LEN]
 

@@ -181,7 +181,7 @@ class ActorClass(Generic[T]):
         client.register_function(self._function_id, self._register_frame)
         opts = self._options
         tid = _ids.next_task_id()
-        actor_id = tid + b"\xff\xff\xff\xff"
+        actor_id = _ids.actor_id(tid)
         concurrency = opts.get("max_concurrency") or (DEFAULT_ASYNC_CONCURRENCY if self._is_async else 1)
         detached = opts.get("lifetime") == "detached"
         if detached and not client.info.joinable:

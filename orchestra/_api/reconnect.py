@@ -26,10 +26,12 @@ import time
 import weakref
 from collections.abc import Callable
 
+from .. import _ids
 from .._protocol import pb
 from .._protocol import wire as _wire
 from .._runtime import context as _context
 from .._runtime.client import CoreClient
+from .._runtime.object_ref import ObjectRef
 from .._runtime.replay import ReplayBook
 from ..exceptions import ClusterLostError, ObjectStoreError, OrchestraError
 
@@ -145,7 +147,7 @@ def keep_calls(client: CoreClient, book: ReplayBook | None = None) -> None:
     client.book = book = book or ReplayBook()
     route = client.direct.call_route
     book.bind(client.refs.lock, lambda r: r in client.owned or r[:-4] in route,
-              client.results, client.refs.local)
+              client.results, client.refs.local, lambda oid: ObjectRef(oid, client))
 
 
 def copy_large(old: CoreClient, new: CoreClient) -> dict[bytes, pb.ObjectData]:
@@ -157,9 +159,12 @@ def copy_large(old: CoreClient, new: CoreClient) -> dict[bytes, pb.ObjectData]:
         views = []
         for oid in old.refs.local:
             data = old.results.get(oid)
+            if data is None or data.WhichOneof("data") != "segment":
+                continue
             kept = old.objects.maps.get(oid)
-            if data is not None and kept is not None and data.WhichOneof("data") == "segment":
-                views.append((oid, kept[0], list(data.contained)))
+            view = kept[0] if kept is not None else old.objects.own_view(data.segment)
+            if view is not None:
+                views.append((oid, view, list(data.contained)))
     copied = {}
     for oid, view, contained in views:
         try:
@@ -174,11 +179,15 @@ def carry_over(old: CoreClient, new: CoreClient) -> None:
     """``new`` (connected to the restarted head) takes ``old``'s refs over, and the head
     learns what it needs of them (_runtime/replay.py): the functions, the values held
     here, the calls still needed, then the releases of returns nothing here holds. Under
-    the ref lock throughout: no ref's count changes meanwhile. ClusterLostError: the
-    head went again."""
+    the new connection's lock and the ref lock throughout: no ref's count changes and no
+    other frame goes meanwhile. ClusterLostError: the head went again."""
     refs = old.refs
     copied = copy_large(old, new)
-    with refs.lock:
+    failed: OSError | None = None
+    # The client's order: its connection's lock, then the ref lock (a send takes the
+    # pending ref changes under the first); taken the other way round, the new client's
+    # reader thread, flushing refs, and this thread held one each and waited for ever.
+    with new.conn.lock, refs.lock:
         gone = [copied.pop(oid).segment.name for oid in list(copied) if oid not in refs.local]
         new.refs, new.add_ref, new.remove_ref = refs, refs.add, refs.remove
         new.objects.refs = refs
@@ -197,13 +206,20 @@ def carry_over(old: CoreClient, new: CoreClient) -> None:
         new.function_frames.update(old.function_frames)
         new._registered.update(old.function_frames)
         frames = list(old.function_frames.values())
+        handles = [oid for oid in refs.local if _ids.is_actor_id(oid)]
+        if handles:   # a detached actor's handle holds its token again (an unknown id: no-op)
+            frames.append(_wire.encode(_wire.REF_DELTA, pb.RefDelta(incr=handles)))
         if plan.puts:
             frames.append(_wire.encode(_wire.OBJECTS, pb.Objects(objects=plan.puts)))
         frames.extend(plan.submits)
         if plan.release:
             frames.append(_wire.encode(_wire.REF_DELTA, pb.RefDelta(decr=plan.release)))
         for i in range(0, len(frames), 256):
-            new.send_raw(b"".join(frames[i:i + 256]))
+            failed = new._write_locked(b"".join(frames[i:i + 256]))
+            if failed is not None:
+                break
+    if failed is not None:
+        new._send_failed(failed)   # ClusterLostError: the head went again
     for name in gone:   # copied, and its refs dropped meanwhile (outside the lock: a request)
         new.objects.abort_segment(name)
     if plan.lost:

@@ -103,6 +103,12 @@ def set_reconnect(wait: Callable[[Client], Client | None] | None) -> None:
     _reconnect = wait
 
 
+def reconnected(client: Client) -> Client | None:
+    """A call on ``client`` met the head's death: the client connected to the restarted
+    head once it is (to make the call again), or None (nothing restarts it)."""
+    return _reconnect(client) if _reconnect is not None else None
+
+
 def current_client() -> Client:
     client = _client
     if client is None or client.lost is not None:

@@ -18,8 +18,11 @@ value).
 
 Values in shared memory held here and mapped here (a large put, a result read) are
 copied into new segments of the restarted head (``copied``; _api/reconnect.py makes
-them). What cannot come back: values in shared memory that are not mapped here (the
-store released the map to spill it) and that no kept call makes (a result of an actor
+them). A kept call holds refs to its arguments in shared memory (``Kept.large``: a large
+value passed by value is put first, and its ref went once the call was sent), so that
+they can be copied; a sweep runs as well when those have grown by SWEEP_BYTES. What
+cannot come back: values in shared memory that are not mapped here (the store released
+the map to spill it) and that no kept call makes (a result of an actor
 call, refs that other processes made): ``lost`` holds the ids held here that the
 restarted head does not know, and a get of one raises ObjectLostError naming the lost
 head.
@@ -34,8 +37,9 @@ plan run under it, as do the changes of the maps they read (results, owned, refs
 """
 from __future__ import annotations
 
+import collections
 import contextlib
-from collections.abc import Callable, Container, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, NamedTuple
 
@@ -44,14 +48,20 @@ from .._protocol import codec as _codec
 from .._protocol import pb
 
 # A sweep runs when the book has grown by this many calls since the last one (and at
-# least doubled): amortized O(1) per submission.
+# least doubled): amortized O(1) per submission; or when the arguments in shared memory
+# it keeps alive have grown by this many bytes.
 SWEEP_EVERY = 4096
+SWEEP_BYTES = 256 << 20
 
 
 class Kept(NamedTuple):
     call: bytes               # the serialized Call, as submitted
     num_returns: int
     args: tuple[bytes, ...]   # the ids of its ref arguments, in order
+    # Refs to its arguments in shared memory (a large value passed by value is put
+    # first): they live while the call is kept, so that a restarted head gets a copy.
+    large: tuple[Any, ...] = ()
+    size: int = 0             # their bytes
 
 
 class Plan(NamedTuple):
@@ -66,6 +76,10 @@ def _never(oid: bytes) -> bool:
     return False
 
 
+def _no_ref(oid: bytes) -> Any:
+    raise RuntimeError("ReplayBook.bind() was not called")
+
+
 def inline(data: pb.ObjectData | None) -> bool:
     """A value this process has in full (inline bytes, or a task's error)."""
     return data is not None and data.WhichOneof("data") != "segment"
@@ -74,8 +88,8 @@ def inline(data: pb.ObjectData | None) -> bool:
 class ReplayBook:
     """The calls a driver kept (see the module docstring)."""
 
-    __slots__ = ("calls", "values", "lost", "swept_at", "lock", "answering", "results",
-                 "held")
+    __slots__ = ("calls", "values", "lost", "swept_at", "large_bytes", "swept_bytes", "lock",
+                 "answering", "results", "held", "hold")
 
     def __init__(self) -> None:
         self.calls: dict[bytes, Kept] = {}   # task id -> its call (insertion: submission order)
@@ -84,67 +98,97 @@ class ReplayBook:
         self.values: dict[bytes, pb.ObjectData] = {}
         self.lost: set[bytes] = set()
         self.swept_at = 0
+        self.large_bytes = self.swept_bytes = 0   # Kept.size of the calls kept
         # The client's (bind): its ref lock, and what a sweep reads.
         self.lock: AbstractContextManager[object] = contextlib.nullcontext()
         self.answering: Callable[[bytes], bool] = _never
         self.results: Mapping[bytes, pb.ObjectData] = {}
-        self.held: Container[bytes] = ()
+        self.held: Mapping[bytes, int] = {}
+        self.hold: Callable[[bytes], Any] = _no_ref
 
     def bind(self, lock: AbstractContextManager[object], answering: Callable[[bytes], bool],
-             results: Mapping[bytes, pb.ObjectData], held: Container[bytes]) -> None:
+             results: Mapping[bytes, pb.ObjectData], held: Mapping[bytes, int],
+             hold: Callable[[bytes], Any]) -> None:
         """The client whose calls are kept now: ``answering(oid)``, its task has not
-        answered; ``results``, the values here; ``held``, the ids refs here hold."""
+        answered; ``results``, the values here; ``held``, the count of refs here per id;
+        ``hold(oid)``, a new ref of its own (one more count)."""
         self.lock, self.answering, self.results, self.held = lock, answering, results, held
+        self.hold = hold
 
     def add(self, tid: bytes, call: bytes, num_returns: int, refs: Sequence[Any]) -> None:
         """Keep a submitted call (``refs``: its ref arguments); sweep now and then."""
         calls = self.calls
         args = tuple(r._id for r in refs)
-        calls[tid] = Kept(call, num_returns, args)
         values = self.values
-        for a in args:
-            if a not in values:
-                data = self.results.get(a)
-                if data is not None and data.WhichOneof("data") != "segment":
-                    values[a] = data
-        if len(calls) >= self.swept_at + SWEEP_EVERY and len(calls) >= 2 * self.swept_at:
+        large: list[Any] = []
+        size = 0
+        for r in refs:
+            data = self.results.get(r._id)
+            if data is None:
+                continue
+            if data.WhichOneof("data") == "segment":
+                large.append(self.hold(r._id))
+                size += data.segment.size
+            elif r._id not in values:
+                values[r._id] = data
+        calls[tid] = Kept(call, num_returns, args, tuple(large), size) if large \
+            else Kept(call, num_returns, args)
+        self.large_bytes += size
+        if (len(calls) >= self.swept_at + SWEEP_EVERY and len(calls) >= 2 * self.swept_at) \
+                or self.large_bytes >= self.swept_bytes + SWEEP_BYTES:
             with self.lock:
                 self.sweep(self.answering, self.results, self.held)
 
     def sweep(self, answering: Callable[[bytes], bool], results: Mapping[bytes, pb.ObjectData],
-              held: Container[bytes]) -> None:
+              held: Mapping[bytes, int]) -> None:
+        doomed, _ = self._sweep(answering, results, held)
+        del doomed   # their refs to large arguments go last (each re-enters the book)
+
+    def _sweep(self, answering: Callable[[bytes], bool], results: Mapping[bytes, pb.ObjectData],
+               held: Mapping[bytes, int]) -> tuple[list[Kept], collections.Counter[bytes]]:
         """Drop the calls none of whose returns is needed. ``answering(oid)``: its task has
-        not answered; ``results``: the values here; ``held``: the ids refs here hold."""
+        not answered; ``results``: the values here; ``held``: the count of refs here per
+        id."""
         calls = self.calls
         named: set[bytes] = set()   # arguments of the kept calls submitted later
         gone: list[bytes] = []
         values = self.values
+        # Counts held by the large-argument refs of calls going now: not holds that
+        # keep the call making them (their own calls come later in this pass).
+        going: collections.Counter[bytes] = collections.Counter()
         for tid, k in reversed(calls.items()):   # consumers come after their producers
             rids = _ids.return_ids(tid, k.num_returns)
             if any(answering(r) or (r not in values and not inline(results.get(r))
-                                    and (r in held or r in named)) for r in rids):
+                                    and (held.get(r, 0) > going[r] or r in named))
+                   for r in rids):
                 named.update(k.args)
                 continue
             gone.append(tid)
+            going.update(r._id for r in k.large)
             for r in rids:   # its value here stands for the call: kept while named
                 if r in named and r not in values:
                     data = results.get(r)
                     assert data is not None   # inline: else the call was needed
                     values[r] = data
-        for tid in gone:
-            del calls[tid]
+        doomed = [calls.pop(tid) for tid in gone]
         for oid in [oid for oid in values if oid not in named]:
             del values[oid]
-        self.swept_at = len(calls)
+        self._swept()
+        return doomed, going   # the calls dropped (the caller lets them go), their holds
+
+    def _swept(self) -> None:
+        self.swept_at = len(self.calls)
+        self.large_bytes = self.swept_bytes = sum(k.size for k in self.calls.values())
 
     def plan(self, answering: Callable[[bytes], bool], results: Mapping[bytes, pb.ObjectData],
-             held: Container[bytes], holding: list[bytes],
+             held: Mapping[bytes, int], holding: list[bytes],
              copied: Mapping[bytes, pb.ObjectData] | None = None) -> Plan:
         """What to send a restarted head (see the module docstring); ``holding``: every id
         held here; ``copied``: values in shared memory held here, copied into new
         segments (large puts, results read here). The book keeps the calls submitted
         again, with their returns now owned by the new connection."""
-        self.sweep(answering, results, held)
+        doomed, going = self._sweep(answering, results, held)
+        holding = [oid for oid in holding if held.get(oid, 0) > going[oid]]
         puts = [results[oid] for oid in holding if inline(results.get(oid))]
         puts.extend((copied or {}).values())
         known = {d.object_id for d in puts}
@@ -158,15 +202,19 @@ class ReplayBook:
             if all(r in known for r in rids):   # its values are put again: nothing to run
                 continue
             if not all(a in known for a in k.args):   # an argument is lost: so is the call
-                del self.calls[tid]
+                doomed.append(self.calls.pop(tid))
+                going.update(r._id for r in k.large)
                 continue
             submits.append(_codec.submit_frame(k.call))
             owned.extend(r for r in rids if r not in known)
             known.update(rids)
             release.extend(r for r in rids if r not in held)
-        lost = {oid for oid in holding if oid not in known}
+        # An actor's handle: the restarted head has the actor (detached) or not.
+        lost = {oid for oid in holding if oid not in known and not _ids.is_actor_id(oid)
+                and held.get(oid, 0) > going[oid]}
         self.lost |= lost
-        self.swept_at = len(self.calls)
+        self._swept()
+        del doomed   # their refs to large arguments go once ``lost`` is known
         return Plan(puts, submits, release, owned, lost)
 
     def dropped(self, oid: bytes, data: pb.ObjectData | None) -> bool:

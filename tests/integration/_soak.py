@@ -172,6 +172,9 @@ def failures(counts: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> None:
     address, token, seconds, seed = argv[0], argv[1], float(argv[2]), int(argv[3])
+    if os.environ.get("ORCHESTRA_SOAK_DUMP_S"):   # a driver that hangs shows where
+        import faulthandler
+        faulthandler.dump_traceback_later(float(os.environ["ORCHESTRA_SOAK_DUMP_S"]))
     faults = len(argv) > 4 and argv[4] in ("faults", "head-kills")
     detached = len(argv) > 4 and argv[4] == "head-kills"
     orchestra.init(address=address, token=token, namespace="soak" if detached else None)

@@ -191,7 +191,8 @@ def test_with_the_head_and_workers_killed_every_result_is_still_right(state: str
     tasks, a detached actor) while a worker is SIGKILLed every 2 s and the head every
     HEAD_KILL_S: the supervisor starts it again, the node joins again, each driver carries
     its work over (_runtime/replay.py), and no round fails, hangs or is lost."""
-    head = start_head(state, "--num-cpus", "2", "--object-store-memory", str(256 << 20))
+    head = start_head(state, "--num-cpus", "2", "--object-store-memory", str(256 << 20),
+                      "--state-store", "sqlite://" + str(Path(state, "s.db")))
     r = cli("start", "--address", head["address"], "--token", head["token"], "--num-cpus", "2",
             "--object-store-memory", str(256 << 20), "--resources", '{"far": 100}')
     assert r.returncode == 0, r.stderr

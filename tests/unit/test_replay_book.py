@@ -1,16 +1,22 @@
 """What a driver sends a restarted head (orchestra/_runtime/replay.py), driven by a
-Hypothesis state machine of one driver: small and large puts, tasks submitted with any
-of the refs held as arguments (chains, fans), answers arriving inline or in shared
-memory in any order, refs dropped at any moment, sweeps now and then; then the head is
-lost. Whatever the order:
+Hypothesis state machine of one driver: small and large puts (a large one's map may be
+released, as the store does to spill it), tasks submitted with any of the refs held as
+arguments (chains, fans), answers arriving inline or in shared memory in any order, refs
+dropped at any moment, sweeps now and then; at every step the head is lost. Refs count
+as ObjectRefs do (the book holds those of kept calls' large arguments). Whatever the
+order:
 - every call sent again names only arguments the restarted head knows by then (values
-  put first, returns of calls sent before it);
-- the ids lost are exactly those held whose value is not here and that need a large put
-  (shared memory nothing makes again), directly or through their arguments;
-- once every call answered inline and every ref is gone, a sweep leaves nothing kept.
+  put or copied first, returns of calls sent before it), and none whose values were put;
+- the returns owned are exactly those the calls sent again will bring;
+- the ids lost are exactly those held that can be neither read here, copied, nor made
+  again: a large put whose map went, or a value that needs one (through its task's
+  arguments, where the driver has no value of them);
+- once every call answered and every ref of the driver is gone, a sweep leaves nothing
+  kept and no ref held.
 No processes."""
 from __future__ import annotations
 
+import collections
 import itertools
 
 import pytest
@@ -39,10 +45,18 @@ def reset_tids() -> None:
 
 
 class Ref:
-    """What the book reads of an ObjectRef: its id."""
+    """An ObjectRef's counting: one count of its id here while it lives."""
 
-    def __init__(self, oid: bytes) -> None:
-        self._id = oid
+    def __init__(self, driver: Driver, oid: bytes) -> None:
+        self._id, self._driver = oid, driver
+        driver.local[oid] += 1
+
+    def __del__(self) -> None:
+        self._driver.remove(self._id)
+
+
+def _inline(data: pb.ObjectData | None) -> bool:
+    return data is not None and data.WhichOneof("data") != "segment"
 
 
 class Driver(RuleBasedStateMachine):
@@ -52,43 +66,57 @@ class Driver(RuleBasedStateMachine):
         self.book = ReplayBook()
         self.results: dict[bytes, pb.ObjectData] = {}
         self.owned: set[bytes] = set()
-        self.held: set[bytes] = set()
-        self.book.bind(self.book.lock, self.owned.__contains__, self.results, self.held)
+        self.local: collections.Counter[bytes] = collections.Counter()
+        self.book.bind(self.book.lock, self.owned.__contains__, self.results, self.local,
+                       lambda oid: Ref(self, oid))
+        self.user: dict[bytes, Ref] = {}                 # the user's refs, one per id
         self.args: dict[bytes, tuple[bytes, ...]] = {}   # task id -> its ref arguments
         self.large: set[bytes] = set()                   # puts in shared memory
+        self.mapped: set[bytes] = set()                  # ... whose map is still here
         self.seen: set[bytes] = set()    # values here inline once, while a ref held them
         self.pending: list[bytes] = []                   # tasks not answered
         self.frames: dict[bytes, bytes] = {}             # submit frame -> its task id
 
+    def remove(self, oid: bytes) -> None:
+        """As RefCounts.remove and CoreClient._last_ref_gone (a driver with a book keeps
+        its returns owned until they answer)."""
+        self.local[oid] -= 1
+        if self.local[oid] == 0:
+            del self.local[oid]
+            self.book.dropped(oid, self.results.pop(oid, None))
+
     # -------------------------------------------------------------- what a driver does
-    def _new_put(self, large: bool) -> None:
+    @rule(large=st.booleans())
+    def put(self, large: bool) -> None:
         oid = _ids.object_id(new_tid(), 0)
         self.results[oid] = (pb.ObjectData(object_id=oid, segment=pb.Segment(name="s", size=1))
                              if large else pb.ObjectData(object_id=oid, inline=b"v"))
+        (self.large if large else self.seen).add(oid)
         if large:
-            self.large.add(oid)
-        else:
-            self.seen.add(oid)
-        self.held.add(oid)
+            self.mapped.add(oid)
+        self.user[oid] = Ref(self, oid)
 
-    @rule(large=st.booleans())
-    def put(self, large: bool) -> None:
-        self._new_put(large)
+    @precondition(lambda self: self.mapped)
+    @rule(data=st.data())
+    def spill(self, data: st.DataObject) -> None:
+        """The store released a large put's map here (to spill it)."""
+        self.mapped.discard(data.draw(st.sampled_from(sorted(self.mapped))))
 
     @precondition(lambda self: len(self.pending) < 12)
     @rule(data=st.data(), num_returns=st.integers(1, 2))
     def submit(self, data: st.DataObject, num_returns: int) -> None:
-        held = sorted(self.held)
-        args = tuple(data.draw(st.lists(st.sampled_from(held), max_size=3, unique=True))) \
-            if held else ()
+        mine = sorted(self.user)
+        args = tuple(data.draw(st.lists(st.sampled_from(mine), max_size=3, unique=True))) \
+            if mine else ()
         tid = new_tid()
         call = pb.Call(task_id=tid, num_returns=num_returns,
                        args=[pb.Value(ref=a) for a in args]).SerializeToString()
         self.frames[_codec.submit_frame(call)] = tid
-        self.book.add(tid, call, num_returns, [Ref(a) for a in args])
+        self.book.add(tid, call, num_returns, [self.user[a] for a in args])
         rids = _ids.return_ids(tid, num_returns)
         self.owned.update(rids)
-        self.held.update(rids)
+        for r in rids:
+            self.user[r] = Ref(self, r)
         self.args[tid] = args
         self.pending.append(tid)
 
@@ -96,46 +124,43 @@ class Driver(RuleBasedStateMachine):
     @rule(data=st.data(), in_memory=st.booleans())
     def answer(self, data: st.DataObject, in_memory: bool) -> None:
         tid = self.pending.pop(data.draw(st.integers(0, len(self.pending) - 1)))
-        for r in _ids.return_ids(tid, self.book.calls[tid].num_returns
-                                 if tid in self.book.calls else 2):
+        for r in _ids.return_ids(tid, 2):
             if r in self.owned:   # as CoreClient._dispatch: stored only when held
                 self.owned.discard(r)
-                if r in self.held:
+                if r in self.local:
                     if not in_memory:
                         self.seen.add(r)
                     self.results[r] = (
                         pb.ObjectData(object_id=r, segment=pb.Segment(name="t", size=1))
                         if in_memory else pb.ObjectData(object_id=r, inline=b"r"))
 
-    @precondition(lambda self: self.held)
+    @precondition(lambda self: self.user)
     @rule(data=st.data())
     def drop(self, data: st.DataObject) -> None:
-        oid = data.draw(st.sampled_from(sorted(self.held)))
-        self.held.discard(oid)           # as CoreClient._last_ref_gone
-        data = self.results.pop(oid, None)
-        self.owned.discard(oid)
-        self.book.dropped(oid, data)
+        del self.user[data.draw(st.sampled_from(sorted(self.user)))]
 
     @rule()
     def sweep(self) -> None:
-        self.book.sweep(self.owned.__contains__, self.results, self.held)
+        self.book.sweep(self.owned.__contains__, self.results, self.local)
 
     # -------------------------------------------------------------- what must hold
-    def needs_large(self, oid: bytes) -> bool:
-        """Its value, made again from what the driver has, needs a large put: a value
-        the driver had inline while a ref here held it does not (held still, it is here;
-        named by a call, it was kept with the call)."""
+    def needs_lost(self, oid: bytes) -> bool:
+        """Its value, made again from what the driver has, needs a large put whose map
+        went: a value the driver had inline while a ref here held it does not (held
+        still, it is here; named by a call, it was kept with the call)."""
         if oid in self.large:
-            return True
+            return oid not in self.mapped
         tid = _ids.task_of(oid)
         return tid in self.args and any(
-            a not in self.seen and self.needs_large(a) for a in self.args[tid])
+            a not in self.seen and self.needs_lost(a) for a in self.args[tid])
 
     @invariant()
     def the_head_is_lost_now(self) -> None:
         book = ReplayBook()   # a copy: the machine goes on with the book it has
         book.calls, book.values = dict(self.book.calls), dict(self.book.values)
-        plan = book.plan(self.owned.__contains__, self.results, self.held, sorted(self.held))
+        held = sorted(self.local)
+        copied = {oid: self.results[oid] for oid in held if oid in self.mapped}
+        plan = book.plan(self.owned.__contains__, self.results, self.local, held, copied)
         known = {d.object_id for d in plan.puts}
         put = set(known)
         assert len(known) == len(plan.puts), "a value put twice"
@@ -148,26 +173,24 @@ class Driver(RuleBasedStateMachine):
             assert not put.issuperset(rids), "a call run again whose values were put"
             known.update(rids)
             coming.update(r for r in rids if r not in put)
-        # Owned: exactly the values the calls sent again will bring (each answers once).
         assert sorted(plan.owned) == sorted(coming)
-        expect = {oid for oid in self.held
-                  if not _inline(self.results.get(oid)) and self.needs_large(oid)}
-        assert plan.lost == expect
-        assert all(r not in self.held for r in plan.release)
+        expect = {oid for oid in held if not _inline(self.results.get(oid))
+                  and oid not in copied and self.needs_lost(oid)}
+        # The user's refs exactly; an id only kept calls held is lost, or not held once
+        # the calls that cannot run again went.
+        assert {oid for oid in plan.lost if oid in self.user} == expect & set(self.user)
+        assert plan.lost <= expect
+        assert all(r not in self.local for r in plan.release)
 
     def teardown(self) -> None:
-        """Every call answers inline, every ref goes: nothing stays kept."""
+        """Every call answers, every ref of the user goes: nothing stays kept or held."""
         for tid in self.pending:
             for r in _ids.return_ids(tid, 2):
                 self.owned.discard(r)
-        self.held.clear()
-        self.results.clear()
-        self.book.sweep(self.owned.__contains__, self.results, self.held)
+        self.user.clear()
+        self.book.sweep(self.owned.__contains__, self.results, self.local)
         assert not self.book.calls and not self.book.values
-
-
-def _inline(data: pb.ObjectData | None) -> bool:
-    return data is not None and data.WhichOneof("data") != "segment"
+        assert not self.local, f"refs held after all went: {sorted(self.local)}"
 
 
 Driver.TestCase.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
