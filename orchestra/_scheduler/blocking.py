@@ -148,9 +148,12 @@ class Blocking:
     def inline_waiter(self, t: Task) -> bool:
         """``t`` is ready and first in its queue: run it inline in a get() blocked on it
         (the caller takes it off the queue); True when one takes it."""
+        nodes = self.s.nodes
         for w, wait in self.waiting_for.get(t.call.task_id, ()):
+            # (A worker of a node being removed is not: remove_node schedules between
+            # its workers' deaths, and the node's resources are gone already.)
             if w.state is WorkerState.BLOCKED and w.waits and w.waits[-1] is wait \
-                    and len(w.nested) < MAX_NESTED and _inlinable(t, w):
+                    and w.node_id in nodes and len(w.nested) < MAX_NESTED and _inlinable(t, w):
                 self._run_inline(t, w)
                 return True
         return False

@@ -862,3 +862,30 @@ def test_a_finished_task_cannot_run_again():
     assert t.state is TaskState.DONE
     with pytest.raises(IllegalTransition):
         t.move(TaskState.READY)
+
+
+def test_a_node_removed_while_one_of_its_workers_waits_for_a_task_its_other_one_ran():
+    # remove_node schedules between its workers' deaths: the task the dead one ran was
+    # ready again and went to run inline in the other's blocked get(), whose node was
+    # gone already (KeyError in the head's connection_lost; the soak's round hung).
+    c = Cluster(cpus=0, workers=0)
+    c.s.add_node(2, {"CPU": 2.0, "far": 2.0}, num_workers=2, max_workers=2)
+    w1, w2 = c.started(c.take())
+    for w in (w1, w2):
+        c.connect(w)
+    c.take()
+    outer = c.submit(make_call("outer", resources={"far": 1.0}))
+    ((waiter, _),) = executes(c.take())
+    other = w2 if waiter == w1 else w1
+    inner = c.submit(make_call("inner", resources={"far": 1.0}, max_retries=3),
+                     conn=worker_conn(waiter))
+    out = c.take()
+    assert executed(out) == [(other, inner.task_id)]   # the waiter is busy with outer
+    block(c, waiter, outer, inner)
+    c.take()
+    # The worker that ran the task dies first in remove_node's loop, the waiter second.
+    c.s.workers[other] = c.s.workers.pop(other)
+    c.s.workers[waiter] = c.s.workers.pop(waiter)
+    c.s.remove_node(2, "killed")
+    assert 2 not in c.s.nodes
+    assert nested_executed(c.take()) == []
