@@ -37,9 +37,10 @@ def check_session(ref: ObjectRef[Any], client: _context.Client | None) -> None:
                 return   # carried over (_api/reconnect.py carry_over)
             raise ObjectLostError(
                 f"{ref!r} was lost with the cluster's head ({getattr(ref._client, 'lost', '')}); "
-                "the head was started again, and this value was in shared memory that no "
-                "task of this driver makes again (a large put, an actor call's result): put "
-                "the value again, or run its task again")
+                "the head was started again, and this driver can neither copy this value nor "
+                "make it again (a value in shared memory no longer mapped here, an actor "
+                "call's result; a call in flight to an actor without max_task_retries is not "
+                "run again): put the value again, or make the call again")
         raise ObjectLostError(
             f"{ref!r} belongs to a session that was shut down; refs do not outlive "
             "orchestra.shutdown(). Put the value again, or re-run its task, in this session.")

@@ -92,8 +92,7 @@ class CoreClient:
             raise ClusterLostError(f"could not reach the head: {exc}") from exc
         self.token = token   # for TCP direct calls to workers of other nodes (None: the env's)
         self.sock = self.conn.sock
-        self.on_frame = on_frame
-        self.on_lost = on_lost
+        self.on_frame, self.on_lost = on_frame, on_lost
         # A worker's hook for a get()/wait() that blocks: on_block(True, missing ids)
         # answers whether this thread may run tasks inline while it waits (the head
         # sends them as EXECUTE_NESTED); nested_ready() says one came, run_nested() runs
@@ -114,8 +113,7 @@ class CoreClient:
         self._req_ids = itertools.count(1)
         self._registered: set[bytes] = set()
         self.function_frames: dict[bytes, bytes] = {}   # for lent workers
-        # serialized Call templates of actor methods: (actor, method, returns, generator,
-        # backpressure) ->
+        # Call templates of actor methods: (actor, method, returns, generator, backpressure) ->
         self.templates: dict[tuple[bytes, str, int, int, int], bytes] = {}
         # Streams this process consumes (task id -> _generators.Stream): their items are
         # pushed here before next() makes their refs; and the last ones ended, in order.
@@ -339,8 +337,9 @@ class CoreClient:
         call = encode_call(self, template, tid, args, kwargs, refs, hold)
         rids = _ids.return_ids(tid, num_returns)
         out: list[ObjectRef[Any]] = [ObjectRef(rid, self, counted=True) for rid in rids]
-        if self.book is not None and not self.streams:
-            self.book.add(tid, call, num_returns, refs)
+        book = None if self.streams else self.book
+        if book is not None:   # sent again to a restarted head if still needed then
+            book.add(tid, call, num_returns, refs)
         if shape is not None and hold is not None and direct.loans.get(shape) \
                 and (not refs or all(r._id in self.results for r in refs)):
             if hold and self.put_seq > self.synced_seq:
@@ -351,18 +350,19 @@ class CoreClient:
                 return out
         with self.refs.lock:
             self.owned.update(rids)
-        try:
-            self.send_submit(call, refs)
-        except ClusterLostError:
-            if self.book is None:   # else kept: sent again to the restarted head
-                raise
+        self.send_submit(call, refs, book is not None)
         del refs
         return out
 
-    def send_submit(self, call: bytes, refs: Sequence[ObjectRef]) -> None:
+    def send_submit(self, call: bytes, refs: Sequence[ObjectRef], kept: bool = False) -> None:
+        """``kept``: the book keeps the call (a head lost meanwhile gets it again)."""
         if self.direct.book.unregistered:
             self.escape([r._id for r in refs])
-        self.send_raw(_codec.submit_frame(call))
+        try:
+            self.send_raw(_codec.submit_frame(call))
+        except ClusterLostError:
+            if not kept:
+                raise
 
     def submit_actor(self, actor_id: bytes, token: ObjectRef, template: bytes, num_returns: int,
                      args: Sequence[Any], kwargs: dict[str, Any], name: str,
@@ -378,13 +378,16 @@ class CoreClient:
         call = encode_call(self, template, tid, args, kwargs, refs, hold)
         rids = _ids.return_ids(tid, num_returns)
         out: list[ObjectRef[Any]] = [ObjectRef(rid, self, counted=True) for rid in rids]
+        book = None if self.streams else self.book
+        if book is not None:   # sent again to a restarted head if retried and not answered
+            book.add(tid, call, num_returns, refs, False, book.replays(template))
         if hold and self.put_seq > self.synced_seq and route.peer is not None:
             self.request(pb.Request(query="sync"))   # the head knows every ref in the arguments
         with route.lock:
             if not self.direct.submit_actor(route, Call(tid, call, refs, token, rids, name, hold)):
                 with self.refs.lock:
                     self.owned.update(rids)
-                self.send_submit(call, refs)
+                self.send_submit(call, refs, book is not None)
         return out
 
     def retire_route(self, actor_id: bytes) -> None:
@@ -481,8 +484,7 @@ class CoreClient:
         return ready, not_ready
 
     def prefetch(self, refs: Sequence[ObjectRef]) -> None:
-        """wait(fetch_local=True): have the head copy the ready objects that live on
-        another node to this one (no answer awaited); nothing to send on one node."""
+        """wait(fetch_local=True): the head copies the ready objects of other nodes here."""
         here = self.info.node_id
         away = [r._id for r in refs if (d := self.results.get(r._id)) is not None
                 and d.WhichOneof("data") == "segment" and d.segment.node_id != here]

@@ -16,6 +16,14 @@ puts again. A small value here that a kept call names as an argument is kept wit
 the call (``values``), even once its refs here went (the root of a chain, a step's
 value).
 
+An actor's method call (``Kept.lineage`` False) is kept only until it answers (b does
+not apply: the actor's state has moved on since). One with ``max_task_retries`` in
+flight when the head died is sent again, in its order among the other calls, and the
+restarted head queues it for the actor (a detached one is there again; another is
+not, and the call raises ActorDiedError). One without retries (``Kept.replay``
+False) is not: its result, if it had not come, is lost; it is kept for its small
+values (a kept call may name them once they came).
+
 Values in shared memory held here and mapped here (a large put, a result read) are
 copied into new segments of the restarted head (``copied``; _api/reconnect.py makes
 them). A kept call holds refs to its arguments in shared memory (``Kept.large``: a large
@@ -23,7 +31,8 @@ value passed by value is put first, and its ref went once the call was sent), so
 they can be copied; a sweep runs as well when those have grown by SWEEP_BYTES. What
 cannot come back: values in shared memory that are not mapped here (the store released
 the map to spill it) and that no kept call makes (a result of an actor
-call, refs that other processes made): ``lost`` holds the ids held here that the
+call that answered in shared memory, or had not answered and has no retries, refs
+that other processes made): ``lost`` holds the ids held here that the
 restarted head does not know, and a get of one raises ObjectLostError naming the lost
 head.
 
@@ -62,6 +71,12 @@ class Kept(NamedTuple):
     # first): they live while the call is kept, so that a restarted head gets a copy.
     large: tuple[Any, ...] = ()
     size: int = 0             # their bytes
+    # Runs again to make its values once it answered (a task); False: kept only until
+    # it answers (an actor's method: the actor's state moved on since).
+    lineage: bool = True
+    # Sent again to a restarted head if it has not answered (False: an actor's method
+    # without max_task_retries, which may have run; kept for its small values only).
+    replay: bool = True
 
 
 class Plan(NamedTuple):
@@ -115,8 +130,17 @@ class ReplayBook:
         self.lock, self.answering, self.results, self.held = lock, answering, results, held
         self.hold = hold
 
-    def add(self, tid: bytes, call: bytes, num_returns: int, refs: Sequence[Any]) -> None:
-        """Keep a submitted call (``refs``: its ref arguments); sweep now and then."""
+    @staticmethod
+    def replays(template: bytes) -> bool:
+        """A call of the actor method of ``template`` is sent again: it has
+        max_task_retries (it may run again on the actor)."""
+        return pb.Call.FromString(template).max_retries != 0   # ~1 us: a template is small
+
+    def add(self, tid: bytes, call: bytes, num_returns: int, refs: Sequence[Any],
+            lineage: bool = True, replay: bool = True) -> None:
+        """Keep a submitted call (``refs``: its ref arguments); sweep now and then.
+        ``lineage``: False for an actor's method (kept only until it answers);
+        ``replay``: False for one without retries (not sent again)."""
         calls = self.calls
         args = tuple(r._id for r in refs)
         values = self.values
@@ -131,8 +155,8 @@ class ReplayBook:
                 size += data.segment.size
             elif r._id not in values:
                 values[r._id] = data
-        calls[tid] = Kept(call, num_returns, args, tuple(large), size) if large \
-            else Kept(call, num_returns, args)
+        calls[tid] = Kept(call, num_returns, args, tuple(large), size, lineage, replay) \
+            if large or not lineage else Kept(call, num_returns, args)
         self.large_bytes += size
         if (len(calls) >= self.swept_at + SWEEP_EVERY and len(calls) >= 2 * self.swept_at) \
                 or self.large_bytes >= self.swept_bytes + SWEEP_BYTES:
@@ -158,7 +182,7 @@ class ReplayBook:
         going: collections.Counter[bytes] = collections.Counter()
         for tid, k in reversed(calls.items()):   # consumers come after their producers
             rids = _ids.return_ids(tid, k.num_returns)
-            if any(answering(r) or (r not in values and not inline(results.get(r))
+            if any(answering(r) or (k.lineage and r not in values and not inline(results.get(r))
                                     and (held.get(r, 0) > going[r] or r in named))
                    for r in rids):
                 named.update(k.args)
@@ -168,8 +192,9 @@ class ReplayBook:
             for r in rids:   # its value here stands for the call: kept while named
                 if r in named and r not in values:
                     data = results.get(r)
-                    assert data is not None   # inline: else the call was needed
-                    values[r] = data
+                    if inline(data):   # always, for a task (else it was needed)
+                        assert data is not None
+                        values[r] = data
         doomed = [calls.pop(tid) for tid in gone]
         for oid in [oid for oid in values if oid not in named]:
             del values[oid]
@@ -201,7 +226,7 @@ class ReplayBook:
             rids = _ids.return_ids(tid, k.num_returns)
             if all(r in known for r in rids):   # its values are put again: nothing to run
                 continue
-            if not all(a in known for a in k.args):   # an argument is lost: so is the call
+            if not k.replay or not all(a in known for a in k.args):   # lost: so is the call
                 doomed.append(self.calls.pop(tid))
                 going.update(r._id for r in k.large)
                 continue

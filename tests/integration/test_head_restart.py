@@ -505,6 +505,71 @@ def test_a_drivers_work_in_flight_outlives_the_head(state: str) -> None:
         driver.kill()
 
 
+ACTOR_CALLS = """
+import json, sys, time, orchestra
+from orchestra.exceptions import ActorDiedError, ObjectLostError
+orchestra.init(address="auto", namespace="calls")
+
+@orchestra.remote(resources={"far": 0.3}, max_task_retries=-1)
+class Slow:
+    def twice(self, x):
+        time.sleep(1.0)
+        return [2 * x, b"t" * (x * 300 * 1024)]   # 0 B to 900 KiB: inline and in shared memory
+
+kept = Slow.options(name="kept", lifetime="detached").remote()
+once = Slow.options(name="once", lifetime="detached", max_task_retries=0).remote()
+gone = Slow.remote()                               # not detached: lost with its head
+orchestra.get([a.twice.remote(0) for a in (kept, once, gone)], timeout=30)   # all up
+calls = [kept.twice.remote(i) for i in range(1, 4)]   # in flight and queued at the kill
+unkept = once.twice.remote(1)
+dies = gone.twice.remote(1)
+print("ready", flush=True)
+sys.stdin.readline()                               # the head is killed, and back
+out = [[(n, len(pad)) for n, pad in orchestra.get(calls, timeout=90)]]
+for ref, err in ((unkept, ObjectLostError), (dies, ActorDiedError)):
+    try:
+        orchestra.get(ref, timeout=60)
+        out.append("answered")
+    except err as exc:
+        out.append(type(exc).__name__)
+orchestra.kill(kept)
+orchestra.kill(once)
+print(json.dumps(out), flush=True)
+orchestra.shutdown()
+"""
+
+
+def test_actor_calls_in_flight_outlive_the_head_when_they_may_run_again(state: str) -> None:
+    """Calls of a detached actor with max_task_retries, running and queued when the head
+    is SIGKILLed, are sent again to the restarted head in their order and answer (their
+    results inline and in shared memory); a call without retries raises ObjectLostError
+    (it may have run: it is not run again), and a call of an actor that was not detached
+    raises ActorDiedError (the restarted head has no such actor)."""
+    rec = start_head(state, "--state-store", "sqlite://" + str(Path(state, "s.db")))
+    join(rec)
+    driver = subprocess.Popen([sys.executable, "-c", ACTOR_CALLS], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, PYTHONPATH=REPO))
+    try:
+        assert driver.stdout is not None and driver.stdin is not None
+        ready = driver.stdout.readline().strip()
+        assert ready == "ready", driver.communicate(timeout=T)[1]
+        time.sleep(0.3)   # the first call runs
+        head = serving_head(rec)
+        os.kill(head, signal.SIGKILL)
+        serving_head(rec, other_than=head)
+        driver.stdin.write("go\n")
+        driver.stdin.flush()
+        out, err = driver.communicate(timeout=2 * T)
+        log = Path(rec["run_dir"], "stderr.log").read_text()
+        assert driver.returncode == 0, err + "\n--- the head's log:\n" + log
+        assert json.loads(out.strip().splitlines()[-1]) == [
+            [[2, 300 * 1024], [4, 600 * 1024], [6, 900 * 1024]], "ObjectLostError",
+            "ActorDiedError"]
+    finally:
+        driver.kill()
+
+
 GIVES_UP = """
 import sys, time, orchestra
 from orchestra.exceptions import ClusterLostError

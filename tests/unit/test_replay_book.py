@@ -2,7 +2,8 @@
 Hypothesis state machine of one driver: small and large puts (a large one's map may be
 released, as the store does to spill it), tasks submitted with any of the refs held as
 arguments (chains, fans), answers arriving inline or in shared memory in any order, refs
-dropped at any moment, sweeps now and then; at every step the head is lost. Refs count
+dropped at any moment, sweeps now and then, actor calls with and without
+max_task_retries; at every step the head is lost. Refs count
 as ObjectRefs do (the book holds those of kept calls' large arguments). Whatever the
 order:
 - every call sent again names only arguments the restarted head knows by then (values
@@ -10,7 +11,8 @@ order:
 - the returns owned are exactly those the calls sent again will bring;
 - the ids lost are exactly those held that can be neither read here, copied, nor made
   again: a large put whose map went, or a value that needs one (through its task's
-  arguments, where the driver has no value of them);
+  arguments, where the driver has no value of them), an actor call's result that came
+  in shared memory or that will not come (no retries), or one that needs such a value;
 - once every call answered and every ref of the driver is gone, a sweep leaves nothing
   kept and no ref held.
 No processes."""
@@ -76,6 +78,7 @@ class Driver(RuleBasedStateMachine):
         self.seen: set[bytes] = set()    # values here inline once, while a ref held them
         self.pending: list[bytes] = []                   # tasks not answered
         self.frames: dict[bytes, bytes] = {}             # submit frame -> its task id
+        self.actor_calls: dict[bytes, bool] = {}         # actor call's task id -> retried
 
     def remove(self, oid: bytes) -> None:
         """As RefCounts.remove and CoreClient._last_ref_gone (a driver with a book keeps
@@ -120,6 +123,30 @@ class Driver(RuleBasedStateMachine):
         self.args[tid] = args
         self.pending.append(tid)
 
+    @precondition(lambda self: len(self.pending) < 12)
+    @rule(data=st.data(), num_returns=st.integers(1, 2), retried=st.booleans())
+    def call_actor(self, data: st.DataObject, num_returns: int, retried: bool) -> None:
+        """An actor's method, with max_task_retries or not: kept only until it answers
+        (its result cannot be made again), and sent again only with retries."""
+        mine = sorted(self.user)
+        args = tuple(data.draw(st.lists(st.sampled_from(mine), max_size=2, unique=True))) \
+            if mine else ()
+        template = pb.Call(num_returns=num_returns, actor_id=b"actor", method="m",
+                           max_retries=-1 if retried else 0).SerializeToString()
+        assert self.book.replays(template) == retried
+        tid = new_tid()
+        call = pb.Call(task_id=tid, num_returns=num_returns, actor_id=b"actor", method="m",
+                       args=[pb.Value(ref=a) for a in args]).SerializeToString()
+        self.frames[_codec.submit_frame(call)] = tid
+        self.book.add(tid, call, num_returns, [self.user[a] for a in args], False, retried)
+        rids = _ids.return_ids(tid, num_returns)
+        self.owned.update(rids)
+        for r in rids:
+            self.user[r] = Ref(self, r)
+        self.args[tid] = args
+        self.actor_calls[tid] = retried
+        self.pending.append(tid)
+
     @precondition(lambda self: self.pending)
     @rule(data=st.data(), in_memory=st.booleans())
     def answer(self, data: st.DataObject, in_memory: bool) -> None:
@@ -151,6 +178,8 @@ class Driver(RuleBasedStateMachine):
         if oid in self.large:
             return oid not in self.mapped
         tid = _ids.task_of(oid)
+        if tid in self.actor_calls and (tid not in self.pending or not self.actor_calls[tid]):
+            return True   # answered (its value here is gone), or not kept
         return tid in self.args and any(
             a not in self.seen and self.needs_lost(a) for a in self.args[tid])
 
