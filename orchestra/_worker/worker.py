@@ -48,7 +48,7 @@ from .._protocol import wire as _wire
 from .._runtime import context as _context
 from .._runtime import runtime_env as _runtime_env
 from .._runtime.client import CoreClient
-from ..exceptions import ActorDiedError, ClusterLostError, ObjectStoreError, TaskError
+from ..exceptions import ActorDiedError, ClusterLostError, TaskError
 from . import preload as _preload
 from . import rejoin as _rejoin
 from .actors import ActorRuntime
@@ -595,11 +595,6 @@ class WorkerRuntime:
         except _Cancelled:
             raise
         except BaseException as exc:  # noqa: BLE001 - every failure of user code is reported
-            if isinstance(exc, ObjectStoreError) and self.client.lost is not None \
-                    and self.actor is None:
-                # The head died and its store went with it (its segments removed): this
-                # worker's death, which its caller retries, not the task's error.
-                os._exit(1)
             return self.failed(inv, exc)
 
     def _set_gpus(self, gpu_ids: list[int]) -> None:
