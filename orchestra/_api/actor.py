@@ -39,7 +39,6 @@ from .._runtime.generators import (
     open_stream,
 )
 from .._runtime.object_ref import ObjectRef
-from ..exceptions import ClusterLostError
 from .remote_function import GROUP_OPTIONS, legacy_group, placement_of
 
 ACTOR_OPTIONS = frozenset({"num_cpus", "num_gpus", "resources", "max_restarts", "max_concurrency",
@@ -330,14 +329,8 @@ class ActorMethod:
 
         ``args``, ``kwargs``: the method's arguments (top-level ObjectRefs arrive as
         their values)."""
-        client = _context.current_client()
-        try:
-            return self._remote(client, args, kwargs)
-        except ClusterLostError:   # the call met the head's death before it was sent
-            again = _context.reconnected(client)
-            if again is None:
-                raise
-            return self._remote(again, args, kwargs)
+        return _context.once_more_on_a_new_head(
+            _context.current_client(), lambda client: self._remote(client, args, kwargs))
 
     def _remote(self, client: _context.Client, args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> Any:

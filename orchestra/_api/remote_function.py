@@ -33,7 +33,6 @@ from .._runtime.generators import (
     is_generator_function,
     open_stream,
 )
-from ..exceptions import ClusterLostError
 from .scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 if TYPE_CHECKING:
@@ -246,14 +245,8 @@ class RemoteFunction(Generic[P, R]):
 
         ``args``, ``kwargs``: the function's arguments; an ObjectRef among the top-level
         ones arrives as its value, once it exists."""
-        client = _context.current_client()
-        try:
-            return self._remote(client, args, kwargs)
-        except ClusterLostError:   # a large argument's put met the head's death
-            again = _context.reconnected(client)
-            if again is None:
-                raise
-            return self._remote(again, args, kwargs)
+        return _context.once_more_on_a_new_head(
+            _context.current_client(), lambda client: self._remote(client, args, kwargs))
 
     def _remote(self, client: _context.Client, args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> Any:

@@ -113,8 +113,7 @@ class CoreClient:
         self._req_ids = itertools.count(1)
         self._registered: set[bytes] = set()
         self.function_frames: dict[bytes, bytes] = {}   # for lent workers
-        # Call templates of actor methods: (actor, method, returns, generator, backpressure) ->
-        self.templates: dict[tuple[bytes, str, int, int, int], bytes] = {}
+        self.templates: dict[tuple[bytes, str, int, int, int], bytes] = {}   # actor methods' Calls
         # Streams this process consumes (task id -> _generators.Stream): their items are
         # pushed here before next() makes their refs; and the last ones ended, in order.
         self.streams: dict[bytes, Any] = {}
@@ -378,16 +377,17 @@ class CoreClient:
         call = encode_call(self, template, tid, args, kwargs, refs, hold)
         rids = _ids.return_ids(tid, num_returns)
         out: list[ObjectRef[Any]] = [ObjectRef(rid, self, counted=True) for rid in rids]
-        book = None if self.streams else self.book
+        book, replay = None if self.streams else self.book, False
         if book is not None:   # sent again to a restarted head if retried and not answered
-            book.add(tid, call, num_returns, refs, False, book.replays(template))
+            replay = book.replays(template)
+            book.add(tid, call, num_returns, refs, False, replay)
         if hold and self.put_seq > self.synced_seq and route.peer is not None:
             self.request(pb.Request(query="sync"))   # the head knows every ref in the arguments
         with route.lock:
             if not self.direct.submit_actor(route, Call(tid, call, refs, token, rids, name, hold)):
                 with self.refs.lock:
                     self.owned.update(rids)
-                self.send_submit(call, refs, book is not None)
+                self.send_submit(call, refs, replay)   # else made again (ActorMethod.remote)
         return out
 
     def retire_route(self, actor_id: bytes) -> None:

@@ -109,6 +109,19 @@ def reconnected(client: Client) -> Client | None:
     return _reconnect(client) if _reconnect is not None else None
 
 
+def once_more_on_a_new_head(client: Client, call: Callable[[Client], Any]) -> Any:
+    """``call(client)``; made again on the client of the restarted head when it met the
+    head's death before it was sent (ClusterLostError), if something restarts the head."""
+    from ..exceptions import ClusterLostError
+    try:
+        return call(client)
+    except ClusterLostError:
+        again = reconnected(client)
+        if again is None:
+            raise
+        return call(again)
+
+
 def current_client() -> Client:
     client = _client
     if client is None or client.lost is not None:

@@ -393,6 +393,32 @@ orchestra.shutdown()
 """.replace("{counter}", COUNTER)
 
 
+def through_a_kill(rec: dict[str, Any], script: str, *argv: str,
+                   pause_s: float = 0.0) -> tuple[Any, str]:
+    """Run the driver ``script`` until it prints "ready", SIGKILL the head ``pause_s``
+    later, let the driver go on once the head is back: (the JSON of its last line, its
+    stderr); it must exit 0."""
+    driver = subprocess.Popen([sys.executable, "-c", script, *argv], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, PYTHONPATH=REPO))
+    try:
+        assert driver.stdout is not None and driver.stdin is not None
+        ready = driver.stdout.readline().strip()
+        assert ready == "ready", driver.communicate(timeout=T)[1]
+        time.sleep(pause_s)
+        head = serving_head(rec)
+        os.kill(head, signal.SIGKILL)
+        serving_head(rec, other_than=head)
+        driver.stdin.write("go\n")
+        driver.stdin.flush()
+        out, err = driver.communicate(timeout=2 * T)
+        log = Path(rec["run_dir"], "stderr.log").read_text()
+        assert driver.returncode == 0, err + "\n--- the head's log:\n" + log
+        return json.loads(out.strip().splitlines()[-1]), err
+    finally:
+        driver.kill()
+
+
 def test_a_driver_outlives_the_head_and_its_detached_actor_goes_on(state: str) -> None:
     """A driver of `orchestra start --head` connects to the restarted head by itself
     (_api/reconnect.py): the same actor handle reaches the detached counter, which goes
@@ -401,23 +427,8 @@ def test_a_driver_outlives_the_head_and_its_detached_actor_goes_on(state: str) -
     the lost head."""
     rec = start_head(state, "--state-store", "sqlite://" + str(Path(state, "s.db")))
     join(rec)
-    driver = subprocess.Popen([sys.executable, "-c", LIVES_ON], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ, PYTHONPATH=REPO))
-    try:
-        assert driver.stdout is not None and driver.stdin is not None
-        assert driver.stdout.readline().strip() == "ready"
-        head = serving_head(rec)
-        os.kill(head, signal.SIGKILL)
-        serving_head(rec, other_than=head)
-        driver.stdin.write("go\n")
-        driver.stdin.flush()
-        out, err = driver.communicate(timeout=T)
-        log = Path(rec["run_dir"], "stderr.log").read_text()
-        assert driver.returncode == 0, err + "\n--- the head's log:\n" + log
-        assert json.loads(out.strip().splitlines()[-1]) == [5, True, 42, True, True]
-    finally:
-        driver.kill()
+    out, _ = through_a_kill(rec, LIVES_ON)
+    assert out == [5, True, 42, True, True]
 
 
 IN_FLIGHT = """
@@ -482,27 +493,9 @@ def test_a_drivers_work_in_flight_outlives_the_head(state: str) -> None:
     rec = start_head(state, "--num-cpus", "4")
     join(rec)
     touched = Path(state, "touched")
-    driver = subprocess.Popen([sys.executable, "-c", IN_FLIGHT, str(touched)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ, PYTHONPATH=REPO))
-    try:
-        assert driver.stdout is not None and driver.stdin is not None
-        ready = driver.stdout.readline().strip()
-        assert ready == "ready", driver.communicate(timeout=T)[1]
-        time.sleep(0.8)   # the chain and the squares run
-        head = serving_head(rec)
-        os.kill(head, signal.SIGKILL)
-        serving_head(rec, other_than=head)
-        driver.stdin.write("go\n")
-        driver.stdin.flush()
-        out, err = driver.communicate(timeout=2 * T)
-        log = Path(rec["run_dir"], "stderr.log").read_text()
-        assert driver.returncode == 0, err + "\n--- the head's log:\n" + log
-        assert json.loads(out.strip().splitlines()[-1]) == [
-            [i * i for i in range(6)], 12, {"kept": [1, 2, 3]}, 1 << 20, 7, True, True]
-        assert "lost with the cluster's head" not in err, err
-    finally:
-        driver.kill()
+    out, err = through_a_kill(rec, IN_FLIGHT, str(touched), pause_s=0.8)   # the chain runs
+    assert out == [[i * i for i in range(6)], 12, {"kept": [1, 2, 3]}, 1 << 20, 7, True, True]
+    assert "lost with the cluster's head" not in err, err
 
 
 ACTOR_CALLS = """
@@ -547,27 +540,9 @@ def test_actor_calls_in_flight_outlive_the_head_when_they_may_run_again(state: s
     raises ActorDiedError (the restarted head has no such actor)."""
     rec = start_head(state, "--state-store", "sqlite://" + str(Path(state, "s.db")))
     join(rec)
-    driver = subprocess.Popen([sys.executable, "-c", ACTOR_CALLS], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ, PYTHONPATH=REPO))
-    try:
-        assert driver.stdout is not None and driver.stdin is not None
-        ready = driver.stdout.readline().strip()
-        assert ready == "ready", driver.communicate(timeout=T)[1]
-        time.sleep(0.3)   # the first call runs
-        head = serving_head(rec)
-        os.kill(head, signal.SIGKILL)
-        serving_head(rec, other_than=head)
-        driver.stdin.write("go\n")
-        driver.stdin.flush()
-        out, err = driver.communicate(timeout=2 * T)
-        log = Path(rec["run_dir"], "stderr.log").read_text()
-        assert driver.returncode == 0, err + "\n--- the head's log:\n" + log
-        assert json.loads(out.strip().splitlines()[-1]) == [
-            [[2, 300 * 1024], [4, 600 * 1024], [6, 900 * 1024]], "ObjectLostError",
-            "ActorDiedError"]
-    finally:
-        driver.kill()
+    out, _ = through_a_kill(rec, ACTOR_CALLS, pause_s=0.3)   # the first call runs
+    assert out == [[[2, 300 * 1024], [4, 600 * 1024], [6, 900 * 1024]], "ObjectLostError",
+                   "ActorDiedError"]
 
 
 GIVES_UP = """
