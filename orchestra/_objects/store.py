@@ -361,6 +361,10 @@ class ObjectStore:
         for seg in self.segs.values():
             seg.rw.discard(conn)
         for seg in [s for s in self.segs.values() if s.state == "writing" and s.writer == conn]:
+            # Removed, never pooled: a writer that died after the reply but before its
+            # open left no file (a later reuse opens the name without creating it), or
+            # one shorter than the segment (ftruncate not reached: a map would SIGBUS).
+            seg.no_pool = True
             seg.state = "sealed"
             self.free(seg.name)
 

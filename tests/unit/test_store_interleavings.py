@@ -2,7 +2,7 @@
 directory of segment files and a real spill directory, no processes: objects of mixed
 sizes created, written, sealed, aborted, read (pinned) and freed in random order,
 spilled when the store is full, readers letting go of their maps when asked, and
-connections dropping. A final large put must find its room.
+connections dropping (a writer too, before it opened its segment). A final large put must find its room.
 
 Invariants after every step: the store's counts are exact (``used`` is the capacity of
 every segment holding a live object, ``pooled`` that of the pool); live and pooled
@@ -193,6 +193,15 @@ class StoreMachine(RuleBasedStateMachine):
         self.store.drop_conn(writer)   # its unsealed objects are garbage
         for obj in unsealed:
             del self.live[obj.oid]
+
+    @rule(size=st.sampled_from(SIZES), writer=st.sampled_from(WRITERS))
+    def writer_dies_before_it_opens(self, size: int, writer: int) -> None:
+        """The writer is killed between the store's reply and its open: no file was
+        made (a new segment) or filled."""
+        self.n += 1
+        oid = self.n.to_bytes(4, "big") + b"obj."
+        if self._create(writer, oid, size) is not None:
+            self.writer_leaves(writer)
 
     # ------------------------------------------------------------ invariants
     @invariant()
