@@ -48,6 +48,7 @@ from .._objects.store import remove_private_dir
 from .._platform.bootstrap import NODE_BOOTSTRAP
 from .._protocol import pb
 from .._protocol import wire as _wire
+from .._scheduler.kept import KEEP_S
 from ..exceptions import ClusterLostError
 
 # The node process imports orchestra and creates its store in ~0.3 s; 30 s covers a
@@ -330,8 +331,24 @@ class RemoteNode:
                 if not self.registered.done():
                     self.registered.set_result(None)
                     if self.joined:
+                        if r.kept:   # before it takes work: a task made again may wait
+                            self._offer_kept(list(r.kept))
                         head.node_joined(self)
         head.carry_out()
+
+    def _offer_kept(self, kept: list[pb.ObjectData]) -> None:
+        """Objects this node's store kept from before the head was restarted: the tasks
+        made again that return them are done with them (_scheduler/kept.py)."""
+        head = self.head
+        ended = head.state.kept.offer(self.node_id, kept, time.monotonic())
+        print(f"orchestra head: node {self.node_id} kept {len(kept)} object(s) from before "
+              f"the restart ({ended} task(s) made again ended with them at once)",
+              file=sys.stderr, flush=True)
+
+        def expire() -> None:
+            head.state.kept.expire(time.monotonic())
+            head.carry_out()
+        head.loop.call_later(KEEP_S + 0.5, expire)
 
     def lost(self) -> None:
         """The node's connection closed: the node process died (or was killed), and its

@@ -123,7 +123,7 @@ def worker_socket(session_dir: str, worker_id: int) -> str:
 
 
 def node_from_cfg(node_id: int, host: NodeHost, loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
-                  zygote: ZygoteStart | None = None) -> Node:
+                  zygote: ZygoteStart | None = None, store: ObjectStore | None = None) -> Node:
     """The node a session's configuration (cfg JSON, _api/session.py) describes, whether it
     runs in the head process or in a process of its own."""
     capacity = int(cfg["object_store_memory"])
@@ -138,7 +138,7 @@ def node_from_cfg(node_id: int, host: NodeHost, loop: asyncio.AbstractEventLoop,
         pool_bytes=cfg.get("pool_bytes"),
         warm_bytes=int(cfg.get("warm_bytes", min(capacity // 2, 1 << 30))),
         spill_dir=cfg.get("spill_dir"), env=env, preload=list(cfg.get("preload") or []),
-        warm_delay_s=cfg.get("warm_delay_s", 0.5), zygote=zygote)
+        warm_delay_s=cfg.get("warm_delay_s", 0.5), zygote=zygote, store=store)
 
 
 class Node:
@@ -149,13 +149,16 @@ class Node:
                  pool_bytes: int | None = None, warm_bytes: int = 0,
                  spill_dir: str | None = None, env: dict[str, str] | None = None,
                  preload: list[str] | None = None, warm_delay_s: float = 0.5,
-                 zygote: ZygoteStart | None = None) -> None:
+                 zygote: ZygoteStart | None = None, store: ObjectStore | None = None) -> None:
         self.node_id = node_id
         self.host = host
         self.loop = loop
         self.session_dir = session_dir
-        self.store = ObjectStore(node_id, session_id, capacity, pool_limit=pool_bytes,
-                                 warm_bytes=warm_bytes, spill_dir=spill_dir)
+        # ``store``: the one of this node before the head was lost (carry_over), whose
+        # objects the next head may take back.
+        self.store = store if store is not None else ObjectStore(
+            node_id, session_id, capacity, pool_limit=pool_bytes, warm_bytes=warm_bytes,
+            spill_dir=spill_dir)
         self.capacity = capacity
         self.shm_dir = self.store.dir
         # Workers start in the session directory, not the driver's cwd: `python -m` puts
@@ -184,6 +187,8 @@ class Node:
         # skips the map and page-table fill, ~70 ms per 200 MiB (2.3 -> 3.x GB/s).
         self._pull_maps: dict[str, mmap.mmap] = {}
         self.closed = False
+        # Objects of the store kept from before the head was lost, for the register.
+        self.kept_objects: list[pb.ObjectData] = []
 
     def start(self) -> None:
         """Adopt the fork server, then watch workers, warm the store and preload, later."""
@@ -254,7 +259,8 @@ class Node:
         store = self.store
         segment, error = None, ""
         try:
-            segment = store.create(conn_id, cs.object_id, cs.size, spill=spill, release=release)
+            segment = store.create(conn_id, cs.object_id, cs.size, spill=spill, release=release,
+                                   holds_refs=isinstance(cs, _Pull) or cs.holds_refs)
         except ReleaseNeeded as rel:
             for cid, names in rel.held.items():
                 self.host.send(cid, _wire.RELEASE_MAPS, pb.SegmentNames(names=names))
@@ -531,9 +537,16 @@ class Node:
         self.pool.on_failed = self._spawn_failed
         self.exit_reasons = old.exit_reasons
 
-    def close(self, kill_workers: bool = True) -> None:
+    def end_kept(self) -> None:
+        """A node closed with its workers and store kept (a lost head) that is not
+        joined again under its id: end them."""
+        self.pool.kill_all()
+        self.store.close()
+
+    def close(self, kill_workers: bool = True, keep_store: bool = False) -> None:
         """Kill every worker and the fork server (unless not ``kill_workers``), remove
-        every segment and spill file."""
+        every segment and spill file (unless ``keep_store``: the head was lost, the
+        store's objects wait for the next one, see ObjectStore.carry_over)."""
         if self.closed:
             return
         self.closed = True
@@ -548,7 +561,8 @@ class Node:
         self._pull_maps.clear()
         if kill_workers:
             self.pool.kill_all()
-        self.store.close()
+        if not keep_store:
+            self.store.close()
 
 
 class _Pull:

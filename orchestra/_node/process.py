@@ -209,7 +209,8 @@ class NodeProcess(asyncio.Protocol):
             node_id=node.node_id, resources=res, capacity=node.capacity,
             shm_dir=node.shm_dir, pid=os.getpid(), data_address=data_address,
             node_dir=cfg["session_dir"], machine=machine_id(),
-            num_workers=int(cfg.get("num_workers", 0)))))
+            num_workers=int(cfg.get("num_workers", 0)), kept=node.kept_objects)))
+        node.kept_objects = []
         node.start()
         self.loop.call_later(_INFO_S, self._report_store)
         self.loop.call_later(w.heartbeat_s or 1.0, self._heartbeat, w.heartbeat_s or 1.0)
@@ -246,11 +247,11 @@ class NodeProcess(asyncio.Protocol):
         self.loop.call_later(every, self._heartbeat, every)
 
     def close(self) -> None:
-        """Kill the workers (kept when the head was lost and they may outlive it),
-        remove the segments, end the process."""
+        """Kill the workers and remove the segments (both kept when the head was lost
+        and they may outlive it), end the process."""
         if self.node is not None:
             if self.lost_head and self.keep_workers:
-                self.node.close(kill_workers=False)
+                self.node.close(kill_workers=False, keep_store=True)
                 self.kept = self.node
             else:
                 self.node.close()
@@ -389,12 +390,16 @@ async def _run_joined(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
     from .._protocol.connection import parse_address
     def make_node(host: NodeHost) -> Node:
         node_id = int(cfg["_node_id"])
-        if kept is not None and kept.node_id == node_id:   # its workers are this one's
-            node = node_from_cfg(node_id, host, loop, cfg)
+        if kept is not None and kept.node_id == node_id:
+            # Its workers and store are this one's; the store's objects are told to
+            # the head as the node registers (NodeRegister.kept).
+            objects = kept.store.carry_over()
+            node = node_from_cfg(node_id, host, loop, cfg, store=kept.store)
             node.take_workers(kept)
+            node.kept_objects = objects
             return node
-        if kept is not None:   # another id: its workers cannot be taken back
-            kept.pool.kill_all()
+        if kept is not None:   # another id: its workers and objects cannot be taken back
+            kept.end_kept()
         return node_from_cfg(node_id, host, loop, cfg, zygote())
     proto = NodeProcess(loop, cfg, make_node, join=True, kept=kept)
     address = cfg["head_address"]
@@ -417,7 +422,7 @@ async def _run_joined(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
         raise
     await proto.done
     if stopped.asked and proto.kept is not None:
-        proto.kept.pool.kill_all()
+        proto.kept.end_kept()
         proto.kept = None
     return proto.lost_head and not stopped.asked, proto.kept
 
@@ -429,9 +434,10 @@ _REJOIN_PAUSE_S = 0.2
 def _join_until_stopped(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
                         zygote: Callable[[], ZygoteStart | None]) -> None:
     """Join, and join again each time the head is lost, for up to cfg
-    reconnect_timeout_s after each loss (0: stop at the first); each time as a new node,
-    its workers and objects of before gone. SystemExit(3) when the first join fails or
-    the head stays away too long."""
+    reconnect_timeout_s after each loss (0: stop at the first); each time asking for its
+    id of before, which keeps the workers of its detached actors and the objects of its
+    store (else they go). SystemExit(3) when the first join fails or the head stays
+    away too long."""
     from .._protocol.auth import AuthenticationError
     stopped = _Stopped()
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
@@ -458,11 +464,11 @@ def _join_until_stopped(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
                 return
             away_since = time.monotonic()
             print(f"orchestra node: joining the head again for up to {wait_s:g} s (its "
-                  "objects are gone; workers of detached actors wait)", file=sys.stderr, flush=True)
+                  "objects and the workers of detached actors wait)", file=sys.stderr, flush=True)
             loop.run_until_complete(asyncio.sleep(_REJOIN_PAUSE_S))
     finally:
         if kept is not None:   # it never joined again: nothing waits for them
-            kept.pool.kill_all()
+            kept.end_kept()
 
 
 def join_main(cfg_path: str) -> None:

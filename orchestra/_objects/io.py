@@ -91,7 +91,8 @@ class ObjectIO:
         # (the decrements otherwise travel after the frame, see CoreClient.send_raw).
         client.flush_refs()
         size = ser.stream_size()
-        reply = client.request(pb.Request(create_segment=pb.CreateSegment(object_id=oid, size=size)))
+        reply = client.request(pb.Request(create_segment=pb.CreateSegment(
+            object_id=oid, size=size, holds_refs=bool(ser.contained))))
         seg = reply.segment
         with self.refs.lock:
             mm = self.wmaps.pop(seg.name, None) if seg.reused else None
@@ -118,7 +119,7 @@ class ObjectIO:
         head (_api/reconnect.py). ObjectStoreError when it cannot be made."""
         size = len(view)
         seg = self.client.request(pb.Request(create_segment=pb.CreateSegment(
-            object_id=oid, size=size))).segment
+            object_id=oid, size=size, holds_refs=bool(contained)))).segment
         mm = None
         try:
             mm = open_segment(self.shm_dir, seg)

@@ -111,7 +111,7 @@ class SpillJob(NamedTuple):
 
 class StoredSegment:
     __slots__ = ("name", "capacity", "state", "pins", "writer", "object_id", "size",
-                 "last_use", "no_pool", "rw")
+                 "last_use", "no_pool", "rw", "holds_refs")
 
     def __init__(self, name: str, capacity: int, state: str, writer: int) -> None:
         self.name = name
@@ -128,6 +128,7 @@ class StoredSegment:
         # Connections that may keep a map of it (writers; readers keep theirs across
         # objects): told when it is unlinked (DROP_MAPS).
         self.rw: set[int] = set()
+        self.holds_refs = False   # refs inside its value: never kept for a next head
 
 
 class ObjectStore:
@@ -166,7 +167,7 @@ class ObjectStore:
         return f"seg-{self._n}"
 
     def create(self, conn: int, object_id: bytes, size: int, *, spill: bool = True,
-               release: bool = True) -> types_pb2.Segment:
+               release: bool = True, holds_refs: bool = True) -> types_pb2.Segment:
         """Reserve room for ``size`` bytes; returns the Segment the writer fills.
 
         Raises SpillNeeded when spilling some objects to disk would make the room (the
@@ -198,6 +199,7 @@ class ObjectStore:
             seg.state, seg.writer = "writing", conn
             cap = seg.capacity
         seg.object_id, seg.size, seg.last_use = object_id, size, next(self._clock)
+        seg.holds_refs = holds_refs
         self.used += cap
         seg.rw.add(conn)   # the writer keeps its map (see DropMaps)
         return types_pb2.Segment(name=name, size=size, node_id=self.node_id, capacity=cap,
@@ -443,6 +445,35 @@ class ObjectStore:
         self.pool.setdefault(cap, collections.deque()).append(name)
         self.pooled += cap
         self.warmed.append(name)
+
+    # ------------------------------------------------------------------ a head lost
+    def carry_over(self) -> list[types_pb2.ObjectData]:
+        """The head that handed out these segments was lost, and with it every
+        connection it named (writers, readers) and every count of refs: forget their
+        pins and maps; remove what was being written or spilled, and what was freed
+        while mapped; remove spilled files (no next head can name them). Returns the
+        objects sealed here without refs inside, which this store keeps for the next
+        head (an object holding refs is removed: its refs' counts are gone)."""
+        self.conn_pins.clear()
+        self.dropped.clear()
+        kept = []
+        for seg in list(self.segs.values()):
+            seg.rw.clear()
+            seg.pins = 0
+            if seg.state == "pooled":
+                continue
+            if seg.state == "sealed" and not seg.holds_refs:
+                kept.append(types_pb2.ObjectData(object_id=seg.object_id, segment=types_pb2.Segment(
+                    name=seg.name, size=seg.size, node_id=self.node_id, capacity=seg.capacity)))
+                continue
+            # writing / spilling (its copy ends unheard: the file is removed below) /
+            # retired / holding refs
+            seg.no_pool, seg.state = True, "sealed"
+            self.free(seg.name)
+        for path in list(self.files):
+            self.free(path)
+        self.dropped.clear()
+        return kept
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:

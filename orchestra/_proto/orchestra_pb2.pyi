@@ -641,12 +641,14 @@ class KillActor(_message.Message):
     def __init__(self, actor_id: _Optional[bytes] = ..., no_restart: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class CreateSegment(_message.Message):
-    __slots__ = ("object_id", "size")
+    __slots__ = ("object_id", "size", "holds_refs")
     OBJECT_ID_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
+    HOLDS_REFS_FIELD_NUMBER: _ClassVar[int]
     object_id: bytes
     size: int
-    def __init__(self, object_id: _Optional[bytes] = ..., size: _Optional[int] = ...) -> None: ...
+    holds_refs: bool
+    def __init__(self, object_id: _Optional[bytes] = ..., size: _Optional[int] = ..., holds_refs: _Optional[bool] = ...) -> None: ...
 
 class Reply(_message.Message):
     __slots__ = ("req_id", "error", "error_kind", "segment", "resources", "debug", "actor", "object", "nodes", "placement_groups", "pending_tasks", "state_json")
@@ -943,7 +945,7 @@ class NodeJoin(_message.Message):
     def __init__(self, resources: _Optional[_Mapping[str, float]] = ..., machine: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., num_workers: _Optional[int] = ..., node_id: _Optional[int] = ...) -> None: ...
 
 class NodeRegister(_message.Message):
-    __slots__ = ("node_id", "resources", "capacity", "shm_dir", "pid", "data_address", "node_dir", "machine", "num_workers")
+    __slots__ = ("node_id", "resources", "capacity", "shm_dir", "pid", "data_address", "node_dir", "machine", "num_workers", "kept")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -960,6 +962,7 @@ class NodeRegister(_message.Message):
     NODE_DIR_FIELD_NUMBER: _ClassVar[int]
     MACHINE_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    KEPT_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     resources: _containers.ScalarMap[str, float]
     capacity: int
@@ -969,7 +972,8 @@ class NodeRegister(_message.Message):
     node_dir: str
     machine: str
     num_workers: int
-    def __init__(self, node_id: _Optional[int] = ..., resources: _Optional[_Mapping[str, float]] = ..., capacity: _Optional[int] = ..., shm_dir: _Optional[str] = ..., pid: _Optional[int] = ..., data_address: _Optional[str] = ..., node_dir: _Optional[str] = ..., machine: _Optional[str] = ..., num_workers: _Optional[int] = ...) -> None: ...
+    kept: _containers.RepeatedCompositeFieldContainer[_types_pb2.ObjectData]
+    def __init__(self, node_id: _Optional[int] = ..., resources: _Optional[_Mapping[str, float]] = ..., capacity: _Optional[int] = ..., shm_dir: _Optional[str] = ..., pid: _Optional[int] = ..., data_address: _Optional[str] = ..., node_dir: _Optional[str] = ..., machine: _Optional[str] = ..., num_workers: _Optional[int] = ..., kept: _Optional[_Iterable[_Union[_types_pb2.ObjectData, _Mapping]]] = ...) -> None: ...
 
 class NodeSend(_message.Message):
     __slots__ = ("conn_id", "kind", "body")

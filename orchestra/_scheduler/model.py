@@ -299,6 +299,10 @@ class SchedulerCore(Protocol):
         """Release what ``t`` holds (its arguments); it will not run again."""
         ...
 
+    def unqueue(self, t: Task) -> None:
+        """Take ``t`` out of the ready queue and its arguments' waits: DONE."""
+        ...
+
     def new_object(self, conn: int, oid: bytes) -> Obj:
         """A pending object held by ``conn``."""
         ...

@@ -31,6 +31,7 @@ from .adoption import Adoption
 from .blocking import Blocking
 from .groups import PlacementGroups
 from .instructions import Instruction, KillWorker, Pull, Send
+from .kept import KeptObjects
 from .lineage import Rebuilds, wait_for_made_again
 from .loans import Loans
 from .model import (
@@ -104,6 +105,8 @@ class SchedulerState:
         self.streams = Streams(self, self.directory)
         # Results lost with their node made again (_scheduler/lineage.py).
         self.rebuilds = Rebuilds(self, self.directory)
+        # Objects a joined node kept across a restart of the head (_scheduler/kept.py).
+        self.kept = KeptObjects(self, self.directory, self.rebuilds)
         # Direct calls handed over when their connection closed (_scheduler/adoption.py).
         self.adoption = Adoption(self, self.actor_table)
         # Which worker runs what, when one starts or goes (_scheduler/workers.py).
@@ -252,6 +255,7 @@ class SchedulerState:
             else:   # its tasks are retried elsewhere, its actor restarted or dead
                 self.worker_died(w.worker_id, f"its node died ({reason})")
         self.rebuilds.node_lost(node_id, reason)
+        self.kept.node_gone(node_id)
         self.schedule()
 
     # ------------------------------------------------------------------ functions
@@ -276,6 +280,8 @@ class SchedulerState:
             # and its hold stands for the Submit's.
             if rid not in objects:
                 self.directory.new_object(conn, rid)
+        if self.kept.claim(t):   # made again after a restart of the head: done already
+            return
         if self.hold_args(t):
             if call.actor_id:
                 self.actor_table.submit_call(t)
@@ -548,6 +554,13 @@ class SchedulerState:
     def fail_task(self, t: Task, error: bytes) -> None:
         if t.call.actor_id:
             self.actor_table.remove_call(t)
+        self.unqueue(t)
+        self.finish_task(t)
+        for rid in t.return_ids:
+            self.directory.seal(rid, pb.ObjectData(object_id=rid, error=error))
+
+    def unqueue(self, t: Task) -> None:
+        """Take a task out of the ready queue and its arguments' waits: DONE."""
         if t.state is TaskState.READY:
             q = self.ready.get(t.qkey)
             if q is not None and t in q:
@@ -558,9 +571,6 @@ class SchedulerState:
                 o.waiting_tasks.remove(t)
         t.deps.clear()
         t.state = TaskState.DONE
-        self.finish_task(t)
-        for rid in t.return_ids:
-            self.directory.seal(rid, pb.ObjectData(object_id=rid, error=error))
 
     def blocked(self, conn: int, is_blocked: bool, object_ids: Iterable[bytes] = (),
                 task_id: bytes = b"", name: str = "") -> None:
@@ -718,6 +728,8 @@ class SchedulerState:
 
     def relocate(self, oid: bytes, segment: pb.Segment) -> bool:
         """The store spilled the object's segment to a file (False: not that object's)."""
+        if oid in self.kept.held:
+            return self.kept.relocate(oid, segment)
         return self.directory.relocate(oid, segment)
 
     def copy_on(self, oid: bytes, node_id: int) -> pb.ObjectData | None:

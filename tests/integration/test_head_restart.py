@@ -498,6 +498,43 @@ def test_a_drivers_work_in_flight_outlives_the_head(state: str) -> None:
     assert "lost with the cluster's head" not in err, err
 
 
+KEPT_ON_NODE = """
+import json, sys, orchestra
+orchestra.init(address="auto")
+
+@orchestra.remote(resources={"far": 1})
+def made(path, n):
+    with open(path, "a") as f:
+        f.write("ran\\n")
+    return bytes([n]) * (1 << 20)                  # in the joined node's store
+
+refs = [made.remote(sys.argv[1], n) for n in range(3)]
+ready, _ = orchestra.wait(refs, num_returns=3, timeout=30)   # done, never read here
+assert len(ready) == 3
+print("ready", flush=True)
+sys.stdin.readline()                               # the head is killed, and back
+vals = orchestra.get(refs, timeout=60)
+print(json.dumps([v == bytes([n]) * (1 << 20) for n, v in enumerate(vals)]), flush=True)
+orchestra.shutdown()
+"""
+
+
+def test_results_a_joined_node_holds_outlive_the_head_and_do_not_run_again(state: str) -> None:
+    """Results of finished tasks in a joined node's store when the head is SIGKILLed,
+    which the driver never read (else it carries its maps over itself): the node keeps
+    them (ObjectStore.carry_over) and tells the restarted head as it joins again; the
+    driver's tasks made again end with them at once (_scheduler/kept.py), so every value
+    is read from the node and no task runs twice."""
+    rec = start_head(state, "--num-cpus", "1")
+    join(rec)
+    ran = Path(state, "ran")
+    out, err = through_a_kill(rec, KEPT_ON_NODE, str(ran))
+    assert out == [True, True, True]
+    assert ran.read_text().splitlines() == ["ran"] * 3, "a task ran again"
+    log = Path(rec["run_dir"], "stderr.log").read_text()
+    assert "kept 3 object(s) from before the restart" in log, log
+
+
 ACTOR_CALLS = """
 import json, sys, time, orchestra
 from orchestra.exceptions import ActorDiedError, ObjectLostError
