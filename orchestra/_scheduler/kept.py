@@ -48,33 +48,36 @@ class KeptObjects:
                 continue
             self.held[d.object_id] = d
             self.until[d.object_id] = now + KEEP_S
-        ended = 0
-        for tid in {task_of(d.object_id) for d in datas}:
-            t = self.core.tasks.get(tid)
-            if t is not None and self._claim(t):
-                ended += 1
-        return ended
+        # All out of their queues first: one's value sealed would send another (that
+        # waited for it as an argument) to a worker before its own turn here.
+        ts = [t for t in (self.core.tasks.get(tid) for tid in {task_of(d.object_id) for d in datas})
+              if t is not None and self._claimable(t)]
+        for t in ts:
+            self.core.unqueue(t)
+        for t in ts:
+            self._done(t)
+        return len(ts)
 
     def claim(self, t: Task) -> bool:
         """Whether ``t`` (just submitted) was done with the objects held for it."""
-        return bool(self.held) and self._claim(t)
+        if not self.held or not self._claimable(t):
+            return False
+        self._done(t)
+        return True
 
-    def _claim(self, t: Task) -> bool:
+    def _claimable(self, t: Task) -> bool:
         call = t.call
         if call.actor_id or call.HasField("actor") or call.generator or \
                 t.state not in (TaskState.WAITING, TaskState.READY):
             return False
         rids = t.return_ids
-        if not rids or any(r not in self.held for r in rids):
-            return False
-        datas = [self.held.pop(r) for r in rids]
-        for r in rids:
-            self.until.pop(r, None)
-        self._done(t, datas)
-        return True
+        return bool(rids) and all(r in self.held for r in rids)
 
-    def _done(self, t: Task, returns: list[pb.ObjectData]) -> None:
-        """The task is done with ``returns``, as if it ran (SchedulerState.task_done)."""
+    def _done(self, t: Task) -> None:
+        """The task is done with its held returns, as if it ran (SchedulerState.task_done)."""
+        returns = [self.held.pop(r) for r in t.return_ids]
+        for r in t.return_ids:
+            self.until.pop(r, None)
         core = self.core
         core.unqueue(t)
         # Its lineage, as task_done keeps one: made again should the node die.
