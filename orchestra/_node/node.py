@@ -32,7 +32,10 @@ no extra hop. With cfg node_process it runs in a process of its own
 Owns: this node's shared-memory segments and spill files (ObjectStore), its worker
 processes and fork server (WorkerPool), its workers' sockets for direct calls
 (unlinked when a worker is reaped), its data server and its connections to other
-nodes' data servers (Fetcher). close() kills, closes and removes them all.
+nodes' data servers (Fetcher). close() kills, closes and removes them all; a joined
+node that lost the head closes keeping its workers and store (kill_workers=False,
+keep_store=True), and the node made when it joins again under its id takes both over
+(take_workers; the store= argument, after ObjectStore.carry_over; _node/process.py).
 """
 from __future__ import annotations
 

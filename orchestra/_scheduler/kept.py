@@ -60,7 +60,7 @@ class KeptObjects:
 
     def claim(self, t: Task) -> bool:
         """Whether ``t`` (just submitted) was done with the objects held for it."""
-        if not self.held or not self._claimable(t):
+        if not self._claimable(t):
             return False
         self._done(t)
         return True

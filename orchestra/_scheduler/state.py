@@ -280,7 +280,7 @@ class SchedulerState:
             # and its hold stands for the Submit's.
             if rid not in objects:
                 self.directory.new_object(conn, rid)
-        if self.kept.claim(t):   # made again after a restart of the head: done already
+        if self.kept.held and self.kept.claim(t):   # made again after a head's restart
             return
         if self.hold_args(t):
             if call.actor_id:
