@@ -157,11 +157,12 @@ class Node:
         self.host = host
         self.loop = loop
         self.session_dir = session_dir
-        # ``store``: the one of this node before the head was lost (carry_over), whose
-        # objects the next head may take back.
+        # ``store``: this node's before the head was lost; the objects it keeps
+        # (carry_over) are named in the node's register (NodeRegister.kept).
         self.store = store if store is not None else ObjectStore(
             node_id, session_id, capacity, pool_limit=pool_bytes, warm_bytes=warm_bytes,
             spill_dir=spill_dir)
+        self.kept_objects: list[pb.ObjectData] = store.carry_over() if store is not None else []
         self.capacity = capacity
         self.shm_dir = self.store.dir
         # Workers start in the session directory, not the driver's cwd: `python -m` puts
@@ -190,8 +191,6 @@ class Node:
         # skips the map and page-table fill, ~70 ms per 200 MiB (2.3 -> 3.x GB/s).
         self._pull_maps: dict[str, mmap.mmap] = {}
         self.closed = False
-        # Objects of the store kept from before the head was lost, for the register.
-        self.kept_objects: list[pb.ObjectData] = []
 
     def start(self) -> None:
         """Adopt the fork server, then watch workers, warm the store and preload, later."""

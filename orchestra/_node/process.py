@@ -210,7 +210,6 @@ class NodeProcess(asyncio.Protocol):
             shm_dir=node.shm_dir, pid=os.getpid(), data_address=data_address,
             node_dir=cfg["session_dir"], machine=machine_id(),
             num_workers=int(cfg.get("num_workers", 0)), kept=node.kept_objects)))
-        node.kept_objects = []
         node.start()
         self.loop.call_later(_INFO_S, self._report_store)
         self.loop.call_later(w.heartbeat_s or 1.0, self._heartbeat, w.heartbeat_s or 1.0)
@@ -391,12 +390,9 @@ async def _run_joined(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
     def make_node(host: NodeHost) -> Node:
         node_id = int(cfg["_node_id"])
         if kept is not None and kept.node_id == node_id:
-            # Its workers and store are this one's; the store's objects are told to
-            # the head as the node registers (NodeRegister.kept).
-            objects = kept.store.carry_over()
+            # Its workers and store (with the objects it kept) are this one's.
             node = node_from_cfg(node_id, host, loop, cfg, store=kept.store)
             node.take_workers(kept)
-            node.kept_objects = objects
             return node
         if kept is not None:   # another id: its workers and objects cannot be taken back
             kept.end_kept()

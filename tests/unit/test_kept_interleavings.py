@@ -85,7 +85,10 @@ class Kept(RuleBasedStateMachine):
     def a_worker_finishes(self, data: st.DataObject) -> None:
         if not self.running:
             return
-        tid = data.draw(st.sampled_from(sorted(self.running)))
+        self._finish(data.draw(st.sampled_from(sorted(self.running))))
+
+    def _finish(self, tid: bytes) -> None:
+        """The worker running ``tid`` answers: its value in a segment on its node."""
         wid = self.running.pop(tid)
         node = self.c.node_of(wid) if wid in self.c.s.workers else 0
         self.c.s.task_done(worker_conn(wid), pb.TaskDone(task_id=tid, returns=[
@@ -142,12 +145,7 @@ class Kept(RuleBasedStateMachine):
     @rule()
     def everything_settles(self) -> None:
         while self.running:
-            tid, wid = next(iter(self.running.items()))
-            del self.running[tid]
-            node = self.c.node_of(wid) if wid in self.c.s.workers else 0
-            self.c.s.task_done(worker_conn(wid), pb.TaskDone(task_id=tid, returns=[
-                segment_data(tid + (0).to_bytes(4, "big"), f"w-{tid.hex()}", node_id=node)]))
-            self._take()
+            self._finish(next(iter(self.running)))
         self.time_passes()
         s = self.c.s
         if not self.node_dead:
