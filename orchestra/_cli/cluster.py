@@ -359,7 +359,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     if store:
         kept = store.get("kept", {})
         line = (f"state store: {store['url']}: {kept.get('actors', 0)} detached actor(s), "
-                f"{kept.get('groups', 0)} detached placement group(s) kept")
+                f"{kept.get('groups', 0)} detached placement group(s), "
+                f"{kept.get('nodes', 0)} joined node(s) kept")
         if store.get("away_since"):
             line += (f"; DOES NOT ANSWER for {time.time() - store['away_since']:.0f} s, "
                      f"{store.get('waiting', 0)} change(s) wait to be written")

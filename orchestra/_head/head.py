@@ -188,8 +188,7 @@ class Head:
         self.address = cfg.get("listen", "")
         self.dashboard: Dashboard | None = None      # once it serves
         self.dashboard_url = ""
-        # Task events and the state queries (orchestra.util.state, _head/state_query.py).
-        self.events = StateQueries(self)
+        self.events = StateQueries(self)   # task events, state queries (_head/state_query.py)
         self.durable: HeadState | None = None   # its state store (main() sets it)
 
     async def start(self) -> None:
@@ -209,7 +208,7 @@ class Head:
                             max_workers=int(self.cfg.get("max_workers", 0)) or
                             4 * max(int(res.get("CPU", 1)), 1) + 32)
         self.state.client_connected(GRPC_CONN, pb.Hello(kind="grpc"))
-        rejoin.restore(self, NODE_PROCESS_ID + 1)
+        rejoin.restore(self, NODE_PROCESS_ID + 1, GRPC_CONN)
         self.carry_out()
         if self.address:
             await self._listen_tcp()
@@ -299,11 +298,11 @@ class Head:
                 self._client_gone(conn_id, reason)
         else:
             w = self.state.workers.get(worker_id)
-            if w is None or w.state is not WorkerState.STARTING:
-                return   # the scheduler let it go already
-            print(f"orchestra head: worker {worker_id} exited with {reason} "
-                  "before it connected", file=sys.stderr)
-            self.state.worker_failed_to_start(worker_id, reason)
+            if w is not None and w.state is WorkerState.STARTING:   # (else let go already)
+                print(f"orchestra head: worker {worker_id} exited with {reason} "
+                      "before it connected", file=sys.stderr)
+                self.state.worker_failed_to_start(worker_id, reason)
+            self.state.kept.worker_gone(worker_id)   # one of before (_scheduler/kept.py)
         self.carry_out()
 
     # ------------------------------------------------------------------ connections
@@ -350,8 +349,8 @@ class Head:
             self.queue(conn, _wire.encode(_wire.HELLO_REPLY, pb.HelloReply(conn_id=conn.conn_id)))
             return
         node = self._node_for(conn, hello)
-        if node is None and hello.resume_actor:   # its node has not joined again yet
-            conn.transport.close()
+        if node is None and (hello.resume_actor or hello.resume_task):   # its node has not
+            conn.transport.close()                                         # joined again yet
             return
         if node is None:
             self._refuse(conn, "no node of this cluster runs on this machine (none shares "
@@ -399,7 +398,7 @@ class Head:
         """The node whose store a connecting process maps: a worker's is the node that
         started it (one that outlived the head names it); a driver's the one it names, or
         the first on its machine (the one it connected to, when that shares it)."""
-        if hello.kind == "worker" and not hello.resume_actor:
+        if hello.kind == "worker" and not (hello.resume_actor or hello.resume_task):
             w = self.state.workers.get(hello.workerid)
             return self.nodes.get(w.node_id) if w is not None else self.local
         if hello.HasField("node_id"):
@@ -698,7 +697,9 @@ class Head:
         """Notice a cluster where no task can progress (the drivers are told)."""
         if self.stopping:
             return
-        self.state.blocking.tick(time.monotonic())
+        self.state.blocking.tick(now := time.monotonic())
+        if self.state.kept.active:   # what outlived a restart of the head (_scheduler/kept.py)
+            self.state.kept.tick(now)
         self.events.tick()
         self.carry_out()
         self.loop.call_later(_TICK_S, self._tick)
@@ -792,8 +793,7 @@ def main(argv: list[str] | None = None, zygote: ZygoteStart | None = None) -> No
         if not head.stopping:
             head.shutdown("loop ended")
         loop.close()
-        if durable is not None:
-            durable.stop()
+        rejoin.stop_store(head)
 
 
 if __name__ == "__main__":

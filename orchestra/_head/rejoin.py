@@ -8,10 +8,15 @@
         (ActorTable.awaiting), what it holds kept on its node, then is made again
     a node joins again (NodeJoin.node_id) -> node_id_for: its id of before, unless
         another node holds it or held it (then a new one), kept in the store
-    a worker that outlived the head (Hello.resume_actor) -> the node it names
-        (Head._node_for; not joined again yet: closed, it tries again);
+    a worker that outlived the head (Hello.resume_actor or resume_task) -> the node
+        it names (Head._node_for; not joined again yet: closed, it tries again);
         SchedulerState.client_connected takes it back as its actor's process
-        (ActorTable.adopt), or refuses it (Closing) and the worker exits
+        (ActorTable.adopt) or its task's (_scheduler/kept.py), or refuses it (Closing)
+        and the worker exits
+    the joined nodes serving: records in the store (NODES), so that a restarted head
+        waits for them and their workers of before before it runs tasks made again
+        (KeptObjects.expect, node_back); a node that leaves, or a head that stops, drops
+        them (node_left, stop_store)
 
 Without a state store nothing is restored, and ids start at 1 as before.
 """
@@ -19,11 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from typing import Any, Protocol
 
+from .._scheduler.durable import NODES
 from .._scheduler.durable import restore as restore_records
 from .._scheduler.state import SchedulerState
-from .grpc_service import GRPC_CONN
 from .state_store import CLUSTER, HeadState
 
 
@@ -46,9 +52,10 @@ class Head(Protocol):
 ADOPT_WAIT_S = 10.0
 
 
-def restore(head: Head, joined_from: int) -> None:
-    """Make again what the store holds, and start ids above those given before
-    (``joined_from``: the first id of a joined node)."""
+def restore(head: Head, joined_from: int, owner: int) -> None:
+    """Make again what the store holds, held by ``owner`` (the head's own gRPC
+    pseudo-client), and start ids above those given before (``joined_from``: the first
+    id of a joined node)."""
     durable = head.durable
     if durable is None:
         return
@@ -58,8 +65,11 @@ def restore(head: Head, joined_from: int) -> None:
     head.state.worker_pool.first_id(base)
     head.next_conn = max(head.next_conn, base)
     head.next_node_id = max(head.next_node_id, durable.next_node)
-    for problem in restore_records(head.state, GRPC_CONN, durable.records(), joined_from):
+    for problem in restore_records(head.state, owner, durable.records(), joined_from):
         print(f"orchestra head: not restored: {problem}", file=sys.stderr, flush=True)
+    nodes = {int(k) for k in durable.records().get(NODES, {}) if k.isdigit()}
+    if nodes:
+        head.state.kept.expect(nodes, time.monotonic())   # (Head._tick calls its tick)
     if head.state.actor_table.awaiting:
         head.loop.call_later(float(head.cfg.get("adopt_wait_s", ADOPT_WAIT_S)), _release, head)
 
@@ -82,4 +92,26 @@ def node_id_for(head: Head, asked: int, joined_from: int) -> int:
     if head.durable is not None:
         head.durable.write(CLUSTER, "next_node", str(head.next_node_id).encode())
     return node_id
+
+
+def node_back(head: Head, node_id: int, workers: list[int]) -> None:
+    """A joined node registered (``workers``: its workers that outlived a head before)."""
+    if head.durable is not None:
+        head.durable.write(NODES, str(node_id), b"")
+    head.state.kept.node_joined(node_id, workers, time.monotonic())
+
+
+def node_left(head: Head, node_id: int) -> None:
+    """A joined node left the cluster (or died): a restarted head waits not for it."""
+    if head.durable is not None:
+        head.durable.write(NODES, str(node_id), None)
+
+
+def stop_store(head: Head) -> None:
+    """The head stopped (its nodes with it): its store written and let go; a head
+    started on it later waits for none of the nodes."""
+    if head.durable is not None:
+        for key in head.durable.records().get(NODES, {}):
+            head.durable.write(NODES, key, None)
+        head.durable.stop()
 

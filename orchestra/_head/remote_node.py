@@ -48,8 +48,8 @@ from .._objects.store import remove_private_dir
 from .._platform.bootstrap import NODE_BOOTSTRAP
 from .._protocol import pb
 from .._protocol import wire as _wire
-from .._scheduler.kept import KEEP_S
 from ..exceptions import ClusterLostError
+from . import rejoin
 
 # The node process imports orchestra and creates its store in ~0.3 s; 30 s covers a
 # machine under heavy load.
@@ -334,6 +334,7 @@ class RemoteNode:
                         if r.kept:   # before it takes work: a task made again may wait
                             self._offer_kept(list(r.kept))
                         head.node_joined(self)
+                        rejoin.node_back(head, self.node_id, list(r.kept_workers))
         head.carry_out()
 
     def _offer_kept(self, kept: list[pb.ObjectData]) -> None:
@@ -345,11 +346,6 @@ class RemoteNode:
               f"the restart ({ended} task(s) made again ended with them at once)",
               file=sys.stderr, flush=True)
 
-        def expire() -> None:
-            head.state.kept.expire(time.monotonic())
-            head.carry_out()
-        head.loop.call_later(KEEP_S + 0.5, expire)
-
     def lost(self) -> None:
         """The node's connection closed: the node process died (or was killed), and its
         workers and objects with it."""
@@ -358,6 +354,7 @@ class RemoteNode:
             return
         if self.joined:
             self.closed = True
+            rejoin.node_left(self.head, self.node_id)
             self.head.node_gone(self, self._lost_reason
                                 or "its connection to the head closed")
             return

@@ -118,9 +118,9 @@ class NodeProcess(asyncio.Protocol):
         # A joined node that lost the head (its connection closed or went silent, with
         # no close command): it may join the head again (join_main).
         self.lost_head = False
-        # A joined node that may join again keeps its workers when it loses the head
-        # (its store is gone): a worker serving a detached actor waits for the head
-        # too, and the node joining again asks for its id of before (NodeJoin.node_id)
+        # A joined node that may join again keeps its workers and store when it loses
+        # the head: a worker serving a detached actor, or running a task, waits for the
+        # head too, and the node joining again asks for its id of before (NodeJoin.node_id)
         # and takes them over (Node.take_workers). ``kept``: that node, closed.
         self.keep_workers = join and float(cfg.get("reconnect_timeout_s", 0.0)) > 0
         self.kept = kept
@@ -209,7 +209,9 @@ class NodeProcess(asyncio.Protocol):
             node_id=node.node_id, resources=res, capacity=node.capacity,
             shm_dir=node.shm_dir, pid=os.getpid(), data_address=data_address,
             node_dir=cfg["session_dir"], machine=machine_id(),
-            num_workers=int(cfg.get("num_workers", 0)), kept=node.kept_objects)))
+            num_workers=int(cfg.get("num_workers", 0)), kept=node.kept_objects,
+            # (those of the node before: a detached actor's, or one that runs a task)
+            kept_workers=[wid for wid, p in node.pool.snapshot() if p.poll() is None])))
         node.start()
         self.loop.call_later(_INFO_S, self._report_store)
         self.loop.call_later(w.heartbeat_s or 1.0, self._heartbeat, w.heartbeat_s or 1.0)

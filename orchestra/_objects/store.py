@@ -458,11 +458,15 @@ class ObjectStore:
         self.dropped.clear()
         kept = []
         for seg in list(self.segs.values()):
+            mapped = seg.pins > 0 or bool(seg.rw)
             seg.rw.clear()
             seg.pins = 0
             if seg.state == "pooled":
                 continue
             if seg.state == "sealed" and not seg.holds_refs:
+                # A process that outlived the head may read it still (a task's argument,
+                # an actor's): freed, it is removed, never handed to another writer.
+                seg.no_pool = seg.no_pool or mapped
                 kept.append(types_pb2.ObjectData(object_id=seg.object_id, segment=types_pb2.Segment(
                     name=seg.name, size=seg.size, node_id=self.node_id, capacity=seg.capacity)))
                 continue

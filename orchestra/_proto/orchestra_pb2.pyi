@@ -273,7 +273,7 @@ class InvokeCallReply(_message.Message):
     def __init__(self) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("kind", "pid", "workerid", "cwd", "sys_path", "node_id", "machine", "namespace", "log_job", "resume_actor")
+    __slots__ = ("kind", "pid", "workerid", "cwd", "sys_path", "node_id", "machine", "namespace", "log_job", "resume_actor", "resume_task")
     KIND_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     WORKERID_FIELD_NUMBER: _ClassVar[int]
@@ -284,6 +284,7 @@ class Hello(_message.Message):
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     LOG_JOB_FIELD_NUMBER: _ClassVar[int]
     RESUME_ACTOR_FIELD_NUMBER: _ClassVar[int]
+    RESUME_TASK_FIELD_NUMBER: _ClassVar[int]
     kind: str
     pid: int
     workerid: int
@@ -294,7 +295,8 @@ class Hello(_message.Message):
     namespace: str
     log_job: int
     resume_actor: bytes
-    def __init__(self, kind: _Optional[str] = ..., pid: _Optional[int] = ..., workerid: _Optional[int] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., node_id: _Optional[int] = ..., machine: _Optional[str] = ..., namespace: _Optional[str] = ..., log_job: _Optional[int] = ..., resume_actor: _Optional[bytes] = ...) -> None: ...
+    resume_task: bytes
+    def __init__(self, kind: _Optional[str] = ..., pid: _Optional[int] = ..., workerid: _Optional[int] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., node_id: _Optional[int] = ..., machine: _Optional[str] = ..., namespace: _Optional[str] = ..., log_job: _Optional[int] = ..., resume_actor: _Optional[bytes] = ..., resume_task: _Optional[bytes] = ...) -> None: ...
 
 class HelloReply(_message.Message):
     __slots__ = ("session_id", "node_id", "node_resources", "store_capacity", "session_dir", "cwd", "sys_path", "inline_threshold", "conn_id", "shm_dir", "node_dir", "joinable", "node_address", "dashboard_url", "infeasible_waits", "reconnect_s")
@@ -945,7 +947,7 @@ class NodeJoin(_message.Message):
     def __init__(self, resources: _Optional[_Mapping[str, float]] = ..., machine: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., num_workers: _Optional[int] = ..., node_id: _Optional[int] = ...) -> None: ...
 
 class NodeRegister(_message.Message):
-    __slots__ = ("node_id", "resources", "capacity", "shm_dir", "pid", "data_address", "node_dir", "machine", "num_workers", "kept")
+    __slots__ = ("node_id", "resources", "capacity", "shm_dir", "pid", "data_address", "node_dir", "machine", "num_workers", "kept", "kept_workers")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -963,6 +965,7 @@ class NodeRegister(_message.Message):
     MACHINE_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
     KEPT_FIELD_NUMBER: _ClassVar[int]
+    KEPT_WORKERS_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     resources: _containers.ScalarMap[str, float]
     capacity: int
@@ -973,7 +976,8 @@ class NodeRegister(_message.Message):
     machine: str
     num_workers: int
     kept: _containers.RepeatedCompositeFieldContainer[_types_pb2.ObjectData]
-    def __init__(self, node_id: _Optional[int] = ..., resources: _Optional[_Mapping[str, float]] = ..., capacity: _Optional[int] = ..., shm_dir: _Optional[str] = ..., pid: _Optional[int] = ..., data_address: _Optional[str] = ..., node_dir: _Optional[str] = ..., machine: _Optional[str] = ..., num_workers: _Optional[int] = ..., kept: _Optional[_Iterable[_Union[_types_pb2.ObjectData, _Mapping]]] = ...) -> None: ...
+    kept_workers: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node_id: _Optional[int] = ..., resources: _Optional[_Mapping[str, float]] = ..., capacity: _Optional[int] = ..., shm_dir: _Optional[str] = ..., pid: _Optional[int] = ..., data_address: _Optional[str] = ..., node_dir: _Optional[str] = ..., machine: _Optional[str] = ..., num_workers: _Optional[int] = ..., kept: _Optional[_Iterable[_Union[_types_pb2.ObjectData, _Mapping]]] = ..., kept_workers: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class NodeSend(_message.Message):
     __slots__ = ("conn_id", "kind", "body")

@@ -35,7 +35,8 @@ from .instructions import Durable, Instruction
 
 ACTORS = "actors"   # detached actor id (hex) -> DurableActor
 GROUPS = "groups"   # detached placement group id (hex) -> PlacementGroupSpec
-TABLES = (ACTORS, GROUPS)
+NODES = "nodes"     # joined node id (decimal) serving -> b"" (_head/rejoin.py)
+TABLES = (ACTORS, GROUPS, NODES)
 
 
 class _Groups(Protocol):

@@ -88,9 +88,8 @@ class SchedulerState:
         self.blocking = Blocking(self)
         self.start_failures = 0   # consecutive worker processes that died before connecting
         self._feasible: dict[Shape, bool] = {}
-        # Why recent workers died (worker id -> (pid, reason, whether a task the head
-        # sent was running)): direct calls to a dead process may be handed over
-        # (adopt_calls) after its death is seen.
+        # Why recent workers died (worker id -> (pid, reason, whether a task the head sent
+        # was running)): direct calls to a dead process may be handed over (adopt_calls).
         self.dead_workers: dict[int, DeadWorker] = {}
         # Where a worker takes direct calls: (node id, worker id) -> its socket; None:
         # callers always go through the head.
@@ -103,12 +102,9 @@ class SchedulerState:
         self.placer = Placer(self, joinable, infeasible_waits)
         self.groups = PlacementGroups(self, joinable, infeasible_waits)
         self.streams = Streams(self, self.directory)
-        # Results lost with their node made again (_scheduler/lineage.py).
-        self.rebuilds = Rebuilds(self, self.directory)
-        # Objects a joined node kept across a restart of the head (_scheduler/kept.py).
-        self.kept = KeptObjects(self, self.directory, self.rebuilds)
-        # Direct calls handed over when their connection closed (_scheduler/adoption.py).
-        self.adoption = Adoption(self, self.actor_table)
+        self.rebuilds = Rebuilds(self, self.directory)   # results lost, made again (lineage.py)
+        self.kept = KeptObjects(self, self.directory, self.rebuilds)   # outlived a head (kept.py)
+        self.adoption = Adoption(self, self.actor_table)   # direct calls handed over (adoption.py)
         # Which worker runs what, when one starts or goes (_scheduler/workers.py).
         self.worker_pool = WorkerPool(self, self.loans, self.placer, self.blocking)
 
@@ -127,8 +123,10 @@ class SchedulerState:
         c.namespace = hello.namespace
         self.clients[conn] = c
         if hello.kind == "worker":
-            if hello.resume_actor:   # it outlived a restart of the head
+            if hello.resume_actor:   # it outlived a restart of the head (or resume_task)
                 self.actor_table.adopt(hello.resume_actor, hello.workerid, node_id)
+            elif hello.resume_task and self.worker_pool.of_before(hello.workerid):
+                self.adopt_worker(hello.workerid, node_id)   # (its task's: kept.py)
             w = self.workers.get(hello.workerid)
             if w is None or w.state is not WorkerState.STARTING:
                 raise ValueError(f"unknown or duplicate worker id {hello.workerid}")
@@ -137,6 +135,8 @@ class SchedulerState:
             self.start_failures = 0
             if w.actor is not None:
                 self.actor_table.worker_connected(w)
+            if hello.resume_task or self.kept.awaited:   # (_scheduler/kept.py)
+                self.kept.connected(w, hello.resume_task)
             self.schedule()
         return c
 
@@ -234,16 +234,15 @@ class SchedulerState:
             else:  # never started there: schedule again, no retry spent
                 self.requeue(t)
         node = self.nodes.get(w.node_id)
-        if node is not None and not was_starting:
-            # Keep the pool at its size: replace the dead worker.
-            if len(self.worker_pool.pool(w.node_id)) < max(node.num_cpus, 1):
-                self.worker_pool.start(w.node_id)
+        if node is not None and not was_starting and \
+                len(self.worker_pool.pool(w.node_id)) < max(node.num_cpus, 1):
+            self.worker_pool.start(w.node_id)   # the pool keeps its size
         self.schedule()
 
     def remove_node(self, node_id: int, reason: str) -> None:
         """Node ``node_id`` is gone with its store. Its workers' deaths come as their
-        connections close (client_disconnected); here: workers that never connected,
-        and the objects whose only copy was there (made again from their lineage, or
+        connections close (client_disconnected); here: workers that never connected, and
+        the objects whose only copy was there (made again from their lineage, or
         ObjectLostError naming the node: _scheduler/lineage.py)."""
         if self.nodes.pop(node_id, None) is None:
             return
@@ -280,7 +279,7 @@ class SchedulerState:
             # and its hold stands for the Submit's.
             if rid not in objects:
                 self.directory.new_object(conn, rid)
-        if self.kept.held and self.kept.claim(t):   # made again after a head's restart
+        if self.kept.active and self.kept.claim(t):   # made again after a head's restart
             return
         if self.hold_args(t):
             if call.actor_id:
@@ -374,6 +373,9 @@ class SchedulerState:
         self.schedule()
 
     def enqueue_ready(self, t: Task, front: bool = False) -> None:
+        if self.kept.parking:   # a restarted head waits for the processes of before
+            self.kept.park(t)
+            return
         q = self.ready.get(t.qkey)
         if q is None:
             q = self.ready[t.qkey] = collections.deque()
@@ -458,6 +460,9 @@ class SchedulerState:
         c = self.clients.get(conn)
         w = c.worker if c is not None else None
         t = self.tasks.get(msg.task_id)
+        if w is not None and w.worker_id in self.kept.resumed and self.kept.answered(w, t, msg):
+            self.after_worker_step(w)   # a worker of before, its task not attached to it
+            return
         if w is not None and t is not None and t in w.queue:
             w.queue.remove(t)
             t.worker = None
@@ -728,9 +733,7 @@ class SchedulerState:
 
     def relocate(self, oid: bytes, segment: pb.Segment) -> bool:
         """The store spilled the object's segment to a file (False: not that object's)."""
-        if oid in self.kept.held:
-            return self.kept.relocate(oid, segment)
-        return self.directory.relocate(oid, segment)
+        return (self.kept if oid in self.kept.held else self.directory).relocate(oid, segment)
 
     def copy_on(self, oid: bytes, node_id: int) -> pb.ObjectData | None:
         """The object's data as a reader on ``node_id`` maps it (None: pull it there)."""

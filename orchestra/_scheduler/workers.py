@@ -35,6 +35,7 @@ class WorkerPool:
         self.placer = placer
         self.blocking = blocking
         self._next_id = 1
+        self.first = 1
 
     def start(self, node_id: int) -> Worker:
         w = Worker(self._next_id, node_id)
@@ -48,6 +49,12 @@ class WorkerPool:
         starts above the ids of every head before it, so a worker that outlived one
         keeps its id (ActorTable.adopt)."""
         self._next_id = max(self._next_id, worker_id)
+        self.first = worker_id   # ids below it are the heads' before (adopt)
+
+    def of_before(self, worker_id: int) -> bool:
+        """Whether ``worker_id`` is one a head before this one gave (with a state store:
+        first_id), and no worker here has it."""
+        return worker_id < self.first and worker_id not in self.core.workers
 
     def adopt(self, worker_id: int, node_id: int) -> Worker:
         """A worker this head did not start (it outlived the head before), STARTING:

@@ -1,5 +1,6 @@
 """A worker's connection to the head: made at start (wire), and made again when the
-head was lost while this worker serves a detached actor (rejoin).
+head was lost while this worker serves a detached actor (rejoin) or runs a plain task
+the head sent (resume).
 
     start: CoreClient connects (Hello) -> wire(): handlers, direct-call listeners, the
         context's client
@@ -12,9 +13,25 @@ head was lost while this worker serves a detached actor (rejoin).
         replaces the old one, the actor's state untouched; refused (the head made the
         actor again, or does not know it) or out of time -> False: the worker exits
 
+    resume() (the reader thread that found the head lost, or the main thread whose
+        answer met it first): a plain task the head sent runs on (not a generator, not
+        a direct call, none nested below it); a thread connects with Hello(resume_task=
+        its id; not one blocked in get(): what it waits for went with the head), and
+        the restarted head takes the worker back as that task's
+        (_scheduler/kept.py). Calls the task makes meanwhile wait for it
+        (_context.set_reconnect). answer_again(): the main thread's answer, once
+        connected, made there (its results written again: the segments made for the
+        head before are gone) and sent; the head then stops the worker. A result
+        holding refs cannot be (their objects went with the head): the worker exits,
+        and the task runs again when its driver makes it again.
+
 What the old head knew is gone with it: calls in flight there and their callers'
 connections (their answers are dropped), objects of its store, lent-worker routes.
-The actor's instance and its attributes are what outlive it.
+The actor's instance and its attributes, a running task and its result, are what
+outlive it.
+
+Rule: ``rt.resuming`` is made once per loss under _RESUME_LOCK (by whichever thread
+finds the head lost first), set by the connecting thread once the new client runs.
 """
 from __future__ import annotations
 
@@ -47,7 +64,12 @@ class WorkerRuntime(Protocol):
     cond: threading.Condition
     queue: collections.deque[pb.InvokeCallRequest]
     nested: collections.deque[pb.InvokeCallRequest]
+    outer: list[bytes]
+    block_depth: int
     running: bytes | None
+    answering: pb.InvokeCallRequest | None
+    result: Any
+    resuming: threading.Event | None
     blocked: bool
     reply_to: dict[bytes, Any]
     holding: dict[bytes, Any]
@@ -60,6 +82,8 @@ class WorkerRuntime(Protocol):
     def _run_nested(self) -> None: ...
     def _on_peer_frame(self, *args: Any) -> Any: ...
     def _report_events(self) -> None: ...
+    def finish(self, inv: pb.InvokeCallRequest, result: Any, produced: bool = False) -> pb.TaskDone: ...
+    def failed(self, inv: pb.InvokeCallRequest, exc: BaseException) -> pb.TaskDone: ...
 
 # Between two tries to reach a head that is away (its supervisor starts it again).
 _PAUSE_S = 0.2
@@ -81,8 +105,8 @@ def may_rejoin(rt: WorkerRuntime) -> bool:
 
 def lost(rt: WorkerRuntime) -> None:
     """The client's on_lost (its reader thread): exit, unless this worker rejoins (its
-    main thread then finds the client lost and calls rejoin)."""
-    if not may_rejoin(rt):
+    main thread then finds the client lost and calls rejoin) or resumes its task."""
+    if not (may_rejoin(rt) or rt.actor is None and resume(rt)):
         os._exit(1)
 
 
@@ -164,3 +188,85 @@ def rejoin(rt: WorkerRuntime) -> bool:
               "the head's restart", file=sys.stderr, flush=True)
         return True
     return False
+
+
+_RESUME_LOCK = threading.Lock()
+
+
+def resume(rt: WorkerRuntime) -> bool:
+    """The head was lost: whether this worker's task runs on and answers the restarted
+    head (a thread connects to it, once per loss). See the module docstring."""
+    inv = rt.answering
+    if inv is None or wait_s() <= 0 or rt.outer or rt.block_depth or inv.call.generator \
+            or inv.call.task_id in rt.reply_to:
+        return False
+    with _RESUME_LOCK:
+        if rt.resuming is None or rt.resuming.is_set() and rt.client.lost is not None:
+            rt.resuming = threading.Event()
+            _context.set_reconnect(lambda _client: _resumed(rt))
+            threading.Thread(target=_connect_again, args=(rt, inv.call.task_id, rt.resuming),
+                             name="orchestra-resume", daemon=True).start()
+    return True
+
+
+def _resumed(rt: WorkerRuntime) -> CoreClient | None:
+    """(A call of the task while the head is away.) The new client, once connected."""
+    ev = rt.resuming
+    return rt.client if ev is not None and ev.wait(wait_s() + 5.0) else None
+
+
+def _connect_again(rt: WorkerRuntime, task_id: bytes, done: threading.Event) -> None:
+    """(Its own thread.) Connect to the restarted head as the worker running
+    ``task_id``; out of time, or refused: the worker exits (the task runs again when its
+    driver makes it again)."""
+    old = rt.client
+    old.pacer.stop()
+    old.direct.close()
+    with rt.cond:   # what the old head queued behind the task is made again by it
+        rt.queue.clear()
+        rt.nested.clear()
+    hello = pb.Hello(kind="worker", pid=os.getpid(), workerid=rt.worker_id,
+                     node_id=old.info.node_id, resume_task=task_id)
+    deadline = time.monotonic() + wait_s()
+    while time.monotonic() < deadline:
+        time.sleep(_PAUSE_S)
+        try:
+            client = connect(rt, hello, timeout_s=5.0)
+        except ClusterLostError:   # away, or its node not joined again yet
+            continue
+        except OrchestraError as exc:
+            print(f"orchestra worker: the restarted head did not take this task back: {exc}",
+                  file=sys.stderr, flush=True)
+            os._exit(1)
+        rt.client = client
+        if rt.logs is not None:
+            rt.logs.rebind(client.send_raw)
+        wire(rt)
+        client.start()
+        print("orchestra worker: answering the restarted head for the task it runs",
+              file=sys.stderr, flush=True)
+        done.set()
+        return
+    os._exit(1)
+
+
+def answer_again(rt: WorkerRuntime, inv: pb.InvokeCallRequest,
+                 done: pb.TaskDone | None) -> pb.TaskDone:
+    """(The main thread.) The answer to ``inv`` for the restarted head, once connected:
+    ``done`` as it is when it holds no segment of the head before, else made again from
+    the task's result (None: made again). Exits when it cannot be."""
+    ev = rt.resuming
+    if ev is None or not ev.wait(wait_s() + 5.0):
+        os._exit(1)
+    if done is None or any(r.HasField("segment") for r in done.returns):
+        try:
+            done = rt.finish(inv, rt.result)
+        except ClusterLostError:
+            os._exit(1)   # lost again: its driver makes it again
+        except BaseException as exc:  # noqa: BLE001 - as a result that cannot be made
+            done = rt.failed(inv, exc)
+    if any(r.contained for r in done.returns):
+        print("orchestra worker: a result holding refs cannot outlive the head: the task "
+              "runs again", file=sys.stderr, flush=True)
+        os._exit(1)
+    return done

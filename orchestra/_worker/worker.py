@@ -157,6 +157,12 @@ class WorkerRuntime:
         self._in_socket_code = 0
         self._cancel_deferred = False
         self.sock_path = sock_path
+        # The plain task the head sent that the main thread runs or answers, and what it
+        # returned: a head lost meanwhile, the answer goes to the restarted one
+        # (_worker/rejoin.py resume); ``resuming``: set once connected there.
+        self.answering: pb.InvokeCallRequest | None = None
+        self.result: Any = None
+        self.resuming: threading.Event | None = None
         # Started below, once every handler can run (see CoreClient.start).
         self.client: CoreClient = _rejoin.connect(self, pb.Hello(
             kind="worker", pid=os.getpid(), workerid=worker_id))
@@ -491,6 +497,7 @@ class WorkerRuntime:
                 inv = queue.popleft()
                 self.running = inv.call.task_id
                 self.running_name = inv.call.name
+                self.answering = inv if self.actor is None else None
             if self.actor is not None and self.actor.concurrent and inv.call.actor_id:
                 self.running = None
                 self.actor.submit(inv)     # runs on the actor's threads or event loop
@@ -509,10 +516,20 @@ class WorkerRuntime:
                     self.running = None
                 if done is None:
                     done = pb.TaskDone(task_id=inv.call.task_id, cancelled=True)
+            except ClusterLostError:   # the head was lost as it answered (_execute_plain)
+                with cond:
+                    self.running = None
+                done = _rejoin.answer_again(self, inv, None)
             self.cancel_target = None
             if self.block_depth:   # a cancel landed in get()'s bookkeeping, past its unblock
                 self._unblock_to(0)
-            self.send_done(done)
+            try:
+                self.send_done(done)
+            except ClusterLostError:   # the head was lost: the restarted one is answered
+                if not _rejoin.resume(self):
+                    raise
+                self.send_done(_rejoin.answer_again(self, inv, done))
+            self.answering = self.result = None
 
     def _idle(self, has_task: Callable[[], bool]) -> None:
         """Wait for work; a worker forked before the fork server preloaded the driver's
@@ -584,9 +601,13 @@ class WorkerRuntime:
         gpu_ids = self.actor.gpu_ids if self.actor is not None else list(inv.gpu_ids)
         if gpu_ids != self._gpu_ids or os.environ.get("CUDA_VISIBLE_DEVICES") != self._gpu_env:
             self._set_gpus(gpu_ids)   # else as the last task left them
+        ran = False
         try:
             fn, args, kwargs = self.prepare(inv)
             result = fn(*args, **kwargs)
+            ran = True
+            if inv is self.answering:   # until answered (_worker/rejoin.py answer_again)
+                self.result = result
             del args, kwargs
             if call.HasField("actor"):
                 self.become_actor(call.actor, result, list(inv.gpu_ids), dict(call.resources))
@@ -594,6 +615,10 @@ class WorkerRuntime:
             return self.finish(inv, result)
         except _Cancelled:
             raise
+        except ClusterLostError as exc:   # lost as it answered: it answers the restarted head
+            if ran and inv is self.answering and _rejoin.resume(self):
+                raise
+            return self.failed(inv, exc)
         except BaseException as exc:  # noqa: BLE001 - every failure of user code is reported
             return self.failed(inv, exc)
 

@@ -259,8 +259,8 @@ def test_detached_actors_and_groups_are_made_again_by_a_restarted_head(
     assert run_script(USE_DETACHED, rec) == [101, True, True, "ran in it", [1]]
     status = cli("status")
     assert status.returncode == 0, status.stderr
-    assert (f"state store: {url}: 1 detached actor(s), 1 detached placement group(s) kept"
-            in status.stdout), status.stdout
+    assert (f"state store: {url}: 1 detached actor(s), 1 detached placement group(s), "
+            "0 joined node(s) kept" in status.stdout), status.stdout
 
 
 ON_NODE = """
@@ -533,6 +533,53 @@ def test_results_a_joined_node_holds_outlive_the_head_and_do_not_run_again(state
     assert ran.read_text().splitlines() == ["ran"] * 3, "a task ran again"
     log = Path(rec["run_dir"], "stderr.log").read_text()
     assert "kept 3 object(s) from before the restart" in log, log
+
+
+RUNNING_ON_NODE = """
+import json, sys, time, orchestra
+orchestra.init(address="auto")
+
+@orchestra.remote(resources={"far": 0.3})             # the three at once, on the node
+def slow(path, n):
+    with open(path, "a") as f:
+        f.write(f"{n}\\n")
+    time.sleep(4)                                    # the head is killed meanwhile
+    if n == 1:
+        raise ValueError("as it should")
+    return [n, b"r" * (n * 512 * 1024)]              # inline, and 1 MiB in shared memory
+
+refs = [slow.remote(sys.argv[1], n) for n in (0, 1, 2)]
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline and len(open(sys.argv[1]).read().split()) < 3:
+    time.sleep(0.05)
+print("ready", flush=True)
+sys.stdin.readline()                               # the head is killed, and back
+out = []
+for ref in refs:
+    try:
+        n, pad = orchestra.get(ref, timeout=60)
+        out.append([n, len(pad)])
+    except ValueError as exc:
+        out.append("raised" if "as it should" in str(exc) else str(exc))
+print(json.dumps(out), flush=True)
+orchestra.shutdown()
+"""
+
+
+def test_tasks_running_on_a_joined_node_outlive_the_head_and_do_not_run_again(
+        state: str) -> None:
+    """Tasks running on a joined node when the head is SIGKILLed run on: each worker
+    connects to the restarted head as its task's (Hello.resume_task; the head waits for
+    the nodes of before and their workers before it runs the tasks its drivers make
+    again, _scheduler/kept.py), and answers it; the driver reads every result (inline,
+    in shared memory, an error) and no task runs twice."""
+    rec = start_head(state, "--state-store", "sqlite://" + str(Path(state, "s.db")))
+    join(rec, "--num-cpus", "3")
+    ran = Path(state, "ran")
+    ran.touch()
+    out, err = through_a_kill(rec, RUNNING_ON_NODE, str(ran))
+    assert out == [[0, 0], "raised", [2, 1 << 20]], err
+    assert sorted(ran.read_text().split()) == ["0", "1", "2"], "a task ran again"
 
 
 ACTOR_CALLS = """

@@ -1,7 +1,8 @@
 """A restarted head's ids (orchestra/_head/rejoin.py): workers and connections start
 above every id a head before it gave (the store counts heads), a joined node gets its
 id of before back unless another node holds or held it, and the next node's id is kept
-in the store. No processes: a head's parts, without its loop's I/O."""
+in the store; the joined nodes serving are kept there too, and a restarted head waits
+for them. No processes: a head's parts, without its loop's I/O."""
 from __future__ import annotations
 
 import asyncio
@@ -11,6 +12,7 @@ import pytest
 
 from orchestra._head import rejoin
 from orchestra._head.state_store import CLUSTER
+from orchestra._scheduler.durable import NODES
 from orchestra._scheduler.state import SchedulerState
 
 pytestmark = pytest.mark.timeout(30)
@@ -19,15 +21,25 @@ pytestmark = pytest.mark.timeout(30)
 class Store:
     """The parts of HeadState rejoin reads and writes."""
 
-    def __init__(self, boots: int, next_node: int) -> None:
+    def __init__(self, boots: int, next_node: int, nodes: tuple[int, ...] = ()) -> None:
         self.boots, self.next_node = boots, next_node
         self.written: list[tuple[str, str, bytes | None]] = []
+        self.nodes = {str(n): b"" for n in nodes}
+        self.stopped = False
 
     def records(self) -> dict[str, dict[str, bytes]]:
-        return {}
+        return {NODES: dict(self.nodes)}
 
     def write(self, table: str, key: str, value: bytes | None) -> None:
         self.written.append((table, key, value))
+        if table == NODES:
+            if value is None:
+                self.nodes.pop(key, None)
+            else:
+                self.nodes[key] = value
+
+    def stop(self) -> None:
+        self.stopped = True
 
 
 class Head:
@@ -47,7 +59,7 @@ class Head:
 
 def test_the_third_head_starts_its_ids_above_those_of_the_two_before() -> None:
     head = Head(Store(boots=3, next_node=9))
-    rejoin.restore(head, 2)   # type: ignore[arg-type]
+    rejoin.restore(head, 2, -1)   # type: ignore[arg-type]
     assert head.state.start_worker(0).worker_id == (2 << 32) + 1
     assert head.next_conn == (2 << 32) + 1 and head.next_node_id == 9
     head.loop.close()
@@ -56,7 +68,7 @@ def test_the_third_head_starts_its_ids_above_those_of_the_two_before() -> None:
 def test_the_first_head_and_one_without_a_store_start_at_one() -> None:
     for durable in (Store(boots=1, next_node=0), None):
         head = Head(durable)
-        rejoin.restore(head, 2)   # type: ignore[arg-type]
+        rejoin.restore(head, 2, -1)   # type: ignore[arg-type]
         assert head.state.start_worker(0).worker_id == 1 and head.next_conn == 1
         head.loop.close()
 
@@ -64,7 +76,7 @@ def test_the_first_head_and_one_without_a_store_start_at_one() -> None:
 def test_a_node_gets_its_id_of_before_back_unless_it_is_taken() -> None:
     store = Store(boots=2, next_node=5)
     head = Head(store)
-    rejoin.restore(head, 2)   # type: ignore[arg-type]
+    rejoin.restore(head, 2, -1)   # type: ignore[arg-type]
     assert rejoin.node_id_for(head, 3, 2) == 3      # free: its own again
     head.nodes[3] = object()
     assert rejoin.node_id_for(head, 3, 2) == 5      # held by another: a new one
@@ -73,4 +85,36 @@ def test_a_node_gets_its_id_of_before_back_unless_it_is_taken() -> None:
     assert rejoin.node_id_for(head, 0, 2) == 7      # a new node
     assert rejoin.node_id_for(head, 1, 2) == 8      # never the head's own ids
     assert store.written[-1] == (CLUSTER, "next_node", b"9")
+    head.loop.close()
+
+
+def test_a_restarted_head_waits_for_the_joined_nodes_of_before_and_their_workers() -> None:
+    """The store names the joined nodes serving; a head started on it runs no task made
+    ready until each joined again (or its wait ran out) and the workers each names
+    connected or exited; a node that leaves, or a head that stops, drops its record."""
+    store = Store(boots=2, next_node=4, nodes=(2, 3))
+    head = Head(store)
+    rejoin.restore(head, 2, -1)   # type: ignore[arg-type]
+    kept = head.state.kept
+    assert kept.parking and set(kept.nodes) == {2, 3}
+    rejoin.node_back(head, 2, [])                   # (its record written again)
+    assert kept.parking and set(kept.nodes) == {3}
+    rejoin.node_back(head, 3, [7, 8])               # two workers of before live there
+    assert kept.parking and set(kept.awaited) == {7, 8}
+    kept.worker_gone(7)                             # exited before it connected
+    assert kept.parking
+    kept.tick(1e12)                                 # 8's wait ran out
+    assert not kept.parking and not kept.active
+    rejoin.node_left(head, 2)
+    assert store.nodes == {"3": b""}
+    rejoin.stop_store(head)   # type: ignore[arg-type]
+    assert store.nodes == {} and store.stopped
+    head.loop.close()
+
+
+def test_a_head_without_a_store_waits_for_no_node() -> None:
+    head = Head(None)
+    rejoin.restore(head, 2, -1)   # type: ignore[arg-type]
+    rejoin.node_back(head, 2, [])   # type: ignore[arg-type]
+    assert not head.state.kept.parking
     head.loop.close()

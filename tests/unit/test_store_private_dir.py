@@ -162,3 +162,23 @@ def test_the_sweep_leaves_a_directory_of_another_owner_even_under_this_users_nam
         assert os.path.isdir(other)
     finally:
         os.rmdir(other)
+
+
+def test_a_kept_segment_a_reader_mapped_when_the_head_was_lost_is_never_reused(
+        store: ObjectStore) -> None:
+    """carry_over keeps sealed objects; one a process mapped then (a task's argument, run
+    on across the head's restart) is removed once freed, never pooled for another writer
+    (it would write into the bytes that task still reads); one nobody mapped is pooled."""
+    read = store.create(7, b"read", MiB, holds_refs=False)
+    idle = store.create(7, b"idle", MiB, holds_refs=False)
+    for seg in (read, idle):
+        open_segment(store.dir, seg).close()
+        store.seal(seg.name)
+    store.drop_conn(7)          # the writer let go of its maps
+    store.pin(9, [read.name])   # a reader's map
+    kept = {d.object_id for d in store.carry_over()}
+    assert kept == {b"read", b"idle"}
+    store.free(read.name)
+    store.free(idle.name)
+    assert not os.path.exists(segment_path(store.dir, read.name))
+    assert os.path.exists(segment_path(store.dir, idle.name)) and store.pooled == idle.capacity
