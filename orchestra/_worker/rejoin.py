@@ -15,10 +15,10 @@ the head sent (resume).
 
     resume() (the reader thread that found the head lost, or the main thread whose
         answer met it first): a plain task the head sent runs on (not a generator, not
-        a direct call, none nested below it); a thread connects with Hello(resume_task=
-        its id; not one blocked in get(): what it waits for went with the head), and
-        the restarted head takes the worker back as that task's
-        (_scheduler/kept.py). Calls the task makes meanwhile wait for it
+        an actor's constructor, not a direct call, none nested below it, not one
+        blocked in get(): what it waits for went with the head); a thread connects
+        with Hello(resume_task=its id), and the restarted head takes the worker back
+        as that task's (_scheduler/kept.py). Calls the task makes meanwhile wait for it
         (_context.set_reconnect). answer_again(): the main thread's answer, once
         connected, made there (its results written again: the segments made for the
         head before are gone) and sent; the head then stops the worker. A result
@@ -197,14 +197,15 @@ def resume(rt: WorkerRuntime) -> bool:
     """The head was lost: whether this worker's task runs on and answers the restarted
     head (a thread connects to it, once per loss). See the module docstring."""
     inv = rt.answering
-    if inv is None or wait_s() <= 0 or rt.outer or rt.block_depth or inv.call.generator \
-            or inv.call.task_id in rt.reply_to:
+    call = inv.call if inv is not None else None
+    if call is None or wait_s() <= 0 or rt.outer or rt.block_depth or call.generator \
+            or call.HasField("actor") or call.task_id in rt.reply_to:
         return False
     with _RESUME_LOCK:
         if rt.resuming is None or rt.resuming.is_set() and rt.client.lost is not None:
             rt.resuming = threading.Event()
             _context.set_reconnect(lambda _client: _resumed(rt))
-            threading.Thread(target=_connect_again, args=(rt, inv.call.task_id, rt.resuming),
+            threading.Thread(target=_connect_again, args=(rt, call.task_id, rt.resuming),
                              name="orchestra-resume", daemon=True).start()
     return True
 
