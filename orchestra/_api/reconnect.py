@@ -111,8 +111,11 @@ class Rejoin:
                 break
             except ClusterLostError:   # away still
                 continue
-            except (OrchestraError, OSError) as exc:   # refused: the cluster is another
-                why = str(exc)
+            except (OrchestraError, OSError) as exc:
+                if _went_again(exc):   # the head died again as it let this driver in
+                    why = str(exc)
+                    continue
+                why = str(exc)   # refused: the cluster is another
                 break
         with self.lock:
             if new is None or self.closed:
@@ -140,6 +143,14 @@ class Rejoin:
             self.done.notify_all()
         self.then()
         old.close()
+
+
+def _went_again(exc: BaseException) -> bool:
+    """Whether a failed connection is the head going away mid-handshake (reset, closed,
+    silent), not a refusal (another token, another version)."""
+    import ssl
+    cause = exc if isinstance(exc, (ConnectionError, TimeoutError)) else exc.__cause__
+    return isinstance(cause, (ConnectionError, TimeoutError, ssl.SSLEOFError))
 
 
 def keep_calls(client: CoreClient, book: ReplayBook | None = None) -> None:

@@ -524,6 +524,9 @@ def _lost_with_head(client: _context.Client, exc: ClusterLostError) -> None:
     goes on there); else raises ``exc``."""
     s = _session
     if s is None or s.rejoin is None or s.rejoin.wait(client) is None:
+        if s is not None and s.rejoin is not None and s.rejoin.failed:
+            raise ClusterLostError(f"{exc}; connecting to it again failed: "
+                                   f"{s.rejoin.failed}") from exc
         raise exc
 
 

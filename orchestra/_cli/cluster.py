@@ -132,6 +132,12 @@ def start_parser() -> argparse.ArgumentParser:
                    help="a node that loses the head joins it again for this long; with "
                         "--head, its drivers wait this long for it to come back (default "
                         f"{RECONNECT_TIMEOUT_S:g}; 0: they stop at once)")
+    tls = p.add_mutually_exclusive_group()
+    tls.add_argument("--insecure-no-tls", dest="tls", action="store_false", default=None,
+                     help="head: plain TCP between machines, for a network you trust "
+                          "(default: TLS whenever --host is not loopback)")
+    tls.add_argument("--tls", dest="tls", action="store_true", default=None,
+                     help="head: TLS even on loopback (reached through a tunnel, say)")
     p.add_argument("--block", action="store_true",
                    help="stay in the foreground until SIGTERM/SIGINT, then stop")
     return p
@@ -148,6 +154,9 @@ def parse_start(argv: list[str]) -> argparse.Namespace:
             p.error("--dashboard-port is the head's; a node joining with --address takes none")
         if args.state_store is not None:
             p.error("--state-store is the head's; a node joining with --address takes none")
+        if args.tls is not None:
+            p.error("--tls and --insecure-no-tls are the head's: a node speaks TLS when its "
+                    "token says so (it starts with 'tls-')")
         try:
             _launch.split_address(args.address)
         except ValueError as exc:
@@ -191,7 +200,7 @@ def start(argv: list[str]) -> int:
                 object_store_memory=args.object_store_memory, log=log,
                 include_dashboard=args.include_dashboard, dashboard_port=args.dashboard_port,
                 state_store=args.state_store, supervise=True,
-                reconnect_timeout_s=args.reconnect_timeout)
+                reconnect_timeout_s=args.reconnect_timeout, tls=args.tls)
         else:
             started = _launch.start_node(
                 state, head_address=args.address, token=args.token, host=args.host,
@@ -211,8 +220,18 @@ def _announce(started: _launch.Started) -> None:
     if started.kind == "head":
         from .._cluster.supervisor import head_pid
         pid = head_pid(started.run_dir) or started.pid
+        from .._protocol import tls
+        if tls.enabled(started.token):
+            security = (f"Connections between machines use TLS; the token names the "
+                        f"cluster's key ({tls.cluster_fingerprint(started.token)}).")
+        elif tls.is_loopback(_launch.split_address(started.address)[0]):
+            security = "It listens on loopback only: plain TCP (--tls encrypts it)."
+        else:
+            security = ("WARNING: connections between machines are NOT encrypted "
+                        "(--insecure-no-tls): whoever reads the network reads every "
+                        "argument, result and object, and can inject frames.")
         print(f"orchestra: the head runs (pid {pid}) at {started.address}; its supervisor "
-              f"(pid {started.pid}) starts it again if it dies\n\n"
+              f"(pid {started.pid}) starts it again if it dies\n{security}\n\n"
               f"Join another machine with:\n"
               f"  orchestra start --address {started.address} --token {started.token}\n\n"
               f"Connect a driver with orchestra.init(address=\"{started.address}\", "
@@ -355,6 +374,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last.get("time", 0)))
         lines.append(f"head: restarted {restarts} time(s), last at {when}: "
                      f"{last.get('reason', '?')}")
+    security = summary.get("security")
+    if security:
+        lines.append(f"connections: {describe_security(security)}")
     store = summary.get("state_store")
     if store:
         kept = store.get("kept", {})
@@ -366,6 +388,16 @@ def format_summary(summary: dict[str, Any]) -> str:
                      f"{store.get('waiting', 0)} change(s) wait to be written")
         lines.append(line)
     return "\n".join(lines)
+
+
+def describe_security(security: dict[str, Any]) -> str:
+    """How the cluster's port speaks to other machines, in words (status, dashboard)."""
+    if security.get("tls"):
+        return f"TLS 1.3, cluster key {security.get('key', '')}"
+    if security.get("loopback"):
+        return "plain TCP, loopback only"
+    return ("NOT ENCRYPTED between machines (--insecure-no-tls): whoever reads the network "
+            "reads every argument, result and object")
 
 
 # A name from user code shown in a table or in status is cut to this many characters.

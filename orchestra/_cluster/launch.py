@@ -33,7 +33,8 @@ from .._head import state_store as _store
 from .._objects.store import sweep_stale_segments
 from .._platform.bootstrap import JOIN_BOOTSTRAP
 from .._platform.procutil import pid_alive
-from .._protocol.auth import client_handshake, new_token
+from .._protocol import tls as _tls
+from .._protocol.auth import connect_secure, new_token
 from .._runtime import cluster_file as cf
 from ..exceptions import AuthenticationError, OrchestraError
 
@@ -152,7 +153,8 @@ def start_head(state: str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
                system_config: dict[str, Any] | None = None, log: bool = True,
                timeout_s: float = READY_TIMEOUT_S, owner_pid: int = 0,
                state_store: str | None = None, supervise: bool = False,
-               reconnect_timeout_s: float = RECONNECT_TIMEOUT_S) -> Started:
+               reconnect_timeout_s: float = RECONNECT_TIMEOUT_S,
+               tls: bool | None = None) -> Started:
     """Start a cluster head listening on HOST:PORT; return once it authenticates a
     connection (LaunchError with its log's tail if it exits or stays silent). Its
     dashboard (include_dashboard, dashboard_port: as init()'s) binds HOST too, and asks
@@ -161,7 +163,9 @@ def start_head(state: str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
     started again on it serves the same cluster, with the same token unless ``token``
     says another. ``supervise``: the process started (and recorded) is the head's
     supervisor (_cluster/supervisor.py), which starts the head again when it dies, and
-    whose drivers wait ``reconnect_timeout_s`` for it to come back (_api/reconnect.py)."""
+    whose drivers wait ``reconnect_timeout_s`` for it to come back (_api/reconnect.py).
+    ``tls``: whether the cluster speaks TLS (_protocol/tls.py; default: when HOST is not
+    loopback); its token then starts with "tls-", which tells every process so."""
     probe = DEFAULT_HOST if host in ("0.0.0.0", "::", "") else host
     if port and _answers(probe, port):
         raise LaunchError(_taken(port, probe))
@@ -177,6 +181,9 @@ def start_head(state: str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
             raise LaunchError(str(exc)) from exc
         token = token or (stored.decode() if stored else None)
     token = token or new_token()
+    if tls is None:
+        tls = not _tls.is_loopback(host)
+    token = _tls.tls_token(token) if tls else token.removeprefix(_tls.PREFIX)
     warning, cfg = head_cfg(host=host, port=port, token=token, num_cpus=num_cpus,
                             num_gpus=num_gpus, resources=resources,
                             object_store_memory=object_store_memory,
@@ -274,7 +281,7 @@ def _wait_head_ready(started: Started, host: str, port: int, timeout_s: float) -
                 f"{_said(started)}{_port_hint(port, _tail(_log_path(started)))}")
         try:
             with socket.create_connection((host, port), timeout=1.0) as s:
-                client_handshake(s, started.token, timeout_s=2.0, peer=f"{host}:{port}")
+                connect_secure(s, started.token, timeout_s=2.0, peer=f"{host}:{port}").close()
             return
         except AuthenticationError:   # someone else's server took the port meanwhile
             raise LaunchError(_taken(port, host)) from None
@@ -429,6 +436,13 @@ def _wait_node_joined(started: Started, timeout_s: float) -> None:
 def join_failure(output: str, head_address: str) -> str:
     """What a node's last words mean, for the user: the cause, then the fix."""
     low = output.lower()
+    if "is not the cluster of this token" in low:
+        return ("the server at that address is another cluster (its key is not the one this "
+                "token names). Check the address and the token")
+    if "starts with 'tls-'" in low:
+        return ("the head and this token disagree on TLS (a head reached by other machines "
+                "speaks it, and its token starts with 'tls-'), or the head went away as the "
+                "node authenticated. Pass the whole token that `orchestra start --head` printed")
     if "token" in low and ("wrong" in low or "refused" in low or "needs" in low):
         return ("the head refused the token. Pass the token that `orchestra start --head` "
                 "printed (--token or ORCHESTRA_TOKEN)")

@@ -46,7 +46,7 @@ from .._observe.task_events import DRIVER
 from .._platform.procutil import watch_parent, watch_pid
 from .._protocol import pb
 from .._protocol import wire as _wire
-from .._protocol.auth import AuthGate
+from .._protocol.auth import AuthGate, server_tls
 from .._protocol.connection import parse_address, parse_host
 from .._scheduler.instructions import (
     Durable,
@@ -229,7 +229,7 @@ class Head:
         self.tcp_server = await self.loop.create_server(
             lambda: AuthGate(self.token, self.loop, lambda transport: self._new_conn(),
                              what="orchestra head", pending=handshaking),
-            host, port, reuse_address=True)
+            host, port, reuse_address=True, **server_tls(self.token, host))
         if port == 0:   # an ephemeral port: say which
             port = self.tcp_server.sockets[0].getsockname()[1]
             self.address = f"{host}:{port}"

@@ -57,6 +57,12 @@ class Pulls:
         self.clock = clock   # the retries' (tests drive their own)
         # (object id, node id) -> what to call with (data, error) once that node has it.
         self.pending: dict[tuple[bytes, int], list[Callable[[pb.ObjectData | None, str], None]]] = {}
+        # A head started again from its store learns its objects from the drivers and
+        # nodes as they come back (the drivers make their lost work again): until this
+        # time (clock), a reader of an object it does not know yet (a task carried over
+        # the restart, locating its argument) waits for it instead of being told it was
+        # freed (_head/rejoin.py restore sets it).
+        self.recover_until = 0.0
 
     def locate(self, conn: Conn, req_id: int, object_id: bytes, since: float = 0.0) -> None:
         """Answer where an object's data is now, for a reader on the connection's node
@@ -86,6 +92,10 @@ class Pulls:
                 reply.object.CopyFrom(data)
             self.head.queue_if_open(conn, _wire.encode(_wire.REPLY, reply))
         if o is None:
+            if self.clock() < self.recover_until and self.head.conns.get(conn.conn_id) is conn:
+                self.head.loop.call_later(_RELOCATE_RETRY_S, self.locate, conn, req_id,
+                                          object_id, since)
+                return
             answer(None, "")
             return
         if o.data is None:   # being made again (its node died): answered once it is

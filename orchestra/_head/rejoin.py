@@ -44,6 +44,7 @@ class Head(Protocol):
     gone: dict[int, Any]
     cfg: dict[str, Any]
     loop: asyncio.AbstractEventLoop
+    pulls: Any   # pulls.Pulls (its recover_until)
 
     def carry_out(self) -> None: ...
 
@@ -67,6 +68,9 @@ def restore(head: Head, joined_from: int, owner: int) -> None:
     head.next_node_id = max(head.next_node_id, durable.next_node)
     for problem in restore_records(head.state, owner, durable.records(), joined_from):
         print(f"orchestra head: not restored: {problem}", file=sys.stderr, flush=True)
+    if durable.boots > 1:   # the drivers of before make their lost work again meanwhile
+        head.pulls.recover_until = head.pulls.clock() + float(
+            head.cfg.get("reconnect_timeout_s", 0.0))
     nodes = {int(k) for k in durable.records().get(NODES, {}) if k.isdigit()}
     if nodes:
         head.state.kept.expect(nodes, time.monotonic())   # (Head._tick calls its tick)

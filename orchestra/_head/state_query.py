@@ -384,7 +384,20 @@ class StateQueries:
             "head_restarts": int(head.cfg.get("head_restarts", 0)),
             "head_last_restart": head.cfg.get("last_restart") or None,
             # Its state store (_head/state_store.py): None when it keeps none.
-            "state_store": head.durable.health() if head.durable is not None else None}
+            "state_store": head.durable.health() if head.durable is not None else None,
+            "security": _security(head.token, head.address)}
+
+
+def _security(token: str, address: str) -> dict[str, Any] | None:
+    """How its port speaks to other machines: TLS (with the cluster key's fingerprint),
+    or plain, on loopback or beyond it (--insecure-no-tls). None: no TCP port."""
+    from .._protocol import tls
+    from .._protocol.connection import parse_host
+    if not token or not address or address.startswith(("/", "unix:")):
+        return None
+    on = tls.enabled(token)
+    return {"tls": on, "key": tls.cluster_fingerprint(token) if on else "",
+            "loopback": tls.is_loopback(parse_host(address))}
 
 
 def _ms(t: float) -> int | None:

@@ -387,6 +387,7 @@ async def _run_joined(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
     the node of before, whose workers this one takes over if it gets the same id.
     OSError when the head cannot be reached or refuses (an AuthenticationError; said
     unless ``quiet``: tries while the head is away)."""
+    from .._protocol import tls
     from .._protocol.auth import client_handshake
     from .._protocol.connection import parse_address
     def make_node(host: NodeHost) -> Node:
@@ -403,14 +404,19 @@ async def _run_joined(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
     address = cfg["head_address"]
     family, target = parse_address(address)
     sock = socket.socket(family, socket.SOCK_STREAM)
+    token = cfg.get("token", "")
     try:
         sock.settimeout(10)
         sock.connect(target)
-        client_handshake(sock, cfg.get("token", ""), peer=address)
+        if not tls.enabled(token):
+            client_handshake(sock, token, peer=address)
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         stopped.proto = proto
-        await loop.create_connection(lambda: proto, sock=sock)
+        if tls.enabled(token):   # TLS, then the token inside it (asyncio's own TLS)
+            await tls.join_async(loop, sock, token, address, proto)
+        else:
+            await loop.create_connection(lambda: proto, sock=sock)
     except OSError as exc:   # AuthenticationError too
         sock.close()
         if not quiet:

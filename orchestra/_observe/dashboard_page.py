@@ -128,7 +128,8 @@ _BODY = """
     <div class="sub" id="store-cap"></div><div class="bar" id="store-bar"><div></div></div>
     <div class="sub" id="store-sub"></div></div>
   <div class="card"><div class="label">Workers</div><div class="value" id="workers">-</div>
-    <div class="sub" id="drivers"></div><div class="sub" id="head-restarts"></div></div>
+    <div class="sub" id="drivers"></div><div class="sub" id="head-restarts"></div>
+    <div class="sub" id="security"></div></div>
 </section>
 <section class="grid2">
   <div class="panel"><h2>Tasks</h2><table><thead><tr><th>state</th><th class="num">count</th></tr>

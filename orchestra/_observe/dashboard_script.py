@@ -121,6 +121,10 @@ function renderCards(s) {
   const r = s.head_restarts || 0, last = s.head_last_restart;
   $("head-restarts").textContent = r ? "head restarted " + r + " time" + (r === 1 ? "" : "s") +
     (last ? " (last: " + last.reason + ")" : "") : "";
+  const sec = s.security;
+  $("security").textContent = !sec ? "" : sec.tls ? "connections: TLS 1.3 (" + sec.key + ")" :
+    sec.loopback ? "connections: plain TCP, loopback only" :
+    "connections: NOT ENCRYPTED between machines (--insecure-no-tls)";
 }
 
 function renderResources(s) {

@@ -12,10 +12,12 @@ orchestra version.
     client: checks the server's MAC (a listener without the token cannot pose as the
         cluster and be sent pickled calls), then the connection carries frames.
 
-The token never crosses the wire; a recorded exchange cannot be replayed (fresh nonces
-on both sides). What it does not do: encrypt. Traffic between nodes is readable by
-whoever can see the network, as Ray's and Dask's default is; keep the cluster on a
-private network (docs/cluster.md).
+The client opens with the magic and a version byte (so a TLS server refuses a plain client at once,
+instead of both waiting for the other). The token never crosses the wire; a recorded
+exchange cannot be replayed (fresh nonces on both sides). Over TLS (a token starting
+with "tls-", _protocol/tls.py) the exchange runs inside the encrypted channel, and both
+MACs also cover the channel's binding, so a proof made for one TLS connection is worth
+nothing on another: connect_secure()/accept_secure() do both steps.
 
 Two forms of the server side: server_handshake() for blocking sockets (threads), and
 AuthGate, an asyncio Protocol that hands the transport to the real protocol once the
@@ -39,6 +41,9 @@ from ..exceptions import AuthenticationError
 
 VERSION = "0.1.0"   # orchestra.__version__ (kept here: the head loads the package bare)
 _MAGIC = b"ORCA"
+# A client's first bytes: 5, a whole TLS record header's worth, so that a TLS server
+# refuses a plain client at once instead of waiting for the header's last byte.
+_OPENING = _MAGIC + b"\x01"
 _NONCE = 32
 _MAC = 32
 # server hello: magic, nonce, version length (u8), version
@@ -71,13 +76,14 @@ def _server_hello(nonce: bytes) -> bytes:
     return _SERVER_HELLO.pack(_MAGIC, nonce, len(v)) + v
 
 
-def _judge(token: str, nonce_s: bytes, answer: bytes) -> tuple[bytes, str]:
-    """The server's reply to a client's answer, and why it refused ("" when accepted)."""
+def _judge(token: str, nonce_s: bytes, answer: bytes, binding: bytes = b"") -> tuple[bytes, str]:
+    """The server's reply to a client's answer (after its opening magic), and why it
+    refused ("" when accepted)."""
     magic, nonce_c, mac, vlen = _CLIENT_ANSWER.unpack_from(answer)
     version = answer[_CLIENT_ANSWER.size:_CLIENT_ANSWER.size + vlen]
     if magic != _MAGIC:
         return b"", "not an orchestra client"
-    good = hmac.compare_digest(mac, _mac(token, b"client", nonce_s, nonce_c, version))
+    good = hmac.compare_digest(mac, _mac(token, b"client", nonce_s, nonce_c, version, binding))
     if not good:
         text = ("wrong cluster token: pass the token that `orchestra start --head` printed "
                 "(token= or the ORCHESTRA_TOKEN environment variable)")
@@ -87,10 +93,10 @@ def _judge(token: str, nonce_s: bytes, answer: bytes) -> tuple[bytes, str]:
         text = (f"version mismatch: the cluster runs orchestra {VERSION}, this process "
                 f"orchestra {theirs}; install the same version on every machine")
         return _BAD_VERSION + text.encode(), f"orchestra {theirs} (this is {VERSION})"
-    return _OK + _mac(token, b"server", nonce_c, nonce_s), ""
+    return _OK + _mac(token, b"server", nonce_c, nonce_s, binding), ""
 
 
-def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
+def _recv_exact(sock: Any, n: int, deadline: float | None = None) -> bytes:
     """``n`` bytes; with ``deadline`` (time.monotonic()), all of them by then."""
     buf = bytearray()
     while len(buf) < n:
@@ -106,10 +112,42 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> b
     return bytes(buf)
 
 
-def client_handshake(sock: socket.socket, token: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                     peer: str = "") -> None:
-    """Prove the token to the server at the other end of ``sock`` (blocking), and check
-    the server knows it too. AuthenticationError names why it was refused."""
+def _hello_size(head: bytes, where: str) -> int:
+    """The whole server hello's size, from its fixed part ``head``."""
+    magic, _, vlen = _SERVER_HELLO.unpack_from(head)
+    if magic != _MAGIC:
+        raise AuthenticationError(f"the server{where} is not an orchestra cluster")
+    return _SERVER_HELLO.size + vlen
+
+
+def _answer(token: str, hello: bytes, where: str,
+            binding: bytes) -> tuple[bytes, tuple[bytes, bytes]]:
+    """The client's answer to a whole server hello, and the (client, server) nonces."""
+    _, nonce_s, _ = _SERVER_HELLO.unpack_from(hello)
+    server_version = hello[_SERVER_HELLO.size:].decode(errors="replace")
+    if server_version != VERSION:
+        raise AuthenticationError(
+            f"version mismatch: the cluster{where} runs orchestra {server_version}, "
+            f"this process orchestra {VERSION}; install the same version on every machine")
+    nonce_c = secrets.token_bytes(_NONCE)
+    v = VERSION.encode()
+    answer = _CLIENT_ANSWER.pack(_MAGIC, nonce_c,
+                                 _mac(token, b"client", nonce_s, nonce_c, v, binding), len(v)) + v
+    return answer, (nonce_c, nonce_s)
+
+
+def _check_server(token: str, mac: bytes, nonces: tuple[bytes, bytes], binding: bytes,
+                  where: str) -> None:
+    if not hmac.compare_digest(mac, _mac(token, b"server", *nonces, binding)):
+        raise AuthenticationError(f"the server{where} does not know the cluster token: "
+                                  "it is not the cluster you meant to reach")
+
+
+def client_handshake(sock: Any, token: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                     peer: str = "", binding: bytes = b"") -> None:
+    """Prove the token to the server at the other end of ``sock`` (blocking; a socket
+    or a TLS stream whose ``binding`` is given), and check the server knows it too.
+    AuthenticationError names why it was refused."""
     where = f" at {peer}" if peer else ""
     if not token:
         raise AuthenticationError(
@@ -118,25 +156,14 @@ def client_handshake(sock: socket.socket, token: str, *, timeout_s: float = DEFA
     old = sock.gettimeout()
     sock.settimeout(timeout_s)
     try:
+        sock.sendall(_OPENING)
         head = _recv_exact(sock, _SERVER_HELLO.size)
-        magic, nonce_s, vlen = _SERVER_HELLO.unpack(head)
-        if magic != _MAGIC:
-            raise AuthenticationError(f"the server{where} is not an orchestra cluster")
-        server_version = _recv_exact(sock, vlen).decode(errors="replace")
-        if server_version != VERSION:
-            raise AuthenticationError(
-                f"version mismatch: the cluster{where} runs orchestra {server_version}, "
-                f"this process orchestra {VERSION}; install the same version on every machine")
-        nonce_c = secrets.token_bytes(_NONCE)
-        v = VERSION.encode()
-        sock.sendall(_CLIENT_ANSWER.pack(_MAGIC, nonce_c, _mac(token, b"client", nonce_s, nonce_c, v),
-                                         len(v)) + v)
+        head += _recv_exact(sock, _hello_size(head, where) - len(head))
+        answer, nonces = _answer(token, head, where, binding)
+        sock.sendall(answer)
         verdict = sock.recv(1)
         if verdict == _OK:
-            mac = _recv_exact(sock, _MAC)
-            if not hmac.compare_digest(mac, _mac(token, b"server", nonce_c, nonce_s)):
-                raise AuthenticationError(f"the server{where} does not know the cluster token: "
-                                          "it is not the cluster you meant to reach")
+            _check_server(token, _recv_exact(sock, _MAC), nonces, binding, where)
             return
         text = b""
         while verdict:
@@ -148,8 +175,11 @@ def client_handshake(sock: socket.socket, token: str, *, timeout_s: float = DEFA
         raise AuthenticationError(f"the server{where} did not complete authentication within "
                                   f"{timeout_s:g} s: is it an orchestra cluster?") from exc
     except ConnectionError as exc:
+        hint = "" if binding else (
+            " (a cluster other machines reach speaks TLS: pass the whole token that "
+            "`orchestra start --head` printed, which starts with 'tls-')")
         raise AuthenticationError(f"the server{where} closed the connection during "
-                                  f"authentication: {exc}") from exc
+                                  f"authentication: {exc}{hint}") from exc
     finally:
         try:
             sock.settimeout(old)
@@ -157,21 +187,25 @@ def client_handshake(sock: socket.socket, token: str, *, timeout_s: float = DEFA
             pass
 
 
-def server_handshake(sock: socket.socket, token: str, *,
-                     timeout_s: float = HANDSHAKE_S) -> None:
+def server_handshake(sock: Any, token: str, *, timeout_s: float = HANDSHAKE_S,
+                     binding: bytes = b"", deadline: float | None = None) -> None:
     """Check the client at the other end of ``sock`` knows the token (blocking), all of
-    it within ``timeout_s``; AuthenticationError (the client was told why, and should
-    be closed) otherwise."""
+    it within ``timeout_s`` (or by ``deadline``); AuthenticationError (the client was
+    told why, and should be closed) otherwise."""
     old = sock.gettimeout()
-    deadline = time.monotonic() + timeout_s
-    sock.settimeout(timeout_s)
+    if deadline is None:
+        deadline = time.monotonic() + timeout_s
+    sock.settimeout(max(0.001, deadline - time.monotonic()))
     try:
         nonce_s = secrets.token_bytes(_NONCE)
         sock.sendall(_server_hello(nonce_s))
+        if _recv_exact(sock, len(_OPENING), deadline) != _OPENING:
+            raise AuthenticationError("refused a connection: not an orchestra client (or one "
+                                      "that speaks TLS to a cluster that does not)")
         answer = _recv_exact(sock, _CLIENT_ANSWER.size, deadline)
         vlen = answer[-1]
         answer += _recv_exact(sock, vlen, deadline)
-        reply, why = _judge(token, nonce_s, answer)
+        reply, why = _judge(token, nonce_s, answer, binding)
         if reply:
             sock.sendall(reply)
         if why:
@@ -185,6 +219,95 @@ def server_handshake(sock: socket.socket, token: str, *,
             sock.settimeout(old)
         except OSError:
             pass
+
+
+class AuthClient(asyncio.Protocol):
+    """The client's side of the handshake on an asyncio connection (a node joining the
+    head over TLS): checks the server's key, proves the token with the channel's
+    binding, then hands the transport to ``then``. ``done``: None, or the
+    AuthenticationError that ended it (the transport is then closed)."""
+
+    def __init__(self, token: str, peer: str, then: asyncio.Protocol,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.token = token
+        self.where = f" at {peer}"
+        self.peer = peer
+        self.then = then
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.transport: Any = None
+        self.binding = b""
+        self.buf = b""
+        self.nonces: tuple[bytes, bytes] | None = None
+
+    def _fail(self, exc: AuthenticationError) -> None:
+        if not self.done.done():
+            self.done.set_exception(exc)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def connection_made(self, transport: Any) -> None:
+        from . import tls
+        self.transport = transport
+        obj = transport.get_extra_info("ssl_object")
+        try:
+            if obj is not None:
+                tls.check_peer(self.token, obj.getpeercert(binary_form=True), self.peer)
+                self.binding = tls.binding(obj)
+        except AuthenticationError as exc:
+            self._fail(exc)
+            return
+        transport.write(_OPENING)
+
+    def data_received(self, data: bytes) -> None:
+        if self.done.done():
+            return
+        self.buf += data
+        try:
+            if self.nonces is None:
+                if len(self.buf) < _SERVER_HELLO.size or \
+                        len(self.buf) < _hello_size(self.buf, self.where):
+                    return
+                size = _hello_size(self.buf, self.where)
+                answer, self.nonces = _answer(self.token, self.buf[:size], self.where,
+                                              self.binding)
+                self.buf = self.buf[size:]
+                self.transport.write(answer)
+            if not self.buf or self.buf[:1] == _OK and len(self.buf) < 1 + _MAC:
+                return
+            if self.buf[:1] != _OK:
+                return   # a refusal: its text comes until the server closes
+            _check_server(self.token, self.buf[1:1 + _MAC], self.nonces, self.binding,
+                          self.where)
+        except AuthenticationError as exc:
+            self._fail(exc)
+            return
+        rest, self.buf = self.buf[1 + _MAC:], b""
+        self.done.set_result(None)
+        self.transport.set_protocol(self.then)
+        self.then.connection_made(self.transport)
+        if rest:
+            self.then.data_received(rest)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if not self.done.done():
+            reason = self.buf[1:].decode(errors="replace") if self.buf else \
+                f"the connection closed ({exc or 'by the server'})"
+            self.done.set_exception(AuthenticationError(
+                f"the cluster{self.where} refused this connection: {reason}"))
+
+
+def server_tls(token: str, host: str = "") -> dict[str, Any]:
+    """loop.create_server()'s TLS arguments for an AuthGate listener on ``host`` ({}
+    without TLS, said on stderr when other machines reach it)."""
+    from .tls import enabled, is_loopback, server_kwargs
+    if not enabled(token) and host and not is_loopback(host):
+        print(f"orchestra: WARNING: {host} is reached by other machines and this cluster "
+              "does not encrypt its connections (--insecure-no-tls)", file=sys.stderr)
+    return server_kwargs(token, HANDSHAKE_S)
+
 
 
 class AuthGate(asyncio.Protocol):
@@ -206,6 +329,7 @@ class AuthGate(asyncio.Protocol):
         self.timeout_s = timeout_s
         self.what = what
         self.transport: Any = None
+        self.binding = b""
         self.buf = b""
         self.nonce = secrets.token_bytes(_NONCE)
         self.done = False
@@ -218,6 +342,8 @@ class AuthGate(asyncio.Protocol):
             oldest = next(iter(pending))
             oldest._too_slow()
         pending[self] = None
+        from .tls import binding
+        self.binding = binding(transport.get_extra_info("ssl_object"))
         transport.write(_server_hello(self.nonce))
         self._timer = self.loop.call_later(self.timeout_s, self._too_slow)
 
@@ -237,17 +363,20 @@ class AuthGate(asyncio.Protocol):
         if self.done:
             return
         self.buf += data
-        if len(self.buf) < _CLIENT_ANSWER.size:
+        opening = len(_OPENING)
+        if len(self.buf) < opening + _CLIENT_ANSWER.size:
+            if self.buf[:opening] != _OPENING[:len(self.buf)]:
+                self._too_slow()   # not an orchestra client: drop it now
             return
-        need = _CLIENT_ANSWER.size + self.buf[_CLIENT_ANSWER.size - 1]
+        need = opening + _CLIENT_ANSWER.size + self.buf[opening + _CLIENT_ANSWER.size - 1]
         if len(self.buf) < need:
             return
-        answer, rest = self.buf[:need], self.buf[need:]
+        answer, rest = self.buf[opening:need], self.buf[need:]
         self.buf = b""
         self._settled()
         if self._timer is not None:
             self._timer.cancel()
-        reply, why = _judge(self.token, self.nonce, answer)
+        reply, why = _judge(self.token, self.nonce, answer, self.binding)
         if why:
             peer = self.transport.get_extra_info("peername")
             print(f"{self.what}: refused a connection from {peer}: {why}", file=sys.stderr)
@@ -289,10 +418,11 @@ class Gatekeeper:
     so one peer without the token, sending a byte a second, stalled the tasks of the
     process that served it."""
 
-    def __init__(self, token: str, on_ready: Callable[[socket.socket], None], *,
+    def __init__(self, token: str, on_ready: Callable[[Any], None], *,
                  timeout_s: float = HANDSHAKE_S, limit: int = MAX_UNAUTHENTICATED,
-                 name: str = "orchestra-auth") -> None:
+                 name: str = "orchestra-auth", bulk: bool = False) -> None:
         self.token = token
+        self.bulk = bulk   # accept_secure's: the stream a proven peer is handed as
         self.on_ready = on_ready
         self.timeout_s = timeout_s
         self.limit = limit
@@ -328,10 +458,65 @@ class Gatekeeper:
     def _run(self, sock: socket.socket) -> None:
         try:
             sock.setblocking(True)
-            server_handshake(sock, self.token, timeout_s=self.timeout_s)
+            stream = accept_secure(sock, self.token, timeout_s=self.timeout_s, bulk=self.bulk)
         except (AuthenticationError, OSError):
             sock.close()
             return
         finally:
             self._done(sock)
-        self.on_ready(sock)
+        self.on_ready(stream)
+
+
+def connect_secure(sock: socket.socket, token: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                   peer: str = "", bulk: bool = False) -> Any:
+    """The client's side of a connection between machines (``sock`` connected,
+    blocking): TLS when ``token`` says so, the server's key checked, then the token
+    handshake. The stream to use from then on: ``sock`` itself without TLS, else a
+    TlsChannel (frames; one reader and many writers) or, with ``bulk``, an SSLSocket
+    (one request at a time). AuthenticationError names why it failed; the caller
+    closes ``sock``."""
+    from . import tls
+    if not tls.enabled(token):
+        client_handshake(sock, token, timeout_s=timeout_s, peer=peer)
+        return sock
+    try:
+        if bulk:
+            stream: Any = tls.client_socket(sock, token, timeout_s, peer)
+            bound = tls.binding(stream)
+        else:
+            stream = tls.client_channel(sock, token, time.monotonic() + timeout_s, peer)
+            bound = tls.binding(stream.obj)
+    except TimeoutError as exc:
+        raise AuthenticationError(f"the server at {peer} did not complete the TLS handshake "
+                                  f"within {timeout_s:g} s: is it an orchestra cluster?") from exc
+    except ConnectionError as exc:
+        raise AuthenticationError(f"the server at {peer} closed the connection during the TLS "
+                                  f"handshake: {exc}") from exc
+    client_handshake(stream, token, timeout_s=timeout_s, peer=peer, binding=bound)
+    return stream
+
+
+def accept_secure(sock: socket.socket, token: str, *, timeout_s: float = HANDSHAKE_S,
+                  bulk: bool = False) -> Any:
+    """The server's side (``sock`` accepted, blocking): TLS when ``token`` says so,
+    then the token handshake, all within ``timeout_s``. The stream to use, as
+    connect_secure's; AuthenticationError (close ``sock``) otherwise."""
+    from . import tls
+    deadline = time.monotonic() + timeout_s
+    if not tls.enabled(token):
+        server_handshake(sock, token, deadline=deadline)
+        return sock
+    try:
+        if bulk:
+            stream: Any = tls.server_socket(sock, token, timeout_s)
+            bound = tls.binding(stream)
+        else:
+            stream = tls.server_channel(sock, token, deadline)
+            bound = tls.binding(stream.obj)
+    except (TimeoutError, ConnectionError, OSError) as exc:
+        if isinstance(exc, AuthenticationError):
+            raise
+        raise AuthenticationError(f"a connection did not complete the TLS handshake: "
+                                  f"{exc}") from exc
+    server_handshake(stream, token, binding=bound, deadline=deadline)
+    return stream

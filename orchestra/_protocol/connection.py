@@ -45,10 +45,12 @@ def parse_address(address: str) -> tuple[int, Any]:
     return family, (host, int(port))
 
 
-def _authenticate(sock: socket.socket, address: str, token: str | None) -> None:
-    from .auth import client_handshake
-    client_handshake(sock, os.environ.get("ORCHESTRA_TOKEN", "") if token is None else token,
-                     peer=address)
+def _authenticate(sock: socket.socket, address: str, token: str | None) -> Any:
+    """The stream frames go over once ``sock`` has proven the token: itself, or a
+    TlsChannel when the cluster speaks TLS (_protocol/tls.py)."""
+    from .auth import connect_secure
+    return connect_secure(sock, os.environ.get("ORCHESTRA_TOKEN", "") if token is None
+                          else token, peer=address)
 
 
 def parse_host(address: str) -> str:
@@ -62,14 +64,15 @@ class Connection:
 
     __slots__ = ("sock", "fd", "decoder", "lock", "address")
 
-    def __init__(self, sock: socket.socket, address: str = "") -> None:
-        self.sock = sock
+    def __init__(self, sock: Any, address: str = "") -> None:
+        self.sock = sock   # a socket, or a TlsChannel over one (same surface, same fd)
         self.fd = sock.fileno()
         self.decoder = _wire.FrameDecoder()
         self.lock = threading.Lock()
         self.address = address
-        if sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        raw = getattr(sock, "sock", sock)
+        if raw.family in (socket.AF_INET, socket.AF_INET6):
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     @classmethod
     def connect(cls, address: str, timeout_s: float, token: str | None = None) -> Connection:
@@ -84,9 +87,8 @@ class Connection:
             s = socket.socket(family, socket.SOCK_STREAM)
             try:
                 s.connect(target)
-                if family != socket.AF_UNIX:
-                    _authenticate(s, address, token)
-                return cls(s, address)
+                return cls(s if family == socket.AF_UNIX else _authenticate(s, address, token),
+                           address)
             except (FileNotFoundError, ConnectionRefusedError) as exc:
                 s.close()
                 if time.monotonic() > deadline:
@@ -105,12 +107,11 @@ class Connection:
         s = socket.socket(family, socket.SOCK_STREAM)
         try:
             s.connect(target)
-            if family != socket.AF_UNIX:
-                _authenticate(s, address, token)
+            stream = s if family == socket.AF_UNIX else _authenticate(s, address, token)
         except BaseException:
             s.close()
             raise
-        return cls(s, address)
+        return cls(stream, address)
 
     def send(self, data: bytes) -> bool:
         """Write ``data`` whole; False when the connection is gone (its reader finds

@@ -110,6 +110,16 @@ def lost(rt: WorkerRuntime) -> None:
         os._exit(1)
 
 
+def task_lost(name: str) -> None:
+    """A task met the head's loss before it had run (locating its arguments, a get of
+    its own): that is no failure of the task, and no answer of it may reach the
+    restarted head. The worker exits; the task runs again where its driver makes it
+    again, as when a worker dies."""
+    print(f"orchestra worker: the head was lost while {name}() started: it runs again",
+          file=sys.stderr, flush=True)
+    os._exit(1)
+
+
 def connect(rt: WorkerRuntime, hello: pb.Hello, timeout_s: float = 30.0) -> CoreClient:
     """A client for ``hello``, not started (CoreClient.start, once wired)."""
     return CoreClient(rt.sock_path, hello, on_frame=rt._on_frame,

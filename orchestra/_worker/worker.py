@@ -618,6 +618,8 @@ class WorkerRuntime:
         except ClusterLostError as exc:   # lost as it answered: it answers the restarted head
             if ran and inv is self.answering and _rejoin.resume(self):
                 raise
+            if self.client.lost is not None and self.actor is None:
+                _rejoin.task_lost(call.name)   # no failure of the task: it runs again
             return self.failed(inv, exc)
         except BaseException as exc:  # noqa: BLE001 - every failure of user code is reported
             return self.failed(inv, exc)

@@ -97,7 +97,8 @@ def netns_cluster() -> Iterator[NetnsCluster]:
             0, [sys.executable, "-m", "orchestra._cli", "start", "--head", "--host", head_ip,
                 "--port", str(PORT), "--token", token, "--block", *NODE_ARGS],
             private_mounts=False, log="head.log", env=hosts.env(ORCHESTRA_STATE_DIR=state))
-        hosts.wait_output(head, "head.log", r"the head runs", timeout=60)
+        # Beyond loopback the cluster speaks TLS: its token is the one the head prints.
+        token = hosts.wait_output(head, "head.log", r"--token (\S+)", timeout=60).group(1)
         cluster = NetnsCluster(hosts, f"{head_ip}:{PORT}", token)
         for i in (1, 2):
             node = hosts.spawn(

@@ -145,8 +145,8 @@ def test_the_server_refuses_another_version_itself():
     _, nonce_s, vlen = _auth._SERVER_HELLO.unpack(head)
     a.recv(vlen)
     v = b"8.8.8"
-    a.sendall(_auth._CLIENT_ANSWER.pack(_auth._MAGIC, nonce_c,
-                                        _auth._mac(TOKEN, b"client", nonce_s, nonce_c, v), len(v)) + v)
+    a.sendall(_auth._OPENING + _auth._CLIENT_ANSWER.pack(
+        _auth._MAGIC, nonce_c, _auth._mac(TOKEN, b"client", nonce_s, nonce_c, v), len(v)) + v)
     reply = a.recv(4096)
     t.join(5)
     assert reply[:1] == b"V" and b"8.8.8" in reply and _auth.VERSION.encode() in reply

@@ -1,0 +1,177 @@
+"""TLS on a real cluster (``orchestra start --head --tls`` and a joined node on this
+machine's loopback; tests/integration/test_cluster_netns.py runs the same between network
+namespaces, where TLS is the default): what crosses the wire is unreadable, bad
+clients are refused at once while the head serves on, and the choice is announced."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from _cli import SMALL, cli, records, start_head
+
+from orchestra._protocol import tls
+
+MARKER = "secret-marker-7c1f0e"
+
+_DRIVER = """
+import json, sys, orchestra
+orchestra.init(address=sys.argv[1], token=sys.argv[2])
+marker = sys.argv[3]
+
+@orchestra.remote(resources={"far": 1})
+def echo(text):
+    return text + "!"
+
+@orchestra.remote(resources={"far": 1})
+def make(n):
+    return (marker * (n // len(marker))).encode()
+
+@orchestra.remote(resources={"far": 1})
+class Keeper:
+    def keep(self, text):
+        return text.upper()
+
+out = {"echo": orchestra.get(echo.remote(marker))}
+big = orchestra.get(make.remote(8 << 20))   # made on the node, read here over the wire
+out["big"] = len(big) if big.startswith(marker.encode()) else -1
+k = Keeper.remote()
+out["actor"] = orchestra.get(k.keep.remote(marker))
+print(json.dumps(out))
+"""
+
+
+class _Sniffer:
+    """Every frame on the loopback interface (AF_PACKET), searched for ``needle``."""
+
+    def __init__(self, needle: bytes) -> None:
+        self.needle = needle
+        self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
+        # Room for every frame of the run (as root: past rmem_max), and the kernel's
+        # count of those it dropped all the same (read at close: none may be).
+        self.sock.setsockopt(socket.SOL_SOCKET, 33, 1 << 30)   # SO_RCVBUFFORCE
+        self.sock.bind(("lo", 0))
+        self.sock.settimeout(0.2)
+        self.frames = self.hits = self.bytes = self.dropped = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        tail = b""
+        while not self.stop.is_set():
+            try:
+                frame = self.sock.recv(1 << 17)
+            except (TimeoutError, OSError):
+                continue
+            self.frames += 1
+            self.bytes += len(frame)
+            if self.needle in frame or self.needle in tail + frame[:len(self.needle)]:
+                self.hits += 1
+            tail = frame[-len(self.needle):]
+
+    def close(self) -> None:
+        time.sleep(0.5)   # the last frames read
+        self.stop.set()
+        self.thread.join(5)
+        # PACKET_STATISTICS (SOL_PACKET 263, 6): frames seen and dropped
+        _, self.dropped = struct.unpack("II", self.sock.getsockopt(263, 6, 8))
+        self.sock.close()
+
+
+def _run_driver(head: dict) -> dict:
+    r = subprocess.run([sys.executable, "-c", _DRIVER, head["address"], head["token"], MARKER],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _cluster(state: str, *head_args: str) -> dict:
+    head = start_head(state, *head_args)
+    r = cli("start", "--address", head["address"], "--token", head["token"], *SMALL,
+            "--resources", '{"far": 4}')
+    assert r.returncode == 0, r.stderr
+    return head
+
+
+def _sniffed(head: dict) -> tuple[dict, _Sniffer]:
+    sniffer = _Sniffer(MARKER.encode())
+    try:
+        got = _run_driver(head)
+    finally:
+        sniffer.close()
+    assert got == {"echo": MARKER + "!", "big": (8 << 20) // len(MARKER) * len(MARKER),
+                   "actor": MARKER.upper()}
+    return got, sniffer
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="sniffing the loopback (AF_PACKET) needs root")
+def test_nothing_readable_crosses_the_wire_of_a_tls_cluster_and_plain_tcp_shows_it(state):
+    head = _cluster(state, "--tls")
+    assert head["token"].startswith("tls-")
+    _, sniffer = _sniffed(head)
+    # Arguments, results, an actor's call and 8 MiB moved between the nodes: all went
+    # over the loopback, and the marker was in none of it.
+    assert sniffer.bytes > 8 << 20 and sniffer.dropped == 0, vars(sniffer)
+    assert sniffer.hits == 0, f"the marker crossed the wire in {sniffer.hits} frame(s)"
+    assert cli("stop").returncode == 0
+    # The same work on a plain cluster: the sniffer sees the marker (it looks where the
+    # bytes go).
+    head = _cluster(state)
+    assert not head["token"].startswith("tls-")
+    _, sniffer = _sniffed(head)
+    assert sniffer.hits > 0
+
+
+def test_a_tls_cluster_serves_on_after_a_plain_client_and_a_wrong_key_are_refused(state):
+    head = _cluster(state, "--tls")
+    host, port = head["address"].rsplit(":", 1)
+    # A node whose token lacks the prefix speaks plain TCP: refused at once, told why.
+    plain = head["token"].removeprefix(tls.PREFIX)
+    t0 = time.monotonic()
+    r = cli("start", "--address", head["address"], "--token", plain, *SMALL)
+    assert r.returncode == 1
+    assert "tls-" in r.stderr, r.stderr
+    assert time.monotonic() - t0 < 25   # not after the head's reconnect wait
+    # Another cluster's token: the head's key is not the one it names; both are named.
+    other = tls.tls_token("0f" * 24)
+    r = cli("start", "--address", head["address"], "--token", other, *SMALL)
+    assert r.returncode == 1
+    assert tls.cluster_fingerprint(other) in r.stderr
+    assert tls.cluster_fingerprint(head["token"]) in r.stderr
+    # Silent and garbage peers hold nothing: the head still serves a real driver.
+    silent = [socket.create_connection((host, int(port))) for _ in range(40)]
+    with socket.create_connection((host, int(port))) as junk:
+        junk.sendall(b"GET / HTTP/1.1\r\n\r\n" * 10)
+    try:
+        assert _run_driver(head)["echo"] == MARKER + "!"
+    finally:
+        for s in silent:
+            s.close()
+    assert [rec["kind"] for rec in records(state)].count("node") == 1
+
+
+def test_tls_is_announced_and_its_absence_beyond_loopback_is_warned(state):
+    head_out = cli("start", "--head", "--port", "0", "--tls", *SMALL)
+    assert head_out.returncode == 0, head_out.stderr
+    [head] = [rec for rec in records(state) if rec["kind"] == "head"]
+    assert "use TLS" in head_out.stdout and tls.cluster_fingerprint(head["token"]) in head_out.stdout
+    status = cli("status", "--address", head["address"], "--token", head["token"])
+    assert status.returncode == 0, status.stderr
+    assert f"connections: TLS 1.3, cluster key {tls.cluster_fingerprint(head['token'])}" \
+        in status.stdout
+    assert cli("stop").returncode == 0
+    insecure = cli("start", "--head", "--port", "0", "--host", "0.0.0.0", "--insecure-no-tls",
+                   *SMALL)
+    assert insecure.returncode == 0, insecure.stderr
+    assert "NOT encrypted" in insecure.stdout
+    [head] = [rec for rec in records(state) if rec["kind"] == "head"]
+    assert not head["token"].startswith("tls-")
+    status = cli("status", "--address", head["address"], "--token", head["token"])
+    assert "NOT ENCRYPTED between machines" in status.stdout, status.stdout
