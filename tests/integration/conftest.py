@@ -95,7 +95,9 @@ def netns_cluster() -> Iterator[NetnsCluster]:
         state = os.path.join(hosts.tmp, "state")
         head = hosts.spawn(
             0, [sys.executable, "-m", "orchestra._cli", "start", "--head", "--host", head_ip,
-                "--port", str(PORT), "--token", token, "--block", *NODE_ARGS],
+                "--port", str(PORT), "--token", token, "--block", *NODE_ARGS,
+                # bench_netns.py's figures without TLS, to compare: ORCHESTRA_NETNS_TLS=0
+                *(["--insecure-no-tls"] if os.environ.get("ORCHESTRA_NETNS_TLS") == "0" else [])],
             private_mounts=False, log="head.log", env=hosts.env(ORCHESTRA_STATE_DIR=state))
         # Beyond loopback the cluster speaks TLS: its token is the one the head prints.
         token = hosts.wait_output(head, "head.log", r"--token (\S+)", timeout=60).group(1)
