@@ -14,8 +14,8 @@ import threading
 import time
 
 import pytest
-from _cli import SMALL, cli, records, start_head
 
+from _cli import SMALL, cli, records, start_head
 from orchestra._protocol import tls
 
 MARKER = "secret-marker-7c1f0e"
