@@ -440,9 +440,9 @@ def join_failure(output: str, head_address: str) -> str:
         return ("the server at that address is another cluster (its key is not the one this "
                 "token names). Check the address and the token")
     if "starts with 'tls-'" in low:
-        return ("the head and this token disagree on TLS (a head reached by other machines "
-                "speaks it, and its token starts with 'tls-'), or the head went away as the "
-                "node authenticated. Pass the whole token that `orchestra start --head` printed")
+        return ("this token says the cluster speaks TLS (it starts with 'tls-') and the head "
+                "does not (it was started on loopback or with --insecure-no-tls). Pass the "
+                "token that `orchestra start --head` printed")
     if "token" in low and ("wrong" in low or "refused" in low or "needs" in low):
         return ("the head refused the token. Pass the token that `orchestra start --head` "
                 "printed (--token or ORCHESTRA_TOKEN)")

@@ -387,7 +387,7 @@ async def _run_joined(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
     the node of before, whose workers this one takes over if it gets the same id.
     OSError when the head cannot be reached or refuses (an AuthenticationError; said
     unless ``quiet``: tries while the head is away)."""
-    from .._protocol import tls
+    from .._protocol import auth, tls
     from .._protocol.auth import client_handshake
     from .._protocol.connection import parse_address
     def make_node(host: NodeHost) -> Node:
@@ -409,12 +409,20 @@ async def _run_joined(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
         sock.settimeout(10)
         sock.connect(target)
         if not tls.enabled(token):
-            client_handshake(sock, token, peer=address)
+            try:
+                client_handshake(sock, token, peer=address)
+            except auth.NoHello:   # the head speaks TLS: its token is this one, marked
+                sock.close()
+                sock = socket.socket(family, socket.SOCK_STREAM)
+                sock.settimeout(10)
+                sock.connect(target)
+                token = cfg["token"] = tls.tls_token(token)
+                os.environ["ORCHESTRA_TOKEN"] = proto.token = token   # its workers' too
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         stopped.proto = proto
         if tls.enabled(token):   # TLS, then the token inside it (asyncio's own TLS)
-            await tls.join_async(loop, sock, token, address, proto)
+            await auth.join_async(loop, sock, token, address, proto)
         else:
             await loop.create_connection(lambda: proto, sock=sock)
     except OSError as exc:   # AuthenticationError too

@@ -30,6 +30,7 @@ import hashlib
 import hmac
 import secrets
 import socket
+import ssl
 import struct
 import sys
 import threading
@@ -157,7 +158,16 @@ def client_handshake(sock: Any, token: str, *, timeout_s: float = DEFAULT_TIMEOU
     sock.settimeout(timeout_s)
     try:
         sock.sendall(_OPENING)
-        head = _recv_exact(sock, _SERVER_HELLO.size)
+        try:
+            first = sock.recv(1)
+        except ConnectionResetError:
+            first = b""
+        if not first and not binding:
+            # Every orchestra server that is not TLS says hello first: this one closed
+            # without a word, as a TLS server does when spoken to in the clear.
+            raise NoHello(f"the server{where} closed the connection without a word: it "
+                          "speaks TLS, or it is going away")
+        head = first + _recv_exact(sock, _SERVER_HELLO.size - len(first))
         head += _recv_exact(sock, _hello_size(head, where) - len(head))
         answer, nonces = _answer(token, head, where, binding)
         sock.sendall(answer)
@@ -175,16 +185,23 @@ def client_handshake(sock: Any, token: str, *, timeout_s: float = DEFAULT_TIMEOU
         raise AuthenticationError(f"the server{where} did not complete authentication within "
                                   f"{timeout_s:g} s: is it an orchestra cluster?") from exc
     except ConnectionError as exc:
-        hint = "" if binding else (
-            " (a cluster other machines reach speaks TLS: pass the whole token that "
-            "`orchestra start --head` printed, which starts with 'tls-')")
         raise AuthenticationError(f"the server{where} closed the connection during "
-                                  f"authentication: {exc}{hint}") from exc
+                                  f"authentication: {exc}") from exc
     finally:
         try:
             sock.settimeout(old)
         except OSError:
             pass
+
+
+class NoHello(AuthenticationError):
+    """A server closed the connection before its hello (connect_secure then tries TLS)."""
+
+
+# Tokens without the "tls-" mark whose cluster was found to speak TLS (a token chosen by
+# its user, which the head marked): connections with them go to TLS at once. Any thread
+# adds and reads (one set operation each).
+_TLS_CLUSTERS: set[str] = set()
 
 
 def server_handshake(sock: Any, token: str, *, timeout_s: float = HANDSHAKE_S,
@@ -297,6 +314,25 @@ class AuthClient(asyncio.Protocol):
                 f"the connection closed ({exc or 'by the server'})"
             self.done.set_exception(AuthenticationError(
                 f"the cluster{self.where} refused this connection: {reason}"))
+
+
+async def join_async(loop: asyncio.AbstractEventLoop, sock: socket.socket, token: str,
+                     peer: str, then: asyncio.Protocol, timeout_s: float = 10.0) -> None:
+    """Over ``sock`` (connected, non-blocking): TLS, the server's key checked, the
+    token proven inside the channel, then the connection is ``then``'s.
+    AuthenticationError names why it failed, within ``timeout_s``."""
+    from . import tls
+    gate = AuthClient(token, peer, then, loop)
+    try:
+        await asyncio.wait_for(loop.create_connection(
+            lambda: gate, sock=sock, ssl=tls.client_context(token), server_hostname="orchestra",
+            ssl_handshake_timeout=timeout_s), timeout_s)
+        await asyncio.wait_for(gate.done, timeout_s)
+    except ssl.SSLError as exc:
+        raise tls.tls_error(exc, peer, False) from exc
+    except asyncio.TimeoutError:
+        raise AuthenticationError(f"the head at {peer} did not complete the TLS handshake "
+                                  f"and authentication within {timeout_s:g} s") from None
 
 
 def server_tls(token: str, host: str = "") -> dict[str, Any]:
@@ -476,12 +512,28 @@ def connect_secure(sock: socket.socket, token: str, *, timeout_s: float = DEFAUL
     (one request at a time). AuthenticationError names why it failed; the caller
     closes ``sock``."""
     from . import tls
+    if token in _TLS_CLUSTERS:
+        token = tls.tls_token(token)
     if not tls.enabled(token):
-        client_handshake(sock, token, timeout_s=timeout_s, peer=peer)
-        return sock
+        try:
+            client_handshake(sock, token, timeout_s=timeout_s, peer=peer)
+            return sock
+        except NoHello:
+            # A head reached by other machines speaks TLS, its key made from the token
+            # it was given with the mark added: the same key is found here, and pinned.
+            again = socket.create_connection(sock.getpeername()[:2], timeout=timeout_s)
+            try:
+                stream = connect_secure(again, tls.tls_token(token), timeout_s=timeout_s,
+                                        peer=peer, bulk=bulk)
+            except BaseException:
+                again.close()
+                raise
+            _TLS_CLUSTERS.add(token)
+            sock.close()
+            return stream
     try:
         if bulk:
-            stream: Any = tls.client_socket(sock, token, timeout_s, peer)
+            stream = tls.client_socket(sock, token, timeout_s, peer)
             bound = tls.binding(stream)
         else:
             stream = tls.client_channel(sock, token, time.monotonic() + timeout_s, peer)

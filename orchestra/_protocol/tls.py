@@ -35,7 +35,6 @@ Three forms of a TLS connection, by who uses it:
 """
 from __future__ import annotations
 
-import asyncio
 import functools
 import hashlib
 import hmac
@@ -160,25 +159,6 @@ def server_kwargs(token: str, handshake_s: float = 5.0) -> dict[str, Any]:
     return {"ssl": server_context(token), "ssl_handshake_timeout": handshake_s}
 
 
-async def join_async(loop: asyncio.AbstractEventLoop, sock: socket.socket, token: str,
-                     peer: str, then: asyncio.Protocol, timeout_s: float = 10.0) -> None:
-    """Over ``sock`` (connected, non-blocking): TLS, the server's key checked, the
-    token proven inside the channel, then the connection is ``then``'s.
-    AuthenticationError names why it failed, within ``timeout_s``."""
-    from .auth import AuthClient
-    gate = AuthClient(token, peer, then, loop)
-    try:
-        await asyncio.wait_for(loop.create_connection(
-            lambda: gate, sock=sock, ssl=client_context(token), server_hostname="orchestra",
-            ssl_handshake_timeout=timeout_s), timeout_s)
-        await asyncio.wait_for(gate.done, timeout_s)
-    except ssl.SSLError as exc:
-        raise _tls_error(exc, peer, False) from exc
-    except asyncio.TimeoutError:
-        raise AuthenticationError(f"the head at {peer} did not complete the TLS handshake "
-                                  f"and authentication within {timeout_s:g} s") from None
-
-
 def check_peer(token: str, der: bytes | None, peer: str) -> None:
     """The server's certificate ``der`` carries the cluster's key; AuthenticationError
     naming both fingerprints otherwise."""
@@ -208,7 +188,7 @@ def binding(obj: ssl.SSLObject | ssl.SSLSocket | None) -> bytes:
     return obj.get_channel_binding("tls-unique") or b""
 
 
-def _tls_error(exc: BaseException, peer: str, server_side: bool) -> AuthenticationError:
+def tls_error(exc: BaseException, peer: str, server_side: bool) -> AuthenticationError:
     text = str(exc)
     if not server_side and ("WRONG_VERSION_NUMBER" in text or "record layer failure" in text
                             or "packet length too long" in text):
@@ -256,7 +236,7 @@ class TlsChannel:
                     raise ConnectionError("the peer closed the connection during the TLS "
                                           "handshake")
         except ssl.SSLError as exc:
-            raise _tls_error(exc, peer, server_side) from exc
+            raise tls_error(exc, peer, server_side) from exc
         finally:
             self.sock.settimeout(old)
 
@@ -362,7 +342,7 @@ def client_socket(sock: socket.socket, token: str, timeout_s: float, peer: str) 
     try:
         wrapped = client_context(token).wrap_socket(sock)
     except ssl.SSLError as exc:
-        raise _tls_error(exc, peer, False) from exc
+        raise tls_error(exc, peer, False) from exc
     try:
         check_peer(token, wrapped.getpeercert(binary_form=True), peer)
     except BaseException:
@@ -376,4 +356,4 @@ def server_socket(sock: socket.socket, token: str, timeout_s: float) -> ssl.SSLS
     try:
         return server_context(token).wrap_socket(sock, server_side=True)
     except ssl.SSLError as exc:
-        raise _tls_error(exc, "", True) from None
+        raise tls_error(exc, "", True) from None

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from orchestra._head import rejoin
+from orchestra._head.pulls import Pulls
 from orchestra._head.state_store import CLUSTER
 from orchestra._scheduler.durable import NODES
 from orchestra._scheduler.state import SchedulerState
@@ -52,6 +53,7 @@ class Head:
         self.gone: dict[int, Any] = {}
         self.cfg: dict[str, Any] = {}
         self.loop = asyncio.new_event_loop()
+        self.pulls = Pulls(self)   # type: ignore[arg-type]
 
     def carry_out(self) -> None:
         pass
@@ -59,9 +61,12 @@ class Head:
 
 def test_the_third_head_starts_its_ids_above_those_of_the_two_before() -> None:
     head = Head(Store(boots=3, next_node=9))
+    head.cfg["reconnect_timeout_s"] = 30.0
     rejoin.restore(head, 2, -1)   # type: ignore[arg-type]
     assert head.state.start_worker(0).worker_id == (2 << 32) + 1
     assert head.next_conn == (2 << 32) + 1 and head.next_node_id == 9
+    # Readers of objects it does not know yet wait while the drivers come back.
+    assert 29.0 < head.pulls.recover_until - head.pulls.clock() <= 30.0
     head.loop.close()
 
 
@@ -70,6 +75,7 @@ def test_the_first_head_and_one_without_a_store_start_at_one() -> None:
         head = Head(durable)
         rejoin.restore(head, 2, -1)   # type: ignore[arg-type]
         assert head.state.start_worker(0).worker_id == 1 and head.next_conn == 1
+        assert head.pulls.recover_until == 0.0   # nothing to wait for
         head.loop.close()
 
 
@@ -118,3 +124,60 @@ def test_a_head_without_a_store_waits_for_no_node() -> None:
     rejoin.node_back(head, 2, [])   # type: ignore[arg-type]
     assert not head.state.kept.parking
     head.loop.close()
+
+
+class Timers:
+    """A loop's call_later that the test runs by hand."""
+
+    def __init__(self) -> None:
+        self.due: list[tuple[float, Any, tuple[Any, ...]]] = []
+
+    def call_later(self, delay: float, fn: Any, *args: Any) -> None:
+        self.due.append((delay, fn, args))
+
+    def run(self) -> None:
+        due, self.due = self.due, []
+        for _, fn, args in due:
+            fn(*args)
+
+
+def test_a_restarted_heads_reader_of_an_unknown_object_waits_until_the_window_ends() -> None:
+    # A task carried over the restart locates its argument before the driver that made
+    # it has come back: it is not told "freed" until the recovery window is over.
+    from orchestra._protocol import wire as _wire
+    now = [100.0]
+    answers: list[Any] = []
+
+    class Conn:
+        conn_id = 7
+
+    conn = Conn()
+
+    class PullsHead:
+        state = SchedulerState()
+        loop = Timers()
+        conns = {7: conn}
+
+        def queue_if_open(self, c: Any, data: bytes) -> None:
+            if self.conns.get(c.conn_id) is c:
+                answers.extend(reply for _, reply in _wire.FrameDecoder().feed(data))
+
+    head = PullsHead()
+    pulls = Pulls(head, clock=lambda: now[0])   # type: ignore[arg-type]
+    pulls.recover_until = 130.0
+    oid = b"\x01" * 28
+    pulls.locate(conn, 1, oid)   # type: ignore[arg-type]
+    assert answers == [] and len(head.loop.due) == 1
+    now[0] = 120.0
+    head.loop.run()
+    assert answers == [] and len(head.loop.due) == 1   # still waiting, asked again
+    now[0] = 131.0
+    head.loop.run()
+    assert [a.error_kind for a in answers] == ["ObjectLostError"] and not head.loop.due
+    # A reader that left meanwhile is not answered, nor asked after again.
+    answers.clear()
+    now[0], pulls.recover_until = 0.0, 10.0
+    pulls.locate(conn, 2, oid)   # type: ignore[arg-type]
+    head.conns.clear()
+    head.loop.run()
+    assert answers == [] and not head.loop.due
