@@ -240,6 +240,10 @@ def _announce(started: _launch.Started) -> None:
         url = _launch.dashboard_url(started)
         if url:
             print(f"Dashboard: {_dashboard_link(url, started.token)}", flush=True)
+        if url.startswith("https:"):
+            print("  (HTTPS with the cluster's own certificate, which browsers do not know: "
+                  "accept it once if its SHA-256 is "
+                  f"{tls.certificate_fingerprint(started.token)})", flush=True)
     else:
         print(f"orchestra: node {started.node_hex} (pid {started.pid}) joined the head at "
               f"{started.address}. Stop with: orchestra stop", flush=True)
@@ -341,7 +345,10 @@ def status(argv: list[str]) -> int:
     print(format_status(nodes, total, available))
     print(format_summary(summary))
     if info.get("dashboard_url"):
-        print(f"dashboard: {info['dashboard_url']}")
+        certificate = (summary.get("security") or {}).get("certificate")
+        said = f"  (certificate SHA-256 {certificate})" if certificate and \
+            info["dashboard_url"].startswith("https:") else ""
+        print(f"dashboard: {info['dashboard_url']}{said}")
     return 0
 
 

@@ -397,6 +397,7 @@ def _security(token: str, address: str) -> dict[str, Any] | None:
         return None
     on = tls.enabled(token)
     return {"tls": on, "key": tls.cluster_fingerprint(token) if on else "",
+            "certificate": tls.certificate_fingerprint(token) if on else "",
             "loopback": tls.is_loopback(parse_host(address))}
 
 

@@ -20,7 +20,9 @@ Who may read it (respond() decides, without I/O):
   ``Authorization: Bearer TOKEN`` header (a Prometheus scraper). Compared in constant
   time. A refused request is answered 401 (no token) or 403 (a wrong one) and counted;
   the head's log says how many were refused, at most once a minute, never with what
-  they sent.
+  they sent. A cluster that speaks TLS serves it over HTTPS with the cluster's key (a
+  certificate no browser knows: the fingerprint ``orchestra status`` prints is the one
+  to accept), the cookie marked Secure.
 
 Nothing here runs code or changes the cluster: GET and HEAD of read-only paths.
 """
@@ -37,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._protocol.tls import enabled as tls_enabled
 from .metrics_table import label_value, number
 
 if TYPE_CHECKING:
@@ -279,6 +282,8 @@ def respond(req: Request, token: str, summary: Callable[[], dict[str, Any]],
     if proof == "query" and req.path in ("/", "/index.html"):
         # Into a cookie, and out of the address bar (and the browser's history of it).
         cookie = f"{cookie_name(token)}={cookie_value(token)}; Path=/; HttpOnly; SameSite=Strict"
+        if tls_enabled(token):   # served over HTTPS: the browser sends it over HTTPS only
+            cookie += "; Secure"
         return Response(303, [("Location", "/"), ("Set-Cookie", cookie)])
     if req.path in ("/", "/index.html"):
         from .dashboard_page import CSP, PAGE
@@ -335,8 +340,12 @@ class Dashboard:
         self._last_refused_from = ""
 
     async def serve_socket(self, sock: socket.socket) -> None:
-        """Serve the listening socket ``sock`` (bound by _dashboard_bind.listen)."""
-        self.server = await asyncio.start_server(self.serve, sock=sock, limit=MAX_HEAD_BYTES)
+        """Serve the listening socket ``sock`` (bound by _dashboard_bind.listen): over
+        HTTPS with the cluster's key when its token says it speaks TLS."""
+        from .._protocol import tls
+        secure: dict[str, Any] = tls.server_kwargs(self.token) if tls.enabled(self.token) else {}
+        self.server = await asyncio.start_server(self.serve, sock=sock, limit=MAX_HEAD_BYTES,
+                                                 **secure)
 
     def close(self) -> None:
         if self.on_close is not None:

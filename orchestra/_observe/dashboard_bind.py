@@ -8,7 +8,8 @@
         socket's backlog
 
 so that init() pays a bind, not the server's import. A dashboard bound beyond loopback
-asks every request for the cluster token (_observe/dashboard.py says how).
+asks every request for the cluster token (_observe/dashboard.py says how), over HTTPS
+when the cluster speaks TLS (its key: _protocol/tls.py).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import os
 import socket
 from typing import TYPE_CHECKING, Any
 
+from .._protocol import tls as _tls
 from .._protocol.connection import parse_host
 
 if TYPE_CHECKING:
@@ -57,11 +59,13 @@ def _this_machine_ip() -> str:
         return "127.0.0.1"
 
 
-def url_for(host: str, port: int) -> str:
-    """The dashboard's URL as users open it (a wildcard bind: this machine's address)."""
+def url_for(host: str, port: int, secure: bool = False) -> str:
+    """The dashboard's URL as users open it (a wildcard bind: this machine's address;
+    ``secure``: HTTPS)."""
     if host in ("0.0.0.0", "::"):
         host = _this_machine_ip()
-    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+    scheme = "https" if secure else "http"
+    return f"{scheme}://[{host}]:{port}/" if ":" in host else f"{scheme}://{host}:{port}/"
 
 
 def _bound(host: str, port: int) -> socket.socket:
@@ -100,7 +104,9 @@ def start_dashboard(head: Any) -> str:
     if needs_token and not head.token:
         raise RuntimeError("a dashboard beyond loopback needs the cluster token (cfg token)")
     sock = listen(host, head.cfg.get("dashboard_port"))
-    url = url_for(host, sock.getsockname()[1])
+    # A cluster that speaks TLS serves its dashboard over HTTPS with the cluster's key
+    # (the token, which a request may carry, never crosses the network in the clear).
+    url = url_for(host, sock.getsockname()[1], needs_token and _tls.enabled(head.token))
     with open(os.path.join(head.session_dir, "dashboard"), "w") as f:
         f.write(url)
     head.loop.call_later(SERVE_DELAY_S, _serve, head, sock, head.token if needs_token else "")

@@ -3,7 +3,9 @@
     token "tls-<48 hex>"  (printed by `orchestra start --head` for a cluster other
         machines reach; the prefix is what tells every process to speak TLS)
       -> seed = HKDF-SHA256(token, "orchestra cluster tls key")       (32 bytes)
-      -> an Ed25519 key and a self-signed certificate for it (identity())
+      -> an ECDSA P-256 key and a self-signed certificate for it, signed
+         deterministically (identity(): the same bytes on every machine; P-256 because
+         browsers take it, for the dashboard's HTTPS)
     every server (the head's port, each node's data server, the workers' direct-call
         ports) presents that certificate; every client pins its public key: the peer's
         certificate must carry the key the token derives, else the connection is refused
@@ -81,27 +83,39 @@ def _seed(token: str) -> bytes:
                 info=b"orchestra cluster tls key").derive(token.encode())
 
 
+# The order of P-256's group: the key is the seed taken into [1, n - 1].
+_P256_N = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
+
+
 @functools.lru_cache(maxsize=8)
 def identity(token: str) -> tuple[bytes, bytes, bytes]:
-    """(certificate PEM, private key PEM, raw public key) of the cluster of ``token``."""
+    """(certificate PEM, private key PEM, public key DER) of the cluster of ``token``."""
     import datetime
 
     from cryptography import x509
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
-    key = Ed25519PrivateKey.from_private_bytes(_seed(token))
-    public = key.public_key().public_bytes(serialization.Encoding.Raw,
-                                           serialization.PublicFormat.Raw)
+    scalar = int.from_bytes(_seed(token), "big") % (_P256_N - 1) + 1
+    key = ec.derive_private_key(scalar, ec.SECP256R1())
+    public = key.public_key().public_bytes(serialization.Encoding.DER,
+                                           serialization.PublicFormat.SubjectPublicKeyInfo)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "orchestra cluster")])
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(int.from_bytes(public[:8], "big") | 1)
+            .public_key(key.public_key()).serial_number(int.from_bytes(public[-8:], "big") | 1)
             .not_valid_before(datetime.datetime(2000, 1, 1, tzinfo=datetime.timezone.utc))
             .not_valid_after(datetime.datetime(9999, 12, 31, tzinfo=datetime.timezone.utc))
-            .sign(key, None))
+            .sign(key, hashes.SHA256(), ecdsa_deterministic=True))
     key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())
     return cert.public_bytes(serialization.Encoding.PEM), key_pem, public
+
+
+def certificate_fingerprint(token: str) -> str:
+    """The SHA-256 of the cluster's certificate as browsers show it (AB:CD:...): what
+    to check before accepting the dashboard's certificate."""
+    digest = hashlib.sha256(ssl.PEM_cert_to_DER_cert(identity(token)[0].decode())).hexdigest()
+    return ":".join(digest[i:i + 2] for i in range(0, len(digest), 2)).upper()
 
 
 def fingerprint(public: bytes) -> str:
@@ -169,7 +183,7 @@ def check_peer(token: str, der: bytes | None, peer: str) -> None:
     if der:
         try:
             got = x509.load_der_x509_certificate(der).public_key().public_bytes(
-                serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+                serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
         except (ValueError, TypeError):
             got = hashlib.sha256(der).digest()   # not a key of ours: name the certificate
     if not hmac.compare_digest(got, want):

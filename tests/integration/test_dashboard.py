@@ -4,12 +4,15 @@ system's packages; skipped with the reason where it is absent), the JSON summary
 (a head bound to 0.0.0.0, reached over 127.0.0.1)."""
 from __future__ import annotations
 
+import base64
+import hashlib
 import http.client
 import json
 import os
 import re
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -23,6 +26,7 @@ import pytest
 
 import orchestra
 from orchestra._cluster import launch as _launch
+from orchestra._protocol import tls
 from orchestra.cluster_utils import Cluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -45,7 +49,11 @@ def _chromium() -> str | None:
 def fetch(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
     """GET url with http.client (no redirect followed): status, headers, body."""
     u = urlsplit(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    if u.scheme == "https":   # a TLS cluster's: its certificate is checked by the tests
+        conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+            u.hostname, u.port, timeout=10, context=ssl._create_unverified_context())
+    else:
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
     try:
         conn.request("GET", u.path + (f"?{u.query}" if u.query else ""), headers=headers or {})
         r = conn.getresponse()
@@ -107,10 +115,16 @@ def busy_cluster(start_cluster: Any) -> Iterator[str]:
 
 # ---------------------------------------------------------------------------- the browser
 
-def _dom(url: str, profile: Path) -> str:
+def _dom(url: str, profile: Path, accept: str = "") -> str:
+    """The page's DOM as Chromium renders it; ``accept``: the token of a cluster whose
+    certificate it takes (by its key, as a user accepts it once)."""
     chromium = _chromium()
     assert chromium is not None
-    r = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu",
+    pin = []
+    if accept:
+        spki = hashlib.sha256(tls.identity(accept)[2]).digest()
+        pin = [f"--ignore-certificate-errors-spki-list={base64.b64encode(spki).decode()}"]
+    r = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", *pin,
                         "--no-first-run", f"--user-data-dir={profile}",
                         "--virtual-time-budget=5000", "--dump-dom", url],
                        capture_output=True, text=True, timeout=90)
@@ -248,7 +262,7 @@ def _loopback(c: Cluster) -> str:
     machine's address)."""
     assert c.head_node is not None
     url = _launch.dashboard_url(c.head_node._started)
-    return f"http://127.0.0.1:{urlsplit(url).port}/"
+    return f"{urlsplit(url).scheme}://127.0.0.1:{urlsplit(url).port}/"
 
 
 @pytest.mark.parametrize("path", ["", "api/summary", "metrics", "nope"])
@@ -278,7 +292,7 @@ def test_the_token_once_in_the_address_becomes_a_cookie(open_cluster: Cluster) -
     status, headers, _ = fetch(url + f"?token={open_cluster.token}")
     assert status == 303 and headers["location"] == "/"
     cookie = headers["set-cookie"]
-    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Secure" in cookie
     assert open_cluster.token not in cookie
     jar = cookie.split(";")[0]
     assert fetch(url, {"Cookie": jar})[0] == 200
@@ -287,9 +301,32 @@ def test_the_token_once_in_the_address_becomes_a_cookie(open_cluster: Cluster) -
     assert status == 200 and b'orchestra_nodes{state="ALIVE"} 1' in body
 
 
+def test_a_tls_clusters_dashboard_is_https_with_the_clusters_certificate(
+        open_cluster: Cluster) -> None:
+    # Beyond loopback on a TLS cluster the token may be in a request: never in the clear.
+    url = _loopback(open_cluster)
+    assert url.startswith("https://") and tls.enabled(open_cluster.token)
+    u = urlsplit(url)
+    with socket.create_connection((u.hostname, u.port), timeout=10) as raw:
+        ctx = ssl._create_unverified_context()
+        with ctx.wrap_socket(raw) as s:
+            der = s.getpeercert(binary_form=True)
+            assert s.version() == "TLSv1.3"
+    tls.check_peer(open_cluster.token, der, "dashboard")   # the cluster's key
+    seen = hashlib.sha256(der).hexdigest().upper()
+    assert tls.certificate_fingerprint(open_cluster.token).replace(":", "") == seen
+    # Plain HTTP gets no page.
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    with pytest.raises((ConnectionError, http.client.HTTPException, OSError)):
+        conn.request("GET", "/api/summary")
+        conn.getresponse().read()
+    conn.close()
+
+
 @pytest.mark.skipif(_chromium() is None, reason="Chromium is not installed here")
 def test_the_page_with_the_token_in_chromium_renders(open_cluster: Cluster, tmp_path: Path) -> None:
-    dom = _dom(_loopback(open_cluster) + f"?token={open_cluster.token}", tmp_path / "profile")
+    dom = _dom(_loopback(open_cluster) + f"?token={open_cluster.token}", tmp_path / "profile",
+               accept=open_cluster.token)
     assert 'data-loaded="1"' in dom and re.search(r'id="nodes-alive">1<', dom)
 
 
