@@ -626,11 +626,17 @@ class Coordinator:
         shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
         max_workers: int | None = None,
         token: str | None = None,
+        tls: bool = False,
     ) -> None:
         # Validated here, not in start(): a bad token is the caller's mistake, reported
         # before anything binds.
         self._interceptor = TokenInterceptor(token) if token is not None else None
         self._token = token
+        if tls and token is None:
+            raise ValueError("a coordinator speaks TLS with a key made from its token: "
+                             "pass token=... with tls=True")
+        # TLS: the key made from the token (_protocol/tls.py), which its clients pin.
+        self._tls = tls
         self._state = CoordinatorState(
             num_nodes,
             heartbeat_interval_s=heartbeat_interval_s,
@@ -699,7 +705,12 @@ class Coordinator:
             else self._host
         )
         try:
-            port = server.add_insecure_port(f"{host}:{self._port}")
+            if self._tls:
+                from orchestra._protocol import tls
+                port = server.add_secure_port(f"{host}:{self._port}",
+                                              tls.grpc_server_credentials(str(self._token)))
+            else:
+                port = server.add_insecure_port(f"{host}:{self._port}")
         except RuntimeError as err:
             raise OSError(
                 f"the coordinator could not bind {host}:{self._port}: the port is in use or the "

@@ -106,6 +106,7 @@ class CoordinatorClient:
         max_missing_heartbeats: int = 10,
         exit_on_abort: bool = False,
         token: str | None = None,
+        tls: bool = False,
     ) -> None:
         from orchestra._gang.coordinator_auth import token_metadata, validate_token
 
@@ -128,6 +129,11 @@ class CoordinatorClient:
         self._metadata = token_metadata(
             None if token is None else validate_token(token)
         )
+        if tls and token is None:
+            raise ValueError("a coordinator that speaks TLS is pinned by its token: pass "
+                             "token=... with tls=True")
+        # TLS: the channel trusts only the key made from the token (_protocol/tls.py).
+        self._tls_token = token if tls else None
         self.client_id = secrets.randbits(64) or 1  # 0 reads as "unset" in proto3
         self._session_id: int | None = None
         self._channel: Any = None   # a grpc.Channel, once connected
@@ -169,14 +175,16 @@ class CoordinatorClient:
         if self._channel is None:
             # gRPC's own reconnect backoff grows to 2 minutes; while it waits, RPCs fail fast
             # and our retries would be useless. Keep it short so a late server is seen quickly.
-            self._channel = grpc.insecure_channel(
-                self.address,
-                options=[
-                    ("grpc.initial_reconnect_backoff_ms", 100),
-                    ("grpc.min_reconnect_backoff_ms", 100),
-                    ("grpc.max_reconnect_backoff_ms", int(_BACKOFF_MAX_S * 1000)),
-                ],
-            )
+            options = [
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.min_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", int(_BACKOFF_MAX_S * 1000)),
+            ]
+            if self._tls_token is not None:
+                from orchestra._protocol import tls
+                self._channel = tls.grpc_channel(self.address, self._tls_token, options)
+            else:
+                self._channel = grpc.insecure_channel(self.address, options=options)
             self._stub = xla_pb2_grpc.DistributedRuntimeServiceStub(self._channel)
         deadline = time.monotonic() + self.connect_timeout_s
         backoff = _BACKOFF_INITIAL_S

@@ -29,6 +29,7 @@ treats as a crash of the whole gang anyway; restart the gang instead.
 from __future__ import annotations
 
 import inspect
+import os
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
@@ -220,7 +221,13 @@ def gang(cls: Any, size: int, *, args: Sequence[Any] = (), kwargs: Mapping[str, 
     token = new_token()
     # On a cluster, members on other nodes reach the coordinator at this node's address.
     host = client.info.node_address or "127.0.0.1"
-    coordinator = Coordinator(size, host=host, port=0, token=token,
+    # A cluster that speaks TLS keeps its gangs' rendezvous (NCCL ids, addresses) off the
+    # wire too, with a key made from the gang's own token.
+    from .._protocol import auth as _auth
+    from .._protocol import tls as _tls
+    cluster_token = getattr(client, "token", None) or os.environ.get("ORCHESTRA_TOKEN", "")
+    secure = _auth.speaks_tls(cluster_token) and not _tls.is_loopback(host)
+    coordinator = Coordinator(size, host=host, port=0, token=token, tls=secure,
                               heartbeat_interval_s=heartbeat_interval_s,
                               max_missing_heartbeats=max_missing_heartbeats,
                               enumerate_timeout_s=timeout_s, shutdown_timeout_s=timeout_s)
@@ -232,7 +239,7 @@ def gang(cls: Any, size: int, *, args: Sequence[Any] = (), kwargs: Mapping[str, 
                             timeout_s=float(timeout_s),
                             heartbeat_interval_s=float(heartbeat_interval_s),
                             max_missing_heartbeats=max_missing_heartbeats,
-                            exit_on_abort=bool(exit_on_abort), token=token)
+                            exit_on_abort=bool(exit_on_abort), token=token, tls=secure)
             cls_i = member_cls
             where = plan[member] if plan is not None else None
             if where is not None:

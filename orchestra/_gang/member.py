@@ -69,6 +69,9 @@ class GangSpec:
     # abort. It travels in the pickled constructor call (never argv, which /proc shows to every
     # local user) and stays out of repr, so no error message or log line carries it.
     token: str = field(repr=False)
+    # The coordinator speaks TLS with a key made from the token (a cluster that speaks
+    # TLS, its coordinator reached by other machines).
+    tls: bool = False
 
 
 @dataclass(frozen=True)
@@ -378,7 +381,7 @@ def join(spec: GangSpec) -> GangContext:
         spec.address, spec.member, num_nodes=spec.size, connect_timeout_s=spec.timeout_s,
         rpc_timeout_s=spec.timeout_s, heartbeat_interval_s=spec.heartbeat_interval_s,
         max_missing_heartbeats=spec.max_missing_heartbeats, exit_on_abort=spec.exit_on_abort,
-        token=spec.token)
+        token=spec.token, tls=spec.tls)
     try:
         client.connect()
         host = host_identity()

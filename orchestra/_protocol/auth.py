@@ -204,6 +204,12 @@ class NoHello(AuthenticationError):
 _TLS_CLUSTERS: set[str] = set()
 
 
+def speaks_tls(token: str | None) -> bool:
+    """Whether the cluster of ``token`` speaks TLS (marked, or found to by a connection)."""
+    from . import tls
+    return tls.enabled(token) or token in _TLS_CLUSTERS
+
+
 def server_handshake(sock: Any, token: str, *, timeout_s: float = HANDSHAKE_S,
                      binding: bytes = b"", deadline: float | None = None) -> None:
     """Check the client at the other end of ``sock`` knows the token (blocking), all of

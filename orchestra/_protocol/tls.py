@@ -83,6 +83,9 @@ def _seed(token: str) -> bytes:
                 info=b"orchestra cluster tls key").derive(token.encode())
 
 
+# The name every client expects in the certificate (the key is what is pinned; gRPC
+# checks a name as well).
+SERVER_NAME = "orchestra"
 # The order of P-256's group: the key is the seed taken into [1, n - 1].
 _P256_N = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
 
@@ -105,10 +108,27 @@ def identity(token: str) -> tuple[bytes, bytes, bytes]:
             .public_key(key.public_key()).serial_number(int.from_bytes(public[-8:], "big") | 1)
             .not_valid_before(datetime.datetime(2000, 1, 1, tzinfo=datetime.timezone.utc))
             .not_valid_after(datetime.datetime(9999, 12, 31, tzinfo=datetime.timezone.utc))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(SERVER_NAME)]),
+                           critical=False)
             .sign(key, hashes.SHA256(), ecdsa_deterministic=True))
     key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())
     return cert.public_bytes(serialization.Encoding.PEM), key_pem, public
+
+
+def grpc_server_credentials(token: str) -> Any:
+    """gRPC server credentials with the key of ``token`` (a gang's coordinator)."""
+    import grpc
+    cert, key, _ = identity(token)
+    return grpc.ssl_server_credentials([(key, cert)])
+
+
+def grpc_channel(address: str, token: str, options: list[tuple[str, Any]]) -> Any:
+    """A gRPC channel to ``address`` that trusts only the key of ``token``."""
+    import grpc
+    creds = grpc.ssl_channel_credentials(root_certificates=identity(token)[0])
+    return grpc.secure_channel(address, creds,
+                               [*options, ("grpc.ssl_target_name_override", SERVER_NAME)])
 
 
 def certificate_fingerprint(token: str) -> str:

@@ -26,6 +26,7 @@ from orchestra._gang.coordinator_client import (
     CoordinatorAbortedError,
     CoordinatorAuthError,
     CoordinatorClient,
+    CoordinatorError,
     CoordinatorTimeoutError,
 )
 from orchestra._proto import xla_distributed_runtime_pb2 as xla_pb2
@@ -612,6 +613,30 @@ def test_a_client_with_the_token_uses_every_rpc(
     assert coordinator.state.aborted_reason is None
     client.shutdown(timeout_s=5.0)
     assert coordinator.refused_calls == 0
+
+
+def test_a_tls_coordinator_serves_its_members_and_nothing_crosses_in_the_clear(
+    start_coordinator: Callable[..., Coordinator],
+    make_client: Callable[..., CoordinatorClient],
+) -> None:
+    # A gang of a cluster that speaks TLS: the coordinator's key is made from the gang's
+    # token; its members pin it; a plaintext client and one pinning another key get no
+    # answer, and nothing of theirs reaches the state.
+    coordinator = start_coordinator(1, token=TOKEN, tls=True)
+    for outsider in (dict(token=TOKEN), dict(token="7" * 64, tls=True)):
+        client = make_client(coordinator.address, 0, num_nodes=1, connect_timeout_s=2.0,
+                             **outsider)
+        with pytest.raises(CoordinatorError):
+            client.connect()
+        client.close()
+    assert coordinator.state.clients() == {}
+    member = make_client(coordinator.address, 0, num_nodes=1, token=TOKEN, tls=True)
+    assert member.connect() == coordinator.session_id
+    member.key_value_set("nccl", "secret-unique-id")
+    assert member.key_value_get("nccl", timeout_s=1.0) == b"secret-unique-id"
+    member.shutdown(timeout_s=5.0)
+    with pytest.raises(ValueError, match="token"):
+        Coordinator(1, tls=True)
 
 
 @pytest.mark.parametrize("token", [None, "0" * 64], ids=["no token", "wrong token"])
