@@ -21,9 +21,11 @@ forming barrier in place of a member, or claim a running member's node id, which
 group and blames that (healthy) member; a KeyValueGet/Set could read or replace an NCCL id.
 Refusing in the interceptor means none of that state is ever reached.
 
-What this does not do: the channel is plaintext (``insecure_channel``), so the token protects
-against other local users and hosts that cannot see the traffic, not against someone who can
-sniff the network between nodes.
+What this does not do by itself: encrypt. A gang of a cluster that speaks TLS asks for TLS
+(``Coordinator(tls=True)``, ``CoordinatorClient(tls=True)``: a key made from the token,
+which the client pins); otherwise the channel is plaintext (``insecure_channel``) and the
+token protects against other local users and hosts that cannot see the traffic, not against
+someone who can sniff the network between nodes.
 """
 
 from __future__ import annotations
