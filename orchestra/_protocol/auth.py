@@ -12,8 +12,8 @@ orchestra version.
     client: checks the server's MAC (a listener without the token cannot pose as the
         cluster and be sent pickled calls), then the connection carries frames.
 
-The client opens with the magic and a version byte (so a TLS server refuses a plain client at once,
-instead of both waiting for the other). The token never crosses the wire; a recorded
+The client opens with the magic and a version byte (so that a TLS server refuses a plain
+client at once, instead of both waiting for the other). The token never crosses the wire; a recorded
 exchange cannot be replayed (fresh nonces on both sides). Over TLS (a token starting
 with "tls-", _protocol/tls.py) the exchange runs inside the encrypted channel, and both
 MACs also cover the channel's binding, so a proof made for one TLS connection is worth
@@ -331,7 +331,7 @@ async def join_async(loop: asyncio.AbstractEventLoop, sock: socket.socket, token
     gate = AuthClient(token, peer, then, loop)
     try:
         await asyncio.wait_for(loop.create_connection(
-            lambda: gate, sock=sock, ssl=tls.client_context(token), server_hostname="orchestra",
+            lambda: gate, sock=sock, ssl=tls.client_context(token), server_hostname=tls.SERVER_NAME,
             ssl_handshake_timeout=timeout_s), timeout_s)
         await asyncio.wait_for(gate.done, timeout_s)
     except ssl.SSLError as exc:
@@ -349,7 +349,6 @@ def server_tls(token: str, host: str = "") -> dict[str, Any]:
         print(f"orchestra: WARNING: {host} is reached by other machines and this cluster "
               "does not encrypt its connections (--insecure-no-tls)", file=sys.stderr)
     return server_kwargs(token, HANDSHAKE_S)
-
 
 
 class AuthGate(asyncio.Protocol):
