@@ -64,6 +64,10 @@ _BUFFER = 4 << 20    # socket buffers: a 200 MiB object at full speed needs no m
 # 1 stream 3.6-4.0 GB/s, 2 streams 3.2-3.4 (both ends already use both cores).
 _PARALLEL_MIN = 64 << 20
 _STREAMS = 2
+# Over TLS a stream costs a core at each end (AES-GCM by OpenSSL, which drops the GIL:
+# 1 GB/s a stream over loopback on 2 cores, where encrypting on 2 threads at once ran
+# 2.4x one), so a large object comes over as many streams as there are cores, up to 4.
+_TLS_STREAMS = max(_STREAMS, min(4, os.cpu_count() or 1))
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -286,12 +290,15 @@ class Fetcher:
         server ``address``. ObjectLostError naming the node and the cause when the
         server is gone, refuses, has no such key, or stops mid-transfer;
         AuthenticationError when the token does not match. ``streams``: connections
-        to use at once (default: _STREAMS for a large object from another host)."""
+        to use at once (default: for a large object from another host, _STREAMS, or
+        _TLS_STREAMS over TLS)."""
         if len(dest) < size:
             raise ValueError(f"destination of {len(dest)} bytes for an object of {size}")
         view = dest[:size]
         if streams is None:
-            streams = _STREAMS if size >= _PARALLEL_MIN and not _is_loopback(address) else 1
+            from .._protocol.auth import speaks_tls
+            streams = 1 if size < _PARALLEL_MIN or _is_loopback(address) else \
+                _TLS_STREAMS if speaks_tls(token) else _STREAMS
         if streams <= 1:
             self._fetch_range(address, token, key, offset, size, view)
             return
