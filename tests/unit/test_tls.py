@@ -249,3 +249,20 @@ def test_one_thread_reads_while_others_write_on_one_channel():
     # Each send arrived whole: runs of one letter, 300 long.
     for i in range(0, len(echoed), size):
         assert len(set(echoed[i:i + size])) == 1
+
+
+@pytest.mark.parametrize("token", [TOKEN, "ab" * 24], ids=["tls", "plain"])
+def test_both_ends_of_a_tcp_handshake_send_at_once(token):
+    # A handshake is several small writes in turn: with Nagle's algorithm on, each
+    # waited for a delayed ACK (a TLS connection took 44 ms to set up on loopback).
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    conn, _ = listener.accept()
+    server = _serve(conn, token)
+    stream = _auth.connect_secure(client, token, timeout_s=5, peer="test")
+    server["thread"].join(5)
+    assert "error" not in server, server.get("error")
+    for s in (client, conn):
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    stream.close()
+    listener.close()
