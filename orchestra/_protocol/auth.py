@@ -342,13 +342,30 @@ async def join_async(loop: asyncio.AbstractEventLoop, sock: socket.socket, token
 
 
 def server_tls(token: str, host: str = "") -> dict[str, Any]:
-    """loop.create_server()'s TLS arguments for an AuthGate listener on ``host`` ({}
-    without TLS, said on stderr when other machines reach it)."""
-    from .tls import enabled, is_loopback, server_kwargs
+    """loop.create_server()'s arguments for an AuthGate listener on ``host``: none (an
+    AuthGate starts TLS itself when the token says so, its handshake counted against
+    the listener's cap); a cluster without TLS beyond loopback is said on stderr."""
+    from .tls import enabled, is_loopback
     if not enabled(token) and host and not is_loopback(host):
         print(f"orchestra: WARNING: {host} is reached by other machines and this cluster "
               "does not encrypt its connections (--insecure-no-tls)", file=sys.stderr)
-    return server_kwargs(token, HANDSHAKE_S)
+    return {}
+
+
+def _step(coro: Any, done: Callable[[Any, BaseException | None], None]) -> None:
+    """Run ``coro`` to its end as a Task would, its first step now: ``done(result,
+    error)`` once it ended. (start_tls swaps the connection's protocol in its first
+    step; run as a Task, that step comes a turn of the loop later, and uvloop may read
+    the ClientHello into the old protocol first.)"""
+    try:
+        waiting = coro.send(None)
+    except StopIteration as end:
+        done(end.value, None)
+        return
+    except BaseException as exc:  # noqa: BLE001 - handed to done
+        done(None, exc)
+        return
+    waiting.add_done_callback(lambda _: _step(coro, done))
 
 
 class AuthGate(asyncio.Protocol):
@@ -383,10 +400,27 @@ class AuthGate(asyncio.Protocol):
             oldest = next(iter(pending))
             oldest._too_slow()
         pending[self] = None
-        from .tls import binding
-        self.binding = binding(transport.get_extra_info("ssl_object"))
-        transport.write(_server_hello(self.nonce))
+        # One time limit and one cap for all of it: the TLS handshake, then the token's.
         self._timer = self.loop.call_later(self.timeout_s, self._too_slow)
+        from . import tls
+        if not tls.enabled(self.token):
+            transport.write(_server_hello(self.nonce))
+            return
+        _step(self.loop.start_tls(transport, self, tls.server_context(self.token),
+                                  server_side=True, ssl_handshake_timeout=self.timeout_s),
+              self._tls_started)
+
+    def _tls_started(self, secure: Any, error: BaseException | None) -> None:
+        """The TLS handshake ended: the server's hello inside it, or the end."""
+        if error is not None or secure is None or self.done:   # failed, or cut off
+            if secure is not None:
+                secure.abort()
+            self._too_slow()
+            return
+        from . import tls
+        self.transport = secure
+        self.binding = tls.binding(secure.get_extra_info("ssl_object"))
+        secure.write(_server_hello(self.nonce))
 
     def _settled(self) -> None:
         """The handshake ended (either way): it no longer counts against the cap."""

@@ -10,8 +10,10 @@ import sys
 import threading
 
 import pytest
+import uvloop
 
 from orchestra._protocol import auth as _auth
+from orchestra._protocol import tls as _tls
 from orchestra._protocol.connection import Connection
 from orchestra.exceptions import AuthenticationError
 
@@ -325,12 +327,18 @@ def test_a_tcp_listener_hands_out_a_proven_caller_while_silent_ones_wait():
         listener.close()
 
 
-def test_the_gate_cuts_off_the_oldest_handshake_beyond_its_cap():
-    loop = asyncio.new_event_loop()
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+@pytest.mark.parametrize("new_loop", [asyncio.new_event_loop, uvloop.new_event_loop],
+                         ids=["asyncio", "uvloop"])
+def test_the_gate_cuts_off_the_oldest_handshake_beyond_its_cap(tls, new_loop):
+    # Over TLS too: peers that never send a ClientHello count against the cap while
+    # their TLS handshake waits (the gate starts TLS itself, under its limits).
+    token = _tls.tls_token(TOKEN) if tls else TOKEN
+    loop = new_loop()
     got: list = []
     pending: dict = {}
     server = loop.run_until_complete(loop.create_server(
-        lambda: _auth.AuthGate(TOKEN, loop, lambda tr: _Echo(got), pending=pending),
+        lambda: _auth.AuthGate(token, loop, lambda tr: _Echo(got), pending=pending),
         "127.0.0.1", 0))
     port = server.sockets[0].getsockname()[1]
     stop = threading.Event()
@@ -342,7 +350,7 @@ def test_the_gate_cuts_off_the_oldest_handshake_beyond_its_cap():
         for _ in range(_auth.MAX_UNAUTHENTICATED + 3):
             silent.append(socket.create_connection(("127.0.0.1", port)))
         assert _until(lambda: len(pending) == _auth.MAX_UNAUTHENTICATED)
-        conn = Connection.connect(f"127.0.0.1:{port}", 5, token=TOKEN)
+        conn = Connection.connect(f"127.0.0.1:{port}", 5, token=token)
         conn.sock.sendall(b"abc")
         assert conn.sock.recv(3) == b"ABC"
         conn.close()
