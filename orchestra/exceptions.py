@@ -115,6 +115,12 @@ class AuthenticationError(OrchestraError, PermissionError):
     version), or the server reached is not the cluster (it does not know the token)."""
 
 
+class TLSConfigError(OrchestraError, ValueError):
+    """Certificates given with --tls-cert/--tls-key/--tls-ca (or ORCHESTRA_TLS_*) do not
+    hold up: a file unreadable, the key not the certificate's, a certificate expired or
+    not signed by the CA. Raised before anything starts; the message names the file."""
+
+
 class GetTimeoutError(OrchestraError, TimeoutError):
     """``get`` or ``wait`` ran past its timeout; the task keeps running."""
 
@@ -236,7 +242,7 @@ class GangMemberDiedError(GangError):
 
 __all__ = [
     "OrchestraError", "TaskError", "ClusterLostError", "AuthenticationError", "GetTimeoutError",
-    "WorkerCrashedError",
+    "TLSConfigError", "WorkerCrashedError",
     "TaskCancelledError", "ObjectLostError", "ObjectStoreFullError", "ObjectStoreError",
     "InfeasibleResourcesError", "ActorDiedError", "DeserializationError", "GangError",
     "GangAbortedError", "GangTimeoutError", "GangMemberDiedError",

@@ -159,6 +159,9 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
          namespace: str | None = None, runtime_env: dict[str, Any] | None = None,
          exit_grace_s: float | None = None, log_to_driver: bool = True,
          include_dashboard: bool = True, dashboard_port: int | None = None,
+         tls_cert: str | os.PathLike[str] | None = None,
+         tls_key: str | os.PathLike[str] | None = None,
+         tls_ca: str | os.PathLike[str] | None = None,
          _system_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """Start a local cluster (or connect to one) and make it this process's session.
     Returns a dict with the session's address and resources.
@@ -196,6 +199,11 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     ``dashboard_port``: its port (default 8265, or any free port when that is taken;
     0: any free port). Both apply to a cluster this call starts.
 
+    ``tls_cert``, ``tls_key``, ``tls_ca``: for a cluster on certificates of its own
+    (``orchestra start --tls-cert ...``): this machine's certificate, its unencrypted
+    key, and the CA (default: ORCHESTRA_TLS_CERT, _KEY, _CA). Checked at once:
+    ``TLSConfigError`` names a file that does not hold up.
+
     Returns a dict: session_dir, address, node_id, node_resources, object_store_memory,
     dashboard_url."""
     global _session
@@ -213,6 +221,8 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     if namespace is not None and (not isinstance(namespace, str) or not namespace):
         raise ValueError(f"namespace must be a non-empty string, got {namespace!r}")
     env = _runtime_env.check(runtime_env)
+    from .._protocol import pki
+    pki.use(tls_cert, tls_key, tls_ca)
     # Names of actors are per namespace; a driver without one gets one of its own (Ray's
     # anonymous namespace).
     ns = namespace or f"anonymous-{uuid.uuid4().hex}"

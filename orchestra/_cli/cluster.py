@@ -34,9 +34,11 @@ START_HELP = f"""\
 orchestra start --head [--host IP] [--port PORT] [--token TOKEN] [resources] [--block]
                        [--dashboard-port PORT] [--include-dashboard false]
                        [--state-store redis://HOST:PORT[/DB] | sqlite:///PATH]
-                       [--reconnect-timeout SECONDS]
+                       [--reconnect-timeout SECONDS] [--tls | --insecure-no-tls]
+                       [--tls-cert PEM --tls-key PEM --tls-ca PEM]
 orchestra start --address IP:PORT --token TOKEN [--host IP] [resources] [--block]
                           [--reconnect-timeout SECONDS]
+                          [--tls-cert PEM --tls-key PEM --tls-ca PEM]
 
 Starts the cluster's head (its scheduler and this machine's node), or a node that joins
 it, in the background. The head listens on {DEFAULT_HOST}:{DEFAULT_PORT} unless --host and
@@ -53,6 +55,11 @@ runs under a supervisor that starts it again when it dies; a node that loses the
 joins it again for up to --reconnect-timeout seconds (60), under its id of before, its
 detached actors' processes kept; a driver connected with init(address=...) waits as long
 (the head's --reconnect-timeout) and connects to the restarted head.
+
+A head that other machines reach speaks TLS on every port they use, keyed by the token:
+nothing to set up. --tls-cert/--tls-key/--tls-ca put the cluster on certificates of your
+own instead (every machine then presents one signed by the CA, and still proves the
+token); --insecure-no-tls is plain TCP, for a network you trust.
 """
 
 
@@ -138,6 +145,15 @@ def start_parser() -> argparse.ArgumentParser:
                           "(default: TLS whenever --host is not loopback)")
     tls.add_argument("--tls", dest="tls", action="store_true", default=None,
                      help="head: TLS even on loopback (reached through a tunnel, say)")
+    p.add_argument("--tls-cert", metavar="PEM", default=None,
+                   help="certificates of your own instead of the key the token derives: "
+                        "this machine's certificate (its chain after it; default: "
+                        "$ORCHESTRA_TLS_CERT)")
+    p.add_argument("--tls-key", metavar="PEM", default=None,
+                   help="its private key, unencrypted (default: $ORCHESTRA_TLS_KEY)")
+    p.add_argument("--tls-ca", metavar="PEM", default=None,
+                   help="the CA every machine's certificate must chain to "
+                        "(default: $ORCHESTRA_TLS_CA)")
     p.add_argument("--block", action="store_true",
                    help="stay in the foreground until SIGTERM/SIGINT, then stop")
     return p
@@ -169,6 +185,9 @@ def parse_start(argv: list[str]) -> argparse.Namespace:
         args.token = args.token or os.environ.get("ORCHESTRA_TOKEN") or None
         args.host = args.host or DEFAULT_HOST
         args.port = DEFAULT_PORT if args.port is None else args.port
+    if args.head and args.tls is False and (args.tls_cert or args.tls_key or args.tls_ca):
+        p.error("--insecure-no-tls turns TLS off; --tls-cert/--tls-key/--tls-ca are for TLS: "
+                "give one or the other")
     if args.reconnect_timeout is None:
         args.reconnect_timeout = RECONNECT_TIMEOUT_S
     elif args.reconnect_timeout < 0:
@@ -193,6 +212,13 @@ def start(argv: list[str]) -> int:
     # after the head's record appeared killed this process and left the head running).
     stop_asked = _catch_stop_signals() if args.block else None
     try:
+        from .._protocol import pki
+        # Checked before anything starts; then in the environment, which the processes
+        # started here inherit.
+        own = pki.use(args.tls_cert, args.tls_key, args.tls_ca) if args.tls is not False \
+            else None
+        if own is not None and args.head and args.tls is None:
+            args.tls = True   # certificates given: TLS even on loopback
         if args.head:
             started = _launch.start_head(
                 state, host=args.host, port=args.port, token=args.token,
@@ -220,8 +246,16 @@ def _announce(started: _launch.Started) -> None:
     if started.kind == "head":
         from .._cluster.supervisor import head_pid
         pid = head_pid(started.run_dir) or started.pid
-        from .._protocol import tls
-        if tls.enabled(started.token):
+        from .._protocol import pki, tls
+        own = pki.current() if tls.enabled(started.token) else None
+        join = ""
+        if own is not None:
+            security = (f"Connections between machines use TLS with certificates of the CA "
+                        f"{own.ca_subject} ({own.ca_fingerprint}), both ways: each machine "
+                        f"needs one of them and the token. This one expires on "
+                        f"{own.not_after}.")
+            join = " --tls-cert CERT --tls-key KEY --tls-ca CA"
+        elif tls.enabled(started.token):
             security = (f"Connections between machines use TLS; the token names the "
                         f"cluster's key ({tls.cluster_fingerprint(started.token)}).")
         elif tls.is_loopback(_launch.split_address(started.address)[0]):
@@ -233,14 +267,14 @@ def _announce(started: _launch.Started) -> None:
         print(f"orchestra: the head runs (pid {pid}) at {started.address}; its supervisor "
               f"(pid {started.pid}) starts it again if it dies\n{security}\n\n"
               f"Join another machine with:\n"
-              f"  orchestra start --address {started.address} --token {started.token}\n\n"
+              f"  orchestra start --address {started.address} --token {started.token}{join}\n\n"
               f"Connect a driver with orchestra.init(address=\"{started.address}\", "
               f"token=...) or, on this machine, orchestra.init(address=\"auto\").\n"
               f"Stop with: orchestra stop", flush=True)
         url = _launch.dashboard_url(started)
         if url:
             print(f"Dashboard: {_dashboard_link(url, started.token)}", flush=True)
-        if url.startswith("https:"):
+        if url.startswith("https:") and own is None:
             print("  (HTTPS with the cluster's own certificate, which browsers do not know: "
                   "accept it once if its SHA-256 is "
                   f"{tls.certificate_fingerprint(started.token)})", flush=True)
@@ -399,6 +433,10 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 def describe_security(security: dict[str, Any]) -> str:
     """How the cluster's port speaks to other machines, in words (status, dashboard)."""
+    if security.get("tls") and security.get("ca"):
+        return (f"TLS 1.3, certificates of the CA {security['ca']} "
+                f"({security.get('ca_fingerprint', '')}); the head's expires on "
+                f"{security.get('certificate_expires', '')}")
     if security.get("tls"):
         return f"TLS 1.3, cluster key {security.get('key', '')}"
     if security.get("loopback"):

@@ -68,9 +68,13 @@ class Started:
     proc: subprocess.Popen[bytes] | None = None   # None when read back from a record
 
     def record(self) -> dict[str, Any]:
+        from .._protocol import pki
+        own = pki.current()
         return {"kind": self.kind, "pid": self.pid, "session_dir": self.session_dir,
                 "address": self.address, "token": self.token, "node_id": self.node_id,
-                "node_hex": self.node_hex, "started": time.time()}
+                "node_hex": self.node_hex, "started": time.time(),
+                # On certificates of its own: their paths, for init(address="auto").
+                "tls_files": [own.cert, own.key, own.ca] if own is not None else None}
 
 
 def split_address(address: str) -> tuple[str, int]:

@@ -395,9 +395,15 @@ def _security(token: str, address: str) -> dict[str, Any] | None:
     from .._protocol.connection import parse_host
     if not token or not address or address.startswith(("/", "unix:")):
         return None
+    from .._protocol import pki
     on = tls.enabled(token)
-    return {"tls": on, "key": tls.cluster_fingerprint(token) if on else "",
+    own = pki.current() if on else None
+    return {"tls": on, "key": tls.cluster_fingerprint(token) if on and own is None else "",
             "certificate": tls.certificate_fingerprint(token) if on else "",
+            # On certificates of the user's own: their CA, and when the head's expires.
+            "ca": own.ca_subject if own is not None else "",
+            "ca_fingerprint": own.ca_fingerprint if own is not None else "",
+            "certificate_expires": own.not_after if own is not None else "",
             "loopback": tls.is_loopback(parse_host(address))}
 
 

@@ -343,7 +343,8 @@ class Dashboard:
         """Serve the listening socket ``sock`` (bound by _dashboard_bind.listen): over
         HTTPS with the cluster's key when its token says it speaks TLS."""
         from .._protocol import tls
-        secure: dict[str, Any] = tls.server_kwargs(self.token) if tls.enabled(self.token) else {}
+        secure: dict[str, Any] = tls.server_kwargs(self.token, clients=False) \
+            if tls.enabled(self.token) else {}
         self.server = await asyncio.start_server(self.serve, sock=sock, limit=MAX_HEAD_BYTES,
                                                  **secure)
 

@@ -122,7 +122,7 @@ function renderCards(s) {
   $("head-restarts").textContent = r ? "head restarted " + r + " time" + (r === 1 ? "" : "s") +
     (last ? " (last: " + last.reason + ")" : "") : "";
   const sec = s.security;
-  $("security").textContent = !sec ? "" : sec.tls ? "connections: TLS 1.3 (" + sec.key + ")" :
+  $("security").textContent = !sec ? "" : sec.tls ? "connections: TLS 1.3 (" + (sec.ca ? "certificates of " + sec.ca : sec.key) + ")" :
     sec.loopback ? "connections: plain TCP, loopback only" :
     "connections: NOT ENCRYPTED between machines (--insecure-no-tls)";
 }

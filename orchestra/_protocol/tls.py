@@ -21,6 +21,11 @@ same trust as before (the token already lets its holder run code on every node),
 TLS 1.3's ephemeral key exchange keeps recorded traffic unreadable even to a later
 holder of the key.
 
+A process given certificates of the user's own CA (_protocol/pki.py: --tls-cert,
+--tls-key, --tls-ca) uses them instead of the derived key, both ways (mutual TLS, the
+chain checked by OpenSSL in place of the pin); the token is proven in the channel all
+the same. Contexts are made per call from what the environment names then (cached).
+
 A token without the prefix (a cluster bound to loopback, or started with
 ``--insecure-no-tls``) keeps plain TCP: unix sockets and loopback-only clusters stay as
 they were.
@@ -48,6 +53,7 @@ import time
 from typing import Any, cast
 
 from ..exceptions import AuthenticationError
+from . import pki
 
 PREFIX = "tls-"
 # TLS records are at most 16 KiB of plaintext; a send is encrypted in pieces this large
@@ -133,8 +139,15 @@ def grpc_channel(address: str, token: str, options: list[tuple[str, Any]]) -> An
 
 def certificate_fingerprint(token: str) -> str:
     """The SHA-256 of the cluster's certificate as browsers show it (AB:CD:...): what
-    to check before accepting the dashboard's certificate."""
-    digest = hashlib.sha256(ssl.PEM_cert_to_DER_cert(identity(token)[0].decode())).hexdigest()
+    to check before accepting the dashboard's certificate (this process's own on the
+    user's certificates)."""
+    own = pki.current()
+    if own is not None:
+        with open(own.cert) as f:
+            der = ssl.PEM_cert_to_DER_cert(f.read().split(_PEM_END)[0] + _PEM_END)
+    else:
+        der = ssl.PEM_cert_to_DER_cert(identity(token)[0].decode())
+    digest = hashlib.sha256(der).hexdigest()
     return ":".join(digest[i:i + 2] for i in range(0, len(digest), 2)).upper()
 
 
@@ -142,6 +155,9 @@ def fingerprint(public: bytes) -> str:
     """How a public key is named in messages: sha256 of the raw key, hex, grouped."""
     digest = hashlib.sha256(public).hexdigest()[:32]
     return "sha256:" + ":".join(digest[i:i + 4] for i in range(0, len(digest), 4))
+
+
+_PEM_END = "-----END CERTIFICATE-----"
 
 
 def cluster_fingerprint(token: str) -> str:
@@ -154,11 +170,30 @@ def _memfile(data: bytes) -> int:
     return fd
 
 
-@functools.lru_cache(maxsize=8)
-def server_context(token: str) -> ssl.SSLContext:
+def server_context(token: str, clients: bool = True) -> ssl.SSLContext:
     """A server's context: TLS 1.3 only, the cluster's certificate, no client
     certificate (a client proves the token in the channel instead), no session
-    tickets (nothing but frames ever follows the handshake)."""
+    tickets (nothing but frames ever follows the handshake). On certificates of the
+    user's own (_protocol/pki.py): theirs, and a client's of the CA required unless
+    ``clients`` is False (the dashboard's browsers)."""
+    own = pki.current()
+    if own is not None:
+        return _pki_server(own, clients)
+    return _token_server(token)
+
+
+@functools.lru_cache(maxsize=8)
+def _pki_server(own: pki.Pki, clients: bool) -> ssl.SSLContext:
+    return pki.server_context(own, clients)
+
+
+@functools.lru_cache(maxsize=8)
+def _pki_client(own: pki.Pki) -> ssl.SSLContext:
+    return pki.client_context(own)
+
+
+@functools.lru_cache(maxsize=8)
+def _token_server(token: str) -> ssl.SSLContext:
     cert, key, _ = identity(token)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
@@ -173,11 +208,19 @@ def server_context(token: str) -> ssl.SSLContext:
     return ctx
 
 
-@functools.lru_cache(maxsize=8)
 def client_context(token: str) -> ssl.SSLContext:
     """A client's context: TLS 1.3 only; the server's key is checked against the
     token's by check_peer() (a chain check would have nothing to add: one key is
-    trusted, and TLS 1.3 makes the server sign the handshake with it)."""
+    trusted, and TLS 1.3 makes the server sign the handshake with it). On the user's
+    own certificates: the server's chained to their CA, this process's presented."""
+    own = pki.current()
+    if own is not None:
+        return _pki_client(own)
+    return _token_client(token)
+
+
+@functools.lru_cache(maxsize=8)
+def _token_client(token: str) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
     ctx.check_hostname = False
@@ -185,17 +228,21 @@ def client_context(token: str) -> ssl.SSLContext:
     return ctx
 
 
-def server_kwargs(token: str, handshake_s: float = 5.0) -> dict[str, Any]:
+def server_kwargs(token: str, handshake_s: float = 5.0,
+                  clients: bool = True) -> dict[str, Any]:
     """loop.create_server()'s TLS arguments for the cluster of ``token`` ({} without
-    TLS): a handshake not done in ``handshake_s`` is dropped."""
+    TLS): a handshake not done in ``handshake_s`` is dropped (``clients``: as
+    server_context's)."""
     if not enabled(token):
         return {}
-    return {"ssl": server_context(token), "ssl_handshake_timeout": handshake_s}
+    return {"ssl": server_context(token, clients), "ssl_handshake_timeout": handshake_s}
 
 
 def check_peer(token: str, der: bytes | None, peer: str) -> None:
     """The server's certificate ``der`` carries the cluster's key; AuthenticationError
     naming both fingerprints otherwise."""
+    if pki.current() is not None:
+        return   # the chain to the user's CA was checked in the handshake
     from cryptography import x509
     from cryptography.hazmat.primitives import serialization
     want = identity(token)[2]
@@ -211,8 +258,10 @@ def check_peer(token: str, der: bytes | None, peer: str) -> None:
         raise AuthenticationError(
             f"the server at {peer} is not the cluster of this token: it presents the key "
             f"{theirs}, the token's cluster has {fingerprint(want)}. Check the address, or "
-            "pass the token that `orchestra start --head` printed for that cluster; nothing "
-            "was sent to it")
+            "pass the token that `orchestra start --head` printed for that cluster (if that "
+            "cluster runs on certificates of its own, give this process them too: "
+            "--tls-cert/--tls-key/--tls-ca or ORCHESTRA_TLS_CERT/_KEY/_CA); nothing was sent "
+            "to it")
 
 
 def binding(obj: ssl.SSLObject | ssl.SSLSocket | None) -> bytes:
@@ -230,6 +279,20 @@ def tls_error(exc: BaseException, peer: str, server_side: bool) -> Authenticatio
             f"the server at {peer} does not speak TLS, and this token says the cluster does "
             "(it starts with 'tls-'): the cluster was started on loopback or with "
             "--insecure-no-tls; pass the token it printed")
+    if isinstance(exc, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in text:
+        own = pki.current()
+        where = f"the server at {peer}" if not server_side else "a client"
+        if own is not None:
+            reason = getattr(exc, "verify_message", "") or text
+            return AuthenticationError(
+                f"{where} presents a certificate that does not chain to this process's CA "
+                f"(--tls-ca {own.ca}, {own.ca_subject}): {reason}. Every machine of the "
+                "cluster needs a certificate signed by the same CA; nothing was sent to it")
+    if "CERTIFICATE_REQUIRED" in text or "certificate required" in text:
+        return AuthenticationError(
+            f"{peer or 'the server'} asks for a client certificate: that cluster runs on "
+            "certificates of its own; give this process one of its CA with --tls-cert/"
+            "--tls-key/--tls-ca (or ORCHESTRA_TLS_CERT/_KEY/_CA)")
     return AuthenticationError(f"the TLS handshake with {peer or 'a peer'} failed: {exc}")
 
 

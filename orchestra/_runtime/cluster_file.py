@@ -101,12 +101,18 @@ def remove_run_dir(run_dir: str) -> None:
 
 def local_cluster(state: str | None = None) -> tuple[str, str] | None:
     """(address, token) of the cluster ``orchestra start`` started here: the head's when
-    it runs on this machine, else the head of a node running here; None when neither."""
+    it runs on this machine, else the head of a node running here; None when neither.
+    One started on certificates of its own gives them to this process too (its
+    environment: _protocol/pki.py) unless it has some already."""
     try:
         records = read_records(state_dir(state))
     except OSError:
         return None
     for rec in records:   # heads first
         if pid_alive(rec["pid"]) and rec.get("address") and rec.get("token") is not None:
+            files = rec.get("tls_files")
+            if files and not os.environ.get("ORCHESTRA_TLS_CERT"):
+                from .._protocol import pki
+                pki.use(*files)
             return str(rec["address"]), str(rec["token"])
     return None

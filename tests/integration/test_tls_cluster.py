@@ -187,3 +187,74 @@ def test_tls_is_announced_and_its_absence_beyond_loopback_is_warned(state):
     assert not head["token"].startswith("tls-")
     status = cli("status", "--address", head["address"], "--token", head["token"])
     assert "NOT ENCRYPTED between machines" in status.stdout, status.stdout
+
+
+def _pki_env(files, ca_path: str) -> dict[str, str]:
+    return {"ORCHESTRA_TLS_CERT": files.cert, "ORCHESTRA_TLS_KEY": files.key,
+            "ORCHESTRA_TLS_CA": ca_path}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="sniffing the loopback (AF_PACKET) needs root")
+def test_a_cluster_on_certificates_of_its_own_takes_only_their_holders(state, tmp_path):
+    """--tls-cert/--tls-key/--tls-ca: every machine presents a certificate of the CA (the
+    head, a node, a driver: three of their own), nothing readable crosses the wire, and
+    a node without one, or with another CA's, is refused naming why."""
+    from _pki import CA
+    ca = CA(str(tmp_path))
+    h, n, d = ca.issue("head-host"), ca.issue("node-host"), ca.issue("driver-host")
+    # Beyond loopback (this machine's address), where the dashboard is HTTPS too.
+    head = start_head(state, "--host", "0.0.0.0", "--tls-cert", h.cert, "--tls-key", h.key,
+                      "--tls-ca", ca.cert)
+    assert head["token"].startswith("tls-")
+    assert head["tls_files"] == [h.cert, h.key, ca.cert]
+    r = cli("start", "--address", head["address"], "--token", head["token"], *SMALL,
+            "--resources", '{"far": 4}', "--tls-cert", n.cert, "--tls-key", n.key,
+            "--tls-ca", ca.cert)
+    assert r.returncode == 0, r.stderr
+    sniffer = _Sniffer(MARKER.encode())
+    try:
+        p = subprocess.run([sys.executable, "-c", _DRIVER, head["address"], head["token"],
+                            MARKER], capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, **_pki_env(d, ca.cert)))
+    finally:
+        sniffer.close()
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == {
+        "echo": MARKER + "!", "big": (8 << 20) // len(MARKER) * len(MARKER),
+        "actor": MARKER.upper()}
+    assert sniffer.bytes > 8 << 20 and sniffer.dropped == 0, vars(sniffer)
+    assert sniffer.hits == 0, f"the marker crossed the wire in {sniffer.hits} frame(s)"
+    status = cli("status", "--address", head["address"], "--token", head["token"],
+                 env=_pki_env(d, ca.cert))
+    assert status.returncode == 0, status.stderr
+    assert "connections: TLS 1.3, certificates of the CA CN=test-ca" in status.stdout, \
+        status.stdout
+    # The dashboard serves HTTPS with the head's certificate and asks browsers for none.
+    with open(os.path.join(head["session_dir"], "dashboard")) as f:
+        url = f.read().strip()
+    assert url.startswith("https://"), url
+    import ssl
+    import urllib.parse
+    browser = ssl.create_default_context(cafile=ca.cert)
+    browser.check_hostname = False
+    parts = urllib.parse.urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as raw, \
+            browser.wrap_socket(raw) as page:
+        assert b"head-host" in page.getpeercert(binary_form=True)
+        page.sendall(b"GET /api/summary HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert page.recv(64).startswith(b"HTTP/1.")
+    # The token alone no longer joins: the head's certificate is not the token's key.
+    r = cli("start", "--address", head["address"], "--token", head["token"], *SMALL)
+    assert r.returncode == 1 and "--tls-cert/--tls-key/--tls-ca" in r.stderr, r.stderr
+    # Nor does a certificate of another CA, with the right token.
+    other = CA(str(tmp_path), "other-ca")
+    o = other.issue("intruder")
+    r = cli("start", "--address", head["address"], "--token", head["token"], *SMALL,
+            "--tls-cert", o.cert, "--tls-key", o.key, "--tls-ca", other.cert)
+    assert r.returncode == 1 and "does not chain to this process's CA" in r.stderr, r.stderr
+    # An expired certificate is refused before anything starts.
+    old = ca.issue("old-host", start_days=-9, days=-2)
+    r = cli("start", "--address", head["address"], "--token", head["token"], *SMALL,
+            "--tls-cert", old.cert, "--tls-key", old.key, "--tls-ca", ca.cert)
+    assert r.returncode == 1 and "expired on" in r.stderr and old.cert in r.stderr, r.stderr
+    assert [rec["kind"] for rec in records(state)].count("node") == 1
