@@ -5,6 +5,7 @@ store; a torch gloo all_reduce runs over gang members on the three hosts."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -165,3 +166,131 @@ def test_a_torch_all_reduce_runs_over_gang_members_on_three_hosts(netns_cluster)
     head_ip = c.address.rsplit(":", 1)[0]
     assert {r["master"] for r in res} == {head_ip}      # rank 0's routable address
     assert not any(r["me"].startswith("127.") for r in res)
+
+
+# A sniffer in the bridge's namespace: every frame on the veths and the bridge
+# (AF_PACKET, all interfaces), searched for the marker until its stdin closes.
+_SNIFF = """
+import json, socket, struct, sys, threading
+needle = sys.argv[1].encode()
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+s.setsockopt(socket.SOL_SOCKET, 33, 1 << 30)   # SO_RCVBUFFORCE: room for every frame
+s.settimeout(0.2)
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+print("ready", flush=True)
+frames = hits = size = 0
+tail = b""
+while not stop.is_set():
+    try:
+        f = s.recv(1 << 17)
+    except (TimeoutError, OSError):
+        continue
+    frames += 1
+    size += len(f)
+    if needle in f or needle in tail + f[:len(needle)]:
+        hits += 1
+    tail = f[-len(needle):]
+_, dropped = struct.unpack("II", s.getsockopt(263, 6, 8))   # PACKET_STATISTICS
+print(json.dumps({"frames": frames, "bytes": size, "hits": hits, "dropped": dropped}))
+"""
+
+_MARKED_WORK = """
+from orchestra.util.scheduling_strategies import NodeAffinitySchedulingStrategy as A
+marker = os.environ["MARKER"]
+nodes = {("host1" if n["Resources"].get("host1") else "host2"): n["NodeID"]
+         for n in orchestra.nodes() if n["Resources"].get("host1") or n["Resources"].get("host2")}
+
+@orchestra.remote
+def echo(text):
+    return text + "!"
+
+@orchestra.remote
+def make(n):
+    return (marker * (n // len(marker))).encode()
+
+@orchestra.remote
+def check(data):
+    return len(data), data[-len(marker):].decode() == marker
+
+out = {"echo": orchestra.get(echo.options(scheduling_strategy=A(nodes["host1"])).remote(marker))}
+big = make.options(scheduling_strategy=A(nodes["host1"])).remote(96 << 20)   # on host 1
+out["moved"] = orchestra.get(check.options(scheduling_strategy=A(nodes["host2"])).remote(big))
+print(json.dumps(out))
+"""
+
+# From the head's host: a TLS client handshake (no certificate check) with each port.
+_HANDSHAKES = """
+import json, socket, ssl, sys
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+got = {}
+for target in sys.argv[1:]:
+    host, port = target.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=10) as raw, \\
+                ctx.wrap_socket(raw) as s:
+            got[target] = s.version()
+    except Exception as exc:
+        got[target] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(got))
+"""
+
+
+def _listening(c: Any, i: int) -> list[str]:
+    """The TCP ports host i listens on beyond loopback (its /proc/net/tcp)."""
+    import subprocess
+    r = subprocess.run(["ip", "netns", "exec", c.hosts.ns(i), "cat", "/proc/net/tcp"],
+                       capture_output=True, text=True, timeout=30)
+    ports = []
+    for line in r.stdout.splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        addr, port = local.split(":")
+        if state == "0A" and not addr.endswith("7F"):   # LISTEN, not 127.x
+            ports.append(f"{c.hosts.ip(i)}:{int(port, 16)}")
+    return ports
+
+
+def test_nothing_readable_crosses_the_veths_and_every_port_speaks_tls(netns_cluster):
+    """The cluster between namespaced hosts speaks TLS by default: a sniffer on the
+    bridge sees none of a task's argument, its result, or 96 MiB moved from host 1 to
+    host 2, and every port a host listens on beyond loopback (the head's, the data
+    servers', the workers' direct-call ports, the dashboard) completes a TLS 1.3
+    handshake."""
+    import subprocess
+    c = netns_cluster
+    # ORCHESTRA_NETNS_TLS=0 (the fixture's plain cluster) is the control: there the
+    # sniffer must see the marker.
+    plain = os.environ.get("ORCHESTRA_NETNS_TLS") == "0"
+    assert c.token.startswith("tls-") != plain
+    marker = "veth-secret-5d2e91"
+    sniffer = subprocess.Popen(["ip", "netns", "exec", c.hosts.bridge, sys.executable, "-c",
+                                _SNIFF, marker], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True)
+    try:
+        assert sniffer.stdout.readline().strip() == "ready"
+        prelude = ("import json, os, orchestra\n"
+                   "orchestra.init(address=os.environ['ORCHESTRA_ADDRESS'])\n")
+        r = c.hosts.run(0, [sys.executable, "-c", prelude + _MARKED_WORK], timeout=180,
+                        env=c.hosts.env(ORCHESTRA_ADDRESS=c.address, ORCHESTRA_TOKEN=c.token,
+                                        MARKER=marker))
+        assert r.returncode == 0, r.stdout + r.stderr
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+    finally:
+        out, _ = sniffer.communicate(timeout=30)
+    seen = json.loads(out.strip().splitlines()[-1])
+    assert got == {"echo": marker + "!",
+                   "moved": [(96 << 20) // len(marker) * len(marker), True]}
+    assert seen["bytes"] > 96 << 20 and seen["dropped"] == 0, seen
+    if plain:
+        assert seen["hits"] > 0, seen
+        return
+    assert seen["hits"] == 0, f"the marker crossed the wire in {seen['hits']} frame(s)"
+    ports = [p for i in range(3) for p in _listening(c, i)]
+    assert c.address in ports and len(ports) >= 4, ports   # the head's, 2 data servers, ...
+    r = c.hosts.run(0, [sys.executable, "-c", _HANDSHAKES, *ports], timeout=120)
+    assert r.returncode == 0, r.stderr
+    versions = json.loads(r.stdout.strip().splitlines()[-1])
+    assert versions == dict.fromkeys(ports, "TLSv1.3"), versions
+    print(f"sniffed {seen}; TLS 1.3 on {sorted(ports)}")
