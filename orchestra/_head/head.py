@@ -403,12 +403,25 @@ class Head:
             return self.nodes.get(w.node_id) if w is not None else self.local
         if hello.HasField("node_id"):
             return self.nodes.get(hello.node_id)
-        if not hello.machine or self.node_machine.get(conn.node.node_id) == hello.machine:
+        if not hello.machine:
             return conn.node
+        if self.node_machine.get(conn.node.node_id) == hello.machine and \
+                not (conn.node is self.local and self._head_only()):
+            return conn.node
+        # A head that runs no work (--num-cpus 0 --num-gpus 0) beside a joined node of
+        # its machine: drivers there use that node's store, which outlives the head.
         for nid in sorted(self.node_machine):
-            if self.node_machine[nid] == hello.machine and nid in self.nodes:
+            if self.node_machine[nid] == hello.machine and nid in self.nodes and \
+                    nid != self.local.node_id:
                 return self.nodes[nid]
-        return None
+        return conn.node if self.node_machine.get(conn.node.node_id) == hello.machine \
+            else None
+
+    def _head_only(self) -> bool:
+        """Whether the head's own node offers neither CPUs nor GPUs (its work runs on
+        joined nodes)."""
+        total = self.state.nodes[self.local.node_id].resources.total
+        return not total.get("CPU") and not total.get("GPU")
 
     def _refuse(self, conn: Conn, reason: str) -> None:
         print(f"orchestra head: refusing a connection: {reason}", file=sys.stderr)

@@ -818,3 +818,57 @@ def test_work_goes_on_through_head_kills_and_the_detached_actor_keeps_its_state(
                            "actor call lost with the head"}, counts
     assert counts.get("actor call lost with the head", 0) <= kills, counts
     assert "Traceback" not in log, log
+
+
+BESIDE = """
+import json, os, sys, time, orchestra
+orchestra.init(address="auto", namespace="beside")
+
+@orchestra.remote
+class Counter:
+    def __init__(self):
+        self.n = 0
+    def inc(self):
+        self.n += 1
+        return [self.n, os.getpid()]
+
+@orchestra.remote
+def slow(path):
+    with open(path, "a") as f:
+        f.write("ran\\n")
+    time.sleep(4)                       # the head is killed meanwhile
+    return b"s" * (1 << 20)
+
+me = orchestra.get_runtime_context().get_node_id()
+c = Counter.options(name="c", lifetime="detached").remote()
+for _ in range(5):
+    n, pid = orchestra.get(c.inc.remote(), timeout=30)
+held = orchestra.put(b"h" * (1 << 20))
+running = slow.remote(sys.argv[1])
+while not os.path.getsize(sys.argv[1]):
+    time.sleep(0.05)
+print("ready", flush=True)
+sys.stdin.readline()                    # the head is killed, and back
+from orchestra.util.state import list_actors
+print(json.dumps([me, n, orchestra.get(c.inc.remote(), timeout=60) == [6, pid],
+                  [a["num_restarts"] for a in list_actors() if a["name"] == "c"],
+                  orchestra.get(running, timeout=60) == b"s" * (1 << 20),
+                  orchestra.get(held, timeout=60) == b"h" * (1 << 20)]), flush=True)
+orchestra.shutdown()
+"""
+
+
+def test_a_head_that_runs_no_work_loses_nothing_of_its_machine(state: str) -> None:
+    """`orchestra start --head --num-cpus 0 --num-gpus 0` and a node joined beside it on
+    the same machine (as Ray's head runs its raylet apart from the GCS): a driver of that
+    machine uses the joined node's store, its detached actor and tasks run there, and
+    all of it outlives the head: the counter goes on at 6 in its process, the task that
+    was running answers without running again, the put is there."""
+    rec = start_head(state, "--state-store", "sqlite://" + str(Path(state, "s.db")),
+                     "--num-cpus", "0", "--num-gpus", "0")
+    node = join(rec, "--num-cpus", "2")
+    ran = Path(state, "ran")
+    ran.touch()
+    out, err = through_a_kill(rec, BESIDE, str(ran))
+    assert out == [f"{node['node_id']:016x}", 5, True, [0], True, True], err
+    assert ran.read_text() == "ran\n", "the running task ran again"
