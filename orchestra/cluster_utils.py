@@ -67,10 +67,11 @@ class Cluster:
 
     def __init__(self, initialize_head: bool = False,
                  head_node_args: dict[str, Any] | None = None, *, token: str | None = None,
-                 host: str = _launch.DEFAULT_HOST) -> None:
+                 host: str = _launch.DEFAULT_HOST, tls: bool | None = None) -> None:
         self._state = tempfile.mkdtemp(prefix="orchestra-cluster-")
         self._host = host
         self._token = token
+        self._tls = tls   # start_head's: None = TLS when host is not loopback
         self.head_node: NodeHandle | None = None
         self._nodes: list[NodeHandle] = []
         if initialize_head:
@@ -99,7 +100,7 @@ class Cluster:
                 self._state, host=self._host, port=0, token=self._token, num_cpus=num_cpus,
                 num_gpus=num_gpus, resources=resources,
                 object_store_memory=object_store_memory, system_config=system_config or None,
-                owner_pid=os.getpid())
+                owner_pid=os.getpid(), tls=self._tls)
             started.node_hex = node_hex(0)   # the head's own node
             self.head_node = NodeHandle(started)
             return self.head_node

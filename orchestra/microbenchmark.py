@@ -661,6 +661,9 @@ def main(argv: list[str] | None = None) -> int:
                    "(default: the Ray one)")
     p.add_argument("--nodes", type=int, default=1,
                    help="N >= 3: a cluster of a head and N-1 nodes on this machine")
+    p.add_argument("--tls", action="store_true",
+                   help="with --nodes: orchestra's nodes speak TLS to each other, as between "
+                        "machines (a cluster on loopback is plain TCP otherwise)")
     p.add_argument("--no-pool", action="store_true", help="skip multiprocessing.Pool")
     p.add_argument("--framework", default="orchestra", help=argparse.SUPPRESS)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -669,6 +672,10 @@ def main(argv: list[str] | None = None) -> int:
         res = run_pool(ns.quick) if ns.framework == "pool" else run_framework(ns.framework, ns.quick)
         print(json.dumps(res))
         return 0
+    if ns.tls:
+        if ns.nodes < 3:
+            p.error("--tls is for --nodes N (N >= 3): a single node has no connection to secure")
+        os.environ["ORCHESTRA_BENCH_TLS"] = "1"   # for the orchestra child
     if ns.nodes != 1 and ns.nodes < 3:
         p.error(f"--nodes {ns.nodes}: a cluster here is a head and at least two nodes (--nodes 3)")
     others = _comparisons(ns)

@@ -74,8 +74,10 @@ def _start_orchestra(nodes: int) -> tuple[Any, Any, list[str], dict[str, float]]
     fw = importlib.import_module("orchestra")
     cluster_utils = importlib.import_module("orchestra.cluster_utils")
     t = time.perf_counter()
+    # --tls: the nodes speak TLS to each other as between machines (on loopback here).
     cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={
-        "num_cpus": CPUS_PER_NODE, "object_store_memory": STORE_BYTES})
+        "num_cpus": CPUS_PER_NODE, "object_store_memory": STORE_BYTES},
+        tls=os.environ.get("ORCHESTRA_BENCH_TLS") == "1" or None)
     # Side by side, as add_nodes() does: their imports overlap (Ray's Cluster has no such call).
     joined = cluster.add_nodes(nodes - 1, num_cpus=CPUS_PER_NODE, object_store_memory=STORE_BYTES)
     times = {"cluster_start_s": time.perf_counter() - t}
