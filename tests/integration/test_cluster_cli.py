@@ -302,9 +302,14 @@ def test_cluster_runs_tasks_on_each_node_and_shutdown_leaves_nothing() -> None:
     assert all(shm_of(n.pid) == [] for n in nodes)
 
 
-def test_cluster_add_nodes_starts_them_side_by_side() -> None:
+@pytest.mark.parametrize("tls", [None, True])
+def test_cluster_add_nodes_starts_them_side_by_side(tls: bool | None) -> None:
+    """(With tls=True the nodes and the driver speak TLS on loopback, as between
+    machines: microbenchmark --nodes N --tls.)"""
     with Cluster(initialize_head=True, head_node_args={"num_cpus": 1,
-                                                       "object_store_memory": 64 << 20}) as c:
+                                                       "object_store_memory": 64 << 20},
+                 tls=tls) as c:
+        assert c.token.startswith("tls-") == bool(tls)
         nodes = c.add_nodes(2, num_cpus=1, object_store_memory=64 << 20)
         assert len({n.node_id for n in nodes}) == 2 and all(n.alive() for n in nodes)
         assert c.list_all_nodes() == [c.head_node, *nodes]

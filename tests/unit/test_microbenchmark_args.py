@@ -66,3 +66,10 @@ def test_the_cluster_benchmark_runs_by_path_beside_microbenchmark_py() -> None:
                           capture_output=True, text=True, timeout=8, cwd="/")
     assert "--nodes 3" in proc.stderr, proc.stderr
     assert "ImportError" not in proc.stderr and "ModuleNotFoundError" not in proc.stderr
+
+
+def test_tls_without_nodes_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--tls"])
+    assert exc.value.code == 2
+    assert "--nodes" in capsys.readouterr().err
