@@ -178,6 +178,18 @@ def rejoin(rt: WorkerRuntime) -> bool:
     rt.direct_streams.clear()
     hello = pb.Hello(kind="worker", pid=os.getpid(), workerid=rt.worker_id,
                      node_id=old.info.node_id, resume_actor=rt.actor.spec.actor_id)
+    # refused: the actor was made again meanwhile
+    if not _reconnect(rt, hello, "this actor"):
+        return False
+    print(f"orchestra worker: serving actor {rt.actor.spec.class_name} again after "
+          "the head's restart", file=sys.stderr, flush=True)
+    return True
+
+
+def _reconnect(rt: WorkerRuntime, hello: pb.Hello, what: str) -> bool:
+    """Connect to the restarted head with ``hello`` until it answers, for as long as
+    this worker waits (wait_s); the new client wired and started. False: out of time,
+    or the head refused to take ``what`` back (said on stderr)."""
     deadline = time.monotonic() + wait_s()
     while time.monotonic() < deadline:
         time.sleep(_PAUSE_S)
@@ -185,8 +197,8 @@ def rejoin(rt: WorkerRuntime) -> bool:
             client = connect(rt, hello, timeout_s=5.0)
         except ClusterLostError:   # away, or its node not joined again yet
             continue
-        except OrchestraError as exc:   # refused: the actor was made again meanwhile
-            print(f"orchestra worker: the restarted head did not take this actor back: {exc}",
+        except OrchestraError as exc:
+            print(f"orchestra worker: the restarted head did not take {what} back: {exc}",
                   file=sys.stderr, flush=True)
             return False
         rt.client = client
@@ -194,8 +206,6 @@ def rejoin(rt: WorkerRuntime) -> bool:
             rt.logs.rebind(client.send_raw)
         wire(rt)
         client.start()
-        print(f"orchestra worker: serving actor {rt.actor.spec.class_name} again after "
-              "the head's restart", file=sys.stderr, flush=True)
         return True
     return False
 
@@ -238,27 +248,11 @@ def _connect_again(rt: WorkerRuntime, task_id: bytes, done: threading.Event) -> 
         rt.nested.clear()
     hello = pb.Hello(kind="worker", pid=os.getpid(), workerid=rt.worker_id,
                      node_id=old.info.node_id, resume_task=task_id)
-    deadline = time.monotonic() + wait_s()
-    while time.monotonic() < deadline:
-        time.sleep(_PAUSE_S)
-        try:
-            client = connect(rt, hello, timeout_s=5.0)
-        except ClusterLostError:   # away, or its node not joined again yet
-            continue
-        except OrchestraError as exc:
-            print(f"orchestra worker: the restarted head did not take this task back: {exc}",
-                  file=sys.stderr, flush=True)
-            os._exit(1)
-        rt.client = client
-        if rt.logs is not None:
-            rt.logs.rebind(client.send_raw)
-        wire(rt)
-        client.start()
-        print("orchestra worker: answering the restarted head for the task it runs",
-              file=sys.stderr, flush=True)
-        done.set()
-        return
-    os._exit(1)
+    if not _reconnect(rt, hello, "this task"):
+        os._exit(1)
+    print("orchestra worker: answering the restarted head for the task it runs",
+          file=sys.stderr, flush=True)
+    done.set()
 
 
 def answer_again(rt: WorkerRuntime, inv: pb.InvokeCallRequest,
