@@ -343,10 +343,24 @@ class Dashboard:
         """Serve the listening socket ``sock`` (bound by _dashboard_bind.listen): over
         HTTPS with the cluster's key when its token says it speaks TLS."""
         from .._protocol import tls
-        secure: dict[str, Any] = tls.server_kwargs(self.token, clients=False) \
-            if tls.enabled(self.token) else {}
-        self.server = await asyncio.start_server(self.serve, sock=sock, limit=MAX_HEAD_BYTES,
-                                                 **secure)
+        if not tls.enabled(self.token):
+            self.server = await asyncio.start_server(self.serve, sock=sock,
+                                                     limit=MAX_HEAD_BYTES)
+            return
+        # HTTPS: the gate drives each TLS handshake, so that those under way count
+        # against a cap (the oldest cut off beyond it) and a time limit, as on the
+        # head's port: silent peers cannot pile up (descriptors are the head's too).
+        from .._protocol.auth import AuthGate
+        loop = asyncio.get_running_loop()
+        pending: dict[AuthGate, None] = {}
+
+        def stream(_transport: Any) -> asyncio.StreamReaderProtocol:
+            return asyncio.StreamReaderProtocol(
+                asyncio.StreamReader(limit=MAX_HEAD_BYTES, loop=loop), self.serve, loop=loop)
+
+        self.server = await loop.create_server(
+            lambda: AuthGate(self.token, loop, stream, what="orchestra dashboard",
+                             pending=pending, prove=False), sock=sock)
 
     def close(self) -> None:
         if self.on_close is not None:

@@ -372,13 +372,16 @@ class AuthGate(asyncio.Protocol):
     """An asyncio Protocol that authenticates a connection, then hands its transport to
     ``make_protocol(transport)`` (a Protocol to which the bytes that followed the
     handshake are fed). A client that fails, or is silent for ``timeout_s``, is closed
-    and nothing it sent is decoded."""
+    and nothing it sent is decoded. ``prove=False`` (the dashboard's HTTPS: its
+    requests carry the token): the TLS handshake alone, under the same cap and time
+    limit, no client certificate asked for."""
 
     def __init__(self, token: str, loop: asyncio.AbstractEventLoop,
                  make_protocol: Callable[[Any], Any],
                  timeout_s: float = HANDSHAKE_S, what: str = "orchestra",
-                 pending: dict[AuthGate, None] | None = None) -> None:
+                 pending: dict[AuthGate, None] | None = None, prove: bool = True) -> None:
         self.token = token
+        self.prove = prove
         # Shared by a listener's gates: those handshaking, oldest first; a new one
         # beyond MAX_UNAUTHENTICATED cuts the oldest off (as Gatekeeper does).
         self.pending: dict[AuthGate, None] = pending if pending is not None else {}
@@ -406,7 +409,7 @@ class AuthGate(asyncio.Protocol):
         if not tls.enabled(self.token):
             transport.write(_server_hello(self.nonce))
             return
-        _step(self.loop.start_tls(transport, self, tls.server_context(self.token),
+        _step(self.loop.start_tls(transport, self, tls.server_context(self.token, self.prove),
                                   server_side=True, ssl_handshake_timeout=self.timeout_s),
               self._tls_started)
 
@@ -419,8 +422,22 @@ class AuthGate(asyncio.Protocol):
             return
         from . import tls
         self.transport = secure
+        if not self.prove:
+            self._hand_over(b"")
+            return
         self.binding = tls.binding(secure.get_extra_info("ssl_object"))
         secure.write(_server_hello(self.nonce))
+
+    def _hand_over(self, rest: bytes) -> None:
+        """The connection is ``make_protocol``'s from here on (``rest``: what followed)."""
+        self._settled()
+        if self._timer is not None:
+            self._timer.cancel()
+        proto = self.make_protocol(self.transport)
+        self.transport.set_protocol(proto)
+        proto.connection_made(self.transport)
+        if rest:
+            proto.data_received(rest)
 
     def _settled(self) -> None:
         """The handshake ended (either way): it no longer counts against the cap."""
@@ -460,11 +477,7 @@ class AuthGate(asyncio.Protocol):
             self.transport.close()
             return
         self.transport.write(reply)
-        proto = self.make_protocol(self.transport)
-        self.transport.set_protocol(proto)
-        proto.connection_made(self.transport)
-        if rest:
-            proto.data_received(rest)
+        self._hand_over(rest)
 
     def eof_received(self) -> bool:
         return False

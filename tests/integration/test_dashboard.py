@@ -323,6 +323,24 @@ def test_a_tls_clusters_dashboard_is_https_with_the_clusters_certificate(
     conn.close()
 
 
+def test_silent_peers_cannot_pile_up_on_the_https_dashboard(open_cluster: Cluster) -> None:
+    """TLS handshakes under way count against a cap, as on the head's port: beyond 32
+    silent peers the oldest is cut off at once (not when its 5 s are up), and a real
+    client is served meanwhile. Before, every silent peer held its socket for 5 s with
+    no limit on how many."""
+    url = _loopback(open_cluster)
+    u = urlsplit(url)
+    silent = [socket.create_connection((u.hostname, u.port), timeout=10) for _ in range(40)]
+    try:
+        silent[0].settimeout(3)
+        assert silent[0].recv(64) == b""   # cut off by the 33rd, well within 3 s
+        status, _, _ = fetch(url + "metrics", {"Authorization": f"Bearer {open_cluster.token}"})
+        assert status == 200
+    finally:
+        for s in silent:
+            s.close()
+
+
 @pytest.mark.skipif(_chromium() is None, reason="Chromium is not installed here")
 def test_the_page_with_the_token_in_chromium_renders(open_cluster: Cluster, tmp_path: Path) -> None:
     dom = _dom(_loopback(open_cluster) + f"?token={open_cluster.token}", tmp_path / "profile",
