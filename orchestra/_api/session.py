@@ -476,7 +476,10 @@ def _shutdown_at_exit() -> None:
     global exiting
     exiting = True
     s = _session
-    if s is not None:
+    # A script that ended on an uncaught Ctrl-C (the interpreter set sys.last_type as
+    # it printed the traceback) asked to stop: its pending work is not waited for.
+    interrupted = getattr(sys, "last_type", None) is KeyboardInterrupt
+    if s is not None and not interrupted:
         try:
             _drain(s)
         except KeyboardInterrupt:

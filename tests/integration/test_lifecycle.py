@@ -481,6 +481,40 @@ def test_ctrl_c_in_get_interrupts_it_promptly_and_the_cluster_stays_usable(no_cl
     assert lines[1:] == ["next 7", "done"]
 
 
+_UNCAUGHT_CTRL_C = """
+import sys, time
+sys.path[:0] = {paths!r}
+import orchestra
+import _helpers as h
+orchestra.init(num_cpus=1, exit_grace_s=60)
+ref = h.sleep_then.remote(60, "late")   # pending when the script ends
+print("waiting", flush=True)
+orchestra.get(ref, timeout=120)         # Ctrl-C here, not caught
+"""
+
+
+def test_an_uncaught_ctrl_c_ends_the_script_without_the_exit_grace(no_cluster):
+    """A script ended by Ctrl-C does not wait its exit grace (60 s here) for the work it
+    abandoned: the cluster stops at once, the task with it. Before, it waited the whole
+    grace (5 s by default) for a task the user had just interrupted."""
+    here = str(Path(__file__).resolve().parent)
+    script = _UNCAUGHT_CTRL_C.format(paths=[ORCHESTRA_ROOT, here])
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_ctrl_c_as_usual)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "waiting"
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=T)   # T (30 s) is half the grace
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "KeyboardInterrupt" in err
+    assert "still pending" not in err and "waiting up to" not in err
+
+
 _SHUTDOWN_DRIVER = """
 import json, signal, sys, threading, time
 sys.path[:0] = {paths!r}
