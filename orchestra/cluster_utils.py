@@ -26,6 +26,7 @@ from typing import Any
 from ._cluster import launch as _launch
 from ._cluster.launch import Started
 from ._ids import node_hex
+from ._runtime import cluster_file as cf
 
 __all__ = ["Cluster", "NodeHandle"]
 
@@ -68,7 +69,8 @@ class Cluster:
     def __init__(self, initialize_head: bool = False,
                  head_node_args: dict[str, Any] | None = None, *, token: str | None = None,
                  host: str = _launch.DEFAULT_HOST, tls: bool | None = None) -> None:
-        self._state = tempfile.mkdtemp(prefix="orchestra-cluster-")
+        # (init(address=c.address) finds the token here: cluster_file.token_for)
+        self._state = tempfile.mkdtemp(prefix=cf.CLUSTER_PREFIX)
         self._host = host
         self._token = token
         self._tls = tls   # start_head's: None = TLS when host is not loopback

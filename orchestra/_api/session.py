@@ -169,7 +169,9 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     ``address``: None starts a private cluster on this machine (unless ORCHESTRA_ADDRESS
     names one). "HOST:PORT" connects to a cluster (``orchestra start --head`` printed its
     address), authenticating with ``token`` (default: the ORCHESTRA_TOKEN environment
-    variable); this driver uses the store of the cluster's node on this machine. "auto"
+    variable, else the token of a head this user started at that address on this
+    machine, with ``orchestra start`` or ``cluster_utils.Cluster``); this driver uses
+    the store of the cluster's node on this machine. "auto"
     connects to the cluster ``orchestra start`` started on this machine (its token with
     it). A session directory or its head.sock connects to another driver's private
     cluster of this user.
@@ -292,6 +294,12 @@ def resolve_address(address: str | None, token: str | None) -> tuple[str | None,
     if address is None:
         address = os.environ.get("ORCHESTRA_ADDRESS") or None
     if address != "auto":
+        if address is not None and token is None and not os.environ.get("ORCHESTRA_TOKEN") \
+                and ":" in address and not os.path.exists(address):
+            # HOST:PORT of a head this user started here (orchestra start, or a
+            # cluster_utils.Cluster): its token from its record, as "auto" does.
+            from .._runtime.cluster_file import token_for
+            token = token_for(address)
         return address, token
     from .._runtime.cluster_file import local_cluster
     found = local_cluster()

@@ -85,6 +85,47 @@ def read_records(state: str) -> list[dict[str, Any]]:
     return out
 
 
+# cluster_utils.Cluster's state directories: <tempdir>/<this prefix>XXXX, mode 0700.
+CLUSTER_PREFIX = "orchestra-cluster-"
+
+
+def token_for(address: str) -> str | None:
+    """The token of the head this user started at ``address`` on this machine, with
+    ``orchestra start`` or ``cluster_utils.Cluster`` (whose state directory is its own):
+    what init(address=...) uses when given no token, as Ray's scripts connect to a
+    Cluster by its address alone. Only directories of this user that no one else can
+    enter are read (they hold tokens). None when no running head has that address."""
+    dirs = []
+    try:
+        dirs.append(state_dir())
+    except (OSError, PermissionError):
+        pass
+    tmp = tempfile.gettempdir()
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        names = []
+    for name in names:
+        if name.startswith(CLUSTER_PREFIX):
+            path = os.path.join(tmp, name)
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            if st.st_uid == os.geteuid() and not st.st_mode & 0o077:
+                dirs.append(path)
+    for state in dirs:
+        for rec in read_records(state):
+            if rec.get("kind") == "head" and rec.get("address") == address and \
+                    rec.get("token") is not None and pid_alive(rec["pid"]):
+                files = rec.get("tls_files")
+                if files and not os.environ.get("ORCHESTRA_TLS_CERT"):
+                    from .._protocol import pki
+                    pki.use(*files)
+                return str(rec["token"])
+    return None
+
+
 def run_dirs(state: str) -> list[str]:
     """Every run directory in ``state``, with a record or not."""
     try:

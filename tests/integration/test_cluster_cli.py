@@ -302,6 +302,22 @@ def test_cluster_runs_tasks_on_each_node_and_shutdown_leaves_nothing() -> None:
     assert all(shm_of(n.pid) == [] for n in nodes)
 
 
+def test_a_driver_reaches_a_cluster_by_its_address_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As Ray's scripts write `ray.init(address=cluster.address)`: the token of a head
+    this user started on this machine comes from its record (the Cluster's state
+    directory is this user's, mode 0700), as address="auto" finds it. Before, init()
+    raised AuthenticationError asking for the token."""
+    monkeypatch.delenv("ORCHESTRA_TOKEN", raising=False)
+    with Cluster(initialize_head=True, head_node_args={"num_cpus": 1,
+                                                       "object_store_memory": 64 << 20}) as c:
+        orchestra.init(address=c.address)
+        try:
+            assert orchestra.get(orchestra.put(41), timeout=T) == 41
+        finally:
+            orchestra.shutdown()
+
+
 @pytest.mark.parametrize("tls", [None, True])
 def test_cluster_add_nodes_starts_them_side_by_side(tls: bool | None) -> None:
     """(With tls=True the nodes and the driver speak TLS on loopback, as between
