@@ -39,7 +39,7 @@ from .._runtime.generators import (
     open_stream,
 )
 from .._runtime.object_ref import ObjectRef
-from .remote_function import GROUP_OPTIONS, legacy_group, placement_of
+from .remote_function import GROUP_OPTIONS, legacy_group, placement_of, unknown_options
 
 ACTOR_OPTIONS = frozenset({"num_cpus", "num_gpus", "resources", "max_restarts", "max_concurrency",
                            "name", "scheduling_strategy", "memory", "namespace", "get_if_exists",
@@ -95,8 +95,7 @@ def _public_methods(cls: type) -> tuple[list[str], bool, list[str], dict[str, in
 def _validate(opts: dict[str, Any], cls_name: str) -> dict[str, Any]:
     unknown = set(opts) - ACTOR_OPTIONS
     if unknown:
-        raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))} for actor class {cls_name}; "
-                        f"valid options: {', '.join(sorted(ACTOR_OPTIONS))}")
+        raise unknown_options(unknown, ACTOR_OPTIONS, f"actor class {cls_name}")
     mr = opts.get("max_restarts", 0)
     if not is_int(mr, -1):
         raise ValueError(f"max_restarts must be an int >= 0, or -1 for no limit; got {mr!r}")

@@ -71,11 +71,22 @@ def legacy_group(opts: dict[str, Any]) -> dict[str, Any]:
     return opts
 
 
+def unknown_options(unknown: set[str], allowed: frozenset[str], what: str) -> TypeError:
+    """The error for options ``what`` does not take: each with the valid one it is
+    likely a typo of (num_cpu: num_cpus), then all the valid ones."""
+    import difflib
+    named = []
+    for name in sorted(unknown):
+        close = difflib.get_close_matches(name, sorted(allowed), n=1, cutoff=0.75)
+        named.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    return TypeError(f"unknown option(s) {', '.join(named)} for {what}; "
+                     f"valid options: {', '.join(sorted(allowed))}")
+
+
 def validate_options(opts: dict[str, Any], allowed: frozenset[str], what: str) -> dict[str, Any]:
     unknown = set(opts) - allowed
     if unknown:
-        raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))} for {what}; "
-                        f"valid options: {', '.join(sorted(allowed))}")
+        raise unknown_options(unknown, allowed, what)
     nr = opts.get("num_returns", 1)
     if isinstance(nr, str):
         generator_mode(nr, True, what)   # "dynamic" or "streaming"; checked against the function later

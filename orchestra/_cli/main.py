@@ -33,7 +33,10 @@ commands:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv:   # a usage error, as a command line without its command is
+        print(_USAGE, file=sys.stderr)
+        return 2
+    if argv[0] in ("-h", "--help"):
         print(_USAGE)
         return 0
     if argv[0] in ("-V", "--version"):

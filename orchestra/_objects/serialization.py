@@ -655,7 +655,7 @@ def dumps_function(fn: Callable[..., object]) -> bytes:
         by_value = dumps_by_value(fn)
     except Exception as exc:
         raise TypeError(
-            f"could not serialize remote function {_describe(fn)}: {type(exc).__name__}: "
+            f"could not serialize remote function {_function_name(fn)}: {type(exc).__name__}: "
             f"{exc}. A remote function must be picklable by cloudpickle: move objects "
             "it captures (locks, clients, open files) inside the function.") from exc
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
@@ -716,6 +716,15 @@ def dumps_exception(exc: BaseException) -> bytes:
         else:
             fallback = RuntimeError(f"unpicklable exception {text}")
         return cloudpickle.dumps(fallback, protocol=5)
+
+
+def _function_name(fn: object) -> str:
+    """``module.qualname()`` of a function (its repr for another callable)."""
+    qualname = getattr(fn, "__qualname__", None)
+    if not isinstance(qualname, str):
+        return _describe(fn)
+    module = getattr(fn, "__module__", None)
+    return f"{module}.{qualname}()" if module else f"{qualname}()"
 
 
 def _describe(value: object) -> str:

@@ -146,8 +146,13 @@ class Placer:
         return held
 
 
+# Resources counted in bytes (as Ray's): shown in GiB, not as 1.74249e+10.
+_BYTES = ("memory", "object_store_memory")
+
+
 def _fmt(req: dict[str, float]) -> str:
-    return ", ".join(f"{k}={v:g}" for k, v in sorted(req.items())) or "nothing"
+    return ", ".join(f"{k}={v / 2**30:.3g} GiB" if k in _BYTES and v >= 2**20 else f"{k}={v:g}"
+                     for k, v in sorted(req.items())) or "nothing"
 
 
 def _warning(t: Task, nodes: dict[int, Node], joinable: bool) -> pb.ClusterWarning:

@@ -24,12 +24,20 @@ def test_usage_lists_every_command_main_dispatches_and_no_other() -> None:
     assert usage_commands() == dispatched_commands()
 
 
-@pytest.mark.parametrize("argv", [[], ["--help"], ["-h"]])
-def test_no_command_or_help_prints_the_usage_to_stdout_and_succeeds(
+@pytest.mark.parametrize("argv", [["--help"], ["-h"]])
+def test_help_prints_the_usage_to_stdout_and_succeeds(
         argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert _cli.main(argv) == 0
     out, err = capsys.readouterr()
     assert out.strip() == _cli._USAGE.strip() and err == ""
+
+
+def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """The usage on stderr and exit status 2, as for any command line that is not one
+    (it exited 0, so a script calling `orchestra` by mistake went on as if it worked)."""
+    assert _cli.main([]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip() == _cli._USAGE.strip()
 
 
 @pytest.mark.parametrize("flag", ["--version", "-V"])

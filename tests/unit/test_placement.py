@@ -526,3 +526,13 @@ def test_a_worker_lent_on_request_comes_from_the_drivers_own_node():
     c.s.lend_idle(DRIVER, {"CPU": 1.0})
     [loan] = sent_late(c.take(), _wire.LOAN, DRIVER)
     assert c.node_of(loan.worker_id) == 0
+
+
+def test_resources_counted_in_bytes_read_in_gib_in_messages() -> None:
+    """A node's memory in an infeasible task's warning read `memory=1.74249e+10`."""
+    from orchestra._scheduler.placement import _fmt
+    assert _fmt({"CPU": 2, "memory": 17424900000.0, "node:10.0.0.5": 1}) == \
+        "CPU=2, memory=16.2 GiB, node:10.0.0.5=1"
+    assert _fmt({"object_store_memory": 2 ** 31}) == "object_store_memory=2 GiB"
+    assert _fmt({"memory": 512.0}) == "memory=512"   # a few bytes stay as they are
+    assert _fmt({}) == "nothing"
