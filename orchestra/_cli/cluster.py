@@ -108,8 +108,13 @@ def _bool(text: str) -> bool:
 
 
 def start_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="orchestra start", usage=START_HELP,
-                                description="Start a cluster head, or a node joining one.")
+    # The synopsis as the usage (an error prints it, then the error line), the rest of
+    # START_HELP as the description (--help prints it all).
+    synopsis, _, text = START_HELP.partition("\n\n")
+    p = argparse.ArgumentParser(prog="orchestra start", usage=synopsis,
+                                description="Start a cluster head, or a node joining one.\n\n"
+                                + text.strip(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--head", action="store_true", help="start the cluster's head here")
     which.add_argument("--address", metavar="IP:PORT",

@@ -26,6 +26,20 @@ def _no_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # ---------------------------------------------------------------------------- arguments
 
+def test_a_usage_error_prints_the_synopsis_and_the_error_not_the_whole_help(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """(It printed every paragraph of the help before the error line.)"""
+    with pytest.raises(SystemExit) as exc:
+        cc.parse_start(["--bogus"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: orchestra start --head") and "error:" in err.splitlines()[-1]
+    assert "state store" not in err and len(err.splitlines()) <= 10
+    with pytest.raises(SystemExit):
+        cc.parse_start(["--help"])
+    assert "state store" in capsys.readouterr().out   # --help still says it all
+
+
 def test_a_head_defaults_to_loopback_port_6380_and_no_token() -> None:
     args = cc.parse_start(["--head"])
     assert (args.host, args.port, args.token, args.block) == ("127.0.0.1", 6380, None, False)
