@@ -332,11 +332,17 @@ def serialize(value: object) -> Serialized:
     try:
         pickled = cloudpickle.dumps(value, protocol=5, buffer_callback=on_buffer)
     except Exception as exc:
-        raise TypeError(
-            f"could not serialize {_describe(value)}: {type(exc).__name__}: {exc}. "
-            "Arguments and results must be picklable by cloudpickle; pass a plain "
-            "value, or create the unpicklable object (lock, socket, open file) inside "
-            "the task instead.") from exc
+        if "'generator'" in str(exc):   # the value, or one inside it
+            hint = ("Arguments and results must be picklable by cloudpickle, and a "
+                    "generator is not: pass list(gen) instead, or "
+                    "make the generator inside the task (a task that yields its items is "
+                    "a generator task: num_returns=\"streaming\").")
+        else:
+            hint = ("Arguments and results must be picklable by cloudpickle; pass a plain "
+                    "value, or create the unpicklable object (lock, socket, open file) "
+                    "inside the task instead.")
+        raise TypeError(f"could not serialize {_describe(value)}: {type(exc).__name__}: "
+                        f"{exc}. {hint}") from exc
     finally:
         _collect.refs = outer
     if len(buffers) == 1 and pickled not in _ARRAYS:

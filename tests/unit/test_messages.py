@@ -41,3 +41,12 @@ def test_a_function_that_cannot_be_pickled_is_named_once() -> None:
     assert "could not serialize remote function " + __name__ + \
         ".test_a_function_that_cannot_be_pickled_is_named_once.<locals>.holds_a_lock()" in text
     assert "function function" not in text and "_thread.lock" in text
+
+
+@pytest.mark.parametrize("wrap", [lambda g: g, lambda g: {"items": [g]}])
+def test_a_generator_argument_is_told_to_become_a_list(wrap) -> None:
+    from orchestra._objects.serialization import serialize
+    with pytest.raises(TypeError, match=r"pass list\(gen\) instead"):
+        serialize(wrap(i * i for i in range(3)))
+    with pytest.raises(TypeError, match="lock, socket, open file"):   # other values: as before
+        serialize(threading.Lock())
