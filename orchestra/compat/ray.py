@@ -221,7 +221,11 @@ class _MissingRayFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Sequence[str] | None,
                   target: types.ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         if fullname == "ray" or fullname.startswith("ray."):
-            raise ModuleNotFoundError(_missing(fullname), name=fullname)
+            # No name on it: `from ray.util import missing` tries the submodule first
+            # and would swallow an error naming the module it looked for, then raise
+            # a bare "cannot import name ... (unknown location)"; this one reaches the
+            # script.
+            raise ModuleNotFoundError(_missing(fullname))
         return None
 
 

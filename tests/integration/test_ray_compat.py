@@ -166,6 +166,10 @@ def test_init_refuses_unknown_kwargs_and_missing_modules(tmp_path: Path) -> None
         import orchestra
         print("raylet", ObjectRef is orchestra.ObjectRef,
               ObjectRefGenerator is orchestra.ObjectRefGenerator)
+        try:   # was a bare "cannot import name ... (unknown location)"
+            from ray.util import inspect_serializability
+        except ImportError as e:
+            print("from", e)
         """, MODULE)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
@@ -176,6 +180,8 @@ def test_init_refuses_unknown_kwargs_and_missing_modules(tmp_path: Path) -> None
     assert lines[2].startswith("collective ray.util.collective is not available on orchestra"), lines
     assert lines[3] == "function True", lines
     assert lines[4] == "raylet True True", lines
+    assert lines[5] == ("from ray.util.inspect_serializability is not available on "
+                        "orchestra (orchestra has no equivalent); see docs/coming-from-ray.md"), lines
 
 
 def test_script_error_exits_nonzero_and_run_needs_ray_flag(tmp_path: Path) -> None:
