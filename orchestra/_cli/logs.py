@@ -34,8 +34,9 @@ orchestra logs [--follow] [--session DIR] [TASK|ACTOR|PID]
 Prints what workers wrote to stdout and stderr (kept in the session's log files): all
 of it, or that of one worker (its PID), of the worker holding an actor (its id), or of
 one task (its id, or one of its ObjectRefs' hex). The cluster is the one `orchestra
-start` started on this machine, else the newest local session (init() here); --session
-names a session directory. --follow keeps printing what comes.
+start` started on this machine, else the newest local session (init() here); a PID, task
+or actor it does not name is looked for in this user's other sessions here, newest
+first; --session names a session directory. --follow keeps printing what comes.
 """
 _WORKER_FILE = re.compile(r"worker-(\d+)-(\d+)\.(out|err)(\.1)?$")
 _POLL_S = 0.25
@@ -58,6 +59,27 @@ def session_dirs(session: str | None = None) -> list[str]:
     # A running session first, the one whose workers wrote last.
     mine.sort(key=lambda d: (_head_alive(d), os.path.getmtime(os.path.join(d, LOGS_DIR))))
     return mine[-1:]
+
+
+def every_session_dir() -> list[str]:
+    """Every session directory of this user here with worker logs, live or left by
+    one that ended, newest first: where a PID, task or actor is looked for when the
+    cluster chosen by default does not name it (another session started since)."""
+    found: list[str] = []
+    try:
+        found += [str(r["session_dir"]) for r in cf.read_records(cf.state_dir())
+                  if r.get("session_dir")]
+    except OSError:
+        pass
+    found += glob.glob(os.path.join(tempfile.gettempdir(), "orchestra-session-*"))
+    mine = []
+    for d in dict.fromkeys(found):
+        try:
+            if os.stat(d).st_uid == os.geteuid():
+                mine.append((os.path.getmtime(os.path.join(d, LOGS_DIR)), d))
+        except OSError:
+            continue
+    return [d for _, d in sorted(mine, reverse=True)]
 
 
 def _head_alive(session_dir: str) -> bool:
@@ -221,9 +243,21 @@ def logs(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"orchestra logs: {exc}", file=sys.stderr)
         return 2
+    if args.target is not None and not files and not args.session:
+        # Not in the default cluster: in this user's other sessions here, newest first.
+        for other in every_session_dir():
+            if other in dirs:
+                continue
+            found = select(worker_files([other]), args.target)
+            if found[0]:
+                dirs = [other]
+                files, kind, ident, start = found
+                print(f"orchestra logs: found in {other}", file=sys.stderr)
+                break
     if args.target is not None and not files:
-        print(f"orchestra logs: no worker log names {args.target} in {', '.join(dirs)} (a "
-              "task that printed nothing leaves no mark)", file=sys.stderr)
+        print(f"orchestra logs: no worker log names {args.target} in {', '.join(dirs)} nor "
+              "in this user's other sessions here (a task that printed nothing leaves no "
+              "mark)", file=sys.stderr)
         return 1
     if args.target is None and not args.session:
         files = process_logs() + files

@@ -346,3 +346,47 @@ def test_orchestra_logs_finds_the_cluster_orchestra_start_started_here(tmp_path,
         assert missing.returncode == 1 and "no worker log names 12345678" in missing.stderr
     finally:
         cli("stop", "--timeout", "5")
+
+
+_SESSION = """
+import os, sys, orchestra
+orchestra.init(num_cpus=1, log_to_driver=False)
+
+@orchestra.remote
+def mark(text):
+    print(text, flush=True)
+    return os.getpid()
+
+print(orchestra.get(mark.remote(sys.argv[1])), flush=True)
+sys.stdin.readline()
+orchestra.shutdown()
+"""
+
+
+def test_orchestra_logs_finds_a_pid_in_an_older_session_of_this_user(tmp_path, monkeypatch):
+    """A crash message says `orchestra logs PID`; with a session of the same user started
+    since, the default (the newest session) did not name that PID, and the command said
+    so instead of looking further."""
+    monkeypatch.setenv("ORCHESTRA_STATE_DIR", str(tmp_path / "state"))   # no start cluster
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("ORCHESTRA_ADDRESS", None)
+    sessions = []
+    try:
+        pids = []
+        for text in ("from-the-older-session", "from-the-newer-session"):
+            p = subprocess.Popen([sys.executable, "-c", _SESSION, text], env=env, text=True,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            sessions.append(p)
+            pids.append(int(p.stdout.readline()))
+            time.sleep(0.2)   # the second session's logs are the newer
+        r = subprocess.run([sys.executable, "-m", "orchestra._cli", "logs", str(pids[0])],
+                           env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert "from-the-older-session" in r.stdout and "newer" not in r.stdout
+        assert "found in " in r.stderr
+    finally:
+        for p in sessions:
+            p.stdin.write("\n")
+            p.stdin.flush()
+        for p in sessions:
+            p.wait(60)
