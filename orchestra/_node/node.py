@@ -60,6 +60,7 @@ from .._objects.store import (
     spill_file,
 )
 from .._objects.transfer import DataServer, Fetcher
+from .._observe.log_capture import LOGS_DIR, last_words
 from .._protocol import pb
 from .._protocol import wire as _wire
 from ..exceptions import ObjectStoreError, ObjectStoreFullError, OrchestraError
@@ -501,13 +502,20 @@ class Node:
             return
         if rc is None and p is not None:
             self.pool.kill(worker_id)   # closed its socket but lives on: broken
+        pid = p.pid if p is not None else 0
         self.pool.procs.pop(worker_id, None)
         self.connected.discard(worker_id)
         try:   # its socket for direct calls
             os.unlink(worker_socket(self.session_dir, worker_id))
         except FileNotFoundError:
             pass
-        reason = self.exit_reasons.pop(worker_id, None) or describe_exit(rc)
+        reason = self.exit_reasons.pop(worker_id, None)
+        if reason is None:   # it died unasked: with what it last wrote to stderr
+            reason = describe_exit(rc)
+            words = last_words(os.path.join(self.session_dir, LOGS_DIR), worker_id, pid) \
+                if rc and pid else ""
+            if words:
+                reason += f"; its last lines on stderr: {words}"
         self.host.worker_exited(worker_id, reason, connected=True)
 
     def _watch(self) -> None:

@@ -60,6 +60,31 @@ def log_paths(logs_dir: str, worker_id: int, pid: int) -> tuple[str, str]:
     return base + ".out", base + ".err"
 
 
+# A dead worker's last words: at most this many lines of its stderr, each cut to
+# _WORD_CHARS, read from the file's last _TAIL_BYTES.
+_LAST_LINES, _WORD_CHARS, _TAIL_BYTES = 6, 200, 8192
+
+
+def last_words(logs_dir: str, worker_id: int, pid: int) -> str:
+    """The last lines a worker that died wrote to stderr since its last task began
+    (after the last marker line), as one line: ``"a" / "b"``; "" when none. What it
+    printed just before an os._exit or a signal may not have reached its driver (lines
+    go there in batches); the error that reports the death carries them."""
+    try:
+        with open(log_paths(logs_dir, worker_id, pid)[1], "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - _TAIL_BYTES))
+            tail = f.read().decode("utf-8", "backslashreplace")
+    except OSError:
+        return ""
+    lines = tail.splitlines()
+    marks = [i for i, line in enumerate(lines) if line.startswith(MARKER)]
+    if marks:
+        lines = lines[marks[-1] + 1:]
+    words = [line[:_WORD_CHARS] for line in lines if line.strip()][-_LAST_LINES:]
+    return " / ".join(repr(w) for w in words)
+
+
 def short_name(call_name: str) -> str:
     """What prefixes a task's lines: ``__main__.square`` -> ``square``; an actor's
     constructor ``Counter.__init__`` -> ``Counter``."""

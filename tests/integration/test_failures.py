@@ -12,7 +12,7 @@ import pytest
 import _helpers as h
 import orchestra
 from _probes import pid_gone, wait_until
-from orchestra.exceptions import TaskCancelledError, TaskError, WorkerCrashedError
+from orchestra.exceptions import ActorDiedError, TaskCancelledError, TaskError, WorkerCrashedError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -170,6 +170,40 @@ def test_a_worker_that_dies_mid_task_gives_worker_crashed_error(start_cluster, h
     message = str(info.value)
     assert cause in message
     assert "crash" in message and "max_retries" in message   # names the remedy
+
+
+@orchestra.remote(max_retries=0)
+def _last_words() -> None:
+    import sys
+    print("said on stdout before the end", flush=True)
+    print("a line of before", file=sys.stderr, flush=True)
+    print("fatal: the config at /etc/x is unreadable", file=sys.stderr, flush=True)
+    os._exit(3)
+
+
+@orchestra.remote(max_restarts=0)
+class _DiesTalking:
+    def die(self) -> None:
+        import sys
+        print("actor: giving up", file=sys.stderr, flush=True)
+        os._exit(4)
+
+
+def test_a_crashed_workers_last_lines_on_stderr_are_in_its_error(start_cluster):
+    """A task that prints to stderr and calls os._exit: its lines went to its log file
+    but not (in time) to its driver, and the error said only 'exit code 3'; now the
+    error carries what it last wrote to stderr (that task's, not an earlier one's)."""
+    start_cluster(num_cpus=1)
+    with pytest.raises(WorkerCrashedError) as info:
+        orchestra.get(_last_words.remote(), timeout=T)
+    message = str(info.value)
+    assert "exit code 3" in message and "its last lines on stderr: " \
+        "'a line of before' / 'fatal: the config at /etc/x is unreadable'" in message, message
+    assert "said on stdout" not in message
+    a = _DiesTalking.remote()
+    with pytest.raises(ActorDiedError) as died:
+        orchestra.get(a.die.remote(), timeout=T)
+    assert "'actor: giving up'" in str(died.value) and "exit code 4" in str(died.value)
 
 
 def test_the_cluster_keeps_working_after_a_worker_crash(start_cluster):
