@@ -74,6 +74,10 @@ def _check_num_returns(n: object) -> int:
     return n
 
 
+# Every actor answers this method (as Ray's do): True once its constructor has run.
+READY = "__ray_ready__"
+
+
 def _public_methods(cls: type) -> tuple[list[str], bool, list[str], dict[str, int]]:
     """Public method names, whether any is async, which are generators, and
     @orchestra.method num_returns."""
@@ -245,6 +249,8 @@ class ActorHandle(Generic[T]):
     def __getattr__(self, name: str) -> ActorMethod:
         """The actor's method ``name``, to call with ``.remote(...)``; AttributeError
         naming the methods there are for a name that is not one."""
+        if name == READY:
+            return ActorMethod(self, name, None)
         if name.startswith("_") and name not in self.__dict__.get("_methods", ()):
             raise AttributeError(name)
         if name not in self._methods:

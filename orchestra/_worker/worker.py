@@ -101,6 +101,12 @@ def _max_nested(base_limit: int) -> int:
     return max((stack // _FRAME_BYTES - base_limit) // _FRAMES_PER_NESTED, 0)
 
 
+
+def _ready() -> bool:
+    """An actor's ``__ray_ready__`` (_api/actor.py READY): it runs once the constructor
+    has; the answer itself says nothing more."""
+    return True
+
 class _Cancelled(BaseException):
     """Raised inside a running task by orchestra.cancel (not an Exception: `except
     Exception` in user code must not swallow it)."""
@@ -651,7 +657,8 @@ class WorkerRuntime:
         self.events.started.append((call.task_id, call.name, actor, kind, inv.owner, time.time()))
         if aid:
             assert self.actor is not None, "an actor call reached a worker with no actor"
-            fn = getattr(self.actor.instance, call.method)
+            fn = _ready if call.method == "__ray_ready__" else \
+                getattr(self.actor.instance, call.method)
         else:
             fn = self._function(call.function_id)
         args = decode_args(call, inv.resolved, self.client.map_object)

@@ -235,6 +235,25 @@ def test_options_give_an_actor_class_with_those_options(cluster):
         orchestra.get_actor("opts")
 
 
+@orchestra.remote
+class _SlowToStart:
+    def __init__(self, fail: bool) -> None:
+        time.sleep(0.3)
+        if fail:
+            raise ValueError("no start")
+
+    async def work(self) -> int:
+        return 1
+
+
+def test_every_actor_answers_ray_ready_once_it_is_up(cluster):
+    """Ray's built-in `handle.__ray_ready__.remote()`: True once the constructor ran (an
+    async actor's too); a constructor that raised makes it raise as any call does."""
+    assert orchestra.get(_SlowToStart.remote(False).__ray_ready__.remote(), timeout=T) is True
+    with pytest.raises(Exception, match="no start"):
+        orchestra.get(_SlowToStart.remote(True).__ray_ready__.remote(), timeout=T)
+
+
 def test_instantiating_an_actor_class_directly_raises_type_error(cluster):
     with pytest.raises(TypeError, match=r"Counter\.remote\(\.\.\.\)"):
         Counter()
