@@ -104,7 +104,9 @@ def load_error(blob: bytes) -> BaseException:
 def yielded_returns(gen: Any, n: int, name: str) -> tuple[list[Any], Exception | None]:
     """The values a generator with num_returns=n yields, and the exception it raised
     before its n-th (None when it did not): the refs of the values before it hold them,
-    the rest the error, as Ray's. ValueError when it yields another number of values."""
+    the rest the error, as Ray's. One raised after the n-th value is printed to stderr
+    (its driver shows it) and the n values stand, as Ray does. ValueError when it yields
+    another number of values."""
     values: list[Any] = []
     while True:
         try:
@@ -114,7 +116,13 @@ def yielded_returns(gen: Any, n: int, name: str) -> tuple[list[Any], Exception |
         except Exception as exc:  # noqa: BLE001 - the generator's own error, for its refs
             if len(values) < n:
                 return values, exc
-            raise
+            import sys
+            import traceback
+            print(f"orchestra: {name}() raised after yielding its {n} values (num_returns="
+                  f"{n}): the values stand, the error is only reported here\n"
+                  + "".join(traceback.format_exception(exc)).rstrip(), file=sys.stderr,
+                  flush=True)
+            break
         values.append(value)
         if len(values) > n:
             raise ValueError(f"{name}() has num_returns={n} but yielded more than {n} values")

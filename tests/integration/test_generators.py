@@ -328,6 +328,21 @@ def test_a_generators_error_midway_with_num_returns_fails_only_the_refs_after_it
         get(count_to.options(num_returns=4).remote(3)[0])
 
 
+def test_an_error_after_all_num_returns_values_is_reported_and_the_values_stand(
+        cluster, capfd):
+    """As Ray (its issue 28689): a generator with num_returns=2 that yields two values
+    and then raises returns both; the error is printed on the driver, not raised. It
+    failed every ref before."""
+    refs = fail_at.options(num_returns=2).remote(3, 2)   # yields 0, 1, then raises
+    assert get(refs) == [0, 1]
+    deadline = time.monotonic() + 10
+    err = ""
+    while "no item 2" not in err and time.monotonic() < deadline:
+        time.sleep(0.1)
+        err += capfd.readouterr().err
+    assert "raised after yielding its 2 values" in err and "ValueError: no item 2" in err
+
+
 def test_an_async_actors_dynamic_generator_error_goes_in_its_last_ref(cluster):
     a = AsyncSource.remote()
     refs = list(get(a.fail_after.options(num_returns="dynamic").remote(2)))
