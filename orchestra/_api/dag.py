@@ -205,6 +205,10 @@ class ClassNode(DAGNode):
     def __init__(self, cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         super().__init__(args, kwargs, cls._options)
         self._cls = cls
+        # The last method call bound on it: each one bound after runs after it, so the
+        # calls bound on this actor run in bind order when the graph runs, outputs or
+        # not (as Ray's: a1.inc.bind(2) counts though nothing takes its result).
+        self._last_call: ClassMethodNode | None = None
 
     def __getattr__(self, name: str) -> _UnboundMethod:
         if name.startswith("_"):
@@ -251,9 +255,14 @@ class ClassMethodNode(DAGNode):
         super().__init__(args, kwargs, options)
         self._actor = actor
         self._method = name
+        self._before: ClassMethodNode | None = None   # the call bound on it before
+        if isinstance(actor, ClassNode):
+            self._before, actor._last_call = actor._last_call, self
 
     def _upstream(self) -> tuple[Any, ...]:
-        return (self._actor,) if isinstance(self._actor, DAGNode) else ()
+        if not isinstance(self._actor, DAGNode):
+            return ()
+        return (self._actor,) if self._before is None else (self._actor, self._before)
 
     def _resolve(self, value_of: Callable[[DAGNode], Any], inp: DAGInputData) -> Any:
         handle = value_of(self._actor) if isinstance(self._actor, DAGNode) else self._actor
