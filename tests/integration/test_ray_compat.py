@@ -284,6 +284,11 @@ if __name__ == "__main__":
     print("dag", ray.get(dag.execute(x=2, start=10)))
     print("hook", all(ray.get([hooked.remote() for _ in range(6)])))
     print("ready", ray.get(Acc.remote(0).__ray_ready__.remote()))
+    b1, b2 = Acc.bind(10), Acc.bind(10)
+    b1.add.bind(2)   # bound for their effect: they run, in bind order
+    b1.add.bind(4)
+    b2.add.bind(6)
+    print("bound", ray.get(add.bind(b1.add.bind(0), b2.add.bind(0)).execute()))
     big = add.options(num_cpus=64).remote(1, 2)
     ready, pending = ray.wait([big], timeout=1)
     print("infeasible pending", len(ready), len(pending))
@@ -299,7 +304,7 @@ def test_ray_core_behaviours_under_the_ray_runner(tmp_path: Path) -> None:
     r = run(tmp_path, RAY_CORE_SCRIPT, CLI)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [
-        "dag [13, 15]", "hook True", "ready True", "infeasible pending 0 1",
+        "dag [13, 15]", "hook True", "ready True", "bound 32", "infeasible pending 0 1",
         "spawn [0, 1, 4, 9]", "forkserver [0, 1, 4, 9]"], r.stderr
     # The pending request is named in a warning, as Ray warns; the bar is drawn once.
     assert re.search(r"add\(\) asks for CPU=64.*stays pending", r.stderr), r.stderr
