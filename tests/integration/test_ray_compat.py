@@ -266,6 +266,13 @@ def hooked():
     return os.environ.get("HOOKED") == str(os.getpid())
 
 
+@ray.remote(num_returns=2)
+def two_then_raise():
+    yield 1
+    yield 2
+    raise ValueError("after both")   # Ray returns both values; the error is only logged
+
+
 @ray.remote
 class Acc:
     def __init__(self, start):
@@ -289,6 +296,7 @@ if __name__ == "__main__":
     b1.add.bind(4)
     b2.add.bind(6)
     print("bound", ray.get(add.bind(b1.add.bind(0), b2.add.bind(0)).execute()))
+    print("two", ray.get(list(two_then_raise.remote())))
     big = add.options(num_cpus=64).remote(1, 2)
     ready, pending = ray.wait([big], timeout=1)
     print("infeasible pending", len(ready), len(pending))
@@ -304,7 +312,7 @@ def test_ray_core_behaviours_under_the_ray_runner(tmp_path: Path) -> None:
     r = run(tmp_path, RAY_CORE_SCRIPT, CLI)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [
-        "dag [13, 15]", "hook True", "ready True", "bound 32", "infeasible pending 0 1",
+        "dag [13, 15]", "hook True", "ready True", "bound 32", "two [1, 2]", "infeasible pending 0 1",
         "spawn [0, 1, 4, 9]", "forkserver [0, 1, 4, 9]"], r.stderr
     # The pending request is named in a warning, as Ray warns; the bar is drawn once.
     assert re.search(r"add\(\) asks for CPU=64.*stays pending", r.stderr), r.stderr
