@@ -355,19 +355,42 @@ def stop(argv: list[str]) -> int:
 
 # ---------------------------------------------------------------------------- status
 
+def default_address(prog: str, address: str | None) -> str | None:
+    """Where a command connects: ``address``, else $ORCHESTRA_ADDRESS, else the cluster
+    ``orchestra start`` started here ("auto"), else this user's one running init()
+    cluster here (its session directory). None, said on stderr, when several init()
+    clusters run and none was named."""
+    address = address or os.environ.get("ORCHESTRA_ADDRESS")
+    if address:
+        return address
+    if cf.local_cluster() is not None:
+        return "auto"
+    sessions = cf.private_sessions()
+    if len(sessions) > 1:
+        print(f"{prog}: {len(sessions)} init() clusters of this user run here; name one "
+              "with --address SESSION_DIR:\n" + "\n".join(f"  {d}" for d in sessions),
+              file=sys.stderr)
+        return None
+    return sessions[0] if sessions else "auto"
+
+
 def status(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="orchestra status",
                                 description="Print the cluster's nodes, resources, object "
                                             "store use and dashboard URL.")
     p.add_argument("--address", default=None,
-                   help="the head's IP:PORT (default: the cluster started on this machine)")
+                   help="the head's IP:PORT, or an init() cluster's session directory "
+                        "(default: the cluster `orchestra start` started on this machine, "
+                        "else this user's one init() cluster running here)")
     p.add_argument("--token", default=None, help="the cluster token (default: $ORCHESTRA_TOKEN, "
                                                  "or the one recorded here)")
     args = p.parse_args(argv)
     import orchestra
+    address = default_address("orchestra status", args.address)
+    if address is None:
+        return 2
     try:
-        info = orchestra.init(address=args.address or os.environ.get("ORCHESTRA_ADDRESS")
-                              or "auto", token=args.token)
+        info = orchestra.init(address=address, token=args.token)
     except Exception as exc:  # noqa: BLE001 - any failure to connect is reported, not raised
         print(f"orchestra status: cannot connect: {exc}", file=sys.stderr)
         for why in _heads_down():

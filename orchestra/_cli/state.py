@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
@@ -30,16 +29,22 @@ _COLUMNS = {
 
 def _connect_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", default=None,
-                   help="the head's IP:PORT (default: the cluster started on this machine)")
+                   help="the head's IP:PORT, or an init() cluster's session directory "
+                        "(default: the cluster `orchestra start` started on this machine, "
+                        "else this user's one init() cluster running here)")
     p.add_argument("--token", default=None, help="the cluster token (default: $ORCHESTRA_TOKEN, "
                                                  "or the one recorded here)")
 
 
 def _connect(prog: str, args: argparse.Namespace) -> bool:
     import orchestra
+
+    from .cluster import default_address
+    address = default_address(prog, args.address)
+    if address is None:
+        return False
     try:
-        orchestra.init(address=args.address or os.environ.get("ORCHESTRA_ADDRESS") or "auto",
-                       token=args.token)
+        orchestra.init(address=address, token=args.token)
     except Exception as exc:  # noqa: BLE001 - any failure to connect is reported, not raised
         print(f"{prog}: cannot connect: {exc}", file=sys.stderr)
         return False

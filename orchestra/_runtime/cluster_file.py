@@ -126,6 +126,33 @@ def token_for(address: str) -> str | None:
     return None
 
 
+def private_sessions() -> list[str]:
+    """The session directories of this user's running init() clusters on this machine
+    (<tempdir>/orchestra-session-*, mode 0700, their head alive), newest first: what
+    ``orchestra status`` and ``orchestra list`` read when no ``orchestra start`` cluster
+    runs here."""
+    tmp = tempfile.gettempdir()
+    found = []
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return []
+    for name in names:
+        if not name.startswith("orchestra-session-"):
+            continue
+        path = os.path.join(tmp, name)
+        try:
+            st = os.stat(path)
+            with open(os.path.join(path, "head.pid")) as f:
+                head = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if st.st_uid == os.geteuid() and not st.st_mode & 0o077 and pid_alive(head) and \
+                os.path.exists(os.path.join(path, "head.sock")):
+            found.append((st.st_mtime, path))
+    return [p for _, p in sorted(found, reverse=True)]
+
+
 def run_dirs(state: str) -> list[str]:
     """Every run directory in ``state``, with a record or not."""
     try:

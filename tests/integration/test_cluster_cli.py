@@ -267,6 +267,42 @@ def test_init_auto_without_a_cluster_names_orchestra_start(state: str) -> None:
         orchestra.init(address="auto")
 
 
+_PRIVATE = """
+import sys, orchestra
+info = orchestra.init(num_cpus=1, resources={"private-marker": 1}, log_to_driver=False)
+print(info["session_dir"], flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_status_and_list_find_this_users_init_cluster(state: str) -> None:
+    """With no `orchestra start` cluster here, status and list read this user's running
+    init() cluster (they said there was none); with several, they list their session
+    directories and take one with --address."""
+    driver = subprocess.Popen([sys.executable, "-c", _PRIVATE], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True,
+                              env=dict(os.environ, PYTHONPATH=REPO))
+    try:
+        assert driver.stdout is not None and driver.stdin is not None
+        session = driver.stdout.readline().strip()
+        r = cli("status")
+        if r.returncode == 2:   # other init() clusters of this user run here too
+            assert session in r.stderr and "--address SESSION_DIR" in r.stderr, r.stderr
+        else:
+            assert r.returncode == 0 and "private-marker" in r.stdout, r.stdout + r.stderr
+        r = cli("status", "--address", session)
+        assert r.returncode == 0 and "private-marker" in r.stdout, r.stdout + r.stderr
+        r = cli("list", "nodes", "--address", session)
+        assert r.returncode == 0 and "0000000000000000" in r.stdout, r.stdout + r.stderr
+        driver.stdin.write("\n")
+        driver.stdin.flush()
+        assert driver.wait(T) == 0
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+
+
 # ---------------------------------------------------------------------------- Cluster
 
 def test_cluster_runs_tasks_on_each_node_and_shutdown_leaves_nothing() -> None:
