@@ -578,7 +578,7 @@ class Head:
             return
         conn.node.drop_conn(conn.conn_id)
         if conn.conn_id == self.primary:
-            self.shutdown("the driver disconnected")
+            self.shutdown("the driver disconnected", driver_gone=True)
             return
         client = self.state.clients.get(conn.conn_id)
         node = self.nodes.get(client.worker.node_id) if client is not None \
@@ -721,7 +721,11 @@ class Head:
         if self.primary is None:
             self.shutdown("no driver connected in time")
 
-    def shutdown(self, reason: str) -> None:
+    def shutdown(self, reason: str, driver_gone: bool = False) -> None:
+        """Stop: listeners, nodes (their workers and segments), connections. The session
+        directory goes too when no driver will remove it: a detached head's, or one
+        whose driver is gone (``driver_gone``: killed, it left it behind until the next
+        init() swept it; one that shuts down removes it as well, which is harmless)."""
         if self.stopping:
             return
         self.stopping = True
@@ -748,9 +752,9 @@ class Head:
                 os.unlink(os.path.join(self.session_dir, name))
             except FileNotFoundError:
                 pass
-        if self.cfg.get("detached"):
+        if self.cfg.get("detached") or driver_gone:
             # No driver removes it (orchestra stop does, but not a SIGTERM sent straight
-            # here, nor the end of a cluster_utils.Cluster's script).
+            # here, nor the end of a cluster_utils.Cluster's script, nor a driver killed).
             shutil.rmtree(self.session_dir, ignore_errors=True)
         self.loop.stop()
 
@@ -775,7 +779,7 @@ def main(argv: list[str] | None = None, zygote: ZygoteStart | None = None) -> No
     # The driver's connection closing is the usual sign it is gone; this covers a driver
     # that dies before it connects.
     if not cfg.get("detached"):
-        watch_parent(loop, lambda: head.shutdown("the driver process exited"))
+        watch_parent(loop, lambda: head.shutdown("the driver process exited", driver_gone=True))
     if cfg.get("owner_pid"):   # a cluster_utils.Cluster's: it lives as long as its script
         owner = int(cfg["owner_pid"])
 

@@ -234,6 +234,10 @@ def test_killing_the_driver_with_sigkill_leaves_no_process_and_no_segment(no_clu
     proc.send_signal(signal.SIGKILL)
     proc.wait(T)
     _assert_nothing_left(info, 10.0)
+    # Nor its session directory: the head removes it as it stops (it stayed until the
+    # next init() swept it).
+    wait_until(lambda: not os.path.exists(info["session_dir"]), 10,
+               "the killed driver's session directory removed")
 
 
 def test_a_driver_that_exits_without_shutdown_leaves_nothing(no_cluster, tmp_path):
