@@ -357,13 +357,17 @@ def stop(argv: list[str]) -> int:
 
 def default_address(prog: str, address: str | None) -> str | None:
     """Where a command connects: ``address``, else $ORCHESTRA_ADDRESS, else the cluster
-    ``orchestra start`` started here ("auto"), else this user's one running init()
-    cluster here (its session directory). None, said on stderr, when several init()
-    clusters run and none was named."""
+    ``orchestra start`` started here ("auto", also when it is down: that says why),
+    else this user's one running init() cluster here (its session directory). None,
+    said on stderr, when several init() clusters run and none was named."""
     address = address or os.environ.get("ORCHESTRA_ADDRESS")
     if address:
         return address
-    if cf.local_cluster() is not None:
+    try:
+        started = cf.read_records(cf.state_dir())
+    except OSError:
+        started = []
+    if started:   # a cluster orchestra start started here (down: "auto" says why)
         return "auto"
     sessions = cf.private_sessions()
     if len(sessions) > 1:

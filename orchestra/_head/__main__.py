@@ -1,5 +1,5 @@
-"""``python -m orchestra._head CONFIG``: the head process (head.py)."""
-from .head import main
+"""``python -m orchestra._head CONFIG``: the head process (process.py)."""
+from .process import main
 
 if __name__ == "__main__":
     main()

@@ -36,7 +36,7 @@ sys.modules["orchestra"] = importlib.util.module_from_spec(_spec)
 """
 
 BOOTSTRAP = _START_ZYGOTE + _BARE_PACKAGE + """\
-from orchestra._head import head as _head
+from orchestra._head import process as _head
 _head.main([sys.argv[1]], zygote=started)
 """
 
