@@ -100,21 +100,7 @@ def token_for(address: str) -> str | None:
         dirs.append(state_dir())
     except (OSError, PermissionError):
         pass
-    tmp = tempfile.gettempdir()
-    try:
-        names = os.listdir(tmp)
-    except OSError:
-        names = []
-    for name in names:
-        if name.startswith(CLUSTER_PREFIX):
-            path = os.path.join(tmp, name)
-            try:
-                st = os.stat(path)
-            except OSError:
-                continue
-            if st.st_uid == os.geteuid() and not st.st_mode & 0o077:
-                dirs.append(path)
-    for state in dirs:
+    for state in dirs + [path for path, _ in own_dirs(CLUSTER_PREFIX)]:
         for rec in read_records(state):
             if rec.get("kind") == "head" and rec.get("address") == address and \
                     rec.get("token") is not None and pid_alive(rec["pid"]):
@@ -131,26 +117,37 @@ def private_sessions() -> list[str]:
     (<tempdir>/orchestra-session-*, mode 0700, their head alive), newest first: what
     ``orchestra status`` and ``orchestra list`` read when no ``orchestra start`` cluster
     runs here."""
-    tmp = tempfile.gettempdir()
     found = []
-    try:
-        names = os.listdir(tmp)
-    except OSError:
-        return []
-    for name in names:
-        if not name.startswith("orchestra-session-"):
-            continue
-        path = os.path.join(tmp, name)
+    for path, mtime in own_dirs("orchestra-session-"):
         try:
-            st = os.stat(path)
             with open(os.path.join(path, "head.pid")) as f:
                 head = int(f.read().strip())
         except (OSError, ValueError):
             continue
-        if st.st_uid == os.geteuid() and not st.st_mode & 0o077 and pid_alive(head) and \
-                os.path.exists(os.path.join(path, "head.sock")):
-            found.append((st.st_mtime, path))
+        if pid_alive(head) and os.path.exists(os.path.join(path, "head.sock")):
+            found.append((mtime, path))
     return [p for _, p in sorted(found, reverse=True)]
+
+
+def own_dirs(prefix: str) -> list[tuple[str, float]]:
+    """(path, mtime) of each directory <tempdir>/<prefix>* of this user that no one
+    else can enter (what it holds, tokens and sockets, is this user's alone)."""
+    tmp = tempfile.gettempdir()
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        if name.startswith(prefix):
+            path = os.path.join(tmp, name)
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            if st.st_uid == os.geteuid() and not st.st_mode & 0o077:
+                out.append((path, st.st_mtime))
+    return out
 
 
 def run_dirs(state: str) -> list[str]:
