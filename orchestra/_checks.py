@@ -14,3 +14,9 @@ def is_int(value: object, at_least: int | None = None) -> TypeGuard[int]:
 def is_number(value: object) -> TypeGuard[int | float]:
     """``value`` is an int or a float (not a bool)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def a_type(value: object) -> str:
+    """``value``'s type with its article, for messages: "an int", "a list"."""
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"

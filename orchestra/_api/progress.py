@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import takewhile
 from typing import Any, TypeVar
 
+from .._checks import a_type
 from .._protocol import pb
 from .._runtime import context as _context
 from .._runtime.generators import ObjectRefGenerator, wait_with_generators
@@ -63,7 +64,7 @@ def as_completed(refs: Iterable[ObjectRef[R]], timeout: float | None = None, *,
                             "iterate the generator for its items as they come (they are "
                             "refs), or pass gen.completed() for the end of its task")
         if not isinstance(r, ObjectRef):
-            raise TypeError(f"as_completed() takes ObjectRefs; it got a {type(r).__name__} "
+            raise TypeError(f"as_completed() takes ObjectRefs; it got {a_type(r)} "
                             f"{r!r}; f.remote(...) and orchestra.put(...) return refs")
         check_session(r, client)
     timeout = check_timeout(timeout)

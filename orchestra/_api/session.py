@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from .._checks import is_int, is_number
+from .._checks import a_type, is_int, is_number
 from .._ids import machine_id, node_hex
 from .._objects.store import remove_private_dir, sweep_stale_segments
 from .._protocol import pb
@@ -592,7 +592,7 @@ def get(refs: ObjectRef[Any] | Sequence[ObjectRef[Any]], *, timeout: float | Non
         for r in refs:
             if not isinstance(r, ObjectRef):
                 raise TypeError(f"get() takes an ObjectRef or a list of ObjectRefs; the list "
-                                f"holds a {type(r).__name__} {r!r}")
+                                f"holds {a_type(r)} {r!r}")
             _check_session(r, client)
         if progress is not False:
             from .progress import get_with_progress
@@ -638,7 +638,7 @@ def wait(refs: Sequence[_W], *, num_returns: int = 1, timeout: float | None = No
     if not isinstance(fetch_local, bool):
         raise TypeError(f"fetch_local must be True or False, got {fetch_local!r}")
     if isinstance(refs, ObjectRef) or not isinstance(refs, (list, tuple)):
-        raise TypeError(f"wait() takes a list of ObjectRefs, not a {type(refs).__name__}")
+        raise TypeError(f"wait() takes a list of ObjectRefs, not {a_type(refs)}")
     client = _client() if refs else None
     # One comprehension: wait() over thousands of refs is on users' hot paths. A ref of
     # another class or session is left out, and the slow pass below names it.
@@ -650,7 +650,7 @@ def wait(refs: Sequence[_W], *, num_returns: int = 1, timeout: float | None = No
                 streams = True
                 continue
             if not isinstance(r, ObjectRef):
-                raise TypeError(f"wait() takes a list of ObjectRefs; it holds a {type(r).__name__}")
+                raise TypeError(f"wait() takes a list of ObjectRefs; it holds {a_type(r)}")
             _check_session(r, client)
         if len({id(r) if streams else r._id for r in refs}) != len(refs):
             raise ValueError("wait() got the same ObjectRef twice; pass each ref once")
@@ -690,7 +690,7 @@ def cancel(ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> No
     if isinstance(ref, ObjectRefGenerator):
         ref = ref.completed()
     if not isinstance(ref, ObjectRef):
-        raise TypeError(f"cancel() takes an ObjectRef, not a {type(ref).__name__}")
+        raise TypeError(f"cancel() takes an ObjectRef, not {a_type(ref)}")
     _client().cancel(ref.binary(), bool(force), bool(recursive))
 
 

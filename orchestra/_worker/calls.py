@@ -16,6 +16,7 @@ from typing import Any
 import cloudpickle
 
 from .. import _ids
+from .._checks import a_type
 from .._objects.serialization import deserialization_error, deserialize, dumps_exception
 from .._protocol import pb
 from ..exceptions import ActorDiedError, DeserializationError, TaskError
@@ -135,7 +136,7 @@ def split_returns(result: Any, n: int, name: str) -> list[Any]:
     try:
         values = list(result)
     except TypeError:
-        raise ValueError(f"{name}() has num_returns={n} but returned a {type(result).__name__}, "
+        raise ValueError(f"{name}() has num_returns={n} but returned {a_type(result)}, "
                          f"not a sequence of {n} values") from None
     if len(values) != n:
         raise ValueError(f"{name}() has num_returns={n} but returned {len(values)} values")

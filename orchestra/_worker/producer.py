@@ -21,6 +21,7 @@ import threading
 from typing import Any
 
 from .. import _ids
+from .._checks import a_type
 from .._objects.serialization import dumps_exception, serialize
 from .._protocol import pb
 from .._protocol import wire as _wire
@@ -102,7 +103,7 @@ def _iterator(call: pb.Call, result: Any) -> Any:
     if inspect.isgenerator(result) or hasattr(result, "__next__"):
         return result
     raise TypeError(f"{call.name}() has num_returns={_MODE_NAMES[call.generator]!r} but returned "
-                    f"a {type(result).__name__}, not a generator: write it with `yield`, or "
+                    f"{a_type(result)}, not a generator: write it with `yield`, or "
                     "drop num_returns to return one value")
 
 

@@ -50,3 +50,10 @@ def test_a_generator_argument_is_told_to_become_a_list(wrap) -> None:
         serialize(wrap(i * i for i in range(3)))
     with pytest.raises(TypeError, match="lock, socket, open file"):   # other values: as before
         serialize(threading.Lock())
+
+
+def test_a_type_in_a_message_has_its_article() -> None:
+    """('wait() takes a list of ObjectRefs, not a int')"""
+    from orchestra._checks import a_type
+    assert a_type(5) == "an int" and a_type([]) == "a list" and a_type(None) == "a NoneType"
+    assert a_type(object()) == "an object" and a_type(1.5) == "a float"
