@@ -468,10 +468,11 @@ def _drain(s: Session) -> None:
         if n == 0:
             return
         if time.monotonic() >= deadline:
+            # A driver of a cluster it did not start stops its job's work, not the cluster.
+            what = "stopping the cluster" if s.head is not None else "stopping this job's work"
             _log.warning("orchestra: %d task(s) still pending %g s after the script ended; "
-                         "stopping the cluster (raise init(exit_grace_s=...) or "
-                         "ORCHESTRA_EXIT_GRACE_S to wait longer, or get() their results)",
-                         n, s.exit_grace_s)
+                         "%s (raise init(exit_grace_s=...) or ORCHESTRA_EXIT_GRACE_S to "
+                         "wait longer, or get() their results)", n, s.exit_grace_s, what)
             return
         if not said:
             said = True

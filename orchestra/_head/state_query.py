@@ -34,6 +34,7 @@ from .._observe.task_events import (
 )
 from .._protocol import pb
 from .._protocol import wire as _wire
+from .._scheduler.instructions import CANCEL_KILL
 from .._scheduler.model import TaskState, WorkerState
 
 if TYPE_CHECKING:
@@ -202,7 +203,11 @@ class StateQueries:
             w = st.workers.get(wid)
             return w is not None and w.state is not WorkerState.DEAD and w.conn in self.head.conns
 
-        self.table.settle(SchedView(task_state, worker_alive), flushed)
+        def killed_to_cancel(wid: int) -> bool:
+            dead = st.dead_workers.get(wid)
+            return dead is not None and dead.reason == CANCEL_KILL
+
+        self.table.settle(SchedView(task_state, worker_alive, killed_to_cancel), flushed)
 
     def job_finder(self) -> Callable[[int], int]:
         """caller connection -> the driver connection whose job it works for (0:

@@ -211,13 +211,17 @@ class TaskRecord:
 
 class SchedView:
     """What the table reads of the scheduler when it settles (plain callables, so the
-    table is tested without one): a task's scheduler state (None: not there), and
-    whether a worker is still connected."""
+    table is tested without one): a task's scheduler state (None: not there), whether a
+    worker is still connected, and whether a worker that is gone was killed to cancel
+    the task it ran (orchestra.cancel(force=True), or its driver's death): that task
+    settles as TASK_CANCELLED, not WORKER_DIED."""
 
     def __init__(self, task_state: Callable[[bytes], str | None],
-                 worker_alive: Callable[[int], bool]) -> None:
+                 worker_alive: Callable[[int], bool],
+                 killed_to_cancel: Callable[[int], bool] = lambda _wid: False) -> None:
         self.task_state = task_state
         self.worker_alive = worker_alive
+        self.killed_to_cancel = killed_to_cancel
 
 
 class TaskTable:
@@ -424,9 +428,11 @@ class TaskTable:
             if st == RUNNING:
                 if view.worker_alive(r.worker_id):
                     continue
-                if sched is None:
+                if sched is None:   # killed under it: by a cancel with force, or not
                     self._move(r, FAILED)
-                    r.end_time, r.error_type = now, WORKER_DIED
+                    r.end_time, r.error_type = now, (
+                        TASK_CANCELLED if view.killed_to_cancel(r.worker_id)
+                        else WORKER_DIED)
                 else:
                     self._move(r, sched)
             elif sched is not None:

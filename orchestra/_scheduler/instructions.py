@@ -61,6 +61,10 @@ class StartWorker(NamedTuple):
     worker_id: int
 
 
+# A KillWorker's reason when the task its worker runs is cancelled with force: the
+# worker's death then reads as that cancel (TASK_CANCELLED in the state API).
+CANCEL_KILL = "cancelled with force=True"
+
 class KillWorker(NamedTuple):
     """Kill worker ``worker_id`` on node ``node_id`` at once (SIGKILL); ``reason`` is
     kept as its exit reason for the errors its death causes."""

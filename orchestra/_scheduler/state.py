@@ -30,7 +30,7 @@ from .actors import ActorTable
 from .adoption import Adoption
 from .blocking import Blocking
 from .groups import PlacementGroups
-from .instructions import Instruction, KillWorker, Pull, Send
+from .instructions import CANCEL_KILL, Instruction, KillWorker, Pull, Send
 from .kept import KeptObjects
 from .lineage import Rebuilds, wait_for_made_again
 from .loans import Loans
@@ -627,7 +627,7 @@ class SchedulerState:
         if recursive and w.actor is None and w.queue and w.queue[0] is t:
             self._cancel_children(w.conn, force)
         if force and w.queue and w.queue[0] is t:
-            self.out.append(KillWorker(w.node_id, w.worker_id, "cancelled with force=True"))
+            self.out.append(KillWorker(w.node_id, w.worker_id, CANCEL_KILL))
         else:
             self.out.append(Send(w.conn, CANCEL_TASK, pb.CancelTask(task_id=t.call.task_id,
                                                                     recursive=recursive)))

@@ -354,6 +354,30 @@ def test_a_driver_reaches_a_cluster_by_its_address_alone(
             orchestra.shutdown()
 
 
+def test_a_connected_drivers_exit_grace_stops_its_work_not_the_cluster(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warning said 'stopping the cluster' for a driver of a cluster it had not
+    started, which goes on."""
+    monkeypatch.delenv("ORCHESTRA_TOKEN", raising=False)
+    script = ("import sys, time, orchestra\n"
+              "orchestra.init(address=sys.argv[1], exit_grace_s=0.3)\n"
+              "@orchestra.remote\n"
+              "def slow():\n"
+              "    time.sleep(30)\n"
+              "slow.remote()\n")
+    with Cluster(initialize_head=True, head_node_args={"num_cpus": 1,
+                                                       "object_store_memory": 64 << 20}) as c:
+        r = subprocess.run([sys.executable, "-c", script, c.address], capture_output=True,
+                           text=True, timeout=T, env=dict(os.environ, PYTHONPATH=REPO))
+        assert r.returncode == 0, r.stderr
+        assert "still pending" in r.stderr and "stopping this job's work" in r.stderr, r.stderr
+        orchestra.init(address=c.address)   # the cluster goes on
+        try:
+            assert orchestra.get(orchestra.put(7), timeout=T) == 7
+        finally:
+            orchestra.shutdown()
+
+
 @pytest.mark.parametrize("tls", [None, True])
 def test_cluster_add_nodes_starts_them_side_by_side(tls: bool | None) -> None:
     """(With tls=True the nodes and the driver speak TLS on loopback, as between

@@ -125,6 +125,7 @@ def test_the_exit_grace_is_bounded_and_says_what_it_left(tmp_path: Path) -> None
     r = run_script(GRACE_SCRIPT.format(grace=", exit_grace_s=0.5", tmp=tmp_path, sleep=30))
     assert time.monotonic() - t < 20
     assert "still pending" in r.stderr and "exit_grace_s" in r.stderr
+    assert "stopping the cluster" in r.stderr   # it started the cluster: it stops it
     assert os.listdir(tmp_path) == []
 
 

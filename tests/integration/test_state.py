@@ -183,6 +183,29 @@ def test_a_task_whose_worker_died_is_failed_with_worker_died(two_nodes) -> None:
     assert row["error_type"] in ("WORKER_DIED", "TASK_NOT_RUN")
 
 
+@orchestra.remote(max_retries=0)
+def _started_then_sleeps(path: str) -> None:
+    open(path, "w").close()
+    time.sleep(60)
+
+
+def test_a_task_cancelled_with_force_while_running_is_listed_cancelled(two_nodes,
+                                                                        tmp_path) -> None:
+    """Its worker is killed to stop it: it read WORKER_DIED, as a crash does."""
+    started = tmp_path / "started"
+    ref = _started_then_sleeps.remote(str(started))
+    deadline = time.monotonic() + 30
+    while not started.exists():
+        assert time.monotonic() < deadline, "the task did not start"
+        time.sleep(0.02)
+    time.sleep(0.6)   # its start reported (workers report every 0.5 s)
+    orchestra.cancel(ref, force=True)
+    with pytest.raises(orchestra.exceptions.TaskCancelledError):
+        orchestra.get(ref, timeout=30)
+    row = tasks_by_id().get(task_id(ref))
+    assert row is not None and (row["state"], row["error_type"]) == ("FAILED", "TASK_CANCELLED")
+
+
 def test_list_actors_shows_alive_then_dead_after_kill(two_nodes) -> None:
     c = Counter.options(name="counted").remote()
     orchestra.get(c.add.remote())

@@ -24,6 +24,7 @@ from orchestra._observe.task_events import (
     PENDING_ARGS_AVAIL,
     PENDING_NODE_ASSIGNMENT,
     RUNNING,
+    TASK_CANCELLED,
     WORKER_DIED,
     EventBuffer,
     IllegalTaskTransition,
@@ -144,6 +145,16 @@ def test_a_running_task_whose_worker_died_failed_unless_the_scheduler_retries_it
     table.settle(SchedView(sched.get, lambda w: False), flushed=True, now=5.0)
     assert (table.records[tid(1)].state, table.records[tid(1)].error_type) == (FAILED, WORKER_DIED)
     assert table.records[tid(2)].state == PENDING_NODE_ASSIGNMENT
+
+
+def test_a_running_task_whose_worker_was_killed_to_cancel_it_was_cancelled() -> None:
+    """cancel(force=True), or its driver's death on a started cluster, kills the worker
+    under a running task: it read WORKER_DIED, as a crash does."""
+    table = TaskTable()
+    table.worker_batch(batch(starts=[(1, "f", 0, 0, 1.0)]), 2, 42, 0)
+    table.settle(SchedView({}.get, lambda w: False, lambda w: w == 2), flushed=True, now=5.0)
+    assert (table.records[tid(1)].state, table.records[tid(1)].error_type) == \
+        (FAILED, TASK_CANCELLED)
 
 
 def test_a_submitted_task_no_one_has_ended_without_running_once_flushed_or_old() -> None:
