@@ -253,7 +253,9 @@ async function showTask(id) {
 const stream = { seq: 0, tasks: new Map(), last: new Map(), workers: [], workerIndex: new Map(), names: [],
   nameIndex: new Map(), colors: [], offset: 0, drawn: 0 };
 const WINDOW_MS = 60000;
-function colorOf(i) { return "hsl(" + ((i * 137.508) % 360).toFixed(0) + ",62%,52%)"; }
+// Functions' colours step round the hue circle by the golden angle, leaving out the
+// reds (hues 330-30) that mark a failed task.
+function colorOf(i) { return "hsl(" + (30 + (i * 137.508) % 300).toFixed(0) + ",62%,52%)"; }
 async function pollStream() {
   const d = await getJSON("api/stream?since=" + stream.seq);
   if (d.reset) { stream.tasks.clear(); stream.last.clear(); }

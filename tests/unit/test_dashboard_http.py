@@ -231,3 +231,22 @@ def test_start_takes_the_dashboard_options_for_a_head_only() -> None:
     assert parse_start(["--head"]).include_dashboard is True
     with pytest.raises(SystemExit):
         parse_start(["--address", "10.0.0.5:6380", "--token", "t", "--dashboard-port", "1"])
+
+
+def test_no_function_in_the_task_stream_is_coloured_as_a_failure() -> None:
+    """A failed task is drawn red; the first function was red too (hue 0). The page's
+    own colorOf, run by Node.js, for the first 1,000 functions."""
+    import shutil
+    import subprocess
+
+    from orchestra._observe.dashboard_script import SCRIPT
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("Node.js is not installed here")
+    m = re.search(r"function colorOf\(i\) \{.*?\}\n", SCRIPT)
+    assert m, "colorOf is gone from the page"
+    js = m.group(0) + "for (let i = 0; i < 1000; i++) console.log(colorOf(i));"
+    out = subprocess.run([node, "-e", js], capture_output=True, text=True, timeout=30).stdout
+    hues = [int(line[4:].split(",")[0]) for line in out.splitlines()]
+    assert len(hues) == 1000 and all(30 <= h <= 330 for h in hues), sorted(hues)[:5]
+    assert len(set(hues)) > 200   # still spread over the rest of the circle
