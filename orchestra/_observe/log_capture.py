@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import NoReturn
 
 from .._protocol import pb
 from .._protocol import wire as _wire
@@ -135,11 +136,25 @@ class LogCapture:
             self._send = send
 
     def install(self) -> None:
-        """Make sys.stdout and sys.stderr this worker's line writers."""
+        """Make sys.stdout and sys.stderr this worker's line writers, and have
+        ``os._exit`` in this process send the lines still pending first: a task that
+        prints and then calls it lost them (they wait up to _FLUSH_S for company), and
+        its driver saw neither them nor why it died (a signal still loses them: the
+        death's error carries the last lines of stderr, _node/node.py)."""
         global _active
         _active = self
         sys.stdout = self.writers[STDOUT]
         sys.stderr = self.writers[STDERR]
+        real_exit = os._exit
+
+        def _exit(status: int) -> NoReturn:
+            if os.getpid() == self.pid:   # not a fork of this worker: its copy of the
+                try:                      # lines and connection are not its own
+                    self.flush()
+                except BaseException:  # noqa: BLE001 - the exit goes on, whatever happens
+                    pass
+            real_exit(status)
+        os._exit = _exit
 
     @staticmethod
     def _open(fd: int, path: str) -> None:

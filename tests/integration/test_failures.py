@@ -189,7 +189,7 @@ class _DiesTalking:
         os._exit(4)
 
 
-def test_a_crashed_workers_last_lines_on_stderr_are_in_its_error(start_cluster):
+def test_a_crashed_workers_last_lines_on_stderr_are_in_its_error(start_cluster, capfd):
     """A task that prints to stderr and calls os._exit: its lines went to its log file
     but not (in time) to its driver, and the error said only 'exit code 3'; now the
     error carries what it last wrote to stderr (that task's, not an earlier one's)."""
@@ -200,6 +200,9 @@ def test_a_crashed_workers_last_lines_on_stderr_are_in_its_error(start_cluster):
     assert "exit code 3" in message and "its last lines on stderr: " \
         "'a line of before' / 'fatal: the config at /etc/x is unreadable'" in message, message
     assert "said on stdout" not in message
+    # What it printed before os._exit reached the driver too (it waited to be batched).
+    out = capfd.readouterr().out
+    assert "said on stdout before the end" in out, out
     a = _DiesTalking.remote()
     with pytest.raises(ActorDiedError) as died:
         orchestra.get(a.die.remote(), timeout=T)
