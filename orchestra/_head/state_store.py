@@ -483,7 +483,9 @@ class HeadState:
                     self._flush()
                 if stopping:
                     return
-                if time.monotonic() >= renew_at:
+                # A store back after being away: the lease checked at once, before the
+                # head says so (it may have expired meanwhile; taken back if free).
+                if time.monotonic() >= renew_at or self.away_since:
                     renew_at = time.monotonic() + LEASE_TTL_S / 4
                     if not store.renew_lease(self.holder):
                         # Not ours any more: another head's (HeadLeaseHeld), or nobody's

@@ -502,7 +502,7 @@ class Node:
             return
         if rc is None and p is not None:
             self.pool.kill(worker_id)   # closed its socket but lives on: broken
-        pid = p.pid if p is not None else 0
+        pid = getattr(p, "pid", 0) if p is not None else 0
         self.pool.procs.pop(worker_id, None)
         self.connected.discard(worker_id)
         try:   # its socket for direct calls

@@ -23,10 +23,13 @@ def _orchestra(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=50, stdin=subprocess.DEVNULL)
 
 
-def test_python_dash_m_orchestra_prints_the_usage_and_succeeds(tmp_path: Path) -> None:
+def test_python_dash_m_orchestra_without_a_command_prints_the_usage_as_an_error(
+        tmp_path: Path) -> None:
     proc = _orchestra(cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == _cli._USAGE.strip()
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == _cli._USAGE.strip() and proc.stdout == ""
+    proc = _orchestra("--help", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip() == _cli._USAGE.strip()
 
 
 def test_python_dash_m_orchestra_version(tmp_path: Path) -> None:

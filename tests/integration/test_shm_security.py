@@ -311,9 +311,15 @@ for name, address in json.loads(sys.argv[1]).items():
                     break
                 hello += chunk
             challenge = hello[:4]
-            s.sendall(data)
-            s.shutdown(socket.SHUT_WR)   # nothing more: the server decides on this
             rest = b""
+            try:
+                s.sendall(data)
+                s.shutdown(socket.SHUT_WR)   # nothing more: the server decides on this
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                # The server closed at the first byte that is no opening (the frame),
+                # before this sent the rest: no answer either.
+                out[f"{name}/{attempt}"] = [challenge.decode(errors="replace"), ""]
+                continue
             try:
                 while True:
                     chunk = s.recv(4096)
