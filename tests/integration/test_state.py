@@ -195,10 +195,12 @@ def test_a_task_cancelled_with_force_while_running_is_listed_cancelled(two_nodes
     started = tmp_path / "started"
     ref = _started_then_sleeps.remote(str(started))
     deadline = time.monotonic() + 30
-    while not started.exists():
-        assert time.monotonic() < deadline, "the task did not start"
-        time.sleep(0.02)
-    time.sleep(0.6)   # its start reported (workers report every 0.5 s)
+    # Listed running (workers report their starts every 0.5 s; one cancelled before
+    # its start is reported is listed as never run).
+    while not started.exists() or \
+            (tasks_by_id().get(task_id(ref)) or {}).get("state") != "RUNNING":
+        assert time.monotonic() < deadline, "the task was not listed running"
+        time.sleep(0.05)
     orchestra.cancel(ref, force=True)
     with pytest.raises(orchestra.exceptions.TaskCancelledError):
         orchestra.get(ref, timeout=30)
