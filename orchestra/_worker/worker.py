@@ -101,11 +101,11 @@ def _max_nested(base_limit: int) -> int:
     return max((stack // _FRAME_BYTES - base_limit) // _FRAMES_PER_NESTED, 0)
 
 
-
 def _ready() -> bool:
     """An actor's ``__ray_ready__`` (_api/actor.py READY): it runs once the constructor
     has; the answer itself says nothing more."""
     return True
+
 
 class _Cancelled(BaseException):
     """Raised inside a running task by orchestra.cancel (not an Exception: `except
