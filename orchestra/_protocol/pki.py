@@ -44,6 +44,7 @@ class Pki:
     ca_subject: str       # the CA's subject (of the first certificate in the CA file)
     ca_fingerprint: str   # sha256 of that certificate, hex grouped
     not_after: str        # when the certificate expires (ISO date)
+    cert_sha256: str      # sha256 of this process's certificate (hex): the dashboard's
 
 
 def current() -> Pki | None:
@@ -52,12 +53,15 @@ def current() -> Pki | None:
     paths = {k: os.environ.get(v, "") for k, v in ENV.items()}
     if not any(paths.values()):
         return None
-    missing = [f"{_FLAG[k]} ({ENV[k]})" for k, v in paths.items() if not v]
+    _all_three([f"{_FLAG[k]} ({ENV[k]})" for k, v in paths.items() if not v])
+    return _checked(paths["cert"], paths["key"], paths["ca"])
+
+
+def _all_three(missing: list[str]) -> None:
     if missing:
         raise TLSConfigError(
             "certificates of your own need all three of --tls-cert, --tls-key and "
             f"--tls-ca; missing: {', '.join(missing)}")
-    return _checked(paths["cert"], paths["key"], paths["ca"])
 
 
 def use(cert: str | os.PathLike[str] | None, key: str | os.PathLike[str] | None,
@@ -67,16 +71,19 @@ def use(cert: str | os.PathLike[str] | None, key: str | os.PathLike[str] | None,
     given = {"cert": cert, "key": key, "ca": ca}
     if all(v is None for v in given.values()):
         return current()
-    missing = [_FLAG[k] for k, v in given.items() if not v]
-    if missing:
-        raise TLSConfigError(
-            "certificates of your own need all three of --tls-cert, --tls-key and "
-            f"--tls-ca; missing: {', '.join(missing)}")
+    _all_three([_FLAG[k] for k, v in given.items() if not v])
     paths = {k: os.path.abspath(os.fspath(v)) for k, v in given.items()}   # type: ignore[arg-type]
     pki = _checked(paths["cert"], paths["key"], paths["ca"])
     for k, path in paths.items():
         os.environ[ENV[k]] = path
     return pki
+
+
+def fingerprint(public: bytes) -> str:
+    """How a key or certificate is named in messages: sha256 of its bytes, hex, grouped
+    (tls.py names the cluster's key so too)."""
+    digest = hashlib.sha256(public).hexdigest()[:32]
+    return "sha256:" + ":".join(digest[i:i + 4] for i in range(0, len(digest), 4))
 
 
 def _read(kind: str, path: str) -> bytes:
@@ -129,10 +136,9 @@ def _checked(cert_path: str, key_path: str, ca_path: str) -> Pki:
             raise TLSConfigError(f"{what} {path}: the certificate {_dn(c.subject)} is not valid "
                                  f"before {c.not_valid_before_utc:%Y-%m-%d %H:%M} UTC (check "
                                  "this machine's clock)")
-    digest = hashlib.sha256(cas[0].public_bytes(der)).hexdigest()
     pki = Pki(cert_path, key_path, ca_path, _dn(cas[0].subject),
-              "sha256:" + ":".join(digest[i:i + 4] for i in range(0, 32, 4)),
-              f"{mine.not_valid_after_utc:%Y-%m-%d}")
+              fingerprint(cas[0].public_bytes(der)), f"{mine.not_valid_after_utc:%Y-%m-%d}",
+              hashlib.sha256(mine.public_bytes(der)).hexdigest())
     try:
         _handshake(server_context(pki, clients=True), client_context(pki))
     except ssl.SSLError as exc:

@@ -54,6 +54,7 @@ from typing import Any, cast
 
 from ..exceptions import AuthenticationError
 from . import pki
+from .pki import fingerprint
 
 PREFIX = "tls-"
 # TLS records are at most 16 KiB of plaintext; a send is encrypted in pieces this large
@@ -142,22 +143,9 @@ def certificate_fingerprint(token: str) -> str:
     to check before accepting the dashboard's certificate (this process's own on the
     user's certificates)."""
     own = pki.current()
-    if own is not None:
-        with open(own.cert) as f:
-            der = ssl.PEM_cert_to_DER_cert(f.read().split(_PEM_END)[0] + _PEM_END)
-    else:
-        der = ssl.PEM_cert_to_DER_cert(identity(token)[0].decode())
-    digest = hashlib.sha256(der).hexdigest()
+    digest = own.cert_sha256 if own is not None else hashlib.sha256(
+        ssl.PEM_cert_to_DER_cert(identity(token)[0].decode())).hexdigest()
     return ":".join(digest[i:i + 2] for i in range(0, len(digest), 2)).upper()
-
-
-def fingerprint(public: bytes) -> str:
-    """How a public key is named in messages: sha256 of the raw key, hex, grouped."""
-    digest = hashlib.sha256(public).hexdigest()[:32]
-    return "sha256:" + ":".join(digest[i:i + 4] for i in range(0, len(digest), 4))
-
-
-_PEM_END = "-----END CERTIFICATE-----"
 
 
 def cluster_fingerprint(token: str) -> str:

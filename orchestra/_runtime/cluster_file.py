@@ -85,6 +85,15 @@ def read_records(state: str) -> list[dict[str, Any]]:
     return out
 
 
+def _take_tls_files(rec: dict[str, Any]) -> None:
+    """A head or node started on certificates of its own: they become this process's
+    too (_protocol/pki.py), unless it was given some."""
+    files = rec.get("tls_files")
+    if files and not os.environ.get("ORCHESTRA_TLS_CERT"):
+        from .._protocol import pki
+        pki.use(*files)
+
+
 # cluster_utils.Cluster's state directories: <tempdir>/<this prefix>XXXX, mode 0700.
 CLUSTER_PREFIX = "orchestra-cluster-"
 
@@ -104,10 +113,7 @@ def token_for(address: str) -> str | None:
         for rec in read_records(state):
             if rec.get("kind") == "head" and rec.get("address") == address and \
                     rec.get("token") is not None and pid_alive(rec["pid"]):
-                files = rec.get("tls_files")
-                if files and not os.environ.get("ORCHESTRA_TLS_CERT"):
-                    from .._protocol import pki
-                    pki.use(*files)
+                _take_tls_files(rec)
                 return str(rec["token"])
     return None
 
@@ -175,9 +181,6 @@ def local_cluster(state: str | None = None) -> tuple[str, str] | None:
         return None
     for rec in records:   # heads first
         if pid_alive(rec["pid"]) and rec.get("address") and rec.get("token") is not None:
-            files = rec.get("tls_files")
-            if files and not os.environ.get("ORCHESTRA_TLS_CERT"):
-                from .._protocol import pki
-                pki.use(*files)
+            _take_tls_files(rec)
             return str(rec["address"]), str(rec["token"])
     return None
