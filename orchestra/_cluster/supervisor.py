@@ -129,7 +129,9 @@ class _Supervisor:
         return local_head.launch_head(self.cfg, new_session=False, keeper_pid=os.getpid())
 
     def _wait(self, proc: subprocess.Popen[bytes]) -> tuple[int, bool]:
-        """Its exit code, and whether it had become ready (wrote its address)."""
+        """Its exit code, and whether it had become ready (wrote its address). The
+        address is looked at once more after the exit: a head that wrote it and died
+        between two polls was ready (_clean removed the one of the head before)."""
         address = os.path.join(self.session_dir, "address")
         while proc.poll() is None:
             if os.path.exists(address):
@@ -137,7 +139,10 @@ class _Supervisor:
                 # Serving: block until it ends (a signal's handler runs meanwhile).
                 return proc.wait(), True
             time.sleep(_POLL_S)
-        return proc.returncode, False
+        ready = os.path.exists(address)
+        if ready:
+            self._pin_port(address)
+        return proc.returncode, ready
 
     def _pin_port(self, address_file: str) -> None:
         """A head started on port 0 picked one: its restarts listen there too (the

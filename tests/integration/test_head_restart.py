@@ -54,7 +54,8 @@ def serving_head(rec: dict[str, Any], other_than: int = 0) -> int:
     def up() -> bool:
         pid = head_pid(rec["run_dir"])
         return pid not in (0, other_than) and (session / "address").exists()
-    wait_until(up, T, "the head to serve")
+    wait_until(up, T, "the head to serve", lambda: "its supervisor said: " + "\n".join(
+        Path(rec["run_dir"], "stderr.log").read_text(errors="replace").splitlines()[-15:]))
     return head_pid(rec["run_dir"])
 
 

@@ -4,7 +4,10 @@ asked, or a head that ended on its own with code 0, ends the supervision; a head
 never started is not retried."""
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given
@@ -91,3 +94,25 @@ def test_restarts_never_exceed_the_limit_in_any_window(events):
         else:   # the supervisor ends: a later exit cannot come
             assert isinstance(decision, Stop) == (stopping or code == 0)
             break
+
+
+def test_a_head_that_wrote_its_address_and_died_between_two_polls_had_started(
+        tmp_path, monkeypatch):
+    """The supervisor looks for the head's address every _POLL_S; a head killed just after
+    it wrote it (a loaded machine, a user's quick kill) died serving: it is restarted, not
+    called a head that failed to start (and given up on). A real head-like process writes
+    the address and SIGKILLs itself within one poll."""
+    from orchestra._cluster import supervisor
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"session_dir": str(tmp_path), "listen": "127.0.0.1:0"}))
+    sup = supervisor._Supervisor(str(cfg), str(tmp_path))
+    monkeypatch.setattr(supervisor, "_POLL_S", 3.0)
+    head = subprocess.Popen([sys.executable, "-c", (
+        "import os, signal, time; time.sleep(0.5); "
+        f"open({str(tmp_path / 'address')!r}, 'w').write('127.0.0.1:4321'); "
+        "os.kill(os.getpid(), signal.SIGKILL)")])
+    code, ready = sup._wait(head)
+    assert (code, ready) == (KILLED, True)
+    assert sup.book.exited(0.0, code, ready=ready, stopping=False) == Restart(
+        "the head died (killed by SIGKILL)")
+    assert sup.cfg["listen"] == "127.0.0.1:4321"   # its restarts listen on its port
