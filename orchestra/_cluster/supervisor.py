@@ -6,14 +6,17 @@ address, port, token and state store.
     start head (its process group is ours; it stops when we exit: cfg owner_pid)
         -> ready once it wrote its address -> wait for its exit
         -> RestartBook.exited(now, code, ready, stopping):
-             Restart(reason): stale sockets removed, the dead head's segments swept,
-                 the restart counted in its cfg (head_restarts, last_restart), started again
+             Restart(reason, pause_s): stale sockets removed, the dead head's segments
+                 swept, the restart counted in its cfg (head_restarts, last_restart),
+                 started again (after pause_s when it had failed to start: doubled for
+                 each failed start in a row)
              Stop: SIGTERM/SIGINT/SIGHUP came (forwarded to the head), or the head ended
                  on its own with code 0 (a SIGTERM sent to it, its lease taken by another
                  head): we exit 0
              GiveUp(reason): its first start failed, or it died MAX_RESTARTS times within
                  WINDOW_S: it stays down; the reason goes to the log and to RUN_DIR/down,
-                 which `orchestra status` shows; we exit 1
+                 which `orchestra status` shows; the session directory is removed (a
+                 supervised head that fails to start leaves it to us); we exit 1
 
 The decision is ``RestartBook``'s, an I/O-free core (tests/unit/test_supervisor.py drives
 it with Hypothesis); ``main`` carries it out. The record of ``orchestra start`` names this
@@ -25,6 +28,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +39,11 @@ from dataclasses import dataclass
 # environment, a store taken over by another head) stays down and says why.
 MAX_RESTARTS = 5
 WINDOW_S = 60.0
+# A restart that failed to start (its port held a moment by another socket, a store
+# that answers again soon) is tried again after this, doubled each time up to
+# MAX_PAUSE_S: the restarts allowed span seconds, not the few ms of failed starts.
+FIRST_PAUSE_S = 0.5
+MAX_PAUSE_S = 8.0
 # How long a stopping head has to end before it is killed (orchestra stop waits longer).
 STOP_WAIT_S = 8.0
 _POLL_S = 0.05
@@ -47,6 +56,7 @@ HEAD_PID_FILE = "head.pid"   # in RUN_DIR: the head's pid now
 @dataclass(frozen=True)
 class Restart:
     reason: str
+    pause_s: float = 0.0   # before the start: a restart that failed to start waits
 
 
 @dataclass(frozen=True)
@@ -80,11 +90,13 @@ class RestartBook:
         self.window_s = window_s
         self.restarts: collections.deque[float] = collections.deque()   # their times
         self.ever_ready = False
+        self.failed_starts = 0   # exits in a row before serving
 
     def exited(self, now: float, code: int, *, ready: bool, stopping: bool) -> Decision:
         """The head ended with ``code`` (a Popen returncode); ``ready``: it had been
         serving since its last start; ``stopping``: a stop was asked of us."""
         self.ever_ready = self.ever_ready or ready
+        self.failed_starts = 0 if ready else self.failed_starts + 1
         how = describe_exit(code)
         if stopping:
             return Stop(f"stopped ({how})")
@@ -100,7 +112,8 @@ class RestartBook:
                           f"{self.window_s:.0f} s (last: {how}); it stays down. Find the "
                           "cause in its log, then `orchestra stop` and start it again")
         self.restarts.append(now)
-        return Restart(f"the head died ({how})")
+        pause = 0.0 if ready else min(FIRST_PAUSE_S * 2 ** (self.failed_starts - 1), MAX_PAUSE_S)
+        return Restart(f"the head died ({how})", pause)
 
 
 class _Supervisor:
@@ -126,6 +139,7 @@ class _Supervisor:
         from .._api import local_head
         # The head stops when this process is gone (a SIGKILL of the record's pid).
         self.cfg["owner_pid"] = os.getpid()
+        self.cfg["supervised"] = True   # a failed start leaves the session to us
         return local_head.launch_head(self.cfg, new_session=False, keeper_pid=os.getpid())
 
     def _wait(self, proc: subprocess.Popen[bytes]) -> tuple[int, bool]:
@@ -191,13 +205,21 @@ class _Supervisor:
                 self._say(f"the head (pid {pid}): {decision.reason}")
                 with open(os.path.join(self.run_dir, DOWN_FILE), "w") as f:
                     f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {decision.reason}\n")
+                shutil.rmtree(self.session_dir, ignore_errors=True)
                 return 1
             restarts = self.cfg.get("head_restarts", 0) + 1
-            self._say(f"{decision.reason} (pid {pid}); starting it again "
+            later = f" in {decision.pause_s:g} s" if decision.pause_s else ""
+            self._say(f"{decision.reason} (pid {pid}); starting it again{later} "
                       f"(restart {restarts}; at most {MAX_RESTARTS} within {WINDOW_S:.0f} s)")
             self.cfg["head_restarts"] = restarts
             self.cfg["last_restart"] = {"time": time.time(), "reason": decision.reason}
             self._clean()
+            deadline = time.monotonic() + decision.pause_s
+            while time.monotonic() < deadline and not self.stopping:
+                time.sleep(_POLL_S)
+            if self.stopping:
+                shutil.rmtree(self.session_dir, ignore_errors=True)
+                return 0
 
 
 def head_pid(run_dir: str) -> int:

@@ -719,11 +719,12 @@ class Head:
         if self.primary is None:
             self.shutdown("no driver connected in time")
 
-    def shutdown(self, reason: str, driver_gone: bool = False) -> None:
+    def shutdown(self, reason: str, driver_gone: bool = False, keep_dir: bool = False) -> None:
         """Stop: listeners, nodes (their workers and segments), connections. The session
         directory goes too when no driver will remove it: a detached head's, or one
         whose driver is gone (``driver_gone``: killed, it left it behind until the next
-        init() swept it; one that shuts down removes it as well, which is harmless)."""
+        init() swept it; one that shuts down removes it as well, which is harmless), unless
+        ``keep_dir`` (a supervised head that failed to start: it is started again there)."""
         if self.stopping:
             return
         self.stopping = True
@@ -750,7 +751,7 @@ class Head:
                 os.unlink(os.path.join(self.session_dir, name))
             except FileNotFoundError:
                 pass
-        if self.cfg.get("detached") or driver_gone:
+        if (self.cfg.get("detached") or driver_gone) and not keep_dir:
             # No driver removes it (orchestra stop does, but not a SIGTERM sent straight
             # here, nor the end of a cluster_utils.Cluster's script, nor a driver killed).
             shutil.rmtree(self.session_dir, ignore_errors=True)

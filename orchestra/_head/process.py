@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None, zygote: ZygoteStart | None = None) -> No
         loop.run_until_complete(head.start())
     except Exception as exc:
         print(f"orchestra head: failed to start: {exc}", file=sys.stderr, flush=True)
-        head.shutdown("start failed")
+        # Under a supervisor, which starts it again, the session directory stays.
+        head.shutdown("start failed", keep_dir=bool(cfg.get("supervised")))
         if durable is not None:
             durable.stop()
         raise SystemExit(1) from exc

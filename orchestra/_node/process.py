@@ -389,7 +389,7 @@ async def _run_joined(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
     unless ``quiet``: tries while the head is away)."""
     from .._protocol import auth, tls
     from .._protocol.auth import client_handshake
-    from .._protocol.connection import parse_address
+    from .._protocol.connection import parse_address, refuse_self_connect
     def make_node(host: NodeHost) -> Node:
         node_id = int(cfg["_node_id"])
         if kept is not None and kept.node_id == node_id:
@@ -408,6 +408,7 @@ async def _run_joined(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
     try:
         sock.settimeout(10)
         sock.connect(target)
+        refuse_self_connect(sock)
         if not tls.enabled(token):
             try:
                 client_handshake(sock, token, peer=address)

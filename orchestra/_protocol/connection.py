@@ -59,6 +59,16 @@ def parse_host(address: str) -> str:
     return target[0] if family != socket.AF_UNIX else "localhost"
 
 
+def refuse_self_connect(s: socket.socket) -> None:
+    """A TCP connect to a port of this machine where nothing listens may, when the kernel
+    picks that very port as the socket's own, connect the socket to itself (TCP's
+    simultaneous open): retried every 0.2 s while a head restarts, it then holds the
+    head's port, and the head cannot listen there again. Such a socket is refused as
+    the port's closed listener would have been (ConnectionRefusedError)."""
+    if s.family in (socket.AF_INET, socket.AF_INET6) and s.getsockname() == s.getpeername():
+        raise ConnectionRefusedError(111, "connected to itself: nothing listens there")
+
+
 class Connection:
     """One stream socket, its frame decoder, and a lock that keeps writes whole."""
 
@@ -87,6 +97,7 @@ class Connection:
             s = socket.socket(family, socket.SOCK_STREAM)
             try:
                 s.connect(target)
+                refuse_self_connect(s)
                 return cls(s if family == socket.AF_UNIX else _authenticate(s, address, token),
                            address)
             except (FileNotFoundError, ConnectionRefusedError) as exc:

@@ -99,6 +99,37 @@ def test_a_head_that_keeps_dying_stays_down_and_status_says_why(state: str) -> N
     assert "is down since" in status.stderr
 
 
+def test_a_head_whose_port_is_held_a_moment_comes_back_once_it_is_free(state: str) -> None:
+    """Another socket takes the dead head's port as its own for a moment (on loopback, a
+    client that connects there while nothing listens may get it): the restart fails to
+    listen, the supervisor tries again later and later (0.5 s, 1 s, ...) and the head
+    comes back once the port is free, its session directory intact (a failed start
+    removed it, and the next start crashed the supervisor)."""
+    import socket
+    rec = start_head(state)
+    first = serving_head(rec)
+    port = int(rec["address"].rpartition(":")[2])
+    with socket.create_server(("127.0.0.1", 0)) as elsewhere:
+        os.kill(first, signal.SIGKILL)
+        holder = socket.socket()
+        deadline = time.monotonic() + T
+        while True:   # the port, once the head's listener is closed
+            try:
+                holder.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the dead head's port never came free"
+                time.sleep(0.002)
+        holder.connect(elsewhere.getsockname())
+        time.sleep(1.2)   # two failed starts at least
+        holder.close()
+    serving_head(rec, other_than=first)
+    log = Path(rec["run_dir"], "stderr.log").read_text()
+    assert "address already in use" in log and "starting it again in 0.5 s" in log, log
+    assert run_driver().stdout.strip() == "42"
+    assert cli("stop").returncode == 0
+
+
 def test_a_sigterm_sent_to_the_head_stops_it_for_good(state: str) -> None:
     rec = start_head(state)
     head = serving_head(rec)

@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestra._cluster.supervisor import (
+    MAX_PAUSE_S,
     MAX_RESTARTS,
     WINDOW_S,
     GiveUp,
@@ -89,6 +90,7 @@ def test_restarts_never_exceed_the_limit_in_any_window(events):
         decision = book.exited(now, code, ready=ready, stopping=stopping)
         if isinstance(decision, Restart):
             assert code != 0 and not stopping and book.ever_ready
+            assert (decision.pause_s == 0) == ready
             restarted.append(now)
             assert sum(1 for t in restarted if now - t < WINDOW_S) <= MAX_RESTARTS
         else:   # the supervisor ends: a later exit cannot come
@@ -116,3 +118,43 @@ def test_a_head_that_wrote_its_address_and_died_between_two_polls_had_started(
     assert sup.book.exited(0.0, code, ready=ready, stopping=False) == Restart(
         "the head died (killed by SIGKILL)")
     assert sup.cfg["listen"] == "127.0.0.1:4321"   # its restarts listen on its port
+
+
+def test_a_restart_that_failed_to_start_is_tried_again_later_and_later():
+    """A head killed while serving starts again at once; one whose restart failed (its
+    port held a moment by another socket) waits 0.5 s, then 1, 2, 4 s: the restarts
+    allowed span seconds, enough for what held it to let go."""
+    book = RestartBook()
+    assert book.exited(0.0, KILLED, ready=True, stopping=False).pause_s == 0.0
+    pauses = [book.exited(float(i), 1, ready=False, stopping=False) for i in range(1, 5)]
+    assert [d.pause_s for d in pauses] == [0.5, 1.0, 2.0, 4.0]
+    assert isinstance(book.exited(5.0, 1, ready=False, stopping=False), GiveUp)
+
+
+def test_the_pause_after_failed_starts_is_capped_and_ends_once_one_serves():
+    book = RestartBook(max_restarts=100)
+    book.exited(0.0, KILLED, ready=True, stopping=False)
+    for i in range(10):
+        last = book.exited(float(i), 1, ready=False, stopping=False)
+    assert last.pause_s == MAX_PAUSE_S
+    assert book.exited(11.0, KILLED, ready=True, stopping=False).pause_s == 0.0
+
+
+def test_a_socket_connected_to_itself_is_refused():
+    """What a reconnecting client may meet on loopback while the head's port is closed:
+    the kernel connects the socket to itself (it picked that port as its own). Held, it
+    would keep the restarted head from listening there."""
+    import socket
+
+    from orchestra._protocol.connection import refuse_self_connect
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", 0))
+        s.connect(s.getsockname())   # TCP's simultaneous open, with itself
+        with pytest.raises(ConnectionRefusedError, match="connected to itself"):
+            refuse_self_connect(s)
+    finally:
+        s.close()
+    with socket.create_server(("127.0.0.1", 0)) as server, \
+            socket.create_connection(server.getsockname()) as ok:
+        refuse_self_connect(ok)   # a real peer: nothing said
