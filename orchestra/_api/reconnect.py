@@ -12,9 +12,10 @@ connects to the restarted head and goes on.
         the same; functions register again as they are called), the log printer too
 
 What the dead head knew is gone: the driver's refs of before raise ObjectLostError
-naming the lost head (args.check_session), its non-detached actors are gone; detached
-actors are found again (their handles work: a call goes to the restarted head), and
-one whose process outlived the head keeps its state (_head/rejoin.py).
+naming the lost head (args.check_session). Its actors are found again on a head with a
+state store (detached ones, and those it made: HelloReply.claimed_actors, which die
+with it again); their handles work (a call goes to the restarted head), and one whose
+process outlived the head (on a joined node) keeps its state (_head/rejoin.py).
 
 Rule: ``lock`` guards ``thread`` and ``client``; the thread alone makes the new client.
 """
@@ -217,9 +218,14 @@ def carry_over(old: CoreClient, new: CoreClient) -> None:
         new.function_frames.update(old.function_frames)
         new._registered.update(old.function_frames)
         frames = list(old.function_frames.values())
-        handles = [oid for oid in refs.local if _ids.is_actor_id(oid)]
-        if handles:   # a detached actor's handle holds its token again (an unknown id: no-op)
-            frames.append(_wire.encode(_wire.REF_DELTA, pb.RefDelta(incr=handles)))
+        # A kept actor's handle holds its token again (an unknown id: a no-op); one this
+        # driver made and claimed again holds it already (HelloReply.claimed_actors),
+        # and is let go if no handle of it is left here.
+        claimed = set(new.info.claimed_actors)
+        handles = [oid for oid in refs.local if _ids.is_actor_id(oid) and oid not in claimed]
+        unheld = [oid for oid in claimed if oid not in refs.local]
+        if handles or unheld:
+            frames.append(_wire.encode(_wire.REF_DELTA, pb.RefDelta(incr=handles, decr=unheld)))
         if plan.puts:
             frames.append(_wire.encode(_wire.OBJECTS, pb.Objects(objects=plan.puts)))
         frames.extend(plan.submits)

@@ -68,11 +68,12 @@ class Session:
         self.log_printer: LogPrinter | None = None   # with log_to_driver
         self.rejoin: Rejoin | None = None   # connects to a restarted head (_api/reconnect.py)
 
-    def keep_connected(self, address: str, token: str | None, namespace: str) -> None:
+    def keep_connected(self, address: str, token: str | None, namespace: str,
+                       key: bytes) -> None:
         """A head started again when it dies (at a HOST:PORT): connect to it again when
-        it is lost."""
+        it is lost, with the same driver ``key`` (the actors this driver made are its)."""
         if self.client.info.reconnect_s > 0 and parse_address(address)[0] != socket.AF_UNIX:
-            self.rejoin = Rejoin(address, token, lambda: _hello(namespace), self.client,
+            self.rejoin = Rejoin(address, token, lambda: _hello(namespace, key), self.client,
                                  self._swap, self._logs_again)
             _context.set_reconnect(self.rejoin.wait)
 
@@ -231,8 +232,9 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     _context.namespace = namespace   # get_runtime_context().namespace
     address, token = resolve_address(address, token)
     if address is not None:
-        _session = _connect(address, token, ns)
-        _session.keep_connected(address, token, ns)
+        key = os.urandom(16)   # this session's, on each of its connections (Hello.driver_key)
+        _session = _connect(address, token, ns, key)
+        _session.keep_connected(address, token, ns, key)
         _session.client.runtime_env = env
         _session.exit_grace_s = grace
         if log_to_driver:
@@ -270,9 +272,9 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     return _info(_session)
 
 
-def _hello(namespace: str = "") -> pb.Hello:
+def _hello(namespace: str = "", key: bytes = b"") -> pb.Hello:
     return pb.Hello(kind="driver", pid=os.getpid(), cwd=os.getcwd(), sys_path=sys.path,
-                    machine=machine_id(), namespace=namespace)
+                    machine=machine_id(), namespace=namespace, driver_key=key)
 
 
 def _connect_client(sock: str, head: subprocess.Popen[bytes], namespace: str) -> CoreClient:
@@ -312,10 +314,12 @@ def resolve_address(address: str | None, token: str | None) -> tuple[str | None,
     return found_address, (found_token if token is None else token)
 
 
-def _connect(address: str, token: str | None = None, namespace: str = "") -> Session:
+def _connect(address: str, token: str | None = None, namespace: str = "",
+             key: bytes = b"") -> Session:
     if parse_address(address)[0] != socket.AF_UNIX:   # a cluster's HOST:PORT
         try:
-            client = CoreClient(address, _hello(namespace), token=token, connect_timeout_s=10.0)
+            client = CoreClient(address, _hello(namespace, key), token=token,
+                                connect_timeout_s=10.0)
         except ClusterLostError as exc:
             raise ConnectionError(f"no orchestra cluster answers at {address}: {exc}. Start "
                                   "one with `orchestra start --head`, or check the address "
@@ -326,7 +330,7 @@ def _connect(address: str, token: str | None = None, namespace: str = "") -> Ses
         sock = os.path.join(address, "head.sock")
     try:
         os.stat(sock)
-        client = CoreClient(sock, _hello(namespace))
+        client = CoreClient(sock, _hello(namespace, key))
     except PermissionError as exc:
         # The session directory is 0700 and its socket 0600: another user's session
         # was reported as "not a running orchestra session", which sent users hunting

@@ -453,7 +453,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     store = summary.get("state_store")
     if store:
         kept = store.get("kept", {})
-        line = (f"state store: {store['url']}: {kept.get('actors', 0)} detached actor(s), "
+        line = (f"state store: {store['url']}: {kept.get('actors', 0)} actor(s), "
                 f"{kept.get('groups', 0)} detached placement group(s), "
                 f"{kept.get('nodes', 0)} joined node(s) kept")
         if store.get("away_since"):

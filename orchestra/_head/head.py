@@ -366,7 +366,8 @@ class Head:
             return
         if hello.kind == "worker":
             node.worker_connected(hello.workerid)
-        reply = pb.HelloReply(
+        claimed = rejoin.claim(self, conn.conn_id, hello)
+        reply = pb.HelloReply(claimed_actors=claimed,
             session_id=self.cfg["session_id"].encode(), node_id=node.node_id,
             node_resources=self.state.nodes[node.node_id].resources.total,
             store_capacity=node.capacity, session_dir=self.session_dir,

@@ -3,11 +3,14 @@
     Head.start -> restore(head): the state store's records made again
         (_scheduler/durable.py); workers' and connections' ids start above every
         earlier head's (the store counts heads: the n-th starts at (n - 1) << 32),
-        joined nodes' ids above every id given so far (next_node); a detached actor
+        joined nodes' ids above every id given so far (next_node); a kept actor
         whose process ran on a joined node waits up to adopt_wait_s for that process
         (ActorTable.awaiting), what it holds kept on its node, then is made again
     a node joins again (NodeJoin.node_id) -> node_id_for: its id of before, unless
         another node holds it or held it (then a new one), kept in the store
+    a driver connects again (Hello.driver_key) -> claim: the non-detached actors it
+        made (kept too: ActorTable.keep_owned) are its again, their handles' hold too;
+        those no driver claimed within the reconnect timeout are stopped (_unclaimed)
     a worker that outlived the head (Hello.resume_actor or resume_task) -> the node
         it names (Head._node_for; not joined again yet: closed, it tries again);
         SchedulerState.client_connected takes it back as its actor's process
@@ -27,6 +30,7 @@ import sys
 import time
 from typing import Any, Protocol
 
+from .._protocol import pb
 from .._scheduler.durable import NODES
 from .._scheduler.durable import restore as restore_records
 from .._scheduler.state import SchedulerState
@@ -48,9 +52,13 @@ class Head(Protocol):
 
     def carry_out(self) -> None: ...
 
-# How long a restored detached actor of a joined node waits for its process: its node
+# How long a restored actor of a joined node waits for its process: its node
 # joins again within ~0.5 s of the head listening, and its worker a moment after.
 ADOPT_WAIT_S = 10.0
+# A driver that lost the head tries again for its reconnect time from its loss; the
+# restarted head counts it from its own start, later: this much more, for the connection
+# and the carrying over of its work.
+UNCLAIMED_SLACK_S = 5.0
 
 
 def restore(head: Head, joined_from: int, owner: int) -> None:
@@ -60,6 +68,7 @@ def restore(head: Head, joined_from: int, owner: int) -> None:
     durable = head.durable
     if durable is None:
         return
+    head.state.actor_table.keep_owned = True   # drivers' actors are kept too (claim)
     # Connections too: a process of before that outlived the head (a detached actor's)
     # prints with its creator's connection id as the job; no new driver has that id.
     base = ((durable.boots - 1) << 32) + 1
@@ -76,15 +85,35 @@ def restore(head: Head, joined_from: int, owner: int) -> None:
         head.state.kept.expect(nodes, time.monotonic())   # (Head._tick calls its tick)
     if head.state.actor_table.awaiting:
         head.loop.call_later(float(head.cfg.get("adopt_wait_s", ADOPT_WAIT_S)), _release, head)
+    if head.state.actor_table.unclaimed:   # their drivers connect within their wait, or not
+        wait_s = float(head.cfg.get("reconnect_timeout_s", 0.0))
+        head.loop.call_later(wait_s + UNCLAIMED_SLACK_S, _unclaimed, head, wait_s)
 
 
 def _release(head: Head) -> None:
     waiting = len(head.state.actor_table.awaiting)
     if waiting:
-        print(f"orchestra head: {waiting} detached actor(s) whose process did not come back "
+        print(f"orchestra head: {waiting} actor(s) whose process did not come back "
               "are made again", file=sys.stderr, flush=True)
         head.state.actor_table.release_awaiting()
         head.carry_out()
+
+
+def _unclaimed(head: Head, wait_s: float) -> None:
+    gone = head.state.actor_table.expire_unclaimed(wait_s)
+    if gone:
+        print(f"orchestra head: {len(gone)} actor(s) whose driver did not connect again are "
+              "stopped", file=sys.stderr, flush=True)
+        head.carry_out()
+
+
+def claim(head: Head, conn: int, hello: pb.Hello) -> list[bytes]:
+    """A driver connected (``hello``): the non-detached actors it made before a restart
+    of the head are its again (HelloReply.claimed_actors)."""
+    table = head.state.actor_table
+    if not (table.unclaimed and hello.kind == "driver" and hello.driver_key):
+        return []
+    return table.claim(conn, hello.driver_key)
 
 
 def node_id_for(head: Head, asked: int, joined_from: int) -> int:

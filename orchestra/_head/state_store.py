@@ -8,8 +8,8 @@ drivers, in a store that outlives the head process.
         dies lets it expire after LEASE_TTL_S, and the same holder (a restart of the head
         under its supervisor) takes it back at once
     get / put / delete / items(table) / apply(changes) --> small records (bytes) by
-        table and key: "cluster" (its id and token), "actors" and "groups" (detached
-        ones, _scheduler/durable.py)
+        table and key: "cluster" (its id and token), "actors" (detached ones and
+        drivers' own) and "groups" (detached ones, _scheduler/durable.py)
 
 Written when a durable thing changes, never per task: the hot path never touches it.
 Errors name the store and the fix: unreachable (Redis down, a path that cannot be

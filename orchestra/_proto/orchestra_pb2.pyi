@@ -60,18 +60,20 @@ class RegisterFunctionRequest(_message.Message):
     def __init__(self, workerid: _Optional[int] = ..., fnname: _Optional[str] = ..., num_return_vals: _Optional[int] = ..., function_id: _Optional[bytes] = ..., pickled: _Optional[bytes] = ...) -> None: ...
 
 class DurableActor(_message.Message):
-    __slots__ = ("creation", "cls", "restarts", "revived", "node_id")
+    __slots__ = ("creation", "cls", "restarts", "revived", "node_id", "owner_key")
     CREATION_FIELD_NUMBER: _ClassVar[int]
     CLS_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
     REVIVED_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_KEY_FIELD_NUMBER: _ClassVar[int]
     creation: _types_pb2.Call
     cls: RegisterFunctionRequest
     restarts: int
     revived: int
     node_id: int
-    def __init__(self, creation: _Optional[_Union[_types_pb2.Call, _Mapping]] = ..., cls: _Optional[_Union[RegisterFunctionRequest, _Mapping]] = ..., restarts: _Optional[int] = ..., revived: _Optional[int] = ..., node_id: _Optional[int] = ...) -> None: ...
+    owner_key: bytes
+    def __init__(self, creation: _Optional[_Union[_types_pb2.Call, _Mapping]] = ..., cls: _Optional[_Union[RegisterFunctionRequest, _Mapping]] = ..., restarts: _Optional[int] = ..., revived: _Optional[int] = ..., node_id: _Optional[int] = ..., owner_key: _Optional[bytes] = ...) -> None: ...
 
 class RemoteCallRequest(_message.Message):
     __slots__ = ("call",)
@@ -273,7 +275,7 @@ class InvokeCallReply(_message.Message):
     def __init__(self) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("kind", "pid", "workerid", "cwd", "sys_path", "node_id", "machine", "namespace", "log_job", "resume_actor", "resume_task")
+    __slots__ = ("kind", "pid", "workerid", "cwd", "sys_path", "node_id", "machine", "namespace", "log_job", "resume_actor", "resume_task", "driver_key")
     KIND_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     WORKERID_FIELD_NUMBER: _ClassVar[int]
@@ -285,6 +287,7 @@ class Hello(_message.Message):
     LOG_JOB_FIELD_NUMBER: _ClassVar[int]
     RESUME_ACTOR_FIELD_NUMBER: _ClassVar[int]
     RESUME_TASK_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_KEY_FIELD_NUMBER: _ClassVar[int]
     kind: str
     pid: int
     workerid: int
@@ -296,10 +299,11 @@ class Hello(_message.Message):
     log_job: int
     resume_actor: bytes
     resume_task: bytes
-    def __init__(self, kind: _Optional[str] = ..., pid: _Optional[int] = ..., workerid: _Optional[int] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., node_id: _Optional[int] = ..., machine: _Optional[str] = ..., namespace: _Optional[str] = ..., log_job: _Optional[int] = ..., resume_actor: _Optional[bytes] = ..., resume_task: _Optional[bytes] = ...) -> None: ...
+    driver_key: bytes
+    def __init__(self, kind: _Optional[str] = ..., pid: _Optional[int] = ..., workerid: _Optional[int] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., node_id: _Optional[int] = ..., machine: _Optional[str] = ..., namespace: _Optional[str] = ..., log_job: _Optional[int] = ..., resume_actor: _Optional[bytes] = ..., resume_task: _Optional[bytes] = ..., driver_key: _Optional[bytes] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("session_id", "node_id", "node_resources", "store_capacity", "session_dir", "cwd", "sys_path", "inline_threshold", "conn_id", "shm_dir", "node_dir", "joinable", "node_address", "dashboard_url", "infeasible_waits", "reconnect_s")
+    __slots__ = ("session_id", "node_id", "node_resources", "store_capacity", "session_dir", "cwd", "sys_path", "inline_threshold", "conn_id", "shm_dir", "node_dir", "joinable", "node_address", "dashboard_url", "infeasible_waits", "reconnect_s", "claimed_actors")
     class NodeResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -323,6 +327,7 @@ class HelloReply(_message.Message):
     DASHBOARD_URL_FIELD_NUMBER: _ClassVar[int]
     INFEASIBLE_WAITS_FIELD_NUMBER: _ClassVar[int]
     RECONNECT_S_FIELD_NUMBER: _ClassVar[int]
+    CLAIMED_ACTORS_FIELD_NUMBER: _ClassVar[int]
     session_id: bytes
     node_id: int
     node_resources: _containers.ScalarMap[str, float]
@@ -339,7 +344,8 @@ class HelloReply(_message.Message):
     dashboard_url: str
     infeasible_waits: bool
     reconnect_s: float
-    def __init__(self, session_id: _Optional[bytes] = ..., node_id: _Optional[int] = ..., node_resources: _Optional[_Mapping[str, float]] = ..., store_capacity: _Optional[int] = ..., session_dir: _Optional[str] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., inline_threshold: _Optional[int] = ..., conn_id: _Optional[int] = ..., shm_dir: _Optional[str] = ..., node_dir: _Optional[str] = ..., joinable: _Optional[bool] = ..., node_address: _Optional[str] = ..., dashboard_url: _Optional[str] = ..., infeasible_waits: _Optional[bool] = ..., reconnect_s: _Optional[float] = ...) -> None: ...
+    claimed_actors: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, session_id: _Optional[bytes] = ..., node_id: _Optional[int] = ..., node_resources: _Optional[_Mapping[str, float]] = ..., store_capacity: _Optional[int] = ..., session_dir: _Optional[str] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., inline_threshold: _Optional[int] = ..., conn_id: _Optional[int] = ..., shm_dir: _Optional[str] = ..., node_dir: _Optional[str] = ..., joinable: _Optional[bool] = ..., node_address: _Optional[str] = ..., dashboard_url: _Optional[str] = ..., infeasible_waits: _Optional[bool] = ..., reconnect_s: _Optional[float] = ..., claimed_actors: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Submit(_message.Message):
     __slots__ = ("calls",)

@@ -39,7 +39,8 @@ class ActorState(enum.Enum):
 
 class Actor:
     __slots__ = ("spec", "creation", "state", "worker", "restarts", "revived", "queue", "death",
-                 "no_restart", "draining", "owner", "killing", "handled", "cause")
+                 "no_restart", "draining", "owner", "killing", "handled", "cause",
+                 "owner_key")
 
     def __init__(self, spec: pb.ActorSpec, creation: Task, owner: int) -> None:
         self.spec = spec
@@ -54,6 +55,9 @@ class Actor:
         self.no_restart = False
         self.draining = False
         self.owner = owner
+        # A non-detached actor kept by the head's state store: its driver's key
+        # (Hello.driver_key), under which that driver claims it after a restart.
+        self.owner_key = b""
         self.killing = False    # a kill was sent to its worker, whose death is not seen yet
         # Calls of each connection that left the queue (sent to the worker, or failed),
         # over the actor's life: told to callers with its address (ActorAddress).
@@ -73,6 +77,12 @@ class ActorTable:
         # its GPU ids), so nothing placed meanwhile takes its place.
         self.awaiting: dict[bytes, int] = {}
         self.reserved: dict[bytes, list[int]] = {}
+        # A head with a state store keeps the non-detached actors drivers make too
+        # (keep_owned); a restarted head made those again held by itself until their
+        # driver connects again (claim: actor id -> that driver's key), or stops them
+        # once the drivers' reconnect time is over (expire_unclaimed).
+        self.keep_owned = False
+        self.unclaimed: dict[bytes, bytes] = {}
 
     # ------------------------------------------------------------------ creation
     def create(self, conn: int, call: pb.Call, task: Task) -> pb.ActorSpec | None:
@@ -91,6 +101,10 @@ class ActorTable:
                              "get_if_exists=True")
         a = Actor(spec, task, conn)
         a.restarts = spec.restart_count   # > 0: a restarted head's restore (durable.py)
+        if self.keep_owned and not spec.detached and not call.HasField("placement"):
+            # (a group a driver made is not kept: nor are the actors placed in one)
+            c = self.s.clients.get(conn)
+            a.owner_key = c.key if c is not None and c.kind == "driver" else b""
         self.actors[spec.actor_id] = a
         if spec.name:
             self.names[key] = spec.actor_id
@@ -100,21 +114,58 @@ class ActorTable:
         token.data = pb.ObjectData(object_id=spec.actor_id, inline=b"")
         return None
 
-    def restored(self, actor_id: bytes, revived: int) -> None:
+    def restored(self, actor_id: bytes, revived: int, owner_key: bytes = b"") -> None:
         """A restarted head made the actor again (_scheduler/durable.py): ``revived``
-        of its restarts so far were such, and do not count against max_restarts."""
+        of its restarts so far were such, and do not count against max_restarts; a
+        non-detached one (``owner_key``) waits for its driver (claim)."""
         a = self.actors.get(actor_id)
         if a is not None and a.state is not ActorState.DEAD:
             a.revived = revived
+            if owner_key and not a.spec.detached:
+                a.owner_key = owner_key
+                self.unclaimed[actor_id] = owner_key
             self._keep(a)
 
     def _keep(self, a: Actor) -> None:
-        """A detached actor's record, as it is now, for the state store."""
-        if a.spec.detached:
+        """A detached actor's record, or a kept non-detached one's, as it is now, for the
+        state store."""
+        if a.spec.detached or a.owner_key:
             call = a.creation.call
             self.s.out.append(actor_kept(call, a.restarts, a.revived,
                                          self.s.functions.get(call.function_id),
-                                         a.worker.node_id if a.worker is not None else 0))
+                                         a.worker.node_id if a.worker is not None else 0,
+                                         a.owner_key))
+
+    def claim(self, conn: int, key: bytes) -> list[bytes]:
+        """A driver connected to a restarted head with ``key``: the non-detached actors
+        it made before are its again (they die with it), and so is the hold of their
+        handles the head kept for it meanwhile (its count unchanged). Their ids."""
+        c = self.s.clients.get(conn)
+        mine = [aid for aid, k in self.unclaimed.items() if k == key]
+        for aid in mine:
+            del self.unclaimed[aid]
+            a = self.actors.get(aid)
+            if a is None or a.state is ActorState.DEAD or c is None:
+                continue
+            before = self.s.clients.get(a.owner)
+            if before is not None and before.holds.get(aid, 0) > 0:
+                before.holds[aid] -= 1
+                if not before.holds[aid]:
+                    del before.holds[aid]
+                c.holds[aid] += 1
+            a.owner = conn
+        return mine
+
+    def expire_unclaimed(self, wait_s: float) -> list[bytes]:
+        """The drivers' time to connect to the restarted head is over: the non-detached
+        actors no driver claimed are stopped, as their driver's exit stops them."""
+        gone, self.unclaimed = list(self.unclaimed), {}
+        for aid in gone:
+            a = self.actors.get(aid)
+            if a is not None and a.state is not ActorState.DEAD:
+                self._stop(a, f"the driver that created it did not connect again within "
+                              f"{wait_s:g} s of the head's restart")
+        return gone
 
     def adopt(self, actor_id: bytes, worker_id: int, node_id: int) -> Worker:
         """A worker that outlived a restart of the head still serves ``actor_id`` on
@@ -408,7 +459,7 @@ class ActorTable:
 
     def _die(self, a: Actor, blob: bytes, cause: str) -> None:
         a.state = ActorState.DEAD
-        if a.spec.detached:
+        if a.spec.detached or a.owner_key:
             self.s.out.append(actor_gone(a.spec.actor_id))
         a.death = blob
         a.cause = cause
@@ -444,7 +495,7 @@ class ActorTable:
             a.killing = True
             if no_restart:
                 self._release_name(a)   # get_actor() fails as soon as kill() returns
-                if a.spec.detached:     # and a restarted head does not make it again
+                if a.spec.detached or a.owner_key:   # nor a restarted head again
                     self.s.out.append(actor_gone(a.spec.actor_id))
             self.s.out.append(KillWorker(a.worker.node_id, a.worker.worker_id,
                                          reason or "killed by orchestra.kill()"))

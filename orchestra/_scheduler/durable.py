@@ -1,9 +1,9 @@
 """What a restarted head must know and cannot learn again from its nodes and drivers:
-records of detached actors and placement groups, decided here, kept in the head's state
+records of actors and detached placement groups, decided here, kept in the head's state
 store (_head/state_store.py). No I/O.
 
-    ActorTable: a detached actor created, placed (the node its process runs on),
-        restarted, dead
+    ActorTable: a kept actor (detached, or a driver's) created, placed (the node its
+        process runs on), restarted, dead
     PlacementGroups: a detached group created, removed
         --Durable(table, key, value | None)--> state.out --> Head.carry_out
         --> HeadState.write: the store's own thread writes it, in order, off the loop
@@ -15,15 +15,20 @@ store (_head/state_store.py). No I/O.
         ActorTable.adopt takes back with its state (the restart taken back), or is
         placed as a new instance once the wait ends (release_awaiting)
 
-Records change when a detached thing is made, placed, restarted or ends: never per task
-or call, so the hot path never meets them. A detached actor's record holds its
+Records change when a kept thing is made, placed, restarted or ends: never per task
+or call, so the hot path never meets them. An actor's record holds its
 constructor's call and its class (the function table is not kept: a restarted head
 knows no other function until a driver registers it again). Its constructor's
 arguments passed as refs name objects of the cluster before the restart, gone since:
 such an actor is restored dead, its error naming the lost argument.
 
-Non-detached actors and groups end with their creator's connection, which does not
-outlive the head; they are not kept.
+A head with a state store keeps the actors drivers make too (ActorTable.keep_owned;
+not those in a placement group): their record names the driver by its key
+(Hello.driver_key, the same on each connection of its session); restored, each is held
+by the head until that driver connects again and claims it (ActorTable.claim: its
+handle's hold becomes the driver's) or the drivers' time to connect again ends
+(expire_unclaimed: stopped). Placement groups that are not detached end with their
+creator's connection; they are not kept.
 """
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ from typing import Protocol
 from .._protocol import pb
 from .instructions import Durable, Instruction
 
-ACTORS = "actors"   # detached actor id (hex) -> DurableActor
+ACTORS = "actors"   # kept actor id (hex) -> DurableActor
 GROUPS = "groups"   # detached placement group id (hex) -> PlacementGroupSpec
 NODES = "nodes"     # joined node id (decimal) serving -> b"" (_head/rejoin.py)
 TABLES = (ACTORS, GROUPS, NODES)
@@ -46,7 +51,7 @@ class _Groups(Protocol):
 class _Actors(Protocol):
     awaiting: dict[bytes, int]
 
-    def restored(self, actor_id: bytes, revived: int) -> None: ...
+    def restored(self, actor_id: bytes, revived: int, owner_key: bytes = b"") -> None: ...
     def reserve(self, node_id: int) -> None: ...
 
 
@@ -67,12 +72,13 @@ class Restorable(Protocol):
 
 
 def actor_kept(creation: pb.Call, restarts: int, revived: int,
-               cls: pb.RegisterFunctionRequest | None, node_id: int = 0) -> Durable:
-    """The record of a detached actor as it is now: its constructor's call, its
-    restarts so far (``revived`` of them by restarted heads), its class, the node its
-    process runs on (0: none yet)."""
+               cls: pb.RegisterFunctionRequest | None, node_id: int = 0,
+               owner_key: bytes = b"") -> Durable:
+    """The record of a kept actor as it is now: its constructor's call, its restarts
+    so far (``revived`` of them by restarted heads), its class, the node its process
+    runs on (0: none yet), and a non-detached one's driver's key."""
     rec = pb.DurableActor(creation=creation, restarts=restarts, revived=revived,
-                          node_id=node_id)
+                          node_id=node_id, owner_key=owner_key)
     if cls is not None:
         rec.cls.CopyFrom(cls)
     return Durable(ACTORS, creation.actor.actor_id.hex(), rec.SerializeToString())
@@ -135,7 +141,7 @@ def restore(state: Restorable, owner: int,
             if not later:
                 state.actor_table.awaiting[call.actor.actor_id] = rec.node_id
             state.create_actor(owner, call)
-            state.actor_table.restored(call.actor.actor_id, rec.revived + 1)
+            state.actor_table.restored(call.actor.actor_id, rec.revived + 1, rec.owner_key)
             if not later:   # its node may be there already
                 state.actor_table.reserve(rec.node_id)
         except Exception as exc:

@@ -233,11 +233,12 @@ class Obj:
 
 
 class Client:
-    __slots__ = ("conn", "kind", "pid", "holds", "worker", "node_id", "namespace")
+    __slots__ = ("conn", "kind", "pid", "holds", "worker", "node_id", "namespace", "key")
 
     def __init__(self, conn: int, kind: str, pid: int, node_id: int = 0) -> None:
         self.conn = conn
         self.namespace = ""   # a driver's (Hello.namespace): where its actor names live
+        self.key = b""        # a driver's (Hello.driver_key): the same across head restarts
         self.kind = kind
         self.pid = pid
         self.node_id = node_id         # the node whose store it maps

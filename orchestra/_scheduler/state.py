@@ -120,7 +120,7 @@ class SchedulerState:
 
     def client_connected(self, conn: int, hello: pb.Hello, node_id: int = 0) -> Client:
         c = Client(conn, hello.kind, hello.pid, node_id)
-        c.namespace = hello.namespace
+        c.namespace, c.key = hello.namespace, hello.driver_key
         self.clients[conn] = c
         if hello.kind == "worker":
             if hello.resume_actor:   # it outlived a restart of the head (or resume_task)

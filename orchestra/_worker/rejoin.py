@@ -1,11 +1,11 @@
 """A worker's connection to the head: made at start (wire), and made again when the
-head was lost while this worker serves a detached actor (rejoin) or runs a plain task
+head was lost while this worker serves an actor (rejoin) or runs a plain task
 the head sent (resume).
 
     start: CoreClient connects (Hello) -> wire(): handlers, direct-call listeners, the
         context's client
     the head's connection closes -> lost(): a worker with nothing worth keeping exits
-        (as it always did); one serving a detached actor on a node that joins again
+        (as it always did); one serving an actor on a node that joins again
         ($ORCHESTRA_RECONNECT_S > 0, set by a joined node) lives on: its main thread
         finds the client lost (ClusterLostError) and calls rejoin()
     rejoin(): every _PAUSE_S, for up to $ORCHESTRA_RECONNECT_S, connect with
@@ -98,9 +98,10 @@ def wait_s() -> float:
 
 
 def may_rejoin(rt: WorkerRuntime) -> bool:
-    """Whether this worker outlives a lost head: it serves a detached actor (the one
-    kind of actor a restarted head makes again) and its node joins again."""
-    return rt.actor is not None and rt.actor.spec.detached and wait_s() > 0
+    """Whether this worker outlives a lost head: it serves an actor (a head with a
+    state store keeps the detached ones and those drivers made) and its node joins
+    again. One the restarted head does not know is refused, and exits."""
+    return rt.actor is not None and wait_s() > 0
 
 
 def lost(rt: WorkerRuntime) -> None:

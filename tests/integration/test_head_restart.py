@@ -291,7 +291,7 @@ def test_detached_actors_and_groups_are_made_again_by_a_restarted_head(
     assert run_script(USE_DETACHED, rec) == [101, True, True, "ran in it", [1]]
     status = cli("status")
     assert status.returncode == 0, status.stderr
-    assert (f"state store: {url}: 1 detached actor(s), 1 detached placement group(s), "
+    assert (f"state store: {url}: 1 actor(s), 1 detached placement group(s), "
             "0 joined node(s) kept" in status.stdout), status.stdout
 
 
@@ -463,6 +463,102 @@ def test_a_driver_outlives_the_head_and_its_detached_actor_goes_on(state: str) -
     assert out == [5, True, 42, True, True]
 
 
+OWN_ACTORS = """
+import json, os, sys, orchestra
+orchestra.init(address="auto", namespace="own")
+
+{counter}
+@orchestra.remote
+class Here:   # on the head's own node: its process dies with the head
+    def __init__(self):
+        self.n = 0
+    def inc(self):
+        self.n += 1
+        return self.n
+
+far = Counter.remote()   # not detached, on the joined node
+here = Here.remote()
+dropped = Counter.remote()
+for _ in range(5):
+    n, pid, _ = orchestra.get(far.inc.remote(), timeout=30)
+[orchestra.get(here.inc.remote(), timeout=30) for _ in range(3)]
+dropped_pid = orchestra.get(dropped.inc.remote(), timeout=30)[1]
+print("ready", json.dumps([pid, dropped_pid]), flush=True)
+sys.stdin.readline()   # the head is killed, and back
+del dropped            # its last handle goes while the head is away
+out = [n, orchestra.get(far.inc.remote(), timeout=60)[:2] == [6, pid],
+       orchestra.get(here.inc.remote(), timeout=60)]
+print(json.dumps(out), flush=True)
+sys.stdin.readline()   # the driver exits: its actors with it
+orchestra.shutdown()
+""".replace("{counter}", COUNTER)
+
+
+def test_a_drivers_own_actors_outlive_the_head_and_still_die_with_the_driver(
+        state: str) -> None:
+    """Non-detached actors are kept by the head's state store as detached ones are, under
+    their driver's key (Hello.driver_key); the driver connected to the restarted head
+    claims them (_head/rejoin.py claim): the counter on the joined node goes on at 6 in
+    its process of before, the one on the head's node is made again (its constructor runs
+    again), a handle dropped while the head was away stops its actor, and the driver's
+    exit stops them all, as before the restart."""
+    rec = start_head(state, "--state-store", "sqlite://" + str(Path(state, "s.db")))
+    join(rec)
+    driver = subprocess.Popen([sys.executable, "-c", OWN_ACTORS], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, PYTHONPATH=REPO))
+    try:
+        assert driver.stdout is not None and driver.stdin is not None
+        ready = driver.stdout.readline().split(maxsplit=1)
+        assert ready and ready[0] == "ready", driver.communicate(timeout=T)[1]
+        pid, dropped_pid = json.loads(ready[1])
+        head = serving_head(rec)
+        os.kill(head, signal.SIGKILL)
+        serving_head(rec, other_than=head)
+        driver.stdin.write("go\n")
+        driver.stdin.flush()
+        line = driver.stdout.readline()
+        assert line, driver.communicate(timeout=T)[1] + Path(rec["run_dir"], "stderr.log").read_text()
+        assert json.loads(line) == [5, True, 1]
+        wait_until(lambda: pid_gone(dropped_pid), T, "the dropped actor's process gone")
+        assert not pid_gone(pid)
+        driver.stdin.write("go\n")
+        driver.stdin.flush()
+        driver.communicate(timeout=T)
+        assert driver.returncode == 0
+        wait_until(lambda: pid_gone(pid), T, "the driver's actor stopped with the driver")
+    finally:
+        driver.kill()
+
+
+def test_a_drivers_own_actor_stops_when_the_driver_does_not_come_back(state: str) -> None:
+    """The driver dies with the head: the restarted head takes its actor's process back
+    (it does not know yet whether the driver comes), and stops it once the drivers' time
+    to connect again is over."""
+    rec = start_head(state, "--state-store", "sqlite://" + str(Path(state, "s.db")),
+                     "--reconnect-timeout", "4")
+    join(rec)
+    driver = subprocess.Popen([sys.executable, "-c", OWN_ACTORS], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, PYTHONPATH=REPO))
+    try:
+        assert driver.stdout is not None
+        ready = driver.stdout.readline().split(maxsplit=1)
+        assert ready and ready[0] == "ready", driver.communicate(timeout=T)[1]
+        pid, _ = json.loads(ready[1])
+        head = serving_head(rec)
+        os.kill(head, signal.SIGKILL)
+    finally:
+        driver.kill()
+    driver.wait()
+    serving_head(rec, other_than=head)
+    time.sleep(2)
+    assert not pid_gone(pid)   # taken back: its driver may come yet
+    wait_until(lambda: pid_gone(pid), T, "the actor of a driver that did not come back stopped")
+    log = Path(rec["run_dir"], "stderr.log").read_text()
+    assert "whose driver did not connect again are stopped" in log, log
+
+
 IN_FLIGHT = """
 import json, os, sys, threading, time, orchestra
 orchestra.init(address="auto")
@@ -616,7 +712,7 @@ def test_tasks_running_on_a_joined_node_outlive_the_head_and_do_not_run_again(
 
 ACTOR_CALLS = """
 import json, sys, time, orchestra
-from orchestra.exceptions import ActorDiedError, ObjectLostError
+from orchestra.exceptions import ObjectLostError
 orchestra.init(address="auto", namespace="calls")
 
 @orchestra.remote(resources={"far": 0.3}, max_task_retries=-1)
@@ -627,20 +723,20 @@ class Slow:
 
 kept = Slow.options(name="kept", lifetime="detached").remote()
 once = Slow.options(name="once", lifetime="detached", max_task_retries=0).remote()
-gone = Slow.remote()                               # not detached: lost with its head
-orchestra.get([a.twice.remote(0) for a in (kept, once, gone)], timeout=30)   # all up
+own = Slow.remote()                                # not detached: its driver's, kept too
+orchestra.get([a.twice.remote(0) for a in (kept, once, own)], timeout=30)   # all up
 calls = [kept.twice.remote(i) for i in range(1, 4)]   # in flight and queued at the kill
 unkept = once.twice.remote(1)
-dies = gone.twice.remote(1)
+goes_on = own.twice.remote(2)
 print("ready", flush=True)
 sys.stdin.readline()                               # the head is killed, and back
 out = [[(n, len(pad)) for n, pad in orchestra.get(calls, timeout=90)]]
-for ref, err in ((unkept, ObjectLostError), (dies, ActorDiedError)):
-    try:
-        orchestra.get(ref, timeout=60)
-        out.append("answered")
-    except err as exc:
-        out.append(type(exc).__name__)
+try:
+    orchestra.get(unkept, timeout=60)
+    out.append("answered")
+except ObjectLostError as exc:
+    out.append(type(exc).__name__)
+out.append(orchestra.get(goes_on, timeout=60)[0])
 orchestra.kill(kept)
 orchestra.kill(once)
 print(json.dumps(out), flush=True)
@@ -652,13 +748,12 @@ def test_actor_calls_in_flight_outlive_the_head_when_they_may_run_again(state: s
     """Calls of a detached actor with max_task_retries, running and queued when the head
     is SIGKILLed, are sent again to the restarted head in their order and answer (their
     results inline and in shared memory); a call without retries raises ObjectLostError
-    (it may have run: it is not run again), and a call of an actor that was not detached
-    raises ActorDiedError (the restarted head has no such actor)."""
+    (it may have run: it is not run again); a call of the driver's own (not detached)
+    actor is sent again as well and answers (the restarted head kept that actor too)."""
     rec = start_head(state, "--state-store", "sqlite://" + str(Path(state, "s.db")))
     join(rec)
     out, _ = through_a_kill(rec, ACTOR_CALLS, pause_s=0.3)   # the first call runs
-    assert out == [[[2, 300 * 1024], [4, 600 * 1024], [6, 900 * 1024]], "ObjectLostError",
-                   "ActorDiedError"]
+    assert out == [[[2, 300 * 1024], [4, 600 * 1024], [6, 900 * 1024]], "ObjectLostError", 4]
 
 
 GIVES_UP = """

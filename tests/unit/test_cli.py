@@ -90,7 +90,7 @@ def test_status_says_a_state_store_that_does_not_answer_and_what_waits() -> None
                                "kept": {"actors": 2, "groups": 1, "nodes": 4},
                                "away_since": _time.time() - 12}}
     text = format_summary(summary)
-    assert ("state store: redis://10.0.0.9:6379/0: 2 detached actor(s), 1 detached placement "
+    assert ("state store: redis://10.0.0.9:6379/0: 2 actor(s), 1 detached placement "
             "group(s), 4 joined node(s) kept; DOES NOT ANSWER for 12 s, 3 change(s) wait to "
             "be written") in text
     summary["state_store"] = None   # a head that keeps no store says nothing of one

@@ -1,8 +1,10 @@
 """The records a head keeps for its restart (orchestra/_scheduler/durable.py): the Durable
 instructions the scheduler emits, replayed into a dict as the store's thread writes
-them, hold exactly the live detached actors (their restarts counted) and the live
-detached placement groups, whatever happens to them; a new scheduler restored from
-them holds the same actors (one restart more) and groups. No processes."""
+them, hold exactly the live detached actors (their restarts counted), the live actors
+the driver made (under its key) and the live detached placement groups, whatever
+happens to them; a new scheduler restored from them holds the same actors (one restart
+more) and groups, the driver's own given back to it when it connects again (claim), and
+stopped when it leaves. No processes."""
 from __future__ import annotations
 
 import itertools
@@ -24,6 +26,8 @@ from orchestra._scheduler.instructions import Durable, StartWorker
 pytestmark = pytest.mark.timeout(60)
 
 HEAD = 0   # the restored things' owner: the head's own pseudo-client
+KEY = b"k" * 16   # the driver's key (Hello.driver_key)
+AGAIN = 77        # the driver's connection to a restarted head
 _gids = itertools.count(1)
 
 
@@ -51,6 +55,8 @@ class Records(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.c = Cluster(cpus=4, workers=0, max_workers=64)
+        self.c.s.actor_table.keep_owned = True   # a head with a state store
+        self.c.s.clients[DRIVER].key = KEY
         self.store: dict[str, dict[str, bytes]] = {}
         self.made: list[Any] = []      # constructor calls
         self.groups: list[bytes] = []
@@ -127,13 +133,14 @@ class Records(RuleBasedStateMachine):
             self._take()
 
     @invariant()
-    def the_records_are_the_live_detached_actors_and_groups(self) -> None:
+    def the_records_are_the_live_actors_and_detached_groups(self) -> None:
         live = {aid.hex(): a for aid, a in self.c.s.actor_table.actors.items()
-                if a.spec.detached and a.state is not ActorState.DEAD}
+                if a.state is not ActorState.DEAD}
         kept = self.store.get(durable.ACTORS, {})
         assert set(kept) == set(live)
         for key, value in kept.items():
             rec = pb.DurableActor.FromString(value)
+            assert rec.owner_key == (b"" if live[key].spec.detached else KEY)
             assert rec.restarts == live[key].restarts and rec.revived == live[key].revived
             assert rec.cls.pickled == b"the class"
             assert rec.creation.actor.actor_id.hex() == key
@@ -142,9 +149,10 @@ class Records(RuleBasedStateMachine):
         assert set(self.store.get(durable.GROUPS, {})) == groups
 
     def teardown(self) -> None:
-        """A new head restored from the records holds the same detached things."""
+        """A new head restored from the records holds the same actors and detached
+        groups; the driver's own are its again once it connects, and go with it."""
         before = {aid: a for aid, a in self.c.s.actor_table.actors.items()
-                  if a.spec.detached and a.state is not ActorState.DEAD}
+                  if a.state is not ActorState.DEAD}
         groups = {gid: g.spec.name for gid, g in self.c.s.groups.groups.items()
                   if g.spec.detached and g.state is not GroupState.REMOVED}
         fresh = Cluster(cpus=4, workers=0, max_workers=64)
@@ -166,6 +174,19 @@ class Records(RuleBasedStateMachine):
         assert set(store.get(durable.ACTORS, {})) == {aid.hex() for aid in before}
         assert set(store.get(durable.GROUPS, {})) == {gid.hex() for gid in groups}
         assert len([ins for ins in out if type(ins) is StartWorker]) <= len(before)
+        own = {aid for aid, a in before.items() if not a.spec.detached}
+        table = fresh.s.actor_table
+        assert table.unclaimed == dict.fromkeys(own, KEY)
+        fresh.s.client_connected(AGAIN, pb.Hello(kind="driver", pid=1, driver_key=KEY))
+        assert set(table.claim(AGAIN, KEY)) == own and not table.unclaimed
+        for aid in own:   # its handle's hold is the driver's now, counted once
+            assert fresh.s.clients[AGAIN].holds[aid] == 1
+            assert fresh.s.clients[HEAD].holds.get(aid, 0) == 0
+            assert fresh.s.directory.objects[aid].count == 1
+        assert table.expire_unclaimed(60.0) == []
+        fresh.s.client_disconnected(AGAIN)
+        for aid, a in table.actors.items():
+            assert (a.state is ActorState.DEAD) == (aid in own)
 
 
 TestRecords = Records.TestCase
@@ -294,3 +315,41 @@ def test_a_process_that_names_another_node_or_actor_is_refused() -> None:
     with pytest.raises(ValueError, match="not waiting"):
         resume(c, other)
     assert OLD_WORKER not in c.s.workers and call.actor.actor_id in c.s.actor_table.awaiting
+
+
+def restored_own(node_id: int = 0) -> tuple[Nodes, Any]:
+    """A fresh head restored from the record of an actor the driver of KEY made."""
+    call = ctor_call("own", detached=False, max_restarts=0)
+    call.actor.name = ""   # an unnamed one ends with its last handle
+    rec = pb.DurableActor(creation=call, node_id=node_id, owner_key=KEY,
+                          cls=pb.RegisterFunctionRequest(function_id=call.function_id))
+    c = Nodes({0: {"CPU": 1}, JOINED: {"CPU": 1}}, workers={0: 0, JOINED: 0})
+    c.s.client_connected(HEAD, pb.Hello(kind="grpc"))
+    records = {durable.ACTORS: {call.actor.actor_id.hex(): rec.SerializeToString()}}
+    assert durable.restore(c.s, HEAD, records, joined_from=JOINED) == []
+    return c, call
+
+
+def test_a_drivers_actor_no_driver_claims_is_stopped_when_the_wait_ends() -> None:
+    c, call = restored_own()
+    aid = call.actor.actor_id
+    (wid,) = c.started(c.take())   # made again on the head's node meanwhile
+    c.connect(wid)
+    c.s.client_connected(AGAIN, pb.Hello(kind="driver", pid=2, driver_key=b"another"))
+    assert c.s.actor_table.claim(AGAIN, b"another") == []
+    assert c.s.actor_table.expire_unclaimed(4.0) == [aid]
+    a = c.s.actor_table.actors[aid]
+    out = c.take()
+    assert a.state is ActorState.DEAD and "did not connect again within 4 s" in a.cause
+    assert any(type(ins).__name__ == "KillWorker" and ins.worker_id == wid for ins in out)
+    assert [ins for ins in out if type(ins) is Durable] == [durable.actor_gone(aid)]
+
+
+def test_a_claimed_actor_whose_handles_went_meanwhile_stops_at_the_drivers_release() -> None:
+    c, call = restored_own()
+    aid = call.actor.actor_id
+    c.take()
+    c.s.client_connected(AGAIN, pb.Hello(kind="driver", pid=2, driver_key=KEY))
+    assert c.s.actor_table.claim(AGAIN, KEY) == [aid]
+    c.s.ref_delta(AGAIN, [], [aid])   # the driver holds no handle of it any more
+    assert c.s.actor_table.actors[aid].state is ActorState.DEAD
