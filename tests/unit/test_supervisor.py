@@ -108,9 +108,9 @@ def test_a_head_that_wrote_its_address_and_died_between_two_polls_had_started(
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps({"session_dir": str(tmp_path), "listen": "127.0.0.1:0"}))
     sup = supervisor._Supervisor(str(cfg), str(tmp_path))
-    monkeypatch.setattr(supervisor, "_POLL_S", 3.0)
+    monkeypatch.setattr(supervisor, "_POLL_S", 1.5)
     head = subprocess.Popen([sys.executable, "-c", (
-        "import os, signal, time; time.sleep(0.5); "
+        "import os, signal, time; time.sleep(0.3); "
         f"open({str(tmp_path / 'address')!r}, 'w').write('127.0.0.1:4321'); "
         "os.kill(os.getpid(), signal.SIGKILL)")])
     code, ready = sup._wait(head)
