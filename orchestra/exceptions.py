@@ -129,6 +129,13 @@ class WorkerCrashedError(OrchestraError):
     """The worker process running the task died (exit, signal, OOM killer)."""
 
 
+class OutOfMemoryError(WorkerCrashedError, MemoryError):
+    """The memory monitor of the task's node killed its worker: the node's memory was
+    past the threshold (ORCHESTRA_MEMORY_USAGE_THRESHOLD, 0.95 of its cgroup's limit or
+    of the machine's). The message names the node's usage, the limit and what the
+    task's process held. The task is retried per its ``max_retries``."""
+
+
 class TaskCancelledError(OrchestraError):
     """The task was cancelled with ``orchestra.cancel`` before it finished. A call of an
     async actor cancelled while it ran raises one that is also a TaskError whose
@@ -242,7 +249,7 @@ class GangMemberDiedError(GangError):
 
 __all__ = [
     "OrchestraError", "TaskError", "ClusterLostError", "AuthenticationError", "GetTimeoutError",
-    "TLSConfigError", "WorkerCrashedError",
+    "TLSConfigError", "WorkerCrashedError", "OutOfMemoryError",
     "TaskCancelledError", "ObjectLostError", "ObjectStoreFullError", "ObjectStoreError",
     "InfeasibleResourcesError", "ActorDiedError", "DeserializationError", "GangError",
     "GangAbortedError", "GangTimeoutError", "GangMemberDiedError",

@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .._ids import machine_id
+from .._ids import machine_id, node_hex
 from .._node.node import Node, node_from_cfg, worker_socket
 from .._node.worker_pool import ZygoteStart
 from .._objects.errors import make_error
@@ -57,6 +57,7 @@ from .._scheduler.instructions import (
     StartWorker,
     StopWorker,
 )
+from .._scheduler.memory import choose as memory_victim
 from .._scheduler.state import SchedulerState, WorkerState
 from . import grpc_service as _grpc_service
 from . import rejoin
@@ -301,6 +302,17 @@ class Head:
                       "before it connected", file=sys.stderr)
                 self.state.worker_failed_to_start(worker_id, reason)
             self.state.kept.worker_gone(worker_id)   # one of before (_scheduler/kept.py)
+        self.carry_out()
+
+    def memory_pressure(self, node_id: int, pressure: pb.NodeMemoryPressure) -> None:
+        """A node's memory is past its monitor's threshold: the worker chosen
+        (_scheduler/memory.py) is killed, its task failing with OutOfMemoryError."""
+        kill = memory_victim(self.state.workers.values(), pressure, node_id, node_hex(node_id))
+        if kill is None:
+            return   # nothing runs there to stop (the node asks again later)
+        print(f"orchestra head: worker {kill.worker_id} {kill.reason}", file=sys.stderr,
+              flush=True)
+        self.state.out.append(kill)
         self.carry_out()
 
     # ------------------------------------------------------------------ connections
@@ -712,6 +724,8 @@ class Head:
         self.state.blocking.tick(now := time.monotonic())
         if self.state.kept.active:   # what outlived a restart of the head (_scheduler/kept.py)
             self.state.kept.tick(now)
+        if self.state.retry_later.tick(now):   # tasks the memory monitor killed, run again
+            self.state.schedule()
         self.events.tick()
         self.carry_out()
         self.loop.call_later(_TICK_S, self._tick)

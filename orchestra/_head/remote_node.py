@@ -300,6 +300,8 @@ class RemoteNode:
             elif which == "worker_exited":
                 e = ev.worker_exited
                 head.worker_exited(e.worker_id, e.reason, connected=e.connected)
+            elif which == "memory_pressure":
+                head.memory_pressure(self.node_id, ev.memory_pressure)
             elif which == "worker_failed_to_start":
                 e = ev.worker_failed_to_start
                 head.worker_failed_to_start(e.worker_id, e.reason)

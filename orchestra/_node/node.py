@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._objects.errors import describe_exit
+from .._objects.errors import MEMORY_KILL, describe_exit
 from .._objects.store import (
     ObjectStore,
     ReleaseNeeded,
@@ -64,6 +64,8 @@ from .._observe.log_capture import LOGS_DIR, last_words
 from .._protocol import pb
 from .._protocol import wire as _wire
 from ..exceptions import ObjectStoreError, ObjectStoreFullError, OrchestraError
+from .memory import MemoryMonitor
+from .memory import settings as memory_settings
 from .worker_pool import WorkerPool, Zygote, ZygoteStart
 
 if TYPE_CHECKING:
@@ -119,6 +121,10 @@ class NodeHost(Protocol):
 
     def is_idle(self) -> bool:
         """No task queued or running, and no frame for a while; asked from threads."""
+
+    def memory_pressure(self, node_id: int, pressure: pb.NodeMemoryPressure) -> None:
+        """The node's memory is past its monitor's threshold (_node/memory.py): kill the
+        worker the head picks (kill_worker with a MEMORY_KILL reason), or none."""
 
 
 def worker_socket(session_dir: str, worker_id: int) -> str:
@@ -191,6 +197,10 @@ class Node:
         # store.dropped once the segment is removed): a pull into a pooled segment then
         # skips the map and page-table fill, ~70 ms per 200 MiB (2.3 -> 3.x GB/s).
         self._pull_maps: dict[str, mmap.mmap] = {}
+        # Its memory monitor (_node/memory.py), from ORCHESTRA_MEMORY_USAGE_THRESHOLD and
+        # ORCHESTRA_MEMORY_MONITOR_REFRESH_MS (0: none).
+        threshold, self._memory_refresh_s = memory_settings(self.pool.env)
+        self.memory = MemoryMonitor(threshold)
         self.closed = False
 
     def start(self) -> None:
@@ -200,6 +210,8 @@ class Node:
             if self._preload_modules:   # before any spawn: the first workers have the list
                 self.pool.zygote.preload(self._preload_modules, now=False)   # type: ignore[union-attr]
         self.loop.call_later(_WATCH_S, self._watch)
+        if self._memory_refresh_s:
+            self.loop.call_later(self._memory_refresh_s, self._check_memory)
         # Warm shared memory for the first large put, off init()'s path, while idle.
         self.loop.call_later(self._warm_delay_s, self.warm)
         if self._preload_modules:
@@ -470,7 +482,18 @@ class Node:
     def kill_worker(self, worker_id: int, reason: str) -> None:
         """Kill it; its death is reported with ``reason`` instead of its exit status."""
         self.exit_reasons[worker_id] = reason
+        if reason.startswith(MEMORY_KILL):   # the monitor waits for its death
+            self.memory.victim(worker_id)
         self.pool.kill(worker_id)
+
+    def _check_memory(self) -> None:
+        """The memory monitor's turn: past the threshold, the head is asked for a victim."""
+        if self.closed:
+            return
+        pressure = self.memory.check({wid: getattr(p, "pid", 0) for wid, p in self.pool.snapshot()})
+        if pressure is not None:
+            self.host.memory_pressure(self.node_id, pressure)
+        self.loop.call_later(self._memory_refresh_s, self._check_memory)
 
     def stop_worker(self, worker_id: int) -> None:
         """An idle, surplus worker the head asked to exit (it reports its task events
@@ -510,6 +533,7 @@ class Node:
         except FileNotFoundError:
             pass
         reason = self.exit_reasons.pop(worker_id, None)
+        self.memory.gone(worker_id)
         if reason is None:   # it died unasked: with what it last wrote to stderr
             reason = describe_exit(rc)
             words = last_words(os.path.join(self.session_dir, LOGS_DIR), worker_id, pid) \

@@ -287,6 +287,9 @@ class NodeProcess(asyncio.Protocol):
         self._event(pb.NodeEvent(worker_exited=pb.NodeWorkerExit(
             worker_id=worker_id, reason=reason, connected=connected)))
 
+    def memory_pressure(self, node_id: int, pressure: pb.NodeMemoryPressure) -> None:
+        self._event(pb.NodeEvent(memory_pressure=pressure))
+
     def relocate(self, object_id: bytes, segment: pb.Segment) -> bool:
         self._event(pb.NodeEvent(relocate=pb.NodeRelocate(object_id=object_id,
                                                           segment=segment)))

@@ -12,6 +12,7 @@ from ..exceptions import (
     ActorDiedError,
     InfeasibleResourcesError,
     ObjectLostError,
+    OutOfMemoryError,
     TaskCancelledError,
     WorkerCrashedError,
 )
@@ -56,10 +57,33 @@ def note_private_detached(what: str) -> None:
         "%ss across drivers.", what, what)
 
 
+# The start of the reason a worker killed by its node's memory monitor dies of
+# (_node/memory.py, _scheduler/memory.py): its task fails with OutOfMemoryError.
+MEMORY_KILL = "killed by the memory monitor"
+
+
 def make_error(kind: str, **d: Any) -> bytes:
     name = d.get("name") or "?"
     exc: BaseException
-    if kind == "crashed":
+    reason = str(d.get("reason", ""))
+    if kind == "crashed" and reason.startswith(MEMORY_KILL):
+        kind = "oom"
+    if kind == "actor_dead" and MEMORY_KILL in reason and "died while running" in reason:
+        # The call an actor ran when the memory monitor killed its process (later calls
+        # get ActorDiedError, naming the same cause, unless it restarts).
+        exc = OutOfMemoryError(
+            f"actor {name} ran out of memory: {reason}. Give the actor max_restarts= and "
+            "the method max_task_retries= to have it made again and the call run again; "
+            "keep less in the actor, or give the node more memory.")
+    elif kind == "oom":
+        exc = OutOfMemoryError(
+            f"task {name}() ran out of memory: its worker (pid={d.get('pid')}) was "
+            f"{d.get('reason')}; attempts made: {d.get('attempts')}. Retries are set by "
+            "max_retries= in @orchestra.remote or .options(). Run fewer such tasks at once "
+            "(ask for more num_cpus= or memory= each), give the node more memory, or set "
+            "ORCHESTRA_MEMORY_USAGE_THRESHOLD (0.95) higher or "
+            "ORCHESTRA_MEMORY_MONITOR_REFRESH_MS=0 to leave memory to the kernel.")
+    elif kind == "crashed":
         exc = WorkerCrashedError(
             f"the worker (pid={d.get('pid')}) running task {name}() died of {d.get('reason')}; "
             f"attempts made: {d.get('attempts')}. Retries are set by max_retries= in "

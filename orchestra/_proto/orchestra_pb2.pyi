@@ -906,7 +906,7 @@ class NodeKillWorker(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class NodeEvent(_message.Message):
-    __slots__ = ("register", "send", "worker_failed_to_start", "worker_exited", "relocate", "store_info", "synced", "pulled", "join", "heartbeat")
+    __slots__ = ("register", "send", "worker_failed_to_start", "worker_exited", "relocate", "store_info", "synced", "pulled", "join", "heartbeat", "memory_pressure")
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     SEND_FIELD_NUMBER: _ClassVar[int]
     WORKER_FAILED_TO_START_FIELD_NUMBER: _ClassVar[int]
@@ -917,6 +917,7 @@ class NodeEvent(_message.Message):
     PULLED_FIELD_NUMBER: _ClassVar[int]
     JOIN_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_PRESSURE_FIELD_NUMBER: _ClassVar[int]
     register: NodeRegister
     send: NodeSend
     worker_failed_to_start: NodeWorkerExit
@@ -927,7 +928,29 @@ class NodeEvent(_message.Message):
     pulled: NodePulled
     join: NodeJoin
     heartbeat: bool
-    def __init__(self, register: _Optional[_Union[NodeRegister, _Mapping]] = ..., send: _Optional[_Union[NodeSend, _Mapping]] = ..., worker_failed_to_start: _Optional[_Union[NodeWorkerExit, _Mapping]] = ..., worker_exited: _Optional[_Union[NodeWorkerExit, _Mapping]] = ..., relocate: _Optional[_Union[NodeRelocate, _Mapping]] = ..., store_info: _Optional[_Union[ObjStoreDebugInfoReply, _Mapping]] = ..., synced: _Optional[int] = ..., pulled: _Optional[_Union[NodePulled, _Mapping]] = ..., join: _Optional[_Union[NodeJoin, _Mapping]] = ..., heartbeat: _Optional[bool] = ...) -> None: ...
+    memory_pressure: NodeMemoryPressure
+    def __init__(self, register: _Optional[_Union[NodeRegister, _Mapping]] = ..., send: _Optional[_Union[NodeSend, _Mapping]] = ..., worker_failed_to_start: _Optional[_Union[NodeWorkerExit, _Mapping]] = ..., worker_exited: _Optional[_Union[NodeWorkerExit, _Mapping]] = ..., relocate: _Optional[_Union[NodeRelocate, _Mapping]] = ..., store_info: _Optional[_Union[ObjStoreDebugInfoReply, _Mapping]] = ..., synced: _Optional[int] = ..., pulled: _Optional[_Union[NodePulled, _Mapping]] = ..., join: _Optional[_Union[NodeJoin, _Mapping]] = ..., heartbeat: _Optional[bool] = ..., memory_pressure: _Optional[_Union[NodeMemoryPressure, _Mapping]] = ...) -> None: ...
+
+class NodeMemoryPressure(_message.Message):
+    __slots__ = ("used", "limit", "threshold", "where", "workers")
+    class WorkersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    USED_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    WHERE_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    used: int
+    limit: int
+    threshold: float
+    where: str
+    workers: _containers.ScalarMap[int, int]
+    def __init__(self, used: _Optional[int] = ..., limit: _Optional[int] = ..., threshold: _Optional[float] = ..., where: _Optional[str] = ..., workers: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class NodeJoin(_message.Message):
     __slots__ = ("resources", "machine", "host", "pid", "num_workers", "node_id")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import itertools
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any, NamedTuple, Protocol
 
@@ -24,6 +25,8 @@ from .. import _ids
 from .._protocol import pb
 from .._resources import NodeResources, shape_key
 from .instructions import Instruction
+
+_sends = itertools.count(1)   # Task.seq (the memory monitor's victim is the newest task)
 
 Shape = tuple[tuple[str, float], ...]   # a resource request as a hashable key (shape_key)
 
@@ -122,7 +125,7 @@ class IllegalTransition(RuntimeError):
 class Task:
     __slots__ = ("call", "owner", "state", "deps", "worker", "retries_left", "cancelled",
                  "shape", "resources", "attempt", "arg_ids", "return_ids",
-                 "depth", "qkey", "placement", "streamed", "acked")
+                 "depth", "qkey", "placement", "streamed", "acked", "seq")
 
     def __init__(self, call: pb.Call, owner: int) -> None:
         self.call = call
@@ -148,6 +151,7 @@ class Task:
                     self.shape = shape_key(self.resources)
                 self.qkey = (0, self.shape, self.placement)
         self.attempt = 0
+        self.seq = 0   # its place in the order of sends to workers (the newest: the highest)
         self.arg_ids: list[bytes] = []
         tid = call.task_id
         self.return_ids = _ids.return_ids(tid, call.num_returns)
@@ -155,6 +159,11 @@ class Task:
         # they are dropped), and read by its consumer (told again to a retry).
         self.streamed = 0
         self.acked = 0
+
+    def sent(self) -> None:
+        """Sent to a worker: one attempt more, and the newest sent so far."""
+        self.attempt += 1
+        self.seq = next(_sends)
 
     def spend_retry(self) -> None:
         """One retry is used up (``retries_left`` -1: retries without limit)."""

@@ -34,6 +34,7 @@ from .instructions import CANCEL_KILL, Instruction, KillWorker, Pull, Send
 from .kept import KeptObjects
 from .lineage import Rebuilds, wait_for_made_again
 from .loans import Loans
+from .memory import MEMORY_KILL, RetryLater
 from .model import (
     TASK_TRANSITIONS,
     Client,
@@ -81,12 +82,12 @@ class SchedulerState:
         # block too, until no worker is left for anyone: a deadlock).
         self.ready: dict[tuple[Hashable, ...], collections.deque[Task]] = {}
         self.pipeline_depth = pipeline_depth
-        # Builds the pickled error for an object: (kind, **details) -> bytes. The head
-        # passes orchestra._errors.make_error; tests may pass their own.
+        # Builds an object's pickled error, (kind, **details) -> bytes: _objects/errors.py.
         self.error: Callable[..., bytes] = error_factory or default_error
         self.actor_table = ActorTable(self)
         self.blocking = Blocking(self)
         self.start_failures = 0   # consecutive worker processes that died before connecting
+        self.retry_later = RetryLater(self.requeue, lambda t: self.fail_task(t, self._cancelled_error(t)))
         self._feasible: dict[Shape, bool] = {}
         # Why recent workers died (worker id -> (pid, reason, whether a task the head sent
         # was running)): direct calls to a dead process may be handed over (adopt_calls).
@@ -94,8 +95,7 @@ class SchedulerState:
         # Where a worker takes direct calls: (node id, worker id) -> its socket; None:
         # callers always go through the head.
         self.worker_socket: Callable[[int, int], str] | None = None
-        # Lend idle workers to drivers for their tasks (loans; _scheduler/loans.py).
-        self.lending = False
+        self.lending = False   # lend idle workers to drivers for their tasks (loans.py)
         self.loans = Loans(self)
         # Which node a task goes to (_scheduler/placement.py); a request no node holds
         # waits if nodes may join, or under the Ray runner (infeasible_waits).
@@ -223,9 +223,9 @@ class SchedulerState:
             if i < running:  # a running task
                 if t.cancelled:
                     self.fail_task(t, self._cancelled_error(t))
-                elif t.retries_left != 0:
+                elif t.retries_left != 0:   # (one the memory monitor killed: later)
                     t.spend_retry()
-                    self.requeue(t)
+                    (self.retry_later.hold if reason.startswith(MEMORY_KILL) else self.requeue)(t)
                 else:
                     self.fail_task(t, self.error("crashed", name=t.call.name, pid=w.pid,
                                                    reason=reason, attempts=t.attempt))
@@ -425,7 +425,7 @@ class SchedulerState:
     def dispatch(self, t: Task, w: Worker) -> None:
         t.move(TaskState.DISPATCHED)
         t.worker = w
-        t.attempt += 1
+        t.sent()
         w.queue.append(t)
         call = t.call
         fid = call.function_id

@@ -1,0 +1,207 @@
+"""The memory monitor (orchestra/_node/memory.py asks, orchestra/_scheduler/memory.py
+picks) in a memory cgroup of its own, as a container's limit gives (cgroup v1 here, or
+v2; made as root, else skipped with the reason): a task that grows past the limit gets
+OutOfMemoryError naming the figures, the kernel's OOM killer kills nothing (the
+cgroup's own count of its kills stays 0), the cluster goes on; of two tasks that do not
+fit together the newest is killed and, retried, succeeds once the other is done; an
+actor that grows dies with the same error."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from _probes import child_env
+
+pytestmark = pytest.mark.timeout(120)
+
+LIMIT = 768 << 20
+
+
+class MemoryCgroup:
+    def __init__(self, path: Path, v2: bool) -> None:
+        self.path, self.v2 = path, v2
+
+    def oom_kills(self) -> int:
+        name = "memory.events" if self.v2 else "memory.oom_control"
+        for line in (self.path / name).read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
+
+
+def _make(limit: int) -> MemoryCgroup:
+    """A memory cgroup limited to ``limit`` bytes (pytest.skip naming why it cannot be)."""
+    if os.geteuid() != 0:
+        pytest.skip("making a memory cgroup needs root (CI runs as root)")
+    name = f"orchestra-test-{os.getpid()}"
+    v1 = Path("/sys/fs/cgroup/memory")
+    if (v1 / "memory.limit_in_bytes").exists():
+        path = v1 / name
+        path.mkdir(exist_ok=True)
+        (path / "memory.limit_in_bytes").write_text(str(limit))
+        return MemoryCgroup(path, False)
+    v2 = Path("/sys/fs/cgroup")
+    if "memory" in (v2 / "cgroup.subtree_control").read_text().split() if \
+            (v2 / "cgroup.subtree_control").exists() else False:
+        path = v2 / name
+        path.mkdir(exist_ok=True)
+        (path / "memory.max").write_text(str(limit))
+        (path / "memory.swap.max").write_text("0")
+        return MemoryCgroup(path, True)
+    pytest.skip("no memory cgroup controller to make a limit with (cgroup v1 memory/, or "
+                "v2 with memory in cgroup.subtree_control)")
+
+
+@pytest.fixture
+def cgroup() -> Iterator[MemoryCgroup]:
+    group = _make(LIMIT)
+    try:
+        yield group
+    finally:
+        procs = group.path / "cgroup.procs"
+        for pid in procs.read_text().split():   # what a failed test left (none, normally)
+            try:
+                os.kill(int(pid), 9)
+            except ProcessLookupError:
+                pass
+        for _ in range(100):
+            try:
+                group.path.rmdir()
+                break
+            except OSError:
+                import time
+                time.sleep(0.05)
+
+
+def run_in(group: MemoryCgroup, script: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    """Run a driver ``script`` inside ``group`` (it and all it starts)."""
+    procs = str(group.path / "cgroup.procs")
+
+    def enter() -> None:
+        with open(procs, "w") as f:
+            f.write(str(os.getpid()))
+    return subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True,
+                          timeout=100, env=child_env(), preexec_fn=enter)
+
+
+HOG = """
+import json, os, time, orchestra
+from orchestra.exceptions import OutOfMemoryError, WorkerCrashedError
+orchestra.init(num_cpus=2, object_store_memory=64 << 20, include_dashboard=False)
+
+@orchestra.remote(max_retries=0)
+def hog(mb):   # grows by 8 MiB every 40 ms (200 MB/s), past the cgroup's limit
+    held = []
+    for _ in range(mb // 8):
+        held.append(b"x" * (8 << 20))
+        time.sleep(0.04)
+    return len(held)
+
+@orchestra.remote
+def small(x):
+    return x + 1
+
+out = []
+try:
+    orchestra.get(hog.remote(2048), timeout=60)
+    out.append("hog finished")
+except OutOfMemoryError as exc:
+    out += ["OutOfMemoryError", isinstance(exc, MemoryError), isinstance(exc, WorkerCrashedError),
+            str(exc)]
+out.append(orchestra.get(small.remote(41), timeout=30))
+print(json.dumps(out))
+orchestra.shutdown()
+"""
+
+
+def test_a_task_past_the_limit_gets_out_of_memory_error_before_the_kernel_acts(
+        cgroup: MemoryCgroup) -> None:
+    r = run_in(cgroup, HOG)
+    assert r.returncode == 0, r.stderr
+    name, is_memory, is_crash, text, after = json.loads(r.stdout.strip().splitlines()[-1])
+    assert (name, is_memory, is_crash, after) == ("OutOfMemoryError", True, True, 42)
+    assert "task __main__.hog() ran out of memory" in text and "killed by the memory monitor" in text
+    assert "of 0.75 GiB" in text and "past its threshold of 95%" in text, text
+    assert "cgroup v" in text and "this process held" in text
+    assert cgroup.oom_kills() == 0   # the kernel's OOM killer never ran
+
+
+TWO = """
+import json, sys, time, orchestra
+orchestra.init(num_cpus=2, object_store_memory=64 << 20, include_dashboard=False)
+ATTEMPTS = sys.argv[1]
+
+@orchestra.remote(max_retries=6)
+def grow(tag, mb, hold_s):   # about 0.6 of the limit each: two do not fit together
+    with open(ATTEMPTS, "a") as f:
+        f.write(tag + "\\n")   # one line per attempt
+    held = []
+    for _ in range(mb // 8):
+        held.append(b"x" * (8 << 20))
+        time.sleep(0.04)
+    time.sleep(hold_s)
+    return len(held)
+
+first = grow.remote("first", 448, 1.5)
+time.sleep(0.3)
+second = grow.remote("second", 448, 0.0)   # the newest: the monitor's victim
+print(json.dumps([orchestra.get(first, timeout=90), orchestra.get(second, timeout=90)]))
+orchestra.shutdown()
+"""
+
+
+def test_of_two_tasks_that_do_not_fit_together_the_newest_is_killed_and_retried(
+        cgroup: MemoryCgroup, tmp_path: Path) -> None:
+    attempts = tmp_path / "attempts"
+    r = run_in(cgroup, TWO, str(attempts))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [56, 56]
+    ran = attempts.read_text().split()
+    assert ran.count("first") == 1 and ran.count("second") >= 2, ran
+    assert cgroup.oom_kills() == 0
+
+
+ACTOR = """
+import json, time, orchestra
+from orchestra.exceptions import ActorDiedError, OutOfMemoryError
+orchestra.init(num_cpus=2, object_store_memory=64 << 20, include_dashboard=False)
+
+@orchestra.remote
+class Cache:
+    def __init__(self):
+        self.held = []
+    def grow(self, mb):
+        for _ in range(mb // 8):
+            self.held.append(b"x" * (8 << 20))
+            time.sleep(0.04)
+        return len(self.held)
+
+c = Cache.remote()
+out = []
+try:
+    orchestra.get(c.grow.remote(2048), timeout=60)
+except OutOfMemoryError as exc:
+    out += ["OutOfMemoryError", "ran out of memory" in str(exc)]
+try:
+    orchestra.get(c.grow.remote(16), timeout=30)
+except ActorDiedError as exc:
+    out += ["ActorDiedError", "memory monitor" in str(exc)]
+print(json.dumps(out))
+orchestra.shutdown()
+"""
+
+
+def test_an_actor_that_grows_past_the_limit_dies_of_out_of_memory_error(
+        cgroup: MemoryCgroup) -> None:
+    r = run_in(cgroup, ACTOR)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [
+        "OutOfMemoryError", True, "ActorDiedError", True]
+    assert cgroup.oom_kills() == 0
