@@ -31,7 +31,7 @@ import time
 from typing import Any, Protocol
 
 from .._protocol import pb
-from .._scheduler.durable import NODES
+from .._scheduler.durable import ACTORS, NODES
 from .._scheduler.durable import restore as restore_records
 from .._scheduler.state import SchedulerState
 from .state_store import CLUSTER, HeadState
@@ -142,9 +142,22 @@ def node_left(head: Head, node_id: int) -> None:
 
 def stop_store(head: Head) -> None:
     """The head stopped (its nodes with it): its store written and let go; a head
-    started on it later waits for none of the nodes."""
+    started on it later waits for none of the nodes, and makes again none of the
+    actors drivers made (their drivers were told the cluster stopped)."""
     if head.durable is not None:
-        for key in head.durable.records().get(NODES, {}):
+        records = head.durable.records()
+        for key in records.get(NODES, {}):
             head.durable.write(NODES, key, None)
+        for key, value in records.get(ACTORS, {}).items():
+            if _owned(value):
+                head.durable.write(ACTORS, key, None)
         head.durable.stop()
+
+
+def _owned(value: bytes) -> bool:
+    """Whether an actor's record is a driver's own actor's (not a detached one's)."""
+    try:
+        return bool(pb.DurableActor.FromString(value).owner_key)
+    except Exception:   # a record no head can read: restore() says so and drops it
+        return False
 

@@ -26,6 +26,7 @@ from _cli import REPO, SMALL, T, cli, records, shm_of, start_head
 from _probes import pid_gone, wait_until
 from orchestra._cluster.supervisor import MAX_RESTARTS, head_pid
 from orchestra._platform.procutil import group_members, pid_alive
+from orchestra._protocol import pb
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -557,6 +558,53 @@ def test_a_drivers_own_actor_stops_when_the_driver_does_not_come_back(state: str
     wait_until(lambda: pid_gone(pid), T, "the actor of a driver that did not come back stopped")
     log = Path(rec["run_dir"], "stderr.log").read_text()
     assert "whose driver did not connect again are stopped" in log, log
+
+
+HOLDS = """
+import sys, orchestra
+orchestra.init(address="auto", namespace="holds")
+
+@orchestra.remote
+class Own:
+    def ping(self):
+        return 1
+
+@orchestra.remote
+class Kept:
+    def ping(self):
+        return 1
+
+own = Own.remote()
+kept = Kept.options(name="kept", lifetime="detached").remote()
+orchestra.get([own.ping.remote(), kept.ping.remote()], timeout=30)
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_stopped_head_leaves_no_record_of_the_drivers_actors_in_its_store(state: str) -> None:
+    """`orchestra stop` tells the drivers the cluster stopped: a head started on the same
+    store later makes again the detached actor, not the driver's own (whose driver is
+    gone: its constructor would run for nobody)."""
+    import sqlite3
+    db = Path(state, "s.db")
+    start_head(state, "--state-store", "sqlite://" + str(db))
+    driver = subprocess.Popen([sys.executable, "-c", HOLDS], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, PYTHONPATH=REPO))
+    try:
+        assert driver.stdout is not None
+        assert driver.stdout.readline().strip() == "ready", driver.communicate(timeout=T)[1]
+
+        def kept() -> list[bool]:
+            with sqlite3.connect(db) as con:
+                rows = con.execute("SELECT value FROM state WHERE tbl='actors'").fetchall()
+            return sorted(bool(pb.DurableActor.FromString(v).owner_key) for (v,) in rows)
+        wait_until(lambda: kept() == [False, True], T, "both actors' records written")
+        assert cli("stop").returncode == 0
+    finally:
+        driver.kill()
+    assert kept() == [False]   # the detached one's only
 
 
 IN_FLIGHT = """
