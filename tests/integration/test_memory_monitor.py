@@ -205,3 +205,55 @@ def test_an_actor_that_grows_past_the_limit_dies_of_out_of_memory_error(
     assert json.loads(r.stdout.strip().splitlines()[-1]) == [
         "OutOfMemoryError", True, "ActorDiedError", True]
     assert cgroup.oom_kills() == 0
+
+
+JOINED_HOG = """
+import json, sys, time, orchestra
+from orchestra.exceptions import OutOfMemoryError
+orchestra.init(address=sys.argv[1], token=sys.argv[2])
+
+@orchestra.remote(max_retries=0, resources={"far": 1})
+def hog(mb):
+    held = []
+    for _ in range(mb // 8):
+        held.append(b"x" * (8 << 20))
+        time.sleep(0.04)
+    return orchestra.get_runtime_context().get_node_id()
+
+try:
+    orchestra.get(hog.remote(2048), timeout=60)
+    print(json.dumps(["hog finished"]))
+except OutOfMemoryError as exc:
+    print(json.dumps(["OutOfMemoryError", str(exc)]))
+orchestra.shutdown()
+"""
+
+
+def test_a_joined_nodes_monitor_asks_the_head_over_the_network(
+        cgroup: MemoryCgroup, state: str) -> None:
+    """The joined node (its process and workers in the cgroup; the head outside it)
+    reports its pressure to the head as a NodeEvent, and the head kills its worker."""
+    from _cli import REPO, SMALL, cli, start_head
+    head = start_head(state)
+    procs = str(cgroup.path / "cgroup.procs")
+
+    def enter() -> None:
+        with open(procs, "w") as f:
+            f.write(str(os.getpid()))
+    try:
+        joined = subprocess.run(
+            [sys.executable, "-m", "orchestra._cli", "start", "--address", head["address"],
+             "--token", head["token"], *SMALL, "--resources", '{"far": 1}'],
+            capture_output=True, text=True, timeout=60, preexec_fn=enter,
+            env=dict(os.environ, PYTHONPATH=REPO))
+        assert joined.returncode == 0, joined.stderr
+        r = subprocess.run([sys.executable, "-c", JOINED_HOG, head["address"], head["token"]],
+                           capture_output=True, text=True, timeout=100, env=child_env())
+        assert r.returncode == 0, r.stderr
+        name, text = json.loads(r.stdout.strip().splitlines()[-1])
+        assert name == "OutOfMemoryError" and "killed by the memory monitor" in text, text
+        assert f"cgroup v{2 if cgroup.v2 else 1} /{cgroup.path.name}" in text
+        assert "node 0000000000000000" not in text   # the joined node's, not the head's
+        assert cgroup.oom_kills() == 0
+    finally:
+        cli("stop")
