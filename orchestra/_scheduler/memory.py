@@ -5,7 +5,9 @@ here. No I/O.
         pressure) -> KillWorker(node, worker, reason), or None: no worker to kill (the
         node asks again a few seconds later)
     the order: the worker of the newest retriable task first (it runs again, and has
-        done the least), then that of the newest task without retries, then, as a last
+        done the least; a worker lent to a driver, whose direct calls the head does not
+        see, counts as one, older than any the head sent), then that of the newest task
+        without retries, then, as a last
         resort, the newest actor's process; the head, the object store and the drivers
         are no workers, so never a victim. An idle worker holds little and is not one.
     the reason: MEMORY_KILL, the node's usage, the limit, the threshold and what the
@@ -44,6 +46,8 @@ def candidates(workers: Iterable[Worker]) -> list[Candidate]:
         elif w.queue:
             t = w.queue[0]   # the one it runs
             out.append(Candidate(0 if t.retries_left != 0 else 1, t.seq, w.worker_id))
+        elif w.lent_to is not None:   # it runs a driver's direct calls (loans.py), unseen
+            out.append(Candidate(0, 0, w.worker_id))
     return out
 
 

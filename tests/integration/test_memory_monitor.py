@@ -168,6 +168,37 @@ def test_of_two_tasks_that_do_not_fit_together_the_newest_is_killed_and_retried(
     assert cgroup.oom_kills() == 0
 
 
+LENT = """
+import json, time, orchestra
+orchestra.init(num_cpus=2, object_store_memory=64 << 20, include_dashboard=False)
+
+@orchestra.remote(max_retries=10)
+def grow(mb):
+    held = []
+    for _ in range(mb // 8):
+        held.append(b"x" * (8 << 20))
+        time.sleep(0.04)
+    return len(held)
+
+@orchestra.remote
+def noop():
+    return 0
+
+orchestra.get([noop.remote() for _ in range(3000)])   # its workers are lent to it now
+print(json.dumps(orchestra.get([grow.remote(400) for _ in range(6)], timeout=150)))
+orchestra.shutdown()
+"""
+
+
+def test_workers_lent_to_the_driver_are_victims_too(cgroup: MemoryCgroup) -> None:
+    """A driver's tasks on workers lent to it run as direct calls the head does not see:
+    the monitor's victims all the same (they were not, and the kernel killed 4)."""
+    r = run_in(cgroup, LENT)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [50] * 6
+    assert cgroup.oom_kills() == 0
+
+
 ACTOR = """
 import json, time, orchestra
 from orchestra.exceptions import ActorDiedError, OutOfMemoryError

@@ -1,6 +1,7 @@
 """The memory monitor's two halves without processes: whom the head picks
 (orchestra/_scheduler/memory.py; Hypothesis drives random workers: the newest retriable
-task first, then the newest task, actors last, idle workers never) and what a node reads
+task first (a worker lent to a driver counts as an old one), then the newest task,
+actors last, idle workers never) and what a node reads
 (orchestra/_node/memory.py: cgroup v1 and v2 files, /proc/meminfo, the settings)."""
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from orchestra._protocol import pb
 from orchestra._scheduler import memory as policy
 from orchestra._scheduler.model import Task, Worker
 
-workers = st.lists(st.tuples(st.sampled_from(["idle", "task", "actor", "starting actor"]),
+workers = st.lists(st.tuples(st.sampled_from(["idle", "task", "lent", "actor", "starting actor"]),
                              st.integers(-1, 3), st.integers(0, 1000), st.integers(0, 2)),
                    max_size=12)
 
@@ -27,6 +28,8 @@ def make(spec: list[tuple[str, int, int, int]]) -> list[Worker]:
         w.conn = -1 if kind == "starting actor" else 7
         if kind in ("actor", "starting actor"):
             w.actor = object()
+        elif kind == "lent":   # running a driver's direct calls, unseen by the head
+            w.lent_to = 1
         elif kind == "task":
             t = Task(pb.Call(task_id=bytes(12), name="f", max_retries=retries), 1)
             t.seq = seq
@@ -41,8 +44,9 @@ def test_the_victim_is_the_newest_retriable_task_then_the_newest_task_then_an_ac
     pressure = pb.NodeMemoryPressure(used=95, limit=100, threshold=0.9, where="the machine")
     kill = policy.choose(ws, pressure, 0, "n0")
     mine = [w for w in ws if w.node_id == 0]
-    tasks = [w for w in mine if w.actor is None and w.queue]
-    retriable = [w for w in tasks if w.queue[0].retries_left != 0]
+    tasks = [w for w in mine if w.actor is None and (w.queue or w.lent_to is not None)]
+    seq = {w.worker_id: w.queue[0].seq if w.queue else 0 for w in tasks}
+    retriable = [w for w in tasks if not w.queue or w.queue[0].retries_left != 0]
     actors = [w for w in mine if w.actor is not None and w.conn >= 0]
     if not tasks and not actors:
         assert kill is None   # idle workers, a starting actor, other nodes: never
@@ -50,10 +54,10 @@ def test_the_victim_is_the_newest_retriable_task_then_the_newest_task_then_an_ac
     assert kill is not None and kill.node_id == 0
     victim = next(w for w in ws if w.worker_id == kill.worker_id)
     if retriable:
-        assert victim.queue[0].seq == max(w.queue[0].seq for w in retriable)
-        assert victim.queue[0].retries_left != 0
+        assert victim in retriable
+        assert seq[victim.worker_id] == max(seq[w.worker_id] for w in retriable)
     elif tasks:
-        assert victim in tasks and victim.queue[0].seq == max(w.queue[0].seq for w in tasks)
+        assert victim in tasks and seq[victim.worker_id] == max(seq[w.worker_id] for w in tasks)
     else:
         assert victim.worker_id == max(w.worker_id for w in actors)
     assert kill.reason.startswith(policy.MEMORY_KILL)
