@@ -392,7 +392,9 @@ class ActorTable:
             self._die(a, blob, "its constructor raised")
             self.s.out.append(KillWorker(w.node_id, w.worker_id, "the actor's constructor raised"))
             return
-        if a.killing:   # killed while its constructor ran: calls wait for the death
+        if a.killing or a.state is ActorState.DEAD:
+            # killed while its constructor ran (calls wait for the death), or stopped
+            # then (its driver gone, its last handle dropped): it stays dead
             return
         a.state = ActorState.ALIVE
         self.pump(a)
@@ -461,6 +463,12 @@ class ActorTable:
         a.state = ActorState.DEAD
         if a.spec.detached or a.owner_key:
             self.s.out.append(actor_gone(a.spec.actor_id))
+        node_id = self.awaiting.pop(a.spec.actor_id, None)
+        if node_id is not None:   # restored, waiting for its process: what was kept goes
+            gpus = self.reserved.pop(a.spec.actor_id, None)
+            node = self.s.nodes.get(node_id)
+            if gpus is not None and node is not None:
+                node.resources.release(a.creation.resources, gpus)
         a.death = blob
         a.cause = cause
         self._release_name(a)

@@ -2,10 +2,13 @@
 durable.py restore, ActorTable.adopt / release_awaiting; _head/rejoin.py): detached
 actors whose processes ran on joined nodes, those processes connecting again in any
 order, some dying before they do, the wait for them ending at any moment, new instances'
-workers connecting. Whatever the order: every actor is served by one process at a time,
-a process taken back keeps its actor's restart count and one made again adds one, each
-node's resources are what its workers hold, and once the wait ended nothing waits. No
-processes."""
+workers connecting; and, for the actors a driver made (not detached), that driver
+connecting again and claiming them, dropping a handle, exiting, or never coming back
+before its time ends. Whatever the order: every actor is served by one process at a
+time, a process taken back keeps its actor's restart count and one made again adds one,
+each node's resources are what its workers hold, once the wait ended nothing waits, and
+a driver's actor lives exactly while its driver claimed it and holds it (or may still
+come). No processes."""
 from __future__ import annotations
 
 from typing import Any
@@ -25,17 +28,20 @@ from orchestra._scheduler.instructions import StartWorker
 pytestmark = pytest.mark.timeout(120)
 
 HEAD = 0                      # the restored actors' owner: the head's pseudo-client
+AGAIN = 99                    # the driver's connection to the restarted head
+KEY = b"d" * 16               # its key (Hello.driver_key)
 JOINED_FROM = 2               # nodes 2 and 3 joined; node 0 is the head's own
 OLD_BASE = (1 << 32) + 1      # worker ids the head before gave
 NEW_BASE = (2 << 32) + 1      # this head's
 
 
-def ctor(n: int) -> Any:
+def ctor(n: int, detached: bool = True) -> Any:
     tid = new_id()
     call = types_pb2.Call(task_id=tid, function_id=b"cls-" + tid[:4], name="Keeper.__init__",
                           num_returns=0, resources={"CPU": 1.0})
-    call.actor.CopyFrom(types_pb2.ActorSpec(actor_id=tid + b"\xff\xff\xff\xff", name=f"k{n}",
-                                            max_restarts=0, class_name="Keeper", detached=True))
+    call.actor.CopyFrom(types_pb2.ActorSpec(
+        actor_id=tid + b"\xff\xff\xff\xff", name=f"k{n}" if detached else "",
+        max_restarts=0, class_name="Keeper", detached=detached))
     return call
 
 
@@ -43,8 +49,9 @@ class Rejoin(RuleBasedStateMachine):
     # Each actor holds 1 CPU of its node's 2: at most two were on one node.
     @initialize(where=st.lists(st.sampled_from([0, 2, 3]), min_size=1, max_size=4).filter(
                     lambda w: all(w.count(n) <= 2 for n in (0, 2, 3))),
-                restarts=st.lists(st.integers(0, 3), min_size=4, max_size=4))
-    def restore(self, where: list[int], restarts: list[int]) -> None:
+                restarts=st.lists(st.integers(0, 3), min_size=4, max_size=4),
+                own=st.lists(st.booleans(), min_size=4, max_size=4))
+    def restore(self, where: list[int], restarts: list[int], own: list[bool]) -> None:
         self.c = Nodes({0: {"CPU": 2}, 2: {"CPU": 2}, 3: {"CPU": 2}}, workers={0: 0, 2: 0, 3: 0})
         self.c.s.worker_pool.first_id(NEW_BASE)
         self.c.s.client_connected(HEAD, pb.Hello(kind="grpc"))
@@ -52,13 +59,16 @@ class Rejoin(RuleBasedStateMachine):
         self.calls: list[Any] = []
         self.before: dict[bytes, int] = {}          # actor id -> restarts in its record
         self.old: dict[bytes, tuple[int, int]] = {}  # actor id -> (old worker id, its node)
+        self.own: set[bytes] = set()   # the driver's actors (not detached)
         for i, node in enumerate(where):
-            call = ctor(i)
+            call = ctor(i, detached=not own[i])
             aid = call.actor.actor_id
             self.calls.append(call)
             self.before[aid] = restarts[i]
+            if own[i]:
+                self.own.add(aid)
             records[aid.hex()] = pb.DurableActor(
-                creation=call, restarts=restarts[i], node_id=node,
+                creation=call, restarts=restarts[i], node_id=node, owner_key=KEY if own[i] else b"",
                 cls=pb.RegisterFunctionRequest(function_id=call.function_id)).SerializeToString()
             if node >= JOINED_FROM:   # its process outlived the head
                 self.old[aid] = (OLD_BASE + i, node)
@@ -66,6 +76,8 @@ class Rejoin(RuleBasedStateMachine):
         self.adopted: set[bytes] = set()
         self.refused: set[bytes] = set()
         self.released = False
+        self.claimed = self.expired = self.exited = False
+        self.dropped: set[bytes] = set()   # handles the driver let go
         self.starting: list[int] = []
         self._take()
 
@@ -88,7 +100,8 @@ class Rejoin(RuleBasedStateMachine):
         except ValueError:   # the head closes it; the process exits
             self.c.s.client_disconnected(worker_conn(wid))
             self.refused.add(aid)
-            assert not kept, "a process that came back in time, with room kept, was refused"
+            assert not kept or self._stopped(aid), \
+                "a process that came back in time, with room kept, was refused"
         self._take()
 
     @rule(data=st.data())
@@ -116,6 +129,59 @@ class Rejoin(RuleBasedStateMachine):
             self.c.s.task_done(worker_conn(wid), pb.TaskDone(task_id=w.actor.creation.call.task_id))
         self._take()
 
+    @precondition(lambda self: not self.claimed and not self.exited)
+    @rule()
+    def the_driver_connects_again(self) -> None:
+        self.c.s.client_connected(AGAIN, pb.Hello(kind="driver", pid=5, driver_key=KEY))
+        got = self.c.s.actor_table.claim(AGAIN, KEY)
+        assert set(got) == (set() if self.expired else self.own)
+        self.claimed = not self.expired
+        self._take()
+
+    @precondition(lambda self: self.claimed and not self.exited)
+    @rule(data=st.data())
+    def the_driver_drops_a_handle(self, data: st.DataObject) -> None:
+        held = sorted(self.own - self.dropped)
+        if held:
+            aid = data.draw(st.sampled_from(held))
+            self.dropped.add(aid)
+            self.c.s.ref_delta(AGAIN, [], [aid])
+            self._take()
+
+    @precondition(lambda self: self.claimed and not self.exited)
+    @rule()
+    def the_driver_exits(self) -> None:
+        self.exited = True
+        self.c.s.client_disconnected(AGAIN)
+        self._take()
+
+    @precondition(lambda self: not self.expired)
+    @rule()
+    def the_drivers_time_ends(self) -> None:
+        self.expired = True
+        gone = self.c.s.actor_table.expire_unclaimed(60.0)
+        assert set(gone) == (set() if self.claimed else self.own)
+        self._take()
+
+    def _stopped(self, aid: bytes) -> bool:
+        """Whether this actor must be dead by now: a driver's that its driver let go."""
+        if aid not in self.own:
+            return False
+        return (self.expired and not self.claimed) or self.exited or aid in self.dropped
+
+    @invariant()
+    def a_drivers_actor_lives_while_its_driver_may_hold_it(self) -> None:
+        table = self.c.s.actor_table
+        for aid in self.before:
+            a = table.actors[aid]
+            assert (a.state is ActorState.DEAD) == self._stopped(aid), (aid in self.own, a.cause)
+            if aid in self.own and self.claimed and a.state is not ActorState.DEAD:
+                assert a.owner == AGAIN and self.c.s.clients[AGAIN].holds[aid] == 1
+                assert self.c.s.clients[HEAD].holds.get(aid, 0) == 0
+            if a.state is ActorState.DEAD:
+                assert aid not in table.awaiting and aid not in table.reserved
+        assert set(table.unclaimed) == (self.own if not (self.claimed or self.expired) else set())
+
     @invariant()
     def one_process_per_actor(self) -> None:
         serving: dict[bytes, list[int]] = {}
@@ -132,7 +198,8 @@ class Rejoin(RuleBasedStateMachine):
         for aid, before in self.before.items():
             a = self.c.s.actor_table.actors[aid]
             if aid in self.adopted:
-                assert a.state is ActorState.ALIVE and a.worker is not None
+                assert a.state is ActorState.ALIVE or self._stopped(aid)
+                assert a.worker is not None
                 assert a.worker.worker_id < NEW_BASE   # its process of before
                 assert a.restarts == before and a.spec.restart_count == before
             else:
@@ -160,14 +227,15 @@ class Rejoin(RuleBasedStateMachine):
         if self.released:
             assert awaiting == {}
             for aid in self.before:   # each taken back, or a new instance on its way
-                assert self.c.s.actor_table.actors[aid].worker is not None
+                assert self.c.s.actor_table.actors[aid].worker is not None or self._stopped(aid)
         for aid in awaiting:
             assert aid not in self.adopted and aid not in self.refused
 
     @invariant()
     def refused_only_when_not_waiting(self) -> None:
-        for aid in self.refused:   # made again already: the wait had ended
-            assert aid not in self.c.s.actor_table.awaiting and self.released
+        for aid in self.refused:   # made again already (the wait had ended), or stopped
+            assert aid not in self.c.s.actor_table.awaiting
+            assert self.released or self._stopped(aid)
 
 
 TestRejoin = Rejoin.TestCase
