@@ -55,13 +55,13 @@ from typing import NamedTuple
 from .._platform.procutil import pid_alive
 from .._proto import types_pb2
 from ..exceptions import ObjectStoreError, ObjectStoreFullError
+from .pages import map_for_writing, populate_write
 from .serialization import Serialized
 
 SHM_DIR = "/dev/shm"
 DIR_PREFIX = "orchestra-"      # + <uid>-<head pid>-<session>-<random>: see make_session_dir
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 _MIN_CLASS = 64 * 1024
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 _WARM_CHUNK = 8 << 20
 
 
@@ -706,9 +706,7 @@ def open_segment(folder: str, segment: types_pb2.Segment) -> mmap.mmap:
                     f"/dev/shm has no room for an object of {_fmt(size)} ({exc.strerror}). "
                     "Free shared memory, or lower object_store_memory so the store fits "
                     "in /dev/shm.") from exc
-        # MAP_POPULATE: map every page in one call instead of one fault per page.
-        return mmap.mmap(fd, cap, mmap.MAP_SHARED | _POPULATE,
-                         mmap.PROT_READ | mmap.PROT_WRITE)
+        return map_for_writing(fd, cap)
     except OSError as exc:
         raise ObjectStoreError(f"cannot size or map the segment {path} ({exc.strerror}); "
                                "the object was not stored.") from exc
@@ -733,24 +731,10 @@ def map_ahead(folder: str, name: str) -> mmap.mmap | None:
         return None
     finally:
         os.close(fd)
-    _populate_write(mm)
+    populate_write(mm)
     return mm
 
 
-_MADV_POPULATE_WRITE = 23   # Linux 5.14
-
-
-def _populate_write(mm: mmap.mmap) -> None:
-    import ctypes
-    try:
-        madvise = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    anchor = ctypes.c_char.from_buffer(mm)
-    addr = ctypes.addressof(anchor)
-    del anchor   # the export must be gone before the map may close
-    madvise(addr, len(mm), _MADV_POPULATE_WRITE)   # older kernels: EINVAL, pages fault later
 
 
 def write_into(mm: mmap.mmap, ser: Serialized) -> None:

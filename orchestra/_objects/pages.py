@@ -1,0 +1,96 @@
+"""Pages of a segment made present before a writer copies into it (the writer's side
+of a put: _objects/store.py open_segment, map_ahead).
+
+    map_for_writing(fd, capacity): a read-write map of the segment's file, every page
+        present and writable: MADV_POPULATE_WRITE (Linux 5.14) on up to four threads
+        over disjoint ranges for a large one, MAP_POPULATE for a small one or on an
+        older kernel (said once by EINVAL, remembered)
+    populate_write(map, threads): the same for a map made already
+
+Measured on a 2-core machine, a fresh 4 GiB segment (after fallocate): MAP_POPULATE
+2.6 s, MADV_POPULATE_WRITE 1.3 s, on two threads 1.2 s; a copy into it then runs at
+memory speed.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from typing import Any
+
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+_PAGE = mmap.PAGESIZE
+
+_MADV_POPULATE_WRITE = 23   # Linux 5.14
+# A segment from this size on is mapped, then its pages made writable in place with
+# MADV_POPULATE_WRITE, in ranges of at least _POPULATE_RANGE on up to _POPULATE_THREADS
+# threads (the call releases the GIL): 4 GiB in 1.2 s here, where MAP_POPULATE took 2.6 s
+# (it maps the pages for reading, and the copy then faults each again to write).
+# Smaller ones keep MAP_POPULATE: one call, no thread.
+_POPULATE_WRITE_MIN = 16 << 20
+_POPULATE_RANGE = 256 << 20
+_POPULATE_THREADS = max(1, min(4, os.cpu_count() or 1))
+_madvise: Any = None       # libc's, once looked up (False: none)
+_write_populates = True    # False once the kernel said it has no MADV_POPULATE_WRITE
+
+
+def _libc_madvise() -> Any:
+    global _madvise
+    if _madvise is None:
+        import ctypes
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).madvise
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            _madvise = fn
+        except (OSError, AttributeError):
+            _madvise = False
+    return _madvise
+
+
+def populate_write(mm: mmap.mmap, threads: int = 1) -> int:
+    """Make every page of ``mm`` present and writable (MADV_POPULATE_WRITE), on up to
+    ``threads`` threads over disjoint ranges: 0, or the errno of a range that failed
+    (EINVAL: a kernel before 5.14); the pages then fault as they are written."""
+    import ctypes
+    import errno
+    madvise = _libc_madvise()
+    if not madvise:
+        return errno.ENOSYS
+    anchor = ctypes.c_char.from_buffer(mm)
+    addr = ctypes.addressof(anchor)
+    del anchor   # the export must be gone before the map may close
+    size = len(mm)
+    n = max(1, min(threads, size // _POPULATE_RANGE))
+    step = (-(-size // n) + _PAGE - 1) & ~(_PAGE - 1)
+    results = [0] * n
+
+    def run(i: int) -> None:
+        start = i * step
+        if madvise(addr + start, max(0, min(step, size - start)), _MADV_POPULATE_WRITE):
+            results[i] = ctypes.get_errno() or errno.EIO
+    workers = [threading.Thread(target=run, args=(i,), name="orchestra-populate")
+               for i in range(1, n)]
+    for w in workers:
+        w.start()
+    run(0)
+    for w in workers:
+        w.join()
+    return next((r for r in results if r), 0)
+
+
+def map_for_writing(fd: int, cap: int) -> mmap.mmap:
+    """A read-write map of a segment's file with its pages present (see
+    _POPULATE_WRITE_MIN)."""
+    import errno
+    global _write_populates
+    prot = mmap.PROT_READ | mmap.PROT_WRITE
+    if cap >= _POPULATE_WRITE_MIN and _write_populates:
+        mm = mmap.mmap(fd, cap, mmap.MAP_SHARED, prot)
+        failed = populate_write(mm, _POPULATE_THREADS)
+        if not failed:
+            return mm
+        mm.close()
+        if failed in (errno.EINVAL, errno.ENOSYS):   # an older kernel: MAP_POPULATE from now on
+            _write_populates = False
+    # MAP_POPULATE: map every page in one call instead of one fault per page.
+    return mmap.mmap(fd, cap, mmap.MAP_SHARED | _POPULATE, prot)
