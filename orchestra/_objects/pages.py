@@ -3,8 +3,8 @@ of a put: _objects/store.py open_segment, map_ahead).
 
     map_for_writing(fd, capacity): a read-write map of the segment's file, every page
         present and writable: MADV_POPULATE_WRITE (Linux 5.14) on up to four threads
-        over disjoint ranges for a large one, MAP_POPULATE for a small one or on an
-        older kernel (said once by EINVAL, remembered)
+        over disjoint ranges for a large fresh one, MAP_POPULATE for a small or reused
+        one or on an older kernel (said once by EINVAL, remembered)
     populate_write(map, threads): the same for a map made already
 
 Measured on a 2-core machine, a fresh 4 GiB segment (after fallocate): MAP_POPULATE
@@ -22,12 +22,13 @@ _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 _PAGE = mmap.PAGESIZE
 
 _MADV_POPULATE_WRITE = 23   # Linux 5.14
-# A segment from this size on is mapped, then its pages made writable in place with
-# MADV_POPULATE_WRITE, in ranges of at least _POPULATE_RANGE on up to _POPULATE_THREADS
-# threads (the call releases the GIL): 4 GiB in 1.2 s here, where MAP_POPULATE took 2.6 s
-# (it maps the pages for reading, and the copy then faults each again to write).
-# Smaller ones keep MAP_POPULATE: one call, no thread.
-_POPULATE_WRITE_MIN = 16 << 20
+# A fresh segment from this size on is mapped, then its pages made writable in place
+# with MADV_POPULATE_WRITE, in ranges of at least _POPULATE_RANGE on up to
+# _POPULATE_THREADS threads (the call releases the GIL): 4 GiB in 1.2 s here, where
+# MAP_POPULATE took 2.6 s (it maps the pages for reading, and the copy then faults each
+# again to write). Smaller ones, and segments reused from the pool (the warm reserve:
+# the 512 MiB rows of the microbenchmark), keep MAP_POPULATE.
+_POPULATE_WRITE_MIN = 256 << 20
 _POPULATE_RANGE = 256 << 20
 _POPULATE_THREADS = max(1, min(4, os.cpu_count() or 1))
 _madvise: Any = None       # libc's, once looked up (False: none)
@@ -78,13 +79,14 @@ def populate_write(mm: mmap.mmap, threads: int = 1) -> int:
     return next((r for r in results if r), 0)
 
 
-def map_for_writing(fd: int, cap: int) -> mmap.mmap:
+def map_for_writing(fd: int, cap: int, fresh: bool = True) -> mmap.mmap:
     """A read-write map of a segment's file with its pages present (see
-    _POPULATE_WRITE_MIN)."""
+    _POPULATE_WRITE_MIN); a segment reused from the store's pool (``fresh`` False: its
+    pages were written before) keeps MAP_POPULATE."""
     import errno
     global _write_populates
     prot = mmap.PROT_READ | mmap.PROT_WRITE
-    if cap >= _POPULATE_WRITE_MIN and _write_populates:
+    if fresh and cap >= _POPULATE_WRITE_MIN and _write_populates:
         mm = mmap.mmap(fd, cap, mmap.MAP_SHARED, prot)
         failed = populate_write(mm, _POPULATE_THREADS)
         if not failed:

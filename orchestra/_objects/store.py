@@ -706,7 +706,7 @@ def open_segment(folder: str, segment: types_pb2.Segment) -> mmap.mmap:
                     f"/dev/shm has no room for an object of {_fmt(size)} ({exc.strerror}). "
                     "Free shared memory, or lower object_store_memory so the store fits "
                     "in /dev/shm.") from exc
-        return map_for_writing(fd, cap)
+        return map_for_writing(fd, cap, fresh=not segment.reused)
     except OSError as exc:
         raise ObjectStoreError(f"cannot size or map the segment {path} ({exc.strerror}); "
                                "the object was not stored.") from exc

@@ -66,10 +66,11 @@ def test_every_page_of_the_map_is_present_after_populate_write(shm_file, monkeyp
 
 
 def test_map_for_writing_gives_a_present_writable_map_large_or_small(shm_file):
-    for size in (pages._POPULATE_WRITE_MIN, 1 << 20):   # the madvise path, MAP_POPULATE
+    for size, fresh in ((pages._POPULATE_WRITE_MIN, True), (1 << 20, True),
+                        (pages._POPULATE_WRITE_MIN, False)):   # madvise, MAP_POPULATE twice
         fd = _file(shm_file, size)
         try:
-            mm = pages.map_for_writing(fd, size)
+            mm = pages.map_for_writing(fd, size, fresh)
             assert len(mm) == size and _resident_kib(mm) == size >> 10
             mm[:5] = b"hello"
             mm.close()
