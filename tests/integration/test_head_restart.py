@@ -60,6 +60,22 @@ def serving_head(rec: dict[str, Any], other_than: int = 0) -> int:
     return head_pid(rec["run_dir"])
 
 
+def start_driver(script: str, *argv: str) -> subprocess.Popen[str]:
+    """A driver running ``script`` (its stdin, stdout and stderr piped)."""
+    return subprocess.Popen([sys.executable, "-c", script, *argv], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=REPO))
+
+
+def kill_head(rec: dict[str, Any]) -> int:
+    """SIGKILL the serving head and wait until its supervisor's next one serves: the
+    killed head's pid."""
+    head = serving_head(rec)
+    os.kill(head, signal.SIGKILL)
+    serving_head(rec, other_than=head)
+    return head
+
+
 def test_a_killed_head_comes_back_on_its_address_and_status_counts_it(state: str) -> None:
     rec = start_head(state)
     first = serving_head(rec)
@@ -185,9 +201,7 @@ def test_a_node_that_loses_the_head_joins_it_again_once_it_is_back(state: str) -
     node = join(rec)
     on, alive = where()
     assert len(alive) == 2 and on in alive
-    head = serving_head(rec)
-    os.kill(head, signal.SIGKILL)
-    serving_head(rec, other_than=head)
+    kill_head(rec)
     log = Path(node["run_dir"], "stderr.log")
     wait_until(lambda: log.read_text().count("joined the cluster") == 2, T,
                "the node to join the restarted head")
@@ -286,9 +300,7 @@ def test_detached_actors_and_groups_are_made_again_by_a_restarted_head(
         url = "sqlite://" + str(tmp_path / "store" / "head.db")
     rec = start_head(state, "--state-store", url)
     assert run_script(MAKE_DETACHED, rec) == [105, False]
-    head = serving_head(rec)
-    os.kill(head, signal.SIGKILL)
-    serving_head(rec, other_than=head)
+    kill_head(rec)
     assert run_script(USE_DETACHED, rec) == [101, True, True, "ran in it", [1]]
     status = cli("status")
     assert status.returncode == 0, status.stderr
@@ -330,9 +342,7 @@ def test_a_detached_actor_that_needs_a_joined_node_waits_for_it_to_join_again(st
     rec = start_head(state, "--state-store", "sqlite://" + str(Path(state, "s.db")))
     node = join(rec)
     [before] = run_script(ON_NODE, rec)
-    head = serving_head(rec)
-    os.kill(head, signal.SIGKILL)
-    serving_head(rec, other_than=head)
+    kill_head(rec)
     log = Path(node["run_dir"], "stderr.log")
     on, alive = run_script(FIND_ON_NODE, rec)   # may start before the node is back
     wait_until(lambda: log.read_text().count("joined the cluster") == 2, T, "the node's log")
@@ -383,9 +393,7 @@ def test_a_detached_actor_on_a_joined_node_outlives_the_head_with_its_state(stat
     node = join(rec)
     n, pid, on = run_script(KEEP_COUNTING, rec)
     assert n == 5 and on != "0" * 16
-    head = serving_head(rec)
-    os.kill(head, signal.SIGKILL)
-    serving_head(rec, other_than=head)
+    kill_head(rec)
     n, pid_after, on_after, restarts, alive = run_script(COUNT_ON, rec)
     assert (n, pid_after, on_after, restarts) == (6, pid, on, [0])
     assert on in alive
@@ -431,17 +439,13 @@ def through_a_kill(rec: dict[str, Any], script: str, *argv: str,
     """Run the driver ``script`` until it prints "ready", SIGKILL the head ``pause_s``
     later, let the driver go on once the head is back: (the JSON of its last line, its
     stderr); it must exit 0."""
-    driver = subprocess.Popen([sys.executable, "-c", script, *argv], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ, PYTHONPATH=REPO))
+    driver = start_driver(script, *argv)
     try:
         assert driver.stdout is not None and driver.stdin is not None
         ready = driver.stdout.readline().strip()
         assert ready == "ready", driver.communicate(timeout=T)[1]
         time.sleep(pause_s)
-        head = serving_head(rec)
-        os.kill(head, signal.SIGKILL)
-        serving_head(rec, other_than=head)
+        kill_head(rec)
         driver.stdin.write("go\n")
         driver.stdin.flush()
         out, err = driver.communicate(timeout=2 * T)
@@ -505,17 +509,13 @@ def test_a_drivers_own_actors_outlive_the_head_and_still_die_with_the_driver(
     exit stops them all, as before the restart."""
     rec = start_head(state, "--state-store", "sqlite://" + str(Path(state, "s.db")))
     join(rec)
-    driver = subprocess.Popen([sys.executable, "-c", OWN_ACTORS], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ, PYTHONPATH=REPO))
+    driver = start_driver(OWN_ACTORS)
     try:
         assert driver.stdout is not None and driver.stdin is not None
         ready = driver.stdout.readline().split(maxsplit=1)
         assert ready and ready[0] == "ready", driver.communicate(timeout=T)[1]
         pid, dropped_pid = json.loads(ready[1])
-        head = serving_head(rec)
-        os.kill(head, signal.SIGKILL)
-        serving_head(rec, other_than=head)
+        kill_head(rec)
         driver.stdin.write("go\n")
         driver.stdin.flush()
         line = driver.stdout.readline()
@@ -539,9 +539,7 @@ def test_a_drivers_own_actor_stops_when_the_driver_does_not_come_back(state: str
     rec = start_head(state, "--state-store", "sqlite://" + str(Path(state, "s.db")),
                      "--reconnect-timeout", "4")
     join(rec)
-    driver = subprocess.Popen([sys.executable, "-c", OWN_ACTORS], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ, PYTHONPATH=REPO))
+    driver = start_driver(OWN_ACTORS)
     try:
         assert driver.stdout is not None
         ready = driver.stdout.readline().split(maxsplit=1)
@@ -589,9 +587,7 @@ def test_a_stopped_head_leaves_no_record_of_the_drivers_actors_in_its_store(stat
     import sqlite3
     db = Path(state, "s.db")
     start_head(state, "--state-store", "sqlite://" + str(db))
-    driver = subprocess.Popen([sys.executable, "-c", HOLDS], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ, PYTHONPATH=REPO))
+    driver = start_driver(HOLDS)
     try:
         assert driver.stdout is not None
         assert driver.stdout.readline().strip() == "ready", driver.communicate(timeout=T)[1]
@@ -827,9 +823,7 @@ except ClusterLostError as exc:
 def test_a_driver_whose_head_stays_away_stops_after_the_heads_reconnect_timeout(
         state: str) -> None:
     rec = start_head(state, "--reconnect-timeout", "1.5")
-    driver = subprocess.Popen([sys.executable, "-c", GIVES_UP], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ, PYTHONPATH=REPO))
+    driver = start_driver(GIVES_UP)
     head = serving_head(rec)
     os.kill(rec["pid"], signal.SIGSTOP)   # nothing starts the head again
     try:
@@ -887,16 +881,12 @@ def test_a_gang_in_flight_aborts_with_the_head_and_a_new_one_forms(state: str) -
     forms a new gang there."""
     rec = start_head(state, "--num-cpus", "2")
     join(rec)
-    driver = subprocess.Popen([sys.executable, "-c", GANG_AGAIN], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ, PYTHONPATH=REPO))
+    driver = start_driver(GANG_AGAIN)
     try:
         assert driver.stdout is not None and driver.stdin is not None
         ready = driver.stdout.readline().strip()
         assert ready == "ready", driver.communicate(timeout=T)[1]
-        head = serving_head(rec)
-        os.kill(head, signal.SIGKILL)
-        serving_head(rec, other_than=head)
+        kill_head(rec)
         driver.stdin.write("go\n")
         driver.stdin.flush()
         out, err = driver.communicate(timeout=T)

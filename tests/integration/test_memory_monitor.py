@@ -11,8 +11,9 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -80,15 +81,35 @@ def cgroup() -> Iterator[MemoryCgroup]:
                 time.sleep(0.05)
 
 
-def run_in(group: MemoryCgroup, script: str, *argv: str) -> subprocess.CompletedProcess[str]:
-    """Run a driver ``script`` inside ``group`` (it and all it starts)."""
+def entering(group: MemoryCgroup) -> Callable[[], None]:
+    """A preexec_fn that puts the new process (and all it starts) in ``group``."""
     procs = str(group.path / "cgroup.procs")
 
     def enter() -> None:
         with open(procs, "w") as f:
             f.write(str(os.getpid()))
+    return enter
+
+
+def run_in(group: MemoryCgroup, script: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    """Run a driver ``script`` inside ``group``."""
     return subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True,
-                          timeout=100, env=child_env(), preexec_fn=enter)
+                          timeout=100, env=child_env(), preexec_fn=entering(group))
+
+
+def printed(r: subprocess.CompletedProcess[str]) -> Any:
+    """The JSON of the last line a driver that exited 0 printed."""
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+FILL = """
+def fill(held, mb):   # grows by 8 MiB every 40 ms (200 MB/s)
+    for _ in range(mb // 8):
+        held.append(b"x" * (8 << 20))
+        time.sleep(0.04)
+    return len(held)
+"""
 
 
 HOG = """
@@ -96,13 +117,10 @@ import json, os, time, orchestra
 from orchestra.exceptions import OutOfMemoryError, WorkerCrashedError
 orchestra.init(num_cpus=2, object_store_memory=64 << 20, include_dashboard=False)
 
+{fill}
 @orchestra.remote(max_retries=0)
-def hog(mb):   # grows by 8 MiB every 40 ms (200 MB/s), past the cgroup's limit
-    held = []
-    for _ in range(mb // 8):
-        held.append(b"x" * (8 << 20))
-        time.sleep(0.04)
-    return len(held)
+def hog(mb):   # past the cgroup's limit
+    return fill([], mb)
 
 @orchestra.remote
 def small(x):
@@ -118,14 +136,12 @@ except OutOfMemoryError as exc:
 out.append(orchestra.get(small.remote(41), timeout=30))
 print(json.dumps(out))
 orchestra.shutdown()
-"""
+""".replace("{fill}", FILL)
 
 
 def test_a_task_past_the_limit_gets_out_of_memory_error_before_the_kernel_acts(
         cgroup: MemoryCgroup) -> None:
-    r = run_in(cgroup, HOG)
-    assert r.returncode == 0, r.stderr
-    name, is_memory, is_crash, text, after = json.loads(r.stdout.strip().splitlines()[-1])
+    name, is_memory, is_crash, text, after = printed(run_in(cgroup, HOG))
     assert (name, is_memory, is_crash, after) == ("OutOfMemoryError", True, True, 42)
     assert "task __main__.hog() ran out of memory" in text and "killed by the memory monitor" in text
     assert "of 0.75 GiB" in text and "past its threshold of 95%" in text, text
@@ -138,14 +154,13 @@ import json, sys, time, orchestra
 orchestra.init(num_cpus=2, object_store_memory=64 << 20, include_dashboard=False)
 ATTEMPTS = sys.argv[1]
 
+{fill}
 @orchestra.remote(max_retries=6)
 def grow(tag, mb, hold_s):   # about 0.6 of the limit each: two do not fit together
     with open(ATTEMPTS, "a") as f:
         f.write(tag + "\\n")   # one line per attempt
     held = []
-    for _ in range(mb // 8):
-        held.append(b"x" * (8 << 20))
-        time.sleep(0.04)
+    fill(held, mb)
     time.sleep(hold_s)
     return len(held)
 
@@ -154,15 +169,13 @@ time.sleep(0.3)
 second = grow.remote("second", 448, 0.0)   # the newest: the monitor's victim
 print(json.dumps([orchestra.get(first, timeout=90), orchestra.get(second, timeout=90)]))
 orchestra.shutdown()
-"""
+""".replace("{fill}", FILL)
 
 
 def test_of_two_tasks_that_do_not_fit_together_the_newest_is_killed_and_retried(
         cgroup: MemoryCgroup, tmp_path: Path) -> None:
     attempts = tmp_path / "attempts"
-    r = run_in(cgroup, TWO, str(attempts))
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout.strip().splitlines()[-1]) == [56, 56]
+    assert printed(run_in(cgroup, TWO, str(attempts))) == [56, 56]
     ran = attempts.read_text().split()
     assert ran.count("first") == 1 and ran.count("second") >= 2, ran
     assert cgroup.oom_kills() == 0
@@ -172,13 +185,10 @@ LENT = """
 import json, time, orchestra
 orchestra.init(num_cpus=2, object_store_memory=64 << 20, include_dashboard=False)
 
+{fill}
 @orchestra.remote(max_retries=10)
 def grow(mb):
-    held = []
-    for _ in range(mb // 8):
-        held.append(b"x" * (8 << 20))
-        time.sleep(0.04)
-    return len(held)
+    return fill([], mb)
 
 @orchestra.remote
 def noop():
@@ -187,15 +197,13 @@ def noop():
 orchestra.get([noop.remote() for _ in range(1000)])   # its workers are lent to it now
 print(json.dumps(orchestra.get([grow.remote(400) for _ in range(4)], timeout=150)))
 orchestra.shutdown()
-"""
+""".replace("{fill}", FILL)
 
 
 def test_workers_lent_to_the_driver_are_victims_too(cgroup: MemoryCgroup) -> None:
     """A driver's tasks on workers lent to it run as direct calls the head does not see:
     the monitor's victims all the same (they were not, and the kernel killed 4)."""
-    r = run_in(cgroup, LENT)
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout.strip().splitlines()[-1]) == [50] * 4
+    assert printed(run_in(cgroup, LENT)) == [50] * 4
     assert cgroup.oom_kills() == 0
 
 
@@ -204,15 +212,13 @@ import json, time, orchestra
 from orchestra.exceptions import ActorDiedError, OutOfMemoryError
 orchestra.init(num_cpus=2, object_store_memory=64 << 20, include_dashboard=False)
 
+{fill}
 @orchestra.remote
 class Cache:
     def __init__(self):
         self.held = []
     def grow(self, mb):
-        for _ in range(mb // 8):
-            self.held.append(b"x" * (8 << 20))
-            time.sleep(0.04)
-        return len(self.held)
+        return fill(self.held, mb)
 
 c = Cache.remote()
 out = []
@@ -226,14 +232,12 @@ except ActorDiedError as exc:
     out += ["ActorDiedError", "memory monitor" in str(exc)]
 print(json.dumps(out))
 orchestra.shutdown()
-"""
+""".replace("{fill}", FILL)
 
 
 def test_an_actor_that_grows_past_the_limit_dies_of_out_of_memory_error(
         cgroup: MemoryCgroup) -> None:
-    r = run_in(cgroup, ACTOR)
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout.strip().splitlines()[-1]) == [
+    assert printed(run_in(cgroup, ACTOR)) == [
         "OutOfMemoryError", True, "ActorDiedError", True]
     assert cgroup.oom_kills() == 0
 
@@ -243,12 +247,10 @@ import json, sys, time, orchestra
 from orchestra.exceptions import OutOfMemoryError
 orchestra.init(address=sys.argv[1], token=sys.argv[2])
 
+{fill}
 @orchestra.remote(max_retries=0, resources={"far": 1})
 def hog(mb):
-    held = []
-    for _ in range(mb // 8):
-        held.append(b"x" * (8 << 20))
-        time.sleep(0.04)
+    fill([], mb)
     return orchestra.get_runtime_context().get_node_id()
 
 try:
@@ -257,7 +259,7 @@ try:
 except OutOfMemoryError as exc:
     print(json.dumps(["OutOfMemoryError", str(exc)]))
 orchestra.shutdown()
-"""
+""".replace("{fill}", FILL)
 
 
 def test_a_joined_nodes_monitor_asks_the_head_over_the_network(
@@ -266,22 +268,16 @@ def test_a_joined_nodes_monitor_asks_the_head_over_the_network(
     reports its pressure to the head as a NodeEvent, and the head kills its worker."""
     from _cli import REPO, SMALL, cli, start_head
     head = start_head(state)
-    procs = str(cgroup.path / "cgroup.procs")
-
-    def enter() -> None:
-        with open(procs, "w") as f:
-            f.write(str(os.getpid()))
     try:
         joined = subprocess.run(
             [sys.executable, "-m", "orchestra._cli", "start", "--address", head["address"],
              "--token", head["token"], *SMALL, "--resources", '{"far": 1}'],
-            capture_output=True, text=True, timeout=60, preexec_fn=enter,
+            capture_output=True, text=True, timeout=60, preexec_fn=entering(cgroup),
             env=dict(os.environ, PYTHONPATH=REPO))
         assert joined.returncode == 0, joined.stderr
-        r = subprocess.run([sys.executable, "-c", JOINED_HOG, head["address"], head["token"]],
-                           capture_output=True, text=True, timeout=100, env=child_env())
-        assert r.returncode == 0, r.stderr
-        name, text = json.loads(r.stdout.strip().splitlines()[-1])
+        name, text = printed(subprocess.run(
+            [sys.executable, "-c", JOINED_HOG, head["address"], head["token"]],
+            capture_output=True, text=True, timeout=100, env=child_env()))
         assert name == "OutOfMemoryError" and "killed by the memory monitor" in text, text
         assert f"cgroup v{2 if cgroup.v2 else 1} /{cgroup.path.name}" in text
         assert "node 0000000000000000" not in text   # the joined node's, not the head's
