@@ -13,24 +13,25 @@ memory speed.
 """
 from __future__ import annotations
 
+import errno
 import mmap
-import os
 import threading
 from typing import Any
+
+from .serialization import _COPY_THREADS
 
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 _PAGE = mmap.PAGESIZE
 
 _MADV_POPULATE_WRITE = 23   # Linux 5.14
 # A fresh segment from this size on is mapped, then its pages made writable in place
-# with MADV_POPULATE_WRITE, in ranges of at least _POPULATE_RANGE on up to
-# _POPULATE_THREADS threads (the call releases the GIL): 4 GiB in 1.2 s here, where
-# MAP_POPULATE took 2.6 s (it maps the pages for reading, and the copy then faults each
+# with MADV_POPULATE_WRITE, in ranges of at least _POPULATE_RANGE on as many threads
+# as a put copies on (_COPY_THREADS; the call releases the GIL): 4 GiB in 1.2 s here,
+# where MAP_POPULATE took 2.6 s (it maps the pages for reading, and the copy then faults each
 # again to write). Smaller ones, and segments reused from the pool (the warm reserve:
 # the 512 MiB rows of the microbenchmark), keep MAP_POPULATE.
 _POPULATE_WRITE_MIN = 256 << 20
 _POPULATE_RANGE = 256 << 20
-_POPULATE_THREADS = max(1, min(4, os.cpu_count() or 1))
 _madvise: Any = None       # libc's, once looked up (False: none)
 _write_populates = True    # False once the kernel said it has no MADV_POPULATE_WRITE
 
@@ -53,7 +54,6 @@ def populate_write(mm: mmap.mmap, threads: int = 1) -> int:
     ``threads`` threads over disjoint ranges: 0, or the errno of a range that failed
     (EINVAL: a kernel before 5.14); the pages then fault as they are written."""
     import ctypes
-    import errno
     madvise = _libc_madvise()
     if not madvise:
         return errno.ENOSYS
@@ -83,12 +83,11 @@ def map_for_writing(fd: int, cap: int, fresh: bool = True) -> mmap.mmap:
     """A read-write map of a segment's file with its pages present (see
     _POPULATE_WRITE_MIN); a segment reused from the store's pool (``fresh`` False: its
     pages were written before) keeps MAP_POPULATE."""
-    import errno
     global _write_populates
     prot = mmap.PROT_READ | mmap.PROT_WRITE
     if fresh and cap >= _POPULATE_WRITE_MIN and _write_populates:
         mm = mmap.mmap(fd, cap, mmap.MAP_SHARED, prot)
-        failed = populate_write(mm, _POPULATE_THREADS)
+        failed = populate_write(mm, _COPY_THREADS)
         if not failed:
             return mm
         mm.close()
