@@ -193,6 +193,8 @@ def run_framework(name: str, quick: bool) -> Results:
     time.sleep(0.5)
     res.update({f"idle_{k}": v for k, v in cluster_memory().items()})
 
+    res.update(_medium_objects(fw, scale))
+    gc.collect()
     res.update(_large_object(fw, big, checksum))
     gc.collect()
     try:
@@ -211,12 +213,37 @@ def _wait_all(fw: ModuleType, refs: list[object]) -> float:
     return _lat(lambda: fw.wait(refs, num_returns=len(refs)), 50, 5)["median_us"]
 
 
+def _medium_objects(fw: ModuleType, scale: float) -> dict[str, float]:
+    """10,000 puts of a 100 KB array (the refs kept), a get of each; 1,000 puts of a
+    1 MiB array."""
+    import numpy as np
+    out = {}
+    n = max(100, int(10000 * scale))
+    value = np.ones(100_000 // 8)
+    t = time.perf_counter()
+    refs = [fw.put(value) for _ in range(n)]
+    out["put_100kb_per_s"] = n / (time.perf_counter() - t)
+    t = time.perf_counter()
+    for r in refs:
+        fw.get(r)
+    out["get_100kb_per_s"] = n / (time.perf_counter() - t)
+    del refs
+    m = max(20, int(1000 * scale))
+    value = np.ones(MiB // 8)
+    t = time.perf_counter()
+    refs = [fw.put(value) for _ in range(m)]
+    out["put_1mb_gb_per_s"] = m * MiB / (time.perf_counter() - t) / 1e9
+    del refs
+    return out
+
+
 def _large_object(fw: ModuleType, big: int, checksum: RemoteFn) -> dict[str, float]:
     import numpy as np
     data = np.random.default_rng(0).random(big // 8)
     out = {}
     ref, puts, first_gets, _ = _fresh_puts(fw, data)
     out["put_large_gb_per_s"] = big / statistics.median(puts) / 1e9
+    out["put_large_first_gb_per_s"] = big / puts[0] / 1e9
     out["get_large_first_us"] = statistics.median(first_gets) * 1e6
     out["get_large_us"] = _lat(lambda: fw.get(ref), 20, 5)["median_us"]
     t = time.perf_counter()
@@ -487,7 +514,11 @@ ROWS = [
     ("pool_imap_items_per_s", "Pool(2).imap_unordered, chunksize=100: items/s", True),
     ("put_small_per_s", "put small values/s", True),
     ("get_small_per_s", "get small values/s", True),
+    ("put_100kb_per_s", "put 100 KB arrays: puts/s (10k, refs kept)", True),
+    ("get_100kb_per_s", "get each of those 100 KB objects: gets/s", True),
+    ("put_1mb_gb_per_s", "put 1 MiB arrays (1k, refs kept) (GB/s)", True),
     ("put_large_gb_per_s", "put 512 MiB array (GB/s)", True),
+    ("put_large_first_gb_per_s", "  the first of those puts (fresh memory) (GB/s)", True),
     ("get_large_first_us", "get 512 MiB array, first after its put (us)", False),
     ("get_large_us", "get 512 MiB array, again (us)", False),
     ("task_read_large_ms", "task reading the 512 MiB object (ms)", False),

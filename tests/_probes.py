@@ -15,7 +15,7 @@ import pytest
 
 import orchestra
 from orchestra._api import session as _session
-from orchestra._objects.store import DIR_PREFIX, SHM_DIR, session_dir_prefix
+from orchestra._objects.segments import DIR_PREFIX, SHM_DIR, session_dir_prefix
 from orchestra._platform.procutil import pid_alive
 
 
@@ -152,7 +152,7 @@ class Cluster:
 
 def segment_file(ref: Any) -> str:
     """The file in /dev/shm holding a large object this driver knows the location of."""
-    from orchestra._objects.store import segment_path
+    from orchestra._objects.segments import segment_path
     from orchestra._runtime import context as _context
     client = _context._client
     orchestra.wait([ref], timeout=30)

@@ -183,7 +183,7 @@ def run_node_pull(token: str, args: argparse.Namespace, sizes: dict[str, int]) -
     import asyncio
 
     from orchestra._node.node import Node
-    from orchestra._objects.store import open_segment
+    from orchestra._objects.segments import open_segment
 
     loop = asyncio.new_event_loop()
     done: list[tuple[bytes, object, str]] = []

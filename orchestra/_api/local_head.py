@@ -18,7 +18,9 @@ import tempfile
 from typing import Any
 
 from .._checks import is_int
-from .._objects.store import SHM_DIR, sweep_stale_segments
+from .._node.memory import settings as memory_settings
+from .._objects.segments import SHM_DIR, sweep_stale_segments
+from .._objects.store import pool_settings
 from .._platform.bootstrap import BOOTSTRAP as HEAD_BOOTSTRAP
 from .._platform.gpus import detect_num_gpus
 from .._platform.procutil import pid_alive
@@ -138,6 +140,10 @@ def build_cfg(*, num_cpus: int | None = None, num_gpus: int | None = None,
         if not os.access(spill_dir, os.W_OK | os.X_OK):
             raise ValueError(f"spill_dir {spill_dir!r} is not writable by this user")
     _check_dashboard(include_dashboard, dashboard_port)
+    # The node reads these from the environment it inherits: refused here, with the
+    # setting's name, rather than by a head that fails to start.
+    pool_settings(os.environ)
+    memory_settings(os.environ)
     store, warning = store_memory(object_store_memory, _ram(), _shm_free())
     # The node's "memory" (what tasks' and actors' memory= hold): 70% of RAM beside the
     # object store, as Ray counts it.

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from .._checks import a_type, is_int, is_number
 from .._ids import machine_id, node_hex
-from .._objects.store import remove_private_dir, sweep_stale_segments
+from .._objects.segments import remove_private_dir, sweep_stale_segments
 from .._protocol import pb
 from .._protocol import wire as _wire
 from .._protocol.connection import parse_address

@@ -436,7 +436,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         return ", ".join(f"{printable(k)} {v}" for k, v in sorted(counts.items())) or "none"
 
     lines = [f"object store (in use/total): {_fmt_bytes(store['used'])}/"
-             f"{_fmt_bytes(store['capacity'])}, spilled {_fmt_bytes(store['spilled_bytes'])} "
+             f"{_fmt_bytes(store['capacity'])}, kept for reuse "
+             f"{_fmt_bytes(store.get('pooled', 0))}, spilled {_fmt_bytes(store['spilled_bytes'])} "
              f"({store['spilled_objects']} object(s))",
              f"tasks: {by_state(summary['tasks'])}",
              f"actors: {by_state(summary['actors'])}",

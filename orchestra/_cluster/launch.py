@@ -30,7 +30,7 @@ from typing import Any, BinaryIO
 
 from .._api import local_head
 from .._head import state_store as _store
-from .._objects.store import sweep_stale_segments
+from .._objects.segments import sweep_stale_segments
 from .._platform.bootstrap import JOIN_BOOTSTRAP
 from .._platform.procutil import pid_alive
 from .._protocol import tls as _tls

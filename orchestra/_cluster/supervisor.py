@@ -174,7 +174,7 @@ class _Supervisor:
 
     def _clean(self) -> None:
         """What the dead head left: its sockets and files, and its segments."""
-        from .._objects.store import sweep_stale_segments
+        from .._objects.segments import sweep_stale_segments
         for name in _STALE:
             try:
                 os.unlink(os.path.join(self.session_dir, name))

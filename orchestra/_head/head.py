@@ -39,7 +39,7 @@ from .._ids import machine_id, node_hex
 from .._node.node import Node, node_from_cfg, worker_socket
 from .._node.worker_pool import ZygoteStart
 from .._objects.errors import make_error
-from .._objects.store import sweep_stale_segments
+from .._objects.segments import sweep_stale_segments
 from .._observe.log_router import LogRoutes
 from .._observe.task_events import DRIVER
 from .._protocol import pb

@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .._objects.errors import describe_exit
-from .._objects.store import remove_private_dir
+from .._objects.segments import remove_private_dir
 from .._platform.bootstrap import NODE_BOOTSTRAP
 from .._protocol import pb
 from .._protocol import wire as _wire

@@ -359,10 +359,11 @@ class StateQueries:
         head = self.head
         st = head.state
         nodes = []
-        store = {"used": 0, "capacity": 0, "spilled_bytes": 0, "spilled_objects": 0}
+        store = {"used": 0, "capacity": 0, "pooled": 0, "spilled_bytes": 0, "spilled_objects": 0}
         for node in head.nodes.values():
             info = node.store_info()
             store["used"] += info.used
+            store["pooled"] += info.pooled
             store["capacity"] += info.capacity
             store["spilled_bytes"] += info.spilled_bytes
             store["spilled_objects"] += info.spilled_objects

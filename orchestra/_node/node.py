@@ -49,15 +49,15 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._objects.errors import MEMORY_KILL, describe_exit
+from .._objects.segments import open_segment, segment_path, spill_file
 from .._objects.store import (
+    DEFAULT_POOL_IDLE_S,
     ObjectStore,
     ReleaseNeeded,
     SpillJob,
     SpillNeeded,
     StoredSegment,
-    open_segment,
-    segment_path,
-    spill_file,
+    pool_settings,
 )
 from .._objects.transfer import DataServer, Fetcher
 from .._observe.log_capture import LOGS_DIR, last_words
@@ -140,13 +140,15 @@ def node_from_cfg(node_id: int, host: NodeHost, loop: asyncio.AbstractEventLoop,
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in cfg.get("sys_path", []) if p)
     session_dir = cfg["session_dir"]
+    pool_idle_s, warm_bytes = pool_settings(env)
     return Node(
         node_id, host, loop, session_id=cfg["session_id"], session_dir=session_dir,
         # A node that joined over TCP: its workers connect to the head's address.
         sock_path=cfg.get("head_address") or os.path.join(session_dir, "head.sock"),
         capacity=capacity,
         pool_bytes=cfg.get("pool_bytes"),
-        warm_bytes=int(cfg.get("warm_bytes", min(capacity // 2, 1 << 30))),
+        warm_bytes=int(cfg.get("warm_bytes", warm_bytes)),
+        pool_idle_s=float(cfg.get("pool_idle_s", pool_idle_s)),
         spill_dir=cfg.get("spill_dir"), env=env, preload=list(cfg.get("preload") or []),
         warm_delay_s=cfg.get("warm_delay_s", 0.5), zygote=zygote, store=store)
 
@@ -157,7 +159,8 @@ class Node:
     def __init__(self, node_id: int, host: NodeHost, loop: asyncio.AbstractEventLoop, *, session_id: str,
                  session_dir: str, sock_path: str, capacity: int,
                  pool_bytes: int | None = None, warm_bytes: int = 0,
-                 spill_dir: str | None = None, env: dict[str, str] | None = None,
+                 pool_idle_s: float = DEFAULT_POOL_IDLE_S, spill_dir: str | None = None,
+                 env: dict[str, str] | None = None,
                  preload: list[str] | None = None, warm_delay_s: float = 0.5,
                  zygote: ZygoteStart | None = None, store: ObjectStore | None = None) -> None:
         self.node_id = node_id
@@ -168,7 +171,7 @@ class Node:
         # (carry_over) are named in the node's register (NodeRegister.kept).
         self.store = store if store is not None else ObjectStore(
             node_id, session_id, capacity, pool_limit=pool_bytes, warm_bytes=warm_bytes,
-            spill_dir=spill_dir)
+            pool_idle_s=pool_idle_s, spill_dir=spill_dir)
         self.kept_objects: list[pb.ObjectData] = store.carry_over() if store is not None else []
         self.capacity = capacity
         self.shm_dir = self.store.dir
@@ -543,7 +546,8 @@ class Node:
         self.host.worker_exited(worker_id, reason, connected=True)
 
     def _watch(self) -> None:
-        """Notice workers that exited before they connected."""
+        """Notice workers that exited before they connected; give back the segments
+        kept for reuse that nothing took for a while (ObjectStore.trim_pool)."""
         if self.closed:
             return
         for wid, p in self.pool.snapshot():
@@ -551,6 +555,10 @@ class Node:
                 self.pool.procs.pop(wid, None)
                 self.exit_reasons.pop(wid, None)
                 self.host.worker_exited(wid, describe_exit(p.returncode), connected=False)
+        if self.store.pooled > self.store.warm_bytes and self.store.trim_pool() \
+                and self.store.dropped:
+            self._send_dropped()
+            self.host.flush()
         self.loop.call_later(_WATCH_S, self._watch)
 
     # ------------------------------------------------------------------ figures

@@ -20,7 +20,8 @@ read-only map of all of it, kept across the objects the segment holds: a worker 
 each new large argument put in a pooled segment finds its pages mapped, and reads 512 MiB
 strided in ~2 ms instead of ~25 ms of page faults; the newest _RMAPS_MAX, closed on
 DROP_MAPS and RELEASE_MAPS; the store counts the reader among those it tells); and the
-store's warm reserve, mapped ahead while idle (MAP_AHEAD).
+store's warm reserve where one is set (ORCHESTRA_OBJECT_WARM_RESERVE), mapped ahead while idle
+(MAP_AHEAD).
 """
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ from typing import Any, Protocol
 from .._protocol import pb
 from ..exceptions import ObjectLostError, OrchestraError
 from .refs import RefCounts
+from .segments import map_ahead, map_segment, open_segment, write_into
 from .serialization import Parsed, Serialized, deserialize, parse
-from .store import map_ahead, map_segment, open_segment, write_into
 
 
 class Client(Protocol):

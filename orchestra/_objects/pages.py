@@ -1,5 +1,5 @@
 """Pages of a segment made present before a writer copies into it (the writer's side
-of a put: _objects/store.py open_segment, map_ahead).
+of a put: _objects/segments.py open_segment, map_ahead).
 
     map_for_writing(fd, capacity): a read-write map of the segment's file, every page
         present and writable: MADV_POPULATE_WRITE (Linux 5.14) on up to four threads
@@ -28,7 +28,7 @@ _MADV_POPULATE_WRITE = 23   # Linux 5.14
 # with MADV_POPULATE_WRITE, in ranges of at least _POPULATE_RANGE on as many threads
 # as a put copies on (_COPY_THREADS; the call releases the GIL): 4 GiB in 1.2 s here,
 # where MAP_POPULATE took 2.6 s (it maps the pages for reading, and the copy then faults each
-# again to write). Smaller ones, and segments reused from the pool (the warm reserve:
+# again to write). Smaller ones, and segments reused from the pool (kept for reuse:
 # the 512 MiB rows of the microbenchmark), keep MAP_POPULATE.
 _POPULATE_WRITE_MIN = 256 << 20
 _POPULATE_RANGE = 256 << 20

@@ -5,9 +5,12 @@ name) -> the writer (driver or worker) maps it, copies, and seals -> the schedul
 records it -> free: when the object's count reaches zero the segment goes back to the
 pool, or is unlinked when the pool is full.
 
-Fresh shared memory costs ~3 ms per MiB to fault in, reused memory is written at memcpy
-speed: so freed segments are kept (up to ``pool_limit`` bytes) and a warm reserve is
-allocated in the background after start, never on init()'s path.
+Fresh shared memory must be faulted in and zeroed by the kernel (~1-2 GB/s), reused
+memory is written at memcpy speed: so freed segments are kept for reuse (up to
+``pool_limit`` bytes), newest first, and given back once unused for ``pool_idle_s``
+(trim_pool): a busy store reuses its memory, an idle one holds none. An optional warm
+reserve (``warm_bytes``, none by default) is allocated in the background after start,
+never on init()'s path, and the trim keeps that much pooled for good.
 
 Readers map a segment read-only and never unlink; they tell the store which segments
 they map (pin) and when the last view of a map is gone (unpin). A segment whose object
@@ -15,18 +18,7 @@ was freed is reused only once nobody maps it, so a live zero-copy view never see
 bytes of a later object. Readers do not use multiprocessing.shared_memory: CPython's
 resource tracker would unlink segments it did not create (gh-82300).
 
-Where segments live: a directory of the session under /dev/shm, made by the store
-(``orchestra-<uid>-<head pid>-<session>-<random>``, mode 0700, checked after mkdir).
-/dev/shm itself is writable by every user: segments there under predictable names let
-another user squat the next names (every large put failed with FileExistsError) or
-plant a pickle at the name of a spilled segment (the next get unpickled it: code
-execution as the session's user). In the private directory only the session's user
-can list, create or open anything. On top of that every open is O_NOFOLLOW (O_EXCL as
-well when creating), and before a map the file must be a regular file of this user with
-mode 0600. A failed create or map raises ObjectStoreError naming the file; the writer
-then asks the store to give back the bytes counted for the segment (abort). The pid in
-the directory's name tells a later session which directories a crashed head left
-behind (sweep_stale_segments). Every path of a segment is made by segment_path().
+Where segments live, and how they are opened and mapped safely: _objects/segments.py.
 
 Spilling: when live objects leave no room for a new one, create() names the least
 recently used sealed segments that nobody maps (SpillNeeded); the head copies them to
@@ -40,29 +32,49 @@ the head where the object is now instead of reading another object's bytes.
 from __future__ import annotations
 
 import collections
-import errno
 import itertools
-import mmap
 import os
 import shutil
-import stat
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
-from .._platform.procutil import pid_alive
 from .._proto import types_pb2
-from ..exceptions import ObjectStoreError, ObjectStoreFullError
-from .pages import map_for_writing, populate_write
-from .serialization import Serialized
+from ..exceptions import ObjectStoreFullError
+from .segments import (
+    allocate,
+    check_private_dir,
+    fmt_bytes,
+    make_session_dir,
+    remove_private_dir,
+    segment_path,
+    unlink_path,
+)
 
-SHM_DIR = "/dev/shm"
-DIR_PREFIX = "orchestra-"      # + <uid>-<head pid>-<session>-<random>: see make_session_dir
-_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 _MIN_CLASS = 64 * 1024
-_WARM_CHUNK = 8 << 20
+# Seconds a freed segment is kept for reuse when nothing takes it
+# (ORCHESTRA_OBJECT_POOL_IDLE_S).
+DEFAULT_POOL_IDLE_S = 30.0
+
+
+def pool_settings(env: Mapping[str, str]) -> tuple[float, int]:
+    """(seconds a freed segment is kept for reuse, bytes of warm reserve), from
+    ORCHESTRA_OBJECT_POOL_IDLE_S and ORCHESTRA_OBJECT_WARM_RESERVE; ValueError names a
+    value that is not one."""
+    raw_idle = env.get("ORCHESTRA_OBJECT_POOL_IDLE_S", "")
+    raw_warm = env.get("ORCHESTRA_OBJECT_WARM_RESERVE", "")
+    try:
+        idle = float(raw_idle) if raw_idle else DEFAULT_POOL_IDLE_S
+        warm = int(raw_warm) if raw_warm else 0
+    except ValueError:
+        idle, warm = -1.0, -1
+    if not idle >= 0 or warm < 0:
+        raise ValueError(
+            f"ORCHESTRA_OBJECT_POOL_IDLE_S={raw_idle!r} / ORCHESTRA_OBJECT_WARM_RESERVE="
+            f"{raw_warm!r}: seconds (at least 0) and bytes (a whole number, at least 0) "
+            "are expected, e.g. 30 and 1073741824")
+    return idle, warm
 
 
 def size_class(n: int) -> int:
@@ -72,14 +84,6 @@ def size_class(n: int) -> int:
     top = 1 << (n - 1).bit_length()
     step = top // 8
     return (n + step - 1) // step * step
-
-
-def _fmt(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 class SpillNeeded(Exception):
@@ -111,7 +115,7 @@ class SpillJob(NamedTuple):
 
 class StoredSegment:
     __slots__ = ("name", "capacity", "state", "pins", "writer", "object_id", "size",
-                 "last_use", "no_pool", "rw", "holds_refs")
+                 "last_use", "no_pool", "rw", "holds_refs", "pooled_at")
 
     def __init__(self, name: str, capacity: int, state: str, writer: int) -> None:
         self.name = name
@@ -129,11 +133,13 @@ class StoredSegment:
         # objects): told when it is unlinked (DROP_MAPS).
         self.rw: set[int] = set()
         self.holds_refs = False   # refs inside its value: never kept for a next head
+        self.pooled_at = 0.0      # when it was last pooled (ObjectStore.now)
 
 
 class ObjectStore:
     def __init__(self, node_id: int, session: str, capacity: int, *,
                  pool_limit: int | None = None, warm_bytes: int = 0,
+                 pool_idle_s: float = DEFAULT_POOL_IDLE_S,
                  spill_dir: str | None = None) -> None:
         self.node_id = node_id
         self.capacity = capacity
@@ -142,9 +148,13 @@ class ObjectStore:
         # capacity that live objects leave free.
         self.pool_limit = capacity if pool_limit is None else pool_limit
         self.warm_bytes = min(warm_bytes, self.pool_limit)
+        self.pool_idle_s = pool_idle_s
+        self.now: Callable[[], float] = time.monotonic
         self.used = 0          # bytes of segments holding live objects (writing/sealed/retired)
         self.pooled = 0        # bytes of free, warm segments
         self.segs: dict[str, StoredSegment] = {}
+        # Free segments by capacity, oldest pooled first: create() takes the newest
+        # (its pages are the likeliest in cache), trim_pool() gives back the oldest.
         self.pool: dict[int, collections.deque[str]] = {}
         self.conn_pins: dict[int, collections.Counter[str]] = {}
         self._n = 0
@@ -176,8 +186,8 @@ class ObjectStore:
         cap = size_class(max(size, 1))
         if cap > self.capacity:
             raise ObjectStoreFullError(
-                f"an object of {_fmt(size)} cannot fit in the object store of "
-                f"{_fmt(self.capacity)} (object_store_memory). Start the cluster with a larger "
+                f"an object of {fmt_bytes(size)} cannot fit in the object store of "
+                f"{fmt_bytes(self.capacity)} (object_store_memory). Start the cluster with a larger "
                 "orchestra.init(object_store_memory=...) or send smaller pieces.")
         if self.used + cap > self.capacity:
             need = self.used + cap - self.capacity
@@ -208,15 +218,15 @@ class ObjectStore:
     def _full_message(self, size: int, need: int, spill: bool) -> str:
         busy = sum(s.capacity for s in self.segs.values()
                    if s.state in ("writing", "retired") or (s.state == "sealed" and s.pins))
-        text = (f"the object store is full: {_fmt(self.used)} of {_fmt(self.capacity)} held by "
-                f"live objects, {_fmt(size)} more needed")
+        text = (f"the object store is full: {fmt_bytes(self.used)} of {fmt_bytes(self.capacity)} held by "
+                f"live objects, {fmt_bytes(size)} more needed")
         if self.spill_dir is None:
             reason = "spilling to disk is off"
         elif not spill and self.spill_error:
             reason = f"spilling to disk failed ({self.spill_error})"
         else:
-            reason = (f"{_fmt(busy)} of them are in use (mapped by readers or being written) "
-                      f"and cannot be spilled to disk, {_fmt(need)} would have to be")
+            reason = (f"{fmt_bytes(busy)} of them are in use (mapped by readers or being written) "
+                      f"and cannot be spilled to disk, {fmt_bytes(need)} would have to be")
         return (f"{text}; {reason}. Drop ObjectRefs and values read from them that you no "
                 "longer need, or start with a larger object_store_memory.")
 
@@ -257,7 +267,7 @@ class ObjectStore:
         for c in sorted(k for k in self.pool if cap <= k <= 2 * cap):
             q = self.pool[c]
             if q:
-                name = q.popleft()
+                name = q.pop()
                 self.pooled -= c
                 return name
         return None
@@ -267,10 +277,26 @@ class ObjectStore:
         for c in sorted(self.pool, reverse=True):
             q = self.pool[c]
             while q and need > 0:
-                name = q.pop()
+                name = q.popleft()
                 self.pooled -= c
                 need -= c
                 self._remove(name)
+
+    def trim_pool(self) -> int:
+        """Unlink the pooled segments nobody took for ``pool_idle_s`` seconds, oldest
+        first, keeping ``warm_bytes`` pooled; returns the bytes given back. The node
+        calls it every half second: an idle store gives its memory back to the machine."""
+        cutoff = self.now() - self.pool_idle_s
+        freed = 0
+        for c in sorted(self.pool, reverse=True):
+            q = self.pool[c]
+            while q and self.segs[q[0]].pooled_at <= cutoff and \
+                    self.pooled - c >= self.warm_bytes:
+                name = q.popleft()
+                self.pooled -= c
+                freed += c
+                self._remove(name)
+        return freed
 
     def seal(self, name: str) -> bool:
         seg = self.segs.get(name)
@@ -284,7 +310,7 @@ class ObjectStore:
         the segment once nobody maps it, remove the file."""
         if name in self.files:
             self.spilled_bytes -= self.files.pop(name)
-            _unlink_path(name)
+            unlink_path(name)
             return
         seg = self.segs.get(name)
         if seg is None or seg.state in ("pooled", "retired", "spill-cancelled"):
@@ -301,7 +327,7 @@ class ObjectStore:
         self.used -= seg.capacity
         if not seg.no_pool and self.pooled + seg.capacity <= self.pool_limit and \
                 self.used + self.pooled + seg.capacity <= self.capacity:
-            seg.state = "pooled"
+            seg.state, seg.pooled_at = "pooled", self.now()
             self.pool.setdefault(seg.capacity, collections.deque()).append(seg.name)
             self.pooled += seg.capacity
         else:
@@ -324,7 +350,7 @@ class ObjectStore:
         self._unlink(name)
 
     def _unlink(self, name: str) -> None:
-        _unlink_path(segment_path(self.dir, name))
+        unlink_path(segment_path(self.dir, name))
 
     # ------------------------------------------------------------------ readers
     def pin(self, conn: int, names: Iterable[str]) -> None:
@@ -400,7 +426,7 @@ class ObjectStore:
         if error:
             self.spill_error = error
         if error or seg is None or state != "spilling":
-            _unlink_path(path)
+            unlink_path(path)
             if state == "spill-cancelled":
                 self.free(name)
             return None
@@ -430,7 +456,7 @@ class ObjectStore:
         path = segment_path(self.dir, name)
 
         def work() -> None:
-            ok = _allocate(path, cap, idle)
+            ok = allocate(path, cap, idle)
             schedule(lambda: self._warmed(name, cap, ok))
         threading.Thread(target=work, name="orchestra-warm", daemon=True).start()
 
@@ -441,7 +467,8 @@ class ObjectStore:
         if self.used + self.pooled + cap > self.capacity or name in self.segs:
             self._unlink(name)
             return
-        self.segs[name] = StoredSegment(name, cap, "pooled", -1)
+        seg = self.segs[name] = StoredSegment(name, cap, "pooled", -1)
+        seg.pooled_at = self.now()
         self.pool.setdefault(cap, collections.deque()).append(name)
         self.pooled += cap
         self.warmed.append(name)
@@ -487,278 +514,9 @@ class ObjectStore:
         self.pool.clear()
         self.used = self.pooled = 0
         for path in self.files:
-            _unlink_path(path)
+            unlink_path(path)
         self.files.clear()
         self.spilled_bytes = 0
         if self.spill_dir is not None:
             shutil.rmtree(self.spill_dir, ignore_errors=True)
         remove_private_dir(self.dir)
-
-
-# ---------------------------------------------------------------- the private directory
-
-
-def session_dir_prefix(pid: int) -> str:
-    """The start of the name of every segment directory the store of process ``pid``
-    makes under /dev/shm (this user's)."""
-    return f"{DIR_PREFIX}{os.geteuid()}-{pid}-"
-
-
-def make_session_dir(session: str) -> str:
-    """Create the session's directory of segments under /dev/shm: mode 0700, a name
-    nobody can guess (mkdtemp retries on a name taken already, so squatting it only
-    costs the squatter)."""
-    prefix = f"{session_dir_prefix(os.getpid())}{session}-"
-    try:
-        path = tempfile.mkdtemp(prefix=prefix, dir=SHM_DIR)
-    except OSError as exc:
-        raise ObjectStoreError(
-            f"cannot create the session's shared-memory directory in {SHM_DIR} "
-            f"({exc.strerror}): the object store needs a writable {SHM_DIR} (a tmpfs). "
-            f"Mount one, or give this user write access to it.") from exc
-    os.chmod(path, 0o700)   # mkdir's mode is masked by the umask; nobody else can swap it
-    check_private_dir(path)
-    return path
-
-
-def check_private_dir(path: str) -> None:
-    """Raise ObjectStoreError unless ``path`` is a directory (not a link) of this user
-    with mode 0700: only then can no other user put or replace a file in it."""
-    try:
-        st = os.lstat(path)
-    except OSError as exc:
-        raise ObjectStoreError(f"cannot check the private directory {path} ({exc.strerror})") from exc
-    problem = _not_own(st, stat.S_ISDIR, "a directory", 0o700)
-    if problem:
-        raise ObjectStoreError(
-            f"{path} is not this session's private directory: {problem}. Another user or "
-            "program made or changed it; remove it (or pick another spill_dir=) and start "
-            "the cluster again.")
-
-
-def remove_private_dir(path: str) -> bool:
-    """Remove a directory of segments made by make_session_dir, if it is ours."""
-    try:
-        check_private_dir(path)
-    except ObjectStoreError:
-        return False   # gone already, or not ours to remove
-    shutil.rmtree(path, ignore_errors=True)
-    return True
-
-
-def segment_path(folder: str, name: str) -> str:
-    """The file of segment ``name`` in the session's directory ``folder``."""
-    if "/" in name or name.startswith("."):
-        raise ObjectStoreError(f"bad segment name {name!r}: not a file of {folder}")
-    return f"{folder}/{name}"
-
-
-def _not_own(st: os.stat_result, is_kind: Callable[[int], bool], kind: str, mode: int) -> str:
-    """Why a file is not this user's own of ``kind`` and ``mode``; "" when it is."""
-    if not is_kind(st.st_mode):
-        return f"it is not {kind}" + (" (a symbolic link)" if stat.S_ISLNK(st.st_mode) else "")
-    if st.st_uid != os.geteuid():
-        return f"it belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})"
-    if stat.S_IMODE(st.st_mode) != mode:
-        return f"its mode is {stat.S_IMODE(st.st_mode):04o}, not {mode:04o}"
-    return ""
-
-
-def _open_own(path: str, flags: int) -> int:
-    """Open a segment or spill file of this session: never through a symbolic link, and
-    only a regular file of this user with mode 0600. Raises FileNotFoundError when it is
-    gone (the object moved), ObjectStoreError naming path and cause otherwise."""
-    try:
-        fd = os.open(path, flags | _NOFOLLOW, 0o600)
-    except FileNotFoundError:
-        raise
-    except FileExistsError as exc:
-        raise ObjectStoreError(
-            f"cannot create the segment {path}: a file of that name exists already. Only "
-            "this session's user can write its directory, so a program of this user made "
-            "it; the object was not stored (put it again).") from exc
-    except OSError as exc:
-        why = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
-        raise ObjectStoreError(f"cannot open the segment {path} ({why}); the object's data "
-                               "cannot be read or written here. A segment is only ever a "
-                               "file of this session's user: stop what changes files in "
-                               "that directory, and put the value again.") from exc
-    try:
-        problem = _not_own(os.fstat(fd), stat.S_ISREG, "a regular file", 0o600)
-    except OSError as exc:
-        problem = exc.strerror or "fstat failed"
-    if problem:
-        os.close(fd)
-        raise ObjectStoreError(
-            f"refusing to map {path}: {problem}. A segment is only ever a file of this "
-            "session's user with mode 0600: a program of this user replaced or changed it "
-            "(no other user can). Stop what writes into that directory, and put the value "
-            "again.")
-    return fd
-
-
-def _allocate(path: str, cap: int, idle: Callable[[], bool]) -> bool:
-    """Create a segment and write every page once (tmpfs zeroes a page at its first
-    touch, ~3 ms per MiB): the first large put then writes at memcpy speed."""
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | _NOFOLLOW, 0o600)
-    except OSError:
-        return False
-    zeros = bytes(_WARM_CHUNK)
-    try:
-        os.ftruncate(fd, cap)
-        for off in range(0, cap, _WARM_CHUNK):
-            while not idle():
-                time.sleep(0.05)
-            # pwrite releases the GIL, unlike a populating mmap: the loop stays responsive.
-            os.pwrite(fd, zeros[: min(_WARM_CHUNK, cap - off)], off)
-        return True
-    except OSError:
-        _unlink_path(path)
-        return False
-    finally:
-        os.close(fd)
-
-
-def _unlink_path(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except OSError:
-        # Not a file (a directory someone made at a segment's name): its name is never
-        # handed out again, and the session's directory goes with the session.
-        pass
-
-
-def spill_file(src: str, dst: str, size: int) -> str:
-    """Copy a sealed segment to its spill file in the kernel; "" or why it failed."""
-    try:
-        fin = os.open(src, os.O_RDONLY | _NOFOLLOW)
-    except OSError as exc:
-        return f"{src}: {exc.strerror}"
-    try:
-        fout = os.open(dst, os.O_CREAT | os.O_EXCL | os.O_WRONLY | _NOFOLLOW, 0o600)
-    except OSError as exc:
-        os.close(fin)
-        return f"{dst}: {exc.strerror}"
-    try:
-        off = 0
-        while off < size:
-            n = os.sendfile(fout, fin, off, min(size - off, 1 << 30))
-            if n <= 0:
-                return f"{dst}: short copy ({off} of {size} bytes)"
-            off += n
-        return ""
-    except OSError as exc:
-        return f"{dst}: {exc.strerror}"
-    finally:
-        os.close(fin)
-        os.close(fout)
-
-
-def sweep_stale_segments() -> int:
-    """Remove this user's segment directories of sessions whose head process is gone
-    (the pid in the name). Returns how many. Another user's entries are never touched,
-    even by root: a name says nothing of who made it, the owner does."""
-    removed = 0
-    mine = f"{DIR_PREFIX}{os.geteuid()}-"
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return 0
-    for name in names:
-        if not name.startswith(mine):
-            continue
-        try:
-            pid = int(name[len(mine):].split("-", 1)[0])
-        except ValueError:
-            continue
-        if not pid_alive(pid) and remove_private_dir(os.path.join(SHM_DIR, name)):
-            removed += 1
-    return removed
-
-
-# ---------------------------------------------------------------- writer / reader side
-
-
-def open_segment(folder: str, segment: types_pb2.Segment) -> mmap.mmap:
-    """A read-write map of the whole segment the store handed out, pages mapped.
-    ObjectStoreError (or ObjectStoreFullError) when it cannot be made: the caller
-    aborts the segment so that the store gives its bytes back."""
-    path = segment_path(folder, segment.name)
-    size = max(segment.size, 1)
-    cap = max(segment.capacity, size)
-    try:
-        fd = _open_own(path, os.O_RDWR if segment.reused else os.O_CREAT | os.O_EXCL | os.O_RDWR)
-    except FileNotFoundError as exc:   # the store removed it, or the session ends
-        raise ObjectStoreError(f"cannot open the segment {path}: it is gone (the cluster is "
-                               "shutting down, or something removed it)") from exc
-    try:
-        if not segment.reused:
-            os.ftruncate(fd, cap)
-            try:
-                # Allocate now: a full /dev/shm then fails here with ENOSPC instead of
-                # killing the writer with SIGBUS in the middle of the copy.
-                os.posix_fallocate(fd, 0, cap)
-            except OSError as exc:
-                raise ObjectStoreFullError(
-                    f"/dev/shm has no room for an object of {_fmt(size)} ({exc.strerror}). "
-                    "Free shared memory, or lower object_store_memory so the store fits "
-                    "in /dev/shm.") from exc
-        return map_for_writing(fd, cap, fresh=not segment.reused)
-    except OSError as exc:
-        raise ObjectStoreError(f"cannot size or map the segment {path} ({exc.strerror}); "
-                               "the object was not stored.") from exc
-    finally:
-        os.close(fd)
-
-
-def map_ahead(folder: str, name: str) -> mmap.mmap | None:
-    """A read-write map of an existing segment with its pages mapped, the GIL released
-    meanwhile (a populating mmap() holds it for ~0.1 s per 512 MiB); None if gone or
-    not the session's own file (the put then opens it itself, and says why)."""
-    try:
-        fd = _open_own(segment_path(folder, name), os.O_RDWR)
-    except (OSError, ObjectStoreError):
-        return None
-    try:
-        size = os.fstat(fd).st_size
-        if size <= 0:
-            return None
-        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    populate_write(mm)
-    return mm
-
-
-
-
-def write_into(mm: mmap.mmap, ser: Serialized) -> None:
-    view = memoryview(mm)
-    try:
-        ser.write_into(view)
-    finally:
-        view.release()
-
-
-def map_segment(folder: str, segment: types_pb2.Segment,
-                whole: bool = False) -> tuple[mmap.mmap, memoryview]:
-    """A read-only map of a sealed segment or spill file (``whole``: all of the file, for
-    the later objects the segment will hold); it lives as long as views of it.
-    FileNotFoundError: the object moved (spilled), ask the head where to;
-    ObjectStoreError: the file is not the session's own, or cannot be mapped."""
-    path = segment.path or segment_path(folder, segment.name)
-    fd = _open_own(path, os.O_RDONLY)
-    try:
-        length = max(os.fstat(fd).st_size if whole else segment.size, segment.size, 1)
-        mm = mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ)
-    except (OSError, ValueError) as exc:
-        raise ObjectStoreError(f"cannot map {path} ({exc}); the object's data cannot be "
-                               "read here.") from exc
-    finally:
-        os.close(fd)
-    return mm, memoryview(mm)[: segment.size]

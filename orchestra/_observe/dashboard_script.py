@@ -112,9 +112,9 @@ function renderCards(s) {
   $("store-used").textContent = fmtBytes(st.used);
   $("store-cap").textContent = "of " + fmtBytes(st.capacity) +
     (st.capacity ? " (" + Math.round(100 * st.used / st.capacity) + "%)" : "");
-  $("store-sub").textContent = st.spilled_bytes ?
+  $("store-sub").textContent = (st.spilled_bytes ?
     "spilled " + fmtBytes(st.spilled_bytes) + " (" + (st.spilled_objects || 0) + " objects)" :
-    "nothing spilled";
+    "nothing spilled") + (st.pooled ? ", " + fmtBytes(st.pooled) + " kept for reuse" : "");
   setBar("store-bar", st.capacity ? st.used / st.capacity : 0);
   $("workers").textContent = s.workers || 0;
   $("drivers").textContent = (s.drivers || 0) + " driver" + (s.drivers === 1 ? "" : "s") + " connected";

@@ -165,7 +165,7 @@ def test_the_summary_has_the_shape_of_the_cluster_summary(busy_cluster: str) -> 
     assert node["alive"] is True and node["node_id"] == NODE[0]
     assert node["resources_total"]["CPU"] == 2.0 and node["store_capacity"] > 0
     assert {"store_used", "spilled_bytes", "address", "resources_available"} <= set(node)
-    assert set(s["store"]) == {"used", "capacity", "spilled_bytes", "spilled_objects"}
+    assert set(s["store"]) == {"used", "capacity", "pooled", "spilled_bytes", "spilled_objects"}
     assert set(s["tasks"]) >= {"PENDING_ARGS_AVAIL", "PENDING_NODE_ASSIGNMENT", "RUNNING",
                                "FINISHED", "FAILED"}
     assert set(s["actors"]) >= {"DEPENDENCIES_UNREADY", "PENDING_CREATION", "ALIVE",

@@ -188,3 +188,52 @@ def test_a_dataframe_put_and_got_is_the_same_frame_over_shared_memory(start_clus
 @orchestra.remote
 def frame_total(df) -> float:
     return float(df["c1"].sum())
+
+
+# ------------------------------------------------------------------ memory given back when idle
+
+def _session_shm_bytes() -> int:
+    """Bytes of the files in this session's segment directory (shared memory held)."""
+    from orchestra._runtime import context as _context
+    folder = _context._client.shm_dir
+    return sum(os.stat(os.path.join(folder, n)).st_size for n in os.listdir(folder))
+
+
+def test_an_idle_store_gives_its_kept_memory_back_and_a_put_after_works(start_cluster,
+                                                                        monkeypatch):
+    # Freed segments are kept for reuse while objects come and go, and given back once
+    # nothing took them for ORCHESTRA_OBJECT_POOL_IDLE_S: no shared memory held at rest,
+    # and no process keeps a map of what was given back (a map would keep its memory).
+    monkeypatch.setenv("ORCHESTRA_OBJECT_POOL_IDLE_S", "2")
+    start_cluster(num_cpus=1, object_store_memory=256 * MiB)
+    n = (32 * MiB) // 8
+    for value in (1.0, 2.0, 3.0):   # the same segment each time: kept while in use
+        ref = orchestra.put(np.full(n, value))
+        assert orchestra.get(total.remote(ref), timeout=T) == value * n
+        del ref
+        wait_until(lambda: _store_used() == 0, 10, "the object freed")
+    summary = state.cluster_summary()["store"]
+    assert summary["pooled"] >= 32 * MiB and _session_shm_bytes() >= 32 * MiB, summary
+    assert orchestra.get(segment_maps.remote(), timeout=T), "the worker kept no map to drop"
+    wait_until(lambda: _session_shm_bytes() == 0, 15, "the idle store gave its memory back",
+               lambda: f"{_session_shm_bytes()} bytes still in the session's segments")
+    assert state.cluster_summary()["store"]["pooled"] == 0
+    wait_until(lambda: not orchestra.get(segment_maps.remote(), timeout=T), 10,
+               "the worker closed its map of the segment given back")
+    assert not _segment_maps() and not _segment_maps(removed=True), \
+        "the driver kept a map of the segment given back"
+    # A put after the idle time gets fresh memory, and round-trips exactly.
+    value = np.arange(n, dtype=np.float64)
+    ref = orchestra.put(value)
+    assert orchestra.get(total.remote(ref), timeout=T) == float(value.sum())
+    assert np.array_equal(orchestra.get(ref, timeout=T), value)
+
+
+@pytest.mark.parametrize("name", ["ORCHESTRA_OBJECT_POOL_IDLE_S", "ORCHESTRA_OBJECT_WARM_RESERVE",
+                                  "ORCHESTRA_MEMORY_USAGE_THRESHOLD"])
+def test_a_bad_memory_setting_is_refused_by_init_naming_it(monkeypatch, name):
+    orchestra.shutdown()
+    monkeypatch.setenv(name, "soon")
+    with pytest.raises(ValueError, match=f"{name}='soon'"):
+        orchestra.init(num_cpus=1)
+    assert not orchestra.is_initialized()

@@ -327,7 +327,7 @@ def test_cluster_summary_has_the_dashboards_keys(two_nodes) -> None:
     assert set(s["nodes"][0]) >= {"node_id", "address", "alive", "resources_total",
                                   "resources_available", "store_used", "store_capacity",
                                   "spilled_bytes"}
-    assert set(s["store"]) == {"used", "capacity", "spilled_bytes", "spilled_objects"}
+    assert set(s["store"]) == {"used", "capacity", "pooled", "spilled_bytes", "spilled_objects"}
     assert s["tasks"].get("FINISHED", 0) >= 1 and s["drivers"] >= 1 and s["workers"] >= 3
     assert s["resources_total"]["CPU"] == 3
     json.dumps(s)

@@ -18,7 +18,7 @@ import pytest
 
 from orchestra._node.node import Node, worker_socket
 from orchestra._objects.errors import describe_exit
-from orchestra._objects.store import open_segment, segment_path
+from orchestra._objects.segments import open_segment, segment_path
 from orchestra._protocol import pb
 from orchestra._protocol import wire as _wire
 

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from orchestra._node.node import PULL_CONN, Node
-from orchestra._objects.store import open_segment, segment_path, size_class
+from orchestra._objects.segments import open_segment, segment_path
+from orchestra._objects.store import size_class
 from orchestra._protocol import auth as _auth
 from orchestra._protocol import pb
 
@@ -142,7 +143,7 @@ def test_a_spilled_object_is_pulled_from_its_file(make_node: Any, token: str) ->
     data = os.urandom(300 * KiB)
     seg = put(src, oid(1), data)
     (job,) = src.store.begin_spill([seg.name])
-    from orchestra._objects.store import spill_file
+    from orchestra._objects.segments import spill_file
     assert spill_file(job.source, job.dest, job.size) == ""
     spilled = src.store.end_spill(job.name, job.dest, "")
     dst.pull(oid(1), src.serve_data("127.0.0.1", token), spilled.path, len(data), token)

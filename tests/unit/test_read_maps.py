@@ -12,7 +12,8 @@ import pytest
 
 from orchestra._objects.io import _RMAPS_MAX, ObjectIO
 from orchestra._objects.refs import RefCounts
-from orchestra._objects.store import ObjectStore, open_segment
+from orchestra._objects.segments import open_segment
+from orchestra._objects.store import ObjectStore
 from orchestra._proto import types_pb2
 
 pytestmark = pytest.mark.timeout(30)

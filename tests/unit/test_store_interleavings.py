@@ -2,14 +2,18 @@
 directory of segment files and a real spill directory, no processes: objects of mixed
 sizes created, written, sealed, aborted, read (pinned) and freed in random order,
 spilled when the store is full, readers letting go of their maps when asked, and
-connections dropping (a writer too, before it opened its segment). A final large put must find its room.
+connections dropping (a writer too, before it opened its segment), and time passing
+(pooled segments nobody took for the idle time given back, a floor kept). A final large
+put must find its room.
 
 Invariants after every step: the store's counts are exact (``used`` is the capacity of
 every segment holding a live object, ``pooled`` that of the pool); live and pooled
 segments never exceed the capacity; the directory holds exactly the segments the store
 names; every live object's bytes are still its own (no segment reused or removed under
 a live object or a reader's pin); spilled bytes are the spilled objects'; a full store
-is refused only when even spilling every sealed object would not make the room."""
+is refused only when even spilling every sealed object would not make the room; after
+a trim no segment pooled for the idle time is left, unless giving it back would leave
+less than the floor pooled."""
 from __future__ import annotations
 
 import os
@@ -30,15 +34,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from orchestra._objects.store import (
-    ObjectStore,
-    ReleaseNeeded,
-    SpillNeeded,
-    open_segment,
-    segment_path,
-    size_class,
-    spill_file,
-)
+from orchestra._objects.segments import open_segment, segment_path, spill_file
+from orchestra._objects.store import ObjectStore, ReleaseNeeded, SpillNeeded, size_class
 from orchestra.exceptions import ObjectStoreFullError
 
 pytestmark = pytest.mark.timeout(120)
@@ -48,6 +45,8 @@ CAPACITY = 24 * MiB
 # Mixed sizes across many classes: small (the 64 KiB class), middling, large.
 SIZES = [1 * KiB, 70 * KiB, 200 * KiB, 700 * KiB, 1 * MiB + 3, 2500 * KiB, 5 * MiB, 9 * MiB]
 WRITERS = [1, 2]
+IDLE_S = 10.0          # a pooled segment nobody takes for this long is given back
+FLOOR = 3 * MiB        # ... unless the pool would then hold less than this
 READERS = [7, 8]
 
 
@@ -71,8 +70,10 @@ class StoreMachine(RuleBasedStateMachine):
     @initialize()
     def start(self) -> None:
         self.spill_root = tempfile.mkdtemp(prefix="orchestra-test-spill-")
-        self.store = ObjectStore(0, "unit", CAPACITY,
+        self.store = ObjectStore(0, "unit", CAPACITY, warm_bytes=FLOOR, pool_idle_s=IDLE_S,
                                  spill_dir=os.path.join(self.spill_root, "spill"))
+        self.clock = 1000.0
+        self.store.now = lambda: self.clock
         self.live: dict[bytes, Obj] = {}
         self.retired: list[Obj] = []        # freed while readers pinned them
         self.n = 0
@@ -202,6 +203,23 @@ class StoreMachine(RuleBasedStateMachine):
         oid = self.n.to_bytes(4, "big") + b"obj."
         if self._create(writer, oid, size) is not None:
             self.writer_leaves(writer)
+
+    @rule(seconds=st.sampled_from([1.0, 4.0, 11.0]))
+    def time_passes(self, seconds: float) -> None:
+        """As the node's watch does every half second: give back what sat idle."""
+        store = self.store
+        self.clock += seconds
+        pooled = {n: s.capacity for n, s in store.segs.items() if s.state == "pooled"}
+        freed = store.trim_pool()
+        gone = {n: c for n, c in pooled.items() if n not in store.segs}
+        assert freed == sum(gone.values()), "the bytes given back are the segments removed"
+        assert all(n not in os.listdir(store.dir) for n in gone)
+        assert not freed or store.pooled >= FLOOR, "trimmed below the floor"
+        old = [s for s in store.segs.values()
+               if s.state == "pooled" and s.pooled_at <= self.clock - IDLE_S]
+        if old:
+            assert store.pooled - min(s.capacity for s in old) < FLOOR, \
+                "a segment idle past its time was kept above the floor"
 
     # ------------------------------------------------------------ invariants
     @invariant()

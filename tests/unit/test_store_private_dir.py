@@ -9,10 +9,9 @@ from typing import Any
 
 import pytest
 
-from orchestra._objects.store import (
+from orchestra._objects.segments import (
     DIR_PREFIX,
     SHM_DIR,
-    ObjectStore,
     check_private_dir,
     make_session_dir,
     map_segment,
@@ -21,6 +20,7 @@ from orchestra._objects.store import (
     segment_path,
     sweep_stale_segments,
 )
+from orchestra._objects.store import ObjectStore
 from orchestra._proto import types_pb2
 from orchestra.exceptions import ObjectStoreError
 

@@ -1,0 +1,316 @@
+"""The files of a node's segments: where they live, and how they are made, opened and
+mapped safely (the store, _objects/store.py, decides which exist; writers and readers
+open and map them here).
+
+Where segments live: a directory of the session under /dev/shm, made by the store
+(``orchestra-<uid>-<head pid>-<session>-<random>``, mode 0700, checked after mkdir).
+/dev/shm itself is writable by every user: segments there under predictable names let
+another user squat the next names (every large put failed with FileExistsError) or
+plant a pickle at the name of a spilled segment (the next get unpickled it: code
+execution as the session's user). In the private directory only the session's user
+can list, create or open anything. On top of that every open is O_NOFOLLOW (O_EXCL as
+well when creating), and before a map the file must be a regular file of this user with
+mode 0600. A failed create or map raises ObjectStoreError naming the file; the writer
+then asks the store to give back the bytes counted for the segment (abort). The pid in
+the directory's name tells a later session which directories a crashed head left
+behind (sweep_stale_segments). Every path of a segment is made by segment_path().
+"""
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import shutil
+import stat
+import tempfile
+import time
+from collections.abc import Callable
+
+from .._platform.procutil import pid_alive
+from .._proto import types_pb2
+from ..exceptions import ObjectStoreError, ObjectStoreFullError
+from .pages import map_for_writing, populate_write
+from .serialization import Serialized
+
+SHM_DIR = "/dev/shm"
+DIR_PREFIX = "orchestra-"      # + <uid>-<head pid>-<session>-<random>: see make_session_dir
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+_WARM_CHUNK = 8 << 20
+
+
+def fmt_bytes(n: float) -> str:
+    """Bytes for a message: 512 B, 1.5 KiB, 2.0 GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+# ---------------------------------------------------------------- the private directory
+
+
+def session_dir_prefix(pid: int) -> str:
+    """The start of the name of every segment directory the store of process ``pid``
+    makes under /dev/shm (this user's)."""
+    return f"{DIR_PREFIX}{os.geteuid()}-{pid}-"
+
+
+def make_session_dir(session: str) -> str:
+    """Create the session's directory of segments under /dev/shm: mode 0700, a name
+    nobody can guess (mkdtemp retries on a name taken already, so squatting it only
+    costs the squatter)."""
+    prefix = f"{session_dir_prefix(os.getpid())}{session}-"
+    try:
+        path = tempfile.mkdtemp(prefix=prefix, dir=SHM_DIR)
+    except OSError as exc:
+        raise ObjectStoreError(
+            f"cannot create the session's shared-memory directory in {SHM_DIR} "
+            f"({exc.strerror}): the object store needs a writable {SHM_DIR} (a tmpfs). "
+            f"Mount one, or give this user write access to it.") from exc
+    os.chmod(path, 0o700)   # mkdir's mode is masked by the umask; nobody else can swap it
+    check_private_dir(path)
+    return path
+
+
+def check_private_dir(path: str) -> None:
+    """Raise ObjectStoreError unless ``path`` is a directory (not a link) of this user
+    with mode 0700: only then can no other user put or replace a file in it."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise ObjectStoreError(f"cannot check the private directory {path} ({exc.strerror})") from exc
+    problem = _not_own(st, stat.S_ISDIR, "a directory", 0o700)
+    if problem:
+        raise ObjectStoreError(
+            f"{path} is not this session's private directory: {problem}. Another user or "
+            "program made or changed it; remove it (or pick another spill_dir=) and start "
+            "the cluster again.")
+
+
+def remove_private_dir(path: str) -> bool:
+    """Remove a directory of segments made by make_session_dir, if it is ours."""
+    try:
+        check_private_dir(path)
+    except ObjectStoreError:
+        return False   # gone already, or not ours to remove
+    shutil.rmtree(path, ignore_errors=True)
+    return True
+
+
+def segment_path(folder: str, name: str) -> str:
+    """The file of segment ``name`` in the session's directory ``folder``."""
+    if "/" in name or name.startswith("."):
+        raise ObjectStoreError(f"bad segment name {name!r}: not a file of {folder}")
+    return f"{folder}/{name}"
+
+
+def _not_own(st: os.stat_result, is_kind: Callable[[int], bool], kind: str, mode: int) -> str:
+    """Why a file is not this user's own of ``kind`` and ``mode``; "" when it is."""
+    if not is_kind(st.st_mode):
+        return f"it is not {kind}" + (" (a symbolic link)" if stat.S_ISLNK(st.st_mode) else "")
+    if st.st_uid != os.geteuid():
+        return f"it belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})"
+    if stat.S_IMODE(st.st_mode) != mode:
+        return f"its mode is {stat.S_IMODE(st.st_mode):04o}, not {mode:04o}"
+    return ""
+
+
+def _open_own(path: str, flags: int) -> int:
+    """Open a segment or spill file of this session: never through a symbolic link, and
+    only a regular file of this user with mode 0600. Raises FileNotFoundError when it is
+    gone (the object moved), ObjectStoreError naming path and cause otherwise."""
+    try:
+        fd = os.open(path, flags | _NOFOLLOW, 0o600)
+    except FileNotFoundError:
+        raise
+    except FileExistsError as exc:
+        raise ObjectStoreError(
+            f"cannot create the segment {path}: a file of that name exists already. Only "
+            "this session's user can write its directory, so a program of this user made "
+            "it; the object was not stored (put it again).") from exc
+    except OSError as exc:
+        why = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
+        raise ObjectStoreError(f"cannot open the segment {path} ({why}); the object's data "
+                               "cannot be read or written here. A segment is only ever a "
+                               "file of this session's user: stop what changes files in "
+                               "that directory, and put the value again.") from exc
+    try:
+        problem = _not_own(os.fstat(fd), stat.S_ISREG, "a regular file", 0o600)
+    except OSError as exc:
+        problem = exc.strerror or "fstat failed"
+    if problem:
+        os.close(fd)
+        raise ObjectStoreError(
+            f"refusing to map {path}: {problem}. A segment is only ever a file of this "
+            "session's user with mode 0600: a program of this user replaced or changed it "
+            "(no other user can). Stop what writes into that directory, and put the value "
+            "again.")
+    return fd
+
+
+def allocate(path: str, cap: int, idle: Callable[[], bool]) -> bool:
+    """Create a segment and write every page once (tmpfs zeroes a page at its first
+    touch, ~3 ms per MiB): the first large put then writes at memcpy speed."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | _NOFOLLOW, 0o600)
+    except OSError:
+        return False
+    zeros = bytes(_WARM_CHUNK)
+    try:
+        os.ftruncate(fd, cap)
+        for off in range(0, cap, _WARM_CHUNK):
+            while not idle():
+                time.sleep(0.05)
+            # pwrite releases the GIL, unlike a populating mmap: the loop stays responsive.
+            os.pwrite(fd, zeros[: min(_WARM_CHUNK, cap - off)], off)
+        return True
+    except OSError:
+        unlink_path(path)
+        return False
+    finally:
+        os.close(fd)
+
+
+def unlink_path(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        # Not a file (a directory someone made at a segment's name): its name is never
+        # handed out again, and the session's directory goes with the session.
+        pass
+
+
+def spill_file(src: str, dst: str, size: int) -> str:
+    """Copy a sealed segment to its spill file in the kernel; "" or why it failed."""
+    try:
+        fin = os.open(src, os.O_RDONLY | _NOFOLLOW)
+    except OSError as exc:
+        return f"{src}: {exc.strerror}"
+    try:
+        fout = os.open(dst, os.O_CREAT | os.O_EXCL | os.O_WRONLY | _NOFOLLOW, 0o600)
+    except OSError as exc:
+        os.close(fin)
+        return f"{dst}: {exc.strerror}"
+    try:
+        off = 0
+        while off < size:
+            n = os.sendfile(fout, fin, off, min(size - off, 1 << 30))
+            if n <= 0:
+                return f"{dst}: short copy ({off} of {size} bytes)"
+            off += n
+        return ""
+    except OSError as exc:
+        return f"{dst}: {exc.strerror}"
+    finally:
+        os.close(fin)
+        os.close(fout)
+
+
+def sweep_stale_segments() -> int:
+    """Remove this user's segment directories of sessions whose head process is gone
+    (the pid in the name). Returns how many. Another user's entries are never touched,
+    even by root: a name says nothing of who made it, the owner does."""
+    removed = 0
+    mine = f"{DIR_PREFIX}{os.geteuid()}-"
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return 0
+    for name in names:
+        if not name.startswith(mine):
+            continue
+        try:
+            pid = int(name[len(mine):].split("-", 1)[0])
+        except ValueError:
+            continue
+        if not pid_alive(pid) and remove_private_dir(os.path.join(SHM_DIR, name)):
+            removed += 1
+    return removed
+
+
+# ---------------------------------------------------------------- writer / reader side
+
+
+def open_segment(folder: str, segment: types_pb2.Segment) -> mmap.mmap:
+    """A read-write map of the whole segment the store handed out, pages mapped.
+    ObjectStoreError (or ObjectStoreFullError) when it cannot be made: the caller
+    aborts the segment so that the store gives its bytes back."""
+    path = segment_path(folder, segment.name)
+    size = max(segment.size, 1)
+    cap = max(segment.capacity, size)
+    try:
+        fd = _open_own(path, os.O_RDWR if segment.reused else os.O_CREAT | os.O_EXCL | os.O_RDWR)
+    except FileNotFoundError as exc:   # the store removed it, or the session ends
+        raise ObjectStoreError(f"cannot open the segment {path}: it is gone (the cluster is "
+                               "shutting down, or something removed it)") from exc
+    try:
+        if not segment.reused:
+            os.ftruncate(fd, cap)
+            try:
+                # Allocate now: a full /dev/shm then fails here with ENOSPC instead of
+                # killing the writer with SIGBUS in the middle of the copy.
+                os.posix_fallocate(fd, 0, cap)
+            except OSError as exc:
+                raise ObjectStoreFullError(
+                    f"/dev/shm has no room for an object of {fmt_bytes(size)} ({exc.strerror}). "
+                    "Free shared memory, or lower object_store_memory so the store fits "
+                    "in /dev/shm.") from exc
+        return map_for_writing(fd, cap, fresh=not segment.reused)
+    except OSError as exc:
+        raise ObjectStoreError(f"cannot size or map the segment {path} ({exc.strerror}); "
+                               "the object was not stored.") from exc
+    finally:
+        os.close(fd)
+
+
+def map_ahead(folder: str, name: str) -> mmap.mmap | None:
+    """A read-write map of an existing segment with its pages mapped, the GIL released
+    meanwhile (a populating mmap() holds it for ~0.1 s per 512 MiB); None if gone or
+    not the session's own file (the put then opens it itself, and says why)."""
+    try:
+        fd = _open_own(segment_path(folder, name), os.O_RDWR)
+    except (OSError, ObjectStoreError):
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        if size <= 0:
+            return None
+        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    populate_write(mm)
+    return mm
+
+
+
+
+def write_into(mm: mmap.mmap, ser: Serialized) -> None:
+    view = memoryview(mm)
+    try:
+        ser.write_into(view)
+    finally:
+        view.release()
+
+
+def map_segment(folder: str, segment: types_pb2.Segment,
+                whole: bool = False) -> tuple[mmap.mmap, memoryview]:
+    """A read-only map of a sealed segment or spill file (``whole``: all of the file, for
+    the later objects the segment will hold); it lives as long as views of it.
+    FileNotFoundError: the object moved (spilled), ask the head where to;
+    ObjectStoreError: the file is not the session's own, or cannot be mapped."""
+    path = segment.path or segment_path(folder, segment.name)
+    fd = _open_own(path, os.O_RDONLY)
+    try:
+        length = max(os.fstat(fd).st_size if whole else segment.size, segment.size, 1)
+        mm = mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ)
+    except (OSError, ValueError) as exc:
+        raise ObjectStoreError(f"cannot map {path} ({exc}); the object's data cannot be "
+                               "read here.") from exc
+    finally:
+        os.close(fd)
+    return mm, memoryview(mm)[: segment.size]
