@@ -623,7 +623,7 @@ def fetch_into(fetcher: Fetcher, folder: str, maps: dict[str, mmap.mmap], segmen
     in ``maps`` (made now if there is none); "" or why it failed (the caller aborts the
     segment then, and its map is closed here)."""
     mm = maps.get(segment.name)
-    if mm is None:
+    if mm is None or len(mm) < segment.size:   # a map of a smaller object before
         try:
             mm = maps[segment.name] = open_segment(folder, segment)
         except (ObjectStoreError, ObjectStoreFullError) as exc:

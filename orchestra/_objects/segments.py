@@ -235,35 +235,43 @@ def sweep_stale_segments() -> int:
 
 
 def open_segment(folder: str, segment: types_pb2.Segment) -> mmap.mmap:
-    """A read-write map of the whole segment the store handed out, pages mapped.
-    ObjectStoreError (or ObjectStoreFullError) when it cannot be made: the caller
-    aborts the segment so that the store gives its bytes back."""
+    """A read-write map of the start of the segment the store handed out, as far as its
+    object or what was allocated before reaches (never its unused slack), every page
+    allocated and present. ObjectStoreError (or ObjectStoreFullError) when it cannot be
+    made: the caller aborts the segment so that the store gives its bytes back."""
     path = segment_path(folder, segment.name)
     size = max(segment.size, 1)
     cap = max(segment.capacity, size)
+    need = min(page_align(size), cap)
     try:
         fd = _open_own(path, os.O_RDWR if segment.reused else os.O_CREAT | os.O_EXCL | os.O_RDWR)
     except FileNotFoundError as exc:   # the store removed it, or the session ends
         raise ObjectStoreError(f"cannot open the segment {path}: it is gone (the cluster is "
                                "shutting down, or something removed it)") from exc
     try:
+        done = min(segment.allocated, cap) if segment.reused else 0
         if not segment.reused:
             os.ftruncate(fd, cap)
+        if need > done:
             try:
                 # Allocate now: a full /dev/shm then fails here with ENOSPC instead of
                 # killing the writer with SIGBUS in the middle of the copy.
-                os.posix_fallocate(fd, 0, cap)
+                os.posix_fallocate(fd, done, need - done)
             except OSError as exc:
                 raise ObjectStoreFullError(
                     f"/dev/shm has no room for an object of {fmt_bytes(size)} ({exc.strerror}). "
                     "Free shared memory, or lower object_store_memory so the store fits "
                     "in /dev/shm.") from exc
-        return map_for_writing(fd, cap, fresh=not segment.reused)
+        return map_for_writing(fd, max(need, done), fresh=not segment.reused)
     except OSError as exc:
         raise ObjectStoreError(f"cannot size or map the segment {path} ({exc.strerror}); "
                                "the object was not stored.") from exc
     finally:
         os.close(fd)
+
+
+def page_align(n: int) -> int:
+    return (n + mmap.PAGESIZE - 1) & ~(mmap.PAGESIZE - 1)
 
 
 def map_ahead(folder: str, name: str) -> mmap.mmap | None:

@@ -47,6 +47,7 @@ from .segments import (
     check_private_dir,
     fmt_bytes,
     make_session_dir,
+    page_align,
     remove_private_dir,
     segment_path,
     unlink_path,
@@ -115,7 +116,7 @@ class SpillJob(NamedTuple):
 
 class StoredSegment:
     __slots__ = ("name", "capacity", "state", "pins", "writer", "object_id", "size",
-                 "last_use", "no_pool", "rw", "holds_refs", "pooled_at")
+                 "last_use", "no_pool", "rw", "holds_refs", "pooled_at", "allocated")
 
     def __init__(self, name: str, capacity: int, state: str, writer: int) -> None:
         self.name = name
@@ -134,6 +135,7 @@ class StoredSegment:
         self.rw: set[int] = set()
         self.holds_refs = False   # refs inside its value: never kept for a next head
         self.pooled_at = 0.0      # when it was last pooled (ObjectStore.now)
+        self.allocated = 0        # bytes at its start its writers allocated (Segment.allocated)
 
 
 class ObjectStore:
@@ -212,8 +214,10 @@ class ObjectStore:
         seg.holds_refs = holds_refs
         self.used += cap
         seg.rw.add(conn)   # the writer keeps its map (see DropMaps)
+        allocated = seg.allocated
+        seg.allocated = max(allocated, min(page_align(max(size, 1)), cap))
         return types_pb2.Segment(name=name, size=size, node_id=self.node_id, capacity=cap,
-                                 reused=reused)
+                                 reused=reused, allocated=allocated)
 
     def _full_message(self, size: int, need: int, spill: bool) -> str:
         busy = sum(s.capacity for s in self.segs.values()
@@ -468,7 +472,7 @@ class ObjectStore:
             self._unlink(name)
             return
         seg = self.segs[name] = StoredSegment(name, cap, "pooled", -1)
-        seg.pooled_at = self.now()
+        seg.pooled_at, seg.allocated = self.now(), cap
         self.pool.setdefault(cap, collections.deque()).append(name)
         self.pooled += cap
         self.warmed.append(name)

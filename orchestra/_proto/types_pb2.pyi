@@ -7,20 +7,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Segment(_message.Message):
-    __slots__ = ("name", "size", "node_id", "capacity", "reused", "path")
+    __slots__ = ("name", "size", "node_id", "capacity", "reused", "path", "allocated")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     REUSED_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATED_FIELD_NUMBER: _ClassVar[int]
     name: str
     size: int
     node_id: int
     capacity: int
     reused: bool
     path: str
-    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., node_id: _Optional[int] = ..., capacity: _Optional[int] = ..., reused: _Optional[bool] = ..., path: _Optional[str] = ...) -> None: ...
+    allocated: int
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., node_id: _Optional[int] = ..., capacity: _Optional[int] = ..., reused: _Optional[bool] = ..., path: _Optional[str] = ..., allocated: _Optional[int] = ...) -> None: ...
 
 class Value(_message.Message):
     __slots__ = ("ref", "inline")

@@ -1,8 +1,9 @@
 """A segment's pages made present before a put copies into it (orchestra/_objects/pages.py):
 a large segment through MADV_POPULATE_WRITE over disjoint ranges on threads, which must
-cover the whole map and leave the file's bytes as they were; a small one, or a kernel
-without it, through MAP_POPULATE. Real files in /dev/shm, the map's resident size read
-from /proc/self/smaps."""
+cover the whole map and leave the file's bytes as they were; a reused one, or a kernel
+without it, through MAP_POPULATE. A writer allocates and maps only the pages its object
+needs, never a size class's slack. Real files in /dev/shm, the map's resident size read
+from /proc/self/smaps, the file's allocation from its blocks."""
 from __future__ import annotations
 
 import mmap
@@ -66,8 +67,9 @@ def test_every_page_of_the_map_is_present_after_populate_write(shm_file, monkeyp
 
 
 def test_map_for_writing_gives_a_present_writable_map_large_or_small(shm_file):
-    for size, fresh in ((pages._POPULATE_WRITE_MIN, True), (1 << 20, True),
-                        (pages._POPULATE_WRITE_MIN, False)):   # madvise, MAP_POPULATE twice
+    # madvise on two threads, on one; MAP_POPULATE (reused)
+    for size, fresh in ((2 * pages._POPULATE_RANGE, True), (1 << 20, True),
+                        (pages._POPULATE_RANGE, False)):
         fd = _file(shm_file, size)
         try:
             mm = pages.map_for_writing(fd, size, fresh)
@@ -79,3 +81,44 @@ def test_map_for_writing_gives_a_present_writable_map_large_or_small(shm_file):
         finally:
             os.close(fd)
             shm_file.unlink()
+
+
+def test_a_writer_allocates_and_maps_its_objects_pages_and_never_the_slack(tmp_path):
+    from orchestra._objects.segments import open_segment, segment_path
+    from orchestra._objects.store import ObjectStore, size_class
+    store = ObjectStore(0, "pages-test", 64 << 20)
+    try:
+        size = (1 << 20) + 100                   # a 1.25 MiB size class
+        assert size_class(size) == 1310720
+        seg = store.create(1, b"a", size)
+        assert not seg.reused and seg.allocated == 0
+        mm = open_segment(store.dir, seg)
+        page_aligned = (size + mmap.PAGESIZE - 1) & ~(mmap.PAGESIZE - 1)
+        path = segment_path(store.dir, seg.name)
+        assert os.path.getsize(path) == seg.capacity              # the file has its class
+        assert os.stat(path).st_blocks * 512 == page_aligned      # its memory, the object's
+        assert len(mm) == page_aligned and _resident_kib(mm) == page_aligned >> 10
+        mm[:size] = b"a" * size
+        mm.close()
+        store.seal(seg.name)
+        store.free(seg.name)
+        # Reused by a larger object of the class: what it needs beyond is allocated now.
+        bigger = seg.capacity - 5000
+        again = store.create(1, b"b", bigger)
+        assert again.name == seg.name and again.reused and again.allocated == page_aligned
+        mm = open_segment(store.dir, again)
+        need = (bigger + mmap.PAGESIZE - 1) & ~(mmap.PAGESIZE - 1)
+        assert os.stat(path).st_blocks * 512 == need and len(mm) == need
+        assert mm[:4] == b"aaaa"                                  # reused: the bytes are there
+        mm[:bigger] = b"b" * bigger
+        mm.close()
+        store.seal(again.name)
+        store.free(again.name)
+        # A smaller one after it maps all that was allocated (a later larger one needs no map).
+        small = store.create(1, b"c", 1300000)
+        assert small.reused and small.allocated == need
+        mm = open_segment(store.dir, small)
+        assert len(mm) == need
+        mm.close()
+    finally:
+        store.close()
