@@ -87,7 +87,7 @@ def _seal_on_node(conn: Conn, data: pb.ObjectData) -> None:
     """A result or put in shared memory: its segment, written by the connection's
     process, is sealed in that node's store before the state hears of it."""
     if data.WhichOneof("data") == "segment":
-        conn.node.seal(data.segment.name)
+        conn.node.seal(data.segment.name, data.object_id, data.segment.size)
 
 
 def _task_done(head: Head, conn: Conn, msg: pb.TaskDone) -> None:

@@ -226,8 +226,9 @@ class RemoteNode:
             c.transport.write(b"".join(c.wbuf))
             c.wbuf = []
 
-    def seal(self, name: str) -> bool:
-        self._command(pb.NodeCommand(seal=name))
+    def seal(self, name: str, object_id: bytes = b"", size: int = 0) -> bool:
+        self._command(pb.NodeCommand(seal_object=pb.NodeRelocate(
+            object_id=object_id, segment=pb.Segment(name=name, size=size))))
         return True
 
     def pin(self, conn_id: int, names: Iterable[str]) -> None:

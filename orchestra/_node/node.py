@@ -74,6 +74,8 @@ if TYPE_CHECKING:
 _REAP_POLL_S = 0.01
 _REAP_LIMIT_S = 2.0
 _WATCH_S = 0.5
+# The most spare segments one create_segment hands out (CreateSegment.spares).
+_MAX_SPARES = 16
 # Readers asked to let go of maps (RELEASE_MAPS) answer within a round trip; the create
 # that asked tries again after this long.
 _RELEASE_RETRY_S = 0.05
@@ -184,7 +186,7 @@ class Node:
         self._preload_modules = list(preload or [])
         self._warm_delay_s = warm_delay_s
         # The task path calls these straight: no method of ours in between.
-        self.seal: Callable[[str], bool] = self.store.seal
+        self.seal: Callable[[str, bytes, int], bool] = self.store.seal
         self.pin: Callable[[int, Iterable[str]], None] = self.store.pin
         # create_segment requests (connection id, Request) that wait for a spill to make
         # their room, in order; None while none waits.
@@ -307,6 +309,9 @@ class Node:
         reply = pb.Reply(req_id=req.req_id)
         if segment is not None:
             reply.segment.CopyFrom(segment)
+            if cs.spares and not cs.holds_refs:
+                reply.spares.extend(store.create_spares(conn_id, cs.size,
+                                                        min(cs.spares, _MAX_SPARES)))
         else:
             reply.error, reply.error_kind = error, "ObjectStoreFullError"
         self.host.send(conn_id, _wire.REPLY, reply)

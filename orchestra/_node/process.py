@@ -56,8 +56,11 @@ def command(node: Node, cmd: pb.NodeCommand, token: str = "") -> bool:
     """Carry out one NodeCommand on ``node``; False for close. ``token``: the
     cluster's, for pulls from other nodes' data servers."""
     which = cmd.WhichOneof("command")
-    if which == "seal":
-        node.seal(cmd.seal)
+    if which == "seal_object":
+        node.seal(cmd.seal_object.segment.name, cmd.seal_object.object_id,
+                  cmd.seal_object.segment.size)
+    elif which == "seal":
+        node.seal(cmd.seal, b"", 0)
     elif which == "pin":
         node.pin(cmd.pin.conn_id, cmd.pin.names)
     elif which == "unpin":

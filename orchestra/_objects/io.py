@@ -28,6 +28,7 @@ from __future__ import annotations
 import mmap
 import pickle
 import threading
+import time
 import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
@@ -37,6 +38,16 @@ from ..exceptions import ObjectLostError, OrchestraError
 from .refs import RefCounts
 from .segments import map_ahead, map_segment, open_segment, write_into
 from .serialization import Parsed, Serialized, deserialize, parse
+from .store import size_class
+
+# Spare segments (CreateSegment.spares): for objects up to _SPARE_MAX bytes, _SPARES at a
+# time, at most _SPARE_BYTES of capacity held per process, once puts of a size class
+# come within _SPARE_AFTER_S of each other.
+_SPARE_MAX = 4 << 20
+_SPARES = 8
+_SPARE_BYTES = 32 << 20
+_SPARE_AFTER_S = 1.0
+_SPARE_IDLE_S = 2.0   # spares of a class no put took for this long are given back
 
 
 class Client(Protocol):
@@ -72,6 +83,13 @@ class ObjectIO:
         # _RMAPS_MAX; closed when the store unlinks the segment (DROP_MAPS).
         self.rmaps: dict[str, mmap.mmap] = {}
         self.mapping_ahead: dict[str, bool] = {}   # name -> still wanted
+        # Spare segments the store handed out (CreateSegment.spares), by the size class
+        # of the put that asked: the next puts of that class go in without asking.
+        # Asked for once puts of a class come within _SPARE_AFTER_S of each other.
+        self.spares: dict[int, list[pb.Segment]] = {}
+        self.spare_bytes = 0
+        self._last_create: dict[int, float] = {}
+        self._last_used: dict[int, float] = {}   # class -> when a put last took a spare
 
     # ------------------------------------------------------------------ writes
     def make_object_data(self, oid: bytes, ser: Serialized,
@@ -92,9 +110,14 @@ class ObjectIO:
         # (the decrements otherwise travel after the frame, see CoreClient.send_raw).
         client.flush_refs()
         size = ser.stream_size()
-        reply = client.request(pb.Request(create_segment=pb.CreateSegment(
-            object_id=oid, size=size, holds_refs=bool(ser.contained))))
-        seg = reply.segment
+        seg = self._spare(size) if not ser.contained else None
+        if seg is None:
+            reply = client.request(pb.Request(create_segment=pb.CreateSegment(
+                object_id=oid, size=size, holds_refs=bool(ser.contained),
+                spares=0 if ser.contained else self._spares_wanted(size))))
+            seg = reply.segment
+            if reply.spares:
+                self._keep_spares(size, reply.spares)
         with self.refs.lock:
             mm = self.wmaps.pop(seg.name, None) if seg.reused else None
         try:
@@ -113,6 +136,61 @@ class ObjectIO:
                 self.wmaps[seg.name] = mm
         out.segment.CopyFrom(seg)
         return out
+
+    def _spare(self, size: int) -> pb.Segment | None:
+        """A spare segment for an object of ``size`` bytes (its size set), or None."""
+        if size > _SPARE_MAX:
+            return None
+        cls = size_class(size)
+        with self.refs.lock:
+            spares = self.spares.get(cls)
+            if not spares:
+                return None
+            spare = spares.pop()
+            self.spare_bytes -= spare.capacity
+            self._last_used[cls] = time.monotonic()
+        seg = pb.Segment()
+        seg.CopyFrom(spare)
+        seg.size = size
+        return seg
+
+    def _spares_wanted(self, size: int) -> int:
+        """How many spares to ask for with a create of ``size`` bytes: none for a large
+        object or a first put of its class, else as many as _SPARE_BYTES leaves room for."""
+        if size > _SPARE_MAX:
+            return 0
+        cls = size_class(size)
+        now = time.monotonic()
+        with self.refs.lock:   # the spare fields: under the ref lock, as the maps
+            last = self._last_create.get(cls, 0.0)
+            self._last_create[cls] = now
+            room = _SPARE_BYTES - self.spare_bytes
+        if now - last > _SPARE_AFTER_S:
+            return 0
+        return max(0, min(_SPARES, room // cls))
+
+    def return_idle_spares(self, idle_s: float = _SPARE_IDLE_S) -> None:
+        """Give back the spares of the size classes no put used for ``idle_s`` (the
+        client's background thread, every few ms while busy): the store counts them."""
+        now = time.monotonic()
+        with self.refs.lock:
+            idle = [c for c in self.spares if now - self._last_used.get(c, 0.0) > idle_s]
+            names = []
+            for cls in idle:
+                for spare in self.spares.pop(cls):
+                    self.spare_bytes -= spare.capacity
+                    names.append(spare.name)
+        for name in names:
+            self.abort_segment(name)
+
+    def _keep_spares(self, size: int, spares: Iterable[pb.Segment]) -> None:
+        cls = size_class(size)
+        with self.refs.lock:
+            self._last_used[cls] = time.monotonic()
+            kept = self.spares.setdefault(cls, [])
+            for spare in spares:
+                kept.append(spare)
+                self.spare_bytes += spare.capacity
 
     def copy_object(self, oid: bytes, view: memoryview, contained: Sequence[bytes]) -> pb.ObjectData:
         """ObjectData of a new segment holding ``view``'s bytes (an object's Arrow stream

@@ -200,6 +200,25 @@ class ObjectStore:
             if held:
                 raise ReleaseNeeded(held)
             raise ObjectStoreFullError(self._full_message(size, need, spill))
+        return self._hand_out(conn, object_id, size, cap, holds_refs)
+
+    def create_spares(self, conn: int, size: int, n: int) -> list[types_pb2.Segment]:
+        """Up to ``n`` more segments of ``size``'s class for ``conn``'s next puts of that
+        class, which go into them without asking (CreateSegment.spares); each is named
+        its object and size when sealed. At most a 32nd of the store at a time, and only
+        while live objects and spares leave a quarter of it free: never a spill or a wait
+        for them."""
+        cap = size_class(max(size, 1))
+        n = min(n, self.capacity // 32 // cap)
+        spares = []
+        while len(spares) < n and self.used + cap <= self.capacity - self.capacity // 4:
+            spares.append(self._hand_out(conn, b"", 0, cap, False))
+        return spares
+
+    def _hand_out(self, conn: int, object_id: bytes, size: int, cap: int,
+                  holds_refs: bool) -> types_pb2.Segment:
+        """A segment of class ``cap`` for ``conn`` to write (room checked): a pooled
+        one, else a new name (pooled ones evicted to make the room)."""
         name = self._take_pooled(cap)
         reused = name is not None
         if name is None:
@@ -215,7 +234,8 @@ class ObjectStore:
         self.used += cap
         seg.rw.add(conn)   # the writer keeps its map (see DropMaps)
         allocated = seg.allocated
-        seg.allocated = max(allocated, min(page_align(max(size, 1)), cap))
+        if object_id:   # a spare's writer allocates what it writes: counted when sealed
+            seg.allocated = max(allocated, min(page_align(max(size, 1)), cap))
         return types_pb2.Segment(name=name, size=size, node_id=self.node_id, capacity=cap,
                                  reused=reused, allocated=allocated)
 
@@ -302,10 +322,18 @@ class ObjectStore:
                 self._remove(name)
         return freed
 
-    def seal(self, name: str) -> bool:
+    def seal(self, name: str, object_id: bytes = b"", size: int = 0) -> bool:
+        """Its writer filled ``name`` with ``object_id`` of ``size`` bytes: a spare
+        (create_spares) learns its object here; False when it is no segment being
+        written, or a spare named no object or more bytes than it holds."""
         seg = self.segs.get(name)
         if seg is None or seg.state != "writing":
             return False
+        if not seg.object_id:
+            if not object_id or not 0 < size <= seg.capacity:
+                return False
+            seg.object_id, seg.size = object_id, size
+            seg.allocated = max(seg.allocated, min(page_align(size), seg.capacity))
         seg.state = "sealed"
         return True
 

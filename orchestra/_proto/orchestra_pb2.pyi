@@ -649,17 +649,19 @@ class KillActor(_message.Message):
     def __init__(self, actor_id: _Optional[bytes] = ..., no_restart: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class CreateSegment(_message.Message):
-    __slots__ = ("object_id", "size", "holds_refs")
+    __slots__ = ("object_id", "size", "holds_refs", "spares")
     OBJECT_ID_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     HOLDS_REFS_FIELD_NUMBER: _ClassVar[int]
+    SPARES_FIELD_NUMBER: _ClassVar[int]
     object_id: bytes
     size: int
     holds_refs: bool
-    def __init__(self, object_id: _Optional[bytes] = ..., size: _Optional[int] = ..., holds_refs: _Optional[bool] = ...) -> None: ...
+    spares: int
+    def __init__(self, object_id: _Optional[bytes] = ..., size: _Optional[int] = ..., holds_refs: _Optional[bool] = ..., spares: _Optional[int] = ...) -> None: ...
 
 class Reply(_message.Message):
-    __slots__ = ("req_id", "error", "error_kind", "segment", "resources", "debug", "actor", "object", "nodes", "placement_groups", "pending_tasks", "state_json")
+    __slots__ = ("req_id", "error", "error_kind", "segment", "resources", "debug", "actor", "object", "nodes", "placement_groups", "pending_tasks", "state_json", "spares")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -679,6 +681,7 @@ class Reply(_message.Message):
     PLACEMENT_GROUPS_FIELD_NUMBER: _ClassVar[int]
     PENDING_TASKS_FIELD_NUMBER: _ClassVar[int]
     STATE_JSON_FIELD_NUMBER: _ClassVar[int]
+    SPARES_FIELD_NUMBER: _ClassVar[int]
     req_id: int
     error: str
     error_kind: str
@@ -691,7 +694,8 @@ class Reply(_message.Message):
     placement_groups: _containers.RepeatedCompositeFieldContainer[PlacementGroupInfo]
     pending_tasks: int
     state_json: str
-    def __init__(self, req_id: _Optional[int] = ..., error: _Optional[str] = ..., error_kind: _Optional[str] = ..., segment: _Optional[_Union[_types_pb2.Segment, _Mapping]] = ..., resources: _Optional[_Mapping[str, float]] = ..., debug: _Optional[_Union[SchedulerDebugInfoReply, _Mapping]] = ..., actor: _Optional[_Union[_types_pb2.ActorSpec, _Mapping]] = ..., object: _Optional[_Union[_types_pb2.ObjectData, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., placement_groups: _Optional[_Iterable[_Union[PlacementGroupInfo, _Mapping]]] = ..., pending_tasks: _Optional[int] = ..., state_json: _Optional[str] = ...) -> None: ...
+    spares: _containers.RepeatedCompositeFieldContainer[_types_pb2.Segment]
+    def __init__(self, req_id: _Optional[int] = ..., error: _Optional[str] = ..., error_kind: _Optional[str] = ..., segment: _Optional[_Union[_types_pb2.Segment, _Mapping]] = ..., resources: _Optional[_Mapping[str, float]] = ..., debug: _Optional[_Union[SchedulerDebugInfoReply, _Mapping]] = ..., actor: _Optional[_Union[_types_pb2.ActorSpec, _Mapping]] = ..., object: _Optional[_Union[_types_pb2.ObjectData, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., placement_groups: _Optional[_Iterable[_Union[PlacementGroupInfo, _Mapping]]] = ..., pending_tasks: _Optional[int] = ..., state_json: _Optional[str] = ..., spares: _Optional[_Iterable[_Union[_types_pb2.Segment, _Mapping]]] = ...) -> None: ...
 
 class TaskEventBatch(_message.Message):
     __slots__ = ("start_task_id", "start_name", "start_actor_id", "start_kind", "start_owner", "start_time", "end_task_id", "end_time", "end_error_type", "flush_id", "rss_bytes", "cpu_seconds", "error_task_id", "error_message", "error_traceback")
@@ -804,7 +808,7 @@ class NodeInfo(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., alive: _Optional[bool] = ..., address: _Optional[str] = ..., resources: _Optional[_Mapping[str, float]] = ..., available: _Optional[_Mapping[str, float]] = ..., store_capacity: _Optional[int] = ..., store_used: _Optional[int] = ..., pid: _Optional[int] = ..., death: _Optional[str] = ..., spilled_bytes: _Optional[int] = ...) -> None: ...
 
 class NodeCommand(_message.Message):
-    __slots__ = ("seal", "pin", "unpin", "free_segment", "abort_segment", "drop_conn", "create_segment", "start_worker", "kill_worker", "stop_worker", "worker_connected", "worker_disconnected", "set_driver", "cluster_idle", "close", "sync", "pull", "welcome", "heartbeat")
+    __slots__ = ("seal", "pin", "unpin", "free_segment", "abort_segment", "drop_conn", "create_segment", "start_worker", "kill_worker", "stop_worker", "worker_connected", "worker_disconnected", "set_driver", "cluster_idle", "close", "sync", "pull", "welcome", "heartbeat", "seal_object")
     SEAL_FIELD_NUMBER: _ClassVar[int]
     PIN_FIELD_NUMBER: _ClassVar[int]
     UNPIN_FIELD_NUMBER: _ClassVar[int]
@@ -824,6 +828,7 @@ class NodeCommand(_message.Message):
     PULL_FIELD_NUMBER: _ClassVar[int]
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    SEAL_OBJECT_FIELD_NUMBER: _ClassVar[int]
     seal: str
     pin: NodeSegments
     unpin: NodeSegments
@@ -843,7 +848,8 @@ class NodeCommand(_message.Message):
     pull: NodePull
     welcome: NodeWelcome
     heartbeat: bool
-    def __init__(self, seal: _Optional[str] = ..., pin: _Optional[_Union[NodeSegments, _Mapping]] = ..., unpin: _Optional[_Union[NodeSegments, _Mapping]] = ..., free_segment: _Optional[str] = ..., abort_segment: _Optional[_Union[NodeSegments, _Mapping]] = ..., drop_conn: _Optional[int] = ..., create_segment: _Optional[_Union[NodeCreateSegment, _Mapping]] = ..., start_worker: _Optional[int] = ..., kill_worker: _Optional[_Union[NodeKillWorker, _Mapping]] = ..., stop_worker: _Optional[int] = ..., worker_connected: _Optional[int] = ..., worker_disconnected: _Optional[int] = ..., set_driver: _Optional[int] = ..., cluster_idle: _Optional[bool] = ..., close: _Optional[bool] = ..., sync: _Optional[int] = ..., pull: _Optional[_Union[NodePull, _Mapping]] = ..., welcome: _Optional[_Union[NodeWelcome, _Mapping]] = ..., heartbeat: _Optional[bool] = ...) -> None: ...
+    seal_object: NodeRelocate
+    def __init__(self, seal: _Optional[str] = ..., pin: _Optional[_Union[NodeSegments, _Mapping]] = ..., unpin: _Optional[_Union[NodeSegments, _Mapping]] = ..., free_segment: _Optional[str] = ..., abort_segment: _Optional[_Union[NodeSegments, _Mapping]] = ..., drop_conn: _Optional[int] = ..., create_segment: _Optional[_Union[NodeCreateSegment, _Mapping]] = ..., start_worker: _Optional[int] = ..., kill_worker: _Optional[_Union[NodeKillWorker, _Mapping]] = ..., stop_worker: _Optional[int] = ..., worker_connected: _Optional[int] = ..., worker_disconnected: _Optional[int] = ..., set_driver: _Optional[int] = ..., cluster_idle: _Optional[bool] = ..., close: _Optional[bool] = ..., sync: _Optional[int] = ..., pull: _Optional[_Union[NodePull, _Mapping]] = ..., welcome: _Optional[_Union[NodeWelcome, _Mapping]] = ..., heartbeat: _Optional[bool] = ..., seal_object: _Optional[_Union[NodeRelocate, _Mapping]] = ...) -> None: ...
 
 class NodePull(_message.Message):
     __slots__ = ("object_id", "address", "key", "size")

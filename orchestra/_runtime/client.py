@@ -93,10 +93,9 @@ class CoreClient:
         self.token = token   # for TCP direct calls to workers of other nodes (None: the env's)
         self.sock = self.conn.sock
         self.on_frame, self.on_lost = on_frame, on_lost
-        # A worker's hook for a get()/wait() that blocks: on_block(True, missing ids)
-        # answers whether this thread may run tasks inline while it waits (the head
-        # sends them as EXECUTE_NESTED); nested_ready() says one came, run_nested() runs
-        # it. on_block(False, ()) when the wait ends.
+        # A worker's hook for a get()/wait() that blocks: on_block(True, missing ids) says
+        # whether this thread may run tasks inline while it waits (EXECUTE_NESTED);
+        # nested_ready() says one came, run_nested() runs it; on_block(False, ()) at the end.
         self.on_block: Callable[[bool, Sequence[bytes]], bool] | None = None
         self.nested_ready: Callable[[], bool] = _never
         self.run_nested: Callable[[], None] | None = None
@@ -133,9 +132,7 @@ class CoreClient:
         # callee counts them.
         self.put_seq = 0
         self.synced_seq = 0
-        # Direct calls sent or taken since the last look: the head does not see them,
-        # and counts the cluster idle (it then warms memory, a core's work) unless told.
-        self.active = False
+        self.active = False   # direct calls since the last look (the head sees none)
         self.poller = select.poll()
         self.poller.register(self.conn.fd, select.POLLIN)
         self.direct = DirectCalls(self)
@@ -672,6 +669,8 @@ class CoreClient:
                     direct.return_idle_loans(LOAN_IDLE_S, ask=True)
                 except ClusterLostError:
                     return
+            if self.objects.spares:
+                self.objects.return_idle_spares()
             if self.active:   # direct calls went by: tell the head the cluster is busy
                 self.active = False
                 try:

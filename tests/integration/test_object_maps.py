@@ -237,3 +237,47 @@ def test_a_bad_memory_setting_is_refused_by_init_naming_it(monkeypatch, name):
     with pytest.raises(ValueError, match=f"{name}='soon'"):
         orchestra.init(num_cpus=1)
     assert not orchestra.is_initialized()
+
+
+# ------------------------------------------------------------------ spare segments
+
+@orchestra.remote
+def medium(i: int) -> np.ndarray:
+    return np.arange(25_000, dtype=np.float64) + i   # 200 KB: a segment of its own
+
+
+@pytest.mark.parametrize("node_process", [False, True], ids=["in-head", "node-process"])
+def test_repeated_medium_puts_go_into_spares_without_asking_and_give_them_back(
+        start_cluster, node_process):
+    # A process putting objects of one size class again and again is handed spare
+    # segments of it: its next puts go in without a round trip, the seal names their
+    # objects; the spares it no longer uses go back to the store.
+    from orchestra._runtime import context as _context
+    start_cluster(num_cpus=1, object_store_memory=256 * MiB,
+                  _system_config={"node_process": True} if node_process else None)
+    client = _context._client
+    creates = []
+    request = client.request
+
+    def counting(req, *args, **kwargs):
+        if req.WhichOneof("body") == "create_segment":
+            creates.append(req.create_segment.spares)
+        return request(req, *args, **kwargs)
+    client.request = counting
+    values = [np.arange(25_000, dtype=np.float64) * i for i in range(40)]
+    refs = [orchestra.put(v) for v in values]
+    client.request = request
+    assert len(creates) <= 10 and max(creates) > 0, f"a create per put: {creates}"
+    assert client.objects.spare_bytes > 0
+    assert all(np.array_equal(got, v) for got, v in zip(orchestra.get(refs, timeout=T), values))
+    assert orchestra.get([total.remote(r) for r in refs], timeout=T) == \
+        [float(v.sum()) for v in values]
+    # A worker's results go into its spares the same way.
+    made = orchestra.get([medium.remote(i) for i in range(40)], timeout=T)
+    assert all(np.array_equal(m, np.arange(25_000, dtype=np.float64) + i)
+               for i, m in enumerate(made))
+    del refs, made
+    wait_until(lambda: _store_used() == 0, 15, "the objects freed and the spares given back",
+               lambda: f"{_store_used()} bytes still counted; the driver holds "
+                       f"{client.objects.spare_bytes} bytes of spares")
+    assert client.objects.spare_bytes == 0

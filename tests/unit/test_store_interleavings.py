@@ -77,6 +77,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.live: dict[bytes, Obj] = {}
         self.retired: list[Obj] = []        # freed while readers pinned them
         self.n = 0
+        self.spares: dict[int, list[str]] = {}   # writer -> spare segments it holds
 
     def teardown(self) -> None:
         if hasattr(self, "store"):
@@ -191,9 +192,43 @@ class StoreMachine(RuleBasedStateMachine):
     def writer_leaves(self, writer: int) -> None:
         unsealed = [o for o in self.live.values()
                     if o.state == "writing" and self.store.segs[o.name].writer == writer]
-        self.store.drop_conn(writer)   # its unsealed objects are garbage
+        self.store.drop_conn(writer)   # its unsealed objects are garbage, and its spares
         for obj in unsealed:
             del self.live[obj.oid]
+        for name in self.spares.pop(writer, []):
+            assert name not in self.store.segs, "a spare outlived its writer's connection"
+
+    @rule(target=objs, size=st.sampled_from(SIZES[:5]), writer=st.sampled_from(WRITERS),
+          n=st.integers(1, 4), used=st.integers(0, 2))
+    def puts_into_spares(self, size: int, writer: int, n: int, used: int) -> object:
+        """A writer takes spares (CreateSegment.spares), makes their files as it fills
+        them, and puts up to ``used`` objects into them without asking; the rest stay
+        its own until it seals them, gives them back (abort) or leaves."""
+        store = self.store
+        before = store.used
+        spares = store.create_spares(writer, size, n)
+        assert len(spares) <= n and store.used == before + sum(s.capacity for s in spares)
+        assert store.used <= CAPACITY - CAPACITY // 4 or not spares
+        oid = None
+        for i, spare in enumerate(spares):
+            if i < used:
+                spare.size = size   # as the writer does before it opens it (ObjectIO._spare)
+            mm = open_segment(store.dir, spare)
+            if i >= used:
+                mm.close()
+                self.spares.setdefault(writer, []).append(spare.name)
+                continue
+            self.n += 1
+            oid = self.n.to_bytes(4, "big") + b"spr."
+            mm[:size] = pattern(oid, size)
+            mm.close()
+            assert store.seal(spare.name, oid, size)
+            assert store.segs[spare.name].object_id == oid and store.segs[spare.name].size == size
+            self.live[oid] = Obj(oid, spare.name, size, state="sealed")
+        for name in self.spares.get(writer, [])[:1]:   # a refused seal changes nothing
+            assert not store.seal(name, b"", size) and not store.seal(name, b"x", CAPACITY)
+            assert store.segs[name].state == "writing"
+        return oid
 
     @rule(size=st.sampled_from(SIZES), writer=st.sampled_from(WRITERS))
     def writer_dies_before_it_opens(self, size: int, writer: int) -> None:
@@ -271,6 +306,10 @@ class StoreMachine(RuleBasedStateMachine):
             del self.live[obj.oid]
         for reader in READERS:
             store.drop_conn(reader)
+        for writer, names in self.spares.items():   # spares given back unused
+            for name in names:
+                store.abort(writer, name)
+        self.spares = {}
         self.retired = []
         assert store.used == 0 and store.spilled_bytes == 0
         big = CAPACITY * 7 // 8   # a class of its own, larger than any object before
