@@ -92,28 +92,32 @@ class Serialized:
 class PickledValue(Serialized):
     """A pickle stream and its out-of-band buffers (each at least 64 KiB)."""
 
-    __slots__ = ("pickled", "buffers", "_plan")
+    __slots__ = ("pickled", "buffers", "_plan", "_inline_plan")
 
     def __init__(self, pickled: bytes, buffers: list[memoryview], contained: list[bytes]) -> None:
         self.pickled = pickled
         self.buffers = buffers
         self.contained = contained
         self._plan: tuple[pa.Schema, list[pa.Array], int] | None = None
-        self.size = self.stream_size() if buffers else len(pickled)
+        self._inline_plan: tuple[pa.Schema, list[pa.Array], int] | None = None
+        # The inline form's buffers are 64-byte aligned only: its size depends on the
+        # value alone, not on where its buffers happen to lie in memory (a value just
+        # under the threshold went inline or not by its source's page offset).
+        self.size = self._inline_size() if buffers else len(pickled)
 
     def to_bytes(self) -> bytes:
         if not self.buffers:
             return self.pickled
-        out = bytearray(self.stream_size())
-        self.write_into(memoryview(out))
+        out = bytearray(self.size)
+        self.write_into(memoryview(out), page=False)
         return bytes(out)
 
     def stream_size(self) -> int:
         return self._layout()[2]
 
-    def write_into(self, dest: memoryview) -> None:
+    def write_into(self, dest: memoryview, page: bool = True) -> None:
         import pyarrow as pa
-        schema, columns, total = self._layout()
+        schema, columns, total = self._layout(page)
         sink = _sink(dest)
         with pa.ipc.new_stream(sink, schema) as writer:
             writer.write_batch(pa.RecordBatch.from_arrays(columns, schema=schema))
@@ -122,11 +126,21 @@ class PickledValue(Serialized):
                                f"{total} were planned: pyarrow {pa.__version__} lays out "
                                "IPC streams differently; orchestra needs an update for it")
 
-    def _layout(self) -> tuple[pa.Schema, list[pa.Array], int]:
+    def _inline_size(self) -> int:
+        """_layout(page=False)'s stream size, without making its columns."""
+        pos = _pickle_schema(len(self.buffers))[1] + _OFFSETS + _pad8(len(self.pickled))
+        for b in self.buffers:
+            start = pos + 2 * _OFFSETS
+            pos = start + (-start % ALIGN) + _pad8(b.nbytes)
+        return pos + _EOS
+
+    def _layout(self, page: bool = True) -> tuple[pa.Schema, list[pa.Array], int]:
         """(schema, columns, stream size): each buffer 64-byte aligned in the stream and,
-        from 64 KiB, at its source's offset within a page (rounded down to 64 bytes)."""
-        if self._plan is not None:
-            return self._plan
+        from 64 KiB (``page``: in a segment), at its source's offset within a page
+        (rounded down to 64 bytes)."""
+        plan = self._plan if page else self._inline_plan
+        if plan is not None:
+            return plan
         import pyarrow as pa
         schema, pos = _pickle_schema(len(self.buffers))
         columns = [_one_value(pa.py_buffer(self.pickled))]
@@ -134,7 +148,7 @@ class PickledValue(Serialized):
         for b in self.buffers:
             data = pa.py_buffer(b)
             start = pos + 2 * _OFFSETS   # past the pad column's and this column's offsets
-            if data.size >= _OUT_OF_BAND_MIN:
+            if page and data.size >= _OUT_OF_BAND_MIN:
                 pad = ((data.address % _PAGE) & ~(ALIGN - 1)) - start
                 pad %= _PAGE
             else:
@@ -142,8 +156,12 @@ class PickledValue(Serialized):
             columns.append(_one_value(pa.py_buffer(_ZEROS[:pad])))
             columns.append(_one_value(data))
             pos = start + pad + _pad8(data.size)
-        self._plan = (schema, columns, pos + _EOS)
-        return self._plan
+        plan = (schema, columns, pos + _EOS)
+        if page:
+            self._plan = plan
+        else:
+            self._inline_plan = plan
+        return plan
 
 
 class ArrowValue(Serialized):

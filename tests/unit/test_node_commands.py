@@ -163,7 +163,7 @@ def carry_out_on(node: RecordingNode, frames: list[tuple[int, Any]]) -> list[boo
 def test_every_command_reaches_the_node_with_its_arguments_in_the_order_given() -> None:
     remote, head, loop, transport = remote_node()
     create = pb.Request(req_id=9, create_segment=pb.CreateSegment(object_id=b"o2", size=70))
-    remote.seal("s1")
+    remote.seal("s1", b"o1", 70)
     remote.pin(DRIVER, ["s1", "s2"])
     remote.free_segment("s1")
     remote.unpin(DRIVER, ["s1"])
@@ -180,7 +180,7 @@ def test_every_command_reaches_the_node_with_its_arguments_in_the_order_given() 
     node = RecordingNode()
     assert carry_out_on(node, transport.frames()) == [True] * 13
     assert node.calls == [
-        ("seal", "s1"), ("pin", DRIVER, ["s1", "s2"]), ("free_segment", "s1"),
+        ("seal", "s1", b"o1", 70), ("pin", DRIVER, ["s1", "s2"]), ("free_segment", "s1"),
         ("unpin", DRIVER, ["s1"]), ("create_segment", DRIVER, create),
         ("abort_segment", DRIVER, "s3"), ("start_worker", 0), ("worker_connected", 0),
         ("kill_worker", 0, "cancelled with force=True"), ("worker_disconnected", 0),
@@ -211,7 +211,7 @@ def test_the_node_hears_when_the_cluster_goes_idle() -> None:
     assert proc.is_idle()
     proc.data_received(_wire.encode(_wire.NODE_COMMAND, pb.NodeCommand(seal="s1")))
     assert not proc.is_idle()   # busy at the first command, before the head says so
-    assert node.calls == [("seal", "s1")]
+    assert node.calls == [("seal", "s1", b"", 0)]
 
 
 def test_a_close_command_closes_the_node() -> None:

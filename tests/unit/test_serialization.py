@@ -90,9 +90,10 @@ def test_a_numpy_array_travels_out_of_band_in_an_arrow_stream():
     ser = serialize(arr)
     assert len(ser.buffers) == 1 and ser.buffers[0].nbytes == arr.nbytes
     assert len(ser.pickled) < 1000            # the data is not in the pickle stream
-    assert ser.size == ser.stream_size() >= arr.nbytes
+    # Inline: 64-byte aligned; in a segment: at its source's page offset (up to 4 KiB more).
+    assert arr.nbytes <= ser.size <= ser.stream_size() < ser.size + 4096
     data = ser.to_bytes()
-    assert data[:4] == STREAM_MAGIC and len(data) == ser.stream_size()
+    assert data[:4] == STREAM_MAGIC and len(data) == ser.size
     np.testing.assert_array_equal(deserialize(data), arr)
 
 
@@ -666,3 +667,23 @@ def test_serializing_while_another_thread_imports_pyarrow_waits_for_it(tmp_path)
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              timeout=30, check=True).stdout
         assert out.startswith("0 "), out
+
+
+def test_the_inline_size_depends_on_the_value_not_on_where_its_buffers_lie():
+    # A segment places each large buffer at its source's offset within a page (a fast
+    # copy); the inline form does not, so the inline threshold sees the same size for
+    # the same value wherever it lies in memory (a 100 KB array went inline or not by
+    # its address before).
+    backing = np.zeros(12500 + 4096 // 8)
+    sizes, streams = set(), set()
+    for shift in range(0, 4096 // 8, 37):
+        view = backing[shift:shift + 12500]
+        view[:] = 1.0
+        ser = serialize(view)
+        sizes.add(ser.size)
+        streams.add(ser.stream_size())
+        raw = ser.to_bytes()
+        assert len(raw) == ser.size
+        assert np.array_equal(deserialize(memoryview(raw)), view)
+    assert len(sizes) == 1 and sizes.pop() < 100 * 1024, "a 100 KB array's inline size varies"
+    assert len(streams) > 1   # its stream does follow the source's page offset
