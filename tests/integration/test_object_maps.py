@@ -269,7 +269,7 @@ def test_repeated_medium_puts_go_into_spares_without_asking_and_give_them_back(
     client.request = request
     assert len(creates) <= 10 and max(creates) > 0, f"a create per put: {creates}"
     assert client.objects.spare_bytes > 0
-    assert all(np.array_equal(got, v) for got, v in zip(orchestra.get(refs, timeout=T), values))
+    assert all(np.array_equal(got, v) for got, v in zip(orchestra.get(refs, timeout=T), values, strict=True))
     assert orchestra.get([total.remote(r) for r in refs], timeout=T) == \
         [float(v.sum()) for v in values]
     # A worker's results go into its spares the same way.
