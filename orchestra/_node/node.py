@@ -309,9 +309,10 @@ class Node:
         reply = pb.Reply(req_id=req.req_id)
         if segment is not None:
             reply.segment.CopyFrom(segment)
-            if cs.spares and not cs.holds_refs:
-                reply.spares.extend(store.create_spares(conn_id, cs.size,
-                                                        min(cs.spares, _MAX_SPARES)))
+            asked = req.create_segment
+            if asked.spares and not asked.holds_refs:
+                reply.spares.extend(store.create_spares(conn_id, asked.size,
+                                                        min(asked.spares, _MAX_SPARES)))
         else:
             reply.error, reply.error_kind = error, "ObjectStoreFullError"
         self.host.send(conn_id, _wire.REPLY, reply)

@@ -210,7 +210,7 @@ class ObjectStore:
         for them."""
         cap = size_class(max(size, 1))
         n = min(n, self.capacity // 32 // cap)
-        spares = []
+        spares: list[types_pb2.Segment] = []
         while len(spares) < n and self.used + cap <= self.capacity - self.capacity // 4:
             spares.append(self._hand_out(conn, b"", 0, cap, False))
         return spares
