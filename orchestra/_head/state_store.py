@@ -320,8 +320,10 @@ class HeadState:
 
     def __init__(self, url: str, holder: str, token: str, on_lost: Callable[[str], None],
                  log: Callable[[str], None],
-                 notify: Callable[[Callable[[], None]], object] = lambda fn: fn()) -> None:
+                 notify: Callable[[Callable[[], None]], object] = lambda fn: fn(),
+                 lease_ttl_s: float = LEASE_TTL_S) -> None:
         self.url, self.holder, self.token = url, holder, token
+        self.lease_ttl_s = lease_ttl_s   # the lease's life; renewed every quarter of it
         self.on_lost, self.log = on_lost, log
         # How the thread has the loop call a waiter of after_written (the head's:
         # call_soon_threadsafe).
@@ -363,7 +365,7 @@ class HeadState:
         """StateStoreError (HeadLeaseHeld) when the head must not start."""
         store = self.store = open_store(self.url)
         try:
-            store.take_lease(self.holder)
+            store.take_lease(self.holder, self.lease_ttl_s)
             known = store.get(CLUSTER, "id")
             if known is None:
                 known = os.urandom(8).hex().encode()
@@ -470,7 +472,7 @@ class HeadState:
     def _keep(self) -> None:
         store = self.store
         assert store is not None
-        renew_at = time.monotonic() + LEASE_TTL_S / 4
+        renew_at = time.monotonic() + self.lease_ttl_s / 4
         while True:
             wait = renew_at - time.monotonic()
             if self.away_since:
@@ -486,11 +488,11 @@ class HeadState:
                 # A store back after being away: the lease checked at once, before the
                 # head says so (it may have expired meanwhile; taken back if free).
                 if time.monotonic() >= renew_at or self.away_since:
-                    renew_at = time.monotonic() + LEASE_TTL_S / 4
-                    if not store.renew_lease(self.holder):
+                    renew_at = time.monotonic() + self.lease_ttl_s / 4
+                    if not store.renew_lease(self.holder, self.lease_ttl_s):
                         # Not ours any more: another head's (HeadLeaseHeld), or nobody's
                         # (the store lost it): taken back, and everything written again.
-                        store.take_lease(self.holder)
+                        store.take_lease(self.holder, self.lease_ttl_s)
                         self.log(f"the state store {self.url} had lost this head's lease: "
                                  "taken back, and its records written again")
                         self._flush(whole=True)

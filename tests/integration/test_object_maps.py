@@ -204,7 +204,7 @@ def test_an_idle_store_gives_its_kept_memory_back_and_a_put_after_works(start_cl
     # Freed segments are kept for reuse while objects come and go, and given back once
     # nothing took them for ORCHESTRA_OBJECT_POOL_IDLE_S: no shared memory held at rest,
     # and no process keeps a map of what was given back (a map would keep its memory).
-    monkeypatch.setenv("ORCHESTRA_OBJECT_POOL_IDLE_S", "2")
+    monkeypatch.setenv("ORCHESTRA_OBJECT_POOL_IDLE_S", "1")
     start_cluster(num_cpus=1, object_store_memory=256 * MiB)
     n = (32 * MiB) // 8
     for value in (1.0, 2.0, 3.0):   # the same segment each time: kept while in use
