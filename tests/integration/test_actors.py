@@ -708,6 +708,7 @@ class Rounds:
         return int(context.current_client().pacer.rounds)   # type: ignore[attr-defined]
 
 
+@pytest.mark.load
 def test_an_idle_actor_wakes_a_few_times_a_second(cluster):
     # The client's background thread waits longer while nothing goes on (up to 0.25 s),
     # and its short round (20 ms) comes back with the next call: 200 idle actors kept

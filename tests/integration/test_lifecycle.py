@@ -408,6 +408,7 @@ orchestra.shutdown()
 """
 
 
+@pytest.mark.load
 @pytest.mark.timeout(120)
 def test_twenty_init_shutdown_cycles_leak_no_fd_thread_or_segment(no_cluster):
     orchestra.init(num_cpus=1)
