@@ -105,6 +105,8 @@ def _ref_delta(head: Head, conn: Conn, msg: pb.RefDelta) -> None:
     state.ref_delta(cid, msg.incr, msg.decr)
     if msg.unpin:
         node.unpin(cid, msg.unpin)
+    for name in msg.give_back:   # spares it did not fill (the store checks the writer)
+        node.abort_segment(cid, name)
 
 
 def _objects(head: Head, conn: Conn, msg: pb.Objects) -> None:

@@ -169,9 +169,10 @@ class ObjectIO:
             return 0
         return max(0, min(_SPARES, room // cls))
 
-    def return_idle_spares(self, idle_s: float = _SPARE_IDLE_S) -> None:
-        """Give back the spares of the size classes no put used for ``idle_s`` (the
-        client's background thread, every few ms while busy): the store counts them."""
+    def idle_spares(self, idle_s: float = _SPARE_IDLE_S) -> list[str]:
+        """The spares of the size classes no put used for ``idle_s``, taken out: the
+        client's background thread gives them back (RefDelta.give_back), since the
+        store counts them as used."""
         now = time.monotonic()
         with self.refs.lock:
             idle = [c for c in self.spares if now - self._last_used.get(c, 0.0) > idle_s]
@@ -180,8 +181,7 @@ class ObjectIO:
                 for spare in self.spares.pop(cls):
                     self.spare_bytes -= spare.capacity
                     names.append(spare.name)
-        for name in names:
-            self.abort_segment(name)
+        return names
 
     def _keep_spares(self, size: int, spares: Iterable[pb.Segment]) -> None:
         cls = size_class(size)
@@ -241,16 +241,27 @@ class ObjectIO:
         """Close every map kept (they would keep the segments' memory)."""
         self.drop_maps(list(self.wmaps) + list(self.rmaps))
 
-    def release_maps(self, names: Iterable[str]) -> None:
+    def release_maps(self, names: Iterable[str]) -> list[str]:
         """The store wants to spill these segments: forget the maps kept for later gets
-        (a map still viewed by a value stays, and so does its pin)."""
+        (a map still viewed by a value stays, and so does its pin). Returns those of
+        them that are spares of this process no put took yet: the caller gives them
+        back (RefDelta.give_back)."""
         wanted = set(names)
         with self.refs.lock:
             for oid in [o for o, (_, name, _) in self.maps.items() if name in wanted]:
                 self.forget(oid)
             kept = [self.rmaps.pop(n) for n in wanted if n in self.rmaps]
+            back = []
+            for cls, spares in list(self.spares.items()):
+                keep = [sp for sp in spares if sp.name not in wanted]
+                for sp in spares:
+                    if sp.name in wanted:
+                        back.append(sp.name)
+                        self.spare_bytes -= sp.capacity
+                self.spares[cls] = keep
         for mm in kept:
             _close(mm)
+        return back
 
     def map_ahead(self, names: Sequence[str]) -> None:
         with self.refs.lock:

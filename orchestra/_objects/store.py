@@ -197,8 +197,11 @@ class ObjectStore:
             if victims:
                 raise SpillNeeded(victims)
             held = self._held_by_readers(need) if spill and release else None
-            if held:
-                raise ReleaseNeeded(held)
+            spares = self._spares_held() if release else None
+            if held or spares:   # readers' maps to let go of, spares to give back
+                for conn, names in (spares or {}).items():
+                    (held := held or {}).setdefault(conn, []).extend(names)
+                raise ReleaseNeeded(held or {})
             raise ObjectStoreFullError(self._full_message(size, need, spill))
         return self._hand_out(conn, object_id, size, cap, holds_refs)
 
@@ -284,6 +287,14 @@ class ObjectStore:
             mine = [n for n in pins if n in names]
             if mine:
                 held[conn] = mine
+        return held or None
+
+    def _spares_held(self) -> dict[int, list[str]] | None:
+        """The spares handed out and not filled yet, by connection (None: none)."""
+        held: dict[int, list[str]] = {}
+        for seg in self.segs.values():
+            if seg.state == "writing" and not seg.object_id:
+                held.setdefault(seg.writer, []).append(seg.name)
         return held or None
 
     def _take_pooled(self, cap: int) -> str | None:

@@ -372,18 +372,20 @@ class SegmentNames(_message.Message):
     def __init__(self, names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RefDelta(_message.Message):
-    __slots__ = ("incr", "decr", "pin", "unpin", "pending")
+    __slots__ = ("incr", "decr", "pin", "unpin", "pending", "give_back")
     INCR_FIELD_NUMBER: _ClassVar[int]
     DECR_FIELD_NUMBER: _ClassVar[int]
     PIN_FIELD_NUMBER: _ClassVar[int]
     UNPIN_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
+    GIVE_BACK_FIELD_NUMBER: _ClassVar[int]
     incr: _containers.RepeatedScalarFieldContainer[bytes]
     decr: _containers.RepeatedScalarFieldContainer[bytes]
     pin: _containers.RepeatedScalarFieldContainer[str]
     unpin: _containers.RepeatedScalarFieldContainer[str]
     pending: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, incr: _Optional[_Iterable[bytes]] = ..., decr: _Optional[_Iterable[bytes]] = ..., pin: _Optional[_Iterable[str]] = ..., unpin: _Optional[_Iterable[str]] = ..., pending: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    give_back: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, incr: _Optional[_Iterable[bytes]] = ..., decr: _Optional[_Iterable[bytes]] = ..., pin: _Optional[_Iterable[str]] = ..., unpin: _Optional[_Iterable[str]] = ..., pending: _Optional[_Iterable[bytes]] = ..., give_back: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
     __slots__ = ("object_id", "force", "recursive")

@@ -546,12 +546,10 @@ class CoreClient:
             run()
 
     def wait_until(self, pred: Callable[[], bool], deadline: float | None) -> bool:
-        """Return once ``pred()`` holds (True) or at ``deadline`` (False).
-
-        The waiting thread reads the socket itself when no other thread does (no hand-off
-        between threads on the latency path); otherwise it sleeps until the reader
-        dispatches something or gives up reading.
-        """
+        """Return once ``pred()`` holds (True) or at ``deadline`` (False). The waiting
+        thread reads the socket itself when no other thread does (no hand-off between
+        threads on the latency path); otherwise it sleeps until the reader dispatches
+        something or gives up reading."""
         cond = self._cond
         while True:
             if self._read_lock.acquire(False):
@@ -635,11 +633,9 @@ class CoreClient:
         return True
 
     def _background(self) -> None:
-        """Every few ms: read what no waiting thread has read, and flush ref changes.
-
-        It never blocks while holding the read lock, so a thread that starts waiting
-        becomes the reader at once.
-        """
+        """Every few ms: read what no waiting thread has read, and flush ref changes. It
+        never blocks while holding the read lock: a thread that starts waiting becomes
+        the reader at once."""
         try:
             self._background_loop()
         except ClusterLostError:
@@ -669,8 +665,9 @@ class CoreClient:
                     direct.return_idle_loans(LOAN_IDLE_S, ask=True)
                 except ClusterLostError:
                     return
-            if self.objects.spares:
-                self.objects.return_idle_spares()
+            idle = self.objects.idle_spares() if self.objects.spares else None
+            if idle:
+                self.send(_wire.REF_DELTA, pb.RefDelta(give_back=idle))
             if self.active:   # direct calls went by: tell the head the cluster is busy
                 self.active = False
                 try:
@@ -707,7 +704,9 @@ class CoreClient:
             elif kind == _wire.DROP_MAPS:
                 self.objects.drop_maps(msg.names)
             elif kind == _wire.RELEASE_MAPS:
-                self.objects.release_maps(msg.names)
+                back = self.objects.release_maps(msg.names)
+                if back:   # spares the store wants for a put that finds no room
+                    self.send(_wire.REF_DELTA, pb.RefDelta(give_back=back))
             elif kind == _wire.MAP_AHEAD:
                 self.objects.map_ahead(list(msg.names))
             elif kind == _wire.ACTOR_ADDRESS:

@@ -281,3 +281,19 @@ def test_repeated_medium_puts_go_into_spares_without_asking_and_give_them_back(
                lambda: f"{_store_used()} bytes still counted; the driver holds "
                        f"{client.objects.spare_bytes} bytes of spares")
     assert client.objects.spare_bytes == 0
+
+
+def test_a_put_that_needs_the_room_gets_the_spares_back_at_once(start_cluster):
+    # Spares count as used while a process holds them: a put that finds no room asks
+    # their holders for them (RELEASE_MAPS), and goes in, instead of failing with
+    # ObjectStoreFullError (or waiting for them to go back idle, 2 s).
+    from orchestra._runtime import context as _context
+    start_cluster(num_cpus=1, object_store_memory=64 * MiB)
+    refs = [orchestra.put(np.arange(25_000, dtype=np.float64) * i) for i in range(20)]
+    held = _context._client.objects.spare_bytes
+    assert held > 0
+    del refs
+    big = np.ones((60 * MiB) // 8)   # a 64 MiB size class: the whole store
+    ref = orchestra.put(big)
+    assert _context._client.objects.spare_bytes == 0
+    assert orchestra.get(total.remote(ref), timeout=T) == big.size

@@ -105,6 +105,12 @@ class StoreMachine(RuleBasedStateMachine):
                     for obj in self.live.values():
                         if obj.name in names and obj.pins.get(conn_id):
                             store.unpin(conn_id, [obj.name] * obj.pins.pop(conn_id))
+                    # ... and writers give back the spares they hold (RefDelta.give_back)
+                    held = self.spares.get(conn_id, [])
+                    for name in [n for n in held if n in names]:
+                        held.remove(name)
+                        store.abort(conn_id, name)
+                        assert name not in store.segs
             except ObjectStoreFullError:
                 # Only when even spilling every sealed object would not make the room.
                 # A segment being written counts its capacity, which may be up to twice
