@@ -196,12 +196,13 @@ class ObjectStore:
             victims = self._spill_victims(need) if spill else None
             if victims:
                 raise SpillNeeded(victims)
-            held = self._held_by_readers(need) if spill and release else None
-            spares = self._spares_held() if release else None
-            if held or spares:   # readers' maps to let go of, spares to give back
-                for conn, names in (spares or {}).items():
-                    (held := held or {}).setdefault(conn, []).extend(names)
-                raise ReleaseNeeded(held or {})
+            # Readers' maps to let go of, and spares to give back, by connection.
+            wanted = dict(self._held_by_readers(need) or {}) if spill and release else {}
+            if release:
+                for conn, names in self._spares_held().items():
+                    wanted.setdefault(conn, []).extend(names)
+            if wanted:
+                raise ReleaseNeeded(wanted)
             raise ObjectStoreFullError(self._full_message(size, need, spill))
         return self._hand_out(conn, object_id, size, cap, holds_refs)
 
@@ -289,13 +290,13 @@ class ObjectStore:
                 held[conn] = mine
         return held or None
 
-    def _spares_held(self) -> dict[int, list[str]] | None:
-        """The spares handed out and not filled yet, by connection (None: none)."""
+    def _spares_held(self) -> dict[int, list[str]]:
+        """The spares handed out and not filled yet, by connection."""
         held: dict[int, list[str]] = {}
         for seg in self.segs.values():
             if seg.state == "writing" and not seg.object_id:
                 held.setdefault(seg.writer, []).append(seg.name)
-        return held or None
+        return held
 
     def _take_pooled(self, cap: int) -> str | None:
         # Exact class first, else the smallest larger class up to 2x (bounded waste).
