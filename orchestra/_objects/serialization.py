@@ -92,14 +92,13 @@ class Serialized:
 class PickledValue(Serialized):
     """A pickle stream and its out-of-band buffers (each at least 64 KiB)."""
 
-    __slots__ = ("pickled", "buffers", "_plan", "_inline_plan")
+    __slots__ = ("pickled", "buffers", "_plan")
 
     def __init__(self, pickled: bytes, buffers: list[memoryview], contained: list[bytes]) -> None:
         self.pickled = pickled
         self.buffers = buffers
         self.contained = contained
-        self._plan: tuple[pa.Schema, list[pa.Array], int] | None = None
-        self._inline_plan: tuple[pa.Schema, list[pa.Array], int] | None = None
+        self._plan: tuple[pa.Schema, list[pa.Array], int] | None = None   # a segment's
         # The inline form's buffers are 64-byte aligned only: its size depends on the
         # value alone, not on where its buffers happen to lie in memory (a value just
         # under the threshold went inline or not by its source's page offset).
@@ -137,10 +136,10 @@ class PickledValue(Serialized):
     def _layout(self, page: bool = True) -> tuple[pa.Schema, list[pa.Array], int]:
         """(schema, columns, stream size): each buffer 64-byte aligned in the stream and,
         from 64 KiB (``page``: in a segment), at its source's offset within a page
-        (rounded down to 64 bytes)."""
-        plan = self._plan if page else self._inline_plan
-        if plan is not None:
-            return plan
+        (rounded down to 64 bytes). A segment's is kept (stream_size, then write_into);
+        the inline form's is made once, by to_bytes."""
+        if page and self._plan is not None:
+            return self._plan
         import pyarrow as pa
         schema, pos = _pickle_schema(len(self.buffers))
         columns = [_one_value(pa.py_buffer(self.pickled))]
@@ -159,8 +158,6 @@ class PickledValue(Serialized):
         plan = (schema, columns, pos + _EOS)
         if page:
             self._plan = plan
-        else:
-            self._inline_plan = plan
         return plan
 
 
