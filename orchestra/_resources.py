@@ -98,16 +98,21 @@ def group_gpus(req: Mapping[str, float]) -> float:
 
 
 class NodeResources:
-    """Totals and free amounts of one node, with GPU ids."""
+    """Totals and free amounts of one node, with GPU ids. ``works=False``: a node that runs
+    no work (a head whose machine's work runs on a node beside it): nothing fits there,
+    not even a request of nothing."""
 
-    __slots__ = ("total", "free", "gpu_free")
+    __slots__ = ("total", "free", "gpu_free", "works")
 
-    def __init__(self, total: Mapping[str, float]) -> None:
+    def __init__(self, total: Mapping[str, float], works: bool = True) -> None:
         self.total = {k: float(v) for k, v in total.items() if v}
         self.free = dict(self.total)
         self.gpu_free = [1.0] * int(self.total.get(GPU, 0))
+        self.works = works
 
     def fits(self, req: Mapping[str, float]) -> bool:
+        if not self.works:
+            return False
         free = self.free
         for k, v in req.items():
             if free.get(k, 0.0) + _EPS < v:
@@ -117,7 +122,7 @@ class NodeResources:
         return True   # (a group's GPUs: its bundle's count holds them, see group_gpus)
 
     def feasible(self, req: Mapping[str, float]) -> bool:
-        return all(self.total.get(k, 0.0) + _EPS >= v for k, v in req.items())
+        return self.works and all(self.total.get(k, 0.0) + _EPS >= v for k, v in req.items())
 
     def _pick_gpus(self, amount: float) -> list[int] | None:
         if amount >= 1:

@@ -1,8 +1,11 @@
 """``orchestra start``, ``orchestra stop`` and ``orchestra status``: a cluster of machines
 from the shell.
 
-    start --head      -> _launch.start_head -> record in the state directory -> prints
-                         the address and the command that joins another machine
+    start --head      -> _launch.start_head (a head that runs no work) -> record in the
+                         state directory -> _launch.start_node beside it with the given
+                         resources (this machine's work, which outlives the head) ->
+                         prints the address and the command that joins another machine;
+                         --head-runs-work: the head's own node runs it, no node beside
     start --address   -> _launch.start_node -> record
     --block           -> the same, then stays in the foreground until SIGTERM/SIGINT
                          (or until what it started exits), and stops what it started
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
 
 START_HELP = f"""\
 orchestra start --head [--host IP] [--port PORT] [--token TOKEN] [resources] [--block]
+                       [--head-runs-work]
                        [--dashboard-port PORT] [--include-dashboard false]
                        [--state-store redis://HOST:PORT[/DB] | sqlite:///PATH]
                        [--reconnect-timeout SECONDS] [--tls | --insecure-no-tls]
@@ -40,18 +44,22 @@ orchestra start --address IP:PORT --token TOKEN [--host IP] [resources] [--block
                           [--reconnect-timeout SECONDS]
                           [--tls-cert PEM --tls-key PEM --tls-ca PEM]
 
-Starts the cluster's head (its scheduler and this machine's node), or a node that joins
-it, in the background. The head listens on {DEFAULT_HOST}:{DEFAULT_PORT} unless --host and
---port say otherwise: pass --host with this machine's address on the network the other
-machines share to let them join. Every connection proves the cluster token. Its web
-dashboard listens on the same address (port 8265, or any free one), and asks for the
-cluster token unless that address is loopback.
+Starts the cluster's head (its scheduler, and this machine's node in a process beside
+it), or a node that joins it, in the background. The head listens on
+{DEFAULT_HOST}:{DEFAULT_PORT} unless --host and --port say otherwise: pass --host with this
+machine's address on the network the other machines share to let them join. Every
+connection proves the cluster token. Its web dashboard listens on the same address
+(port 8265, or any free one), and asks for the cluster token unless that address is
+loopback.
 
 The head keeps its durable state (the cluster's id and token) in a state store: by
 default one SQLite file in the state directory per port (head-PORT.db), or in Redis with
 --state-store. A head started again on the same store serves the same cluster, with the
 same token; a second head on a store whose head still runs refuses to start. The head
-runs under a supervisor that starts it again when it dies; a node that loses the head
+runs under a supervisor that starts it again when it dies. This machine's tasks, actors
+and objects live on the node beside it (the resources given are that node's) and outlive
+the head's death as a joined machine's do (--head-runs-work runs them in the head's
+process instead: one process fewer, but they die with it). A node that loses the head
 joins it again for up to --reconnect-timeout seconds (60), under its id of before, its
 detached actors' processes kept; a driver connected with init(address=...) waits as long
 (the head's --reconnect-timeout) and connects to the restarted head.
@@ -159,6 +167,10 @@ def start_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-ca", metavar="PEM", default=None,
                    help="the CA every machine's certificate must chain to "
                         "(default: $ORCHESTRA_TLS_CA)")
+    p.add_argument("--head-runs-work", action="store_true",
+                   help="head: run this machine's tasks, actors and objects in the head's "
+                        "own process instead of a node beside it (one process fewer; they "
+                        "die with the head and its restart runs them again)")
     p.add_argument("--block", action="store_true",
                    help="stay in the foreground until SIGTERM/SIGINT, then stop")
     return p
@@ -178,6 +190,9 @@ def parse_start(argv: list[str]) -> argparse.Namespace:
         if args.tls is not None:
             p.error("--tls and --insecure-no-tls are the head's: a node speaks TLS when its "
                     "token says so (it starts with 'tls-')")
+        if args.head_runs_work:
+            p.error("--head-runs-work is the head's; a node joining with --address runs "
+                    "its work anyway")
         try:
             _launch.split_address(args.address)
         except ValueError as exc:
@@ -225,29 +240,55 @@ def start(argv: list[str]) -> int:
         if own is not None and args.head and args.tls is None:
             args.tls = True   # certificates given: TLS even on loopback
         if args.head:
-            started = _launch.start_head(
-                state, host=args.host, port=args.port, token=args.token,
-                num_cpus=args.num_cpus, num_gpus=args.num_gpus, resources=args.resources,
-                object_store_memory=args.object_store_memory, log=log,
-                include_dashboard=args.include_dashboard, dashboard_port=args.dashboard_port,
-                state_store=args.state_store, supervise=True,
-                reconnect_timeout_s=args.reconnect_timeout, tls=args.tls)
+            every = _start_head(state, args, log)
         else:
-            started = _launch.start_node(
+            every = [_launch.start_node(
                 state, head_address=args.address, token=args.token, host=args.host,
                 num_cpus=args.num_cpus, num_gpus=args.num_gpus, resources=args.resources,
                 object_store_memory=args.object_store_memory, log=log,
-                reconnect_timeout_s=args.reconnect_timeout)
+                reconnect_timeout_s=args.reconnect_timeout)]
     except (LaunchError, ValueError, TypeError) as exc:
         print(f"orchestra start: {exc}", file=sys.stderr)
         return 1
-    _announce(started)
+    _announce(every)
     if stop_asked is not None:
-        return _block(started, stop_asked)
+        return _block(every, stop_asked)
     return 0
 
 
-def _announce(started: _launch.Started) -> None:
+def _start_head(state: str, args: argparse.Namespace, log: bool) -> list[_launch.Started]:
+    """The head and, unless --head-runs-work, the node beside it that runs this machine's
+    work with the resources given: a process of its own, which outlives the head's death
+    and joins its restart as any joined node (the head then runs no work)."""
+    beside = not args.head_runs_work
+    head = _launch.start_head(
+        state, host=args.host, port=args.port, token=args.token,
+        num_cpus=0 if beside else args.num_cpus, num_gpus=0 if beside else args.num_gpus,
+        resources=None if beside else args.resources,
+        object_store_memory=args.object_store_memory, log=log,
+        include_dashboard=args.include_dashboard, dashboard_port=args.dashboard_port,
+        state_store=args.state_store, supervise=True,
+        reconnect_timeout_s=args.reconnect_timeout, tls=args.tls,
+        system_config={"runs_work": False} if beside else None)
+    if not beside:
+        return [head]
+    try:
+        node = _launch.start_node(
+            state, head_address=head.address, token=head.token,
+            num_cpus=args.num_cpus, num_gpus=args.num_gpus, resources=args.resources,
+            object_store_memory=args.object_store_memory, log=log,
+            reconnect_timeout_s=args.reconnect_timeout)
+    except BaseException as exc:
+        _launch.stop(head)
+        if isinstance(exc, LaunchError):
+            raise LaunchError(f"the head started, but the node beside it that runs this "
+                              f"machine's work did not (the head was stopped): {exc}") from exc
+        raise
+    return [head, node]
+
+
+def _announce(every: list[_launch.Started]) -> None:
+    started = every[0]
     if started.kind == "head":
         from .._cluster.supervisor import head_pid
         pid = head_pid(started.run_dir) or started.pid
@@ -269,8 +310,13 @@ def _announce(started: _launch.Started) -> None:
             security = ("WARNING: connections between machines are NOT encrypted "
                         "(--insecure-no-tls): whoever reads the network reads every "
                         "argument, result and object, and can inject frames.")
+        work = (f"This machine's tasks, actors and objects run on node {every[1].node_hex} "
+                f"(pid {every[1].pid}) beside it, which outlives the head.\n"
+                if len(every) > 1 else
+                "This machine's tasks, actors and objects run in the head's process "
+                "(--head-runs-work): they die with it.\n")
         print(f"orchestra: the head runs (pid {pid}) at {started.address}; its supervisor "
-              f"(pid {started.pid}) starts it again if it dies\n{security}\n\n"
+              f"(pid {started.pid}) starts it again if it dies\n{work}{security}\n\n"
               f"Join another machine with:\n"
               f"  orchestra start --address {started.address} --token {started.token}{join}\n\n"
               f"Connect a driver with orchestra.init(address=\"{started.address}\", "
@@ -318,18 +364,22 @@ def _catch_stop_signals() -> _StopAsked:
     return asked
 
 
-def _block(started: _launch.Started, asked: _StopAsked) -> int:
-    """Wait for SIGTERM/SIGINT (or the process's own end), then stop what was started."""
-    proc = started.proc
-    assert proc is not None
-    while not asked.done.wait(0.2):
-        if proc.poll() is not None:
-            print(f"orchestra: the {started.kind} (pid {started.pid}) exited with code "
-                  f"{proc.returncode}", file=sys.stderr, flush=True)
-            _launch.stop(started)
-            return 1
-    _launch.stop(started)
-    print(f"orchestra: stopped the {started.kind} ({asked.why[0]})", file=sys.stderr, flush=True)
+def _block(every: list[_launch.Started], asked: _StopAsked) -> int:
+    """Wait for SIGTERM/SIGINT (or the end of a process started), then stop what was
+    started (a node first, then the head)."""
+    ended = None
+    while ended is None and not asked.done.wait(0.2):
+        ended = next((s for s in every if s.proc is not None and s.proc.poll() is not None),
+                     None)
+    for started in reversed(every):
+        _launch.stop(started)
+    if ended is not None:
+        assert ended.proc is not None
+        print(f"orchestra: the {ended.kind} (pid {ended.pid}) exited with code "
+              f"{ended.proc.returncode}", file=sys.stderr, flush=True)
+        return 1
+    what = " and ".join(s.kind for s in every)
+    print(f"orchestra: stopped the {what} ({asked.why[0]})", file=sys.stderr, flush=True)
     return 0
 
 
@@ -524,9 +574,10 @@ def format_status(nodes: list[dict[str, Any]], total: dict[str, float],
     lines = [f"{len(nodes)} node(s), {sum(1 for n in nodes if n.get('Alive'))} alive"]
     for n in nodes:
         alive = "alive" if n.get("Alive") else "dead"
-        lines.append(f"node {printable(n.get('NodeID', '?'))}  "
-                     f"{printable(n.get('NodeManagerAddress', '?'))}  {alive}")
         res = n.get("Resources") or {}
+        head = "  (head)" if "node:__internal_head__" in res else ""
+        lines.append(f"node {printable(n.get('NodeID', '?'))}  "
+                     f"{printable(n.get('NodeManagerAddress', '?'))}  {alive}{head}")
         free = n.get("AvailableResources")
         parts = []
         for k in _status_order(res):
@@ -536,7 +587,7 @@ def format_status(nodes: list[dict[str, Any]], total: dict[str, float],
             else:
                 parts.append(f"{printable(k)} {fmt(res[k])}")
         label = "resources (in use/total)" if free is not None else "resources"
-        lines.append(f"  {label}: {', '.join(parts) or 'none'}")
+        lines.append(f"  {label}: {', '.join(parts) or ('none (runs no work)' if head else 'none')}")
         if "ObjectStoreCapacity" in n:
             lines.append(f"  object store: {_fmt_bytes(n.get('ObjectStoreUsed', 0))} used of "
                          f"{_fmt_bytes(n['ObjectStoreCapacity'])}")

@@ -202,10 +202,15 @@ class Head:
         self.local.start()
         res = (self.local.resources if isinstance(self.local, RemoteNode)   # as registered
                else {k: float(v) for k, v in self.cfg["resources"].items()})
-        res = {**res, **self._node_resources(self.local), "node:__internal_head__": 1.0}
-        self.state.add_node(self.local.node_id, res, num_workers=int(self.cfg["num_workers"]),
+        # runs_work False: this machine's work runs on a node beside the head, which
+        # outlives it (orchestra start --head); the head's own node only stores.
+        works = self.cfg.get("runs_work", True)
+        res = {**(res if works else {}), **self._node_resources(self.local),
+               "node:__internal_head__": 1.0}
+        self.state.add_node(self.local.node_id, res,
+                            num_workers=int(self.cfg["num_workers"]) if works else 0,
                             max_workers=int(self.cfg.get("max_workers", 0)) or
-                            4 * max(int(res.get("CPU", 1)), 1) + 32)
+                            4 * max(int(res.get("CPU", 1)), 1) + 32, works=works)
         self.state.client_connected(GRPC_CONN, pb.Hello(kind="grpc"))
         rejoin.restore(self, NODE_PROCESS_ID + 1, GRPC_CONN)
         self.carry_out()
@@ -429,10 +434,10 @@ class Head:
             else None
 
     def _head_only(self) -> bool:
-        """Whether the head's own node offers neither CPUs nor GPUs (its work runs on
-        joined nodes)."""
-        total = self.state.nodes[self.local.node_id].resources.total
-        return not total.get("CPU") and not total.get("GPU")
+        """Whether the head's own node runs no work, or offers neither CPUs nor GPUs (its
+        work runs on joined nodes)."""
+        res = self.state.nodes[self.local.node_id].resources
+        return not res.works or not res.total.get("CPU") and not res.total.get("GPU")
 
     def _refuse(self, conn: Conn, reason: str) -> None:
         print(f"orchestra head: refusing a connection: {reason}", file=sys.stderr)

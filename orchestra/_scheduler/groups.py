@@ -215,7 +215,8 @@ class PlacementGroups:
 
     def infeasible(self, g: Group) -> str | None:
         """Why no set of the cluster's nodes, empty, could hold ``g``; None when one could."""
-        totals = {n.node_id: dict(n.resources.total) for n in self.s.nodes.values()}
+        totals = {n.node_id: dict(n.resources.total) for n in self.s.nodes.values()
+                  if n.resources.works}
         if place_bundles(g.spec.strategy, g.bundles, totals) is not None:
             return None
         have = "; ".join(f"{node_hex(n)}: {_fmt(t)}" for n, t in sorted(totals.items())) or "none"
@@ -245,7 +246,7 @@ class PlacementGroups:
         """Reserve every unplaced bundle of ``g`` now, or none; True when it is whole."""
         s = self.s
         fixed = {i: n for i, n in enumerate(g.nodes) if n is not None}
-        avail = {n.node_id: n.resources.free for n in s.nodes.values()}
+        avail = {n.node_id: n.resources.free for n in s.nodes.values() if n.resources.works}
         where = place_bundles(g.spec.strategy, g.bundles, avail, fixed)
         if where is None:
             return False

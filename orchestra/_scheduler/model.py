@@ -259,10 +259,10 @@ class Node:
     __slots__ = ("node_id", "resources", "max_workers", "num_cpus", "num_workers")
 
     def __init__(self, node_id: int, resources: dict[str, float], max_workers: int,
-                 num_workers: int = 0) -> None:
+                 num_workers: int = 0, works: bool = True) -> None:
         self.node_id = node_id
         self.num_workers = num_workers
-        self.resources = NodeResources(resources)
+        self.resources = NodeResources(resources, works)
         self.num_cpus = int(resources.get("CPU", 0))
         self.max_workers = max_workers
 

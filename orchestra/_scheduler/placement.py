@@ -89,6 +89,9 @@ class Placer:
         node = self.s.nodes.get(nid)
         if node is None:
             reason = "no such node is in the cluster (it never joined, or it died)"
+        elif not node.resources.works:
+            reason = ("that node is the head's, which runs no work (its machine's work runs "
+                      "on the node beside it: pin to that one)")
         elif not node.resources.feasible(t.resources):
             have = ", ".join(f"{k}={v:g}" for k, v in sorted(node.resources.total.items()))
             reason = f"that node has only {have or 'nothing'}"

@@ -110,8 +110,8 @@ class SchedulerState:
 
     # ------------------------------------------------------------------ nodes, workers
     def add_node(self, node_id: int, resources: dict[str, float], *, num_workers: int,
-                 max_workers: int) -> None:
-        self.nodes[node_id] = Node(node_id, resources, max_workers, num_workers)
+                 max_workers: int, works: bool = True) -> None:
+        self.nodes[node_id] = Node(node_id, resources, max_workers, num_workers, works)
         self._feasible.clear()   # a request no node could hold may fit this one
         if self.actor_table.awaiting:   # before anything is placed there
             self.actor_table.reserve(node_id)

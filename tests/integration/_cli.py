@@ -27,8 +27,12 @@ def records(state: str) -> list[dict[str, Any]]:
     return cf.read_records(state)
 
 
-def start_head(state: str, *args: str) -> dict[str, Any]:
-    r = cli("start", "--head", "--port", "0", *SMALL, *args)
+def start_head(state: str, *args: str, beside: bool = False) -> dict[str, Any]:
+    """`orchestra start --head` on a free port, small. Tests of a head and the nodes
+    they join give it its own node (--head-runs-work: no node beside it, which the
+    tests of that default start with ``beside=True``)."""
+    r = cli("start", "--head", "--port", "0", *SMALL, *args,
+            *([] if beside else ["--head-runs-work"]))
     assert r.returncode == 0, r.stderr
     [head] = [rec for rec in records(state) if rec["kind"] == "head"]
     assert f"orchestra start --address {head['address']} --token {head['token']}" in r.stdout

@@ -61,11 +61,13 @@ NODE_ARGS = ["--num-cpus", "1", "--object-store-memory",
 
 @dataclass
 class NetnsCluster:
-    """What a test needs: the head's address and token, the joined nodes' ids (hex, in
-    host order h1, h2) and the hosts, to run a driver on the head's host."""
+    """What a test needs: the head's address and token, the id of the node beside the
+    head on its host (which runs that host's work), the joined nodes' ids (hex, in host
+    order h1, h2) and the hosts, to run a driver on the head's host."""
     hosts: Hosts
     address: str
     token: str
+    beside: str = ""
     node_ids: list[str] = field(default_factory=list)
     node_pids: list[int] = field(default_factory=list)   # in the node hosts' namespaces
 
@@ -101,7 +103,9 @@ def netns_cluster() -> Iterator[NetnsCluster]:
             private_mounts=False, log="head.log", env=hosts.env(ORCHESTRA_STATE_DIR=state))
         # Beyond loopback the cluster speaks TLS: its token is the one the head prints.
         token = hosts.wait_output(head, "head.log", r"--token (\S+)", timeout=60).group(1)
-        cluster = NetnsCluster(hosts, f"{head_ip}:{PORT}", token)
+        beside = hosts.wait_output(head, "head.log", r"run on node ([0-9a-f]{16})",
+                                   timeout=60).group(1)
+        cluster = NetnsCluster(hosts, f"{head_ip}:{PORT}", token, beside)
         for i in (1, 2):
             node = hosts.spawn(
                 i, [sys.executable, "-m", "orchestra._cli", "start", "--address",

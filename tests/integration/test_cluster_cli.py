@@ -44,12 +44,12 @@ def listening(port: int) -> list[str]:
 # ---------------------------------------------------------------------------- start/stop
 
 def test_start_then_stop_leaves_no_process_socket_or_segment(state: str) -> None:
-    head = start_head(state)
+    head = start_head(state, beside=True)   # the head, and the node beside it
     r = cli("start", "--address", head["address"], "--token", head["token"], *SMALL)
     assert r.returncode == 0, r.stderr
     assert "joined" in r.stdout
-    recs = records(state)
-    assert sorted(rec["kind"] for rec in recs) == ["head", "node"]
+    recs = sorted(records(state), key=lambda rec: rec["kind"])
+    assert [rec["kind"] for rec in recs] == ["head", "node", "node"]
     procs = {p for rec in recs for p in group_members(rec["pid"])}
     assert {rec["pid"] for rec in recs} <= procs
     stores = [store_pid(rec) for rec in recs]
@@ -59,7 +59,7 @@ def test_start_then_stop_leaves_no_process_socket_or_segment(state: str) -> None
 
     r = cli("stop")
     assert r.returncode == 0, r.stderr
-    assert "stopped the head" in r.stdout and "stopped the node" in r.stdout
+    assert "stopped the head" in r.stdout and r.stdout.count("stopped the node") == 2
     wait_until(lambda: all(pid_gone(p) for p in procs), T, "every started process gone")
     for rec, pid in zip(recs, stores, strict=True):
         assert not os.path.exists(rec["session_dir"]), rec
@@ -113,22 +113,23 @@ def test_a_taken_port_is_a_clear_error(state: str) -> None:
 
 
 def test_status_prints_nodes_resources_and_store(state: str) -> None:
-    head = start_head(state, "--resources", '{"widget": 2}')
+    head = start_head(state, "--resources", '{"widget": 2}', beside=True)
     r = cli("start", "--address", head["address"], "--token", head["token"], *SMALL)
     assert r.returncode == 0, r.stderr
     r = cli("status")
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    assert "2 node(s), 2 alive" in out
-    assert "node 0000000000000000" in out
-    assert out.count("alive") == 3
-    assert "widget 0/2" in out
+    assert "3 node(s), 3 alive" in out   # the head, the node beside it, the joined one
+    assert "node 0000000000000000  127.0.0.1  alive  (head)\n" \
+           "  resources (in use/total): none (runs no work)" in out, out
+    assert out.count("alive") == 4
+    assert "widget 0/2" in out   # the head's resources are the node's beside it
     assert "object store: 0 B used of 64.0 MiB" in out
     assert "cluster resources (in use/total): CPU 0/2, widget 0/2" in out
     # From elsewhere: by address and token
     r = cli("status", "--address", head["address"], "--token", head["token"],
             env={cf.STATE_DIR_ENV: state + "-elsewhere"})
-    assert r.returncode == 0 and "2 node(s)" in r.stdout, r.stderr
+    assert r.returncode == 0 and "3 node(s)" in r.stdout, r.stderr
 
 
 def test_status_without_a_cluster_says_how_to_start_one(state: str) -> None:
@@ -168,7 +169,7 @@ def test_block_stops_what_it_starts_on_a_sigterm_that_comes_while_it_starts(
                    "the command takes SIGTERM")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(T) == 0, (tmp_path / "out").read_text()
-        assert "stopped the head (SIGTERM)" in (tmp_path / "out").read_text()
+        assert "stopped the head and node (SIGTERM)" in (tmp_path / "out").read_text()
         assert records(state) == []
     finally:
         if proc.poll() is None:
@@ -179,9 +180,9 @@ def test_block_stops_what_it_starts_on_a_sigterm_that_comes_while_it_starts(
 def test_block_stops_what_it_started_on_sigterm(state: str, tmp_path: Path) -> None:
     proc = _start_blocking(tmp_path / "out")
     try:
-        wait_until(lambda: bool(records(state)), T, "the head recorded")
-        [head] = records(state)
-        members = group_members(head["pid"])
+        wait_until(lambda: len(records(state)) == 2, T, "the head and its node recorded")
+        [head] = [rec for rec in records(state) if rec["kind"] == "head"]
+        members = {p for rec in records(state) for p in group_members(rec["pid"])}
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(T) == 0, (tmp_path / "out").read_text()
         wait_until(lambda: all(pid_gone(p) for p in members), T, "the head's processes gone")
@@ -429,7 +430,7 @@ def test_a_driver_runs_tasks_and_actors_on_both_namespaced_nodes(netns_cluster: 
     result: Any = netns_cluster.driver(code, timeout=120)
     assert result["placed"] == netns_cluster.node_ids
     assert result["sums"] == [result["expected"]] * 2
-    assert result["nodes"] == sorted(["0" * 16, *netns_cluster.node_ids])
+    assert result["nodes"] == sorted(["0" * 16, netns_cluster.beside, *netns_cluster.node_ids])
     assert result["actor"] == netns_cluster.node_ids[1]
 
 
@@ -450,7 +451,7 @@ def test_a_namespaced_host_with_a_wrong_token_is_refused_and_status_shows_the_re
                       netns_cluster.address], timeout=T,
                   env=hosts.env(ORCHESTRA_TOKEN=netns_cluster.token))
     assert r.returncode == 0, r.stderr
-    assert "3 node(s), 3 alive" in r.stdout
+    assert "4 node(s), 4 alive" in r.stdout   # the head, the node beside it, two hosts
     for i, node_id in enumerate(netns_cluster.node_ids, start=1):
         assert f"node {node_id}  {hosts.ip(i)}  alive" in r.stdout, r.stdout
 

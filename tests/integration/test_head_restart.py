@@ -1012,28 +1012,35 @@ held = orchestra.put(b"h" * (1 << 20))
 running = slow.remote(sys.argv[1])
 while not os.path.getsize(sys.argv[1]):
     time.sleep(0.05)
+# The node's one CPU is taken: an actor of no CPU, made now, finds no node with more
+# CPU free than the head's; it goes to the node all the same, never to the head.
+light = Counter.options(name="light", lifetime="detached", num_cpus=0).remote()
+light_pid = orchestra.get(light.inc.remote(), timeout=30)[1]
 print("ready", flush=True)
 sys.stdin.readline()                    # the head is killed, and back
 from orchestra.util.state import list_actors
 print(json.dumps([me, n, orchestra.get(c.inc.remote(), timeout=60) == [6, pid],
-                  [a["num_restarts"] for a in list_actors() if a["name"] == "c"],
+                  [a["num_restarts"] for a in list_actors() if a["name"] in ("c", "light")],
                   orchestra.get(running, timeout=60) == b"s" * (1 << 20),
-                  orchestra.get(held, timeout=60) == b"h" * (1 << 20)]), flush=True)
+                  orchestra.get(held, timeout=60) == b"h" * (1 << 20),
+                  orchestra.get(light.inc.remote(), timeout=60) == [2, light_pid]]),
+      flush=True)
 orchestra.shutdown()
 """
 
 
-def test_a_head_that_runs_no_work_loses_nothing_of_its_machine(state: str) -> None:
-    """`orchestra start --head --num-cpus 0 --num-gpus 0` and a node joined beside it on
-    the same machine (as Ray's head runs its raylet apart from the GCS): a driver of that
-    machine uses the joined node's store, its detached actor and tasks run there, and
-    all of it outlives the head: the counter goes on at 6 in its process, the task that
-    was running answers without running again, the put is there."""
+def test_the_head_machines_work_outlives_the_head(state: str) -> None:
+    """`orchestra start --head` runs the machine's work on a node beside the head (as
+    Ray's head runs its raylet apart from the GCS): a driver of that machine uses that
+    node's store, its detached actors and tasks run there (an actor of no CPU too, while
+    the node's CPU is taken: never on the head), and all of it outlives the head: the
+    counters go on in their processes, the task that was running answers without running
+    again, the put is there."""
     rec = start_head(state, "--state-store", "sqlite://" + str(Path(state, "s.db")),
-                     "--num-cpus", "0", "--num-gpus", "0")
-    node = join(rec, "--num-cpus", "2")
+                     beside=True)
+    [node] = [n for n in records(state) if n["kind"] == "node"]
     ran = Path(state, "ran")
     ran.touch()
     out, err = through_a_kill(rec, BESIDE, str(ran))
-    assert out == [f"{node['node_id']:016x}", 5, True, [0], True, True], err
+    assert out == [f"{node['node_id']:016x}", 5, True, [0, 0], True, True, True], err
     assert ran.read_text() == "ran\n", "the running task ran again"

@@ -169,13 +169,14 @@ class Nodes(Cluster):
 
     def __init__(self, nodes: dict[int, dict[str, float]], *, workers: dict[int, int] | None = None,
                  max_workers: int = 8, pipeline_depth: int = 2, joinable: bool = False,
-                 error_factory: Any = None) -> None:
+                 error_factory: Any = None, no_work: tuple[int, ...] = ()) -> None:
         self.s = SchedulerState(pipeline_depth=pipeline_depth, joinable=joinable,
                                 error_factory=error_factory)
         self.max_workers = max_workers
         for nid, res in nodes.items():
             n = int(res.get("CPU", 0)) if workers is None else workers.get(nid, 0)
-            self.s.add_node(nid, dict(res), num_workers=n, max_workers=max_workers)
+            self.s.add_node(nid, dict(res), num_workers=n, max_workers=max_workers,
+                            works=nid not in no_work)
         self.s.client_connected(DRIVER, pb.Hello(kind="driver", pid=1))
         self.pool = self.started()
         for wid in self.pool:

@@ -11,6 +11,8 @@ import pickle
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from _sched_helpers import (
     DRIVER,
@@ -447,6 +449,41 @@ def test_an_actor_with_spread_takes_turns():
     for name in "ABC":
         c.s.create_actor(DRIVER, actor_call(name, placement=spread()))
     assert c.started_on(c.take()) == [0, 2, 3]
+
+
+_WORK = st.tuples(st.sampled_from(["task", "actor", "group"]), st.sampled_from([0.0, 1.0]),
+                 st.sampled_from(["default", "spread", "soft0", "none"]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_WORK, min_size=1, max_size=12), st.integers(0, 2))
+def test_a_head_that_runs_no_work_is_given_none(work: list[Any], busy: int) -> None:
+    """The head's own node beside a node that runs its machine's work (orchestra start
+    --head): whatever comes (tasks, actors and placement groups of no CPU or one, any
+    strategy, a soft wish for the head), while the node's CPUs are taken or not,
+    nothing starts or runs on the head; a hard affinity to it fails, naming it."""
+    c = Nodes({0: {"CPU": 0}, 2: {"CPU": 2}}, no_work=(0,), error_factory=make_error)
+    for _ in range(busy):   # the node's CPUs taken: the head's share ties with it
+        c.submit(make_call("busy", cpus=1))
+    out = c.take()
+    for kind, cpus, how in work:
+        placement = {"default": None, "spread": spread(), "soft0": affinity(0, soft=True),
+                     "none": None}[how]
+        if kind == "task":
+            c.submit(make_call("t", cpus=cpus, placement=placement))
+        elif kind == "actor":
+            c.s.create_actor(DRIVER, actor_call(cpus=cpus, placement=placement))
+        else:
+            c.s.groups.create(DRIVER, pb.PlacementGroupSpec(
+                group_id=new_id(), strategy="PACK",
+                bundles=[pb.PlacementBundle(resources={"CPU": 1.0})]))
+            c.s.schedule()
+        out += c.take()
+    assert 0 not in c.started_on(out) and 0 not in c.ran_on(out)
+    assert all(w.node_id != 0 for w in c.s.workers.values())
+    assert all(0 not in g.nodes for g in c.s.groups.groups.values())
+    hard = c.submit(make_call("pinned", cpus=0, placement=affinity(0)))
+    assert "runs no work" in error_text(c.take(), rid(hard))
 
 
 def test_an_actor_with_hard_affinity_to_a_missing_node_is_dead_with_the_reason():
