@@ -12,6 +12,7 @@ import atexit
 import logging
 import math
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -108,6 +109,11 @@ class Session:
         client = self.client
         if self.log_printer is not None:
             self.log_printer.close()
+        if client.lost is None:   # its job ends as asked (list_jobs(): SUCCEEDED)
+            try:
+                client.send(_wire.JOB_END, pb.AckReply())
+            except ClusterLostError:
+                pass
         if self.head is not None:
             if client.lost is None:
                 try:
@@ -274,7 +280,25 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
 
 def _hello(namespace: str = "", key: bytes = b"") -> pb.Hello:
     return pb.Hello(kind="driver", pid=os.getpid(), cwd=os.getcwd(), sys_path=sys.path,
-                    machine=machine_id(), namespace=namespace, driver_key=key)
+                    machine=machine_id(), namespace=namespace, driver_key=key,
+                    entrypoint=_entrypoint(), tool=_as_tool)
+
+
+# The `orchestra` commands that connect (status, list, ...) set it: they are no job.
+_as_tool = False
+
+
+def connect_as_tool() -> None:
+    """This process's connections are a command's, not a program's: no job is listed."""
+    global _as_tool
+    _as_tool = True
+
+
+def _entrypoint(limit: int = 300) -> str:
+    """This driver's command line, on one line (its job's entrypoint in list_jobs())."""
+    text = shlex.join(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _connect_client(sock: str, head: subprocess.Popen[bytes], namespace: str) -> CoreClient:

@@ -1,5 +1,5 @@
 """The cluster's state, under Ray's names (``ray.util.state``): tasks, actors, objects,
-nodes and workers as lists of dicts, and a summary of tasks.
+nodes, workers and jobs as lists of dicts, and a summary of tasks.
 
     list_tasks(...) -> Request(state_query) -> head: asks every worker for the task
     events it buffered, then answers (_head/state_query.py) -> rows (JSON) -> dicts
@@ -106,6 +106,25 @@ def list_workers(filters: Iterable[Filter] | None = None, limit: int = DEFAULT_L
         detail: accepted for Ray's signature; the rows are the same.
         timeout: seconds to wait for the head's answer."""
     return _query("workers", filters, limit, detail, timeout)
+
+
+def list_jobs(filters: Iterable[Filter] | None = None, limit: int = DEFAULT_LIMIT,
+              detail: bool = False, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """Jobs, one per program that connected (its driver's session), oldest first: kept
+    across restarts of a head that has a state store (``orchestra start --head``), the
+    last 1,000 that ended and every running one. Keys: job_id (as list_tasks() names
+    it), type (DRIVER), status (RUNNING; SUCCEEDED: its driver called shutdown() or
+    exited; FAILED: its driver was killed, or did not connect again to a restarted
+    head, ``message`` says which; STOPPED: the cluster stopped under it), entrypoint
+    (its command line), message, namespace, driver_pid, driver_node_id, connected
+    (its driver is connected now), start_time and end_time (ms since the epoch).
+
+    Args:
+        filters: ``[(key, "=" or "!=", value)]``, e.g. ``[("status", "=", "RUNNING")]``.
+        limit: at most this many rows, the newest (0: all).
+        detail: accepted for Ray's signature; the rows are the same.
+        timeout: seconds to wait for the head's answer."""
+    return _query("jobs", filters, limit, detail, timeout)
 
 
 def summarize_tasks(timeout: float = 30.0) -> dict[str, Any]:

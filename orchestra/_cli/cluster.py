@@ -444,6 +444,8 @@ def status(argv: list[str]) -> int:
     if address is None:
         return 2
     try:
+        from .._api.session import connect_as_tool
+        connect_as_tool()
         info = orchestra.init(address=address, token=args.token)
     except Exception as exc:  # noqa: BLE001 - any failure to connect is reported, not raised
         print(f"orchestra status: cannot connect: {exc}", file=sys.stderr)
@@ -506,7 +508,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         kept = store.get("kept", {})
         line = (f"state store: {store['url']}: {kept.get('actors', 0)} actor(s), "
                 f"{kept.get('groups', 0)} detached placement group(s), "
-                f"{kept.get('nodes', 0)} joined node(s) kept")
+                f"{kept.get('nodes', 0)} joined node(s), {kept.get('jobs', 0)} job(s) kept")
         if store.get("away_since"):
             line += (f"; DOES NOT ANSWER for {time.time() - store['away_since']:.0f} s, "
                      f"{store.get('waiting', 0)} change(s) wait to be written")

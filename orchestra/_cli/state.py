@@ -1,7 +1,7 @@
 """``orchestra list``, ``orchestra memory`` and ``orchestra timeline``: the cluster's
 state from the command line, through orchestra.util.state.
 
-    orchestra list tasks|actors|objects|nodes|workers [--json] [--limit N]
+    orchestra list tasks|actors|objects|nodes|workers|jobs [--json] [--limit N]
                   [--filter KEY=VALUE | KEY!=VALUE ...] [--detail]
     orchestra memory [--json] [--limit N]    objects by size, who holds them, where
     orchestra timeline -o trace.json         Chrome trace events (Perfetto, chrome://tracing)
@@ -24,6 +24,7 @@ _COLUMNS = {
     "nodes": ["node_id", "node_ip", "is_head_node", "state", "store_used", "store_capacity",
               "spilled_bytes"],
     "workers": ["worker_id", "worker_type", "is_alive", "state", "node_id", "pid", "actor_id"],
+    "jobs": ["job_id", "status", "driver_pid", "driver_node_id", "entrypoint", "message"],
 }
 
 
@@ -44,6 +45,8 @@ def _connect(prog: str, args: argparse.Namespace) -> bool:
     if address is None:
         return False
     try:
+        from .._api.session import connect_as_tool
+        connect_as_tool()
         orchestra.init(address=address, token=args.token)
     except Exception as exc:  # noqa: BLE001 - any failure to connect is reported, not raised
         print(f"{prog}: cannot connect: {exc}", file=sys.stderr)
@@ -78,8 +81,8 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 def list_(argv: list[str]) -> int:
     """``orchestra list WHAT``: print the rows of orchestra.util.state.list_WHAT."""
     p = argparse.ArgumentParser(prog="orchestra list",
-                                description="List the cluster's tasks, actors, objects, nodes "
-                                            "or workers (a table, or --json).")
+                                description="List the cluster's tasks, actors, objects, nodes, "
+                                            "workers or jobs (a table, or --json).")
     p.add_argument("what", choices=sorted(_COLUMNS))
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument("--limit", type=int, default=100, help="at most this many rows (0: all)")

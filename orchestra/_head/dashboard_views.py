@@ -262,7 +262,8 @@ class DashboardViews:
         for conn, c in clients.items():
             if c.kind != "driver":
                 continue
-            rows.append({"job_id": f"{conn:08x}", "pid": c.pid, "node_id": node_hex(c.node_id),
+            rows.append({"job_id": self.events.job_hex(conn), "pid": c.pid,
+                         "node_id": node_hex(c.node_id),
                          "namespace": c.namespace or None,
                          "connected_at_ms": int(self.first_seen.get(conn, time.time()) * 1000),
                          "tasks": counts.get(conn, {})})

@@ -20,6 +20,7 @@ from .._node.node import Node
 from .._protocol import pb
 from .._protocol import wire as _wire
 from .._scheduler.instructions import Durable
+from .._scheduler.jobs import JobBook
 from .._scheduler.state import SchedulerState
 from ..exceptions import InfeasibleResourcesError
 from .remote_node import RemoteNode
@@ -55,6 +56,7 @@ class Head(Protocol):
     local: Node | RemoteNode   # the node of the head's own machine
 
     durable: HeadState | None   # its state store, if it keeps one
+    jobs: JobBook               # a job per driver session (_head/jobs.py)
 
     def queue(self, conn: Any, data: bytes) -> None: ...
     def watch_object(self, oid: bytes, fut: Waiter) -> None: ...
@@ -201,6 +203,10 @@ def _shutdown(head: Head, conn: Conn, msg: pb.AckReply) -> None:
     head.loop.call_soon(head.shutdown, "the driver called shutdown()")
 
 
+def _job_end(head: Head, conn: Conn, msg: pb.AckReply) -> None:
+    head.jobs.ending(conn.conn_id)   # (its connection's end ends the job: SUCCEEDED)
+
+
 FRAMES: dict[int, FrameHandler] = {
     _wire.SUBMIT: _submit,
     _wire.TASK_DONE: _task_done,
@@ -225,6 +231,7 @@ FRAMES: dict[int, FrameHandler] = {
     _wire.TASK_EVENTS: _task_events,
     _wire.METRICS: _metrics,
     _wire.SHUTDOWN: _shutdown,
+    _wire.JOB_END: _job_end,
 }
 
 

@@ -57,10 +57,11 @@ from .._scheduler.instructions import (
     StartWorker,
     StopWorker,
 )
+from .._scheduler.jobs import JobBook
 from .._scheduler.memory import choose as memory_victim
 from .._scheduler.state import SchedulerState, WorkerState
 from . import grpc_service as _grpc_service
-from . import rejoin
+from . import jobs, rejoin
 from .frames import FRAMES, REQUESTS, Waiter
 from .grpc_service import GRPC_CONN
 from .pulls import Pulls
@@ -189,6 +190,7 @@ class Head:
         self.dashboard_url = ""
         self.events = StateQueries(self)   # task events, state queries (_head/state_query.py)
         self.durable: HeadState | None = None   # its state store (process.main sets it)
+        self.jobs = JobBook()   # a job per driver session (_head/jobs.py)
 
     async def start(self) -> None:
         if isinstance(self.local, RemoteNode):
@@ -364,7 +366,8 @@ class Head:
             self.queue(conn, _wire.encode(_wire.HELLO_REPLY, pb.HelloReply(conn_id=conn.conn_id)))
             return
         node = self._node_for(conn, hello)
-        if node is None and (hello.resume_actor or hello.resume_task):   # its node has not
+        if node is None and (hello.resume_actor or hello.resume_task) or \
+                hello.kind == "driver" and jobs.node_away(self, hello):   # its node has not
             conn.transport.close()                                         # joined again yet
             return
         if node is None:
@@ -373,6 +376,11 @@ class Head:
                          f"{self.address} --token ...`, then connect again")
             return
         conn.node = node
+        refused = jobs.driver_hello(self, conn.conn_id, hello, node.node_id) \
+            if hello.kind == "driver" and not hello.tool else None
+        if refused:
+            self._refuse(conn, refused)
+            return
         if hello.kind == "driver" and self.primary is None and not self.cfg.get("detached"):
             self.primary = conn.conn_id
             node.set_driver(conn.conn_id)
@@ -622,6 +630,7 @@ class Head:
             self.events.table.client_gone(conn_id, c.worker.worker_id)
         elif c is not None and c.kind == "driver":
             self.events.table.client_gone(conn_id, DRIVER)
+            jobs.client_gone(self, conn_id)
         self.state.client_disconnected(conn_id, reason)
 
     # ------------------------------------------------------------------ nodes joining and dying

@@ -31,9 +31,11 @@ import time
 from typing import Any, Protocol
 
 from .._protocol import pb
-from .._scheduler.durable import ACTORS, NODES
+from .._scheduler.durable import ACTORS, JOBS, NODES
 from .._scheduler.durable import restore as restore_records
+from .._scheduler.jobs import JobBook
 from .._scheduler.state import SchedulerState
+from . import jobs
 from .state_store import CLUSTER, HeadState
 
 
@@ -42,6 +44,7 @@ class Head(Protocol):
 
     state: SchedulerState
     durable: HeadState | None
+    jobs: JobBook
     next_node_id: int
     next_conn: int
     nodes: dict[int, Any]
@@ -77,6 +80,7 @@ def restore(head: Head, joined_from: int, owner: int) -> None:
     head.next_node_id = max(head.next_node_id, durable.next_node)
     for problem in restore_records(head.state, owner, durable.records(), joined_from):
         print(f"orchestra head: not restored: {problem}", file=sys.stderr, flush=True)
+    jobs.restore(head, durable.records().get(JOBS, {}), UNCLAIMED_SLACK_S)
     if durable.boots > 1:   # the drivers of before make their lost work again meanwhile
         head.pulls.recover_until = head.pulls.clock() + float(
             head.cfg.get("reconnect_timeout_s", 0.0))
@@ -145,6 +149,7 @@ def stop_store(head: Head) -> None:
     started on it later waits for none of the nodes, and makes again none of the
     actors drivers made (their drivers were told the cluster stopped)."""
     if head.durable is not None:
+        jobs.stopped(head)
         records = head.durable.records()
         for key in records.get(NODES, {}):
             head.durable.write(NODES, key, None)

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 # long call still answers from its reader thread within ~20 ms; one that is stuck in
 # native code holding the GIL is not waited for).
 _FLUSH_WAIT_S = 0.5
-WHATS = ("tasks", "actors", "objects", "nodes", "workers", "summary")
+WHATS = ("tasks", "actors", "objects", "nodes", "workers", "jobs", "summary")
 _ACTOR_STATES = {"pending": "PENDING_CREATION", "starting": "PENDING_CREATION",
                  "alive": "ALIVE", "restarting": "RESTARTING", "dead": "DEAD"}
 # A placement group's readiness pseudo-object ends so (_scheduler/groups.py); not the user's.
@@ -182,6 +182,8 @@ class StateQueries:
             rows = self.node_rows()
         elif what == "workers":
             rows = self.worker_rows()
+        elif what == "jobs":   # (the head's JobBook: _scheduler/jobs.py)
+            rows = self.head.jobs.rows()
         else:
             raise ValueError(f"unknown state {what!r}: one of {', '.join(WHATS)}")
         return select(rows, filters, limit)
@@ -208,6 +210,11 @@ class StateQueries:
             return dead is not None and dead.reason == CANCEL_KILL
 
         self.table.settle(SchedView(task_state, worker_alive, killed_to_cancel), flushed)
+
+    def job_hex(self, conn: int) -> str | None:
+        """The job id of a driver connection (list_jobs()'s: its first connection's, also
+        after a restart of the head), else the connection's id in hex; None for 0."""
+        return (self.head.jobs.job_id(conn) or f"{conn:08x}") if conn else None
 
     def job_finder(self) -> Callable[[int], int]:
         """caller connection -> the driver connection whose job it works for (0:
@@ -240,7 +247,7 @@ class StateQueries:
             job = job_of(r.caller)
             row = {
                 "task_id": r.task_id.hex(), "attempt_number": max(r.attempts - 1, 0),
-                "name": r.name, "state": r.state, "job_id": f"{job:08x}" if job else None,
+                "name": r.name, "state": r.state, "job_id": self.job_hex(job),
                 "actor_id": r.actor_id.hex() or None, "type": KINDS[r.kind],
                 "func_or_class_name": r.name,
                 "node_id": node_hex(r.node_id) if r.node_id >= 0 else None,
@@ -273,7 +280,7 @@ class StateQueries:
             rows.append({
                 "actor_id": aid.hex(), "class_name": spec.class_name, "state": state,
                 "name": spec.name, "ray_namespace": spec.namespace,
-                "job_id": f"{a.owner:08x}",
+                "job_id": self.job_hex(a.owner),
                 "node_id": node_hex(w.node_id) if alive else None,
                 "pid": w.pid if alive else None,
                 "num_restarts": a.restarts, "is_detached": bool(spec.detached)})

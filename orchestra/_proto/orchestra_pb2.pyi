@@ -59,6 +59,28 @@ class RegisterFunctionRequest(_message.Message):
     pickled: bytes
     def __init__(self, workerid: _Optional[int] = ..., fnname: _Optional[str] = ..., num_return_vals: _Optional[int] = ..., function_id: _Optional[bytes] = ..., pickled: _Optional[bytes] = ...) -> None: ...
 
+class DurableJob(_message.Message):
+    __slots__ = ("job_id", "status", "driver_pid", "node_id", "namespace", "entrypoint", "start_ms", "end_ms", "message")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_PID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    ENTRYPOINT_FIELD_NUMBER: _ClassVar[int]
+    START_MS_FIELD_NUMBER: _ClassVar[int]
+    END_MS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    status: str
+    driver_pid: int
+    node_id: int
+    namespace: str
+    entrypoint: str
+    start_ms: int
+    end_ms: int
+    message: str
+    def __init__(self, job_id: _Optional[str] = ..., status: _Optional[str] = ..., driver_pid: _Optional[int] = ..., node_id: _Optional[int] = ..., namespace: _Optional[str] = ..., entrypoint: _Optional[str] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
 class DurableActor(_message.Message):
     __slots__ = ("creation", "cls", "restarts", "revived", "node_id", "owner_key")
     CREATION_FIELD_NUMBER: _ClassVar[int]
@@ -275,7 +297,7 @@ class InvokeCallReply(_message.Message):
     def __init__(self) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("kind", "pid", "workerid", "cwd", "sys_path", "node_id", "machine", "namespace", "log_job", "resume_actor", "resume_task", "driver_key")
+    __slots__ = ("kind", "pid", "workerid", "cwd", "sys_path", "node_id", "machine", "namespace", "log_job", "resume_actor", "resume_task", "driver_key", "entrypoint", "tool")
     KIND_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     WORKERID_FIELD_NUMBER: _ClassVar[int]
@@ -288,6 +310,8 @@ class Hello(_message.Message):
     RESUME_ACTOR_FIELD_NUMBER: _ClassVar[int]
     RESUME_TASK_FIELD_NUMBER: _ClassVar[int]
     DRIVER_KEY_FIELD_NUMBER: _ClassVar[int]
+    ENTRYPOINT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
     kind: str
     pid: int
     workerid: int
@@ -300,7 +324,9 @@ class Hello(_message.Message):
     resume_actor: bytes
     resume_task: bytes
     driver_key: bytes
-    def __init__(self, kind: _Optional[str] = ..., pid: _Optional[int] = ..., workerid: _Optional[int] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., node_id: _Optional[int] = ..., machine: _Optional[str] = ..., namespace: _Optional[str] = ..., log_job: _Optional[int] = ..., resume_actor: _Optional[bytes] = ..., resume_task: _Optional[bytes] = ..., driver_key: _Optional[bytes] = ...) -> None: ...
+    entrypoint: str
+    tool: bool
+    def __init__(self, kind: _Optional[str] = ..., pid: _Optional[int] = ..., workerid: _Optional[int] = ..., cwd: _Optional[str] = ..., sys_path: _Optional[_Iterable[str]] = ..., node_id: _Optional[int] = ..., machine: _Optional[str] = ..., namespace: _Optional[str] = ..., log_job: _Optional[int] = ..., resume_actor: _Optional[bytes] = ..., resume_task: _Optional[bytes] = ..., driver_key: _Optional[bytes] = ..., entrypoint: _Optional[str] = ..., tool: _Optional[bool] = ...) -> None: ...
 
 class HelloReply(_message.Message):
     __slots__ = ("session_id", "node_id", "node_resources", "store_capacity", "session_dir", "cwd", "sys_path", "inline_threshold", "conn_id", "shm_dir", "node_dir", "joinable", "node_address", "dashboard_url", "infeasible_waits", "reconnect_s", "claimed_actors")

@@ -57,6 +57,7 @@ LOG_FLUSH = 38     # LogFlush, driver -> head -> driver on the log connection: l
 TASK_EVENTS = 40   # TaskEventBatch, worker -> head: tasks started and ended (_head/state_query.py)
 TASK_EVENTS_FLUSH = 41  # TaskEventFlush, head -> worker: report buffered events now
 METRICS = 42       # MetricsBatch, any client -> head: user metrics recorded since the last one
+JOB_END = 43       # AckReply, driver -> head: shutdown(); its job ends with its connection
 
 MESSAGES: dict[int, Any] = {
     HELLO: pb.Hello, HELLO_REPLY: pb.HelloReply, FUNCTION: pb.RegisterFunctionRequest,
@@ -74,7 +75,7 @@ MESSAGES: dict[int, Any] = {
     GENERATOR_ITEM: pb.GeneratorItem, GENERATOR_ACK: pb.GeneratorAck,
     LOG_LINES: pb.LogLines, LOG_FLUSH: pb.LogFlush,
     TASK_EVENTS: pb.TaskEventBatch, TASK_EVENTS_FLUSH: pb.TaskEventFlush,
-    METRICS: pb.MetricsBatch,
+    METRICS: pb.MetricsBatch, JOB_END: pb.AckReply,
 }
 
 MAX_FRAME = 1 << 31

@@ -41,7 +41,8 @@ from .instructions import Durable, Instruction
 ACTORS = "actors"   # kept actor id (hex) -> DurableActor
 GROUPS = "groups"   # detached placement group id (hex) -> PlacementGroupSpec
 NODES = "nodes"     # joined node id (decimal) serving -> b"" (_head/rejoin.py)
-TABLES = (ACTORS, GROUPS, NODES)
+JOBS = "jobs"       # driver key (hex) -> DurableJob (_scheduler/jobs.py)
+TABLES = (ACTORS, GROUPS, NODES, JOBS)
 
 
 class _Groups(Protocol):

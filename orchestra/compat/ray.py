@@ -176,7 +176,8 @@ def _build() -> dict[str, types.ModuleType]:
                                  oss.NodeAffinitySchedulingStrategy})
     state = _module("ray.util.state", "ray.util.state on orchestra.", {
         n: getattr(ostate, n) for n in ("list_tasks", "list_actors", "list_objects",
-                                        "list_nodes", "list_workers", "summarize_tasks")})
+                                        "list_nodes", "list_workers", "list_jobs",
+                                        "summarize_tasks")})
     from ..util import multiprocessing as omp
     mp = _module("ray.util.multiprocessing", "ray.util.multiprocessing on orchestra.",
                  {"Pool": omp.Pool, "TimeoutError": omp.TimeoutError})

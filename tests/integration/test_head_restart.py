@@ -305,7 +305,7 @@ def test_detached_actors_and_groups_are_made_again_by_a_restarted_head(
     status = cli("status")
     assert status.returncode == 0, status.stderr
     assert (f"state store: {url}: 1 actor(s), 1 detached placement group(s), "
-            "0 joined node(s) kept" in status.stdout), status.stdout
+            "0 joined node(s), 2 job(s) kept" in status.stdout), status.stdout   # 2 drivers
 
 
 ON_NODE = """
@@ -556,6 +556,14 @@ def test_a_drivers_own_actor_stops_when_the_driver_does_not_come_back(state: str
     wait_until(lambda: pid_gone(pid), T, "the actor of a driver that did not come back stopped")
     log = Path(rec["run_dir"], "stderr.log").read_text()
     assert "whose driver did not connect again are stopped" in log, log
+    # Its job ended too, and says why (_scheduler/jobs.py).
+    wait_until(lambda: "job(s) whose driver did not connect again ended" in
+               Path(rec["run_dir"], "stderr.log").read_text(), T, "its job ended")
+    r = cli("list", "jobs", "--json")
+    assert r.returncode == 0, r.stderr
+    [job] = [j for j in json.loads(r.stdout) if j["driver_pid"] == driver.pid]
+    assert (job["status"], job["message"], job["connected"]) == (
+        "FAILED", "its driver did not connect again within 4 s of the head's restart", False)
 
 
 HOLDS = """
@@ -578,6 +586,73 @@ orchestra.get([own.ping.remote(), kept.ping.remote()], timeout=30)
 print("ready", flush=True)
 sys.stdin.readline()
 """
+
+
+JOB = """
+import json, os, sys, orchestra
+from orchestra.util.state import list_jobs
+orchestra.init(address="auto")
+def mine():
+    return [j for j in list_jobs(limit=0) if j["driver_pid"] == os.getpid()]
+before = mine()
+print("ready", flush=True)
+sys.stdin.readline()                    # the head is killed, and back
+print(json.dumps([before, mine()]), flush=True)
+"""
+
+ENDS = """
+import os, sys, orchestra
+from orchestra.exceptions import OrchestraError
+real = os.urandom   # the driver's key (Hello.driver_key), by the first argument
+os.urandom = lambda n: sys.argv[1].encode() * n if n == 16 else real(n)
+try:
+    orchestra.init(address="auto")
+except OrchestraError as exc:
+    print(exc)
+    sys.exit(3)
+@orchestra.remote
+def f():
+    return 1
+assert orchestra.get(f.remote(), timeout=30) == 1
+if sys.argv[2] == "killed":
+    os._exit(0)
+"""
+
+
+def ends(key: str, how: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", ENDS, key, how], capture_output=True,
+                          text=True, timeout=T, env=dict(os.environ, PYTHONPATH=REPO))
+
+
+def test_the_jobs_of_before_are_kept_and_a_driver_goes_on_in_its_own(state: str) -> None:
+    """The job table (_scheduler/jobs.py) is in the state store: after the head's SIGKILL
+    the restarted head lists the jobs that ended before (one by shutdown, one killed),
+    the driver connected across the gap is in the same job, still RUNNING; a driver
+    whose job ended is refused, naming it; `orchestra status` and `orchestra list` are
+    no job."""
+    rec = start_head(state, "--state-store", "sqlite://" + str(Path(state, "s.db")),
+                     beside=True)
+    for key, how in (("A", "ended"), ("B", "killed")):
+        r = ends(key, how)
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert cli("status").returncode == 0
+    out, _ = through_a_kill(rec, JOB)
+    before, after = out
+    assert len(before) == 1 and before[0]["status"] == "RUNNING", out
+    assert after == before, out   # the same job (its id, its start), connected again
+    again = ends("A", "ended")    # the key of a job that ended
+    assert again.returncode == 3, again.stdout + again.stderr
+    assert "job" in again.stdout and "ended (SUCCEEDED)" in again.stdout and \
+        "not taken back" in again.stdout, again.stdout
+    r = cli("list", "jobs", "--json", "--limit", "0")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [(j["status"], j["message"]) for j in rows] == [
+        ("SUCCEEDED", None),
+        ("FAILED", "its driver exited without shutdown(), or was killed"),
+        ("SUCCEEDED", None)], rows   # the JOB driver ended too, with its shutdown()
+    assert rows[2]["job_id"] == before[0]["job_id"]
+    assert all(" -c " in j["entrypoint"] for j in rows), rows
 
 
 def test_a_stopped_head_leaves_no_record_of_the_drivers_actors_in_its_store(state: str) -> None:

@@ -87,11 +87,11 @@ def test_status_says_a_state_store_that_does_not_answer_and_what_waits() -> None
                          "spilled_objects": 0}, "tasks": {}, "actors": {}, "workers": 2,
                "drivers": 0, "head_restarts": 0,
                "state_store": {"url": "redis://10.0.0.9:6379/0", "waiting": 3,
-                               "kept": {"actors": 2, "groups": 1, "nodes": 4},
+                               "kept": {"actors": 2, "groups": 1, "nodes": 4, "jobs": 5},
                                "away_since": _time.time() - 12}}
     text = format_summary(summary)
     assert ("state store: redis://10.0.0.9:6379/0: 2 actor(s), 1 detached placement "
-            "group(s), 4 joined node(s) kept; DOES NOT ANSWER for 12 s, 3 change(s) wait to "
+            "group(s), 4 joined node(s), 5 job(s) kept; DOES NOT ANSWER for 12 s, 3 change(s) wait to "
             "be written") in text
     summary["state_store"] = None   # a head that keeps no store says nothing of one
     assert "state store" not in format_summary(summary)

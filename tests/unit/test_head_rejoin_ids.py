@@ -14,6 +14,7 @@ from orchestra._head import rejoin
 from orchestra._head.pulls import Pulls
 from orchestra._head.state_store import CLUSTER
 from orchestra._scheduler.durable import NODES
+from orchestra._scheduler.jobs import JobBook
 from orchestra._scheduler.state import SchedulerState
 
 pytestmark = pytest.mark.timeout(30)
@@ -54,6 +55,7 @@ class Head:
         self.cfg: dict[str, Any] = {}
         self.loop = asyncio.new_event_loop()
         self.pulls = Pulls(self)   # type: ignore[arg-type]
+        self.jobs = JobBook()
 
     def carry_out(self) -> None:
         pass
