@@ -2,21 +2,32 @@
 so ``with joblib.parallel_backend("orchestra"):`` runs scikit-learn's ``n_jobs=-1`` work
 in the cluster's processes.
 
-    Parallel(n_jobs) -> OrchestraBackend.configure: a Pool (_api/mp_pool.py) of
-                        n_jobs processes (-1: the cluster's CPUs)
-    each batch       -> Pool.apply_async(_ShippedOnce(batch)): the batch pickled with
-                        every numpy array from _PUT_MIN bytes replaced by the ref of one
-                        put of it, kept per array while it lives (a GridSearchCV's X is put
-                        once, not pickled into each of its hundreds of batches); the pool
-                        process reads it zero-copy (read-only, as joblib's memmaps)
+    Parallel(n_jobs) -> OrchestraBackend.configure: a TaskPool of n_jobs slots (-1: the
+                        cluster's CPUs); no process is started for it
+    each batch       -> TaskPool.apply_async(_ShippedOnce(batch)): a task of its own on
+                        the cluster's workers, at most n_jobs at once (Slots decides, the
+                        rest wait in order); the batch pickled with every numpy array
+                        from _PUT_MIN bytes replaced by the ref of one put of it, kept per
+                        array while it lives (a GridSearchCV's X is put once, not pickled
+                        into each of its hundreds of batches); the worker reads it
+                        zero-copy (read-only, as joblib's memmaps)
+
+The workers are the cluster's: a Parallel call finds them started, with what the calls
+before imported, as loky's reusable executor keeps its processes, and an idle one
+holds no CPU (a pool of actors kept between calls held them, and starved other work).
+
+Who owns what: a TaskPool's Slots and its running refs are under its lock, taken by the
+caller's thread (apply_async, terminate) and the futures thread (a batch's end).
 
 joblib is optional: importing this module without it raises ImportError naming it.
 """
 from __future__ import annotations
 
+import collections
 import io
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 try:
@@ -103,11 +114,118 @@ class _ShippedOnce:
         return self.inner()
 
 
+class Slots:
+    """Which batches run now: at most ``limit`` at once, the others in their order. No
+    I/O; the pool's lock is held for each call (tests/unit/test_joblib_slots.py)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.running = 0
+        self.waiting: collections.deque[Any] = collections.deque()
+        self.stopped = False
+
+    def offer(self, item: Any) -> list[Any]:
+        """A batch submitted: [it] when it starts now, [] when it waits."""
+        if self.stopped:
+            raise ValueError("the pool was terminated")
+        if self.running < self.limit:
+            self.running += 1
+            return [item]
+        self.waiting.append(item)
+        return []
+
+    def finished(self) -> list[Any]:
+        """A batch ended: the next one to start, if one waits."""
+        self.running -= 1
+        if self.waiting and not self.stopped:
+            self.running += 1
+            return [self.waiting.popleft()]
+        return []
+
+    def stop(self) -> list[Any]:
+        """No batch starts any more: those that waited (to be failed)."""
+        self.stopped = True
+        left = list(self.waiting)
+        self.waiting.clear()
+        return left
+
+
+def _run_batch(batch: Callable[[], Any]) -> Any:
+    return batch()
+
+
+_BATCH: Any = None
+
+
+class TaskPool:
+    """What joblib's MultiprocessingBackend asks of a pool (apply_async, close,
+    terminate), over tasks: each batch one task on the cluster's workers, at most
+    ``n_jobs`` at once; ``remote_args``: the tasks' options (num_cpus=1 by default)."""
+
+    def __init__(self, n_jobs: int, remote_args: dict[str, Any] | None = None) -> None:
+        global _BATCH
+        from .mp_pool import ApplyResult
+        from .remote import remote
+        if _BATCH is None:
+            _BATCH = remote(_run_batch)
+        self._result_cls = ApplyResult
+        self._fn = _BATCH.options(**{"num_cpus": 1, "max_retries": 0,
+                                     "name": "joblib batch", **(remote_args or {})})
+        self._lock = threading.Lock()
+        self._slots = Slots(n_jobs)    # under _lock
+        self._running: set[Any] = set()   # the refs of the batches running, under _lock
+
+    def apply_async(self, func: Callable[[], Any], args: tuple[Any, ...] = (),
+                    kwds: dict[str, Any] | None = None, callback: Any = None,
+                    error_callback: Any = None) -> Any:
+        result = self._result_cls(callback, error_callback)
+        with self._lock:
+            go = self._slots.offer((result, func))
+        self._start(go)
+        return result
+
+    def _start(self, items: list[Any]) -> None:
+        for result, func in items:
+            ref = self._fn.remote(func)
+            with self._lock:
+                self._running.add(ref)
+            ref.future().add_done_callback(
+                lambda fut, result=result, ref=ref: self._done(result, ref, fut))
+
+    def _done(self, result: Any, ref: Any, fut: Any) -> None:
+        """A batch ended (on the futures thread): the next starts, its result is set."""
+        with self._lock:
+            self._running.discard(ref)
+            nxt = self._slots.finished()
+        self._start(nxt)
+        exc = fut.exception()
+        result._set(exc is None, fut.result() if exc is None else exc)
+
+    def close(self) -> None:
+        pass
+
+    def terminate(self) -> None:
+        """No batch starts any more; those waiting fail, those running are cancelled
+        (joblib terminates a call that raised: its other batches are not needed)."""
+        from .session import cancel
+        with self._lock:
+            left = self._slots.stop()
+            running = list(self._running)
+        for ref in running:
+            try:
+                cancel(ref)
+            except Exception:  # noqa: BLE001 - ended meanwhile, or the session is gone
+                pass
+        error = RuntimeError("the joblib call was terminated before this batch ran")
+        for result, _ in left:
+            result._set(False, error)
+
+
 class OrchestraBackend(MultiprocessingBackend):
-    """joblib's multiprocessing backend over orchestra's Pool: the processes are the
-    cluster's, large arrays are put in the object store once (``nesting_level``,
-    ``inner_max_num_threads`` and ``kwargs`` as joblib passes them;
-    ``orchestra_remote_args``: options of the pool's actors)."""
+    """joblib's multiprocessing backend over the cluster's workers (TaskPool): large
+    arrays are put in the object store once (``nesting_level``, ``inner_max_num_threads``
+    and ``kwargs`` as joblib passes them; ``orchestra_remote_args``: options of the
+    batches' tasks, e.g. {"num_cpus": 2})."""
 
     supports_retrieve_callback = True
     supports_return_generator = False
@@ -136,13 +254,11 @@ class OrchestraBackend(MultiprocessingBackend):
 
     def configure(self, n_jobs: int = 1, parallel: Any = None, prefer: Any = None,
                   require: Any = None, **kwargs: Any) -> int:
-        """Start the pool for a Parallel call of ``n_jobs`` (``parallel``, ``prefer``,
-        ``require`` and ``kwargs`` as joblib gives them)."""
-        from .mp_pool import Pool
+        """Make the pool of a Parallel call of ``n_jobs`` (``parallel``, ``prefer``,
+        ``require`` and ``kwargs`` as joblib gives them): no process starts."""
         n_jobs = self.effective_n_jobs(n_jobs)
         self.parallel = parallel
-        self._pool: Pool | None = Pool(processes=n_jobs,
-                                       orchestra_remote_args=self.orchestra_remote_args)
+        self._pool: TaskPool | None = TaskPool(n_jobs, self.orchestra_remote_args)
         return n_jobs
 
     def submit(self, func: Any, callback: Any = None) -> Any:
@@ -150,7 +266,8 @@ class OrchestraBackend(MultiprocessingBackend):
         return super().submit(_ShippedOnce(func, self.shipped), callback=callback)
 
     def terminate(self) -> None:
-        """Stop the pool; the arrays put for it go with their refs."""
+        """End the pool (the workers stay the cluster's); the arrays put for it go with
+        their refs."""
         if self._pool is not None:
             self._pool.terminate()
             self._pool = None

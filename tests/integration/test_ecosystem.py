@@ -12,6 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 
+import orchestra
 from orchestra.util import state
 
 pytestmark = pytest.mark.timeout(120)
@@ -58,6 +59,42 @@ def test_large_arrays_reach_joblib_calls_through_the_store_once(start_cluster):
         sums = joblib.Parallel()(joblib.delayed(np.sum)(big[:0] if i < 0 else big) for i in range(40))
         backend, _ = joblib.parallel.get_active_backend()
     assert sums == [big.sum()] * 40 and backend.shipped.puts == 1
+
+
+def _busy(seconds: float) -> tuple[int, float, float]:
+    import time
+    start = time.time()
+    time.sleep(seconds)
+    return os.getpid(), start, time.time()
+
+
+def _most_at_once(spans: list[tuple[int, float, float]]) -> int:
+    edges = sorted([(s, 1) for _, s, _ in spans] + [(e, -1) for _, _, e in spans])
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def test_joblib_calls_run_on_the_clusters_workers_and_hold_no_cpu_between_calls(start_cluster):
+    """As loky's reusable executor: a Parallel call starts no process (its batches are
+    tasks on the cluster's workers, which the next call finds with what the last one
+    imported), runs at most n_jobs batches at once, and holds no CPU once it returned
+    (an idle pool of actors kept for the next call would have held them)."""
+    joblib = pytest.importorskip("joblib")
+    from orchestra.util.joblib import register_orchestra
+    start_cluster(num_cpus=4)
+    register_orchestra()
+    workers = {w["pid"] for w in state.list_workers(limit=0) if w["worker_type"] == "WORKER"}
+    assert len(workers) == 4
+    with joblib.parallel_config(backend="orchestra", n_jobs=2):
+        first = joblib.Parallel()(joblib.delayed(_busy)(0.15) for _ in range(8))
+        assert orchestra.available_resources().get("CPU") == 4
+        second = joblib.Parallel()(joblib.delayed(_busy)(0.15) for _ in range(8))
+    assert {pid for pid, _, _ in first + second} <= workers   # no process started
+    assert _most_at_once(first) <= 2 and _most_at_once(second) <= 2
+    assert orchestra.available_resources().get("CPU") == 4
 
 
 @pytest.fixture
