@@ -43,6 +43,7 @@ def listening(port: int) -> list[str]:
 
 # ---------------------------------------------------------------------------- start/stop
 
+@pytest.mark.shared_machine
 def test_start_then_stop_leaves_no_process_socket_or_segment(state: str) -> None:
     head = start_head(state, beside=True)   # the head, and the node beside it
     r = cli("start", "--address", head["address"], "--token", head["token"], *SMALL)
@@ -132,9 +133,12 @@ def test_status_prints_nodes_resources_and_store(state: str) -> None:
     assert r.returncode == 0 and "3 node(s)" in r.stdout, r.stderr
 
 
-def test_status_without_a_cluster_says_how_to_start_one(state: str) -> None:
-    r = cli("status")
-    assert r.returncode == 1
+@pytest.mark.shared_machine
+def test_status_without_a_cluster_says_how_to_start_one(state: str, tmp_path: Path) -> None:
+    # A temp directory of its own: another session's init() cluster (this user's, in
+    # the machine's /tmp) would be found and read (test_shared_machine.py).
+    r = cli("status", env={"TMPDIR": str(tmp_path)})
+    assert r.returncode == 1, r.stdout
     assert "orchestra start --head" in r.stderr
 
 
@@ -276,6 +280,7 @@ sys.stdin.readline()
 """
 
 
+@pytest.mark.shared_machine
 def test_status_and_list_find_this_users_init_cluster(state: str) -> None:
     """With no `orchestra start` cluster here, status and list read this user's running
     init() cluster (they said there was none); with several, they list their session

@@ -42,6 +42,7 @@ DRIVER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.shared_machine
 def test_a_killed_drivers_tasks_stop_and_the_cluster_serves_the_next(no_cluster, tmp_path: Path) -> None:
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
     try:
@@ -118,6 +119,7 @@ def _shm_dirs(pid: int) -> list[str]:
     return [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
 
 
+@pytest.mark.shared_machine
 def test_a_killed_node_and_a_head_stopped_by_a_signal_leave_no_directory(no_cluster) -> None:
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     try:

@@ -103,6 +103,7 @@ def test_init_inside_a_task_raises(cluster):
         orchestra.get(nested_init.remote(), timeout=T)
 
 
+@pytest.mark.shared_machine
 def test_shutdown_stops_every_process_and_removes_every_segment(start_cluster, gates):
     c = start_cluster(num_cpus=2)
     gate = gates()
@@ -228,6 +229,7 @@ def _assert_nothing_left(info: dict, timeout: float) -> None:
         time.sleep(0.01)
 
 
+@pytest.mark.shared_machine
 def test_killing_the_driver_with_sigkill_leaves_no_process_and_no_segment(no_cluster, tmp_path):
     proc, info = _start_driver(tmp_path, "block")
     assert _segments_of(info["head"])
@@ -240,12 +242,14 @@ def test_killing_the_driver_with_sigkill_leaves_no_process_and_no_segment(no_clu
                "the killed driver's session directory removed")
 
 
+@pytest.mark.shared_machine
 def test_a_driver_that_exits_without_shutdown_leaves_nothing(no_cluster, tmp_path):
     proc, info = _start_driver(tmp_path, "exit")
     assert proc.wait(T) == 0
     _assert_nothing_left(info, 10.0)
 
 
+@pytest.mark.shared_machine
 def test_a_stale_session_directory_is_swept_by_the_next_init(no_cluster, tmp_path):
     proc, info = _start_driver(tmp_path, "block")
     proc.send_signal(signal.SIGKILL)
@@ -261,6 +265,7 @@ def test_a_stale_session_directory_is_swept_by_the_next_init(no_cluster, tmp_pat
     assert not os.path.exists(info["session_dir"])
 
 
+@pytest.mark.shared_machine
 def test_the_segment_directory_of_a_killed_head_is_swept_by_the_next_init(no_cluster, tmp_path):
     proc, info = _start_driver(tmp_path, "block")
     (shm,) = shm_dirs_of(info["head"])

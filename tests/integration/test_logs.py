@@ -318,6 +318,7 @@ def print_started() -> int:
     return os.getpid()
 
 
+@pytest.mark.shared_machine
 def test_orchestra_logs_finds_the_cluster_orchestra_start_started_here(tmp_path, monkeypatch):
     monkeypatch.setenv("ORCHESTRA_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.delenv("ORCHESTRA_ADDRESS", raising=False)
@@ -363,6 +364,7 @@ orchestra.shutdown()
 """
 
 
+@pytest.mark.shared_machine
 def test_orchestra_logs_finds_a_pid_in_an_older_session_of_this_user(tmp_path, monkeypatch):
     """A crash message says `orchestra logs PID`; with a session of the same user started
     since, the default (the newest session) did not name that PID, and the command said
