@@ -202,12 +202,13 @@ def test_the_slurm_example_runs_a_driver_on_a_head_and_a_node_and_leaves_nothing
     assert lines, f"the driver printed no result:\n{text}"
     result = json.loads(lines[-1][len("RESULT "):])
     tasks = result["tasks"]
-    assert result["nodes"] == 2, text
+    assert result["nodes"] == 3, text   # the head's, the node beside it, the other node's
     assert len({node for node, _, _, _ in tasks}) == 2, "the tasks did not run on both nodes"
     assert {j for _, _, j, _ in tasks} == {job}
     # The workers are in the job steps srun started: the head's (0) and the node's (1).
     assert {step for _, _, _, step in tasks} == {"0", "1"}, text
-    assert "stopped the head (SIGTERM)" in text and "stopped the node (SIGTERM)" in text, text
+    assert "stopped the head and node (SIGTERM)" in text and \
+        "stopped the node (SIGTERM)" in text, text
     wait_until(lambda: not _job_processes(slurm.name, job), 20,
                "no process of the job left", lambda: str(_job_processes(slurm.name, job)))
     assert not _dead_heads_shm() - leaked_before, "the job left shared memory behind"

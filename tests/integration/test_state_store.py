@@ -189,7 +189,7 @@ def test_the_heads_records_are_written_in_order_and_read_by_the_next_head(url: s
     said: list[str] = []
     head = ss.HeadState(url, "head A", "tok", said.append, said.append)
     head.start()
-    assert head.records() == {"actors": {}, "groups": {}, "nodes": {}}
+    assert head.records() == {"actors": {}, "groups": {}, "nodes": {}, "jobs": {}}
     head.write("actors", "a1", b"one")
     head.write("actors", "a2", b"two")
     head.write("groups", "g1", b"group")
@@ -204,7 +204,8 @@ def test_the_heads_records_are_written_in_order_and_read_by_the_next_head(url: s
     store.close()
     again = ss.HeadState(url, "head B", "tok", said.append, said.append)
     again.start()
-    assert again.records() == {"actors": {"a1": b"one again"}, "groups": {}, "nodes": {}}
+    assert again.records() == {"actors": {"a1": b"one again"}, "groups": {}, "nodes": {},
+                               "jobs": {}}
     again.stop()
     assert said == []
 
@@ -226,7 +227,7 @@ def test_changes_made_while_redis_is_away_are_written_when_it_is_back(
     assert "does not answer" in said[0] and "writes its changes once it is back" in said[0]
     health = head.health()   # what orchestra status says of it
     assert health["away_since"] > 0 and health["waiting"] == 2
-    assert health["kept"] == {"actors": 1, "groups": 0, "nodes": 0}
+    assert health["kept"] == {"actors": 1, "groups": 0, "nodes": 0, "jobs": 0}
     redis_server.start()
     store = ss.open_store(redis_server.url)
     wait_for(lambda: store.items("actors") == {"made-meanwhile": b"x"}, 10,
