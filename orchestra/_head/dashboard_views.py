@@ -42,6 +42,7 @@ STREAM_WINDOW_S = 90.0      # a page that starts (or missed changes) gets this m
 LOG_TAIL_BYTES = 64 << 10   # the first answer for a log: its last 64 KiB
 LOG_CHUNK_BYTES = 256 << 10 # a follow answer: at most this much more
 OBJECTS_LIMIT = 100
+JOB_ROWS = 200              # the newest jobs shown (the head keeps up to 1,000 ended)
 STREAM_MAX = 20_000         # tasks in one answer of the task stream, the newest
 MERGE_MS = 50               # tasks shorter than this (under a pixel of the minute) that
 MERGE_GAP_MS = 5            # ran this close after each other on a worker share a bar
@@ -56,7 +57,6 @@ class DashboardViews:
         self.head = head
         self.events = head.events
         self.history = History()
-        self.first_seen: dict[int, float] = {}   # driver connection -> when first seen
         self._cpu: dict[int, float] = {}          # worker id -> CPU seconds at the last sample
         self._last_sample = 0.0
         self._timer: Any = None
@@ -121,11 +121,6 @@ class DashboardViews:
         for key, v in self.events.metrics.values().items():
             values[f"metric:{key}"] = v
         self.history.add(now, values)
-        for conn, c in st.clients.items():
-            if c.kind == "driver":
-                self.first_seen.setdefault(conn, now)
-        for conn in [k for k in self.first_seen if k not in st.clients]:
-            del self.first_seen[conn]
         for wid in [k for k in usage if k not in st.workers]:
             del usage[wid]
 
@@ -251,22 +246,24 @@ class DashboardViews:
                 "bytes": sum(int(r["object_size"] or 0) for r in rows)}
 
     def drivers(self, q: dict[str, str]) -> dict[str, Any]:
-        clients = self.head.state.clients
+        """The jobs (list_jobs()'s rows, the ended ones too, newest first), each with its
+        tasks by state (those this head saw)."""
         self.events._settle(False)
         job_of = self.events.job_finder()
-        counts: dict[int, dict[str, int]] = {}
+        counts: dict[str, dict[str, int]] = {}
         for r in self.events.table.records.values():
-            c = counts.setdefault(job_of(r.caller), {})
-            c[r.state] = c.get(r.state, 0) + 1
+            job = self.events.job_hex(job_of(r.caller))
+            if job is not None:
+                c = counts.setdefault(job, {})
+                c[r.state] = c.get(r.state, 0) + 1
         rows = []
-        for conn, c in clients.items():
-            if c.kind != "driver":
-                continue
-            rows.append({"job_id": self.events.job_hex(conn), "pid": c.pid,
-                         "node_id": node_hex(c.node_id),
-                         "namespace": c.namespace or None,
-                         "connected_at_ms": int(self.first_seen.get(conn, time.time()) * 1000),
-                         "tasks": counts.get(conn, {})})
+        for job in reversed(self.head.jobs.rows()[-JOB_ROWS:]):
+            rows.append({"job_id": job["job_id"], "status": job["status"],
+                         "pid": job["driver_pid"], "node_id": job["driver_node_id"],
+                         "namespace": job["namespace"], "entrypoint": job["entrypoint"],
+                         "message": job["message"], "connected_at_ms": job["start_time"],
+                         "end_time_ms": job["end_time"],
+                         "tasks": counts.get(str(job["job_id"]), {})})
         return {"drivers": rows}
 
     def metric_rows(self, q: dict[str, str]) -> dict[str, Any]:

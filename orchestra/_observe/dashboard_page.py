@@ -62,7 +62,7 @@ td.barcell .bar { margin-top:0; }
 .state { display:inline-block; padding:1px 8px; border-radius:10px; font-size:12px;
   font-weight:500; color:#fff; background:var(--idle); }
 .s-RUNNING, .s-PENDING_CREATION { background:var(--accent); }
-.s-FINISHED, .s-ALIVE { background:var(--ok); }
+.s-FINISHED, .s-ALIVE, .s-SUCCEEDED { background:var(--ok); }
 .s-FAILED, .s-DEAD.dead-node { background:var(--bad); }
 .s-RESTARTING, .s-PENDING_NODE_ASSIGNMENT { background:var(--warn); }
 tr.zero td { color:var(--muted); }
@@ -180,9 +180,10 @@ _BODY = """
   <label><input type="checkbox" id="log-follow" checked> follow</label><span class="muted" id="log-note">
   </span></div><div class="label">stdout</div><pre id="log-out"></pre><div class="label">stderr</div>
   <pre id="log-err"></pre></section></div>
-<div id="view-drivers" hidden><section class="panel"><h2>Drivers</h2>
-  <table><thead><tr><th>job id</th><th class="num">pid</th><th>node</th><th>namespace</th>
-  <th>connected</th><th class="num">running</th><th class="num">finished</th><th class="num">failed</th>
+<div id="view-drivers" hidden><section class="panel"><h2>Jobs</h2>
+  <table><thead><tr><th>job id</th><th>status</th><th class="num">driver pid</th><th>node</th>
+  <th>namespace</th><th>entrypoint</th><th>started</th><th>ended</th><th class="num">running</th>
+  <th class="num">finished</th><th class="num">failed</th>
   </tr></thead><tbody id="driver-rows"></tbody></table></section></div>
 <div id="view-metrics" hidden><section class="panel"><h2>User metrics</h2>
   <p class="muted" id="metrics-empty">No metric recorded yet (orchestra.util.metrics: Counter, Gauge,

@@ -477,10 +477,18 @@ async function pollObjects() {
     td((o.copies || []).join(", "), "mono"),
     td(o.holders.map((h) => h.type + " pid " + h.pid + (h.count > 1 ? " \u00d7" + h.count : "")).join(", "))])));
 }
+function jobStatus(r) {
+  const c = cellWith(stateTag(r.status));
+  if (r.message) c.appendChild(el("span", "muted", " " + r.message));
+  return c;
+}
 async function pollDrivers() {
   const d = await getJSON("api/drivers");
-  $("driver-rows").replaceChildren(...d.drivers.map((r) => row([td(r.job_id, "mono"), td(r.pid, "num"),
-    td(r.node_id, "mono"), td(r.namespace || "", "muted"), td(fmtTime(r.connected_at_ms)),
+  $("driver-rows").replaceChildren(...d.drivers.map((r) => row([td(r.job_id, "mono"),
+    jobStatus(r),
+    td(r.pid, "num"), td(r.node_id, "mono"), td(r.namespace || "", "muted"),
+    td(r.entrypoint || "", "mono"), td(fmtTime(r.connected_at_ms)),
+    td(r.end_time_ms ? fmtTime(r.end_time_ms) : ""),
     td((r.tasks.RUNNING || 0), "num"), td((r.tasks.FINISHED || 0), "num"), td((r.tasks.FAILED || 0), "num")])));
 }
 const log = { pid: null, out: -1, err: -1 };

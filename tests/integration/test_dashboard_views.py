@@ -180,9 +180,10 @@ def test_objects_drivers_and_a_workers_log(scene: Scene) -> None:
     objs = get(scene.url + "api/objects")["objects"]
     big = next(o for o in objs if o["object_id"] == scene.big.hex())
     assert big["size"] >= 3 << 20 and big["holders"][0]["pid"] == os.getpid()
-    drivers = get(scene.url + "api/drivers")["drivers"]
+    drivers = get(scene.url + "api/drivers")["drivers"]   # the jobs, newest first
     me = next(d for d in drivers if d["pid"] == os.getpid())
     assert me["tasks"].get("FINISHED", 0) >= 300 and me["tasks"].get("FAILED", 0) >= 1
+    assert me["status"] == "RUNNING" and me["end_time_ms"] is None and me["entrypoint"]
     log = wait_for(lambda: (d := get(scene.url + f"api/logs?pid={scene.greeter_pid}"))
                    .get("out", {}).get("text") and d, "the greeter's log")
     assert "hello dashboard from the greeter" in log["out"]["text"]
