@@ -2,7 +2,11 @@
 
 Starts one ``orchestra._coordinator.Coordinator`` (XLA's ``DistributedRuntimeService``),
 with a token when ``$ORCHESTRA_COORDINATOR_TOKEN`` or ``--token`` gives one (then it serves
-only clients that send it; ``--token`` wins, but argv is visible to every local user),
+only clients that send it; ``--token`` wins, but argv is visible to every local user).
+With a token it speaks TLS beyond loopback (``--tls`` on loopback too), with a key made
+from the token, which its clients pin (``CoordinatorClient(..., token=..., tls=True)``);
+``--insecure-no-tls`` opts out, warned. Without a token (XLA's own client, which sends
+none and speaks no TLS) it is plain gRPC, warned beyond loopback. It
 prints its bound ``host:port`` as the only line on stdout (so a launcher can read it, e.g.
 with ``--port 0``), logs to stderr, and serves until SIGINT or SIGTERM. This process owns the
 server and stops it on the way out; signal handlers are installed in ``main()`` only and
@@ -57,6 +61,18 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         f"'authorization: Bearer TOKEN'; XLA's own client sends none). Prefer ${TOKEN_ENV}: "
         "a command line is visible to every local user (ps, /proc); --token wins over it",
     )
+    tls = parser.add_mutually_exclusive_group()
+    tls.add_argument(
+        "--tls", dest="tls", action="store_true", default=None,
+        help="speak TLS with a key made from the token, also on loopback (default: with a "
+        "token, beyond loopback); clients: CoordinatorClient(address, node_id, token=..., "
+        "tls=True)",
+    )
+    tls.add_argument(
+        "--insecure-no-tls", dest="tls", action="store_false", default=None,
+        help="plain gRPC beyond loopback even with a token (for a network you trust): "
+        "whoever watches it reads the token and the keys",
+    )
     parser.add_argument(
         "--heartbeat-interval",
         type=float,
@@ -90,6 +106,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             validate_token(args.token)
         except ValueError as err:
             parser.error(f"{args.token_from}: {err}")
+    if args.tls and args.token is None:
+        parser.error(f"--tls needs a token (${TOKEN_ENV} or --token): the coordinator's key "
+                     "is made from it, and its clients pin that key")
+    if args.tls is None:   # a token's clients are orchestra's, which speak TLS
+        args.tls = args.token is not None and not is_loopback_host(args.host)
     if args.num_nodes < 1:
         parser.error(f"--num-nodes must be at least 1, got {args.num_nodes}")
     if args.heartbeat_interval <= 0 or args.max_missing_heartbeats < 1:
@@ -109,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
-    if not is_loopback_host(args.host):
+    if not is_loopback_host(args.host) and not args.tls:
         if args.token is None:
             warning = (
                 "and has no authentication: anyone who can reach the port can join the group and "
@@ -118,8 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         else:
             warning = (
-                "and its traffic, token included, is not encrypted: anyone who can watch the "
-                "network can learn the token. Keep the port on a private network."
+                "and its traffic, token included, is not encrypted (--insecure-no-tls): "
+                "anyone who can watch the network can learn the token. Keep the port on a "
+                "private network."
             )
         print(
             f"WARNING: the coordinator listens on {args.host}, beyond loopback, {warning}",
@@ -135,6 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         enumerate_timeout_s=args.enumerate_timeout,
         shutdown_timeout_s=args.shutdown_timeout,
         token=args.token,
+        tls=args.tls,
     )
     stop = threading.Event()
 
@@ -147,10 +170,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         address = coordinator.start()
         print(address, flush=True)
+        if args.tls:
+            from orchestra._protocol import tls as _tls
+            security = (f"speaking TLS with the key of the token "
+                        f"({_tls.cluster_fingerprint(args.token)}; clients: "
+                        "CoordinatorClient(..., token=..., tls=True))")
+        else:
+            security = "plain gRPC"
         print(
             f"orchestra coordinator for {args.num_nodes} nodes listening on {address}, "
-            f"{'serving only clients with the token' if args.token else 'without a token'}; "
-            "SIGINT or SIGTERM stops it",
+            f"{'serving only clients with the token' if args.token else 'without a token'}, "
+            f"{security}; SIGINT or SIGTERM stops it",
             file=sys.stderr,
             flush=True,
         )

@@ -763,6 +763,49 @@ def test_entry_point_refuses_an_empty_token_instead_of_serving_without_one() -> 
     assert f"${TOKEN_ENV}" in stderr and "empty" in stderr
 
 
-def test_entry_point_with_a_token_beyond_loopback_warns_that_traffic_is_not_encrypted() -> None:
-    stderr = _stderr_beyond_loopback(token_env=TOKEN)
-    assert "not encrypted" in stderr and "no authentication" not in stderr
+def test_entry_point_with_a_token_beyond_loopback_opted_out_of_tls_warns_it_is_plain() -> None:
+    proc = _run_entry_point("--num-nodes", "1", "--port", "0", "--host", "0.0.0.0",
+                            "--insecure-no-tls", token_env=TOKEN)
+    try:
+        _read_line(proc.stdout, 15)  # type: ignore[arg-type]
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert "not encrypted (--insecure-no-tls)" in stderr and "no authentication" not in stderr
+    assert "plain gRPC" in stderr
+
+
+def test_entry_point_with_a_token_beyond_loopback_speaks_tls_keyed_by_the_token(
+    make_stub: Callable[[str], Stub],
+) -> None:
+    """Its clients (those that send the token are orchestra's) pin the key made from the
+    token: a plaintext client gets nowhere, CoordinatorClient(tls=True) connects and
+    uses the key-value store; nothing is warned."""
+    from orchestra._protocol import tls
+    proc = _run_entry_point("--num-nodes", "1", "--port", "0", "--host", "0.0.0.0",
+                            token_env=TOKEN)
+    try:
+        bound = _read_line(proc.stdout, 15).strip()  # type: ignore[arg-type]
+        address = "127.0.0.1:" + bound.rsplit(":", 1)[1]
+        err = rpc_error(lambda: connect(make_stub(address), 0, metadata=MEMBER))
+        assert err.code() == grpc.StatusCode.UNAVAILABLE   # no TLS: no answer at all
+        with CoordinatorClient(address, 0, num_nodes=1, token=TOKEN, tls=True,
+                               connect_timeout_s=10) as client:
+            client.connect()
+            client.key_value_set("nccl-id", b"secret bytes")
+            assert client.key_value_get("nccl-id", 5) == b"secret bytes"
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr
+    assert "WARNING" not in stderr, stderr
+    assert f"speaking TLS with the key of the token ({tls.cluster_fingerprint(TOKEN)}" in stderr
+
+
+def test_entry_point_refuses_tls_without_a_token() -> None:
+    proc = _run_entry_point("--num-nodes", "1", "--port", "0", "--tls")
+    stdout, stderr = proc.communicate(timeout=15)
+    assert proc.returncode == 2 and stdout == ""
+    assert "--tls needs a token" in stderr
