@@ -1017,7 +1017,7 @@ while time.monotonic() < deadline:
 print(json.dumps(dict(counts)), flush=True)
 """.replace("{counter}", COUNTER)
 
-HEAD_KILLS_S = float(os.environ.get("ORCHESTRA_HEAD_KILLS_S", "10"))
+HEAD_KILLS_S = float(os.environ.get("ORCHESTRA_HEAD_KILLS_S", "8"))
 
 
 @pytest.mark.timeout(int(HEAD_KILLS_S) * 3 + 120)

@@ -3,7 +3,7 @@ with nothing injected, then with faults (workers SIGKILLed every few seconds, th
 joined node killed and replaced every NODE_KILL_S), then on `orchestra start` with the
 head SIGKILLed every HEAD_KILL_S as well. Workload: tests/integration/_soak.py.
 
-Each soak lasts ORCHESTRA_SOAK_S seconds (8 by default, in the normal run); run longer
+Each soak lasts ORCHESTRA_SOAK_S seconds (6 by default, in the normal run); run longer
 ones with ``ORCHESTRA_SOAK_S=600 pytest -m soak tests/integration/test_soak.py``.
 
     promise                                   checked by
@@ -39,9 +39,9 @@ from orchestra._platform.procutil import process_tree
 from orchestra._runtime import cluster_file as cf
 from orchestra.cluster_utils import Cluster
 
-SOAK_S = float(os.environ.get("ORCHESTRA_SOAK_S", "8"))
+SOAK_S = float(os.environ.get("ORCHESTRA_SOAK_S", "6"))
 # With faults, the joined node is SIGKILLed (and replaced) this often: once in the
-# normal run (at ~5 s), every 40 s in a long one.
+# normal run (at ~4 s), every 40 s in a long one.
 NODE_KILL_S = float(os.environ.get("ORCHESTRA_SOAK_NODE_KILL_S", 0)) or min(SOAK_S * 0.6, 40.0)
 THREADS = 3
 PROCESSES = 2
