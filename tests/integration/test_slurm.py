@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -127,6 +128,7 @@ def slurm() -> Iterator[Slurm]:
         yield s
     finally:
         subprocess.run(["scancel", "--user=root"], env=env, capture_output=True, timeout=30)
+        _stop_left(name)   # a job that failed may outlive its cancel (steps left unkilled)
         for p in reversed(procs):
             p.send_signal(signal.SIGTERM)
         for p in reversed(procs):
@@ -153,10 +155,12 @@ print("RESULT " + json.dumps({"tasks": got, "nodes": len(orchestra.nodes())}))
 '''
 
 
-def _job_processes(cluster: str, job: str) -> list[int]:
-    """Processes of Slurm job ``job`` of cluster ``cluster`` (by their environment)."""
+def _job_processes(cluster: str, job: str | None = None) -> list[int]:
+    """Processes of Slurm job ``job`` (None: of any job) of cluster ``cluster`` (by their
+    environment)."""
     found = []
-    want = (f"SLURM_JOB_ID={job}".encode(), f"SLURM_CLUSTER_NAME={cluster}".encode())
+    want = (f"SLURM_CLUSTER_NAME={cluster}".encode(),
+            *([f"SLURM_JOB_ID={job}".encode()] if job is not None else []))
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -167,6 +171,20 @@ def _job_processes(cluster: str, job: str) -> list[int]:
         if all(w in env for w in want):
             found.append(int(pid))
     return found
+
+
+def _stop_left(cluster: str) -> None:
+    """SIGTERM what the cluster's jobs left (an orchestra head stops cleanly on it), then
+    SIGKILL what is still there 10 s later."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in _job_processes(cluster):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        while _job_processes(cluster) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 def _dead_heads_shm() -> set[str]:
