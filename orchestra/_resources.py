@@ -69,15 +69,24 @@ def split_pinned(req: Mapping[str, float]) -> tuple[dict[str, float], int]:
     return res, int(res.pop(PINNED, 0))
 
 
+# Resources counted in bytes (as Ray's): shown in GiB, not as 1.74249e+10.
+_BYTES = ("memory", "object_store_memory")
+
+
+def format_resources(req: Mapping[str, float], empty: str = "nothing") -> str:
+    """``CPU=2, memory=9.42 GiB, far=100``: sorted, byte counts in GiB; ``empty`` for none."""
+    return ", ".join(f"{k}={v / 2**30:.3g} GiB" if k in _BYTES and v >= 2**20 else f"{k}={v:g}"
+                     for k, v in sorted(req.items())) or empty
+
+
 def check_feasible(req: Mapping[str, float], node_totals: list[Mapping[str, float]],
                    what: str) -> None:
     """Raise InfeasibleResourcesError when no node can ever hold ``req``."""
     for totals in node_totals:
         if all(totals.get(k, 0.0) + _EPS >= v for k, v in req.items()):
             return
-    have = "; ".join(", ".join(f"{k}={v:g}" for k, v in sorted(t.items())) or "nothing"
-                     for t in node_totals) or "no nodes"
-    ask = ", ".join(f"{k}={v:g}" for k, v in sorted(req.items()))
+    have = "; ".join(format_resources(t) for t in node_totals) or "no nodes"
+    ask = format_resources(req)
     raise InfeasibleResourcesError(
         f"{what} asks for {ask}, but no node of the cluster has that much (nodes have: {have}). "
         "Lower the request in .options(...) or start the cluster with more, e.g. "

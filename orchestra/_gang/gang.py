@@ -40,7 +40,7 @@ from .._api.actor import ActorClass, ActorHandle, kill
 from .._api.scheduling_strategies import NodeAffinitySchedulingStrategy
 from .._checks import is_int
 from .._ids import node_hex
-from .._resources import make_request
+from .._resources import format_resources, make_request
 from .._runtime import context as _context
 from ..exceptions import InfeasibleResourcesError, OrchestraError
 from . import member as _gang_member
@@ -157,8 +157,7 @@ def _check_capacity(name: str, size: int, options: Mapping[str, Any],
                        options.get("resources"), default_cpus=0)
     short = {k: v * size for k, v in req.items() if v * size > totals.get(k, 0.0) + _EPS}
     if short:
-        need = ", ".join(f"{k}={v:g}" for k, v in sorted(short.items()))
-        have = ", ".join(f"{k}={v:g}" for k, v in sorted(totals.items())) or "nothing"
+        need, have = format_resources(short), format_resources(totals)
         raise InfeasibleResourcesError(
             f"a gang of {size} {name} members needs {need} at once, but the cluster has "
             f"{have}; start fewer members, ask less per member (num_gpus=, num_cpus=, "

@@ -46,6 +46,7 @@ from .._protocol import pb
 from .._protocol import wire as _wire
 from .._protocol.auth import AuthGate, server_tls
 from .._protocol.connection import parse_address, parse_host
+from .._resources import format_resources
 from .._scheduler.instructions import (
     Durable,
     FreeSegment,
@@ -667,7 +668,7 @@ class Head:
                             max_workers=int(self.cfg.get("max_workers", 0)) or 4 * cpus + 32)
         remote.start()
         print(f"orchestra head: node {nid} joined from {remote.ip} (pid {remote.pid}): "
-              + ", ".join(f"{k}={v:g}" for k, v in sorted(res.items())), file=sys.stderr)
+              + format_resources(res), file=sys.stderr)
         self.carry_out()
 
     def node_gone(self, remote: RemoteNode, reason: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 from typing import Any
 
+from .._resources import format_resources
 from ..exceptions import (
     ActorDiedError,
     InfeasibleResourcesError,
@@ -122,7 +123,7 @@ def make_error(kind: str, **d: Any) -> bytes:
                                  "start a new one, or give it max_restarts= to have it "
                                  "restarted after a crash.")
     elif kind == "infeasible":
-        res = ", ".join(f"{k}={v:g}" for k, v in sorted(d.get("resources", {}).items()))
+        res = format_resources(d.get("resources", {}), "")
         node = d.get("node")
         if node:
             exc = InfeasibleResourcesError(

@@ -36,6 +36,7 @@ from .._ids import node_hex
 from .._objects.serialization import serialize
 from .._protocol import pb
 from .._protocol.wire import WARNING
+from .._resources import format_resources
 from ..exceptions import InfeasibleResourcesError
 from .durable import group_gone, group_kept
 from .instructions import KillWorker, Send
@@ -155,8 +156,6 @@ def group_resources(bundle: Mapping[str, float], index: int, group_hex: str) -> 
     return out
 
 
-def _fmt(req: Mapping[str, float]) -> str:
-    return ", ".join(f"{k}={v:g}" for k, v in sorted(req.items())) or "nothing"
 
 
 class PlacementGroups:
@@ -219,16 +218,16 @@ class PlacementGroups:
                   if n.resources.works}
         if place_bundles(g.spec.strategy, g.bundles, totals) is not None:
             return None
-        have = "; ".join(f"{node_hex(n)}: {_fmt(t)}" for n, t in sorted(totals.items())) or "none"
+        have = "; ".join(f"{node_hex(n)}: {format_resources(t)}" for n, t in sorted(totals.items())) or "none"
         for i, b in enumerate(g.bundles):
             if not any(_fits(t, b) for t in totals.values()):
-                return (f"placement group {self._label(g)}: bundle {i} ({_fmt(b)}) is larger than "
-                        f"any node of the cluster (nodes: {have}).")
+                return (f"placement group {self._label(g)}: bundle {i} ({format_resources(b)}) is "
+                        f"larger than any node of the cluster (nodes: {have}).")
         what = {"STRICT_PACK": f"all {len(g.bundles)} bundles on one node",
                 "STRICT_SPREAD": f"its {len(g.bundles)} bundles on {len(g.bundles)} distinct nodes"
                 }.get(g.spec.strategy, "its bundles")
         return (f"placement group {self._label(g)} ({g.spec.strategy}) needs {what} "
-                f"({'; '.join(_fmt(b) for b in g.bundles)}), which the cluster's nodes cannot "
+                f"({'; '.join(format_resources(b) for b in g.bundles)}), which the cluster's nodes cannot "
                 f"hold (nodes: {have}).")
 
     @staticmethod
@@ -310,8 +309,8 @@ class PlacementGroups:
         if not any(_fits(b, req) for b in bundles):
             which = "any bundle" if idx < 0 else f"bundle {idx}"
             return s.error("group", text=(
-                f"{what} asks for {_fmt(req)}, more than {which} of placement group "
-                f"{self._label(g)} holds ({'; '.join(_fmt(b) for b in bundles)}). Ask for less "
+                f"{what} asks for {format_resources(req)}, more than {which} of placement group "
+                f"{self._label(g)} holds ({'; '.join(format_resources(b) for b in bundles)}). Ask for less "
                 "in .options(...), or make the bundle larger."))
         return None
 

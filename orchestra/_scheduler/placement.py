@@ -30,6 +30,7 @@ from collections.abc import Hashable
 from .._ids import node_hex
 from .._protocol import pb
 from .._protocol.wire import WARNING
+from .._resources import format_resources
 from .instructions import Send
 from .model import NODE_AFFINITY, PLACEMENT_GROUP, SPREAD, Node, SchedulerCore, Task
 
@@ -93,8 +94,7 @@ class Placer:
             reason = ("that node is the head's, which runs no work (its machine's work runs "
                       "on the node beside it: pin to that one)")
         elif not node.resources.feasible(t.resources):
-            have = ", ".join(f"{k}={v:g}" for k, v in sorted(node.resources.total.items()))
-            reason = f"that node has only {have or 'nothing'}"
+            reason = f"that node has only {format_resources(node.resources.total)}"
         else:
             return None
         return self.s.error("infeasible", name=t.call.name, resources=t.resources,
@@ -149,20 +149,13 @@ class Placer:
         return held
 
 
-# Resources counted in bytes (as Ray's): shown in GiB, not as 1.74249e+10.
-_BYTES = ("memory", "object_store_memory")
-
-
-def _fmt(req: dict[str, float]) -> str:
-    return ", ".join(f"{k}={v / 2**30:.3g} GiB" if k in _BYTES and v >= 2**20 else f"{k}={v:g}"
-                     for k, v in sorted(req.items())) or "nothing"
 
 
 def _warning(t: Task, nodes: dict[int, Node], joinable: bool) -> pb.ClusterWarning:
-    have = "; ".join(f"{node_hex(n.node_id)}: {_fmt(n.resources.total)}" for n in nodes.values())
+    have = "; ".join(f"{node_hex(n.node_id)}: {format_resources(n.resources.total)}" for n in nodes.values())
     what = f"actor {t.call.actor.class_name}" if t.call.HasField("actor") else f"task {t.call.name}()"
     return pb.ClusterWarning(text=(
-        f"orchestra: {what} asks for {_fmt(t.resources)}, which no node of the cluster can hold "
+        f"orchestra: {what} asks for {format_resources(t.resources)}, which no node of the cluster can hold "
         f"now (nodes: {have or 'none'}). " + (
             "It waits until a node that can hold it joins (orchestra start --address ...); "
             "or lower the request in .options(...)." if joinable else

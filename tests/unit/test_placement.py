@@ -566,10 +566,11 @@ def test_a_worker_lent_on_request_comes_from_the_drivers_own_node():
 
 
 def test_resources_counted_in_bytes_read_in_gib_in_messages() -> None:
-    """A node's memory in an infeasible task's warning read `memory=1.74249e+10`."""
-    from orchestra._scheduler.placement import _fmt
-    assert _fmt({"CPU": 2, "memory": 17424900000.0, "node:10.0.0.5": 1}) == \
+    """A node's memory in an infeasible task's warning read `memory=1.74249e+10`, and in
+    the head's log of a node joining, and in a placement group's or gang's error."""
+    from orchestra._resources import format_resources as fmt
+    assert fmt({"CPU": 2, "memory": 17424900000.0, "node:10.0.0.5": 1}) == \
         "CPU=2, memory=16.2 GiB, node:10.0.0.5=1"
-    assert _fmt({"object_store_memory": 2 ** 31}) == "object_store_memory=2 GiB"
-    assert _fmt({"memory": 512.0}) == "memory=512"   # a few bytes stay as they are
-    assert _fmt({}) == "nothing"
+    assert fmt({"object_store_memory": 2 ** 31}) == "object_store_memory=2 GiB"
+    assert fmt({"memory": 512.0}) == "memory=512"   # a few bytes stay as they are
+    assert fmt({}) == "nothing"
