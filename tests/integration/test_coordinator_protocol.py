@@ -699,9 +699,11 @@ def test_entry_point_prints_its_address_and_serves_until_sigterm(
     assert "no authentication" not in stderr
 
 
-def _stderr_beyond_loopback(**kwargs: Any) -> str:
-    """What the entry point bound to 0.0.0.0 says on stderr once it serves."""
-    proc = _run_entry_point("--num-nodes", "1", "--port", "0", "--host", "0.0.0.0", **kwargs)
+def _stderr_beyond_loopback(*args: str, **kwargs: Any) -> str:
+    """What the entry point bound to 0.0.0.0 (with ``args`` more) says on stderr once it
+    serves."""
+    proc = _run_entry_point("--num-nodes", "1", "--port", "0", "--host", "0.0.0.0", *args,
+                            **kwargs)
     try:
         _read_line(proc.stdout, 15)  # type: ignore[arg-type]
         proc.terminate()
@@ -764,14 +766,7 @@ def test_entry_point_refuses_an_empty_token_instead_of_serving_without_one() -> 
 
 
 def test_entry_point_with_a_token_beyond_loopback_opted_out_of_tls_warns_it_is_plain() -> None:
-    proc = _run_entry_point("--num-nodes", "1", "--port", "0", "--host", "0.0.0.0",
-                            "--insecure-no-tls", token_env=TOKEN)
-    try:
-        _read_line(proc.stdout, 15)  # type: ignore[arg-type]
-        proc.terminate()
-        _, stderr = proc.communicate(timeout=10)
-    finally:
-        proc.kill()
+    stderr = _stderr_beyond_loopback("--insecure-no-tls", token_env=TOKEN)
     assert "not encrypted (--insecure-no-tls)" in stderr and "no authentication" not in stderr
     assert "plain gRPC" in stderr
 
