@@ -11,10 +11,16 @@ from .._api.actor_pool import ActorPool
 from .._api.placement_group import (
     PlacementGroup,
     get_placement_group,
-    placement_group,
     placement_group_table,
     remove_placement_group,
 )
+from .._api.placement_group import placement_group as _placement_group
+from . import placement_group as _placement_group_module  # noqa: F401
+
+# The submodule is imported above so that it cannot take this name later: imported after
+# the package, it replaced the function here with itself (a Ray script imports both,
+# `from ray.util.placement_group import ...` and `from ray.util import placement_group`).
+placement_group = _placement_group
 
 __all__ = ["ActorPool", "PlacementGroup", "get_placement_group", "placement_group",
            "placement_group_table", "remove_placement_group"]

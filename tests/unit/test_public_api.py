@@ -170,3 +170,15 @@ def import_report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
 def test_import_has_no_side_effect(import_report: dict[str, Any], effect: str) -> None:
     before, after = import_report[effect]
     assert after == before, f"importing orchestra changed {effect}"
+
+
+def test_util_placement_group_stays_the_function_once_its_module_is_imported() -> None:
+    """``orchestra.util.placement_group`` names a function and a module (as in Ray): the
+    module imported after the package took the name, and `from orchestra.util import
+    placement_group` then gave a module (not callable)."""
+    probe = ("from orchestra.util.placement_group import placement_group as f\n"
+             "from orchestra.util import placement_group\n"
+             "assert callable(placement_group) and placement_group is f, placement_group\n")
+    proc = subprocess.run([sys.executable, "-c", probe], env=child_env(), capture_output=True,
+                          text=True, timeout=50)
+    assert proc.returncode == 0, proc.stderr
