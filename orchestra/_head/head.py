@@ -616,8 +616,8 @@ class Head:
             node.worker_disconnected(wid)
         elif client is not None and client.worker is not None:   # its node died
             gone = self.gone.get(client.worker.node_id)
-            self._client_gone(conn.conn_id, f"its node died ({gone.reason})"
-                              if gone is not None else "its node died")
+            self._client_gone(conn.conn_id, f"its node's death ({gone.reason})"
+                              if gone is not None else "its node's death")
             self.carry_out()
         else:
             self._client_gone(conn.conn_id)

@@ -252,7 +252,7 @@ class SchedulerState:
             if w.state is WorkerState.STARTING:
                 self.worker_failed_to_start(w.worker_id, f"its node died: {reason}", broken=False)
             else:   # its tasks are retried elsewhere, its actor restarted or dead
-                self.worker_died(w.worker_id, f"its node died ({reason})")
+                self.worker_died(w.worker_id, f"its node's death ({reason})")
         self.rebuilds.node_lost(node_id, reason)
         self.kept.node_gone(node_id)
         self.schedule()

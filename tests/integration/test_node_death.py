@@ -13,7 +13,7 @@ import pytest
 
 import orchestra
 from _helpers import Gate, joined_cluster, node_of, wait_for_file
-from orchestra.exceptions import ActorDiedError, ObjectLostError
+from orchestra.exceptions import ActorDiedError, ObjectLostError, WorkerCrashedError
 from orchestra.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 MB = 1 << 20
@@ -63,6 +63,18 @@ def test_a_running_task_is_retried_on_another_node(cluster, tmp_path):
     dead = [n for n in orchestra.nodes() if not n["Alive"]]
     assert [n["NodeID"] for n in dead] == [victim.node_id]
     assert dead[0]["DeathReason"]
+
+
+def test_a_running_task_without_retries_fails_naming_its_nodes_death(cluster, tmp_path):
+    """It read "died of its node died (...)"."""
+    c, x, y = cluster
+    path = str(tmp_path / "where")
+    ref = gated_where.options(resources={"x": 1}, max_retries=0).remote(Gate(tmp_path), path)
+    wait_for_file(path)
+    c.remove_node(x, allow_graceful=False)   # SIGKILL
+    with pytest.raises(WorkerCrashedError, match=r"running task \S*gated_where\(\) died of "
+                       r"its node's death \(.+\); attempts made: 1\."):
+        orchestra.get(ref, timeout=60)
 
 
 def test_an_actor_on_a_dead_node_dies_or_restarts_elsewhere(cluster):
