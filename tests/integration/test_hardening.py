@@ -7,7 +7,7 @@
     init() from a thread that then ends      the cluster lives as long as the driver process
     the head dies                            every blocked and later call: ClusterLostError;
                                              is_initialized() False; init() works again
-    many threads submit, nest, call, put     every ref becomes ready (stress, 8 s in the
+    many threads submit, nest, call, put     every ref becomes ready (stress, 6 s in the
                                              suite; ORCHESTRA_STRESS_S sets the length)
 """
 from __future__ import annotations
@@ -87,7 +87,7 @@ def _cluster_state() -> str:
     return f"unfinished tasks at the head: {tasks}; workers: {workers}"
 
 
-STRESS_S = float(os.environ.get("ORCHESTRA_STRESS_S", "8"))
+STRESS_S = float(os.environ.get("ORCHESTRA_STRESS_S", "6"))
 
 
 @pytest.mark.load

@@ -537,7 +537,7 @@ def test_a_drivers_own_actor_stops_when_the_driver_does_not_come_back(state: str
     (it does not know yet whether the driver comes), and stops it once the drivers' time
     to connect again is over."""
     rec = start_head(state, "--state-store", "sqlite://" + str(Path(state, "s.db")),
-                     "--reconnect-timeout", "4")
+                     "--reconnect-timeout", "2.5")
     join(rec)
     driver = start_driver(OWN_ACTORS)
     try:
@@ -551,7 +551,7 @@ def test_a_drivers_own_actor_stops_when_the_driver_does_not_come_back(state: str
         driver.kill()
     driver.wait()
     serving_head(rec, other_than=head)
-    time.sleep(2)
+    time.sleep(1)
     assert not pid_gone(pid)   # taken back: its driver may come yet
     wait_until(lambda: pid_gone(pid), T, "the actor of a driver that did not come back stopped")
     log = Path(rec["run_dir"], "stderr.log").read_text()
@@ -563,7 +563,7 @@ def test_a_drivers_own_actor_stops_when_the_driver_does_not_come_back(state: str
     assert r.returncode == 0, r.stderr
     [job] = [j for j in json.loads(r.stdout) if j["driver_pid"] == driver.pid]
     assert (job["status"], job["message"], job["connected"]) == (
-        "FAILED", "its driver did not connect again within 4 s of the head's restart", False)
+        "FAILED", "its driver did not connect again within 2.5 s of the head's restart", False)
 
 
 HOLDS = """

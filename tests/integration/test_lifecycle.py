@@ -415,7 +415,7 @@ orchestra.shutdown()
 
 @pytest.mark.load
 @pytest.mark.timeout(120)
-def test_twenty_init_shutdown_cycles_leak_no_fd_thread_or_segment(no_cluster):
+def test_ten_init_shutdown_cycles_leak_no_fd_thread_or_segment(no_cluster):
     orchestra.init(num_cpus=1)
     orchestra.get(h.identity.remote(1), timeout=T)
     orchestra.shutdown()
@@ -429,7 +429,7 @@ def test_twenty_init_shutdown_cycles_leak_no_fd_thread_or_segment(no_cluster):
     try:
         assert other.stdout is not None and other.stdout.readline().strip() == "ready"
         fds, threads = _driver_resources()   # its pipes counted
-        for i in range(20):
+        for i in range(10):   # a leak of one a cycle shows in any number
             info = orchestra.init(num_cpus=1)
             with open(os.path.join(info["session_dir"], "head.pid")) as f:
                 heads.append(int(f.read()))
