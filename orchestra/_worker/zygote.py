@@ -82,7 +82,17 @@ def main(argv: list[str] | None = None) -> None:
                 os.setpgid(pid, pid)
             except OSError:   # it did (and may have run already) or died
                 pass
-            os.write(rep_fd, f"pid {worker_id} {pid}\n".encode())
+            _tell(rep_fd, f"pid {worker_id} {pid}\n")
+
+
+def _tell(rep_fd: int, line: str) -> None:
+    """Write a reply; the head gone (its end of the pipe closed: killed, this process's
+    parent-death signal not come yet), end quietly, as at EOF on the requests (a
+    BrokenPipeError's traceback went to the cluster's log)."""
+    try:
+        os.write(rep_fd, line.encode())
+    except BrokenPipeError:
+        os._exit(0)
 
 
 def _reap(rep_fd: int) -> None:
@@ -102,7 +112,7 @@ def _reap(rep_fd: int) -> None:
         except (ProcessLookupError, PermissionError):
             pass
         pid, status = os.waitpid(info.si_pid, 0)
-        os.write(rep_fd, f"exit {pid} {_returncode(status)}\n".encode())
+        _tell(rep_fd, f"exit {pid} {_returncode(status)}\n")
 
 
 if __name__ == "__main__":

@@ -422,3 +422,29 @@ def test_a_closed_node_starts_no_worker_and_leaves_no_segment(
     node.start_worker(11)
     assert node.pool.procs == {} and node.pool.closed
     assert not os.path.exists(shm_dir)
+
+
+def test_the_fork_server_ends_quietly_when_the_head_is_gone_before_a_reply(tmp_path: Path) -> None:
+    """The head SIGKILLed: its fork server, before its parent-death signal came, wrote a
+    reply into the closed pipe, and a BrokenPipeError's traceback went to the cluster's
+    log (test_head_restart.py's log check failed on it once in CI)."""
+    import subprocess
+    import sys
+
+    from _probes import child_env
+    req_r, req_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestra._worker.zygote", str(tmp_path / "no.sock"),
+         str(req_r), str(rep_w)], pass_fds=(req_r, rep_w), stderr=subprocess.PIPE,
+        text=True, env=child_env())
+    os.close(req_r)
+    os.close(rep_w)
+    os.close(rep_r)   # the head's end of the replies: gone
+    try:
+        os.write(req_w, b"spawn 1\n")   # forks a worker and replies with its pid
+        _, err = proc.communicate(timeout=30)
+    finally:
+        os.close(req_w)
+        proc.kill()
+    assert "BrokenPipeError" not in err and proc.returncode == 0, err
