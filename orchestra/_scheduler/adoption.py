@@ -11,9 +11,9 @@ the scheduler core (the ADOPT frame). No I/O.
 A call the process answered through the head already is not run again (_adopted).
 Calls it answered through the head whose results the head had not pushed to the caller
 come too (``answered``): the head may never have read that answer, as it voids what a
-dead node's workers said. Unless the head holds their results, runs their task again
-already (a rebuild), or will still read the answer (the worker's node lives), they run
-again with a retry spent (their task's lineage), or fail as results lost with the node.
+dead node's workers said. Unless the head holds their results, or runs their task
+again already (a rebuild), they run again with a retry spent (their task's lineage),
+or fail as results lost with the node.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class Adoption:
         name = a.spec.class_name if a is not None else "?"
         answered = set(msg.answered)
         for call in msg.calls:
-            t = self._adopted(conn, call, call.task_id in answered, msg.worker_id)
+            t = self._adopted(conn, call, call.task_id in answered)
             if t is None:
                 continue
             if call.max_retries and a is not None and a.state is not ActorState.DEAD:
@@ -66,15 +66,11 @@ class Adoption:
                 "actor_dead", name=name,
                 reason=f"its process (pid={pid}) died while running {call.name}() ({reason})"))
 
-    def _adopted(self, conn: int, call: pb.Call, answered: bool = False,
-                 worker_id: int = 0) -> Task | None:
+    def _adopted(self, conn: int, call: pb.Call, answered: bool = False) -> Task | None:
         """The task of a call handed over by ``conn``, its returns held for ``conn``;
         None when the worker answered it through the head already (``answered``: or
-        when it runs again already, rebuilding a result lost with a node, or when the
-        answer is still to be read: only a dead node's workers' answers are voided,
-        and a worker's connection brings all it wrote before it closes; run again
-        meanwhile, its first answer then ended the new run's task under it)."""
-        if answered and (call.task_id in self.core.tasks or self._node_lives(worker_id)):
+        when it runs again already, rebuilding a result lost with a node)."""
+        if answered and call.task_id in self.core.tasks:
             return None
         t = Task(call, conn)
         if call.num_returns and all(
@@ -85,13 +81,6 @@ class Adoption:
             if rid not in self.core.objects:
                 self.core.new_object(conn, rid)
         return t
-
-    def _node_lives(self, worker_id: int) -> bool:
-        """Whether the node of worker ``worker_id`` (alive, or remembered dead) lives."""
-        w = self.core.workers.get(worker_id)
-        node = w.node_id if w is not None else \
-            self.core.dead_workers.get(worker_id, _UNKNOWN_DEATH).node_id
-        return node in self.core.nodes
 
     def _answer_lost(self, t: Task, pid: int, node: int, reason: str) -> None:
         """A task that ran to its end on a worker now dead, its answer never read by the
@@ -130,7 +119,7 @@ class Adoption:
         running = not head_running
         for call in msg.calls:
             was_answered = call.task_id in answered
-            t = self._adopted(conn, call, was_answered, msg.worker_id)
+            t = self._adopted(conn, call, was_answered)
             if t is None or not self.core.hold_args(t):
                 continue
             t.cancelled = call.task_id in cancelled

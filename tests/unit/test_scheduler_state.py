@@ -935,18 +935,6 @@ def test_a_direct_call_answered_on_a_worker_the_head_does_not_remember_fails_wit
     assert b"that ran it" in err
 
 
-def test_a_direct_call_answered_by_a_worker_whose_node_lives_waits_for_that_answer() -> None:
-    # The head reads all a worker wrote before its connection closes (it voids only what
-    # a dead node's workers said): the node told of the worker's death first, a run
-    # again here was ended by the first answer under it (the soak: "freed while it was
-    # being read").
-    c = Cluster(cpus=1)
-    call = make_call("direct", max_retries=2)
-    c.s.dead_workers[998] = DeadWorker(4242, "died of SIGKILL", False, NODE)
-    assert executed(_adopt_answered(c, call, worker_id=998)) == []
-    assert call.task_id not in c.s.tasks
-
-
 def test_a_direct_call_answered_through_the_head_is_not_run_again_when_the_head_has_its_result() -> None:
     c = Cluster(cpus=1)
     call = make_call("direct", max_retries=2)
