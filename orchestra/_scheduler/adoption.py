@@ -88,12 +88,9 @@ class Adoption:
         failed as a result lost with its worker's node."""
         if t.retries_left == 0:
             rid = t.return_ids[0] if t.return_ids else t.call.task_id
-            # A worker this head does not remember (it died long ago, or before a restart
-            # of the head): its node and pid are not known.
-            who = f"its worker (pid={pid})" if pid else "its worker"
             self.core.fail_task(t, self.core.error(
-                "node_lost", object_id=rid, node=node if node >= 0 else "that ran it",
-                reason=f"{who} died ({reason}) before the head had the result"))
+                "node_lost", object_id=rid, node=node,
+                reason=f"its worker (pid={pid}) died ({reason}) before the head had the result"))
             return
         t.spend_retry()
         t.move(TaskState.READY)

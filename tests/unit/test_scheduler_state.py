@@ -926,15 +926,6 @@ def test_a_direct_call_answered_but_never_read_by_the_head_fails_naming_its_node
     assert b"node_lost" in err and b"('node', 3)" in err and b"pid=4242" in err
 
 
-def test_a_direct_call_answered_on_a_worker_the_head_does_not_remember_fails_without_a_made_up_node() -> None:
-    # It read "lost with node -1: its worker (pid=0) died ...".
-    c = Cluster(cpus=1)
-    call = make_call("direct")
-    err = error_of(_adopt_answered(c, call, worker_id=12345), rid(call))
-    assert b"node_lost" in err and b"-1" not in err and b"pid=0" not in err
-    assert b"that ran it" in err
-
-
 def test_a_direct_call_answered_through_the_head_is_not_run_again_when_the_head_has_its_result() -> None:
     c = Cluster(cpus=1)
     call = make_call("direct", max_retries=2)
