@@ -155,7 +155,7 @@ class DirectCalls:
     def _resubmit(self, c: Call) -> None:
         """Send a call that was to go direct through the head instead."""
         self.call_route.pop(c.tid, None)
-        if self.book.escapes():   # its arguments first: the head must know them
+        if self.book.unregistered:   # its arguments first: the head must know them
             self.escape([r._id for r in c.args])
         # The head counts its returns for this process from the Submit.
         self.client.send_decided(functools.partial(
@@ -194,7 +194,7 @@ class DirectCalls:
         """These refs leave this process (an argument through the head, or pickled in a
         value): results of direct calls only this process knows are told to the head
         first, with their data, or as pending while their call still runs."""
-        if not self.book.escapes():
+        if not self.book.unregistered:
             return
         client = self.client
         sent = False
@@ -407,10 +407,9 @@ class DirectCalls:
             self.client.send(_wire.OBJECTS, pb.Objects(objects=forward))
         del answered
 
-    def _loan_lost(self, loan: Loan, peer: Peer) -> None:
+    def _loan_lost(self, loan: Loan) -> None:
         """The lent worker's connection closed: the head retries or fails what it left
-        unanswered, as for any worker death, and what it answered through the head
-        unless the head holds the results (ResultBook.unpushed)."""
+        unanswered, as for any worker death."""
         client = self.client
         with self.loan_lock:
             loans = self.loans.get(loan.shape)
@@ -420,20 +419,16 @@ class DirectCalls:
                     del self.loans[loan.shape]
             lost = list(loan.inflight.values())
             loan.inflight.clear()
-            with client.refs.lock:
-                answered = self.book.unpushed(peer)
-            if (lost or answered) and client.lost is None:
+            if lost and client.lost is None:
                 try:
-                    self.escape([r._id for c in (*answered, *lost) for r in (*c.args, *c.hold)])
+                    self.escape([r._id for c in lost for r in (*c.args, *c.hold)])
                 except ClusterLostError:
                     return
                 for c in lost:
                     self.call_route.pop(c.tid, None)
                 adopt = _wire.encode(_wire.ADOPT, pb.AdoptCalls(
-                    worker_id=loan.worker_id,
-                    calls=[pb.Call.FromString(c.call) for c in (*answered, *lost)],
-                    cancelled=[c.tid for c in lost if c.cancelled],
-                    answered=[c.tid for c in answered]))
+                    worker_id=loan.worker_id, calls=[pb.Call.FromString(c.call) for c in lost],
+                    cancelled=[c.tid for c in lost if c.cancelled]))
                 try:
                     client.send_decided(functools.partial(self._hand_over, lost, adopt))
                 except ClusterLostError:
@@ -661,7 +656,7 @@ class DirectCalls:
         # The process is gone: what it kept of arguments went with it.
         self.book.peer_lost(peer)
         if isinstance(route, Loan):
-            self._loan_lost(route, peer)
+            self._loan_lost(route)
             return
         client = self.client
         with route.lock:
@@ -672,18 +667,11 @@ class DirectCalls:
             for c in lost:
                 del route.inflight[c.tid]
                 self.call_route.pop(c.tid, None)
-            with client.refs.lock:
-                answered = self.book.unpushed(peer)
-            if lost or answered:
+            if lost:
                 if client.lost is None:
-                    try:   # run again, they read their arguments through the head
-                        self.escape([r._id for c in (*answered, *lost) for r in (*c.args, *c.hold)])
-                    except ClusterLostError:
-                        return
                     adopt = _wire.encode(_wire.ADOPT, pb.AdoptCalls(
                         actor_id=route.actor_id, worker_id=peer.worker_id,
-                        calls=[pb.Call.FromString(c.call) for c in (*answered, *lost)],
-                        answered=[c.tid for c in answered]))
+                        calls=[pb.Call.FromString(c.call) for c in lost]))
                     try:
                         client.send_decided(functools.partial(self._hand_over, lost, adopt))
                     except ClusterLostError:

@@ -271,10 +271,6 @@ class ResultBook:
             return False
         return None
 
-    def escapes(self) -> bool:
-        """Whether a ref leaving this process may name a result the head does not know."""
-        return bool(self.unregistered or self.via_head)
-
     def escape(self, ids: Iterable[bytes],
                results: dict[bytes, pb.ObjectData]) -> tuple[list[pb.ObjectData], list[bytes]]:
         """Refs leave this process: (data to put, ids to register as pending)."""
@@ -282,13 +278,6 @@ class ResultBook:
         pending: list[bytes] = []
         unregistered = self.unregistered
         for oid in ids:
-            if oid in self.via_head:
-                # Answered through the head, which may not have read that answer yet (it
-                # comes on the callee's connection): registered pending, the answer seals
-                # it. Named by a task sent first, the object was unknown there and the
-                # task failed with ObjectLostError (found by the soak under node deaths).
-                pending.append(oid)
-                continue
             if oid in unregistered:
                 unregistered.discard(oid)
                 if oid in self.pushed_early:
@@ -377,20 +366,6 @@ class ResultBook:
         if running:
             self.pushed_early.add(oid)
         return False
-
-    def unpushed(self, peer: Any) -> list[Call]:
-        """The connection ``peer`` to a callee closed: its calls answered through the head
-        whose results the head has not pushed here, taken off the book. The head may
-        never have read those answers (the callee died with its node first, and the head
-        voids what a dead node's workers said): they are handed to it again
-        (AdoptCalls.answered), and it runs them again unless it holds their results.
-        Their returns stay in ``via_head``: the head pushes them either way."""
-        if not self.awaiting_push:
-            return []
-        out = [c for c in self.awaiting_push.values() if c.peer is peer]
-        for c in out:
-            del self.awaiting_push[c.tid]
-        return out
 
     def keep_args(self, c: Call) -> bool:
         """``c`` was answered: True while its arguments must stay held (the callee has

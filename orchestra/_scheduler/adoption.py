@@ -9,11 +9,6 @@ the scheduler core (the ADOPT frame). No I/O.
         one running, unless a task the head sent was)
 
 A call the process answered through the head already is not run again (_adopted).
-Calls it answered through the head whose results the head had not pushed to the caller
-come too (``answered``): the head may never have read that answer, as it voids what a
-dead node's workers said. Unless the head holds their results, or runs their task
-again already (a rebuild), they run again with a retry spent (their task's lineage),
-or fail as results lost with the node.
 """
 from __future__ import annotations
 
@@ -43,9 +38,8 @@ class Adoption:
         alive = w is not None and w.actor is not None and w.state is not WorkerState.DEAD
         a = self.actors.actors.get(msg.actor_id)
         name = a.spec.class_name if a is not None else "?"
-        answered = set(msg.answered)
         for call in msg.calls:
-            t = self._adopted(conn, call, call.task_id in answered)
+            t = self._adopted(conn, call)
             if t is None:
                 continue
             if call.max_retries and a is not None and a.state is not ActorState.DEAD:
@@ -61,17 +55,14 @@ class Adoption:
                 assert w is not None
                 self._queued_on(t, w)
                 continue
-            pid, reason, _, _ = self.core.dead_workers.get(msg.worker_id, _UNKNOWN_DEATH)
+            pid, reason, _ = self.core.dead_workers.get(msg.worker_id, _UNKNOWN_DEATH)
             self.core.fail_task(t, self.core.error(
                 "actor_dead", name=name,
                 reason=f"its process (pid={pid}) died while running {call.name}() ({reason})"))
 
-    def _adopted(self, conn: int, call: pb.Call, answered: bool = False) -> Task | None:
+    def _adopted(self, conn: int, call: pb.Call) -> Task | None:
         """The task of a call handed over by ``conn``, its returns held for ``conn``;
-        None when the worker answered it through the head already (``answered``: or
-        when it runs again already, rebuilding a result lost with a node)."""
-        if answered and call.task_id in self.core.tasks:
-            return None
+        None when the worker answered it through the head already."""
         t = Task(call, conn)
         if call.num_returns and all(
                 (o := self.core.objects.get(r)) is not None and o.data is not None for r in t.return_ids):
@@ -81,20 +72,6 @@ class Adoption:
             if rid not in self.core.objects:
                 self.core.new_object(conn, rid)
         return t
-
-    def _answer_lost(self, t: Task, pid: int, node: int, reason: str) -> None:
-        """A task that ran to its end on a worker now dead, its answer never read by the
-        head: run again with a retry spent, as a rebuild of its lineage would be, or
-        failed as a result lost with its worker's node."""
-        if t.retries_left == 0:
-            rid = t.return_ids[0] if t.return_ids else t.call.task_id
-            self.core.fail_task(t, self.core.error(
-                "node_lost", object_id=rid, node=node,
-                reason=f"its worker (pid={pid}) died ({reason}) before the head had the result"))
-            return
-        t.spend_retry()
-        t.move(TaskState.READY)
-        self.core.enqueue_ready(t)
 
     @staticmethod
     def _queued_on(t: Task, w: Worker) -> None:
@@ -111,12 +88,11 @@ class Adoption:
         there for the death to come."""
         w = self.core.workers.get(msg.worker_id)
         alive = w is not None and w.actor is None and w.state is not WorkerState.DEAD
-        cancelled, answered = set(msg.cancelled), set(msg.answered)
-        pid, reason, head_running, node = self.core.dead_workers.get(msg.worker_id, _UNKNOWN_DEATH)
+        cancelled = set(msg.cancelled)
+        pid, reason, head_running = self.core.dead_workers.get(msg.worker_id, _UNKNOWN_DEATH)
         running = not head_running
         for call in msg.calls:
-            was_answered = call.task_id in answered
-            t = self._adopted(conn, call, was_answered)
+            t = self._adopted(conn, call)
             if t is None or not self.core.hold_args(t):
                 continue
             t.cancelled = call.task_id in cancelled
@@ -127,9 +103,6 @@ class Adoption:
                 self._queued_on(t, w)
                 continue
             t.attempt = 1
-            if was_answered:   # ran to its end: its results were lost with its worker
-                self._answer_lost(t, pid, node, reason)
-                continue
             if running and t.cancelled:
                 self.core.fail_task(t, self.core.error("cancelled", name=call.name))
             elif running and t.retries_left == 0:

@@ -204,7 +204,7 @@ class SchedulerState:
         if w is None or w.state is WorkerState.DEAD:
             return
         was_starting = w.state is WorkerState.STARTING
-        self.dead_workers[worker_id] = DeadWorker(w.pid, reason, bool(w.queue) and not w.actor, w.node_id)
+        self.dead_workers[worker_id] = DeadWorker(w.pid, reason, bool(w.queue) and w.actor is None)
         self.loans.worker_died(worker_id)
         if len(self.dead_workers) > 1024:
             del self.dead_workers[next(iter(self.dead_workers))]

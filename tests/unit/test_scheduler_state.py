@@ -35,14 +35,7 @@ from orchestra._protocol import pb
 from orchestra._protocol import wire as _wire
 from orchestra._scheduler.blocking import STALL_S
 from orchestra._scheduler.instructions import FreeSegment, KillWorker, Send, StopWorker
-from orchestra._scheduler.model import (
-    TASK_TRANSITIONS,
-    DeadWorker,
-    IllegalTransition,
-    Task,
-    TaskState,
-    WorkerState,
-)
+from orchestra._scheduler.model import TASK_TRANSITIONS, IllegalTransition, Task, TaskState, WorkerState
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -896,52 +889,3 @@ def test_a_node_removed_while_one_of_its_workers_waits_for_a_task_its_other_one_
     c.s.remove_node(2, "killed")
     assert 2 not in c.s.nodes
     assert nested_executed(c.take()) == []
-
-
-# ------------------------------------------------------------------ direct calls handed over
-
-def _adopt_answered(c: Cluster, call: Any, worker_id: int = 999) -> list[Any]:
-    """The driver hands back a direct call its (dead) lent worker answered through the
-    head, whose answer the head never read."""
-    c.s.adoption.adopt_calls(DRIVER, pb.AdoptCalls(worker_id=worker_id, calls=[call],
-                                                  answered=[call.task_id]))
-    return c.take()
-
-
-def test_a_direct_call_answered_but_never_read_by_the_head_runs_again_with_a_retry_spent() -> None:
-    c = Cluster(cpus=1)
-    call = make_call("direct", max_retries=2)
-    out = _adopt_answered(c, call)
-    assert executed(out) == [(c.pool[0], call.task_id)]
-    assert c.s.tasks[call.task_id].retries_left == 1
-    c.done(c.pool[0], call, "again")
-    assert pickle.loads(pushes(c.take())[rid(call)].inline) == "again"
-
-
-def test_a_direct_call_answered_but_never_read_by_the_head_fails_naming_its_node_without_retries() -> None:
-    c = Cluster(cpus=1)
-    call = make_call("direct")
-    c.s.dead_workers[999] = DeadWorker(4242, "died of SIGKILL", False, 3)
-    err = error_of(_adopt_answered(c, call), rid(call))
-    assert b"node_lost" in err and b"('node', 3)" in err and b"pid=4242" in err
-
-
-def test_a_direct_call_answered_through_the_head_is_not_run_again_when_the_head_has_its_result() -> None:
-    c = Cluster(cpus=1)
-    call = make_call("direct", max_retries=2)
-    c.s.task_done(worker_conn(c.pool[0]), pb.TaskDone(
-        task_id=call.task_id, owner=DRIVER, returns=[inline_data(rid(call), "first")]))
-    c.take()
-    assert executed(_adopt_answered(c, call)) == []
-    assert call.task_id not in c.s.tasks
-
-
-def test_a_direct_call_answered_through_the_head_and_rebuilt_already_is_not_run_twice() -> None:
-    c = Cluster(cpus=1)
-    call = make_call("direct", max_retries=2)
-    running = make_call("direct", max_retries=2)
-    running.task_id = call.task_id
-    c.submit(running)   # its task runs again already (a rebuild, or a resubmit)
-    before = c.take()
-    assert _adopt_answered(c, call) == [] and executed(before)
-    assert c.s.tasks[call.task_id].call is running
