@@ -460,16 +460,18 @@ class ActorAddress(_message.Message):
     def __init__(self, actor_id: _Optional[bytes] = ..., worker_id: _Optional[int] = ..., path: _Optional[str] = ..., dispatched: _Optional[int] = ...) -> None: ...
 
 class AdoptCalls(_message.Message):
-    __slots__ = ("actor_id", "worker_id", "calls", "cancelled")
+    __slots__ = ("actor_id", "worker_id", "calls", "cancelled", "answered")
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     CALLS_FIELD_NUMBER: _ClassVar[int]
     CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_FIELD_NUMBER: _ClassVar[int]
     actor_id: bytes
     worker_id: int
     calls: _containers.RepeatedCompositeFieldContainer[_types_pb2.Call]
     cancelled: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, actor_id: _Optional[bytes] = ..., worker_id: _Optional[int] = ..., calls: _Optional[_Iterable[_Union[_types_pb2.Call, _Mapping]]] = ..., cancelled: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    answered: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, actor_id: _Optional[bytes] = ..., worker_id: _Optional[int] = ..., calls: _Optional[_Iterable[_Union[_types_pb2.Call, _Mapping]]] = ..., cancelled: _Optional[_Iterable[bytes]] = ..., answered: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Loan(_message.Message):
     __slots__ = ("worker_id", "path", "gpu_ids", "resources", "pid", "busy_task", "pinned_node")

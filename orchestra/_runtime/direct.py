@@ -155,7 +155,7 @@ class DirectCalls:
     def _resubmit(self, c: Call) -> None:
         """Send a call that was to go direct through the head instead."""
         self.call_route.pop(c.tid, None)
-        if self.book.unregistered:   # its arguments first: the head must know them
+        if self.book.escapes():   # its arguments first: the head must know them
             self.escape([r._id for r in c.args])
         # The head counts its returns for this process from the Submit.
         self.client.send_decided(functools.partial(
@@ -168,6 +168,21 @@ class DirectCalls:
         over, sends nothing, and its task must not reach the head first."""
         self._handed_to_head(calls)
         return frame
+
+    def _adopt_frame(self, lost: list[Call], peer: Peer, worker_id: int, actor_id: bytes) -> bytes:
+        """Under the connection's lock (send_decided): AdoptCalls handing the head
+        ``lost`` (sent on ``peer``, unanswered) and those answered through the head that
+        it has not pushed here (ResultBook.unpushed), decided now: a push read before
+        lets its call go, and the release that follows it comes after this frame."""
+        with self.client.refs.lock:
+            answered = self.book.unpushed(peer)
+        if not lost and not answered:
+            return b""
+        return self._hand_over(lost, _wire.encode(_wire.ADOPT, pb.AdoptCalls(
+            actor_id=actor_id, worker_id=worker_id,
+            calls=[pb.Call.FromString(c.call) for c in (*answered, *lost)],
+            cancelled=[c.tid for c in lost if c.cancelled and not actor_id],
+            answered=[c.tid for c in answered])))
 
     def _handed_to_head(self, calls: Iterable[Call]) -> None:
         refs = self.client.refs
@@ -194,7 +209,7 @@ class DirectCalls:
         """These refs leave this process (an argument through the head, or pickled in a
         value): results of direct calls only this process knows are told to the head
         first, with their data, or as pending while their call still runs."""
-        if not self.book.unregistered:
+        if not self.book.escapes():
             return
         client = self.client
         sent = False
@@ -335,9 +350,19 @@ class DirectCalls:
             if not loans:
                 del self.loans[loan.shape]
         self.to_close.append(loan.peer)
-        if self.client.lost is None:
+        client = self.client
+        if client.lost is None:
             try:
-                self.client.send(_wire.LOAN_RETURN, pb.LoanReturn(worker_id=loan.worker_id))
+                if self.book.awaiting_push:
+                    # Answers the head may still have to read: it waits for them, or
+                    # runs their calls again should the worker die first (adoption.py).
+                    with client.refs.lock:
+                        answered = self.book.unpushed(loan.peer)
+                    if answered:
+                        self.escape([r._id for c in answered for r in (*c.args, *c.hold)])
+                        client.send_decided(functools.partial(
+                            self._adopt_frame, [], loan.peer, loan.worker_id, b""))
+                client.send(_wire.LOAN_RETURN, pb.LoanReturn(worker_id=loan.worker_id))
             except ClusterLostError:
                 pass
 
@@ -407,9 +432,10 @@ class DirectCalls:
             self.client.send(_wire.OBJECTS, pb.Objects(objects=forward))
         del answered
 
-    def _loan_lost(self, loan: Loan) -> None:
+    def _loan_lost(self, loan: Loan, peer: Peer) -> None:
         """The lent worker's connection closed: the head retries or fails what it left
-        unanswered, as for any worker death."""
+        unanswered, as for any worker death, and learns what it answered through the
+        head that was not pushed here yet (ResultBook.unpushed)."""
         client = self.client
         with self.loan_lock:
             loans = self.loans.get(loan.shape)
@@ -419,18 +445,18 @@ class DirectCalls:
                     del self.loans[loan.shape]
             lost = list(loan.inflight.values())
             loan.inflight.clear()
-            if lost and client.lost is None:
-                try:
-                    self.escape([r._id for c in lost for r in (*c.args, *c.hold)])
+            with client.refs.lock:
+                answered = self.book.unpushed(peer)
+            if (lost or answered) and client.lost is None:
+                try:   # they may run again, reading their arguments through the head
+                    self.escape([r._id for c in (*answered, *lost) for r in (*c.args, *c.hold)])
                 except ClusterLostError:
                     return
                 for c in lost:
                     self.call_route.pop(c.tid, None)
-                adopt = _wire.encode(_wire.ADOPT, pb.AdoptCalls(
-                    worker_id=loan.worker_id, calls=[pb.Call.FromString(c.call) for c in lost],
-                    cancelled=[c.tid for c in lost if c.cancelled]))
                 try:
-                    client.send_decided(functools.partial(self._hand_over, lost, adopt))
+                    client.send_decided(functools.partial(
+                        self._adopt_frame, lost, peer, loan.worker_id, b""))
                 except ClusterLostError:
                     pass
             if client.lost is None:
@@ -656,7 +682,7 @@ class DirectCalls:
         # The process is gone: what it kept of arguments went with it.
         self.book.peer_lost(peer)
         if isinstance(route, Loan):
-            self._loan_lost(route)
+            self._loan_lost(route, peer)
             return
         client = self.client
         with route.lock:
@@ -667,13 +693,17 @@ class DirectCalls:
             for c in lost:
                 del route.inflight[c.tid]
                 self.call_route.pop(c.tid, None)
-            if lost:
+            with client.refs.lock:
+                answered = self.book.unpushed(peer)
+            if lost or answered:
                 if client.lost is None:
-                    adopt = _wire.encode(_wire.ADOPT, pb.AdoptCalls(
-                        actor_id=route.actor_id, worker_id=peer.worker_id,
-                        calls=[pb.Call.FromString(c.call) for c in lost]))
+                    try:   # they may run again, reading their arguments through the head
+                        self.escape([r._id for c in answered for r in (*c.args, *c.hold)])
+                    except ClusterLostError:
+                        return
                     try:
-                        client.send_decided(functools.partial(self._hand_over, lost, adopt))
+                        client.send_decided(functools.partial(
+                            self._adopt_frame, lost, peer, peer.worker_id, route.actor_id))
                     except ClusterLostError:
                         pass
                 else:

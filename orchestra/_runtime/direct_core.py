@@ -271,13 +271,25 @@ class ResultBook:
             return False
         return None
 
+    def escapes(self) -> bool:
+        """Whether a ref leaving this process may name a result the head does not know."""
+        return bool(self.unregistered or self.via_head)
+
     def escape(self, ids: Iterable[bytes],
                results: dict[bytes, pb.ObjectData]) -> tuple[list[pb.ObjectData], list[bytes]]:
         """Refs leave this process: (data to put, ids to register as pending)."""
         puts: list[pb.ObjectData] = []
         pending: list[bytes] = []
         unregistered = self.unregistered
+        via_head = self.via_head
         for oid in ids:
+            if oid in via_head:
+                # Answered through the head, which may not have read that answer yet (it
+                # comes on the callee's connection): registered pending, and the answer
+                # seals it. A task naming it that reached the head first found it
+                # unknown and failed with ObjectLostError (the soak, under node deaths).
+                pending.append(oid)
+                continue
             if oid in unregistered:
                 unregistered.discard(oid)
                 if oid in self.pushed_early:
@@ -366,6 +378,17 @@ class ResultBook:
         if running:
             self.pushed_early.add(oid)
         return False
+
+    def unpushed(self, peer: Any) -> list[Call]:
+        """The connection ``peer`` to a callee closed: its calls answered through the
+        head whose results the head has not pushed here. The head may never read those
+        answers (it voids what a dead node's workers said): they go to it again
+        (AdoptCalls.answered), which runs them again should the callee die before its
+        answer was read. They stay in ``awaiting_push``, their arguments held: the head
+        pushes their results either way."""
+        if not self.awaiting_push:
+            return []
+        return [c for c in self.awaiting_push.values() if c.peer is peer and c.rids]
 
     def keep_args(self, c: Call) -> bool:
         """``c`` was answered: True while its arguments must stay held (the callee has

@@ -86,6 +86,7 @@ class DeadWorker(NamedTuple):
     pid: int
     reason: str
     ran_head_task: bool   # a task the head sent was running (not a direct call)
+    node_id: int = -1     # where it ran (-1: not known)
 
 
 class TaskState(enum.Enum):

@@ -204,8 +204,9 @@ class SchedulerState:
         if w is None or w.state is WorkerState.DEAD:
             return
         was_starting = w.state is WorkerState.STARTING
-        self.dead_workers[worker_id] = DeadWorker(w.pid, reason, bool(w.queue) and w.actor is None)
+        self.dead_workers[worker_id] = DeadWorker(w.pid, reason, bool(w.queue) and not w.actor, w.node_id)
         self.loans.worker_died(worker_id)
+        self.adoption.worker_gone(worker_id)   # answers it owed the head are lost
         if len(self.dead_workers) > 1024:
             del self.dead_workers[next(iter(self.dead_workers))]
         self.worker_pool.release_grant(w)
@@ -463,6 +464,15 @@ class SchedulerState:
         if w is not None and w.worker_id in self.kept.resumed and self.kept.answered(w, t, msg):
             self.after_worker_step(w)   # a worker of before, its task not attached to it
             return
+        if msg.owner and (t is None or w is None or t not in w.queue):
+            # A direct call answered through the head (or run again since): adoption.py.
+            late = self.adoption.answer_read(w.worker_id if w else 0, msg.task_id)
+            for data in msg.returns:   # (late: into its run again's objects, if they live)
+                self.directory.seal(data.object_id, data) if late else self.directory.put_for(msg.owner, data)
+            if t is None and msg.HasField("lineage") and len(self.nodes) > 1:
+                self.rebuilds.keep(msg.lineage, msg.lineage.max_retries, msg.owner, msg.returns)
+            self.after_worker_step(w)
+            return
         if w is not None and t is not None and t in w.queue:
             w.queue.remove(t)
             t.worker = None
@@ -475,15 +485,6 @@ class SchedulerState:
             self.tasks.pop(msg.task_id, None)   # it keeps its arguments for restarts
             self.actor_table.creation_done(w, msg)
             return
-        if t is None and msg.owner:
-            # A direct call of its caller (to an actor, or a task on a worker lent to
-            # it), answered through the head (a result in shared memory or holding
-            # refs): the caller owns the returns; a task's call comes along to be run
-            # again should their node die.
-            for data in msg.returns:
-                self.directory.put_for(msg.owner, data)
-            if msg.HasField("lineage") and len(self.nodes) > 1:
-                self.rebuilds.keep(msg.lineage, msg.lineage.max_retries, msg.owner, msg.returns)
         if t is None or t.state is TaskState.DONE:
             self.after_worker_step(w)
             return
@@ -657,7 +658,6 @@ class SchedulerState:
                     n += 1
         return n
 
-    # ------------------------------------------------------------------ objects
     # ------------------------------------------------------------------ generators
     def generator_item(self, conn: int, msg: pb.GeneratorItem) -> None:
         """An item a streaming generator yielded (streams.py)."""
@@ -680,7 +680,6 @@ class SchedulerState:
         """A driver gives back a worker lent to it (_scheduler/loans.py)."""
         self.loans.return_loan(conn, worker_id)
 
-    # ------------------------------------------------------------------ object directory
     # ------------------------------------------------------------------ workers (_scheduler/workers.py)
     def start_worker(self, node_id: int) -> Worker:
         """A new worker on the node (StartWorker emitted), STARTING."""

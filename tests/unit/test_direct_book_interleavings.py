@@ -12,8 +12,17 @@ makes it:
     answer      the worker answers it (answered: its data forwarded if it escaped)
     answer_in_shared_memory
                 the worker answers with a result in shared memory: the result goes to
-                the head (which seals it and pushes it here), a notice to the driver
-    notice      that notice reaches the driver (answered), before or after the push
+                the head on the worker's own connection (which seals it and pushes it
+                here), a notice to the driver
+    notice      that notice reaches the driver (answered), before or after the push,
+                and before or after the head reads the worker's answer
+    lose_answer the worker dies before the head read its answer: with its node (the
+                head voids what a dead node's workers said), or told dead first and
+                its answer read later; the driver, its connection to the worker
+                closed, hands the calls answered through the head and not pushed back
+                to the head again (ResultBook.unpushed, AdoptCalls.answered), which
+                runs them again (the late answer stands, and the run again ends by
+                itself)
     resubmit    it goes through the head instead (handed_to_head and the Submit,
                 decided and sent as one: _client.CoreClient.send_decided)
     escape      its result is passed to a task through the head (escape: registered
@@ -27,7 +36,11 @@ this machine found that in four steps; escapes and hand-overs are now sent as th
 decided, and the model does so too. A result in shared memory pushed by the head before
 the worker's notice came, then passed to a task, was put again: the head took the put
 for a second copy and freed the segment the object lived in (the fault soak read another
-object's bytes from it); five steps here.
+object's bytes from it); five steps here. A result answered through the head, passed to
+a task before the head had read the worker's answer (the two come on different
+connections), was unknown there and the task failed with ObjectLostError (the soak
+under node deaths); five steps here. The answer never read at all (its node died first)
+left such a task waiting for ever once the result was registered pending; six steps.
 
 Promises: once every frame is delivered the head counts exactly one hold for each
 result the driver holds and the head knows, and none for a result it dropped; no
@@ -52,7 +65,7 @@ from orchestra._scheduler.instructions import FreeSegment, Push, StartWorker
 
 pytestmark = pytest.mark.timeout(120)
 
-THREADS = ("main", "other", "reader")
+THREADS = ("main", "other", "reader", "worker")   # "worker": the lent worker's frames to the head
 LENT_WORKER = 99   # the lent worker's connection to the head (results in shared memory)
 
 
@@ -80,6 +93,7 @@ class DirectBookWithHead(RuleBasedStateMachine):
         self.notices: dict[bytes, Call] = {}       # answered through the head, notice unread
         self.freed: set[tuple[int, str]] = set()   # segments the head freed
         self.to_connect: list[int] = []
+        self.peer = "lent"                          # the connection to the lent worker
         self._take()
 
     # ------------------------------------------------------------ plumbing
@@ -113,6 +127,11 @@ class DirectBookWithHead(RuleBasedStateMachine):
         elif kind == "submit":
             s.submit(DRIVER, body)
             self.known.update(rid(body, i) for i in range(body.num_returns))
+        elif kind == "done":   # the lent worker's answer through the head
+            s.task_done(LENT_WORKER, body)
+            self.known.update(d.object_id for d in body.returns)
+        elif kind == "adopt":
+            s.adoption.adopt_calls(DRIVER, body)
         self._take()
 
     def _flush(self, thread: str) -> None:
@@ -138,7 +157,8 @@ class DirectBookWithHead(RuleBasedStateMachine):
     @rule(i=st.integers(0, 50))
     def send(self, i: int) -> None:
         tid = sorted(self.queued)[i % len(self.queued)]
-        self.sent[tid] = self.queued.pop(tid)
+        c = self.sent[tid] = self.queued.pop(tid)
+        c.peer = self.peer
 
     @precondition(lambda self: self.sent)
     @rule(i=st.integers(0, 50))
@@ -161,10 +181,34 @@ class DirectBookWithHead(RuleBasedStateMachine):
         if tid in self.notices:
             return
         c = self.notices[tid] = self.sent[tid]
-        # The worker's TaskDone to the head names the owner: sealed there, pushed here.
-        self.s.task_done(LENT_WORKER, pb.TaskDone(
-            task_id=tid, owner=DRIVER, returns=[segment_data(c.rids[0], f"seg-{tid.hex()}")]))
-        self._take()
+        # The worker's TaskDone to the head names the owner: sealed there, pushed here;
+        # read by the head in its own time (another connection than the driver's).
+        self.outbox["worker"].append(("done", pb.TaskDone(
+            task_id=tid, owner=DRIVER, returns=[segment_data(c.rids[0], f"seg-{tid.hex()}")])))
+
+    @precondition(lambda self: self.outbox["worker"] and not self.notices)
+    @rule(voided=st.booleans())
+    def lose_answer(self, voided: bool) -> None:
+        # The worker died: with its node (``voided``: the head never reads what it still
+        # had to say), or its death told first and its answer read later; the driver's
+        # connection to it closes (direct.py _loan_lost).
+        if voided:
+            self.outbox["worker"].clear()
+        peer, self.peer = self.peer, f"lent{len(self.peer)}"
+        lost = [c for c in self.sent.values() if c.peer == peer]
+        for c in lost:
+            del self.sent[c.tid]
+        self._flush("reader")
+        answered = self.book.unpushed(peer)   # decided with the frame (_adopt_frame)
+        if not answered and not lost:
+            return
+        decr = self.book.handed_to_head(lost, self.local)
+        calls = [make_call_for(c) for c in (*answered, *lost)]
+        self._deliver("adopt", pb.AdoptCalls(worker_id=LENT_WORKER, calls=calls,
+                                             answered=[c.tid for c in answered]))
+        self.known.update(c.rids[0] for c in (*answered, *lost))
+        if decr:
+            self._deliver("decr", decr)
 
     @precondition(lambda self: self.notices)
     @rule(i=st.integers(0, 50))
@@ -289,7 +333,9 @@ class DirectBookWithHead(RuleBasedStateMachine):
         holds = self.s.clients[DRIVER].holds
         for oid, n in holds.items():
             assert n == 1, f"the head counts {n} holds of {oid.hex()}"
-            assert self.local.get(oid, 0) > 0 or oid[:-4] in self.sent, \
+            # (or until it pushes it here: the driver releases it then)
+            assert self.local.get(oid, 0) > 0 or oid[:-4] in self.sent \
+                or oid in self.book.via_head, \
                 f"the head holds {oid.hex()} for the driver, which dropped it"
 
     @invariant()
@@ -321,8 +367,9 @@ class DirectBookWithHead(RuleBasedStateMachine):
 
 
 def make_call_for(c: Call) -> Any:
-    """The Call a direct call's Submit carries (its task id, one return)."""
-    call = make_call("direct")
+    """The Call a direct call's Submit carries (its task id, one return); it may run
+    again (its worker died with its result: lose_answer)."""
+    call = make_call("direct", max_retries=3)
     call.task_id = c.tid
     return call
 

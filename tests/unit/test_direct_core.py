@@ -346,3 +346,39 @@ def test_an_answer_through_the_head_after_its_push_holds_nothing() -> None:
     book.pushed(c.rids[0], running=True)   # the head read the TaskDone already
     book.answered(c, done(c, owner=7), {c.rids[0]: 1}, {}, lambda name: b"")
     assert book.awaiting_push == {}
+
+
+def test_a_result_answered_through_the_head_is_registered_pending_when_it_escapes_before_its_push() -> None:
+    # The callee's TaskDone reaches the head on the callee's connection, its notice this
+    # process on another: a task naming the result, sent through the head before the
+    # head read that TaskDone, found no such object and failed with ObjectLostError
+    # (the soak under node deaths). Registered pending, the TaskDone seals it.
+    book = ResultBook()
+    c = call()
+    book.sent(c.rids)
+    rid = c.rids[0]
+    book.answered(c, done(c, owner=7), {rid: 1}, {}, lambda name: b"")
+    assert book.escapes()
+    assert book.escape([rid], {}) == ([], [rid])
+    book.pushed(rid, running=False)   # the head holds it: nothing more to register
+    assert not book.escapes()
+    assert book.escape([rid], {}) == ([], [])
+
+
+def test_a_closed_callee_hands_back_the_calls_it_answered_through_the_head_not_pushed_yet() -> None:
+    # The head voids what a dead node's workers said: an answer it had not read is never
+    # pushed. The calls go to the head again (AdoptCalls.answered), and keep their
+    # arguments until the head pushes their results (run again, or read after all).
+    book = ResultBook()
+    unpushed, pushed, elsewhere = call(), call(), call()
+    for c, peer in ((unpushed, PEER), (pushed, PEER), (elsewhere, object())):
+        c.peer = peer
+        book.sent(c.rids)
+        book.answered(c, done(c, owner=7), {c.rids[0]: 1}, {}, lambda name: b"")
+    book.pushed(pushed.rids[0], running=False)
+    assert book.unpushed(PEER) == [unpushed]
+    assert book.awaiting_push == {unpushed.tid: unpushed, elsewhere.tid: elsewhere}
+    assert unpushed.rids[0] in book.via_head   # the head pushes it either way
+    book.pushed(unpushed.rids[0], running=False)
+    assert book.unpushed(PEER) == []
+    assert book.unpushed(elsewhere.peer) == [elsewhere]
