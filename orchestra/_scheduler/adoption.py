@@ -62,8 +62,9 @@ class Adoption:
                     self._answered(conn, msg.worker_id, msg.actor_id, call)
         if not msg.actor_id:
             self._adopt_tasks(conn, msg.worker_id, calls, set(msg.cancelled))
-        elif calls:
+        else:
             self._adopt_actor_calls(conn, msg.worker_id, msg.actor_id, calls)
+            self.core.schedule()
 
     def _read(self, call: pb.Call) -> bool:
         """Whether the head read the answer of ``call`` (its results are here), or runs
@@ -125,11 +126,10 @@ class Adoption:
             self.core.fail_task(t, self.core.error(
                 "node_lost", object_id=rid, node=node if node >= 0 else "that ran it",
                 reason=f"{who} died ({reason}) before the head read the result"))
-        else:
+        else:   # (scheduled by the caller: a worker's death is not carried out yet)
             t.spend_retry()
             t.move(TaskState.READY)
             self.core.enqueue_ready(t)
-        self.core.schedule()
 
     def _adopt_actor_calls(self, conn: int, worker_id: int, actor_id: bytes,
                            calls: Sequence[pb.Call]) -> None:

@@ -206,11 +206,11 @@ class SchedulerState:
         was_starting = w.state is WorkerState.STARTING
         self.dead_workers[worker_id] = DeadWorker(w.pid, reason, bool(w.queue) and not w.actor, w.node_id)
         self.loans.worker_died(worker_id)
-        self.adoption.worker_gone(worker_id)   # answers it owed the head are lost
         if len(self.dead_workers) > 1024:
             del self.dead_workers[next(iter(self.dead_workers))]
         self.worker_pool.release_grant(w)
         w.state = WorkerState.DEAD
+        self.adoption.worker_gone(worker_id)   # answers it owed the head are lost
         if w.actor is not None:   # a dedicated worker: the actor restarts or dies
             self.actor_table.worker_died(w, reason)
             self.schedule()

@@ -166,3 +166,14 @@ def test_an_actor_call_whose_answer_was_never_read_fails_as_one_in_flight() -> N
                                           calls=[call], answered=[call.task_id]))
     err = error_of(c.take(), rid(call))
     assert b"actor_dead" in err and b"pid=4242" in err
+
+
+def test_a_call_run_again_for_a_dead_workers_answer_is_not_sent_to_that_worker() -> None:
+    # It runs again while the head carries out that worker's death.
+    c = Cluster(cpus=1)
+    (lent,) = c.pool
+    call = make_call("direct", max_retries=2)
+    hand_back(c, call, lent)
+    c.s.worker_died(lent, "died with its node")
+    assert lent not in [w for w, _ in executed(c.take())]
+    assert c.s.tasks[call.task_id].worker is None or c.s.tasks[call.task_id].worker.worker_id != lent
