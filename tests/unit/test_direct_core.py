@@ -324,16 +324,22 @@ def test_a_lost_callee_lets_go_of_the_arguments_it_kept() -> None:
     assert book.release_call(c.tid, running=False) is None
 
 
-def test_an_answer_through_the_head_holds_its_arguments_until_the_head_pushes_a_result() -> None:
-    # The callee's notice (owner set) can come before the head read its TaskDone, on
-    # another connection: arguments released then were freed before the head kept the
-    # call's lineage naming them, and rebuilding its result after a node death found
-    # them gone (the soak's chains, under node deaths).
+def _answered_through_the_head() -> tuple[ResultBook, Call, bytes]:
+    """A book whose one direct call was answered through the head (its result held here)."""
     book = ResultBook()
     c = call()
     book.sent(c.rids)
     rid = c.rids[0]
     book.answered(c, done(c, owner=7), {rid: 1}, {}, lambda name: b"")
+    return book, c, rid
+
+
+def test_an_answer_through_the_head_holds_its_arguments_until_the_head_pushes_a_result() -> None:
+    # The callee's notice (owner set) can come before the head read its TaskDone, on
+    # another connection: arguments released then were freed before the head kept the
+    # call's lineage naming them, and rebuilding its result after a node death found
+    # them gone (the soak's chains, under node deaths).
+    book, c, rid = _answered_through_the_head()
     assert book.awaiting_push == {c.tid: c}   # the call, and so its argument refs, kept
     book.pushed(rid, running=False)
     assert book.awaiting_push == {}
@@ -353,11 +359,7 @@ def test_a_result_answered_through_the_head_is_registered_pending_when_it_escape
     # process on another: a task naming the result, sent through the head before the
     # head read that TaskDone, found no such object and failed with ObjectLostError
     # (the soak under node deaths). Registered pending, the TaskDone seals it.
-    book = ResultBook()
-    c = call()
-    book.sent(c.rids)
-    rid = c.rids[0]
-    book.answered(c, done(c, owner=7), {rid: 1}, {}, lambda name: b"")
+    book, _, rid = _answered_through_the_head()
     assert book.escapes()
     assert book.escape([rid], {}) == ([], [rid])
     book.pushed(rid, running=False)   # the head holds it: nothing more to register
