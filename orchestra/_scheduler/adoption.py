@@ -107,9 +107,7 @@ class Adoption:
         the head: a task runs again with a retry spent, as a rebuild of its lineage
         would, or fails as a result lost with its worker; an actor call as one in
         flight when the process died."""
-        self.reran[call.task_id] = worker_id
-        if len(self.reran) > 4096:   # answers voided for good are never read
-            del self.reran[next(iter(self.reran))]
+        self._ran_again(call.task_id, worker_id)
         if actor_id:
             self._adopt_actor_calls(conn, worker_id, actor_id, [call])
             return
@@ -130,6 +128,13 @@ class Adoption:
             t.spend_retry()
             t.move(TaskState.READY)
             self.core.enqueue_ready(t)
+
+    def _ran_again(self, task_id: bytes, worker_id: int) -> None:
+        """The call runs again (or fails) for a dead worker, which may still have
+        answered it: a late answer makes nothing anew (answer_read)."""
+        self.reran[task_id] = worker_id
+        if len(self.reran) > 4096:   # answers voided for good are never read
+            del self.reran[next(iter(self.reran))]
 
     def _adopt_actor_calls(self, conn: int, worker_id: int, actor_id: bytes,
                            calls: Sequence[pb.Call]) -> None:
@@ -205,6 +210,7 @@ class Adoption:
                 self._queued_on(t, w)
                 continue
             t.attempt = 1
+            self._ran_again(call.task_id, worker_id)
             if running and t.cancelled:
                 self.core.fail_task(t, self.core.error("cancelled", name=call.name))
             elif running and t.retries_left == 0:

@@ -177,3 +177,19 @@ def test_a_call_run_again_for_a_dead_workers_answer_is_not_sent_to_that_worker()
     c.s.worker_died(lent, "died with its node")
     assert lent not in [w for w, _ in executed(c.take())]
     assert c.s.tasks[call.task_id].worker is None or c.s.tasks[call.task_id].worker.worker_id != lent
+
+
+def test_a_late_answer_of_a_call_left_unanswered_and_run_again_makes_nothing_anew() -> None:
+    # The worker's death told first, its call handed over unanswered and run again; its
+    # own answer (through the head: its caller's connection was gone) read after the
+    # driver dropped the result made that result again for it.
+    c = Cluster(cpus=1)
+    call = make_call("direct", max_retries=2)
+    c.s.dead_workers[998] = DeadWorker(4242, "killed", False, NODE)
+    c.s.adopt_calls(DRIVER, pb.AdoptCalls(worker_id=998, calls=[call]))
+    assert executed(c.take()) == [(c.pool[0], call.task_id)]
+    c.done(c.pool[0], call, "again")
+    assert value_of(c.take(), call) == "again"
+    c.s.ref_delta(DRIVER, [], [rid(call)])
+    answer(c, NO_CONN, call)
+    assert rid(call) not in c.s.objects
