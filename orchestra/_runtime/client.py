@@ -352,7 +352,7 @@ class CoreClient:
 
     def send_submit(self, call: bytes, refs: Sequence[ObjectRef], kept: bool = False) -> None:
         """``kept``: the book keeps the call (a head lost meanwhile gets it again)."""
-        if self.direct.book.escapes():
+        if self.direct.book.unregistered:
             self.escape([r._id for r in refs])
         try:
             self.send_raw(_codec.submit_frame(call))

@@ -155,7 +155,7 @@ class DirectCalls:
     def _resubmit(self, c: Call) -> None:
         """Send a call that was to go direct through the head instead."""
         self.call_route.pop(c.tid, None)
-        if self.book.escapes():   # its arguments first: the head must know them
+        if self.book.unregistered:   # its arguments first: the head must know them
             self.escape([r._id for r in c.args])
         # The head counts its returns for this process from the Submit.
         self.client.send_decided(functools.partial(
@@ -209,7 +209,7 @@ class DirectCalls:
         """These refs leave this process (an argument through the head, or pickled in a
         value): results of direct calls only this process knows are told to the head
         first, with their data, or as pending while their call still runs."""
-        if not self.book.escapes():
+        if not self.book.unregistered:
             return
         client = self.client
         sent = False

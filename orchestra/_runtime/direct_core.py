@@ -271,25 +271,13 @@ class ResultBook:
             return False
         return None
 
-    def escapes(self) -> bool:
-        """Whether a ref leaving this process may name a result the head does not know."""
-        return bool(self.unregistered or self.via_head)
-
     def escape(self, ids: Iterable[bytes],
                results: dict[bytes, pb.ObjectData]) -> tuple[list[pb.ObjectData], list[bytes]]:
         """Refs leave this process: (data to put, ids to register as pending)."""
         puts: list[pb.ObjectData] = []
         pending: list[bytes] = []
         unregistered = self.unregistered
-        via_head = self.via_head
         for oid in ids:
-            if oid in via_head:
-                # Answered through the head, which may not have read that answer yet (it
-                # comes on the callee's connection): registered pending, and the answer
-                # seals it. A task naming it that reached the head first found it
-                # unknown and failed with ObjectLostError (the soak, under node deaths).
-                pending.append(oid)
-                continue
             if oid in unregistered:
                 unregistered.discard(oid)
                 if oid in self.pushed_early:

@@ -354,19 +354,6 @@ def test_an_answer_through_the_head_after_its_push_holds_nothing() -> None:
     assert book.awaiting_push == {}
 
 
-def test_a_result_answered_through_the_head_is_registered_pending_when_it_escapes_before_its_push() -> None:
-    # The callee's TaskDone reaches the head on the callee's connection, its notice this
-    # process on another: a task naming the result, sent through the head before the
-    # head read that TaskDone, found no such object and failed with ObjectLostError
-    # (the soak under node deaths). Registered pending, the TaskDone seals it.
-    book, _, rid = _answered_through_the_head()
-    assert book.escapes()
-    assert book.escape([rid], {}) == ([], [rid])
-    book.pushed(rid, running=False)   # the head holds it: nothing more to register
-    assert not book.escapes()
-    assert book.escape([rid], {}) == ([], [])
-
-
 def test_a_closed_callee_hands_back_the_calls_it_answered_through_the_head_not_pushed_yet() -> None:
     # The head voids what a dead node's workers said: an answer it had not read is never
     # pushed. The calls go to the head again (AdoptCalls.answered), and keep their
