@@ -169,6 +169,19 @@ class DirectCalls:
         self._handed_to_head(calls)
         return frame
 
+    def _hand_back(self, peer: Peer, lost: list[Call], worker_id: int, actor_id: bytes = b"") -> None:
+        """The head takes over ``lost`` (sent on ``peer``, unanswered) and learns of the
+        calls answered through it that it has not pushed here (AdoptCalls): their
+        arguments first, as they may run again there (an actor's calls in flight fail,
+        theirs stay here). Raises ClusterLostError."""
+        with self.client.refs.lock:
+            answered = self.book.unpushed(peer)
+        if not lost and not answered:
+            return
+        again = answered if actor_id else (*answered, *lost)
+        self.escape([r._id for c in again for r in (*c.args, *c.hold)])
+        self.client.send_decided(functools.partial(self._adopt_frame, lost, peer, worker_id, actor_id))
+
     def _adopt_frame(self, lost: list[Call], peer: Peer, worker_id: int, actor_id: bytes) -> bytes:
         """Under the connection's lock (send_decided): AdoptCalls handing the head
         ``lost`` (sent on ``peer``, unanswered) and those answered through the head that
@@ -356,12 +369,7 @@ class DirectCalls:
                 if self.book.awaiting_push:
                     # Answers the head may still have to read: it waits for them, or
                     # runs their calls again should the worker die first (adoption.py).
-                    with client.refs.lock:
-                        answered = self.book.unpushed(loan.peer)
-                    if answered:
-                        self.escape([r._id for c in answered for r in (*c.args, *c.hold)])
-                        client.send_decided(functools.partial(
-                            self._adopt_frame, [], loan.peer, loan.worker_id, b""))
+                    self._hand_back(loan.peer, [], loan.worker_id)
                 client.send(_wire.LOAN_RETURN, pb.LoanReturn(worker_id=loan.worker_id))
             except ClusterLostError:
                 pass
@@ -445,20 +453,13 @@ class DirectCalls:
                     del self.loans[loan.shape]
             lost = list(loan.inflight.values())
             loan.inflight.clear()
-            with client.refs.lock:
-                answered = self.book.unpushed(peer)
-            if (lost or answered) and client.lost is None:
-                try:   # they may run again, reading their arguments through the head
-                    self.escape([r._id for c in (*answered, *lost) for r in (*c.args, *c.hold)])
-                except ClusterLostError:
-                    return
+            if client.lost is None:
                 for c in lost:
                     self.call_route.pop(c.tid, None)
                 try:
-                    client.send_decided(functools.partial(
-                        self._adopt_frame, lost, peer, loan.worker_id, b""))
+                    self._hand_back(peer, lost, loan.worker_id)
                 except ClusterLostError:
-                    pass
+                    return
             if client.lost is None:
                 try:
                     self.pump_loans(loan.shape)
@@ -693,21 +694,13 @@ class DirectCalls:
             for c in lost:
                 del route.inflight[c.tid]
                 self.call_route.pop(c.tid, None)
-            with client.refs.lock:
-                answered = self.book.unpushed(peer)
-            if lost or answered:
-                if client.lost is None:
-                    try:   # they may run again, reading their arguments through the head
-                        self.escape([r._id for c in answered for r in (*c.args, *c.hold)])
-                    except ClusterLostError:
-                        return
-                    try:
-                        client.send_decided(functools.partial(
-                            self._adopt_frame, lost, peer, peer.worker_id, route.actor_id))
-                    except ClusterLostError:
-                        pass
-                else:
-                    self._handed_to_head(lost)
+            if client.lost is None:
+                try:
+                    self._hand_back(peer, lost, peer.worker_id, route.actor_id)
+                except ClusterLostError:
+                    return
+            elif lost:
+                self._handed_to_head(lost)
             if route.peer is None and route.queue and client.lost is None:
                 try:
                     self._requeue_through_head(route)
