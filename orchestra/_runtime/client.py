@@ -310,7 +310,7 @@ class CoreClient:
 
     def escape(self, ids: Iterable[bytes]) -> None:
         """These refs leave this process: the head must know every object they name."""
-        self.direct.escape(ids)
+        self.direct.escape(ids, wait=True)
 
     # ------------------------------------------------------------------ tasks
     def register_function(self, function_id: bytes, req_bytes: bytes) -> None:
@@ -350,11 +350,13 @@ class CoreClient:
         del refs
         return out
 
-    def send_submit(self, call: bytes, refs: Sequence[ObjectRef], kept: bool = False) -> None:
-        """``kept``: the book keeps the call (a head lost meanwhile gets it again)."""
-        if self.direct.book.unregistered:
-            self.escape([r._id for r in refs])
+    def send_submit(self, call: bytes, refs: Sequence[ObjectRef], kept: bool = False,
+                    escaped: bool = False) -> None:
+        """``kept``: the book keeps the call (a head lost meanwhile gets it again);
+        ``escaped``: the head knows its ref arguments already (else escape() first)."""
         try:
+            if not escaped and (self.direct.book.unregistered or self.direct.book.via_head):
+                self.escape([r._id for r in refs])
             self.send_raw(_codec.submit_frame(call))
         except ClusterLostError:
             if not kept:
@@ -380,11 +382,11 @@ class CoreClient:
             book.add(tid, call, num_returns, refs, False, replay)
         if hold and self.put_seq > self.synced_seq and route.peer is not None:
             self.request(pb.Request(query="sync"))   # the head knows every ref in the arguments
-        with route.lock:
-            if not self.direct.submit_actor(route, Call(tid, call, refs, token, rids, name, hold)):
-                with self.refs.lock:
-                    self.owned.update(rids)
-                self.send_submit(call, refs, replay)   # else made again (ActorMethod.remote)
+        def through_head() -> None:   # under route.lock, its arguments escaped
+            with self.refs.lock:
+                self.owned.update(rids)
+            self.send_submit(call, refs, replay, True)   # else made again (ActorMethod.remote)
+        self.direct.call_actor(route, Call(tid, call, refs, token, rids, name, hold), through_head)
         return out
 
     def retire_route(self, actor_id: bytes) -> None:

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import collections
 import functools
+import logging
 import os
 import select
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from .._objects.errors import make_error
@@ -48,6 +49,9 @@ from .direct_core import (
     wants_another_loan,
 )
 
+_log = logging.getLogger("orchestra")
+PUSH_WAIT_S = 60.0   # the longest wait for the head to take a result answered through it
+
 
 class Client(Protocol):
     """What direct calls use of their process's CoreClient: its connection to the head,
@@ -70,6 +74,7 @@ class Client(Protocol):
     def send_submit(self, call: bytes, refs: Any) -> None: ...
     def subscribe_missing(self, ids: Iterable[bytes]) -> None: ...
     def wake(self) -> None: ...
+    def wait_until(self, pred: Callable[[], bool], deadline: float | None) -> bool: ...
     def stir(self) -> None: ...
 
 
@@ -218,12 +223,30 @@ class DirectCalls:
             self._release(decr)
         forward.extend(fwd)
 
-    def escape(self, ids: Iterable[bytes]) -> None:
+    def escape(self, ids: Iterable[bytes], wait: bool = False) -> bool:
         """These refs leave this process (an argument through the head, or pickled in a
         value): results of direct calls only this process knows are told to the head
-        first, with their data, or as pending while their call still runs."""
-        if not self.book.unregistered:
-            return
+        first, with their data, or as pending while their call still runs. Those
+        answered through the head and not pushed back here yet are known to it only
+        once it has read their answers: ``wait`` (the caller holds no lock) waits for
+        their pushes (await_pushes); else False says some are not yet (the caller waits
+        for them without its locks, and decides again)."""
+        book = self.book
+        if not book.unregistered and not book.via_head:
+            return True
+        ids = list(ids)
+        if book.unregistered:
+            self._register(ids)
+        if not book.via_head:
+            return True
+        if wait:
+            self.await_pushes(ids)
+            return True
+        with self.client.refs.lock:
+            return not self.book.unread(ids)
+
+    def _register(self, ids: list[bytes]) -> None:
+        """escape: tell the head the results among ``ids`` only this process knows."""
         client = self.client
         sent = False
 
@@ -244,6 +267,28 @@ class DirectCalls:
         client.send_decided(decide)
         if sent:
             client.put_seq += 1
+
+    def await_pushes(self, ids: Sequence[bytes]) -> None:
+        """Wait until the head has pushed back the results among ``ids`` that were
+        answered through it (ResultBook.via_head): it has read their callee's TaskDone
+        then. A frame naming one, sent on this process's connection before, can reach
+        the head before that TaskDone (it comes on the callee's connection), and the
+        head does not know the object yet. The push comes once the head read the
+        answer, or ran the call again or failed it when its callee died first (the
+        hand-back, AdoptCalls.answered); a lost head ends the wait (ClusterLostError).
+        The caller holds no lock: the thread that reads may need it. Bounded by
+        PUSH_WAIT_S, then sent anyway (the head fails what names an unknown object)."""
+        with self.client.refs.lock:
+            due = self.book.unread(ids)
+        if not due:
+            return
+        via_head = self.book.via_head
+        # Read without the ref lock (wait_until calls it under its condition): a
+        # membership test; one read stale is read again.
+        if not self.client.wait_until(lambda: not any(oid in via_head for oid in due),
+                                      time.monotonic() + PUSH_WAIT_S):
+            _log.warning("the head did not take the result of a direct call within %g s; "
+                         "a task naming it may fail with ObjectLostError", PUSH_WAIT_S)
 
     def last_ref_gone(self, oid: bytes) -> bool:
         """Under the ref lock: the last ref of ``oid`` here went; True when the head
@@ -475,24 +520,40 @@ class DirectCalls:
                 route = self.routes.setdefault(actor_id, ActorRoute(actor_id))
         return route
 
-    def submit_actor(self, route: ActorRoute, c: Call) -> bool:
-        """Send an actor call direct; False when it must go through the head (the caller
-        then sends it there, counted in ``via_head``). Holds route.lock."""
-        if route.peer is None or route.dispatched < route.via_head:   # not route.direct()
-            route.via_head += 1
-            return False
+    def _queue_actor_call(self, route: ActorRoute, c: Call) -> None:
+        """Send an actor call direct, in order once its ref arguments are here (holds
+        route.lock; route.direct())."""
         with self.client.refs.lock:
             self.client.owned.update(c.rids)
             self.book.sent(c.rids)
         route.queue.append(c)
         self.call_route[c.tid] = route
         self.pump_route(route)
-        return True
+
+    def call_actor(self, route: ActorRoute, c: Call, through_head: Callable[[], None]) -> None:
+        """Send an actor call: straight to the actor once the route is direct, else
+        through the head, counted in ``via_head``: ``through_head()`` sends its Submit
+        once the head knows its ref arguments (escape). Those answered through the head
+        are waited for without route.lock (the thread that reads takes it)."""
+        ids = [r._id for r in c.args]
+        while True:
+            with route.lock:
+                if route.direct() or (route.queue and route.peer is None):
+                    self._queue_actor_call(route, c)   # (or behind those going to the head)
+                    return
+                if self.escape(ids):
+                    route.via_head += 1
+                    through_head()
+                    return
+            self.await_pushes(ids)
 
     def pump_route(self, route: ActorRoute) -> None:
         """Send the route's queued calls in order while their ref arguments are here
-        (the caller holds route.lock)."""
-        if route.peer is None:
+        (the caller holds route.lock); through the head, in order, when the route lost
+        its actor's process."""
+        if route.peer is None or route.dispatched < route.via_head:
+            if route.queue:
+                self._requeue_through_head(route)
             return
         plan = plan_route(route, self.client.results)
         if route.queue:
@@ -521,13 +582,17 @@ class DirectCalls:
             self._requeue_through_head(route)
 
     def _requeue_through_head(self, route: ActorRoute) -> None:
-        """Send the route's unsent calls through the head, in order (holds route.lock)."""
-        queued = list(route.queue)
-        route.queue.clear()
-        self.waiting_routes.discard(route)
-        for c in queued:
+        """Send the route's unsent calls through the head, in order (holds route.lock),
+        each once the head knows its ref arguments (escape): the rest wait, queued,
+        for the push of one answered through the head (pump_waiting goes on)."""
+        queue = route.queue
+        while queue:
+            if not self.escape([r._id for r in queue[0].args]):
+                self.waiting_routes.add(route)
+                return
             route.via_head += 1
-            self._resubmit(c)
+            self._resubmit(queue.popleft())
+        self.waiting_routes.discard(route)
 
     def actor_address(self, msg: pb.ActorAddress) -> None:
         route = self.routes.get(msg.actor_id)

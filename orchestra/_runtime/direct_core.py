@@ -16,8 +16,9 @@ Who holds a direct call's results (ResultBook): at first only this process knows
 value), the head must learn it first: its data is put, or, while the call runs, it is
 registered as pending and its data forwarded on arrival. An answer that goes through
 the head (a result in shared memory, or one holding refs) is pushed back by the head,
-which then holds it for this process. A result dropped here before the head held it is
-released once the head has it.
+which then holds it for this process; a ref to one leaves the process only after that
+push (``unread``: the head may not have read the callee's answer yet). A result dropped
+here before the head held it is released once the head has it.
 """
 from __future__ import annotations
 
@@ -354,6 +355,12 @@ class ResultBook:
             if oid in local:
                 results[oid] = d
         return forward, decr
+
+    def unread(self, ids: Iterable[bytes]) -> list[bytes]:
+        """Those of ``ids`` answered through the head and not pushed back here yet: the
+        head knows them only once it has read their answers (DirectCalls.escape)."""
+        via_head = self.via_head
+        return [oid for oid in ids if oid in via_head] if via_head else []
 
     def pushed(self, oid: bytes, running: bool) -> bool:
         """The head pushed object ``oid`` here; ``running``: its direct call is not

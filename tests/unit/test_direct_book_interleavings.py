@@ -27,7 +27,9 @@ makes it:
                 decided and sent as one: _client.CoreClient.send_decided)
     escape      its result is passed to a task through the head (escape: registered
                 pending or put, decided and sent as one; then the consumer's Submit,
-                which may wait behind other threads' frames)
+                which may wait behind other threads' frames; a result answered through
+                the head and not pushed back yet: the thread waits for the push first,
+                and decides nothing meanwhile)
     drop        the driver drops its ref (last_ref_gone: released at the head or not)
 
 Decided under the ref lock and sent after it, two threads passing one result could
@@ -39,9 +41,10 @@ for a second copy and freed the segment the object lived in (the fault soak read
 object's bytes from it); five steps here. The worker answers the head on a connection of
 its own: an answer read after its call was handed back and run again (the worker's
 death told first) ended the run again's task under it, or made a result the driver had
-dropped anew for it (ten steps). A result answered through the head and passed to a
-task before the head read that answer is not ordered after it yet: the model lets the
-answer in first (docs/semantics.md).
+dropped anew for it (ten steps). A result answered through the head, passed to a task
+before the head read that answer, failed that task (the head did not know the object
+yet; six steps): the driver now waits for the head's push of it, which comes after
+the head read the answer (or ran the call again when the worker died first).
 
 Promises: once every frame is delivered the head counts exactly one hold for each
 result the driver holds and the head knows, and none for a result it dropped; no
@@ -135,11 +138,18 @@ class DirectBookWithHead(RuleBasedStateMachine):
             s.adoption.adopt_calls(DRIVER, body)
         self._take()
 
-    def _flush(self, thread: str) -> None:
-        """A thread sends what it decided before it decides anything else."""
+    def _flush(self, thread: str) -> bool:
+        """A thread sends what it decided before it decides anything else; False
+        while it waits for a push (it decides nothing then)."""
         box = self.outbox[thread]
-        while box:
+        while box and not self._waits(thread):
             self.deliver(thread)
+        return not box
+
+    def _waits(self, thread: str) -> bool:
+        """The thread waits for the push of a result answered through the head."""
+        box = self.outbox[thread]
+        return bool(box) and box[0][0] == "await" and box[0][1] in self.book.via_head
 
     def _held(self) -> list[bytes]:
         return sorted(oid for oid, n in self.user.items() if n > 0)
@@ -227,7 +237,8 @@ class DirectBookWithHead(RuleBasedStateMachine):
     @precondition(lambda self: self.queued)
     @rule(i=st.integers(0, 50), thread=st.sampled_from(THREADS[:2]))
     def resubmit(self, i: int, thread: str) -> None:
-        self._flush(thread)
+        if not self._flush(thread):
+            return
         tid = sorted(self.queued)[i % len(self.queued)]
         c = self.queued.pop(tid)
         # Handed over and sent as one, under the connection's lock (send_decided): the
@@ -244,12 +255,8 @@ class DirectBookWithHead(RuleBasedStateMachine):
         if not held:
             return
         oid = held[i % len(held)]
-        self._flush(thread)
-        if oid in self.book.via_head:
-            # Not ordered: a Submit naming a result answered through the head can reach
-            # the head before the callee's answer, and fails (docs/semantics.md); the
-            # model lets the answer in first.
-            self._flush("worker")
+        if not self._flush(thread):
+            return
         # Decided and sent as one (send_decided); the consumer's Submit follows, and
         # may wait behind other threads' frames.
         puts, pending = self.book.escape([oid], self.results)
@@ -261,6 +268,10 @@ class DirectBookWithHead(RuleBasedStateMachine):
         self.consumers[g.task_id] = g
         self.local[rid(g)] = 1
         self.local[oid] += 1   # the argument lives until its Submit is sent
+        if self.book.unread([oid]):
+            # Answered through the head, not pushed back yet: the thread waits for the
+            # push (DirectCalls.await_pushes) before it sends the Submit.
+            self.outbox[thread].append(("await", oid))
         self.outbox[thread].append(("submit", g))
         self.outbox[thread].append(("release", (oid, rid(g))))
 
@@ -270,7 +281,8 @@ class DirectBookWithHead(RuleBasedStateMachine):
         if not held:
             return
         oid = held[i % len(held)]
-        self._flush(thread)
+        if not self._flush(thread):
+            return
         self.user[oid] -= 1
         self._release(thread, oid)
 
@@ -286,9 +298,11 @@ class DirectBookWithHead(RuleBasedStateMachine):
     @rule(thread=st.sampled_from(THREADS))
     def deliver(self, thread: str) -> None:
         box = self.outbox[thread]
-        if not box:
+        if not box or self._waits(thread):
             return
         kind, body = box.pop(0)
+        if kind == "await":
+            return
         if kind == "release":   # the Submit went: its argument's ref goes, and the
             arg, result = body   # caller has the result's ref (.remote() returned)
             self.user[result] = 1
@@ -350,8 +364,9 @@ class DirectBookWithHead(RuleBasedStateMachine):
 
     def drain(self) -> None:
         for _ in range(500):
-            if any(self.outbox.values()):
-                self.deliver(next(t for t in THREADS if self.outbox[t]))
+            ready = [t for t in THREADS if self.outbox[t] and not self._waits(t)]
+            if ready:
+                self.deliver(ready[0])
             elif self.queued:
                 self.send(0)
             elif self.notices:
