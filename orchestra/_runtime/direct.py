@@ -268,7 +268,7 @@ class DirectCalls:
         if sent:
             client.put_seq += 1
 
-    def await_pushes(self, ids: Sequence[bytes]) -> None:
+    def await_pushes(self, ids: Sequence[bytes]) -> bool:
         """Wait until the head has pushed back the results among ``ids`` that were
         answered through it (ResultBook.via_head): it has read their callee's TaskDone
         then. A frame naming one, sent on this process's connection before, can reach
@@ -277,18 +277,21 @@ class DirectCalls:
         answer, or ran the call again or failed it when its callee died first (the
         hand-back, AdoptCalls.answered); a lost head ends the wait (ClusterLostError).
         The caller holds no lock: the thread that reads may need it. Bounded by
-        PUSH_WAIT_S, then sent anyway (the head fails what names an unknown object)."""
+        PUSH_WAIT_S, then sent anyway (the head fails what names an unknown object):
+        False then."""
         with self.client.refs.lock:
             due = self.book.unread(ids)
         if not due:
-            return
+            return True
         via_head = self.book.via_head
         # Read without the ref lock (wait_until calls it under its condition): a
         # membership test; one read stale is read again.
-        if not self.client.wait_until(lambda: not any(oid in via_head for oid in due),
-                                      time.monotonic() + PUSH_WAIT_S):
-            _log.warning("the head did not take the result of a direct call within %g s; "
-                         "a task naming it may fail with ObjectLostError", PUSH_WAIT_S)
+        if self.client.wait_until(lambda: not any(oid in via_head for oid in due),
+                                  time.monotonic() + PUSH_WAIT_S):
+            return True
+        _log.warning("the head did not take the result of a direct call within %g s; "
+                     "a task naming it may fail with ObjectLostError", PUSH_WAIT_S)
+        return False
 
     def last_ref_gone(self, oid: bytes) -> bool:
         """Under the ref lock: the last ref of ``oid`` here went; True when the head
@@ -536,16 +539,17 @@ class DirectCalls:
         once the head knows its ref arguments (escape). Those answered through the head
         are waited for without route.lock (the thread that reads takes it)."""
         ids = [r._id for r in c.args]
+        waited_out = False
         while True:
             with route.lock:
                 if route.direct() or (route.queue and route.peer is None):
                     self._queue_actor_call(route, c)   # (or behind those going to the head)
                     return
-                if self.escape(ids):
+                if self.escape(ids) or waited_out:
                     route.via_head += 1
                     through_head()
                     return
-            self.await_pushes(ids)
+            waited_out = not self.await_pushes(ids)
 
     def pump_route(self, route: ActorRoute) -> None:
         """Send the route's queued calls in order while their ref arguments are here

@@ -354,6 +354,21 @@ def test_an_answer_through_the_head_after_its_push_holds_nothing() -> None:
     assert book.awaiting_push == {}
 
 
+def test_a_result_answered_through_the_head_is_unread_there_until_it_pushes_it() -> None:
+    # A ref to it sent on (a task's argument) waits for the push: the head may not have
+    # read the callee's answer yet, which comes on another connection.
+    book = ResultBook()
+    c, early = call(), call()
+    book.sent([*c.rids, *early.rids])
+    assert book.unread([*c.rids, *early.rids]) == []   # running: registered if it escapes
+    book.answered(c, done(c, owner=7), {c.rids[0]: 1}, {}, lambda name: b"")
+    book.pushed(early.rids[0], running=True)   # pushed before its answer came: read there
+    book.answered(early, done(early, owner=7), {early.rids[0]: 1}, {}, lambda name: b"")
+    assert book.unread([*c.rids, *early.rids]) == c.rids
+    book.pushed(c.rids[0], running=False)
+    assert book.unread(c.rids) == []
+
+
 def test_a_closed_callee_hands_back_the_calls_it_answered_through_the_head_not_pushed_yet() -> None:
     # The head voids what a dead node's workers said: an answer it had not read is never
     # pushed. The calls go to the head again (AdoptCalls.answered), and keep their
