@@ -49,7 +49,7 @@ from ..exceptions import (
 )
 from .calls import encode_call
 from .direct import DirectCalls
-from .direct_core import LOAN_IDLE_S, Call
+from .direct_core import LOAN_IDLE_S, Call, must_sync
 from .object_ref import ObjectRef
 from .pacer import Pacer
 from .replay import ReplayBook
@@ -64,9 +64,8 @@ _log = logging.getLogger("orchestra")
 # (_scheduler/blocking.py), without a frame the size of a get of 100k refs.
 _BLOCKED_IDS = 256
 
-# Errors a Reply names by kind (Reply.error_kind): raised as these classes; any other
-# kind as OrchestraError. ValueError: the request's argument was wrong (a name taken, or
-# no actor of that name).
+# Errors a Reply names by kind (Reply.error_kind), raised as these classes (any other as
+# OrchestraError); ValueError: the request's argument was wrong (a name taken, or unknown).
 _REPLY_ERRORS: dict[str, type[Exception]] = {
     "ObjectStoreFullError": ObjectStoreFullError,
     "ObjectLostError": ObjectLostError,
@@ -128,8 +127,7 @@ class CoreClient:
         self._closing_reason = ""   # why the head stopped, when it said so (CLOSING)
         self._warned: set[str] = set()   # texts of the head's warnings shown (WARNING)
         # Frames that create objects (puts, registrations) sent / known handled by the
-        # head: refs inside a direct call's arguments must exist there before the
-        # callee counts them.
+        # head: a direct call naming one may wait for the head to have read it (must_sync).
         self.put_seq = 0
         self.synced_seq = 0
         self.active = False   # direct calls since the last look (the head sees none)
@@ -338,7 +336,8 @@ class CoreClient:
             book.add(tid, call, num_returns, refs)
         if shape is not None and hold is not None and direct.loans.get(shape) \
                 and (not refs or all(r._id in self.results for r in refs)):
-            if hold and self.put_seq > self.synced_seq:
+            if must_sync(self.put_seq > self.synced_seq, hold, refs, self.results,
+                         [le.peer for le in direct.loans.get(shape, ())]):
                 self.request(pb.Request(query="sync"))   # the head knows every ref in the arguments
             c = Call(tid, call, refs, None, rids, name, hold)
             c.fid = function_id
@@ -380,7 +379,8 @@ class CoreClient:
         if book is not None:   # sent again to a restarted head if retried and not answered
             replay = book.replays(template)
             book.add(tid, call, num_returns, refs, False, replay)
-        if hold and self.put_seq > self.synced_seq and route.peer is not None:
+        if route.peer is not None and must_sync(self.put_seq > self.synced_seq, hold, refs, self.results,
+                                                [route.peer]):
             self.request(pb.Request(query="sync"))   # the head knows every ref in the arguments
         def through_head() -> None:   # under route.lock, its arguments escaped
             with self.refs.lock:

@@ -23,6 +23,7 @@ from orchestra._runtime.direct_core import (
     ResultBook,
     idle_loans,
     load,
+    must_sync,
     plan_loans,
     plan_route,
     slow_loans,
@@ -367,6 +368,25 @@ def test_a_result_answered_through_the_head_is_unread_there_until_it_pushes_it()
     assert book.unread([*c.rids, *early.rids]) == c.rids
     book.pushed(c.rids[0], running=False)
     assert book.unread(c.rids) == []
+
+
+def test_a_direct_call_waits_for_the_head_to_read_puts_it_names_in_shared_memory() -> None:
+    class R:
+        def __init__(self, oid: bytes) -> None:
+            self._id = oid
+
+    class P:
+        def __init__(self, address: str) -> None:
+            self.address = address
+    seg, small, absent = R(b"s"), R(b"i"), R(b"x")
+    far, near = [P("10.0.0.2:4100")], [P("/dev/shm/orchestra-0-1/w7.sock"), None]
+    results = {b"s": pb.ObjectData(object_id=b"s", segment=pb.Segment(name="n", size=9)),
+               b"i": pb.ObjectData(object_id=b"i", inline=b"v")}
+    assert must_sync(True, [], [small, seg], results, far)   # located through the head there
+    assert not must_sync(True, [], [small, seg], results, near)   # mapped by name here
+    assert must_sync(True, [small], [], results, near)          # refs inside: counted there
+    assert not must_sync(True, [], [small, absent], results, far)   # carried with the call
+    assert not must_sync(False, [small], [seg], results, far)       # every put read already
 
 
 def test_a_closed_callee_hands_back_the_calls_it_answered_through_the_head_not_pushed_yet() -> None:
