@@ -169,7 +169,9 @@ def copy_large(old: CoreClient, new: CoreClient) -> dict[bytes, pb.ObjectData]:
     segment, and the reader thread that brings the answer may need that lock)."""
     with old.refs.lock:
         views = []
-        for oid in old.refs.local:
+        # A copy of the ids: the collector re-enters the lock in this thread to run an
+        # ObjectRef's __del__, which changes the dict.
+        for oid in list(old.refs.local):
             data = old.results.get(oid)
             if data is None or data.WhichOneof("data") != "segment":
                 continue
@@ -222,7 +224,7 @@ def carry_over(old: CoreClient, new: CoreClient) -> None:
         # driver made and claimed again holds it already (HelloReply.claimed_actors),
         # and is let go if no handle of it is left here.
         claimed = set(new.info.claimed_actors)
-        handles = [oid for oid in refs.local if _ids.is_actor_id(oid) and oid not in claimed]
+        handles = [oid for oid in list(refs.local) if _ids.is_actor_id(oid) and oid not in claimed]
         unheld = [oid for oid in claimed if oid not in refs.local]
         if handles or unheld:
             frames.append(_wire.encode(_wire.REF_DELTA, pb.RefDelta(incr=handles, decr=unheld)))

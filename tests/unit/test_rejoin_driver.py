@@ -56,3 +56,36 @@ def test_a_late_on_lost_of_a_replaced_client_starts_no_second_reconnection(monke
     assert r.thread is None and len(made) == 1 and swaps == [(old, made[0])]
     first.join(10)
     assert old.closing and old in reconnect.replaced
+
+
+def test_large_values_are_copied_when_a_ref_goes_while_they_are_listed() -> None:
+    # copy_large lists the values in shared memory held here under the ref lock, which
+    # the garbage collector re-enters in the same thread when it runs an ObjectRef's
+    # __del__: a ref gone meanwhile changed the dict being listed (RuntimeError, the
+    # rejoin thread died and the driver never rejoined: the soak with head kills).
+    from orchestra._objects.refs import RefCounts
+
+    class Objects:
+        def __init__(self, refs: RefCounts) -> None:
+            self.maps: dict[bytes, Any] = {}
+            self.refs = refs
+
+        def own_view(self, segment: pb.Segment) -> memoryview:
+            self.refs.remove(b"gone")   # as a __del__ run by the collector here
+            return memoryview(segment.name.encode())
+
+        def copy_object(self, oid: bytes, view: memoryview, contained: list[bytes]) -> pb.ObjectData:
+            return pb.ObjectData(object_id=oid, segment=pb.Segment(name="new-" + bytes(view).decode()))
+
+    class Old:
+        def __init__(self) -> None:
+            self.refs = RefCounts(lambda oid: False)
+            self.objects = Objects(self.refs)
+            self.results = {oid: pb.ObjectData(object_id=oid, segment=pb.Segment(name=oid.decode()))
+                            for oid in (b"a", b"b")}
+
+    old, new = Old(), Old()
+    for oid in (b"a", b"gone", b"b"):
+        old.refs.add(oid, counted=True)
+    copied = reconnect.copy_large(old, new)   # type: ignore[arg-type]
+    assert {oid: d.segment.name for oid, d in copied.items()} == {b"a": "new-a", b"b": "new-b"}
