@@ -200,7 +200,9 @@ class Node:
         # Read-write maps of the segments pulls filled, kept as a writer keeps its own
         # (the store lists PULL_CONN among the segment's maps, and names it in
         # store.dropped once the segment is removed): a pull into a pooled segment then
-        # skips the map and page-table fill, ~70 ms per 200 MiB (2.3 -> 3.x GB/s).
+        # skips the map and page-table fill, ~70 ms per 200 MiB (2.3 -> 3.x GB/s). Pull
+        # threads add and drop theirs while the loop reads it: one item at a time, never
+        # an iteration.
         self._pull_maps: dict[str, mmap.mmap] = {}
         # Its memory monitor (_node/memory.py), from ORCHESTRA_MEMORY_USAGE_THRESHOLD and
         # ORCHESTRA_MEMORY_MONITOR_REFRESH_MS (0: none).
@@ -604,9 +606,12 @@ class Node:
             self._pull_threads.shutdown(wait=False, cancel_futures=True)
         if self._fetcher is not None:
             self._fetcher.close()
-        for mm in self._pull_maps.values():
-            _close_map(mm)
-        self._pull_maps.clear()
+        maps = self._pull_maps   # pull threads still add and remove theirs: one at a time
+        while maps:
+            try:
+                _close_map(maps.popitem()[1])
+            except KeyError:   # the last went meanwhile
+                break
         if kill_workers:
             self.pool.kill_all()
         if not keep_store:

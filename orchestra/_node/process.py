@@ -252,18 +252,21 @@ class NodeProcess(asyncio.Protocol):
 
     def close(self) -> None:
         """Kill the workers and remove the segments (both kept when the head was lost
-        and they may outlive it), end the process."""
-        if self.node is not None:
-            if self.lost_head and self.keep_workers:
-                self.node.close(kill_workers=False, keep_store=True)
-                self.kept = self.node
-            else:
-                self.node.close()
-        if self.transport is not None:
-            self.transport.abort()
-            self.transport = None
-        if not self.done.done():
-            self.done.set_result(None)
+        and they may outlive it), end the process. Ends the join even when closing the
+        node fails (the error is logged; the node joins again or stops, never waits)."""
+        try:
+            if self.node is not None:
+                if self.lost_head and self.keep_workers:
+                    self.kept = self.node
+                    self.node.close(kill_workers=False, keep_store=True)
+                else:
+                    self.node.close()
+        finally:
+            if self.transport is not None:
+                self.transport.abort()
+                self.transport = None
+            if not self.done.done():
+                self.done.set_result(None)
 
     # ------------------------------------------------------------------ NodeHost
     def _event(self, ev: pb.NodeEvent) -> None:

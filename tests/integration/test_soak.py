@@ -129,10 +129,13 @@ def soak(no_cluster: None) -> Iterator[Soak]:
     wait_until(lambda: not _shm_of(s.pids), 10, "the cluster's /dev/shm entries to go")
 
 
-def _check(results: list[dict[str, int]]) -> None:
+def _check(results: list[dict[str, int]], logs: str = "") -> None:
+    """``logs``: a state directory whose processes' logs a failure shows."""
     assert len(results) == THREADS + PROCESSES
     bad = [_soak.failures(r) for r in results if _soak.failures(r)]
-    assert bad == [], f"rounds that failed: {bad}"
+    assert bad == [], f"rounds that failed: {bad}" + "".join(
+        f"\n--- the {rec['kind']}'s log (pid {rec['pid']}):\n"
+        + _tail(Path(rec["run_dir"], cf.LOG), 40) for rec in (records(logs) if logs else ()))
     done = sum(sum(r.values()) for r in results)
     by_kind = {k: sum(r.get(k, 0) for r in results) for k in ("chain", "steps", "big", "nested", "actor")}
     print(f"soak: {done} rounds right, by kind {by_kind}")   # shown with -s
@@ -250,7 +253,7 @@ def test_with_the_head_and_workers_killed_every_result_is_still_right(state: str
     assert killed, "no worker was killed: the faults never ran"
     assert head_kills, "the head was never killed"
     print(f"{len(head_kills)} head kills, {len(killed)} worker kills")
-    _check(results)
+    _check(results, state)
 
 
 def _tail(path: Path, lines: int = 15) -> str:

@@ -448,3 +448,38 @@ def test_the_fork_server_ends_quietly_when_the_head_is_gone_before_a_reply(tmp_p
         os.close(req_w)
         proc.kill()
     assert "BrokenPipeError" not in err and proc.returncode == 0, err
+
+
+def test_close_ends_while_pull_threads_add_and_drop_their_maps(make_node: Callable[..., Node]) -> None:
+    # A head lost during pulls: the loop closes the node while pull threads still add the
+    # map of a segment they fill and drop one that failed (fetch_into). The close once
+    # raised "dictionary changed size during iteration", and the node never joined again.
+    import mmap
+    import sys
+    import threading
+    node = make_node()
+    maps = node._pull_maps
+    for i in range(3000):
+        maps[f"s{i}"] = mmap.mmap(-1, 4096)
+    stop = threading.Event()
+
+    def pulls() -> None:
+        i = 0
+        while not stop.is_set() and i < 3000:
+            i += 1
+            maps[f"p{i}"] = mmap.mmap(-1, 4096)   # a pull's new map
+            if i % 3 == 0:
+                maps.pop(f"p{i - 1}", None)       # a pull that failed
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    t = threading.Thread(target=pulls)
+    t.start()
+    try:
+        node.close(kill_workers=False, keep_store=True)
+    finally:
+        stop.set()
+        t.join()
+        sys.setswitchinterval(old)
+    assert node.closed
+    for mm in maps.values():   # those a pull added after the close
+        mm.close()
