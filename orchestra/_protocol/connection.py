@@ -45,6 +45,14 @@ def parse_address(address: str) -> tuple[int, Any]:
     return family, (host, int(port))
 
 
+def is_tcp(address: str | None) -> bool:
+    """An address other machines may reach (TCP), not a unix socket's."""
+    try:
+        return parse_address(address or "")[0] != socket.AF_UNIX
+    except ValueError:
+        return False
+
+
 def _authenticate(sock: socket.socket, address: str, token: str | None) -> Any:
     """The stream frames go over once ``sock`` has proven the token: itself, or a
     TlsChannel when the cluster speaks TLS (_protocol/tls.py)."""

@@ -336,8 +336,8 @@ class CoreClient:
             book.add(tid, call, num_returns, refs)
         if shape is not None and hold is not None and direct.loans.get(shape) \
                 and (not refs or all(r._id in self.results for r in refs)):
-            if must_sync(self.put_seq > self.synced_seq, hold, refs, self.results,
-                         [le.peer for le in direct.loans.get(shape, ())]):
+            far = any(le.peer is not None and le.peer.remote for le in direct.loans.get(shape, ()))
+            if must_sync(self.put_seq > self.synced_seq, hold, refs, self.results, far):
                 self.request(pb.Request(query="sync"))   # the head knows every ref in the arguments
             c = Call(tid, call, refs, None, rids, name, hold)
             c.fid = function_id
@@ -379,8 +379,8 @@ class CoreClient:
         if book is not None:   # sent again to a restarted head if retried and not answered
             replay = book.replays(template)
             book.add(tid, call, num_returns, refs, False, replay)
-        if route.peer is not None and must_sync(self.put_seq > self.synced_seq, hold, refs, self.results,
-                                                [route.peer]):
+        if route.peer is not None and must_sync(self.put_seq > self.synced_seq, hold, refs,
+                                                self.results, route.peer.remote):
             self.request(pb.Request(query="sync"))   # the head knows every ref in the arguments
         def through_head() -> None:   # under route.lock, its arguments escaped
             with self.refs.lock:

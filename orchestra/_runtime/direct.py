@@ -29,7 +29,7 @@ from .._objects.refs import RefCounts
 from .._protocol import codec as _codec
 from .._protocol import pb
 from .._protocol import wire as _wire
-from .._protocol.connection import Connection, Listener
+from .._protocol.connection import Connection, Listener, is_tcp
 from .._resources import pinned_key, shape_key, split_pinned
 from ..exceptions import ClusterLostError
 from .direct_core import (
@@ -65,13 +65,10 @@ class Client(Protocol):
     poller: select.poll
     function_frames: dict[bytes, bytes]
     put_seq: int
-    active: bool
     token: str | None   # the cluster token, for TCP direct calls (None: the environment's)
 
     def send(self, kind: int, msg: Any) -> None: ...
-    def send_raw(self, frame: bytes) -> None: ...
     def send_decided(self, decide: Callable[[], bytes]) -> None: ...
-    def send_submit(self, call: bytes, refs: Any) -> None: ...
     def subscribe_missing(self, ids: Iterable[bytes]) -> None: ...
     def wake(self) -> None: ...
     def wait_until(self, pred: Callable[[], bool], deadline: float | None) -> bool: ...
@@ -80,14 +77,16 @@ class Client(Protocol):
 
 class Peer(Connection):
     """A connection between a caller and the process that runs its direct calls.
-    ``route`` is set on the caller's side (the actor route or the loan)."""
+    ``route`` is set on the caller's side (the actor route or the loan); ``remote``: the
+    process is on another node (a TCP address; one node's talk over unix sockets)."""
 
-    __slots__ = ("route", "worker_id")
+    __slots__ = ("route", "worker_id", "remote")
 
     def __init__(self, conn: Connection, route: ActorRoute | Loan | None, worker_id: int) -> None:
         super().__init__(conn.sock, conn.address)
         self.route = route
         self.worker_id = worker_id
+        self.remote = is_tcp(conn.address)
 
 
 def _cancelled_error(name: str) -> bytes:
@@ -157,10 +156,11 @@ class DirectCalls:
             client.send(_wire.OBJECTS, pb.Objects(objects=forward))
         client.wake()
 
-    def _resubmit(self, c: Call) -> None:
-        """Send a call that was to go direct through the head instead."""
+    def _resubmit(self, c: Call, escaped: bool = False) -> None:
+        """Send a call that was to go direct through the head instead (``escaped``: the
+        head knows its arguments already)."""
         self.call_route.pop(c.tid, None)
-        if self.book.unregistered:   # its arguments first: the head must know them
+        if not escaped and self.book.unregistered:   # its arguments first: the head must know them
             self.escape([r._id for r in c.args])
         # The head counts its returns for this process from the Submit.
         self.client.send_decided(functools.partial(
@@ -595,7 +595,7 @@ class DirectCalls:
                 self.waiting_routes.add(route)
                 return
             route.via_head += 1
-            self._resubmit(queue.popleft())
+            self._resubmit(queue.popleft(), True)
         self.waiting_routes.discard(route)
 
     def actor_address(self, msg: pb.ActorAddress) -> None:

@@ -233,26 +233,19 @@ def steal_targets(idle: Loan, loans: Iterable[Loan]) -> list[Loan]:
 
 
 def must_sync(unsynced: bool, hold: Sequence[Any], args: Sequence[Any],
-              results: dict[bytes, pb.ObjectData], peers: Iterable[Any]) -> bool:
+              results: dict[bytes, pb.ObjectData], remote: bool) -> bool:
     """Whether a direct call waits for the head to have read this process's puts
     (``unsynced``: some not known read): it names refs inside its arguments (``hold``:
-    the callee counts them there), or, sent to a process on another node (one of
-    ``peers`` may take it), a value in shared memory among its ref arguments ``args``:
+    the callee counts them there), or, sent to a process on another node (``remote``:
+    the call may go there), a value in shared memory among its ref arguments ``args``:
     that process locates it through the head, which, asked before it read the put (it
     comes on another connection), said the object was freed."""
     if not unsynced:
         return False
     if hold:
         return True
-    return any(_on_another_node(p) for p in peers) and any(
+    return remote and any(
         (d := results.get(r._id)) is not None and d.WhichOneof("data") == "segment" for r in args)
-
-
-def _on_another_node(peer: Any) -> bool:
-    """A direct-call connection (direct.Peer) to a process on another node: over TCP
-    (one node: its unix socket, _scheduler/workers.py direct_path)."""
-    address = getattr(peer, "address", "") or ""
-    return ":" in address and not address.startswith(("/", ".", "unix:"))
 
 
 class ResultBook:

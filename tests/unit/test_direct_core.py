@@ -375,18 +375,14 @@ def test_a_direct_call_waits_for_the_head_to_read_puts_it_names_in_shared_memory
         def __init__(self, oid: bytes) -> None:
             self._id = oid
 
-    class P:
-        def __init__(self, address: str) -> None:
-            self.address = address
     seg, small, absent = R(b"s"), R(b"i"), R(b"x")
-    far, near = [P("10.0.0.2:4100")], [P("/dev/shm/orchestra-0-1/w7.sock"), None]
     results = {b"s": pb.ObjectData(object_id=b"s", segment=pb.Segment(name="n", size=9)),
                b"i": pb.ObjectData(object_id=b"i", inline=b"v")}
-    assert must_sync(True, [], [small, seg], results, far)   # located through the head there
-    assert not must_sync(True, [], [small, seg], results, near)   # mapped by name here
-    assert must_sync(True, [small], [], results, near)          # refs inside: counted there
-    assert not must_sync(True, [], [small, absent], results, far)   # carried with the call
-    assert not must_sync(False, [small], [seg], results, far)       # every put read already
+    assert must_sync(True, [], [small, seg], results, True)   # located through the head there
+    assert not must_sync(True, [], [small, seg], results, False)   # mapped by name here
+    assert must_sync(True, [small], [], results, False)          # refs inside: counted there
+    assert not must_sync(True, [], [small, absent], results, True)   # carried with the call
+    assert not must_sync(False, [small], [seg], results, True)       # every put read already
 
 
 def test_a_closed_callee_hands_back_the_calls_it_answered_through_the_head_not_pushed_yet() -> None:
