@@ -178,8 +178,9 @@ def run_netns(folder: str, token: str, args: argparse.Namespace,
 
 
 def run_node_pull(token: str, args: argparse.Namespace, sizes: dict[str, int]) -> None:
-    """Node.pull end to end over loopback: two Nodes on one loop in this process; the
-    destination's segment is fresh at the first pull, pooled (warm) after a free."""
+    """Node.pull end to end over loopback: two Nodes on one loop in this process; three
+    pulls into fresh segments (none freed meanwhile), then pulls into a pooled (warm)
+    one, each freed after."""
     import asyncio
 
     from orchestra._node.node import Node
@@ -212,6 +213,19 @@ def run_node_pull(token: str, args: argparse.Namespace, sizes: dict[str, int]) -
             mm.close()
             src.seal(seg.name)
             address = src.serve_data("127.0.0.1", token)
+            fresh = []
+            if size == big:   # each into a segment of its own, none freed meanwhile
+                kept = []
+                for i in range(3):
+                    t0 = time.perf_counter()
+                    dst.pull(b"f%d" % i, address, seg.name, size, token)
+                    loop.run_forever()
+                    fresh.append(time.perf_counter() - t0)
+                    oid, copy, error = done.pop()
+                    assert not error, error
+                    kept.append(copy.name)
+                for name in kept:
+                    dst.free_segment(name)
             times = []
             for i in range(args.repeat if size == big else args.small_repeat):
                 t0 = time.perf_counter()
@@ -222,8 +236,9 @@ def run_node_pull(token: str, args: argparse.Namespace, sizes: dict[str, int]) -
                 assert not error, error
                 dst.free_segment(copy.name)   # pooled: the next pull reuses it
             if size == big:
-                print(f"node pull {size // MiB} MiB: fresh segment {size / times[0] / 1e9:.2f} "
-                      f"GB/s, pooled median {size / statistics.median(times[1:]) / 1e9:.2f} "
+                print(f"node pull {size // MiB} MiB: fresh segments "
+                      + " ".join(f"{size / t / 1e9:.2f}" for t in fresh)
+                      + f" GB/s, pooled median {size / statistics.median(times[1:]) / 1e9:.2f} "
                       f"GB/s (n={len(times) - 1})", flush=True)
             else:
                 print(f"node pull {size // 1024} KiB: median "
