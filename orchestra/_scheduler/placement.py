@@ -60,6 +60,11 @@ class Placer:
         self.infeasible_waits = infeasible_waits
         self.last_spread = -1        # the node the last SPREAD task went to
         self._warned: set[tuple[int, Hashable]] = set()   # (owner, request) warned of
+        # A restarted head's joined nodes of before, not back yet (KeptObjects.nodes:
+        # node id -> until when it is waited for, each for up to node_wait_s), which a
+        # warning names; set by the state.
+        self.nodes_of_before: dict[int, float] = {}
+        self.node_wait_s = 0.0
 
     # ------------------------------------------------------------------ admission
     def admit(self, t: Task, feasible: bool) -> bytes | None:
@@ -74,7 +79,8 @@ class Placer:
         key = (t.owner, (t.shape, t.placement))
         if key not in self._warned and t.owner in s.clients:
             self._warned.add(key)
-            s.out.append(Send(t.owner, WARNING, _warning(t, s.nodes, self.joinable)))
+            s.out.append(Send(t.owner, WARNING, _warning(
+                t, s.nodes, self.joinable, len(self.nodes_of_before), self.node_wait_s)))
         return None
 
     def unplaceable(self, t: Task) -> bytes | None:
@@ -151,12 +157,18 @@ class Placer:
 
 
 
-def _warning(t: Task, nodes: dict[int, Node], joinable: bool) -> pb.ClusterWarning:
+def _warning(t: Task, nodes: dict[int, Node], joinable: bool, away: int = 0,
+             wait_s: float = 0.0) -> pb.ClusterWarning:
+    """``away``: joined nodes of before a restart of the head, not back yet, each waited
+    for up to ``wait_s``."""
     have = "; ".join(f"{node_hex(n.node_id)}: {format_resources(n.resources.total)}" for n in nodes.values())
     what = f"actor {t.call.actor.class_name}" if t.call.HasField("actor") else f"task {t.call.name}()"
+    back = (f"It waits: {away} node{'s that were' if away > 1 else ' that was'} in the cluster "
+            f"before its head restarted {'have' if away > 1 else 'has'} not joined again yet "
+            f"(each is waited for up to {wait_s:g} s), and one may hold it. ") if away else ""
     return pb.ClusterWarning(text=(
         f"orchestra: {what} asks for {format_resources(t.resources)}, which no node of the cluster can hold "
-        f"now (nodes: {have or 'none'}). " + (
+        f"now (nodes: {have or 'none'}). " + back + (
             "It waits until a node that can hold it joins (orchestra start --address ...); "
             "or lower the request in .options(...)." if joinable else
             "It stays pending, as in Ray, although no node can join this local cluster: "

@@ -31,7 +31,7 @@ from .adoption import Adoption
 from .blocking import Blocking
 from .groups import PlacementGroups
 from .instructions import CANCEL_KILL, Instruction, KillWorker, Pull, Send
-from .kept import KeptObjects
+from .kept import NODE_WAIT_S, KeptObjects
 from .lineage import Rebuilds, wait_for_made_again
 from .loans import Loans
 from .memory import MEMORY_KILL, RetryLater
@@ -104,6 +104,7 @@ class SchedulerState:
         self.streams = Streams(self, self.directory)
         self.rebuilds = Rebuilds(self, self.directory)   # results lost, made again (lineage.py)
         self.kept = KeptObjects(self, self.directory, self.rebuilds)   # outlived a head (kept.py)
+        self.placer.nodes_of_before, self.placer.node_wait_s = self.kept.nodes, NODE_WAIT_S
         self.adoption = Adoption(self, self.actor_table)   # direct calls handed over (adoption.py)
         # Which worker runs what, when one starts or goes (_scheduler/workers.py).
         self.worker_pool = WorkerPool(self, self.loans, self.placer, self.blocking)

@@ -188,14 +188,19 @@ def test_with_workers_killed_and_the_node_replaced_every_result_is_still_right(s
 HEAD_KILL_S = float(os.environ.get("ORCHESTRA_SOAK_HEAD_KILL_S", 0)) or min(SOAK_S * 0.4, 20.0)
 
 
-def test_with_the_head_and_workers_killed_every_result_is_still_right(state: str) -> None:
+@pytest.mark.parametrize("store", ["sqlite", "redis"])
+def test_with_the_head_and_workers_killed_every_result_is_still_right(
+        state: str, store: str, request: pytest.FixtureRequest) -> None:
     """`orchestra start --head` and a joined node, PROCESSES + THREADS drivers running the
     soak's rounds (chains whose driver keeps only the last ref, large arrays, nested
     tasks, a detached actor) while a worker is SIGKILLed every 2 s and the head every
     HEAD_KILL_S: the supervisor starts it again, the node joins again, each driver carries
-    its work over (_runtime/replay.py), and no round fails, hangs or is lost."""
+    its work over (_runtime/replay.py), and no round fails, hangs or is lost. The head's
+    records in its SQLite file (the default) or in a redis-server of the test's own."""
+    url = request.getfixturevalue("redis_server").url if store == "redis" else \
+        "sqlite://" + str(Path(state, "s.db"))
     head = start_head(state, "--num-cpus", "2", "--object-store-memory", str(256 << 20),
-                      "--state-store", "sqlite://" + str(Path(state, "s.db")))
+                      "--state-store", url)
     r = cli("start", "--address", head["address"], "--token", head["token"], "--num-cpus", "2",
             "--object-store-memory", str(256 << 20), "--resources", '{"far": 100}')
     assert r.returncode == 0, r.stderr

@@ -574,3 +574,24 @@ def test_resources_counted_in_bytes_read_in_gib_in_messages() -> None:
     assert fmt({"object_store_memory": 2 ** 31}) == "object_store_memory=2 GiB"
     assert fmt({"memory": 512.0}) == "memory=512"   # a few bytes stay as they are
     assert fmt({}) == "nothing"
+
+
+def test_after_a_restart_of_the_head_the_warning_names_the_nodes_not_back_yet():
+    # A restarted head waits a few seconds for the nodes joined before it (kept.expect):
+    # a request that only such a node may hold waits for them, and the warning says so
+    # rather than only asking for a node to be started.
+    import time
+
+    from orchestra._scheduler.kept import NODE_WAIT_S
+    c = two(joinable=True)
+    c.s.kept.expect({5, 6}, time.monotonic())
+    c.submit(make_call("huge", cpus=16))
+    [warning] = sent(c.take(), _wire.WARNING, DRIVER)
+    assert "CPU=16" in warning.text
+    assert (f"2 nodes that were in the cluster before its head restarted have not joined "
+            f"again yet (each is waited for up to {NODE_WAIT_S:g} s)") in warning.text
+    c.s.kept.node_joined(5, [], time.monotonic())
+    c.s.kept.node_joined(6, [], time.monotonic())
+    c.submit(make_call("huger", cpus=32))
+    [warning] = sent(c.take(), _wire.WARNING, DRIVER)
+    assert "before its head restarted" not in warning.text and "joins" in warning.text
