@@ -213,31 +213,29 @@ def run_node_pull(token: str, args: argparse.Namespace, sizes: dict[str, int]) -
             mm.close()
             src.seal(seg.name)
             address = src.serve_data("127.0.0.1", token)
-            fresh = []
-            if size == big:   # each into a segment of its own, none freed meanwhile
-                kept = []
-                for i in range(3):
-                    t0 = time.perf_counter()
-                    dst.pull(b"f%d" % i, address, seg.name, size, token)
-                    loop.run_forever()
-                    fresh.append(time.perf_counter() - t0)
-                    oid, copy, error = done.pop()
-                    assert not error, error
-                    kept.append(copy.name)
-                for name in kept:
-                    dst.free_segment(name)
+            def pull(oid: bytes, address: str = address, key: str = seg.name,
+                     size: int = size) -> tuple[float, str]:
+                """One pull into ``dst``: its seconds and the segment it filled."""
+                t0 = time.perf_counter()
+                dst.pull(oid, address, key, size, token)
+                loop.run_forever()
+                took = time.perf_counter() - t0
+                _, copy, error = done.pop()
+                assert not error, error
+                return took, copy.name
+            # Each into a segment of its own, none freed meanwhile; then each freed after
+            # (pooled: the next pull reuses it).
+            fresh = [pull(b"f%d" % i) for i in range(3)] if size == big else []
+            for _, name in fresh:
+                dst.free_segment(name)
             times = []
             for i in range(args.repeat if size == big else args.small_repeat):
-                t0 = time.perf_counter()
-                dst.pull(b"o%d" % i, address, seg.name, size, token)
-                loop.run_forever()
-                times.append(time.perf_counter() - t0)
-                oid, copy, error = done.pop()
-                assert not error, error
-                dst.free_segment(copy.name)   # pooled: the next pull reuses it
+                took, name = pull(b"o%d" % i)
+                times.append(took)
+                dst.free_segment(name)
             if size == big:
                 print(f"node pull {size // MiB} MiB: fresh segments "
-                      + " ".join(f"{size / t / 1e9:.2f}" for t in fresh)
+                      + " ".join(f"{size / t / 1e9:.2f}" for t, _ in fresh)
                       + f" GB/s, pooled median {size / statistics.median(times[1:]) / 1e9:.2f} "
                       f"GB/s (n={len(times) - 1})", flush=True)
             else:
