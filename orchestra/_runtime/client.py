@@ -336,8 +336,8 @@ class CoreClient:
             book.add(tid, call, num_returns, refs)
         if shape is not None and hold is not None and direct.loans.get(shape) \
                 and (not refs or all(r._id in self.results for r in refs)):
-            far = any(le.peer is not None and le.peer.remote for le in direct.loans.get(shape, ()))
-            if must_sync(self.put_seq > self.synced_seq, hold, refs, self.results, far):
+            if self.put_seq > self.synced_seq and must_sync(True, hold, refs, self.results, any(
+                    le.peer is not None and le.peer.remote for le in direct.loans.get(shape, ()))):
                 self.request(pb.Request(query="sync"))   # the head knows every ref in the arguments
             c = Call(tid, call, refs, None, rids, name, hold)
             c.fid = function_id
