@@ -520,7 +520,7 @@ class Head:
                 else None
             info.objects.append(pb.ObjectInfo(
                 objref=oid, state="ready" if d is not None else "pending",
-                refcount=o.count, size=o.size, in_shared_memory=path == "",
+                refcount=o.count, size=o.nbytes(), in_shared_memory=path == "",
                 spilled=bool(path)))
         for f in st.functions.values():
             info.function_table[f.fnname].num_return_vals = f.num_return_vals

@@ -313,7 +313,7 @@ class StateQueries:
             owner = st.clients.get(o.owner)
             held = holders.get(oid, [])
             rows.append({
-                "object_id": oid.hex(), "object_size": o.size, "location": where,
+                "object_id": oid.hex(), "object_size": o.nbytes(), "location": where,
                 "node_id": node, "ref_count": o.count,
                 "pid": owner.pid if owner is not None else None,
                 "type": ("DRIVER" if owner.kind == "driver" else "WORKER") if owner else None,

@@ -96,7 +96,13 @@ class ProtocolError(Exception):
 
 
 class FrameDecoder:
-    """Accumulates bytes and yields complete ``(kind, message)`` frames."""
+    """Accumulates bytes and yields complete ``(kind, message)`` frames.
+
+    Frames are decoded straight from the bytes that arrive (a memoryview: protobuf copies
+    what it keeps); only a frame cut by the end of a read is copied, into ``_buf``, and
+    decoded from there once the rest came. Copying every read into one growing buffer
+    and each frame out of it cost ~100 us per 100 KB frame when reads brought several
+    at once (each read's buffer fresh memory, page-faulted), against ~10 us so."""
 
     __slots__ = ("_buf",)
 
@@ -105,23 +111,48 @@ class FrameDecoder:
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[tuple[int, Any]]:
         buf = self._buf
-        buf += data
-        out = []
-        pos = 0
-        end = len(buf)
+        out: list[tuple[int, Any]] = []
+        if buf:   # the rest of a frame cut before: complete it first
+            if len(buf) < 4:
+                take = 4 - len(buf)
+                buf += data[:take]
+                data = memoryview(data)[take:]
+                if len(buf) < 4:
+                    return out
+            (n,) = _LEN.unpack_from(buf, 0)
+            _check_length(n)
+            need = 4 + n - len(buf)
+            if len(data) < need:
+                buf += data
+                return out
+            buf += data[:need]
+            out.append(_decode(memoryview(buf)[4:]))
+            buf.clear()
+            data = memoryview(data)[need:]
+        view = memoryview(data)
+        pos, end = 0, len(view)
         unpack = _LEN.unpack_from
         while end - pos >= 4:
-            (n,) = unpack(buf, pos)
-            if n == 0 or n > MAX_FRAME:
-                raise ProtocolError(f"bad frame length {n}")
+            (n,) = unpack(view, pos)
+            _check_length(n)
             if end - pos - 4 < n:
                 break
-            kind = buf[pos + 4]
-            cls = MESSAGES.get(kind)
-            if cls is None:
-                raise ProtocolError(f"unknown frame kind {kind}")
-            out.append((kind, cls.FromString(bytes(buf[pos + 5: pos + 4 + n]))))
+            out.append(_decode(view[pos + 4: pos + 4 + n]))
             pos += 4 + n
-        if pos:
-            del buf[:pos]
+        if pos < end:
+            buf += view[pos:]
         return out
+
+
+def _check_length(n: int) -> None:
+    if n == 0 or n > MAX_FRAME:
+        raise ProtocolError(f"bad frame length {n}")
+
+
+def _decode(body: memoryview) -> tuple[int, Any]:
+    """A frame's kind and message from its body (the kind byte, then the message)."""
+    kind = body[0]
+    cls = MESSAGES.get(kind)
+    if cls is None:
+        raise ProtocolError(f"unknown frame kind {kind}")
+    return kind, cls.FromString(body[1:])

@@ -117,11 +117,8 @@ class ObjectDirectory:
                 self.free_segment(data.segment)
             return
         o.data = data
-        kind = data.WhichOneof("data")
-        if kind == "segment":
+        if data.WhichOneof("data") == "segment":
             o.size = data.segment.size
-        elif kind == "inline":
-            o.size = len(data.inline)
         for cid in data.contained:
             co = self.objects.get(cid)
             if co is not None:
@@ -321,8 +318,8 @@ class ObjectDirectory:
         self.objects[oid] = o
         if tomb.data is not None:
             o.data = tomb.data
-            o.size = tomb.data.segment.size if tomb.data.HasField("segment") \
-                else len(tomb.data.inline)
+            if tomb.data.HasField("segment"):
+                o.size = tomb.data.segment.size
         else:
             o.lineage = tomb.lineage   # still counted in lineage_refs: named while it lives
         return o

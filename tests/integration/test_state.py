@@ -226,6 +226,9 @@ def test_list_objects_and_memory_show_a_put_object_its_size_and_holder(two_nodes
     row = objs[ref.hex()]
     assert row["object_size"] >= 2 << 20 and row["location"] == "SHARED_MEMORY"
     assert {"pid": os.getpid(), "type": "DRIVER", "count": 1} in row["holders"]
+    small = orchestra.put(b"x" * 5000)   # inline: its size counted when listed
+    (srow,) = [o for o in state.list_objects(limit=0) if o["object_id"] == small.hex()]
+    assert srow["location"] == "INLINE" and 5000 <= srow["object_size"] < 6000
     r = cli(two_nodes[0], "memory", "--json")
     assert r.returncode == 0, r.stderr
     mem = {o["object_id"]: o for o in json.loads(r.stdout)}
