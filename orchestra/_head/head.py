@@ -40,6 +40,7 @@ from .._node.node import Node, node_from_cfg, worker_socket
 from .._node.worker_pool import ZygoteStart
 from .._objects.errors import make_error
 from .._objects.segments import sweep_stale_segments
+from .._objects.serialization import INLINE_MAX
 from .._observe.log_router import LogRoutes
 from .._observe.task_events import DRIVER
 from .._protocol import pb
@@ -399,7 +400,7 @@ class Head:
             store_capacity=node.capacity, session_dir=self.session_dir,
             shm_dir=node.shm_dir, node_dir=getattr(node, "node_dir", "") or self.session_dir,
             cwd=self.cfg.get("cwd", ""), sys_path=self.cfg.get("sys_path", []),
-            inline_threshold=int(self.cfg.get("inline_threshold", 100 * 1024)),
+            inline_threshold=int(self.cfg.get("inline_threshold", INLINE_MAX)),
             conn_id=conn.conn_id, joinable=bool(self.cfg.get("joinable")),
             infeasible_waits=bool(self.cfg.get("infeasible_waits")),
             node_address=self._node_address(node), dashboard_url=self.dashboard_url,
@@ -652,7 +653,7 @@ class Head:
         self.node_machine[node_id] = j.machine
         remote.welcome(pb.NodeWelcome(
             node_id=node_id, session_id=self.cfg["session_id"],
-            inline_threshold=int(self.cfg.get("inline_threshold", 100 * 1024)),
+            inline_threshold=int(self.cfg.get("inline_threshold", INLINE_MAX)),
             heartbeat_s=_HEARTBEAT_S, timeout_s=float(self.cfg.get("node_timeout_s", 10.0))))
         if len(frames) > 1:
             remote.handle(frames[1:])

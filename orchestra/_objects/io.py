@@ -48,6 +48,10 @@ _SPARES = 8
 _SPARE_BYTES = 32 << 20
 _SPARE_AFTER_S = 1.0
 _SPARE_IDLE_S = 2.0   # spares of a class no put took for this long are given back
+# A put from this size parses what it wrote at once (keep_read): a get of a large value
+# right after its copy otherwise parses it with the caches cold. Below it the parse
+# costs ~10 us wherever it runs, and a put whose value is never read here skips it.
+KEEP_READ_MIN = 1 << 20
 
 
 class Client(Protocol):
@@ -106,12 +110,13 @@ class ObjectIO:
         if ser.size <= self.inline_threshold:
             out.inline = ser.to_bytes()
             return out
-        # Drops that came before this put must reach the store before it judges the room
-        # (the decrements otherwise travel after the frame, see CoreClient.send_raw).
-        client.flush_refs()
         size = ser.stream_size()
         seg = self._spare(size) if not ser.contained else None
         if seg is None:
+            # Drops that came before this put must reach the store before it judges the
+            # room (the decrements otherwise travel after the frame, see
+            # CoreClient.send_raw); a spare's room was judged when it was handed out.
+            client.flush_refs()
             reply = client.request(pb.Request(create_segment=pb.CreateSegment(
                 object_id=oid, size=size, holds_refs=bool(ser.contained),
                 spares=0 if ser.contained else self._spares_wanted(size))))

@@ -32,9 +32,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NoReturn
 
 from .. import _ids
-from .._objects.io import ObjectIO
+from .._objects.io import KEEP_READ_MIN, ObjectIO
 from .._objects.refs import RefCounts
-from .._objects.serialization import Serialized, serialize
+from .._objects.serialization import INLINE_MAX, Serialized, serialize
 from .._protocol import codec as _codec
 from .._protocol import pb
 from .._protocol import wire as _wire
@@ -142,7 +142,7 @@ class CoreClient:
         # tasks' prints go to it); a worker sets that of the task it runs (_worker/worker.py).
         self.job_suffix = _codec.job_field(self.conn_id) if hello.kind == "driver" else b""
         self.shm_dir = self.info.shm_dir   # the session's private directory of segments
-        self.objects = ObjectIO(self, self.shm_dir, self.info.inline_threshold or 100 * 1024,
+        self.objects = ObjectIO(self, self.shm_dir, self.info.inline_threshold or INLINE_MAX,
                                 self.info.node_id)
         self.inline_threshold = self.objects.inline_threshold
         # One reused buffer: recv(1 MiB) would allocate (and fault in) 1 MiB per read.
@@ -421,7 +421,7 @@ class CoreClient:
                             "or put() its value (orchestra.get(ref)) instead")
         ref = self.put_serialized(serialize(value))
         data = self.results.get(ref._id)
-        if data is not None and data.WhichOneof("data") == "segment":
+        if data is not None and data.segment.size >= KEEP_READ_MIN:   # (inline: 0)
             self.objects.keep_read(ref._id, data.segment)
         return ref
 

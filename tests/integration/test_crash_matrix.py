@@ -44,7 +44,7 @@ from orchestra.exceptions import (
 pytestmark = pytest.mark.timeout(60)
 
 T = 30  # seconds: every get has a deadline, so a row that hangs fails instead
-SHARED_MEMORY = 200_000   # bytes: more than the 100 KiB sent inline, so through a segment
+SHARED_MEMORY = 200_000   # bytes: more than the 64 KiB sent inline, so through a segment
 
 
 # ------------------------------------------------------------------ values that fail

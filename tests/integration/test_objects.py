@@ -18,7 +18,7 @@ from orchestra.exceptions import ObjectStoreFullError
 pytestmark = pytest.mark.timeout(60)
 
 T = 30
-BIG = 4 << 20   # well above the 100 KiB inline threshold
+BIG = 4 << 20   # well above the 64 KiB inline threshold
 
 
 def _oid(ref: orchestra.ObjectRef) -> bytes:
