@@ -39,11 +39,11 @@ methods.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from .._protocol import pb
-from .instructions import FreeSegment, Push
+from .instructions import FreeSegment, Pull, Push
 from .model import Lineage, Obj, SchedulerCore, TaskState
 
 
@@ -183,6 +183,18 @@ class ObjectDirectory:
             return False
         self.tombs[oid] = Tomb(pb.ObjectData(object_id=oid, segment=segment), None)
         return True
+
+    def args_to(self, node_id: int, resolved: Sequence[pb.ObjectData]) -> None:
+        """Name the copies on a worker's node of its task's large arguments, and have
+        the node pull those it lacks now (the worker asks for them once it runs)."""
+        for i, data in enumerate(resolved):
+            if data.WhichOneof("data") != "segment" or data.segment.node_id == node_id:
+                continue
+            local = self.copy_on(data.object_id, node_id)
+            if local is not None:
+                resolved[i].CopyFrom(local)
+            else:
+                self.core.out.append(Pull(node_id, data.object_id))
 
     def copy_on(self, oid: bytes, node_id: int) -> pb.ObjectData | None:
         """The object's data as a reader on ``node_id`` maps it: the primary copy when it

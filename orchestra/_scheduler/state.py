@@ -21,7 +21,7 @@ drivers), Placer (placement.py: which node), PlacementGroups (groups.py), Stream
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable
 
 from .. import _ids
 from .._protocol import pb
@@ -30,7 +30,7 @@ from .actors import ActorTable
 from .adoption import Adoption
 from .blocking import Blocking
 from .groups import PlacementGroups
-from .instructions import CANCEL_KILL, Instruction, KillWorker, Pull, Send
+from .instructions import CANCEL_KILL, Instruction, KillWorker, Send
 from .kept import NODE_WAIT_S, KeptObjects
 from .lineage import Rebuilds, wait_for_made_again
 from .loans import Loans
@@ -81,6 +81,8 @@ class SchedulerState:
         # tasks blocked in get() run before more of their parents start (which would
         # block too, until no worker is left for anyone: a deadlock).
         self.ready: dict[tuple[Hashable, ...], collections.deque[Task]] = {}
+        # No task was made ready since the last schedule() began (deps_met's shortcut).
+        self.settled = False
         self.pipeline_depth = pipeline_depth
         # Builds an object's pickled error, (kind, **details) -> bytes: _objects/errors.py.
         self.error: Callable[..., bytes] = error_factory or default_error
@@ -371,10 +373,18 @@ class SchedulerState:
             self.actor_table.creation_deps_met(t)
             return
         t.move(TaskState.READY)
+        # Behind tasks the last schedule() could not place, it waits for the event that
+        # frees a worker (which schedules) instead of a scan of every worker per task.
+        behind = self.settled and bool(self.ready.get(t.qkey)) and not (self.loans.loaned
+            or self.groups.pending or self.actor_table.pending or self.blocking.waiting_for)
         self.enqueue_ready(t)
-        self.schedule()
+        if behind:
+            self.settled = True
+        else:
+            self.schedule()
 
     def enqueue_ready(self, t: Task, front: bool = False) -> None:
+        self.settled = False
         if self.kept.parking:   # a restarted head waits for the processes of before
             self.kept.park(t)
             return
@@ -400,6 +410,7 @@ class SchedulerState:
     def schedule(self) -> None:
         """Give ready tasks to workers: idle workers first, then pipelining on the
         workers granted that shape."""
+        self.settled = True   # until a task is made ready, each queue's first was looked at
         if self.groups.pending:   # bundles first: they wait for resources tasks free
             self.groups.place_pending()
         self.actor_table.place_pending()
@@ -443,20 +454,8 @@ class SchedulerState:
             if v.WhichOneof("kind") == "ref":
                 resolved.append(objects[v.ref].data)
         if len(self.nodes) > 1:
-            self._args_to(w.node_id, resolved)
+            self.directory.args_to(w.node_id, resolved)
         self.out.append(Send(w.conn, EXECUTE, pb.Execute(invoke=inv)))
-
-    def _args_to(self, node_id: int, resolved: Sequence[pb.ObjectData]) -> None:
-        """Name the copies on the worker's node of its task's large arguments, and have
-        the node pull those it lacks now (the worker asks for them once it runs)."""
-        for i, data in enumerate(resolved):
-            if data.WhichOneof("data") != "segment" or data.segment.node_id == node_id:
-                continue
-            local = self.directory.copy_on(data.object_id, node_id)
-            if local is not None:
-                resolved[i].CopyFrom(local)
-            else:
-                self.out.append(Pull(node_id, data.object_id))
 
     def task_done(self, conn: int, msg: pb.TaskDone) -> None:
         c = self.clients.get(conn)
@@ -752,12 +751,11 @@ class SchedulerState:
         self.directory.ref_delta(conn, incr, decr)
 
     def handles_gone(self, oid: bytes) -> bool:
-        """The last count of ``oid`` is gone: True when it was an actor's handle object
-        (the actor ends with it)."""
-        if oid in self.actor_table.actors:
+        """The last count of ``oid`` is gone: True for an actor's handle (the actor ends)."""
+        found = oid in self.actor_table.actors
+        if found:
             self.actor_table.handles_gone(oid)
-            return True
-        return False
+        return found
 
     # ------------------------------------------------------------------ placement groups
     def _cancelled_error(self, t: Task) -> bytes:

@@ -140,15 +140,20 @@ class WorkerPool:
         order = self.placer.order(t)
         only = hard_node(t)
         idle: dict[int, Worker] = {}
-        candidates = []
+        # One pass: the first idle worker of each node, and the busy one of this shape
+        # with the fewest tasks queued below the pipeline depth (least_queued's choice).
+        best: Worker | None = None
+        shape, depth = t.shape, self.core.pipeline_depth
         for w in self.core.workers.values():
             st = w.state
             if st is WorkerState.IDLE:
                 if w.node_id not in idle:
                     idle[w.node_id] = w
-            elif st is WorkerState.BUSY and w.grant_shape == t.shape and w.lent_to is None \
+            elif st is WorkerState.BUSY and w.grant_shape == shape and w.lent_to is None \
                     and not w.nested and (only is None or w.node_id == only):
-                candidates.append(w)
+                queued = len(w.queue)
+                if queued < depth and (best is None or queued < len(best.queue)):
+                    best = w
         for node in order:
             took = idle.get(node.node_id)
             if took is not None:
@@ -169,7 +174,6 @@ class WorkerPool:
                 # one node, see _pick_worker), rather than pipeline behind a long task.
                 self.maybe_grow(t, [node])
                 return None
-        best = self.least_queued(candidates)
         if best is None:
             self.maybe_grow(t, order)
         return best
