@@ -14,10 +14,11 @@ their processes would), and one driver; then, each phase timed:
     drain   every Execute the core sends is answered at once with a TaskDone, and the
             driver drops the result (a RefDelta decrement): each answer is a decision
             (the worker's next task) ......................................... tasks/s
-    actors  A actors of 1/A of the cluster's CPUs each created, their dedicated workers
-            connected and constructors answered, then one call each answered
-            ....................................................... actors/s, bytes/actor
-    groups  G placement groups of 2 bundles (PACK) created, then removed ..... groups/s
+    actors  A actors of 1 CPU each (less where the cluster has fewer CPUs) created,
+            their dedicated workers connected and constructors answered, then one call
+            each answered ......................................... actors/s, bytes/actor
+    groups  G placement groups of 2 bundles of 1 CPU (PACK) created (those the cluster
+            cannot hold wait), then removed .......................... groups/s
 
 Memory is what Python allocated and still holds after each phase (tracemalloc, in a
 second, smaller pass: tracing slows the core), per node (the build), per queued task,
@@ -143,7 +144,7 @@ def run(nodes: int, workers: int, tasks: int, actors: int, groups: int) -> dict[
     out["left_in_core"] = len(s.tasks) + len(s.objects)
 
     # actors: each a dedicated worker; created, constructed, called once
-    cpus = nodes * workers / max(actors, 1)
+    cpus = min(1.0, nodes * workers / max(actors, 1))   # all fit at once
     ctors = []
     for _ in range(actors):
         ctor = _call("A.__init__", cpus, num_returns=0)
@@ -224,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         mem = run(n, a.workers, min(t, 20_000), min(a.actors, 500), 0)
         tracemalloc.stop()
         r.update({k: v for k, v in mem.items() if k.startswith("bytes_per_")})
+        if a.json:   # after each count: a long run keeps what it measured
+            with open(a.json, "w") as f:
+                json.dump(results + [r], f, indent=1)
         results.append(r)
         print(f"{n} nodes: done ({r['drain_s'] + r['queue_s']:.1f} s of tasks; "
               f"{r['actors_alive']:.0f} actors alive, {r['groups_placed']:.0f} groups placed, "
@@ -235,9 +239,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label:{width}}{cells}")
     print(f"\ntasks: {', '.join(f'{t:,}' for t in tasks)}; {a.actors:,} actors, {a.groups:,} groups; "
           f"{a.workers} workers per node; Python {sys.version.split()[0]}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=1)
     return 0
 
 
