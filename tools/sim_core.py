@@ -38,7 +38,8 @@ import time
 import tracemalloc
 from typing import Any
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+if __name__ == "__main__":   # run by path from a checkout: the package beside it
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from orchestra._proto import types_pb2  # noqa: E402
 from orchestra._protocol import pb  # noqa: E402

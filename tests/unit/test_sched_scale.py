@@ -4,14 +4,17 @@ answering at once) runs every task, actor and placement group through (no proces
 no sockets)."""
 from __future__ import annotations
 
-import os
-import sys
+import importlib.util
+from pathlib import Path
 
 from _sched_helpers import Nodes, executed, make_call
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools"))
-
-import sim_core  # noqa: E402
+# The simulator, loaded by path (sys.path left alone: workers of other tests inherit it).
+_spec = importlib.util.spec_from_file_location(
+    "sim_core", Path(__file__).resolve().parents[2] / "tools" / "sim_core.py")
+assert _spec is not None and _spec.loader is not None
+sim_core = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sim_core)
 
 
 def test_tasks_queued_behind_others_are_not_rescheduled_at_each_submit(monkeypatch):
