@@ -34,7 +34,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from .._protocol import pb
-from ..exceptions import ObjectLostError, OrchestraError
+from ..exceptions import ObjectLostError, ObjectStoreError, OrchestraError
 from .refs import RefCounts
 from .segments import map_ahead, map_segment, open_segment, write_into
 from .serialization import Parsed, Serialized, deserialize, parse
@@ -112,22 +112,24 @@ class ObjectIO:
             return out
         size = ser.stream_size()
         seg = self._spare(size) if not ser.contained else None
+        spare = seg is not None
         if seg is None:
-            # Drops that came before this put must reach the store before it judges the
-            # room (the decrements otherwise travel after the frame, see
-            # CoreClient.send_raw); a spare's room was judged when it was handed out.
-            client.flush_refs()
-            reply = client.request(pb.Request(create_segment=pb.CreateSegment(
-                object_id=oid, size=size, holds_refs=bool(ser.contained),
-                spares=0 if ser.contained else self._spares_wanted(size))))
-            seg = reply.segment
-            if reply.spares:
-                self._keep_spares(size, reply.spares)
+            seg = self._create(oid, size, ser)
         with self.refs.lock:
             mm = self.wmaps.pop(seg.name, None) if seg.reused else None
         try:
             if mm is None or len(mm) < size:
-                mm = open_segment(self.shm_dir, seg)
+                try:
+                    mm = open_segment(self.shm_dir, seg)
+                except ObjectStoreError:
+                    if not spare:
+                        raise
+                    # A spare of a store that is gone (its head was killed, and the
+                    # put ran before this process heard): ask for a segment instead,
+                    # which says ClusterLostError if the head is gone (put retries it).
+                    self.abort_segment(seg.name)
+                    seg = self._create(oid, size, ser)
+                    mm = open_segment(self.shm_dir, seg)
             write_into(mm, ser)
         except BaseException:
             # The store counted the segment's bytes: give them back before the error
@@ -141,6 +143,19 @@ class ObjectIO:
                 self.wmaps[seg.name] = mm
         out.segment.CopyFrom(seg)
         return out
+
+    def _create(self, oid: bytes, size: int, ser: Serialized) -> pb.Segment:
+        """A new segment for ``oid`` from the store (and spares of its class with it)."""
+        # Drops that came before this put must reach the store before it judges the room
+        # (the decrements otherwise travel after the frame, see CoreClient.send_raw); a
+        # spare's room was judged when it was handed out.
+        self.client.flush_refs()
+        reply = self.client.request(pb.Request(create_segment=pb.CreateSegment(
+            object_id=oid, size=size, holds_refs=bool(ser.contained),
+            spares=0 if ser.contained else self._spares_wanted(size))))
+        if reply.spares:
+            self._keep_spares(size, reply.spares)
+        return reply.segment
 
     def _spare(self, size: int) -> pb.Segment | None:
         """A spare segment for an object of ``size`` bytes (its size set), or None."""
