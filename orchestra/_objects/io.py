@@ -134,8 +134,9 @@ class ObjectIO:
         except BaseException:
             # The store counted the segment's bytes: give them back before the error
             # reaches the caller (a failed put used to keep them until disconnect).
-            if mm is not None:
-                mm.close()
+            # (_close: an exception raised into the copy, a cancel, can leave a view of
+            # the map alive; closing it then raised BufferError in the cancel's place.)
+            _close(mm)
             self.abort_segment(seg.name)
             raise
         with self.refs.lock:

@@ -258,14 +258,15 @@ def ignore(*args: Any) -> None:
 
 @orchestra.remote(max_retries=0)
 def submit_large_calls(gate: Gate) -> str:
-    """Submits calls of 3.6 MB (40 inline arguments) until cancelled: its main thread is
-    mostly inside the client's sendall when the cancel comes."""
-    payload = b"x" * 90_000
+    """Submits calls of 3.6 MB (60 inline arguments, each under the 64 KiB inline limit)
+    until cancelled: its main thread is mostly inside the client's sendall when the
+    cancel comes."""
+    payload = b"x" * 60_000
     refs = []
     deadline = time.monotonic() + DEADLINE_S
     sent = 0
     while time.monotonic() < deadline:
-        refs.append(ignore.remote(*([payload] * 40)))
+        refs.append(ignore.remote(*([payload] * 60)))
         del refs[:-5]
         sent += 1
         if sent == 3:   # sending steadily now: tell the driver (and who we are)
