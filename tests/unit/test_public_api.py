@@ -101,8 +101,10 @@ _PROBE = textwrap.dedent("""
     import atexit, importlib, json, os, pkgutil, signal, sys, threading
 
     # Third-party libraries orchestra depends on may start native thread pools when
-    # loaded (numpy's BLAS): load them first so that only orchestra's own effects show.
-    for lib in ("numpy", "pyarrow"):
+    # loaded (numpy's BLAS), or set the environment (joblib 1.6 sets KMP_INIT_AT_FORK,
+    # and orchestra.util.joblib imports joblib): load them first so that only
+    # orchestra's own effects show.
+    for lib in ("numpy", "pyarrow", "joblib"):
         try:
             importlib.import_module(lib)
         except ImportError:
