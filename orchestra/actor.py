@@ -1,4 +1,5 @@
-"""Names Ray has in ``ray.actor``: ``exit_actor`` (and the actor classes' names).
+"""Names Ray has in ``ray.actor``: ``exit_actor`` (and the actor classes' names), and
+``ActorExitRequest``, what it raises.
 
     method body: exit_actor() -> raises ActorExitRequest (a BaseException, so that
         `except Exception` in user code lets it through) -> the worker (_worker/worker.py,
@@ -9,5 +10,6 @@
 from __future__ import annotations
 
 from ._api.actor import ActorClass, ActorHandle, ActorMethod, exit_actor
+from ._runtime.context import ActorExitRequest
 
-__all__ = ["exit_actor", "ActorClass", "ActorHandle", "ActorMethod"]
+__all__ = ["exit_actor", "ActorExitRequest", "ActorClass", "ActorHandle", "ActorMethod"]

@@ -409,10 +409,6 @@ def kill(handle: ActorHandle[Any], *, no_restart: bool = True) -> None:
         kill_actor=pb.KillActor(actor_id=handle._actor_id, no_restart=bool(no_restart))))
 
 
-class ActorExitRequest(BaseException):
-    """Raised by exit_actor() inside an actor method; the worker ends the actor."""
-
-
 def exit_actor() -> None:
     """End the current actor from one of its methods (sync or async), as Ray's does.
 
@@ -423,4 +419,4 @@ def exit_actor() -> None:
         raise TypeError("exit_actor() is called outside an actor: call it inside an actor "
                         "method to end that actor; to stop an actor from outside, use "
                         "orchestra.kill(handle)")
-    raise ActorExitRequest()
+    raise _context.ActorExitRequest()

@@ -38,12 +38,11 @@ if TYPE_CHECKING:
     import numpy as np
 
 try:
-    from ..microbenchmark import MiB, Results, _lat, _rate, cluster_memory
-except ImportError:   # run by path under a Python without orchestra: ../microbenchmark.py
+    from .microbenchmark import MiB, Results, _lat, _rate, cluster_memory
+except ImportError:   # run by path under a Python without orchestra: microbenchmark.py beside it
     import importlib.util
     _spec = importlib.util.spec_from_file_location(
-        "microbenchmark", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                       "microbenchmark.py"))
+        "microbenchmark", os.path.join(os.path.dirname(os.path.abspath(__file__)), "microbenchmark.py"))
     assert _spec is not None and _spec.loader is not None
     _bench = importlib.util.module_from_spec(_spec)
     sys.modules["microbenchmark"] = _bench

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         from . import state as _cli_state
         return _cli_state.main(cmd, rest)
     if cmd == "microbenchmark":
-        from ..microbenchmark import main as bench
+        from .microbenchmark import main as bench
         return bench(rest)
     if cmd == "run":
         return _run(rest)

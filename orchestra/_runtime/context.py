@@ -197,6 +197,13 @@ def in_actor() -> bool:
     return _actor is not None
 
 
+class ActorExitRequest(BaseException):
+    """Raised by exit_actor() inside an actor method; the worker ends the actor.
+
+    A BaseException, so that the method's own ``except Exception`` lets it through. It
+    lives here, below the API, because the worker process catches it."""
+
+
 class RuntimeContext:
     """What this process is within its cluster (``orchestra.get_runtime_context()``).
 

@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 import cloudpickle
 
 from .. import _ids
-from .._api.actor import ActorExitRequest
 
 # _code_source: loaded here, in the fork server, for functions copied by value.
 from .._objects.errors import make_error
@@ -722,7 +721,7 @@ class WorkerRuntime:
 
     def failed(self, inv: pb.InvokeCallRequest, exc: BaseException) -> pb.TaskDone:
         """TaskDone carrying the error of user code (an ActorDiedError for a constructor)."""
-        if isinstance(exc, ActorExitRequest) and self.actor is not None:
+        if isinstance(exc, _context.ActorExitRequest) and self.actor is not None:
             return self._exit_actor(inv)
         raised = exc.error if isinstance(exc, ArgumentError) else exc
         self.events.error_types[inv.call.task_id] = type(raised).__name__

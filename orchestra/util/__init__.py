@@ -7,7 +7,6 @@ bars drawn on the driver (``orchestra.util.tqdm``).
 The libraries' adapters, each imported when used: ``orchestra.util.multiprocessing.Pool``,
 ``orchestra.util.futures.OrchestraExecutor``, ``orchestra.util.joblib`` (needs joblib) and
 ``orchestra.util.dask`` (needs dask)."""
-from .._api.actor_pool import ActorPool
 from .._api.placement_group import (
     PlacementGroup,
     get_placement_group,
@@ -15,6 +14,7 @@ from .._api.placement_group import (
     remove_placement_group,
 )
 from .._api.placement_group import placement_group as _placement_group
+from .._libs.actor_pool import ActorPool
 from . import placement_group as _placement_group_module  # noqa: F401
 
 # The submodule is imported above so that it cannot take this name later: imported after

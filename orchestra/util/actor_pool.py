@@ -1,5 +1,5 @@
 """``orchestra.util.ActorPool`` (as ``ray.util.ActorPool``): calls spread over a fixed set
-of actors, one call per actor at a time. The implementation: orchestra/_api/actor_pool.py."""
-from .._api.actor_pool import ActorPool
+of actors, one call per actor at a time. The implementation: orchestra/_libs/actor_pool.py."""
+from .._libs.actor_pool import ActorPool
 
 __all__ = ["ActorPool"]

@@ -1,8 +1,8 @@
 """``orchestra.util.dask`` (as ``ray.util.dask``): ``orchestra_dask_get``, a Dask scheduler
 running each Dask task as an orchestra task, and ``enable_dask_on_orchestra()`` /
 ``disable_dask_on_orchestra()``. Needs dask. The implementation:
-orchestra/_api/dask_scheduler.py."""
-from .._api.dask_scheduler import (
+orchestra/_libs/dask_scheduler.py."""
+from .._libs.dask_scheduler import (
     disable_dask_on_orchestra,
     enable_dask_on_orchestra,
     orchestra_dask_get,

@@ -684,7 +684,7 @@ def test_twenty_actors_alive_at_once(cluster):
 @pytest.mark.load
 @pytest.mark.timeout(120)
 def test_two_hundred_actors_alive_at_once_answer_and_go_away(cluster):
-    from orchestra.microbenchmark import _children, _mem
+    from orchestra._cli.microbenchmark import _children, _mem
     n = 200
     start = time.monotonic()
     actors = [Counter.remote(i) for i in range(n)]

@@ -591,7 +591,7 @@ def test_ctrl_c_during_shutdown_cuts_its_wait_short_and_leaves_nothing(no_cluste
     # Ctrl-Cs land inside shutdown for sure; a healthy head exits within ~0.1 s. A
     # KeyboardInterrupt raised there used to abandon the cleanup: the paused head, its
     # zygote and workers, the segments and the session directory all stayed.
-    from orchestra.microbenchmark import _children
+    from orchestra._cli.microbenchmark import _children
     here = str(Path(__file__).resolve().parent)
     script = _SHUTDOWN_DRIVER.format(paths=[ORCHESTRA_ROOT, here])
     proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], preexec_fn=_ctrl_c_as_usual,

@@ -17,7 +17,7 @@ import pytest
 
 import orchestra
 from _helpers import wait_for_file
-from orchestra.microbenchmark import _children  # every process below a pid
+from orchestra._cli.microbenchmark import _children  # every process below a pid
 
 DEADLINE_S = 90.0
 

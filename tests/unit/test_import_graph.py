@@ -32,14 +32,14 @@ LAYERS: dict[str, int] = {
     "_node": 5,                          # a node: its store, its workers
     "_head": 6, "_api": 6,               # the head process / the public API's implementation
     "_gang": 7,                          # gangs and the coordinator, built on actors
+    "_libs": 7,                          # Pool, executor, joblib, Dask, ActorPool, Queue
     "_cluster": 8,                       # starting clusters
     "public": 9,                         # __init__, util, actor, compat, ... (PUBLIC)
     # entry points: the command, and the worker process, which runs users' code
     "_cli": 10, "_worker": 10, "__main__": 11,
 }
 # The public modules, one part: they re-export, and some need the whole API.
-PUBLIC = {"__init__", "actor", "dag", "util", "compat", "cluster_utils", "coordinator",
-          "microbenchmark"}
+PUBLIC = {"__init__", "actor", "dag", "util", "compat", "cluster_utils", "coordinator"}
 
 # The scheduler core's helpers never reach back into its state machine.
 SCHEDULER_HELPERS = ["_scheduler.model", "_scheduler.instructions", "_scheduler.actors",
@@ -178,6 +178,32 @@ def test_the_subpackages_init_modules_are_empty():
     for path in PACKAGE.glob("_*/__init__.py"):
         if path.parent.name != "_proto":
             assert path.read_text().strip() == "", path
+
+
+# What the libraries built on the API may use: the API's implementation, as a user's code
+# would use the public API, and the public errors and types (an ObjectRef, the checks of
+# what users pass); never the runtime, the protocol or the objects' internals.
+LIBS_MAY_IMPORT = {"_api", "exceptions", "_checks", "_runtime.object_ref"}
+
+
+def test_the_libraries_import_only_the_api_and_the_public_types():
+    graph = import_graph()
+    crossing = sorted(f"{mod} imports {dep}" for mod, deps in graph.items()
+                      if part(mod) == "_libs" for dep in deps
+                      if part(dep) != "_libs" and dep not in LIBS_MAY_IMPORT
+                      and part(dep) not in LIBS_MAY_IMPORT)
+    assert crossing == []
+    assert any(part(m) == "_libs" for m in graph)
+
+
+def test_the_worker_process_does_not_import_the_api():
+    # The worker runs users' code: it needs the runtime, not the driver's API layer
+    # (what a method raises to end its actor, ActorExitRequest, lives in _runtime). Only
+    # a worker of `orchestra run --ray` installs Ray's names, which are the whole API.
+    users = sorted(f"{mod} imports {dep}" for mod, deps in import_graph().items()
+                   if part(mod) == "_worker" for dep in deps
+                   if part(dep) in ("_api", "_libs", "_gang", "public") and dep != "compat.ray")
+    assert users == []
 
 
 @pytest.mark.parametrize("helper", SCHEDULER_HELPERS)

@@ -1,4 +1,4 @@
-"""Which joblib batches run (orchestra/_api/joblib_backend.Slots), driven by Hypothesis:
+"""Which joblib batches run (orchestra/_libs/joblib_backend.Slots), driven by Hypothesis:
 batches offered, batches ending and the pool stopped, in any order. Never more than
 ``limit`` run at once; a batch waits only while ``limit`` run; batches start in the
 order offered; each starts once, or is handed back by stop(), never both; nothing
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("joblib")
-from orchestra._api.joblib_backend import Slots  # noqa: E402
+from orchestra._libs.joblib_backend import Slots  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 

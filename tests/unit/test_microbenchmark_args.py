@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from orchestra._cli import bench_nodes as _bench_nodes
-from orchestra.microbenchmark import _compare_list, main, node_rows, report
+from orchestra._cli.microbenchmark import _compare_list, main, node_rows, report
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -59,7 +59,7 @@ def test_a_failed_framework_prints_as_dashes_and_the_others_with_ratios() -> Non
 
 def test_the_cluster_benchmark_runs_by_path_beside_microbenchmark_py() -> None:
     # Ray's half runs this file by path under a Python without orchestra: it must find
-    # ../microbenchmark.py itself (it broke when the file moved into _cli/).
+    # microbenchmark.py beside it itself (it broke when one of them moved).
     import subprocess
     import sys
     proc = subprocess.run([sys.executable, "-I", _bench_nodes.__file__, "ray", "2", "--quick"],

@@ -1,4 +1,4 @@
-"""The Pool's decisions (orchestra/_api/pool_book.py) under random interleavings
+"""The Pool's decisions (orchestra/_libs/pool_book.py) under random interleavings
 (Hypothesis), no processes: chunks added, calls sent and answered in any order (a
 result, or the process's death), processes replaced, close and terminate, with one to
 three processes and with or without maxtasksperchild.
@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from orchestra._api.pool_book import RUN, TERMINATE, PoolBook
+from orchestra._libs.pool_book import RUN, TERMINATE, PoolBook
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -7,7 +7,7 @@ Each workload runs for a bounded count and time and prints one row. ``--compare 
 runs the same file under a Python that has Ray (this environment, or --ray-python /
 $ORCHESTRA_RAY_PYTHON, e.g. a separate venv) in the same run and prints ratios; the
 workloads that multiprocessing.Pool can do are measured too. ``--nodes N`` (N >= 3)
-measures a cluster of a head and N-1 nodes on this machine instead (_cli/bench_nodes.py),
+measures a cluster of a head and N-1 nodes on this machine instead (bench_nodes.py beside it),
 with Ray and Dask (``--compare ray,dask``; Dask from --dask-python, else Ray's Python)
 side by side. Numbers only: nothing here asserts a speed.
 
@@ -605,7 +605,7 @@ def _run_child(python: str, framework: str, quick: bool) -> Results:
     if framework == "ray":  # a Python without orchestra: run this file by path
         cmd = [python, os.path.abspath(__file__)]
     else:
-        cmd = [python, "-m", "orchestra.microbenchmark"]
+        cmd = [python, "-m", "orchestra._cli.microbenchmark"]
     cmd += ["--framework", framework, "--child"]
     if quick:
         cmd.append("--quick")
@@ -618,7 +618,7 @@ def _run_nodes_child(python: str, framework: str, nodes: int, quick: bool) -> Re
     if framework == "orchestra":
         cmd = [python, "-m", "orchestra._cli.bench_nodes"]
     else:  # a Python without orchestra: run the file by path
-        cmd = [python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cli/bench_nodes.py")]
+        cmd = [python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_nodes.py")]
     cmd += [framework, str(nodes)] + (["--quick"] if quick else [])
     try:
         return _child_json(cmd, framework)

@@ -45,7 +45,7 @@ class OrchestraExecutor(cf.Executor):
     def __init__(self, max_workers: int | None = None, *, address: str | None = None,
                  orchestra_remote_args: dict[str, Any] | None = None,
                  ray_remote_args: dict[str, Any] | None = None) -> None:
-        from .session import cluster_resources, init, is_initialized
+        from .._api.session import cluster_resources, init, is_initialized
         if max_workers is not None and (isinstance(max_workers, bool)
                                         or not isinstance(max_workers, int)):
             raise TypeError(f"max_workers must be an int or None, got {max_workers!r}")
@@ -65,7 +65,7 @@ class OrchestraExecutor(cf.Executor):
         self._chunk = self._remote(_chunk)
 
     def _remote(self, fn: Callable[..., Any]) -> Any:
-        from .remote import remote
+        from .._api.remote import remote
         rf = remote(fn)
         return rf.options(**self._options) if self._options else rf
 

@@ -3,7 +3,7 @@ on the cluster, with its semantics (``ray.util.multiprocessing.Pool`` names it t
 
     Pool(n)          -> n actors (_PoolWorker, one CPU each), initializer run in each
     apply_async/map  -> chunks (a list of argument tuples) queued in the pool's PoolBook
-                        (_api/pool_book.py: the decisions, no I/O), which says what to send
+                        (_libs/pool_book.py: the decisions, no I/O), which says what to send
                         to which actor (two calls out per actor; several chunks per call
                         while many wait); a call's ref resolves on the process's futures
                         thread (ObjectRef.future), which hands its results to their
@@ -313,7 +313,7 @@ class Pool:
                  ray_address: str | None = None,
                  orchestra_remote_args: dict[str, Any] | None = None,
                  ray_remote_args: dict[str, Any] | None = None) -> None:
-        from .session import cluster_resources, init, is_initialized
+        from .._api.session import cluster_resources, init, is_initialized
         if initializer is not None and not callable(initializer):
             raise TypeError("initializer must be a callable")
         if maxtasksperchild is not None and (
@@ -558,7 +558,7 @@ class Pool:
 
 
 def _kill_quietly(actor: Any) -> None:
-    from .actor import kill
+    from .._api.actor import kill
     try:
         kill(actor)
     except Exception:  # noqa: BLE001 - dead already, or the session is gone (so is it)
@@ -595,7 +595,7 @@ def _worker_class() -> Any:
     """The pool's actor class (made once per process: @remote needs the session's API)."""
     global _WORKER
     if _WORKER is None:
-        from .remote import remote
+        from .._api.remote import remote
         _WORKER = remote(_PoolWorker)
     return _WORKER
 

@@ -18,10 +18,10 @@ import queue as _stdqueue
 from collections.abc import Iterable
 from typing import Any
 
+from .._api.actor import kill
+from .._api.remote import remote
+from .._api.session import get, wait
 from .._checks import is_int, is_number
-from .actor import kill
-from .remote import remote
-from .session import get, wait
 
 
 class Empty(_stdqueue.Empty):
@@ -91,7 +91,7 @@ class _QueueActor:
         return _OK, [self.queue.get_nowait() for _ in range(num_items)]
 
     def terminate(self) -> None:
-        from .actor import exit_actor
+        from .._api.actor import exit_actor
         exit_actor()
 
 

@@ -50,7 +50,7 @@ class _Shipped:
         self.puts = 0   # how many arrays were put (for tests and curiosity)
 
     def ref_for(self, array: Any) -> Any:
-        from .session import put
+        from .._api.session import put
         key = id(array)
         with self.lock:
             got = self.refs.get(key)
@@ -91,7 +91,7 @@ def _numpy() -> Any:
 
 
 def _from_ref(ref: Any) -> Any:
-    from .session import get
+    from .._api.session import get
     return get(ref)
 
 
@@ -164,8 +164,8 @@ class TaskPool:
 
     def __init__(self, n_jobs: int, remote_args: dict[str, Any] | None = None) -> None:
         global _BATCH
+        from .._api.remote import remote
         from .mp_pool import ApplyResult
-        from .remote import remote
         if _BATCH is None:
             _BATCH = remote(_run_batch)
         self._result_cls = ApplyResult
@@ -207,7 +207,7 @@ class TaskPool:
     def terminate(self) -> None:
         """No batch starts any more; those waiting fail, those running are cancelled
         (joblib terminates a call that raised: its other batches are not needed)."""
-        from .session import cancel
+        from .._api.session import cancel
         with self._lock:
             left = self._slots.stop()
             running = list(self._running)
@@ -240,7 +240,7 @@ class OrchestraBackend(MultiprocessingBackend):
 
     def effective_n_jobs(self, n_jobs: int | None) -> int:
         """How many processes ``n_jobs`` stands for on this cluster (-1: all its CPUs)."""
-        from .session import cluster_resources, init, is_initialized
+        from .._api.session import cluster_resources, init, is_initialized
         if n_jobs == 0:
             raise ValueError("n_jobs == 0 in Parallel has no meaning")
         if not is_initialized():

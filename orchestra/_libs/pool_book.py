@@ -1,4 +1,4 @@
-"""The decisions of ``orchestra.util.multiprocessing.Pool`` (_api/mp_pool.py), without
+"""The decisions of ``orchestra.util.multiprocessing.Pool`` (_libs/mp_pool.py), without
 I/O: which queued chunks go to which of the pool's processes in one call, how many calls
 each process holds, when a process is replaced, what fails at terminate. The pool holds
 one PoolBook under its lock and does what it says (sends the calls, starts and kills the

@@ -33,7 +33,7 @@ def _run_node(node: GraphNode, keys: list[Hashable], *values: Any) -> Any:
 def _runner() -> Any:
     global _RUN
     if _RUN is None:
-        from .remote import remote
+        from .._api.remote import remote
         _RUN = remote(_run_node)
     return _RUN
 
@@ -74,7 +74,7 @@ def orchestra_dask_get(dsk: Any, keys: Any, **kwargs: Any) -> Any:
     cluster and return the values of ``keys`` (a key, or nested lists of keys);
     ``kwargs`` (Dask's scheduler options) are accepted
     and ignored. Use as ``x.compute(scheduler=orchestra_dask_get)``."""
-    from .session import get, put
+    from .._api.session import get, put
     if not isinstance(dsk, Mapping):   # an expression (Dask 2025 on): its graph
         dsk = dsk.__dask_graph__()
     graph = convert_legacy_graph(dsk)

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
+from .._api.session import get, wait
 from .._runtime.object_ref import ObjectRef
 from ..exceptions import ActorDiedError
-from .session import get, wait
 
 V = TypeVar("V")
 
