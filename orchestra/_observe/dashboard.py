@@ -1,7 +1,7 @@
 """The head's web dashboard and Prometheus endpoint, served from the head's own loop
 on the socket _observe/dashboard_bind.py bound.
 
-    browser --GET /--> the page (_observe/dashboard_page.py: one HTML file, inline CSS and JS)
+    browser --GET /--> the page (_observe/dashboard_page.py: dashboard_assets/, CSS and JS inlined)
     the page --GET api/summary every 1 s--> summary() -> JSON; the view it shows --GET
         api/NAME?...--> views[NAME](query) -> JSON (_head/dashboard_views.py)
     Prometheus --GET /metrics--> summary() and the user metrics -> text format 0.0.4

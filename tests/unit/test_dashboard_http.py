@@ -239,7 +239,7 @@ def test_no_function_in_the_task_stream_is_coloured_as_a_failure() -> None:
     import shutil
     import subprocess
 
-    from orchestra._observe.dashboard_script import SCRIPT
+    from orchestra._observe.dashboard_page import SCRIPT
     node = shutil.which("node")
     if node is None:
         pytest.skip("Node.js is not installed here")

@@ -1,16 +1,15 @@
-"""The dashboard page's JavaScript (inline in the page; its hash is in the CSP).
-
-    every 1 s: api/summary -> the header and the overview (cards, counts, nodes)
-    the view shown (location.hash: #actors, #tasks, #stream, #nodes, #objects, #logs,
-        #drivers, #metrics) polls its own api/NAME: only that view costs the head
-    the task stream and the charts ask only for what is new (since=), keep the rest here,
-        and draw on canvases (thousands of bars a second stay cheap)
-
-Every text from the cluster (names, messages, log lines) goes in with textContent or
-canvas fillText, never as HTML.
-"""
-
-SCRIPT = r"""
+/*
+ * The dashboard page's JavaScript (inline in the page; its hash is in the CSP).
+ *
+ *     every 1 s: api/summary -> the header and the overview (cards, counts, nodes)
+ *     the view shown (location.hash: #actors, #tasks, #stream, #nodes, #objects, #logs,
+ *         #drivers, #metrics) polls its own api/NAME: only that view costs the head
+ *     the task stream and the charts ask only for what is new (since=), keep the rest here,
+ *         and draw on canvases (thousands of bars a second stay cheap)
+ *
+ * Every text from the cluster (names, messages, log lines) goes in with textContent or
+ * canvas fillText, never as HTML.
+ */
 "use strict";
 const TASK_STATES = ["PENDING_ARGS_AVAIL", "PENDING_NODE_ASSIGNMENT", "RUNNING", "FINISHED", "FAILED"];
 const ACTOR_STATES = ["DEPENDENCIES_UNREADY", "PENDING_CREATION", "ALIVE", "RESTARTING", "DEAD"];
@@ -553,4 +552,3 @@ $("log-follow").addEventListener("change", () => { clearTimeout(timer); tick(); 
 window.orchestraStats = stats;
 poll();
 show();
-"""
