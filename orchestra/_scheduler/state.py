@@ -81,7 +81,8 @@ class SchedulerState:
         # tasks blocked in get() run before more of their parents start (which would
         # block too, until no worker is left for anyone: a deadlock).
         self.ready: dict[tuple[Hashable, ...], collections.deque[Task]] = {}
-        # No task was made ready since the last schedule() began (deps_met's shortcut).
+        # No task was made ready since the last schedule() began (deps_met's shortcut):
+        # schedule() sets it, enqueue_ready() clears it, nothing else writes it.
         self.settled = False
         self.pipeline_depth = pipeline_depth
         # Builds an object's pickled error, (kind, **details) -> bytes: _objects/errors.py.
@@ -377,14 +378,15 @@ class SchedulerState:
         # frees a worker (which schedules) instead of a scan of every worker per task.
         behind = self.settled and bool(self.ready.get(t.qkey)) and not (self.loans.loaned
             or self.groups.pending or self.actor_table.pending or self.blocking.waiting_for)
-        self.enqueue_ready(t)
-        if behind:
-            self.settled = True
-        else:
+        self.enqueue_ready(t, behind=behind)
+        if not behind:
             self.schedule()
 
-    def enqueue_ready(self, t: Task, front: bool = False) -> None:
-        self.settled = False
+    def enqueue_ready(self, t: Task, front: bool = False, behind: bool = False) -> None:
+        """Into its ready queue. ``behind``: the caller knows the queue's first could not
+        be placed, so the last schedule() still holds (else it must run again)."""
+        if not behind:
+            self.settled = False
         if self.kept.parking:   # a restarted head waits for the processes of before
             self.kept.park(t)
             return
