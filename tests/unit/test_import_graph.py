@@ -61,8 +61,18 @@ def modules() -> dict[str, pathlib.Path]:
     return found
 
 
+_GRAPHS: dict[pathlib.Path, dict[str, set[str]]] = {}
+
+
 def import_graph() -> dict[str, set[str]]:
-    """Module name -> the package modules it imports (a package's name: its __init__)."""
+    """Module name -> the package modules it imports (a package's name: its __init__).
+    Read once per package directory (the tests only read it)."""
+    if PACKAGE not in _GRAPHS:
+        _GRAPHS[PACKAGE] = _read_graph()
+    return _GRAPHS[PACKAGE]
+
+
+def _read_graph() -> dict[str, set[str]]:
     mods = modules()
     graph: dict[str, set[str]] = {}
     for name, path in mods.items():
