@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -437,7 +438,7 @@ async def _run_joined(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
             await loop.create_connection(lambda: proto, sock=sock)
     except OSError as exc:   # AuthenticationError too
         sock.close()
-        if not quiet:
+        if not quiet and not isinstance(exc, auth.HandshakeCut):   # (tried again)
             print(f"orchestra node: cannot join the cluster at {address}: {exc}",
                   file=sys.stderr)
         proto.close()
@@ -451,6 +452,9 @@ async def _run_joined(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
 
 # Between two tries to join a head that is away (its supervisor starts it again).
 _REJOIN_PAUSE_S = 0.2
+# How long a node tries to join a head that keeps cutting its handshake off (too many at
+# once there: auth.MAX_UNAUTHENTICATED) before it gives up.
+_JOIN_CUT_S = 60.0
 
 
 def _join_until_stopped(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
@@ -460,18 +464,29 @@ def _join_until_stopped(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
     id of before, which keeps the workers of its detached actors and the objects of its
     store (else they go). SystemExit(3) when the first join fails or the head stays
     away too long."""
-    from .._protocol.auth import AuthenticationError
+    from .._protocol.auth import AuthenticationError, HandshakeCut
     stopped = _Stopped()
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         loop.add_signal_handler(sig, stopped)
     wait_s = float(cfg.get("reconnect_timeout_s", 0.0))
     away_since = 0.0   # 0: never joined, or joined now
+    cut_since = 0.0    # the first of the joins in a row the head cut off
     kept: Node | None = None   # lost the head: its workers, until it joins again
     try:
         while not stopped.asked:
             try:
                 lost, kept = loop.run_until_complete(_run_joined(
                     loop, cfg, zygote, stopped, quiet=bool(away_since), kept=kept))
+            except HandshakeCut as exc:
+                # Cut off among more handshakes than the head takes at once (many nodes
+                # and workers starting together): again, spread out, for a while.
+                cut_since = cut_since or time.monotonic()
+                if time.monotonic() - cut_since > _JOIN_CUT_S:
+                    print(f"orchestra node: cannot join the cluster at {cfg['head_address']}: "
+                          f"{exc}", file=sys.stderr, flush=True)
+                    raise SystemExit(3) from None
+                loop.run_until_complete(asyncio.sleep(random.uniform(0.05, 0.5)))
+                continue
             except AuthenticationError:
                 raise SystemExit(3) from None
             except OSError:
@@ -482,6 +497,7 @@ def _join_until_stopped(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
                     raise SystemExit(3) from None
                 loop.run_until_complete(asyncio.sleep(_REJOIN_PAUSE_S))
                 continue
+            cut_since = 0.0
             if not lost or wait_s <= 0:
                 return
             away_since = time.monotonic()

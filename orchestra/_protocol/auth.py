@@ -179,14 +179,17 @@ def client_handshake(sock: Any, token: str, *, timeout_s: float = DEFAULT_TIMEOU
         while verdict:
             text += verdict
             verdict = sock.recv(4096)
-        reason = text[1:].decode(errors="replace") if text else "the connection closed"
+        if not text:
+            raise HandshakeCut(f"the cluster{where} closed this connection before its "
+                               "verdict (too many handshakes at once there, or going away)")
+        reason = text[1:].decode(errors="replace")
         raise AuthenticationError(f"the cluster{where} refused this connection: {reason}")
     except TimeoutError as exc:
         raise AuthenticationError(f"the server{where} did not complete authentication within "
                                   f"{timeout_s:g} s: is it an orchestra cluster?") from exc
     except ConnectionError as exc:
-        raise AuthenticationError(f"the server{where} closed the connection during "
-                                  f"authentication: {exc}") from exc
+        raise HandshakeCut(f"the server{where} closed the connection during "
+                           f"authentication: {exc}") from exc
     finally:
         try:
             sock.settimeout(old)
@@ -196,6 +199,13 @@ def client_handshake(sock: Any, token: str, *, timeout_s: float = DEFAULT_TIMEOU
 
 class NoHello(AuthenticationError):
     """A server closed the connection before its hello (connect_secure then tries TLS)."""
+
+
+class HandshakeCut(AuthenticationError):
+    """The server closed the connection after its hello and before its verdict. A
+    server that has more handshakes going than MAX_UNAUTHENTICATED cuts its oldest off,
+    so a burst of callers (a cluster's nodes and workers starting together) sees this:
+    the caller may try again (Connection.connect does, until its deadline)."""
 
 
 # Tokens without the "tls-" mark whose cluster was found to speak TLS (a token chosen by
@@ -316,8 +326,12 @@ class AuthClient(asyncio.Protocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if not self.done.done():
-            reason = self.buf[1:].decode(errors="replace") if self.buf else \
-                f"the connection closed ({exc or 'by the server'})"
+            if not self.buf:   # no verdict: cut off (a burst there), or going away
+                self.done.set_exception(HandshakeCut(
+                    f"the cluster{self.where} closed this connection before its verdict "
+                    f"({exc or 'by the server'})"))
+                return
+            reason = self.buf[1:].decode(errors="replace")
             self.done.set_exception(AuthenticationError(
                 f"the cluster{self.where} refused this connection: {reason}"))
 
@@ -334,8 +348,14 @@ async def join_async(loop: asyncio.AbstractEventLoop, sock: socket.socket, token
             lambda: gate, sock=sock, ssl=tls.client_context(token), server_hostname=tls.SERVER_NAME,
             ssl_handshake_timeout=timeout_s), timeout_s)
         await asyncio.wait_for(gate.done, timeout_s)
+    except ssl.SSLEOFError as exc:   # the server closed it within the TLS handshake
+        raise HandshakeCut(f"the head at {peer} closed the connection during the TLS "
+                           f"handshake: {exc}") from exc
     except ssl.SSLError as exc:
         raise tls.tls_error(exc, peer, False) from exc
+    except ConnectionError as exc:
+        raise HandshakeCut(f"the head at {peer} closed the connection during the TLS "
+                           f"handshake: {exc}") from exc
     except asyncio.TimeoutError:
         raise AuthenticationError(f"the head at {peer} did not complete the TLS handshake "
                                   f"and authentication within {timeout_s:g} s") from None
@@ -603,8 +623,8 @@ def connect_secure(sock: socket.socket, token: str, *, timeout_s: float = DEFAUL
         raise AuthenticationError(f"the server at {peer} did not complete the TLS handshake "
                                   f"within {timeout_s:g} s: is it an orchestra cluster?") from exc
     except ConnectionError as exc:
-        raise AuthenticationError(f"the server at {peer} closed the connection during the TLS "
-                                  f"handshake: {exc}") from exc
+        raise HandshakeCut(f"the server at {peer} closed the connection during the TLS "
+                           f"handshake: {exc}") from exc
     client_handshake(stream, token, timeout_s=timeout_s, peer=peer, binding=bound)
     return stream
 

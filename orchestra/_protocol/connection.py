@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import random
 import socket
 import threading
 import time
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..exceptions import ClusterLostError
 from . import wire as _wire
+from .auth import HandshakeCut
 
 if TYPE_CHECKING:
     from .auth import Gatekeeper
@@ -97,7 +99,8 @@ class Connection:
         """Connect, retrying while the listener is not there yet (a process starting);
         ClusterLostError after ``timeout_s``. PermissionError (another user's socket)
         is raised as it is. Over TCP, authenticate first with ``token`` (default: the
-        ORCHESTRA_TOKEN environment variable): AuthenticationError when refused."""
+        ORCHESTRA_TOKEN environment variable): AuthenticationError when refused; a
+        handshake the server cut off before its verdict is tried again until then."""
         family, target = parse_address(address)
         deadline = time.monotonic() + timeout_s
         delay = 0.002
@@ -113,6 +116,14 @@ class Connection:
                 if time.monotonic() > deadline:
                     raise ClusterLostError(
                         f"could not connect to {address} within {timeout_s:g} s: {exc}") from exc
+            except HandshakeCut:
+                # Cut off among too many handshakes at once (many processes starting
+                # together): again, after a pause that spreads the callers out.
+                s.close()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(random.uniform(0.01, 0.1))
+                continue
             except BaseException:
                 s.close()
                 raise

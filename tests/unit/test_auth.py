@@ -369,3 +369,55 @@ def test_the_gate_cuts_off_the_oldest_handshake_beyond_its_cap(tls, new_loop):
         th.join(5)
         server.close()
         loop.close()
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_a_burst_of_callers_beyond_the_cap_all_connect(tls, monkeypatch):
+    # Many processes starting together (a cluster's nodes and workers) handshake at
+    # once: the gate cuts its oldest off beyond its cap, and a caller cut off before the
+    # verdict tries again (HandshakeCut) instead of failing to start.
+    monkeypatch.setattr(_auth, "MAX_UNAUTHENTICATED", 2)
+    token = _tls.tls_token(TOKEN) if tls else TOKEN
+    loop = asyncio.new_event_loop()
+    cut = []
+
+    class Gate(_auth.AuthGate):
+        def _too_slow(self):
+            if not self.done:
+                cut.append(1)
+            super()._too_slow()
+
+    pending: dict = {}
+    server = loop.run_until_complete(loop.create_server(
+        lambda: Gate(token, loop, lambda tr: _Echo([]), pending=pending), "127.0.0.1", 0))
+    port = server.sockets[0].getsockname()[1]
+    stop = threading.Event()
+    th = threading.Thread(target=lambda: loop.run_until_complete(
+        loop.run_in_executor(None, stop.wait)), daemon=True)
+    th.start()
+    callers, errors = 40, []
+    go = threading.Barrier(callers)
+
+    def call() -> None:
+        go.wait()
+        try:
+            conn = Connection.connect(f"127.0.0.1:{port}", 20, token=token)
+            conn.sock.sendall(b"abc")
+            assert conn.sock.recv(3) == b"ABC"
+            conn.close()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=call) for _ in range(callers)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert errors == []
+        assert cut, "the burst never went past the cap: the test shows nothing"
+    finally:
+        stop.set()
+        th.join(5)
+        server.close()
+        loop.close()
