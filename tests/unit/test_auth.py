@@ -3,6 +3,7 @@ both the blocking server (threads) and the asyncio gate (the head's TCP listener
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
@@ -327,6 +328,25 @@ def test_a_tcp_listener_hands_out_a_proven_caller_while_silent_ones_wait():
         listener.close()
 
 
+@contextlib.contextmanager
+def _gate_on_a_thread(make_gate, new_loop=asyncio.new_event_loop):
+    """A listener of ``make_gate(loop)`` gates on 127.0.0.1, its loop run by a thread:
+    its port."""
+    loop = new_loop()
+    server = loop.run_until_complete(loop.create_server(lambda: make_gate(loop), "127.0.0.1", 0))
+    stop = threading.Event()
+    th = threading.Thread(target=lambda: loop.run_until_complete(
+        loop.run_in_executor(None, stop.wait)), daemon=True)
+    th.start()
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        stop.set()
+        th.join(5)
+        server.close()
+        loop.close()
+
+
 @pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
 @pytest.mark.parametrize("new_loop", [asyncio.new_event_loop, uvloop.new_event_loop],
                          ids=["asyncio", "uvloop"])
@@ -334,41 +354,30 @@ def test_the_gate_cuts_off_the_oldest_handshake_beyond_its_cap(tls, new_loop):
     # Over TLS too: peers that never send a ClientHello count against the cap while
     # their TLS handshake waits (the gate starts TLS itself, under its limits).
     token = _tls.tls_token(TOKEN) if tls else TOKEN
-    loop = new_loop()
     got: list = []
     pending: dict = {}
-    server = loop.run_until_complete(loop.create_server(
-        lambda: _auth.AuthGate(token, loop, lambda tr: _Echo(got), pending=pending),
-        "127.0.0.1", 0))
-    port = server.sockets[0].getsockname()[1]
-    stop = threading.Event()
-    th = threading.Thread(target=lambda: loop.run_until_complete(
-        loop.run_in_executor(None, stop.wait)), daemon=True)
-    th.start()
     silent = []
-    try:
-        for _ in range(_auth.MAX_UNAUTHENTICATED + 3):
-            silent.append(socket.create_connection(("127.0.0.1", port)))
-        assert _until(lambda: len(pending) == _auth.MAX_UNAUTHENTICATED)
-        conn = Connection.connect(f"127.0.0.1:{port}", 5, token=token)
-        conn.sock.sendall(b"abc")
-        assert conn.sock.recv(3) == b"ABC"
-        conn.close()
-        oldest = silent[0]
-        oldest.settimeout(5)
-        data = oldest.recv(4096)
-        while data:   # the hello, then the end: cut off for the newer ones
+    with _gate_on_a_thread(lambda loop: _auth.AuthGate(token, loop, lambda tr: _Echo(got),
+                                                       pending=pending), new_loop) as port:
+        try:
+            for _ in range(_auth.MAX_UNAUTHENTICATED + 3):
+                silent.append(socket.create_connection(("127.0.0.1", port)))
+            assert _until(lambda: len(pending) == _auth.MAX_UNAUTHENTICATED)
+            conn = Connection.connect(f"127.0.0.1:{port}", 5, token=token)
+            conn.sock.sendall(b"abc")
+            assert conn.sock.recv(3) == b"ABC"
+            conn.close()
+            oldest = silent[0]
+            oldest.settimeout(5)
             data = oldest.recv(4096)
-        for s in silent:
-            s.close()
-        assert _until(lambda: not pending)
-    finally:
-        for s in silent:
-            s.close()
-        stop.set()
-        th.join(5)
-        server.close()
-        loop.close()
+            while data:   # the hello, then the end: cut off for the newer ones
+                data = oldest.recv(4096)
+            for s in silent:
+                s.close()
+            assert _until(lambda: not pending)
+        finally:
+            for s in silent:
+                s.close()
 
 
 @pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
@@ -378,7 +387,6 @@ def test_a_burst_of_callers_beyond_the_cap_all_connect(tls, monkeypatch):
     # verdict tries again (HandshakeCut) instead of failing to start.
     monkeypatch.setattr(_auth, "MAX_UNAUTHENTICATED", 2)
     token = _tls.tls_token(TOKEN) if tls else TOKEN
-    loop = asyncio.new_event_loop()
     cut = []
 
     class Gate(_auth.AuthGate):
@@ -388,36 +396,24 @@ def test_a_burst_of_callers_beyond_the_cap_all_connect(tls, monkeypatch):
             super()._too_slow()
 
     pending: dict = {}
-    server = loop.run_until_complete(loop.create_server(
-        lambda: Gate(token, loop, lambda tr: _Echo([]), pending=pending), "127.0.0.1", 0))
-    port = server.sockets[0].getsockname()[1]
-    stop = threading.Event()
-    th = threading.Thread(target=lambda: loop.run_until_complete(
-        loop.run_in_executor(None, stop.wait)), daemon=True)
-    th.start()
     callers, errors = 40, []
     go = threading.Barrier(callers)
+    with _gate_on_a_thread(lambda loop: Gate(token, loop, lambda tr: _Echo([]),
+                                             pending=pending)) as port:
+        def call() -> None:
+            go.wait()
+            try:
+                conn = Connection.connect(f"127.0.0.1:{port}", 20, token=token)
+                conn.sock.sendall(b"abc")
+                assert conn.sock.recv(3) == b"ABC"
+                conn.close()
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(repr(exc))
 
-    def call() -> None:
-        go.wait()
-        try:
-            conn = Connection.connect(f"127.0.0.1:{port}", 20, token=token)
-            conn.sock.sendall(b"abc")
-            assert conn.sock.recv(3) == b"ABC"
-            conn.close()
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(repr(exc))
-
-    threads = [threading.Thread(target=call) for _ in range(callers)]
-    try:
+        threads = [threading.Thread(target=call) for _ in range(callers)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(30)
-        assert errors == []
-        assert cut, "the burst never went past the cap: the test shows nothing"
-    finally:
-        stop.set()
-        th.join(5)
-        server.close()
-        loop.close()
+    assert errors == []
+    assert cut, "the burst never went past the cap: the test shows nothing"
