@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import socket
 import subprocess
 import sys
@@ -184,12 +183,14 @@ async def connect(loop: asyncio.AbstractEventLoop, address: str, token: str,
                   proto: asyncio.Protocol, stats: Stats) -> str:
     """connect_once, tried again when the head cuts the handshake off (as a node's join
     and a worker's connection do: too many handshakes at once there), counted."""
+    cuts = 0
     while True:
         try:
             return await connect_once(loop, address, token, proto)
         except auth.HandshakeCut:
             stats.cut += 1
-            await asyncio.sleep(random.uniform(0.01, 0.1))
+            cuts += 1
+            await asyncio.sleep(auth.cut_pause(cuts))
 
 
 async def connect_once(loop: asyncio.AbstractEventLoop, address: str, token: str,

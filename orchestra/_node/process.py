@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import shutil
 import signal
 import socket
@@ -464,13 +463,13 @@ def _join_until_stopped(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
     id of before, which keeps the workers of its detached actors and the objects of its
     store (else they go). SystemExit(3) when the first join fails or the head stays
     away too long."""
-    from .._protocol.auth import AuthenticationError, HandshakeCut
+    from .._protocol.auth import AuthenticationError, HandshakeCut, cut_pause
     stopped = _Stopped()
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         loop.add_signal_handler(sig, stopped)
     wait_s = float(cfg.get("reconnect_timeout_s", 0.0))
     away_since = 0.0   # 0: never joined, or joined now
-    cut_since = 0.0    # the first of the joins in a row the head cut off
+    cut_since, cuts = 0.0, 0   # the first of the joins in a row the head cut off, how many
     kept: Node | None = None   # lost the head: its workers, until it joins again
     try:
         while not stopped.asked:
@@ -481,11 +480,12 @@ def _join_until_stopped(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
                 # Cut off among more handshakes than the head takes at once (many nodes
                 # and workers starting together): again, spread out, for a while.
                 cut_since = cut_since or time.monotonic()
+                cuts += 1
                 if time.monotonic() - cut_since > _JOIN_CUT_S:
                     print(f"orchestra node: cannot join the cluster at {cfg['head_address']}: "
                           f"{exc}", file=sys.stderr, flush=True)
                     raise SystemExit(3) from None
-                loop.run_until_complete(asyncio.sleep(random.uniform(0.05, 0.5)))
+                loop.run_until_complete(asyncio.sleep(cut_pause(cuts)))
                 continue
             except AuthenticationError:
                 raise SystemExit(3) from None
@@ -497,7 +497,7 @@ def _join_until_stopped(loop: asyncio.AbstractEventLoop, cfg: dict[str, Any],
                     raise SystemExit(3) from None
                 loop.run_until_complete(asyncio.sleep(_REJOIN_PAUSE_S))
                 continue
-            cut_since = 0.0
+            cut_since, cuts = 0.0, 0
             if not lost or wait_s <= 0:
                 return
             away_since = time.monotonic()

@@ -208,6 +208,14 @@ class HandshakeCut(AuthenticationError):
     the caller may try again (Connection.connect does, until its deadline)."""
 
 
+def cut_pause(cuts: int) -> float:
+    """Seconds to wait before trying again a handshake cut off ``cuts`` times in a row:
+    up to 10 ms doubled per cut (at most 2 s), drawn at random, so that a burst of
+    callers larger than the server's cap thins out below it instead of cutting each
+    other off for good."""
+    return secrets.SystemRandom().uniform(0.0, min(2.0, 0.01 * 2 ** min(cuts, 10)))
+
+
 # Tokens without the "tls-" mark whose cluster was found to speak TLS (a token chosen by
 # its user, which the head marked): connections with them go to TLS at once. Any thread
 # adds and reads (one set operation each).

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import random
 import socket
 import threading
 import time
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..exceptions import ClusterLostError
 from . import wire as _wire
-from .auth import HandshakeCut
+from .auth import HandshakeCut, cut_pause
 
 if TYPE_CHECKING:
     from .auth import Gatekeeper
@@ -104,6 +103,7 @@ class Connection:
         family, target = parse_address(address)
         deadline = time.monotonic() + timeout_s
         delay = 0.002
+        cuts = 0
         while True:
             s = socket.socket(family, socket.SOCK_STREAM)
             try:
@@ -118,11 +118,12 @@ class Connection:
                         f"could not connect to {address} within {timeout_s:g} s: {exc}") from exc
             except HandshakeCut:
                 # Cut off among too many handshakes at once (many processes starting
-                # together): again, after a pause that spreads the callers out.
+                # together): again, after a pause that grows with each cut (cut_pause).
                 s.close()
                 if time.monotonic() > deadline:
                     raise
-                time.sleep(random.uniform(0.01, 0.1))
+                cuts += 1
+                time.sleep(cut_pause(cuts))
                 continue
             except BaseException:
                 s.close()
