@@ -66,6 +66,7 @@ from . import grpc_service as _grpc_service
 from . import jobs, rejoin
 from .frames import FRAMES, REQUESTS, Waiter
 from .grpc_service import GRPC_CONN
+from .heartbeats import HEARTBEAT_S, Heartbeats
 from .pulls import Pulls
 from .remote_node import RemoteNode
 from .state_query import StateQueries
@@ -83,9 +84,6 @@ LOCAL_NODE_ID = 0
 NODE_PROCESS_ID = 1
 # Deadlocked clusters are noticed (and the drivers told) this often.
 _TICK_S = 0.5
-# Joined nodes and the head tell each other they live this often (cfg node_timeout_s
-# of silence, 10 s by default, and the other end is dead).
-_HEARTBEAT_S = 1.0
 # After a node's death: when its segment directory is swept (if it was on this machine).
 _SWEEP_AFTER_S = 1.0
 
@@ -174,6 +172,7 @@ class Head:
         self.stopping = False
         self.server: asyncio.Server | None = None
         self.last_activity = time.monotonic()
+        self.heartbeats = Heartbeats(self)
         self.grpc_server: grpc.Server | None = None
         self.watchers: dict[bytes, list[Waiter]] = {}   # gRPC readers, pulls
         # A cluster (cfg listen): the TCP listener, nodes that joined over it, and the
@@ -246,7 +245,7 @@ class Head:
             self.data_address = serve(host, self.token)
         with open(os.path.join(self.session_dir, "address"), "w") as f:
             f.write(self.address)
-        self.loop.call_later(_HEARTBEAT_S, self._heartbeat)
+        self.loop.call_later(HEARTBEAT_S, self.heartbeats.tick)
 
     def _start_grpc(self) -> None:
         def run() -> None:
@@ -347,10 +346,12 @@ class Head:
             # gone for good); its tasks are retried as its death says.
             return
         handlers = FRAMES
-        for kind, msg in frames:
+        for i, (kind, msg) in enumerate(frames):
             handler = handlers.get(kind)
             if handler is not None:
                 handler(self, conn, msg)
+            if i & 255 == 255:   # a long batch: the joined nodes still hear the head lives
+                self.heartbeats.beat_if_due()
         self.carry_out()
 
     def forward_logs(self, conn: Conn, msg: pb.LogLines) -> None:
@@ -654,7 +655,7 @@ class Head:
         remote.welcome(pb.NodeWelcome(
             node_id=node_id, session_id=self.cfg["session_id"],
             inline_threshold=int(self.cfg.get("inline_threshold", INLINE_MAX)),
-            heartbeat_s=_HEARTBEAT_S, timeout_s=float(self.cfg.get("node_timeout_s", 10.0))))
+            heartbeat_s=HEARTBEAT_S, timeout_s=float(self.cfg.get("node_timeout_s", 10.0))))
         if len(frames) > 1:
             remote.handle(frames[1:])
 
@@ -691,20 +692,6 @@ class Head:
         # once its process is gone (a moment after its connection closed).
         self.loop.call_later(_SWEEP_AFTER_S, sweep_stale_segments)
         self.carry_out()
-
-    def _heartbeat(self) -> None:
-        """Tell joined nodes the head lives; a node silent too long is dead."""
-        if self.stopping:
-            return
-        now = time.monotonic()
-        timeout = float(self.cfg.get("node_timeout_s", 10.0))
-        for node in list(self.nodes.values()):
-            if type(node) is RemoteNode and node.joined:
-                if now - node.last_heard > timeout:
-                    node.silent(f"no heartbeat for {timeout:g} s")
-                else:
-                    node.heartbeat()
-        self.loop.call_later(_HEARTBEAT_S, self._heartbeat)
 
     def nodes_info(self) -> list[pb.NodeInfo]:
         """Every node, alive or gone, for orchestra.nodes()."""
