@@ -50,6 +50,13 @@ HERE = Path(__file__).resolve().parent
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(int(SOAK_S) * 4 + 120)]
 
 
+def _driver_env(wait_s: float) -> dict[str, str]:
+    """A driver process's environment: a driver still running 10 s before the test
+    stops waiting for it prints every thread's stack (faulthandler, to the test's
+    captured output), so that a hang shows where it waits."""
+    return {**child_env(), "ORCHESTRA_SOAK_DUMP_S": str(max(wait_s - 10, 1))}
+
+
 def _title(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -85,7 +92,8 @@ class Soak:
         procs = [subprocess.Popen(
             [sys.executable, str(HERE / "_soak.py"), self.cluster.address, self.cluster.token,
              str(seconds), str(100 + k), "faults" if faults else "-"],
-            stdout=subprocess.PIPE, text=True, env=child_env()) for k in range(PROCESSES)]
+            stdout=subprocess.PIPE, text=True,
+            env=_driver_env(seconds + 2 * _soak.GET_TIMEOUT_S + 60)) for k in range(PROCESSES)]
         options = _soak.make_options(faults)
         threads = [threading.Thread(target=lambda k=k: results.append(
             _soak.rounds(seconds, k + 1, options))) for k in range(THREADS)]
@@ -238,8 +246,8 @@ def test_with_the_head_and_workers_killed_every_result_is_still_right(
 
     procs = [subprocess.Popen(
         [sys.executable, str(HERE / "_soak.py"), head["address"], head["token"], str(SOAK_S),
-         str(200 + k), "head-kills"], stdout=subprocess.PIPE, text=True, env=child_env())
-        for k in range(PROCESSES + THREADS)]
+         str(200 + k), "head-kills"], stdout=subprocess.PIPE, text=True,
+        env=_driver_env(SOAK_S + 2 * _soak.GET_TIMEOUT_S + 120)) for k in range(PROCESSES + THREADS)]
     killer = threading.Thread(target=faults, daemon=True)
     killer.start()
     try:
