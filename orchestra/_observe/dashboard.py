@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._protocol.tls import enabled as tls_enabled
-from .metrics_table import label_value, number
 
 if TYPE_CHECKING:
     import socket
@@ -98,38 +97,42 @@ _HELP = {
 }
 
 
+_LABELS = {"orchestra_nodes": ("state",), "orchestra_tasks": ("state",),
+           "orchestra_actors": ("state",), "orchestra_resources_total": ("resource", "node"),
+           "orchestra_resources_available": ("resource", "node"),
+           "orchestra_object_store_used_bytes": ("node",),
+           "orchestra_object_store_capacity_bytes": ("node",),
+           "orchestra_object_store_spilled_bytes": ("node",)}
+
+
 def metrics_text(s: dict[str, Any]) -> str:
-    """The cluster summary in Prometheus's text exposition format (version 0.0.4)."""
-    rows: dict[str, list[tuple[str, float]]] = {name: [] for name in _HELP}
+    """The cluster summary in Prometheus's text exposition format (version 0.0.4,
+    written by prometheus_client: _observe/exposition.py)."""
+    from . import exposition
+    rows: dict[str, list[tuple[tuple[str, ...], float]]] = {name: [] for name in _HELP}
     nodes = s.get("nodes", [])
     alive = sum(1 for n in nodes if n.get("alive"))
-    rows["orchestra_nodes"] = [('state="ALIVE"', alive), ('state="DEAD"', len(nodes) - alive)]
-    rows["orchestra_workers"] = [("", s.get("workers", 0))]
-    rows["orchestra_drivers"] = [("", s.get("drivers", 0))]
+    rows["orchestra_nodes"] = [(("ALIVE",), alive), (("DEAD",), len(nodes) - alive)]
+    rows["orchestra_workers"] = [((), s.get("workers", 0))]
+    rows["orchestra_drivers"] = [((), s.get("drivers", 0))]
     tasks, actors = s.get("tasks", {}), s.get("actors", {})
-    rows["orchestra_tasks"] = [(f'state="{label_value(k)}"', tasks.get(k, 0))
-                               for k in dict.fromkeys([*TASK_STATES, *tasks])]
-    rows["orchestra_actors"] = [(f'state="{label_value(k)}"', actors.get(k, 0))
+    rows["orchestra_tasks"] = [((k,), tasks.get(k, 0)) for k in dict.fromkeys([*TASK_STATES, *tasks])]
+    rows["orchestra_actors"] = [((k,), actors.get(k, 0))
                                 for k in dict.fromkeys([*ACTOR_STATES, *actors])]
     for n in nodes:
         if not n.get("alive"):
             continue
-        node = f'node="{label_value(n["node_id"])}"'
+        node = str(n["node_id"])
         total, free = n.get("resources_total", {}), n.get("resources_available", {})
         for k in shown_resources(total):
-            lab = f'resource="{label_value(k)}",{node}'
-            rows["orchestra_resources_total"].append((lab, total[k]))
-            rows["orchestra_resources_available"].append((lab, free.get(k, 0.0)))
-        rows["orchestra_object_store_used_bytes"].append((node, n.get("store_used", 0)))
-        rows["orchestra_object_store_capacity_bytes"].append((node, n.get("store_capacity", 0)))
-        rows["orchestra_object_store_spilled_bytes"].append((node, n.get("spilled_bytes", 0)))
-    out = []
-    for name, (kind, text) in _HELP.items():
-        out.append(f"# HELP {name} {text}")
-        out.append(f"# TYPE {name} {kind}")
-        out.extend(f"{name}{{{lab}}} {number(v)}" if lab else f"{name} {number(v)}"
-                   for lab, v in rows[name])
-    return "\n".join(out) + "\n"
+            rows["orchestra_resources_total"].append(((k, node), total[k]))
+            rows["orchestra_resources_available"].append(((k, node), free.get(k, 0.0)))
+        rows["orchestra_object_store_used_bytes"].append(((node,), n.get("store_used", 0)))
+        rows["orchestra_object_store_capacity_bytes"].append(((node,), n.get("store_capacity", 0)))
+        rows["orchestra_object_store_spilled_bytes"].append(((node,), n.get("spilled_bytes", 0)))
+    return exposition.text(
+        exposition.family(kind, name, text, _LABELS.get(name, ()), rows[name])
+        for name, (kind, text) in _HELP.items())
 
 
 # ---------------------------------------------------------------------------- requests

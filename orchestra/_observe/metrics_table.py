@@ -2,8 +2,9 @@
 
     METRICS frame -> MetricsTable.add(batch): a counter's increases and a histogram's
         counts and sums added to the totals of its (name, tags); a gauge's last value kept
-    /metrics -> exposition(): ``# HELP``, ``# TYPE`` and one line per series (a
-        histogram's ``_bucket{le=...}``, ``_sum`` and ``_count``), label values escaped
+    /metrics -> exposition(): each family as prometheus_client's, written by it
+        (_observe/exposition.py): ``# HELP``, ``# TYPE`` and one line per series (a
+        counter's ``NAME_total``, a histogram's ``_bucket{le=...}``, ``_count``, ``_sum``)
     the dashboard -> sample(now) every few seconds into History (a counter's total, a
         gauge's value, a histogram's mean), charted per series
 
@@ -13,12 +14,15 @@ counted too, so a tag with unbounded values cannot grow the head without limit.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._protocol import pb
+from . import exposition
 from .metrics import COUNTER, GAUGE, HISTOGRAM, KIND_NAMES
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 MAX_SERIES = 10_000
 
@@ -38,24 +42,6 @@ class Series:
     value: float = 0.0                 # counter: total; gauge: last; histogram: sum
     count: int = 0                     # histogram: observations
     buckets: list[int] = field(default_factory=list)
-
-
-def label_value(value: str) -> str:
-    """A label value as the exposition format writes it: backslash, double quote and
-    newline escaped."""
-    return value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
-
-
-def _help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def number(x: float) -> str:
-    """A sample's value as the exposition format writes it (NaN, +Inf, -Inf; an integral
-    value without a fraction)."""
-    if not math.isfinite(x):
-        return "NaN" if math.isnan(x) else ("+Inf" if x > 0 else "-Inf")
-    return repr(int(x)) if float(x).is_integer() and abs(x) < 1e15 else repr(float(x))
 
 
 class MetricsTable:
@@ -98,24 +84,23 @@ class MetricsTable:
                 s.count += sum(p.buckets)
 
     def exposition(self) -> str:
-        """Every series in Prometheus's text exposition format (0.0.4)."""
-        out: list[str] = []
+        """Every series in Prometheus's text exposition format (0.0.4; a counter's
+        samples are named ``NAME_total``)."""
+        return exposition.text(self.families_for_export())
+
+    def families_for_export(self) -> list[Metric]:
+        """Each family as prometheus_client's Metric, by name."""
+        out = []
         for name, fam in sorted(self.families.items()):
-            out.append(f"# HELP {name} {_help(fam.description or name)}")
-            out.append(f"# TYPE {name} {KIND_NAMES[fam.kind]}")
-            for tags, s in fam.series.items():
-                labels = [f'{k}="{label_value(v)}"' for k, v in zip(fam.tag_keys, tags, strict=True)]
-                if fam.kind != HISTOGRAM:
-                    out.append(f"{name}{_braces(labels)} {number(s.value)}")
-                    continue
-                acc = 0
-                for bound, n in zip((*fam.boundaries, float("inf")), s.buckets, strict=True):
-                    acc += n
-                    le = 'le="' + number(bound) + '"'
-                    out.append(f"{name}_bucket{_braces([*labels, le])} {acc}")
-                out.append(f"{name}_sum{_braces(labels)} {number(s.value)}")
-                out.append(f"{name}_count{_braces(labels)} {s.count}")
-        return "\n".join(out) + ("\n" if out else "")
+            kind = KIND_NAMES[fam.kind]
+            bounds = (*fam.boundaries, float("inf"))
+            series: list[tuple[tuple[str, ...], float | exposition.HistogramValue]] = [
+                (tags, (list(zip(bounds, s.buckets, strict=True)), s.value)
+                 if fam.kind == HISTOGRAM else s.value)
+                for tags, s in fam.series.items()]
+            out.append(exposition.family(kind, name, fam.description or name, fam.tag_keys,
+                                         series))
+        return out
 
     def values(self) -> dict[str, float]:
         """One number per series, for charts: a counter's total, a gauge's value, a
@@ -149,8 +134,4 @@ class MetricsTable:
         return rows
 
 
-def _braces(labels: list[str]) -> str:
-    return "{" + ",".join(labels) + "}" if labels else ""
-
-
-__all__ = ["MetricsTable", "label_value", "number", "COUNTER", "GAUGE", "HISTOGRAM"]
+__all__ = ["MetricsTable", "COUNTER", "GAUGE", "HISTOGRAM"]

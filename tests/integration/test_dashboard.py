@@ -180,10 +180,10 @@ def test_metrics_parse_and_carry_the_figures(busy_cluster: str) -> None:
     text = body.decode()
     for line in text.splitlines():
         assert line.startswith("#") or METRIC_LINE.match(line), line
-    assert 'orchestra_nodes{state="ALIVE"} 1' in text
-    assert 'orchestra_actors{state="ALIVE"} 1' in text
+    assert 'orchestra_nodes{state="ALIVE"} 1.0' in text
+    assert 'orchestra_actors{state="ALIVE"} 1.0' in text
     assert re.search(r'orchestra_tasks\{state="FINISHED"\} (\d+)', text)
-    assert f'orchestra_resources_total{{resource="CPU",node="{NODE[0]}"}} 2' in text
+    assert f'orchestra_resources_total{{node="{NODE[0]}",resource="CPU"}} 2.0' in text
     assert "orchestra_object_store_capacity_bytes{node=" in text
 
 
@@ -298,7 +298,7 @@ def test_the_token_once_in_the_address_becomes_a_cookie(open_cluster: Cluster) -
     assert fetch(url, {"Cookie": jar})[0] == 200
     assert summary(url, {"Cookie": jar})["nodes"][0]["alive"] is True
     status, _, body = fetch(url + "metrics", {"Authorization": f"Bearer {open_cluster.token}"})
-    assert status == 200 and b'orchestra_nodes{state="ALIVE"} 1' in body
+    assert status == 200 and b'orchestra_nodes{state="ALIVE"} 1.0' in body
 
 
 def test_a_tls_clusters_dashboard_is_https_with_the_clusters_certificate(

@@ -196,13 +196,13 @@ def test_objects_drivers_and_a_workers_log(scene: Scene) -> None:
 
 def test_user_metrics_are_exported_with_their_types_and_escaped(scene: Scene) -> None:
     odd = sum(1 for i in scene.steps if i % 2)
-    count = f"app_latency_s_count {len(scene.steps)}"
+    count = f"app_latency_s_count {float(len(scene.steps))}"
     text = wait_for(lambda: (t := get(scene.url + "metrics")) and count in t.splitlines() and t,
                     "every step's metrics")   # each process reports about once a second
     lines = text.splitlines()
-    assert "# TYPE app_requests counter" in lines and "# TYPE app_latency_s histogram" in lines
-    assert f'app_requests{{route="/a"}} {odd}' in lines
-    assert f'app_requests{{route="/b\\"\\\\\\n</script>"}} {len(scene.steps) - odd}' in lines
+    assert "# TYPE app_requests_total counter" in lines and "# TYPE app_latency_s histogram" in lines
+    assert f'app_requests_total{{route="/a"}} {float(odd)}' in lines
+    assert f'app_requests_total{{route="/b\\"\\\\\\n</script>"}} {float(len(scene.steps) - odd)}' in lines
     assert all(ln.startswith("#") or METRIC_LINE.match(ln) for ln in lines if ln), text
     rows = get(scene.url + "api/metrics")["metrics"]
     assert {r["name"] for r in rows} == {"app_requests", "app_latency_s"}

@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from orchestra._api.local_head import build_cfg
 from orchestra._cli.cluster import parse_start
@@ -63,16 +64,21 @@ def test_every_metrics_line_is_a_comment_or_a_sample() -> None:
 
 def test_metrics_carry_the_summary_figures() -> None:
     text = d.metrics_text(summary())
-    assert 'orchestra_tasks{state="FINISHED"} 40' in text
-    assert 'orchestra_tasks{state="PENDING_ARGS_AVAIL"} 0' in text   # every state, 0 included
-    assert 'orchestra_actors{state="ALIVE"} 1' in text
-    assert 'orchestra_nodes{state="ALIVE"} 1' in text and 'orchestra_nodes{state="DEAD"} 1' in text
-    assert "orchestra_workers 3" in text
-    assert 'orchestra_resources_total{resource="CPU",node="0000000000000000"} 2' in text
-    assert 'orchestra_resources_available{resource="CPU",node="0000000000000000"} 0.5' in text
-    assert 'orchestra_object_store_used_bytes{node="0000000000000000"} 100' in text
-    assert 'orchestra_object_store_capacity_bytes{node="0000000000000000"} 1000' in text
-    assert 'orchestra_object_store_spilled_bytes{node="0000000000000000"} 7' in text
+    assert 'orchestra_tasks{state="FINISHED"} 40.0' in text
+    assert 'orchestra_tasks{state="PENDING_ARGS_AVAIL"} 0.0' in text   # every state, 0 included
+    assert 'orchestra_actors{state="ALIVE"} 1.0' in text
+    assert 'orchestra_nodes{state="ALIVE"} 1.0' in text and 'orchestra_nodes{state="DEAD"} 1.0' in text
+    assert "orchestra_workers 3.0" in text
+    assert 'orchestra_resources_total{node="0000000000000000",resource="CPU"} 2.0' in text
+    assert 'orchestra_resources_available{node="0000000000000000",resource="CPU"} 0.5' in text
+    assert 'orchestra_object_store_used_bytes{node="0000000000000000"} 100.0' in text
+    assert 'orchestra_object_store_capacity_bytes{node="0000000000000000"} 1000.0' in text
+    assert 'orchestra_object_store_spilled_bytes{node="0000000000000000"} 7.0' in text
+    # Prometheus's own parser reads every family back, all gauges, with their help.
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    assert set(fams) == set(d._HELP) and {f.type for f in fams.values()} == {"gauge"}
+    assert {(s.labels["resource"], s.value) for s in fams["orchestra_resources_total"].samples} \
+        == {("CPU", 2.0), ("memory", 1e9), ('odd"name\\', 1.0)}
 
 
 def test_metrics_leave_out_dead_nodes_and_placement_group_bundles_and_escape_labels() -> None:

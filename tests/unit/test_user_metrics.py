@@ -9,6 +9,7 @@ import threading
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
 from orchestra._observe import metrics as m
 from orchestra._observe.history import History
@@ -85,22 +86,33 @@ def test_the_head_adds_every_process_and_exports_prometheus_text() -> None:
     t.add(_point("queue_len", m.GAUGE, 9))
     text = t.exposition()
     lines = text.splitlines()
-    assert "# TYPE requests counter" in lines and 'requests{route="/a"} 6' in lines
-    assert "# TYPE queue_len gauge" in lines and "queue_len 9" in lines
+    # A counter's samples are NAME_total, as Prometheus names counters.
+    assert "# TYPE requests_total counter" in lines and 'requests_total{route="/a"} 6.0' in lines
+    assert "# TYPE queue_len gauge" in lines and "queue_len 9.0" in lines
     assert "# TYPE latency_s histogram" in lines
-    assert ['latency_s_bucket{le="0.1"} 3', 'latency_s_bucket{le="1"} 6',
-            'latency_s_bucket{le="+Inf"} 6', "latency_s_sum 1.5", "latency_s_count 6"] == \
+    assert ['latency_s_bucket{le="0.1"} 3.0', 'latency_s_bucket{le="1.0"} 6.0',
+            'latency_s_bucket{le="+Inf"} 6.0', "latency_s_count 6.0", "latency_s_sum 1.5"] == \
         [ln for ln in lines if ln.startswith("latency_s_")]
     assert all(ln.startswith("#") or SAMPLE.match(ln) for ln in lines), text
+    # Prometheus's own parser reads it back: the types, the help, every value.
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    assert (fams["requests"].type, fams["requests"].documentation) == ("counter", "requests help")
+    assert [(s.name, s.labels, s.value) for s in fams["requests"].samples] == \
+        [("requests_total", {"route": "/a"}, 6.0)]
+    assert {s.name: s.value for s in fams["latency_s"].samples if "le" not in s.labels} == \
+        {"latency_s_count": 6.0, "latency_s_sum": 1.5}
 
 
 def test_label_values_are_escaped_and_a_conflicting_kind_is_dropped() -> None:
     t = MetricsTable()
     t.add(_point("evil", m.COUNTER, 1, {"who": 'a"b\\c\nd</script>'}))
     t.add(_point("evil", m.GAUGE, 5, {"who": "x"}))   # the same name as another kind
-    lines = t.exposition().splitlines()
-    assert 'evil{who="a\\"b\\\\c\\nd</script>"} 1' in lines
+    text = t.exposition()
+    lines = text.splitlines()
+    assert 'evil_total{who="a\\"b\\\\c\\nd</script>"} 1.0' in lines
     assert all(ln.startswith("#") or SAMPLE.match(ln) for ln in lines)
+    (fam,) = text_string_to_metric_families(text)
+    assert [s.labels for s in fam.samples] == [{"who": 'a"b\\c\nd</script>'}]
     assert t.conflicts == 1
 
 
