@@ -102,7 +102,7 @@ class Sim:
                                              inline=b"N.") for i in range(call.num_returns)]
                     s.task_done(ins.conn, pb.TaskDone(task_id=call.task_id, returns=returns))
                     if drop and returns:
-                        s.ref_delta(DRIVER, (), [r.object_id for r in returns])
+                        s.directory.ref_delta(DRIVER, (), [r.object_id for r in returns])
                     answered += 1
         self.done += answered
         return answered
@@ -170,7 +170,7 @@ def run(nodes: int, workers: int, tasks: int, actors: int, groups: int) -> dict[
 
     # groups: two bundles of one CPU each, packed; created, then removed
     for ctor in ctors:
-        s.kill_actor(ctor.actor.actor_id, "simulation: next phase")
+        s.actor_table.kill(ctor.actor.actor_id, True, reason="simulation: next phase")
     sim.pump()
     gids = [next(_ids).to_bytes(12, "big") for _ in range(groups)]
     t0 = time.perf_counter()

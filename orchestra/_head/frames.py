@@ -21,6 +21,7 @@ from .._protocol import pb
 from .._protocol import wire as _wire
 from .._scheduler.instructions import Durable
 from .._scheduler.jobs import JobBook
+from .._scheduler.model import cluster_free, cluster_total
 from .._scheduler.state import SchedulerState
 from ..exceptions import InfeasibleResourcesError
 from .remote_node import RemoteNode
@@ -103,8 +104,8 @@ def _ref_delta(head: Head, conn: Conn, msg: pb.RefDelta) -> None:
     if msg.pin:
         node.pin(cid, msg.pin)
     if msg.pending:
-        state.register_pending(cid, msg.pending)
-    state.ref_delta(cid, msg.incr, msg.decr)
+        state.directory.register_pending(cid, msg.pending)
+    state.directory.ref_delta(cid, msg.incr, msg.decr)
     if msg.unpin:
         node.unpin(cid, msg.unpin)
     for name in msg.give_back:   # spares it did not fill (the store checks the writer)
@@ -114,12 +115,12 @@ def _ref_delta(head: Head, conn: Conn, msg: pb.RefDelta) -> None:
 def _objects(head: Head, conn: Conn, msg: pb.Objects) -> None:
     for d in msg.objects:
         _seal_on_node(conn, d)
-        head.state.put(conn.conn_id, d)
+        head.state.directory.put(conn.conn_id, d)
 
 
 def _adopt(head: Head, conn: Conn, msg: pb.AdoptCalls) -> None:
     head.events.table.adopted(conn.conn_id, msg.worker_id, msg.calls)
-    head.state.adopt_calls(conn.conn_id, msg)
+    head.state.adoption.adopt_calls(conn.conn_id, msg)
 
 
 def _release_call(head: Head, conn: Conn, msg: pb.TaskDone) -> None:
@@ -131,7 +132,7 @@ def _release_call(head: Head, conn: Conn, msg: pb.TaskDone) -> None:
 
 def _generator_item(head: Head, conn: Conn, msg: pb.GeneratorItem) -> None:
     _seal_on_node(conn, msg.data)
-    head.state.generator_item(conn.conn_id, msg)
+    head.state.streams.generator_item(conn.conn_id, msg)
     if msg.index == 1:
         # A stream's first item goes out now, not after the rest of a read that a fast
         # producer filled with hundreds more (~10 ms later).
@@ -143,7 +144,7 @@ def _log_flush(head: Head, conn: Conn, msg: pb.LogFlush) -> None:
 
 
 def _subscribe(head: Head, conn: Conn, msg: pb.Subscribe) -> None:
-    head.state.subscribe(conn.conn_id, msg.ids)
+    head.state.directory.subscribe(conn.conn_id, msg.ids)
 
 
 def _function(head: Head, conn: Conn, msg: pb.RegisterFunctionRequest) -> None:
@@ -163,12 +164,12 @@ def _cancel(head: Head, conn: Conn, msg: pb.CancelRequest) -> None:
 
 
 def _loan_return(head: Head, conn: Conn, msg: pb.LoanReturn) -> None:
-    head.state.return_loan(conn.conn_id, msg.worker_id)
+    head.state.loans.return_loan(conn.conn_id, msg.worker_id)
 
 
 def _loan_request(head: Head, conn: Conn, msg: pb.LoanRequest) -> None:
     # A driver asks for one more lent worker.
-    head.state.lend_idle(conn.conn_id, dict(msg.resources), int(msg.pinned_node))
+    head.state.loans.lend_idle(conn.conn_id, dict(msg.resources), int(msg.pinned_node))
 
 
 def _request(head: Head, conn: Conn, msg: pb.Request) -> None:
@@ -180,11 +181,11 @@ def _hello(head: Head, conn: Conn, msg: pb.Hello) -> None:
 
 
 def _worker_address(head: Head, conn: Conn, msg: pb.WorkerAddress) -> None:
-    head.state.worker_address(conn.conn_id, msg.address)
+    head.state.worker_pool.worker_address(conn.conn_id, msg.address)
 
 
 def _generator_ack(head: Head, conn: Conn, msg: pb.GeneratorAck) -> None:
-    head.state.generator_ack(msg)
+    head.state.streams.generator_ack(msg)
 
 
 def _log_lines(head: Head, conn: Conn, msg: pb.LogLines) -> None:
@@ -348,11 +349,11 @@ def _group(body: str) -> RequestHandler:
 
 
 def _cluster_resources(head: Head, conn: Conn, reply: pb.Reply) -> None:
-    reply.resources.update(head.state.total_resources())
+    reply.resources.update(cluster_total(head.state.nodes))
 
 
 def _available_resources(head: Head, conn: Conn, reply: pb.Reply) -> None:
-    reply.resources.update(head.state.available_resources())
+    reply.resources.update(cluster_free(head.state.nodes))
 
 
 def _debug(head: Head, conn: Conn, reply: pb.Reply) -> None:

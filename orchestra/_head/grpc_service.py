@@ -110,11 +110,13 @@ class _Scheduler:
         return pb.RemoteCallReply(result=_ids.return_ids(call.task_id, call.num_returns))
 
     def IncrementCount(self, request: pb.ChangeCountRequest, context: grpc.ServicerContext) -> pb.AckReply:
-        _on_loop(self.head, lambda: self.head.state.ref_delta(GRPC_CONN, request.objref, []), context)
+        directory = self.head.state.directory
+        _on_loop(self.head, lambda: directory.ref_delta(GRPC_CONN, request.objref, []), context)
         return pb.AckReply()
 
     def DecrementCount(self, request: pb.ChangeCountRequest, context: grpc.ServicerContext) -> pb.AckReply:
-        _on_loop(self.head, lambda: self.head.state.ref_delta(GRPC_CONN, [], request.objref), context)
+        directory = self.head.state.directory
+        _on_loop(self.head, lambda: directory.ref_delta(GRPC_CONN, [], request.objref), context)
         return pb.AckReply()
 
     def PushObj(self, request: pb.PushObjRequest, context: grpc.ServicerContext) -> pb.PushObjReply:
@@ -123,7 +125,7 @@ class _Scheduler:
             import grpc
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           "PushObj takes an inline object with a 16-byte object_id")
-        _on_loop(self.head, lambda: self.head.state.put(GRPC_CONN, obj), context)
+        _on_loop(self.head, lambda: self.head.state.directory.put(GRPC_CONN, obj), context)
         return pb.PushObjReply(objref=obj.object_id)
 
     def RequestObj(self, request: pb.RequestObjRequest,

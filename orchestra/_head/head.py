@@ -61,6 +61,7 @@ from .._scheduler.instructions import (
 )
 from .._scheduler.jobs import JobBook
 from .._scheduler.memory import choose as memory_victim
+from .._scheduler.model import cluster_free, cluster_total
 from .._scheduler.state import SchedulerState, WorkerState
 from . import grpc_service as _grpc_service
 from . import jobs, rejoin
@@ -264,7 +265,7 @@ class Head:
     def watch_object(self, oid: bytes, fut: Waiter) -> None:
         """Resolve ``fut`` with the object's data once sealed (for RequestObj)."""
         self.watchers.setdefault(oid, []).append(fut)
-        self.state.subscribe(GRPC_CONN, [oid])
+        self.state.directory.subscribe(GRPC_CONN, [oid])
 
     # ------------------------------------------------------------------ NodeHost
     def pulled(self, object_id: bytes, segment: pb.Segment | None, error: str) -> None:
@@ -507,7 +508,7 @@ class Head:
     def debug_info(self) -> pb.SchedulerDebugInfoReply:
         st = self.state
         info = pb.SchedulerDebugInfoReply(
-            total_resources=st.total_resources(), available_resources=st.available_resources())
+            total_resources=cluster_total(st.nodes), available_resources=cluster_free(st.nodes))
         for t in st.tasks.values():
             info.task.append(t.call)
         for w in st.workers.values():

@@ -103,7 +103,7 @@ class Pulls:
             return
         if self.head.conns.get(conn.conn_id) is not conn:
             return   # the reader is gone
-        data = self.head.state.copy_on(object_id, conn.node.node_id)
+        data = self.head.state.directory.copy_on(object_id, conn.node.node_id)
         if data is not None:
             answer(data, "")
         else:
@@ -115,7 +115,7 @@ class Pulls:
         state = self.head.state
         for oid in object_ids:
             o = state.objects.get(oid)
-            if o is not None and o.data is not None and state.copy_on(oid, node_id) is None:
+            if o is not None and o.data is not None and state.directory.copy_on(oid, node_id) is None:
                 self.pull(node_id, oid)
 
     def pull(self, node_id: int, object_id: bytes,
@@ -154,8 +154,8 @@ class Pulls:
         data = None
         if not error:
             assert segment is not None, "a pull without an error names its copy"
-            if self.head.state.add_copy(object_id, segment):
-                data = self.head.state.copy_on(object_id, node_id)
+            if self.head.state.directory.add_copy(object_id, segment):
+                data = self.head.state.directory.copy_on(object_id, node_id)
             else:
                 error = f"object {object_id.hex()} was freed while it was being copied"
                 node = self.head.nodes.get(node_id)

@@ -25,6 +25,7 @@ from .durable import actor_gone, actor_kept
 from .instructions import KillWorker, LateSend
 from .lineage import wait_for_made_again
 from .model import PLACEMENT_GROUP, SchedulerCore, Task, TaskState, Worker, WorkerState
+from .objects import ObjectDirectory
 
 ACTOR_SHAPE = (("__actor__", 1.0),)   # a grant shape no task has: no task is pipelined there
 
@@ -65,8 +66,9 @@ class Actor:
 
 
 class ActorTable:
-    def __init__(self, state: SchedulerCore) -> None:
+    def __init__(self, state: SchedulerCore, directory: ObjectDirectory) -> None:
         self.s = state
+        self.directory = directory   # each actor's handle is a pseudo-object there
         self.actors: dict[bytes, Actor] = {}
         self.names: dict[tuple[str, str], bytes] = {}   # (namespace, name) -> actor id
         self.pending: list[Actor] = []
@@ -108,9 +110,8 @@ class ActorTable:
         self.actors[spec.actor_id] = a
         if spec.name:
             self.names[key] = spec.actor_id
-        s = self.s
         self._keep(a)
-        token = s.new_object(conn, spec.actor_id)   # the handle's pseudo-object
+        token = self.directory.new_object(conn, spec.actor_id)   # the handle's pseudo-object
         token.data = pb.ObjectData(object_id=spec.actor_id, inline=b"")
         return None
 

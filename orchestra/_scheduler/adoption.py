@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from .._protocol import pb
 from .actors import ActorState, ActorTable
 from .model import DeadWorker, SchedulerCore, Task, TaskState, Worker, WorkerState
+from .objects import ObjectDirectory
 
 # A worker whose death the head has not seen yet (its connection closed first).
 _UNKNOWN_DEATH = DeadWorker(0, "its connection closed", False)
@@ -40,9 +41,10 @@ _Unread = tuple[int, pb.Call, bytes]
 class Adoption:
     """Calls handed over to the head (see the module docstring)."""
 
-    def __init__(self, core: SchedulerCore, actors: ActorTable) -> None:
+    def __init__(self, core: SchedulerCore, actors: ActorTable, directory: ObjectDirectory) -> None:
         self.core = core
         self.actors = actors
+        self.directory = directory
         # Calls answered through the head, that answer not read yet: worker id -> task
         # id -> the call (see the module docstring). Emptied by the answer, or the death.
         self.unread: dict[int, dict[bytes, _Unread]] = {}
@@ -177,7 +179,7 @@ class Adoption:
         self.core.tasks[call.task_id] = t
         for rid in t.return_ids:
             if rid not in self.core.objects:
-                self.core.new_object(conn, rid)
+                self.directory.new_object(conn, rid)
         return t
 
     @staticmethod

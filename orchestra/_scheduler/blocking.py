@@ -36,7 +36,7 @@ from .._ids import TASK_ID_LEN
 from .._protocol import pb
 from .._protocol.wire import EXECUTE, EXECUTE_NESTED, STALLED
 from .instructions import Send
-from .model import NODE_AFFINITY, SchedulerCore, Task, TaskState, Wait, Worker, WorkerState
+from .model import NODE_AFFINITY, SchedulerCore, Task, TaskState, Wait, Worker, WorkerState, cluster_free
 
 # Tasks one worker runs nested inside its blocked get()s, at most. The worker stops
 # asking sooner, by its own recursion limit (~960 levels with an 8 MiB stack:
@@ -254,7 +254,7 @@ class Blocking:
             lines.append(f"  {name}() [task {tid.hex()}] on worker pid={w.pid} waits for "
                          f"{', '.join(on) or 'objects'}{more}")
         waiting = [t for q in s.ready.values() for t in q]
-        free = s.available_resources()
+        free = cluster_free(s.nodes)
         lines.append(f"  {len(waiting)} task(s) ready but not started, e.g. "
                      + ", ".join(f"{t.call.name}() [task {t.call.task_id.hex()}] needs "
                                  f"{_fmt(t.resources)}" for t in waiting[:4])

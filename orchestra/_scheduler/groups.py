@@ -38,9 +38,11 @@ from .._protocol import pb
 from .._protocol.wire import WARNING
 from .._resources import format_resources
 from ..exceptions import InfeasibleResourcesError
+from .actors import ActorTable
 from .durable import group_gone, group_kept
 from .instructions import KillWorker, Send
 from .model import PLACEMENT_GROUP, SchedulerCore, Task, TaskState, Worker
+from .objects import ObjectDirectory
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 BUNDLE_UNITS = 1000.0   # "bundle" units per bundle: tasks asking for nothing take 0.001
@@ -161,9 +163,11 @@ def group_resources(bundle: Mapping[str, float], index: int, group_hex: str) -> 
 class PlacementGroups:
     """The placement groups of a SchedulerState (its helper, as ActorTable is)."""
 
-    def __init__(self, state: SchedulerCore, joinable: bool = False,
-                 infeasible_waits: bool = False) -> None:
+    def __init__(self, state: SchedulerCore, directory: ObjectDirectory, actors: ActorTable,
+                 joinable: bool = False, infeasible_waits: bool = False) -> None:
         self.s = state
+        self.directory = directory   # the group's ready object: made, sealed, dropped there
+        self.actors = actors         # the actors created in a group end with it
         self.joinable = joinable
         self.infeasible_waits = infeasible_waits
         self.groups: dict[bytes, Group] = {}
@@ -208,7 +212,7 @@ class PlacementGroups:
         if spec.detached:
             self.s.out.append(group_kept(spec))
         ready = g.gid + READY_SUFFIX
-        self.s.new_object(conn, ready).count += 1   # held by its creator and by the group
+        self.directory.new_object(conn, ready).count += 1   # held by its creator and by the group
         if not self._try_place(g):
             self.pending.append(g)
 
@@ -255,7 +259,7 @@ class PlacementGroups:
         ready = g.gid + READY_SUFFIX
         o = s.objects.get(ready)
         if o is not None and o.data is None:
-            s.seal(ready, pb.ObjectData(object_id=ready, inline=serialize(True).to_bytes()))
+            self.directory.seal(ready, pb.ObjectData(object_id=ready, inline=serialize(True).to_bytes()))
         return True
 
     def _reserve(self, g: Group, i: int, node_id: int) -> None:
@@ -286,6 +290,12 @@ class PlacementGroups:
             r.free[k] = r.free.get(k, 0.0) + v
 
     # ------------------------------------------------------------------ tasks in groups
+    def cancelled_error(self, t: Task) -> bytes:
+        """The error of a cancelled task: killed with its placement group (``doomed``),
+        or cancelled by cancel()."""
+        doomed = self.doomed.pop(t.call.task_id, None) if self.doomed else None
+        return doomed or self.s.error("cancelled", name=t.call.name)
+
     def unplaceable(self, t: Task) -> bytes | None:
         """The error of a task or actor whose group is gone, or whose request its bundle
         can never hold; None when it may run (maybe once the group is placed)."""
@@ -353,8 +363,8 @@ class PlacementGroups:
             return t.placement is not None and t.placement[0] == PLACEMENT_GROUP \
                 and t.call.placement.group_id == gid
 
-        for aid in s.actors_in_group(gid):
-            s.kill_actor(aid, f"its placement group {self._label(g)} was {reason}")
+        for aid in self.actors.in_group(gid):
+            self.actors.kill(aid, True, reason=f"its placement group {self._label(g)} was {reason}")
         for w in list(s.workers.values()):
             if not any(k.endswith(mine) for k in w.grant):
                 continue
@@ -375,10 +385,10 @@ class PlacementGroups:
         ready = gid + READY_SUFFIX
         o = s.objects.get(ready)
         if o is not None and o.data is None:
-            s.seal(ready, pb.ObjectData(object_id=ready, error=s.error("group", text=(
+            self.directory.seal(ready, pb.ObjectData(object_id=ready, error=s.error("group", text=(
                 f"placement group {self._label(g)} was {reason} before all its bundles were "
                 "reserved"), cancelled=True)))
-        s.drop_hold(ready)
+        self.directory.decr(ready)
         s.schedule()
 
     def client_gone(self, conn: int) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import collections
 import enum
 import itertools
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from .. import _ids
@@ -322,10 +322,6 @@ class SchedulerCore(Protocol):
         """Take ``t`` out of the ready queue and its arguments' waits: DONE."""
         ...
 
-    def new_object(self, conn: int, oid: bytes) -> Obj:
-        """A pending object held by ``conn``."""
-        ...
-
     def hold_args(self, t: Task, rebuilds: list[Lineage] | None = None) -> bool:
         """``t`` holds its arguments (and waits for those not made); False when it failed.
         ``rebuilds``: ``t`` runs again, and freed arguments are revived (their lineages
@@ -372,9 +368,6 @@ class SchedulerCore(Protocol):
         """The node's task workers (dedicated actor workers do not count)."""
         ...
 
-    def available_resources(self) -> dict[str, float]:
-        ...
-
     def node_order(self, t: Task) -> list[Node]:
         """The nodes where ``t``'s request fits now and its strategy allows, best first."""
         ...
@@ -387,24 +380,8 @@ class SchedulerCore(Protocol):
         """``t`` took resources on ``node_id`` (the next SPREAD turn starts after it)."""
         ...
 
-    def kill_actor(self, actor_id: bytes, reason: str) -> None:
-        """Stop the actor for good (no restart), saying why."""
-        ...
-
-    def actors_in_group(self, group_id: bytes) -> list[bytes]:
-        """The ids of the live actors created in that placement group."""
-        ...
-
     def group_unplaceable(self, t: Task) -> bytes | None:
         """The error of a task whose placement group is gone or cannot hold it."""
-        ...
-
-    def seal(self, oid: bytes, data: pb.ObjectData) -> None:
-        """The object ``oid`` is made: push it to its owner and subscribers."""
-        ...
-
-    def drop_hold(self, oid: bytes) -> None:
-        """One count of ``oid`` is gone (freed at zero)."""
         ...
 
 
@@ -416,3 +393,13 @@ def summed(resources: Iterable[dict[str, float]]) -> dict[str, float]:
         for k, v in r.items():
             total[k] = total.get(k, 0.0) + max(v, 0.0)
     return total
+
+
+def cluster_total(nodes: Mapping[int, Node]) -> dict[str, float]:
+    """The cluster's resources: every node's, summed."""
+    return summed(n.resources.total for n in nodes.values())
+
+
+def cluster_free(nodes: Mapping[int, Node]) -> dict[str, float]:
+    """What running tasks do not hold now, summed over the nodes."""
+    return summed(n.resources.free for n in nodes.values())

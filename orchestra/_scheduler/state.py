@@ -49,7 +49,6 @@ from .model import (
     Worker,
     WorkerState,
     default_error,
-    summed,
 )
 from .objects import ObjectDirectory
 from .placement import Placer
@@ -87,10 +86,9 @@ class SchedulerState:
         self.pipeline_depth = pipeline_depth
         # Builds an object's pickled error, (kind, **details) -> bytes: _objects/errors.py.
         self.error: Callable[..., bytes] = error_factory or default_error
-        self.actor_table = ActorTable(self)
+        self.actor_table = ActorTable(self, self.directory)
         self.blocking = Blocking(self)
         self.start_failures = 0   # consecutive worker processes that died before connecting
-        self.retry_later = RetryLater(self.requeue, lambda t: self.fail_task(t, self._cancelled_error(t)))
         self._feasible: dict[Shape, bool] = {}
         # Why recent workers died (worker id -> (pid, reason, whether a task the head sent
         # was running)): direct calls to a dead process may be handed over (adopt_calls).
@@ -103,12 +101,16 @@ class SchedulerState:
         # Which node a task goes to (_scheduler/placement.py); a request no node holds
         # waits if nodes may join, or under the Ray runner (infeasible_waits).
         self.placer = Placer(self, joinable, infeasible_waits)
-        self.groups = PlacementGroups(self, joinable, infeasible_waits)
+        self.groups = PlacementGroups(self, self.directory, self.actor_table, joinable,
+                                      infeasible_waits)
+        self.retry_later = RetryLater(self.requeue,
+                                      lambda t: self.fail_task(t, self.groups.cancelled_error(t)))
         self.streams = Streams(self, self.directory)
         self.rebuilds = Rebuilds(self, self.directory)   # results lost, made again (lineage.py)
         self.kept = KeptObjects(self, self.directory, self.rebuilds)   # outlived a head (kept.py)
         self.placer.nodes_of_before, self.placer.node_wait_s = self.kept.nodes, NODE_WAIT_S
-        self.adoption = Adoption(self, self.actor_table)   # direct calls handed over (adoption.py)
+        # Direct calls handed over (adoption.py).
+        self.adoption = Adoption(self, self.actor_table, self.directory)
         # Which worker runs what, when one starts or goes (_scheduler/workers.py).
         self.worker_pool = WorkerPool(self, self.loans, self.placer, self.blocking)
 
@@ -227,7 +229,7 @@ class SchedulerState:
             t.worker = None
             if i < running:  # a running task
                 if t.cancelled:
-                    self.fail_task(t, self._cancelled_error(t))
+                    self.fail_task(t, self.groups.cancelled_error(t))
                 elif t.retries_left != 0:   # (one the memory monitor killed: later)
                     t.spend_retry()
                     (self.retry_later.hold if reason.startswith(MEMORY_KILL) else self.requeue)(t)
@@ -235,7 +237,7 @@ class SchedulerState:
                     self.fail_task(t, self.error("crashed", name=t.call.name, pid=w.pid,
                                                    reason=reason, attempts=t.attempt))
             elif t.cancelled:   # cancelled while queued there: see return_tasks
-                self.fail_task(t, self._cancelled_error(t))
+                self.fail_task(t, self.groups.cancelled_error(t))
             else:  # never started there: schedule again, no retry spent
                 self.requeue(t)
         node = self.nodes.get(w.node_id)
@@ -607,7 +609,7 @@ class SchedulerState:
             if t.cancelled:
                 # The worker handed it back before our CancelTask reached it, and then
                 # ignored the cancel for a task it no longer had: re-queued, it ran.
-                self.fail_task(t, self._cancelled_error(t))
+                self.fail_task(t, self.groups.cancelled_error(t))
                 continue
             self.requeue(t)
         self.after_worker_step(w)
@@ -660,28 +662,6 @@ class SchedulerState:
                     n += 1
         return n
 
-    # ------------------------------------------------------------------ generators
-    def generator_item(self, conn: int, msg: pb.GeneratorItem) -> None:
-        """An item a streaming generator yielded (streams.py)."""
-        self.streams.generator_item(conn, msg)
-
-    def generator_ack(self, msg: pb.GeneratorAck) -> None:
-        """The consumer read ``msg.consumed`` items (streams.py)."""
-        self.streams.generator_ack(msg)
-
-    def adopt_calls(self, conn: int, msg: pb.AdoptCalls) -> None:
-        """Direct calls ``conn`` handed over when their connection closed (adoption.py)."""
-        self.adoption.adopt_calls(conn, msg)
-
-    # ------------------------------------------------------------------ loans
-    def lend_idle(self, conn: int, req: dict[str, float], pinned: int = 0) -> None:
-        """A driver whose loaned workers are all busy asks for one more (_scheduler/loans.py)."""
-        self.loans.lend_idle(conn, req, pinned)
-
-    def return_loan(self, conn: int, worker_id: int) -> None:
-        """A driver gives back a worker lent to it (_scheduler/loans.py)."""
-        self.loans.return_loan(conn, worker_id)
-
     # ------------------------------------------------------------------ workers (_scheduler/workers.py)
     def start_worker(self, node_id: int) -> Worker:
         """A new worker on the node (StartWorker emitted), STARTING."""
@@ -703,54 +683,10 @@ class SchedulerState:
         """Where client ``c`` reaches worker ``w`` for direct calls ("" when it cannot)."""
         return self.worker_pool.direct_path(w, c)
 
-    def worker_address(self, conn: int, address: str) -> None:
-        """The worker on ``conn`` takes direct calls over TCP at ``address``."""
-        self.worker_pool.worker_address(conn, address)
-
     # ------------------------------------------------------------------ objects (_scheduler/objects.py)
-    def new_object(self, conn: int, oid: bytes) -> Obj:
-        """A pending object held by ``conn`` (implied hold: no RefDelta for it)."""
-        return self.directory.new_object(conn, oid)
-
-    def put(self, conn: int, data: pb.ObjectData) -> None:
-        """``conn`` put an object (its data written already)."""
-        self.directory.put(conn, data)
-
-    def put_for(self, conn: int, data: pb.ObjectData) -> None:
-        """An object of ``conn`` made elsewhere: held for ``conn`` and pushed to it."""
-        self.directory.put_for(conn, data)
-
-    def register_pending(self, conn: int, ids: Iterable[bytes]) -> None:
-        """Results of ``conn``'s direct calls whose refs leave that process."""
-        self.directory.register_pending(conn, ids)
-
-    def seal(self, oid: bytes, data: pb.ObjectData) -> None:
-        """The object ``oid`` is made: push it to its owner and subscribers."""
-        self.directory.seal(oid, data)
-
-    def drop_hold(self, oid: bytes) -> None:
-        """One count of ``oid`` is gone (freed at zero)."""
-        self.directory.decr(oid)
-
     def relocate(self, oid: bytes, segment: pb.Segment) -> bool:
         """The store spilled the object's segment to a file (False: not that object's)."""
         return (self.kept if oid in self.kept.held else self.directory).relocate(oid, segment)
-
-    def copy_on(self, oid: bytes, node_id: int) -> pb.ObjectData | None:
-        """The object's data as a reader on ``node_id`` maps it (None: pull it there)."""
-        return self.directory.copy_on(oid, node_id)
-
-    def add_copy(self, oid: bytes, segment: pb.Segment) -> bool:
-        """A node pulled the object into its store (False: the object is gone)."""
-        return self.directory.add_copy(oid, segment)
-
-    def subscribe(self, conn: int, ids: Iterable[bytes]) -> None:
-        """Push these objects to ``conn`` once they are made (now, if they are)."""
-        self.directory.subscribe(conn, ids)
-
-    def ref_delta(self, conn: int, incr: Iterable[bytes], decr: Iterable[bytes]) -> None:
-        """``conn``'s counts of objects went up and down."""
-        self.directory.ref_delta(conn, incr, decr)
 
     def handles_gone(self, oid: bytes) -> bool:
         """The last count of ``oid`` is gone: True for an actor's handle (the actor ends)."""
@@ -760,19 +696,6 @@ class SchedulerState:
         return found
 
     # ------------------------------------------------------------------ placement groups
-    def _cancelled_error(self, t: Task) -> bytes:
-        """The error of a cancelled task: killed with its placement group, or cancel()."""
-        doomed = self.groups.doomed.pop(t.call.task_id, None) if self.groups.doomed else None
-        return doomed or self.error("cancelled", name=t.call.name)
-
-    def kill_actor(self, actor_id: bytes, reason: str) -> None:
-        """Stop the actor for good (no restart), saying why."""
-        self.actor_table.kill(actor_id, True, reason=reason)
-
-    def actors_in_group(self, group_id: bytes) -> list[bytes]:
-        """The ids of the live actors created in that placement group."""
-        return self.actor_table.in_group(group_id)
-
     def group_unplaceable(self, t: Task) -> bytes | None:
         """The error of a task whose placement group is gone or cannot hold it."""
         return self.groups.unplaceable(t)
@@ -789,12 +712,3 @@ class SchedulerState:
     def placed_on(self, t: Task, node_id: int) -> None:
         """``t`` took resources on ``node_id`` (the next SPREAD turn starts after it)."""
         self.placer.placed(t, node_id)
-
-    # ------------------------------------------------------------------ queries
-    def total_resources(self) -> dict[str, float]:
-        """The cluster's resources: every node's, summed."""
-        return summed(n.resources.total for n in self.nodes.values())
-
-    def available_resources(self) -> dict[str, float]:
-        """What running tasks do not hold now, summed over the nodes."""
-        return summed(n.resources.free for n in self.nodes.values())

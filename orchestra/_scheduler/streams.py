@@ -47,7 +47,7 @@ class Streams:
                     task_id=msg.task_id, consumed=t.acked)))
             return
         t.streamed = msg.index
-        self.core.new_object(t.owner, data.object_id)
+        self.objects.new_object(t.owner, data.object_id)
         self.objects.seal(data.object_id, data)
 
     def generator_ack(self, msg: pb.GeneratorAck) -> None:

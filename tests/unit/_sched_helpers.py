@@ -11,6 +11,7 @@ from orchestra._proto import types_pb2
 from orchestra._protocol import pb
 from orchestra._protocol import wire as _wire
 from orchestra._scheduler.instructions import FreeSegment, LateSend, Push, Send, StartWorker
+from orchestra._scheduler.model import cluster_free
 from orchestra._scheduler.state import SchedulerState
 
 DRIVER = 1
@@ -120,7 +121,7 @@ class Cluster:
         return self.s.workers[worker_id]
 
     def available(self) -> dict[str, float]:
-        return self.s.available_resources()
+        return cluster_free(self.s.nodes)
 
 
 def executes(out: list[Any]) -> list[tuple[int, Any]]:

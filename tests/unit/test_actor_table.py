@@ -129,11 +129,11 @@ def test_a_call_waiting_for_its_argument_holds_back_the_calls_behind_it():
     ctor = actor_call()
     wid = alive(c, ctor)
     producer = make_call("producer", cpus=0)
-    c.s.new_object(DRIVER, rid(producer))   # a result some other task will seal
+    c.s.directory.new_object(DRIVER, rid(producer))   # a result some other task will seal
     first = c.submit(method(ctor, "first", (ref(rid(producer)),)))
     second = c.submit(method(ctor, "second"))
     assert executed(c.take()) == []
-    c.s.put(DRIVER, inline_data(rid(producer)))
+    c.s.directory.put(DRIVER, inline_data(rid(producer)))
     assert executed(c.take()) == [(wid, first.task_id), (wid, second.task_id)]
 
 
@@ -164,10 +164,10 @@ def test_a_caller_learns_the_address_only_once_its_queued_calls_are_all_sent():
     ctor = actor_call()
     wid = alive(c, ctor)
     producer = make_call("producer", cpus=0)
-    c.s.new_object(DRIVER, rid(producer))
+    c.s.directory.new_object(DRIVER, rid(producer))
     c.submit(method(ctor, "waits", (ref(rid(producer)),)))
     assert sent_late(c.take(), _wire.ACTOR_ADDRESS) == []
-    c.s.put(DRIVER, inline_data(rid(producer)))
+    c.s.directory.put(DRIVER, inline_data(rid(producer)))
     [address] = sent_late(c.take(), _wire.ACTOR_ADDRESS, DRIVER)
     assert address.worker_id == wid and address.dispatched == 1
 
@@ -336,7 +336,7 @@ def test_the_last_handle_gone_stops_an_idle_actor():
     c = empty()
     ctor = actor_call()
     wid = alive(c, ctor)
-    c.s.ref_delta(DRIVER, (), (ctor.actor.actor_id,))
+    c.s.directory.ref_delta(DRIVER, (), (ctor.actor.actor_id,))
     assert c.take() == [KillWorker(NODE, wid, "no handle to it is left")]
     assert state_of(c, ctor) is ActorState.DEAD
 
@@ -347,7 +347,7 @@ def test_the_last_handle_gone_lets_the_calls_in_flight_finish_first():
     wid = alive(c, ctor)
     running = c.submit(method(ctor, "running"))
     c.take()
-    c.s.ref_delta(DRIVER, (), (ctor.actor.actor_id,))
+    c.s.directory.ref_delta(DRIVER, (), (ctor.actor.actor_id,))
     assert c.take() == []
     c.done(wid, running, "result")
     out = c.take()
@@ -359,6 +359,6 @@ def test_a_named_actor_outlives_its_handles():
     c = empty()
     ctor = actor_call(name="service")
     alive(c, ctor)
-    c.s.ref_delta(DRIVER, (), (ctor.actor.actor_id,))
+    c.s.directory.ref_delta(DRIVER, (), (ctor.actor.actor_id,))
     assert c.take() == []
     assert state_of(c, ctor) is ActorState.ALIVE

@@ -40,7 +40,7 @@ NO_CONN = 77   # a connection with no worker (a late answer's, the worker forgot
 def hand_back(c: Cluster, call: Any, worker_id: int = GONE) -> list[Any]:
     """The driver hands back ``call``, answered through the head by ``worker_id``, not
     pushed to it yet."""
-    c.s.adopt_calls(DRIVER, pb.AdoptCalls(worker_id=worker_id, calls=[call],
+    c.s.adoption.adopt_calls(DRIVER, pb.AdoptCalls(worker_id=worker_id, calls=[call],
                                           answered=[call.task_id]))
     return c.take()
 
@@ -131,11 +131,11 @@ def test_a_late_answer_stands_and_the_run_again_keeps_its_arguments_until_it_end
     # them.
     c = Cluster(cpus=1)
     arg = new_id() + bytes(4)
-    c.s.put(DRIVER, inline_data(arg, "arg"))
+    c.s.directory.put(DRIVER, inline_data(arg, "arg"))
     call = make_call("direct", (ref(arg),), max_retries=2)
     assert executed(hand_back(c, call)) == [(c.pool[0], call.task_id)]
     assert value_of(answer(c, NO_CONN, call), call) == "first"
-    c.s.ref_delta(DRIVER, [], [arg])   # the driver lets the argument go (it was pushed)
+    c.s.directory.ref_delta(DRIVER, [], [arg])   # the driver lets the argument go (it was pushed)
     assert arg in c.s.objects, "the run again's argument was freed while it ran"
     c.done(c.pool[0], call, "again")
     out = c.take()
@@ -150,7 +150,7 @@ def test_a_late_answer_after_its_result_was_dropped_makes_nothing_anew() -> None
     hand_back(c, call)
     c.done(c.pool[0], call, "again")
     assert value_of(c.take(), call) == "again"
-    c.s.ref_delta(DRIVER, [], [rid(call)])
+    c.s.directory.ref_delta(DRIVER, [], [rid(call)])
     assert rid(call) not in c.s.objects
     answer(c, NO_CONN, call)
     assert rid(call) not in c.s.objects
@@ -162,7 +162,7 @@ def test_an_actor_call_whose_answer_was_never_read_fails_as_one_in_flight() -> N
     call = make_call("method", max_retries=0)
     call.actor_id = new_id()
     c.s.dead_workers[998] = DeadWorker(4242, "died of SIGKILL", False, NODE)
-    c.s.adopt_calls(DRIVER, pb.AdoptCalls(actor_id=call.actor_id, worker_id=998,
+    c.s.adoption.adopt_calls(DRIVER, pb.AdoptCalls(actor_id=call.actor_id, worker_id=998,
                                           calls=[call], answered=[call.task_id]))
     err = error_of(c.take(), rid(call))
     assert b"actor_dead" in err and b"pid=4242" in err
@@ -186,10 +186,10 @@ def test_a_late_answer_of_a_call_left_unanswered_and_run_again_makes_nothing_ane
     c = Cluster(cpus=1)
     call = make_call("direct", max_retries=2)
     c.s.dead_workers[998] = DeadWorker(4242, "killed", False, NODE)
-    c.s.adopt_calls(DRIVER, pb.AdoptCalls(worker_id=998, calls=[call]))
+    c.s.adoption.adopt_calls(DRIVER, pb.AdoptCalls(worker_id=998, calls=[call]))
     assert executed(c.take()) == [(c.pool[0], call.task_id)]
     c.done(c.pool[0], call, "again")
     assert value_of(c.take(), call) == "again"
-    c.s.ref_delta(DRIVER, [], [rid(call)])
+    c.s.directory.ref_delta(DRIVER, [], [rid(call)])
     answer(c, NO_CONN, call)
     assert rid(call) not in c.s.objects

@@ -120,14 +120,14 @@ class DirectBookWithHead(RuleBasedStateMachine):
     def _deliver(self, kind: str, body: Any) -> None:
         s = self.s
         if kind == "pending":
-            s.register_pending(DRIVER, body)
+            s.directory.register_pending(DRIVER, body)
             self.known.update(body)
         elif kind == "objects":
             for d in body:
-                s.put(DRIVER, d)
+                s.directory.put(DRIVER, d)
                 self.known.add(d.object_id)
         elif kind == "decr":
-            s.ref_delta(DRIVER, [], body)
+            s.directory.ref_delta(DRIVER, [], body)
         elif kind == "submit":
             s.submit(DRIVER, body)
             self.known.update(rid(body, i) for i in range(body.num_returns))

@@ -351,5 +351,5 @@ def test_a_claimed_actor_whose_handles_went_meanwhile_stops_at_the_drivers_relea
     c.take()
     c.s.client_connected(AGAIN, pb.Hello(kind="driver", pid=2, driver_key=KEY))
     assert c.s.actor_table.claim(AGAIN, KEY) == [aid]
-    c.s.ref_delta(AGAIN, [], [aid])   # the driver holds no handle of it any more
+    c.s.directory.ref_delta(AGAIN, [], [aid])   # the driver holds no handle of it any more
     assert c.s.actor_table.actors[aid].state is ActorState.DEAD

@@ -57,20 +57,20 @@ def running_stream(c: Cluster, **kw: Any) -> tuple[Any, int]:
 def test_each_item_is_pushed_to_the_owner_as_it_comes():
     c = Cluster(cpus=1)
     call, wid = running_stream(c)
-    c.s.generator_item(worker_conn(wid), item(call, 1, "a"))
+    c.s.streams.generator_item(worker_conn(wid), item(call, 1, "a"))
     out = c.take()
     assert pickle.loads(pushes(out)[rid(call, 1)].inline) == "a"
-    c.s.generator_item(worker_conn(wid), item(call, 2, "b"))
+    c.s.streams.generator_item(worker_conn(wid), item(call, 2, "b"))
     assert list(pushes(c.take())) == [rid(call, 2)]
 
 
 def test_an_item_is_held_for_the_owner_until_it_lets_go():
     c = Cluster(cpus=1)
     call, wid = running_stream(c)
-    c.s.generator_item(worker_conn(wid), item(call, 1))
+    c.s.streams.generator_item(worker_conn(wid), item(call, 1))
     assert c.s.objects[rid(call, 1)].count == 1
     assert c.s.clients[DRIVER].holds[rid(call, 1)] == 1
-    c.s.ref_delta(DRIVER, [], [rid(call, 1)])
+    c.s.directory.ref_delta(DRIVER, [], [rid(call, 1)])
     assert rid(call, 1) not in c.s.objects
 
 
@@ -78,7 +78,7 @@ def test_the_end_comes_after_the_items_and_holds_their_number():
     c = Cluster(cpus=1)
     call, wid = running_stream(c)
     for i in (1, 2):
-        c.s.generator_item(worker_conn(wid), item(call, i))
+        c.s.streams.generator_item(worker_conn(wid), item(call, i))
     c.take()
     c.done(wid, call, 2)
     assert pickle.loads(pushes(c.take())[rid(call, 0)].inline) == 2
@@ -87,17 +87,17 @@ def test_the_end_comes_after_the_items_and_holds_their_number():
 def test_a_retry_yields_its_items_again_and_only_new_ones_are_taken():
     c = Cluster(cpus=2)
     call, wid = running_stream(c, max_retries=1)
-    c.s.generator_item(worker_conn(wid), item(call, 1))
-    c.s.generator_item(worker_conn(wid), item(call, 2))
-    c.s.ref_delta(DRIVER, [], [rid(call, 1)])   # read and dropped already
+    c.s.streams.generator_item(worker_conn(wid), item(call, 1))
+    c.s.streams.generator_item(worker_conn(wid), item(call, 2))
+    c.s.directory.ref_delta(DRIVER, [], [rid(call, 1)])   # read and dropped already
     c.take()
     c.s.worker_died(wid, "killed")
     [(wid2, _)] = executed(c.take())
-    c.s.generator_item(worker_conn(wid2), item(call, 1))
-    c.s.generator_item(worker_conn(wid2), item(call, 2))
+    c.s.streams.generator_item(worker_conn(wid2), item(call, 1))
+    c.s.streams.generator_item(worker_conn(wid2), item(call, 2))
     assert pushes(c.take()) == {}
     assert rid(call, 1) not in c.s.objects   # not made again
-    c.s.generator_item(worker_conn(wid2), item(call, 3))
+    c.s.streams.generator_item(worker_conn(wid2), item(call, 3))
     assert list(pushes(c.take())) == [rid(call, 3)]
 
 
@@ -106,8 +106,8 @@ def test_a_repeated_item_in_shared_memory_is_freed():
     call, wid = running_stream(c)
     first = pb.GeneratorItem(task_id=call.task_id, index=1, data=segment_data(rid(call, 1), "seg-a"))
     again = pb.GeneratorItem(task_id=call.task_id, index=1, data=segment_data(rid(call, 1), "seg-b"))
-    c.s.generator_item(worker_conn(wid), first)
-    c.s.generator_item(worker_conn(wid), again)
+    c.s.streams.generator_item(worker_conn(wid), first)
+    c.s.streams.generator_item(worker_conn(wid), again)
     assert freed_segments(c.take()) == ["seg-b"]
 
 
@@ -115,9 +115,9 @@ def test_an_item_whose_id_is_not_its_tasks_is_dropped():
     c = Cluster(cpus=1)
     call, wid = running_stream(c)
     other = make_call("other")
-    c.s.generator_item(worker_conn(wid), pb.GeneratorItem(
+    c.s.streams.generator_item(worker_conn(wid), pb.GeneratorItem(
         task_id=call.task_id, index=1, data=inline_data(rid(other, 1))))
-    c.s.generator_item(worker_conn(wid), pb.GeneratorItem(
+    c.s.streams.generator_item(worker_conn(wid), pb.GeneratorItem(
         task_id=call.task_id, index=0, data=inline_data(rid(call, 0))))
     assert pushes(c.take()) == {}
     assert rid(other, 1) not in c.s.objects and rid(call, 0) in c.s.objects   # the end, pending
@@ -128,7 +128,7 @@ def test_an_item_of_a_task_that_ended_is_dropped():
     call, wid = running_stream(c)
     c.done(wid, call, 0)
     c.take()
-    c.s.generator_item(worker_conn(wid), item(call, 1))
+    c.s.streams.generator_item(worker_conn(wid), item(call, 1))
     assert pushes(c.take()) == {}
     assert rid(call, 1) not in c.s.objects
 
@@ -136,7 +136,7 @@ def test_an_item_of_a_task_that_ended_is_dropped():
 def test_an_item_of_a_direct_call_becomes_its_callers_object():
     c = Cluster(cpus=1)
     call = stream_call()   # sent straight to the actor: the head has no task for it
-    c.s.generator_item(worker_conn(1), item(call, 1, owner=DRIVER))
+    c.s.streams.generator_item(worker_conn(1), item(call, 1, owner=DRIVER))
     assert rid(call, 1) in pushes(c.take())
     assert c.s.clients[DRIVER].holds[rid(call, 1)] == 1
 
@@ -146,7 +146,7 @@ def test_an_item_of_a_direct_call_becomes_its_callers_object():
 def test_an_ack_is_forwarded_to_the_producing_worker():
     c = Cluster(cpus=1)
     call, wid = running_stream(c)
-    c.s.generator_ack(pb.GeneratorAck(task_id=call.task_id, consumed=3))
+    c.s.streams.generator_ack(pb.GeneratorAck(task_id=call.task_id, consumed=3))
     [msg] = sent(c.take(), _wire.GENERATOR_ACK, worker_conn(wid))
     assert msg.consumed == 3
 
@@ -154,19 +154,19 @@ def test_an_ack_is_forwarded_to_the_producing_worker():
 def test_a_retry_hears_the_acks_its_first_attempt_had():
     c = Cluster(cpus=2)
     call, wid = running_stream(c, max_retries=1)
-    c.s.generator_item(worker_conn(wid), item(call, 1))
-    c.s.generator_ack(pb.GeneratorAck(task_id=call.task_id, consumed=1))
+    c.s.streams.generator_item(worker_conn(wid), item(call, 1))
+    c.s.streams.generator_ack(pb.GeneratorAck(task_id=call.task_id, consumed=1))
     c.take()
     c.s.worker_died(wid, "killed")
     [(wid2, _)] = executed(c.take())
-    c.s.generator_item(worker_conn(wid2), item(call, 1))   # a repeat: told what was read
+    c.s.streams.generator_item(worker_conn(wid2), item(call, 1))   # a repeat: told what was read
     [msg] = sent(c.take(), _wire.GENERATOR_ACK, worker_conn(wid2))
     assert msg.consumed == 1
 
 
 def test_an_ack_for_an_unknown_task_is_ignored():
     c = Cluster(cpus=1)
-    c.s.generator_ack(pb.GeneratorAck(task_id=b"x" * 12, consumed=1))
+    c.s.streams.generator_ack(pb.GeneratorAck(task_id=b"x" * 12, consumed=1))
     assert c.take() == []
 
 

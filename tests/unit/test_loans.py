@@ -138,7 +138,7 @@ def test_a_worker_that_ran_a_drivers_pipelined_tasks_is_lent_once_empty():
 def test_lend_idle_lends_one_idle_worker_of_the_shape_asked_for():
     c = Cluster(cpus=2, lending=True)
     lent(c)
-    c.s.lend_idle(DRIVER, {"CPU": 1.0})
+    c.s.loans.lend_idle(DRIVER, {"CPU": 1.0})
     assert loans(c.take()) == [pb.Loan(worker_id=2, path=socket_path(0, 2),
                                         resources={"CPU": 1.0}, pid=1002)]
     assert c.worker(2).state is WorkerState.BUSY and c.available()["CPU"] == 0.0
@@ -147,7 +147,7 @@ def test_lend_idle_lends_one_idle_worker_of_the_shape_asked_for():
 def test_lend_idle_lends_nothing_when_no_idle_worker_fits():
     c = Cluster(cpus=1, lending=True)
     lent(c)
-    c.s.lend_idle(DRIVER, {"CPU": 1.0})
+    c.s.loans.lend_idle(DRIVER, {"CPU": 1.0})
     assert loans(c.take()) == []
 
 
@@ -157,7 +157,7 @@ def test_lend_idle_lends_nothing_while_work_waits():
     c.submit(make_call("b"))
     c.submit(make_call("waits"))
     c.take()
-    c.s.lend_idle(DRIVER, {"CPU": 1.0})
+    c.s.loans.lend_idle(DRIVER, {"CPU": 1.0})
     assert loans(c.take()) == []
 
 
@@ -167,7 +167,7 @@ def test_a_returned_worker_is_idle_again_and_its_grant_back_on_the_node():
     c = Cluster(cpus=1, lending=True)
     lent(c)
     assert c.available()["CPU"] == 0.0
-    c.s.return_loan(DRIVER, 1)
+    c.s.loans.return_loan(DRIVER, 1)
     assert c.worker(1).state is WorkerState.IDLE and c.worker(1).lent_to is None
     assert c.available()["CPU"] == 1.0 and c.s.loans.loaned == set()
 
@@ -176,7 +176,7 @@ def test_a_return_from_a_driver_it_is_not_lent_to_is_ignored():
     c = Cluster(cpus=1, lending=True)
     c.s.client_connected(OTHER_DRIVER, pb.Hello(kind="driver", pid=2))
     lent(c)
-    c.s.return_loan(OTHER_DRIVER, 1)
+    c.s.loans.return_loan(OTHER_DRIVER, 1)
     assert c.worker(1).lent_to == DRIVER
 
 
@@ -188,7 +188,7 @@ def test_a_task_that_finds_every_worker_lent_recalls_them_once():
     assert executed(out) == [] and recalls(out) == [(DRIVER, 1)]   # not pipelined to a loan
     c.submit(make_call("waits too"))
     assert recalls(c.take()) == []                                  # asked once
-    c.s.return_loan(DRIVER, 1)
+    c.s.loans.return_loan(DRIVER, 1)
     assert executed(c.take())[0] == (1, waiting.task_id)
 
 
@@ -238,5 +238,5 @@ def test_a_returned_worker_with_nothing_ready_takes_back_tasks_pipelined_elsewhe
     behind = c.submit(make_call("behind", retry_exceptions=True))
     assert [w for w, _ in executed(c.take())] == [1, 2, 2]
     c.done(1, lent_task)
-    c.s.return_loan(DRIVER, 1)
+    c.s.loans.return_loan(DRIVER, 1)
     assert sent(c.take(), _wire.STEAL, worker_conn(2)) == [pb.ReturnTasks(task_ids=[behind.task_id])]

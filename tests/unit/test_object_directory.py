@@ -70,10 +70,10 @@ def test_a_task_on_another_node_is_sent_the_holders_copy_and_its_node_pulls_one(
 def test_once_a_copy_is_there_tasks_on_that_node_read_it_and_nothing_is_pulled():
     c, w0, w2 = two_nodes()
     oid, _ = made_on_other(c, w2)
-    assert c.s.copy_on(oid, NODE) is None
-    assert c.s.add_copy(oid, pb.Segment(name="copy-on-0", size=4 << 20, node_id=NODE))
-    assert c.s.copy_on(oid, NODE).segment.name == "copy-on-0"
-    assert c.s.copy_on(oid, OTHER).segment.name == "seg-on-2"
+    assert c.s.directory.copy_on(oid, NODE) is None
+    assert c.s.directory.add_copy(oid, pb.Segment(name="copy-on-0", size=4 << 20, node_id=NODE))
+    assert c.s.directory.copy_on(oid, NODE).segment.name == "copy-on-0"
+    assert c.s.directory.copy_on(oid, OTHER).segment.name == "seg-on-2"
     c.submit(make_call("use", (ref(oid),), placement=affinity(NODE)))
     out = c.take()
     ((_, inv),) = executes(out)
@@ -84,8 +84,8 @@ def test_once_a_copy_is_there_tasks_on_that_node_read_it_and_nothing_is_pulled()
 def test_the_last_ref_dropped_frees_every_copy_on_its_own_node():
     c, _, w2 = two_nodes()
     oid, _ = made_on_other(c, w2)
-    c.s.add_copy(oid, pb.Segment(name="copy-on-0", size=4 << 20, node_id=NODE))
-    c.s.ref_delta(DRIVER, [], [oid])
+    c.s.directory.add_copy(oid, pb.Segment(name="copy-on-0", size=4 << 20, node_id=NODE))
+    c.s.directory.ref_delta(DRIVER, [], [oid])
     freed = {(i.node_id, i.key) for i in c.take() if type(i) is FreeSegment}
     assert freed == {(OTHER, "seg-on-2"), (NODE, "copy-on-0")}
 
@@ -96,10 +96,10 @@ def test_an_object_put_again_with_its_own_segment_keeps_it_and_a_second_copy_is_
     # node then read the bytes of the next object written there).
     c, _, w2 = two_nodes()
     oid, _ = made_on_other(c, w2)
-    c.s.put(DRIVER, seg_on(OTHER, oid, "seg-on-2"))
+    c.s.directory.put(DRIVER, seg_on(OTHER, oid, "seg-on-2"))
     assert [i for i in c.take() if type(i) is FreeSegment] == []
     assert c.s.objects[oid].data.segment.name == "seg-on-2"
-    c.s.put(DRIVER, seg_on(OTHER, oid, "another"))
+    c.s.directory.put(DRIVER, seg_on(OTHER, oid, "another"))
     assert [i for i in c.take() if type(i) is FreeSegment] == [FreeSegment(OTHER, "another")]
     assert c.s.objects[oid].data.segment.name == "seg-on-2"
 
@@ -113,8 +113,8 @@ def test_a_subscriber_of_a_result_nobody_holds_any_more_hears_it_is_gone_when_it
     call = c.submit(make_call("make", resources={"other": 1.0}))
     c.take()
     oid = rid(call)
-    c.s.subscribe(50, [oid])
-    c.s.ref_delta(DRIVER, [], [oid])
+    c.s.directory.subscribe(50, [oid])
+    c.s.directory.ref_delta(DRIVER, [], [oid])
     c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=call.task_id,
                                                returns=[seg_on(OTHER, oid, "seg-on-2")]))
     out = c.take()
@@ -134,7 +134,7 @@ def test_a_driver_that_dropped_a_tasks_refs_hears_when_it_answered_if_it_outlive
     call = c.submit(make_call("make", resources={"other": 1.0}))
     c.take()
     oid = rid(call)
-    c.s.ref_delta(DRIVER, [], [oid])
+    c.s.directory.ref_delta(DRIVER, [], [oid])
     c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=call.task_id,
                                                returns=[seg_on(OTHER, oid, "seg-on-2")]))
     out = c.take()
@@ -150,24 +150,24 @@ def test_a_driver_that_dropped_a_tasks_refs_hears_when_it_answered_if_it_outlive
 def test_a_copy_of_an_object_already_freed_is_refused():
     c, _, w2 = two_nodes()
     oid, _ = made_on_other(c, w2)
-    c.s.ref_delta(DRIVER, [], [oid])
-    assert not c.s.add_copy(oid, pb.Segment(name="late", size=1, node_id=NODE))
+    c.s.directory.ref_delta(DRIVER, [], [oid])
+    assert not c.s.directory.add_copy(oid, pb.Segment(name="late", size=1, node_id=NODE))
 
 
 def test_a_spilled_copy_is_found_at_its_file():
     c, _, w2 = two_nodes()
     oid, _ = made_on_other(c, w2)
-    c.s.add_copy(oid, pb.Segment(name="copy-on-0", size=4 << 20, node_id=NODE))
+    c.s.directory.add_copy(oid, pb.Segment(name="copy-on-0", size=4 << 20, node_id=NODE))
     assert c.s.relocate(oid, pb.Segment(name="copy-on-0", size=4 << 20, node_id=NODE,
                                         path="/spill/x"))
-    assert c.s.copy_on(oid, NODE).segment.path == "/spill/x"
-    assert c.s.copy_on(oid, OTHER).segment.path == ""   # the primary copy did not move
+    assert c.s.directory.copy_on(oid, NODE).segment.path == "/spill/x"
+    assert c.s.directory.copy_on(oid, OTHER).segment.path == ""   # the primary copy did not move
 
 
 def test_a_dead_nodes_object_lives_on_in_a_copy():
     c, _, w2 = two_nodes()
     oid, _ = made_on_other(c, w2)
-    c.s.add_copy(oid, pb.Segment(name="copy-on-0", size=4 << 20, node_id=NODE))
+    c.s.directory.add_copy(oid, pb.Segment(name="copy-on-0", size=4 << 20, node_id=NODE))
     c.s.remove_node(OTHER, "killed")
     data = c.s.objects[oid].data
     assert data.segment.node_id == NODE and data.segment.name == "copy-on-0"
@@ -335,7 +335,7 @@ def test_a_worker_on_another_node_is_lent_over_tcp_once_it_said_where(tcp):
     c = Cluster(cpus=1, lending=True)
     (w0,) = c.pool
     if tcp:
-        c.s.worker_address(worker_conn(w0), "10.0.0.1:4242")
+        c.s.worker_pool.worker_address(worker_conn(w0), "10.0.0.1:4242")
     # A second driver, on another node: the worker on node 0 is lent to it over TCP,
     # or not at all while the worker has no TCP address.
     c.s.client_connected(7, pb.Hello(kind="driver", pid=7), OTHER)
@@ -347,7 +347,7 @@ def test_a_worker_on_another_node_is_lent_over_tcp_once_it_said_where(tcp):
 def test_a_driver_on_the_workers_node_is_lent_its_unix_socket():
     c = Cluster(cpus=1, lending=True)
     (w0,) = c.pool
-    c.s.worker_address(worker_conn(w0), "10.0.0.1:4242")
+    c.s.worker_pool.worker_address(worker_conn(w0), "10.0.0.1:4242")
     c.submit(make_call("f"))
     (loan,) = _loans(c.take())
     assert loan.path.endswith(f"w{w0}.sock") and loan.pinned_node == 0
@@ -357,7 +357,7 @@ def test_a_task_bound_to_a_node_gets_a_worker_lent_for_that_node_only():
     c, w0, w2 = two_nodes()
     c.s.lending = True
     c.s.worker_socket = lambda node_id, worker_id: f"/tmp/w{worker_id}.sock"
-    c.s.worker_address(worker_conn(w2), "10.0.0.2:4242")
+    c.s.worker_pool.worker_address(worker_conn(w2), "10.0.0.2:4242")
     call = c.submit(make_call("f", placement=affinity(OTHER)))
     out = c.take()
     assert [w for w, _ in executes(out)] == [w2]
@@ -402,7 +402,7 @@ def test_a_dead_nodes_workers_still_starting_do_not_count_as_a_broken_environmen
 
 
 def _drop(c: Cluster, oid: bytes) -> None:
-    c.s.ref_delta(DRIVER, [], [oid])
+    c.s.directory.ref_delta(DRIVER, [], [oid])
 
 
 @pytest.mark.parametrize("inline_first", [False, True])
@@ -464,7 +464,7 @@ def test_a_put_argument_a_kept_lineage_names_keeps_its_value_until_that_lineage_
     # freed with the last lineage naming it.
     c, w0, w2 = two_nodes()
     put_id = bytes(12) + b"\x00\x00\x00\x09"
-    c.s.put(DRIVER, seg_on(NODE, put_id, "put-on-0"))
+    c.s.directory.put(DRIVER, seg_on(NODE, put_id, "put-on-0"))
     step = c.submit(make_call("step", (ref(put_id),), placement=affinity(OTHER, soft=True),
                               max_retries=1))
     _drop(c, put_id)

@@ -58,7 +58,7 @@ def put_segment(c: Nodes, node_id: int, size: int, copies: tuple[int, ...] = ())
     """An object of ``size`` bytes in a segment on ``node_id`` (with pulled copies on
     ``copies``), held by the driver: its id."""
     oid = new_id() + bytes(4)
-    c.s.put(DRIVER, segment_data(oid, f"seg-{oid.hex()}", node_id=node_id, size=size))
+    c.s.directory.put(DRIVER, segment_data(oid, f"seg-{oid.hex()}", node_id=node_id, size=size))
     if copies:
         # The object directory's pulled copies (Obj.copies: node id -> its segment).
         o = c.s.objects[oid] = _WithCopies.of(c.s.objects[oid])
@@ -179,7 +179,7 @@ def test_an_argument_that_becomes_ready_later_draws_its_consumer_to_its_node():
 def test_inline_arguments_do_not_count_for_locality():
     c = two()
     oid = new_id() + bytes(4)
-    c.s.put(DRIVER, inline_data(oid, "small"))
+    c.s.directory.put(DRIVER, inline_data(oid, "small"))
     c.submit(make_call("a"))   # node 0 (lower id at equal share)
     c.submit(make_call("b", (ref(oid),)))
     assert c.ran_on(c.take()) == [0, 2]
@@ -560,7 +560,7 @@ def test_a_worker_lent_on_request_comes_from_the_drivers_own_node():
     c.s.worker_socket = socket_path
     c.submit(make_call("busy", placement=affinity(0)))   # node 0: half its CPUs held
     c.take()
-    c.s.lend_idle(DRIVER, {"CPU": 1.0})
+    c.s.loans.lend_idle(DRIVER, {"CPU": 1.0})
     [loan] = sent_late(c.take(), _wire.LOAN, DRIVER)
     assert c.node_of(loan.worker_id) == 0
 

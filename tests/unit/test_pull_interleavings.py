@@ -111,7 +111,7 @@ class Head:
 
     def watch_object(self, oid: bytes, fut: Any) -> None:
         self.watchers.setdefault(oid, []).append(fut)
-        self.state.subscribe(GRPC_CONN, [oid])
+        self.state.directory.subscribe(GRPC_CONN, [oid])
 
     def carry_out(self) -> None:
         self.m.carry_out()
@@ -223,7 +223,7 @@ class PullInterleavings(RuleBasedStateMachine):
             return
         oid, name = new_id() + bytes(4), f"put-{next(self.names)}"
         self.live.add((node, name))
-        self.s.put(DRIVER, segment_data(oid, name, node_id=node, size=SIZE))
+        self.s.directory.put(DRIVER, segment_data(oid, name, node_id=node, size=SIZE))
         self.made.append(oid)
         self.held.append(oid)
         self.carry_out()
@@ -277,7 +277,7 @@ class PullInterleavings(RuleBasedStateMachine):
         if not self.held:
             return
         oid = self.held.pop(i % len(self.held))
-        self.s.ref_delta(DRIVER, [], [oid])
+        self.s.directory.ref_delta(DRIVER, [], [oid])
         self.carry_out()
 
     @rule(r=st.integers(0, 20))

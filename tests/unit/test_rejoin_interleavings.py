@@ -145,7 +145,7 @@ class Rejoin(RuleBasedStateMachine):
         if held:
             aid = data.draw(st.sampled_from(held))
             self.dropped.add(aid)
-            self.c.s.ref_delta(AGAIN, [], [aid])
+            self.c.s.directory.ref_delta(AGAIN, [], [aid])
             self._take()
 
     @precondition(lambda self: self.claimed and not self.exited)

@@ -101,7 +101,7 @@ class SchedulerInterleavings(RuleBasedStateMachine):
         oid = ids[i % len(ids)]
         self.submit(driver, [i], 1)
         self.held[driver][oid] -= 1
-        self.s.ref_delta(driver, [], [oid])
+        self.s.directory.ref_delta(driver, [], [oid])
         self._take()
 
     @rule(driver=st.sampled_from(DRIVERS))
@@ -109,7 +109,7 @@ class SchedulerInterleavings(RuleBasedStateMachine):
         """A direct call's result escapes before the call went anywhere (then it comes
         through the head, submit_registered)."""
         call = make_call("direct")
-        self.s.register_pending(driver, [rid(call)])
+        self.s.directory.register_pending(driver, [rid(call)])
         self.held[driver][rid(call)] += 1
         self.future.append((driver, call))
         self._take()
@@ -125,7 +125,7 @@ class SchedulerInterleavings(RuleBasedStateMachine):
     @rule(driver=st.sampled_from(DRIVERS))
     def put(self, driver: int) -> None:
         oid = new_id() + bytes(4)
-        self.s.put(driver, inline_data(oid, "put"))
+        self.s.directory.put(driver, inline_data(oid, "put"))
         self.held[driver][oid] += 1
         self.sealed[oid] = True
         self._take()
@@ -137,7 +137,7 @@ class SchedulerInterleavings(RuleBasedStateMachine):
             return
         oid = ids[i % len(ids)]
         self.held[driver][oid] -= 1
-        self.s.ref_delta(driver, [], [oid])
+        self.s.directory.ref_delta(driver, [], [oid])
         self._take()
 
     @precondition(lambda self: self.to_connect)

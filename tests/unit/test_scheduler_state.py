@@ -59,7 +59,7 @@ def test_a_task_with_a_pending_argument_waits_then_runs_with_its_value():
 def test_a_task_whose_arguments_exist_runs_at_once():
     c = Cluster(cpus=1)
     oid = new_id() + bytes(4)
-    c.s.put(DRIVER, inline_data(oid, 5))
+    c.s.directory.put(DRIVER, inline_data(oid, 5))
     call = c.submit(make_call("f", (ref(oid), inline(1))))
     [(_, inv)] = executes(c.take())
     assert inv.call.task_id == call.task_id and len(inv.resolved) == 1
@@ -107,7 +107,7 @@ def test_a_result_registered_pending_before_its_task_comes_through_the_head_wake
     # on: it did, and g stayed waiting for good (a dependent task that never started).
     c = Cluster(cpus=1)
     f = make_call("f")
-    c.s.register_pending(DRIVER, [rid(f)])
+    c.s.directory.register_pending(DRIVER, [rid(f)])
     g = c.submit(make_call("g", (ref(rid(f)),)))
     c.submit(f)
     c.take()
@@ -118,7 +118,7 @@ def test_a_result_registered_pending_before_its_task_comes_through_the_head_wake
     assert c.s.clients[DRIVER].holds[rid(f)] == 1
     c.done(1, g)
     c.take()
-    c.s.ref_delta(DRIVER, [], [rid(f)])
+    c.s.directory.ref_delta(DRIVER, [], [rid(f)])
     assert rid(f) not in c.s.objects
 
 
@@ -330,14 +330,14 @@ def test_a_blocked_worker_runs_the_task_it_waits_for_when_that_task_has_not_star
 def test_a_task_that_becomes_ready_while_its_caller_is_blocked_runs_inline():
     c = Cluster(cpus=1, max_workers=4)
     arg = new_id() + bytes(4)
-    c.s.register_pending(DRIVER, [arg])           # an object nobody has made yet
+    c.s.directory.register_pending(DRIVER, [arg])           # an object nobody has made yet
     outer = c.submit(make_call("outer"))
     c.take()
     inner = c.submit(make_call("inner", (ref(arg),)), conn=worker_conn(1))
     block(c, 1, outer, inner)
     assert nested_executed(c.take()) == []        # waits for its argument
     assert c.worker(1).state is WorkerState.BLOCKED
-    c.s.put_for(DRIVER, inline_data(arg, 7))
+    c.s.directory.put_for(DRIVER, inline_data(arg, 7))
     out = c.take()
     assert nested_executed(out) == [(1, inner.task_id)] and c.started(out) == []
 
@@ -722,19 +722,19 @@ def test_a_result_that_arrives_after_a_cancel_is_kept():
 def test_increments_apply_before_decrements_in_one_batch():
     c = Cluster(cpus=1)
     oid = new_id() + bytes(4)
-    c.s.put(DRIVER, segment_data(oid, "seg-a"))
-    c.s.ref_delta(DRIVER, incr=[oid], decr=[oid])
+    c.s.directory.put(DRIVER, segment_data(oid, "seg-a"))
+    c.s.directory.ref_delta(DRIVER, incr=[oid], decr=[oid])
     assert oid in c.s.objects and freed_segments(c.take()) == []
-    c.s.ref_delta(DRIVER, incr=[], decr=[oid])
+    c.s.directory.ref_delta(DRIVER, incr=[], decr=[oid])
     assert oid not in c.s.objects and freed_segments(c.take()) == ["seg-a"]
 
 
 def test_freeing_a_segment_object_frees_its_segment():
     c = Cluster(cpus=1)
     oid = new_id() + bytes(4)
-    c.s.put(DRIVER, segment_data(oid, "seg-b"))
+    c.s.directory.put(DRIVER, segment_data(oid, "seg-b"))
     c.take()
-    c.s.ref_delta(DRIVER, incr=[], decr=[oid])
+    c.s.directory.ref_delta(DRIVER, incr=[], decr=[oid])
     assert c.take() == [FreeSegment(NODE, "seg-b")]
     assert oid not in c.s.objects
 
@@ -742,27 +742,27 @@ def test_freeing_a_segment_object_frees_its_segment():
 def test_freeing_an_inline_object_frees_no_segment():
     c = Cluster(cpus=1)
     oid = new_id() + bytes(4)
-    c.s.put(DRIVER, inline_data(oid))
-    c.s.ref_delta(DRIVER, incr=[], decr=[oid])
+    c.s.directory.put(DRIVER, inline_data(oid))
+    c.s.directory.ref_delta(DRIVER, incr=[], decr=[oid])
     assert oid not in c.s.objects and freed_segments(c.take()) == []
 
 
 def test_a_decrement_the_client_does_not_hold_is_ignored():
     c = Cluster(cpus=1)
     oid = new_id() + bytes(4)
-    c.s.put(DRIVER, inline_data(oid))
-    c.s.ref_delta(worker_conn(1), incr=[], decr=[oid])   # a worker that never held it
+    c.s.directory.put(DRIVER, inline_data(oid))
+    c.s.directory.ref_delta(worker_conn(1), incr=[], decr=[oid])   # a worker that never held it
     assert oid in c.s.objects
 
 
 def test_refs_contained_in_an_object_keep_the_inner_objects_alive():
     c = Cluster(cpus=1)
     inner, outer = new_id() + bytes(4), new_id() + bytes(4)
-    c.s.put(DRIVER, segment_data(inner, "seg-inner"))
-    c.s.put(DRIVER, inline_data(outer, contained=(inner,)))
-    c.s.ref_delta(DRIVER, incr=[], decr=[inner])
+    c.s.directory.put(DRIVER, segment_data(inner, "seg-inner"))
+    c.s.directory.put(DRIVER, inline_data(outer, contained=(inner,)))
+    c.s.directory.ref_delta(DRIVER, incr=[], decr=[inner])
     assert inner in c.s.objects and freed_segments(c.take()) == []
-    c.s.ref_delta(DRIVER, incr=[], decr=[outer])
+    c.s.directory.ref_delta(DRIVER, incr=[], decr=[outer])
     assert outer not in c.s.objects and inner not in c.s.objects
     assert freed_segments(c.take()) == ["seg-inner"]
 
@@ -771,11 +771,11 @@ def test_a_queued_task_keeps_its_arguments_alive():
     c = Cluster(cpus=1, pipeline_depth=1)
     blocker = c.submit(make_call("blocker"))
     arg, nested = new_id() + bytes(4), new_id() + bytes(4)
-    c.s.put(DRIVER, segment_data(arg, "seg-arg"))
-    c.s.put(DRIVER, segment_data(nested, "seg-nested"))
+    c.s.directory.put(DRIVER, segment_data(arg, "seg-arg"))
+    c.s.directory.put(DRIVER, segment_data(nested, "seg-nested"))
     queued = c.submit(make_call("queued", (ref(arg), inline([1])), nested=(nested,)))
     c.take()
-    c.s.ref_delta(DRIVER, incr=[], decr=[arg, nested])
+    c.s.directory.ref_delta(DRIVER, incr=[], decr=[arg, nested])
     assert arg in c.s.objects and nested in c.s.objects
     c.done(1, blocker)
     assert executed(c.take()) == [(1, queued.task_id)]
@@ -787,7 +787,7 @@ def test_a_result_nobody_holds_is_freed_when_it_is_sealed():
     c = Cluster(cpus=1)
     call = c.submit(make_call("f"))
     c.take()
-    c.s.ref_delta(DRIVER, incr=[], decr=[rid(call)])
+    c.s.directory.ref_delta(DRIVER, incr=[], decr=[rid(call)])
     assert rid(call) in c.s.objects          # pending: freed at seal
     c.s.task_done(worker_conn(1), pb.TaskDone(task_id=call.task_id,
                                               returns=[segment_data(rid(call), "seg-r")]))
@@ -801,11 +801,11 @@ def test_a_disconnected_client_drops_every_ref_it_held():
     other = 7
     c.s.client_connected(other, pb.Hello(kind="driver", pid=2))
     oid = new_id() + bytes(4)
-    c.s.put(other, segment_data(oid, "seg-other"))
-    c.s.ref_delta(DRIVER, incr=[oid], decr=[])
+    c.s.directory.put(other, segment_data(oid, "seg-other"))
+    c.s.directory.ref_delta(DRIVER, incr=[oid], decr=[])
     c.s.client_disconnected(other)
     assert oid in c.s.objects
-    c.s.ref_delta(DRIVER, incr=[], decr=[oid])
+    c.s.directory.ref_delta(DRIVER, incr=[], decr=[oid])
     assert freed_segments(c.take()) == ["seg-other"]
 
 
@@ -813,7 +813,7 @@ def test_a_disconnected_client_drops_every_ref_it_held():
 
 def test_subscribing_to_an_unknown_object_gets_a_lost_error():
     c = Cluster(cpus=1)
-    c.s.subscribe(DRIVER, [b"?" * 16])
+    c.s.directory.subscribe(DRIVER, [b"?" * 16])
     assert b"lost" in error_of(c.take(), b"?" * 16)
 
 
@@ -823,7 +823,7 @@ def test_a_subscriber_gets_the_object_when_it_is_sealed():
     c.s.client_connected(other, pb.Hello(kind="driver", pid=2))
     call = c.submit(make_call("f"))
     c.take()
-    c.s.subscribe(other, [rid(call)])
+    c.s.directory.subscribe(other, [rid(call)])
     assert pushes(c.take(), other) == {}
     c.done(1, call)
     assert rid(call) in pushes(c.take(), other)
