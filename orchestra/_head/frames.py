@@ -46,6 +46,14 @@ class Waiter(Protocol):
     def set_result(self, data: pb.ObjectData) -> None: ...
 
 
+class Reads(Protocol):
+    """What a handler may use of the head's Pulls (_head/pulls.py, which imports this
+    module): where a reader finds an object, and copies fetched ahead."""
+
+    def locate(self, conn: Any, req_id: int, object_id: bytes, since: float = 0.0) -> None: ...
+    def prefetch(self, node_id: int, object_ids: Iterable[bytes]) -> None: ...
+
+
 class Head(Protocol):
     """What a handler may use of the head (head.Head): its state, its connections, and
     the steps it shares with them."""
@@ -59,6 +67,9 @@ class Head(Protocol):
     durable: HeadState | None   # its state store, if it keeps one
     jobs: JobBook               # a job per driver session (_head/jobs.py)
 
+    @property
+    def pulls(self) -> Reads: ...   # where objects are read, copies between nodes
+
     def queue(self, conn: Any, data: bytes) -> None: ...
     def watch_object(self, oid: bytes, fut: Waiter) -> None: ...
     def queue_if_open(self, conn: Any, data: bytes) -> None: ...
@@ -66,10 +77,6 @@ class Head(Protocol):
     def request(self, conn: Any, req: pb.Request) -> None: ...
     def hello(self, conn: Any, hello: pb.Hello) -> None: ...
     def forward_logs(self, conn: Any, msg: pb.LogLines) -> None: ...
-    def locate(self, conn: Any, req_id: int, object_id: bytes, since: float = 0.0) -> None: ...
-    def prefetch(self, conn: Any, object_ids: Iterable[bytes]) -> None: ...
-    def debug_info(self) -> pb.SchedulerDebugInfoReply: ...
-    def nodes_info(self) -> list[pb.NodeInfo]: ...
     def shutdown(self, reason: str) -> None: ...
 
 
@@ -258,14 +265,14 @@ def _locate(head: Head, conn: Conn, req: pb.Request, reply: pb.Reply) -> bool:
     if type(conn.node) is RemoteNode:
         # The reader found the segment gone: the node spilled it, and its relocation may
         # still be on its way here. Answered after it.
-        conn.node.after_node(lambda: head.locate(conn, req.req_id, req.locate))
+        conn.node.after_node(lambda: head.pulls.locate(conn, req.req_id, req.locate))
     else:
-        head.locate(conn, req.req_id, req.locate)
+        head.pulls.locate(conn, req.req_id, req.locate)
     return False
 
 
 def _prefetch(head: Head, conn: Conn, req: pb.Request, reply: pb.Reply) -> bool:
-    head.prefetch(conn, req.prefetch.object_ids)
+    head.pulls.prefetch(conn.node.node_id, req.prefetch.object_ids)
     return False   # never answered
 
 
@@ -357,7 +364,7 @@ def _available_resources(head: Head, conn: Conn, reply: pb.Reply) -> None:
 
 
 def _debug(head: Head, conn: Conn, reply: pb.Reply) -> None:
-    reply.debug.CopyFrom(head.debug_info())
+    reply.debug.CopyFrom(head.events.debug_info())
 
 
 def _pending(head: Head, conn: Conn, reply: pb.Reply) -> None:
@@ -373,7 +380,7 @@ def _sync(head: Head, conn: Conn, reply: pb.Reply) -> None:
 
 
 def _nodes(head: Head, conn: Conn, reply: pb.Reply) -> None:
-    reply.nodes.extend(head.nodes_info())
+    reply.nodes.extend(head.events.nodes_info())
 
 
 QUERIES: dict[str, Callable[[Head, Conn, Any], None]] = {

@@ -148,7 +148,7 @@ class _Scheduler:
 
     def SchedulerDebugInfo(self, request: pb.SchedulerDebugInfoRequest,
                            context: grpc.ServicerContext) -> pb.SchedulerDebugInfoReply:
-        return _on_loop(self.head, self.head.debug_info, context)
+        return _on_loop(self.head, self.head.events.debug_info, context)
 
 
 class _ObjStore:

@@ -32,7 +32,6 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._ids import machine_id, node_hex
@@ -61,7 +60,6 @@ from .._scheduler.instructions import (
 )
 from .._scheduler.jobs import JobBook
 from .._scheduler.memory import choose as memory_victim
-from .._scheduler.model import cluster_free, cluster_total
 from .._scheduler.state import SchedulerState, WorkerState
 from . import grpc_service as _grpc_service
 from . import jobs, rejoin
@@ -270,7 +268,7 @@ class Head:
     # ------------------------------------------------------------------ NodeHost
     def pulled(self, object_id: bytes, segment: pb.Segment | None, error: str) -> None:
         """The local node pulled an object's copy into its store (or failed to)."""
-        self.node_pulled(self.local.node_id, object_id, segment, error)
+        self.pulls.pulled(self.local.node_id, object_id, segment, error)
 
     def send(self, conn_id: int, kind: int, msg: Any) -> None:
         c = self.conns.get(conn_id)
@@ -357,7 +355,7 @@ class Head:
 
     def forward_logs(self, conn: Conn, msg: pb.LogLines) -> None:
         """A worker's lines to the log connections of their jobs' drivers."""
-        ip = self._node_address(conn.node) if len(self.nodes) > 1 else ""
+        ip = self.node_address(conn.node) if len(self.nodes) > 1 else ""
         for target, lines in self.log_routes.route(msg, self.primary, ip).items():
             c = self.conns.get(target)
             if c is not None:
@@ -405,7 +403,7 @@ class Head:
             inline_threshold=int(self.cfg.get("inline_threshold", INLINE_MAX)),
             conn_id=conn.conn_id, joinable=bool(self.cfg.get("joinable")),
             infeasible_waits=bool(self.cfg.get("infeasible_waits")),
-            node_address=self._node_address(node), dashboard_url=self.dashboard_url,
+            node_address=self.node_address(node), dashboard_url=self.dashboard_url,
             reconnect_s=float(self.cfg.get("reconnect_timeout_s", 0.0)))
         frame = _wire.encode(_wire.HELLO_REPLY, reply)
         if hello.kind == "driver" and self._no_worker_yet():
@@ -459,9 +457,9 @@ class Head:
     def _node_resources(self, node: Node | RemoteNode) -> dict[str, float]:
         """``node:<its address>`` = 1, as Ray's nodes advertise: resources={"node:10.0.0.5":
         0.01} pins work to that machine."""
-        return {f"node:{self._node_address(node) or '127.0.0.1'}": 1.0}
+        return {f"node:{self.node_address(node) or '127.0.0.1'}": 1.0}
 
-    def _node_address(self, node: Node | RemoteNode) -> str:
+    def node_address(self, node: Node | RemoteNode) -> str:
         if type(node) is RemoteNode and node.ip:
             return node.ip
         return parse_host(self.address) if self.address else ""
@@ -486,48 +484,10 @@ class Head:
         if handler is None or handler(self, conn, req, reply):
             self.queue(conn, _wire.encode(_wire.REPLY, reply))
 
-    def prefetch(self, conn: Conn, object_ids: Iterable[bytes]) -> None:
-        """wait(fetch_local=True): pull the objects that live on other nodes to the
-        caller's node, as its get() would."""
-        self.pulls.prefetch(conn.node.node_id, object_ids)
-
-    def locate(self, conn: Conn, req_id: int, object_id: bytes, since: float = 0.0) -> None:
-        """Answer where an object's data is now, for a reader on the connection's node."""
-        self.pulls.locate(conn, req_id, object_id, since)
-
-    def node_pulled(self, node_id: int, object_id: bytes, segment: pb.Segment | None,
-                    error: str) -> None:
-        """Node ``node_id`` has its copy (or failed): answer what waited for it."""
-        self.pulls.pulled(node_id, object_id, segment, error)
-
     def queue_if_open(self, conn: Conn, data: bytes) -> None:
         """For an answer that waited for the node: the connection may have closed."""
         if self.conns.get(conn.conn_id) is conn:
             self.queue(conn, data)
-
-    def debug_info(self) -> pb.SchedulerDebugInfoReply:
-        st = self.state
-        info = pb.SchedulerDebugInfoReply(
-            total_resources=cluster_total(st.nodes), available_resources=cluster_free(st.nodes))
-        for t in st.tasks.values():
-            info.task.append(t.call)
-        for w in st.workers.values():
-            info.workers.append(pb.WorkerInfo(
-                workerid=w.worker_id, pid=w.pid, node_id=w.node_id, state=w.state.value,
-                running=[t.call.task_id for t in w.queue]))
-            if w.state is WorkerState.IDLE:
-                info.avail_worker.append(w.worker_id)
-        for oid, o in st.objects.items():
-            d = o.data
-            path = d.segment.path if d is not None and d.WhichOneof("data") == "segment" \
-                else None
-            info.objects.append(pb.ObjectInfo(
-                objref=oid, state="ready" if d is not None else "pending",
-                refcount=o.count, size=o.nbytes(), in_shared_memory=path == "",
-                spilled=bool(path)))
-        for f in st.functions.values():
-            info.function_table[f.fnname].num_return_vals = f.num_return_vals
-        return info
 
     # ------------------------------------------------------------------ instructions
     def queue(self, conn: Conn, data: bytes) -> None:
@@ -693,33 +653,6 @@ class Head:
         # once its process is gone (a moment after its connection closed).
         self.loop.call_later(_SWEEP_AFTER_S, sweep_stale_segments)
         self.carry_out()
-
-    def nodes_info(self) -> list[pb.NodeInfo]:
-        """Every node, alive or gone, for orchestra.nodes()."""
-        out = []
-        st = self.state
-        for nid, node in sorted(self.nodes.items()):
-            rec = st.nodes.get(nid)
-            host = self._node_address(node) or "127.0.0.1"
-            info = node.store_info()
-            ni = pb.NodeInfo(node_id=nid, alive=True, address=host,
-                             store_capacity=node.capacity, store_used=info.used,
-                             spilled_bytes=info.spilled_bytes,
-                             pid=node.pid if type(node) is RemoteNode else os.getpid())
-            if rec is not None:
-                ni.resources.update(rec.resources.total)
-                ni.available.update({k: max(v, 0.0) for k, v in rec.resources.free.items()})
-            out.append(ni)
-        for nid, g in sorted(self.gone.items()):
-            ni = pb.NodeInfo(node_id=nid, alive=False, address=g.host, pid=g.pid, death=g.reason)
-            ni.resources.update(g.resources)
-            out.append(ni)
-        return out
-
-    def cluster_summary(self) -> dict[str, Any]:
-        """The cluster summary: nodes, resources, object store, tasks and actors by
-        state, workers, drivers (a JSON-able dict; _head/state_query.py)."""
-        return self.events.cluster_summary()
 
     def _tick(self) -> None:
         """Notice a cluster where no task can progress (the drivers are told)."""

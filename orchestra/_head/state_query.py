@@ -7,7 +7,7 @@ summarize_tasks, `orchestra status|list|memory|timeline`, and the cluster summar
     Request.state_query  -> TASK_EVENTS_FLUSH to every worker -> their TASK_EVENTS
                             (flush_id set) -> or after _FLUSH_WAIT_S -> rows as JSON
                             in Reply.state_json
-    Head.cluster_summary() -> summary(): the dict the dashboard and `status` show
+    cluster_summary(): the dict the dashboard and `status` show
 
 The rows are Ray's (orchestra.util.state): dicts with Ray's keys where they mean the
 same. Reading the scheduler's tables is all this module does with them: it decides
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -35,7 +36,8 @@ from .._observe.task_events import (
 from .._protocol import pb
 from .._protocol import wire as _wire
 from .._scheduler.instructions import CANCEL_KILL
-from .._scheduler.model import TaskState, WorkerState
+from .._scheduler.model import TaskState, WorkerState, cluster_free, cluster_total
+from .remote_node import RemoteNode
 
 if TYPE_CHECKING:
     from .._scheduler.model import Task
@@ -323,11 +325,59 @@ class StateQueries:
         rows.sort(key=lambda r: -r["object_size"])
         return rows
 
+    def nodes_info(self) -> list[pb.NodeInfo]:
+        """Every node, alive or gone, for orchestra.nodes()."""
+        out = []
+        head = self.head
+        st = head.state
+        for nid, node in sorted(head.nodes.items()):
+            rec = st.nodes.get(nid)
+            host = head.node_address(node) or "127.0.0.1"
+            info = node.store_info()
+            ni = pb.NodeInfo(node_id=nid, alive=True, address=host,
+                             store_capacity=node.capacity, store_used=info.used,
+                             spilled_bytes=info.spilled_bytes,
+                             pid=node.pid if type(node) is RemoteNode else os.getpid())
+            if rec is not None:
+                ni.resources.update(rec.resources.total)
+                ni.available.update({k: max(v, 0.0) for k, v in rec.resources.free.items()})
+            out.append(ni)
+        for nid, g in sorted(head.gone.items()):
+            ni = pb.NodeInfo(node_id=nid, alive=False, address=g.host, pid=g.pid, death=g.reason)
+            ni.resources.update(g.resources)
+            out.append(ni)
+        return out
+
+    def debug_info(self) -> pb.SchedulerDebugInfoReply:
+        """The scheduler's tables for debug_info() (tests and tools read it)."""
+        st = self.head.state
+        info = pb.SchedulerDebugInfoReply(
+            total_resources=cluster_total(st.nodes), available_resources=cluster_free(st.nodes))
+        for t in st.tasks.values():
+            info.task.append(t.call)
+        for w in st.workers.values():
+            info.workers.append(pb.WorkerInfo(
+                workerid=w.worker_id, pid=w.pid, node_id=w.node_id, state=w.state.value,
+                running=[t.call.task_id for t in w.queue]))
+            if w.state is WorkerState.IDLE:
+                info.avail_worker.append(w.worker_id)
+        for oid, o in st.objects.items():
+            d = o.data
+            path = d.segment.path if d is not None and d.WhichOneof("data") == "segment" \
+                else None
+            info.objects.append(pb.ObjectInfo(
+                objref=oid, state="ready" if d is not None else "pending",
+                refcount=o.count, size=o.nbytes(), in_shared_memory=path == "",
+                spilled=bool(path)))
+        for f in st.functions.values():
+            info.function_table[f.fnname].num_return_vals = f.num_return_vals
+        return info
+
     def node_rows(self) -> list[dict[str, Any]]:
         """list_nodes()'s rows (Ray's keys), alive and dead."""
         head = self.head
         rows = []
-        for ni in head.nodes_info():
+        for ni in self.nodes_info():
             nid = node_hex(ni.node_id)
             rows.append({
                 "node_id": nid, "node_ip": ni.address or "127.0.0.1",
@@ -387,8 +437,8 @@ class StateQueries:
             actors[row["state"]] = actors.get(row["state"], 0) + 1
         return {
             "session": str(head.cfg.get("session_id", "")), "nodes": nodes,
-            "resources_total": st.total_resources(),
-            "resources_available": st.available_resources(), "store": store,
+            "resources_total": cluster_total(st.nodes),
+            "resources_available": cluster_free(st.nodes), "store": store,
             "tasks": self.table.counts(), "actors": actors,
             "workers": sum(1 for w in st.workers.values() if w.state is not WorkerState.DEAD),
             "drivers": sum(1 for c in st.clients.values() if c.kind == "driver"),

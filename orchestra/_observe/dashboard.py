@@ -63,11 +63,11 @@ ACTOR_STATES = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "ALIVE", "RESTARTING
 # ---------------------------------------------------------------------------- the data
 
 def head_summary(head: Any) -> dict[str, Any]:
-    """The cluster summary (a JSON-able dict): ``head.cluster_summary()`` (nodes, their
+    """The cluster summary (a JSON-able dict): ``head.events.cluster_summary()`` (nodes, their
     stores, resources, workers, drivers, tasks by state from every worker's task events,
     actors by state), with every task and actor state present (0 when none), so the page
     and /metrics show each."""
-    s: dict[str, Any] = head.cluster_summary()
+    s: dict[str, Any] = head.events.cluster_summary()
     s["tasks"] = {**dict.fromkeys(TASK_STATES, 0), **s["tasks"]}
     s["actors"] = {**dict.fromkeys(ACTOR_STATES, 0), **s["actors"]}
     return s
