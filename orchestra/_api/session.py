@@ -125,12 +125,12 @@ class Session:
             except subprocess.TimeoutExpired:
                 self.head.kill()
                 self.head.wait(_HEAD_EXIT_TIMEOUT_S)
-        elif client.lost is None and client.direct.ever_loaned:
+        elif client.lost is None and client.direct.lent.ever_loaned:
             # A cluster that lives on: give back the idle workers lent to this driver
             # (those still on loan when it goes are retired, as a dead job's may run
             # its calls: SchedulerState._job_gone).
             try:   # (read before the connection's end: frames are handled in order)
-                client.direct.return_idle_loans()
+                client.direct.lent.return_idle()
             except ClusterLostError:
                 pass
         client.close()
@@ -476,7 +476,7 @@ def pending_tasks(client: CoreClient, own_only: bool = False) -> int:
     not finished: the head's count, and calls this process sent straight to workers.
     ``own_only`` on a cluster other drivers share: their tasks' tasks are not ours."""
     direct = client.direct
-    n = len(direct.call_route) + sum(len(q) for q in list(direct.loan_queue.values()))
+    n = len(direct.call_route) + sum(len(q) for q in list(direct.lent.queue.values()))
     query = "pending_own" if own_only else "pending"
     return n + client.request(pb.Request(query=query), timeout_s=10).pending_tasks
 

@@ -266,6 +266,11 @@ class Head:
         self.state.directory.subscribe(GRPC_CONN, [oid])
 
     # ------------------------------------------------------------------ NodeHost
+    def node_pulled(self, node_id: int, object_id: bytes, segment: pb.Segment | None,
+                    error: str) -> None:
+        """Node ``node_id`` has its copy (or failed): answer what waited for it."""
+        self.pulls.pulled(node_id, object_id, segment, error)
+
     def pulled(self, object_id: bytes, segment: pb.Segment | None, error: str) -> None:
         """The local node pulled an object's copy into its store (or failed to)."""
         self.pulls.pulled(self.local.node_id, object_id, segment, error)

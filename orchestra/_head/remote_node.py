@@ -318,7 +318,7 @@ class RemoteNode:
                     fn()
             elif which == "pulled":
                 p = ev.pulled
-                head.pulls.pulled(self.node_id, p.object_id,
+                head.node_pulled(self.node_id, p.object_id,
                                  p.segment if p.HasField("segment") else None, p.error)
             elif which == "heartbeat":
                 pass

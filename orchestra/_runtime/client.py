@@ -135,8 +135,8 @@ class CoreClient:
         self.poller.register(self.conn.fd, select.POLLIN)
         self.direct = DirectCalls(self)
         self.conn.send(_wire.encode(_wire.HELLO, hello))
-        self._early_frames: list[tuple[int, Any]] = []   # came with the handshake's reply
-        self.info = self._read_hello(connect_timeout_s)
+        # The head's answer, and the frames that came with it (dispatched by start()).
+        self.info, self._early_frames = _read_hello(self.conn, connect_timeout_s)
         self.conn_id = self.info.conn_id
         # Call.job appended to every call made here: a driver's own connection id (its
         # tasks' prints go to it); a worker sets that of the task it runs (_worker/worker.py).
@@ -165,24 +165,6 @@ class CoreClient:
             frames, self._early_frames = self._early_frames, []
             self._dispatch(frames)
         self._reader.start()
-
-    def _read_hello(self, timeout_s: float) -> pb.HelloReply:
-        self.sock.settimeout(timeout_s)
-        try:
-            while True:
-                data = self.sock.recv(65536)
-                if not data:
-                    raise ClusterLostError("the head closed the connection during the handshake")
-                frames = self.conn.feed(data)
-                for i, (kind, msg) in enumerate(frames):
-                    if kind == _wire.HELLO_REPLY:
-                        self.sock.settimeout(None)
-                        self._early_frames = frames[i + 1:]   # sent right after the reply
-                        return msg
-                    if kind == _wire.CLOSING:   # refused, and why
-                        raise OrchestraError(f"the cluster refused this connection: {msg.reason}")
-        except TimeoutError as exc:
-            raise ClusterLostError(f"the head did not answer within {timeout_s:g} s") from exc
 
     # ------------------------------------------------------------------ sending
     def send_raw(self, frame: bytes) -> None:
@@ -267,11 +249,11 @@ class CoreClient:
                 pass
 
     def request(self, req: pb.Request, timeout_s: float = 60.0) -> pb.Reply:
-        if req.WhichOneof("body") == "query" and req.query != "sync" and self.direct.ever_loaned:
+        if req.WhichOneof("body") == "query" and req.query != "sync" and self.direct.lent.ever_loaned:
             # The head's answer counts lent workers as busy: give back the idle ones, with
             # those whose grant is on its way here (read by the time the sync answers).
             self.request(pb.Request(query="sync"))
-            self.direct.return_idle_loans()
+            self.direct.lent.return_idle()
         rid = next(self._req_ids)
         req.req_id = rid
         slot: list[pb.Reply | None] = [None]
@@ -327,21 +309,21 @@ class CoreClient:
         tid = tid or _ids.next_task_id()
         refs: list[ObjectRef] = []     # puts made for large args live until the Submit is sent
         direct = self.direct
-        hold: list[ObjectRef] | None = [] if shape is not None and direct.loans else None
+        hold: list[ObjectRef] | None = [] if shape is not None and direct.lent.loans else None
         call = encode_call(self, template, tid, args, kwargs, refs, hold)
         rids = _ids.return_ids(tid, num_returns)
         out: list[ObjectRef[Any]] = [ObjectRef(rid, self, counted=True) for rid in rids]
         book = None if self.streams else self.book
         if book is not None:   # sent again to a restarted head if still needed then
             book.add(tid, call, num_returns, refs)
-        if shape is not None and hold is not None and direct.loans.get(shape) \
+        if shape is not None and hold is not None and direct.lent.loans.get(shape) \
                 and (not refs or all(r._id in self.results for r in refs)):
             if self.put_seq > self.synced_seq and must_sync(True, hold, refs, self.results, any(
-                    le.peer is not None and le.peer.remote for le in direct.loans.get(shape, ()))):
+                    le.peer is not None and le.peer.remote for le in direct.lent.loans.get(shape, ()))):
                 self.request(pb.Request(query="sync"))   # the head knows every ref in the arguments
             c = Call(tid, call, refs, None, rids, name, hold)
             c.fid = function_id
-            if direct.submit_task(c, shape):
+            if direct.lent.submit(c, shape):
                 return out
         with self.refs.lock:
             self.owned.update(rids)
@@ -410,10 +392,6 @@ class CoreClient:
             except ClusterLostError:
                 return
 
-    def listen(self, path: str) -> None:
-        """Take direct calls to this process (an actor's or a lent worker) at ``path``."""
-        self.direct.listen(path)
-
     # ------------------------------------------------------------------ objects
     def put(self, value: object) -> ObjectRef:
         if isinstance(value, ObjectRef):
@@ -437,16 +415,6 @@ class CoreClient:
         self.send(_wire.OBJECTS, pb.Objects(objects=[data]))
         self.put_seq += 1
         return ref
-
-    def make_object_data(self, oid: bytes, ser: Serialized,
-                         out: pb.ObjectData | None = None) -> pb.ObjectData:
-        return self.objects.make_object_data(oid, ser, out)
-
-    def abort_segment(self, name: str) -> None:
-        self.objects.abort_segment(name)
-
-    def map_object(self, data: pb.ObjectData) -> tuple[memoryview, Any]:
-        return self.objects.map_object(data)
 
     def get_one(self, ref: ObjectRef, timeout: float | None) -> Any:
         oid = ref._id
@@ -661,10 +629,10 @@ class CoreClient:
                     self._read_lock.release()
             if self.lost is not None:
                 return
-            pacer.done(busy or bool(direct.loans) or self.active or self.refs.pending())
-            if direct.loans:
+            pacer.done(busy or bool(direct.lent.loans) or self.active or self.refs.pending())
+            if direct.lent.loans:
                 try:
-                    direct.return_idle_loans(LOAN_IDLE_S, ask=True)
+                    direct.lent.return_idle(LOAN_IDLE_S, ask=True)
                 except ClusterLostError:
                     return
             idle = self.objects.idle_spares() if self.objects.spares else None
@@ -714,9 +682,9 @@ class CoreClient:
             elif kind == _wire.ACTOR_ADDRESS:
                 direct.actor_address(msg)
             elif kind == _wire.LOAN:
-                direct.loan_granted(msg)
+                direct.lent.granted(msg)
             elif kind == _wire.LOAN_RECALL:
-                direct.loan_recalled(msg.worker_id)
+                direct.lent.recalled(msg.worker_id)
             elif kind == _wire.RELEASE_CALL:
                 direct.release_call(msg.task_id)
             elif kind == _wire.STALLED:
@@ -738,7 +706,7 @@ class CoreClient:
             if direct.waiting_routes:
                 direct.pump_waiting()
         if woken:   # a lent worker ended what the head had sent it: room for more
-            direct.pump_woken(woken)
+            direct.lent.pump_woken(woken)
         if self.refs.decr or self.refs.unpin:
             self.flush_refs()
 
@@ -795,6 +763,25 @@ class CoreClient:
         self.direct.close()
         self.objects.drop_all_maps()   # they would keep the segments' memory
 
+
+def _read_hello(conn: Connection, timeout_s: float) -> tuple[pb.HelloReply, list[tuple[int, Any]]]:
+    """The head's answer to this process's Hello, and the frames it sent right after."""
+    sock = conn.sock
+    sock.settimeout(timeout_s)
+    try:
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                raise ClusterLostError("the head closed the connection during the handshake")
+            frames = conn.feed(data)
+            for i, (kind, msg) in enumerate(frames):
+                if kind == _wire.HELLO_REPLY:
+                    sock.settimeout(None)
+                    return msg, frames[i + 1:]
+                if kind == _wire.CLOSING:   # refused, and why
+                    raise OrchestraError(f"the cluster refused this connection: {msg.reason}")
+    except TimeoutError as exc:
+        raise ClusterLostError(f"the head did not answer within {timeout_s:g} s") from exc
 
 def _never() -> bool:
     return False

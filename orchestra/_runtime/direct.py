@@ -8,18 +8,15 @@ driver, the frames sent on them, and the answers read from them.
 
 The decisions are made in orchestra/_runtime/direct_core.py (no I/O, unit-tested); this module
 carries them out for one CoreClient, whose socket, ref counts and results it shares.
-Locks: an ActorRoute's own lock for its calls, ``loan_lock`` for every loan and the
-queues of tasks waiting for one, the client's ref lock for the ResultBook.
+Tasks on lent workers are _runtime/direct_loans.py's (LoanCalls, ``lent``). Locks: an
+ActorRoute's own lock for its calls, the LoanCalls' lock for every loan and the queues of
+tasks waiting for one, the client's ref lock for the ResultBook.
 """
 from __future__ import annotations
 
-import collections
 import functools
 import logging
-import os
 import select
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
@@ -30,24 +27,16 @@ from .._protocol import codec as _codec
 from .._protocol import pb
 from .._protocol import wire as _wire
 from .._protocol.connection import Connection, Listener, is_tcp
-from .._resources import pinned_key, shape_key, split_pinned
 from ..exceptions import ClusterLostError
 from .direct_core import (
-    LOAN_DEPTH,
     ActorRoute,
     Call,
     Loan,
     Plan,
     ResultBook,
-    Shape,
-    idle_loans,
-    load,
-    plan_loans,
     plan_route,
-    slow_loans,
-    steal_targets,
-    wants_another_loan,
 )
+from .direct_loans import LoanCalls
 
 _log = logging.getLogger("orchestra")
 PUSH_WAIT_S = 60.0   # the longest wait for the head to take a result answered through it
@@ -106,14 +95,8 @@ class DirectCalls:
         self.tcp_listener: Listener | None = None   # on a cluster: callers on other nodes
         # An actor's worker: what to do with a frame from one of its callers.
         self.on_peer_frame: Callable[[Peer, int, Any], None] | None = None   # a worker's
-        # Workers the head lent this driver (Loan), by resource shape, and the tasks of
-        # each shape waiting for room on them; one lock for all of it.
-        self.loan_lock = threading.Lock()
-        self.loans: dict[Shape, list[Loan]] = {}
-        self.loan_queue: dict[Shape, collections.deque[Call]] = {}
-        self.loan_asked: dict[Shape, float] = {}
-        self.ever_loaned = False
-        self.busy_tasks: dict[bytes, Loan] = {}   # task sent by the head -> lent worker running it
+        # Workers the head lent this driver, and the tasks waiting for them (direct_loans.py).
+        self.lent = LoanCalls(self)
 
     # ------------------------------------------------------------------ shared helpers
     def _release(self, ids: list[bytes]) -> None:
@@ -121,11 +104,11 @@ class DirectCalls:
         if ids and self.client.lost is None:
             self.client.refs.decr.extend(ids)
 
-    def _execute(self, plan: Plan, functions: bool = False) -> None:
+    def execute(self, plan: Plan, functions: bool = False) -> None:
         """Send a plan's calls, end its failed ones, resubmit the rest."""
         client = self.client
         for c, err in plan.failed:
-            self._end_unsent(c, pb.TaskDone(task_id=c.tid, returns=[
+            self.end_unsent(c, pb.TaskDone(task_id=c.tid, returns=[
                 pb.ObjectData(object_id=rid, error=err.error) for rid in c.rids]))
         for route, sends in plan.sends.items():
             frames: list[bytes] = []
@@ -142,7 +125,7 @@ class DirectCalls:
         for c in plan.resubmit:
             self._resubmit(c)
 
-    def _end_unsent(self, c: Call, msg: pb.TaskDone) -> None:
+    def end_unsent(self, c: Call, msg: pb.TaskDone) -> None:
         """End a direct call here, unsent, with ``msg`` as its answer (cancelled, or its
         argument's error)."""
         self.call_route.pop(c.tid, None)
@@ -174,7 +157,7 @@ class DirectCalls:
         self._handed_to_head(calls)
         return frame
 
-    def _hand_back(self, peer: Peer, lost: list[Call], worker_id: int, actor_id: bytes = b"") -> None:
+    def hand_back(self, peer: Peer, lost: list[Call], worker_id: int, actor_id: bytes = b"") -> None:
         """The head takes over ``lost`` (sent on ``peer``, unanswered) and learns of the
         calls answered through it that it has not pushed here (AdoptCalls): their
         arguments first, as they may run again there (an actor's calls in flight fail,
@@ -207,8 +190,8 @@ class DirectCalls:
         with refs.lock:
             self._release(self.book.handed_to_head(calls, refs.local))
 
-    def _answered(self, c: Call, msg: pb.TaskDone, forward: list[pb.ObjectData],
-                  answered: list[Call]) -> None:
+    def answered(self, c: Call, msg: pb.TaskDone, forward: list[pb.ObjectData],
+                 answered: list[Call]) -> None:
         """A direct call's answer came: deliver it; its arguments go with ``answered``,
         or once the callee says it counted them (RELEASE_CALL)."""
         self.call_route.pop(c.tid, None)
@@ -304,7 +287,7 @@ class DirectCalls:
 
     def watching(self) -> bool:
         """Whether pushes from the head concern direct calls (see pushed)."""
-        return bool(self.call_route or self.book.via_head or self.busy_tasks
+        return bool(self.call_route or self.book.via_head or self.lent.busy_tasks
                     or self.book.awaiting_push)
 
     def pushed(self, objects: Iterable[pb.ObjectData]) -> list[Loan]:
@@ -315,205 +298,17 @@ class DirectCalls:
             oid = d.object_id
             if self.book.pushed(oid, oid[:-4] in self.call_route) and self.client.lost is None:
                 self.client.refs.decr.append(oid)   # dropped before the head held it
-            if self.busy_tasks:
-                busy = self.busy_tasks.pop(oid[:-4], None)
+            busy_tasks = self.lent.busy_tasks
+            if busy_tasks:
+                busy = busy_tasks.pop(oid[:-4], None)
                 if busy is not None:
                     busy.busy = 0
                     woken.append(busy)
         return woken
 
-    def pump_woken(self, woken: list[Loan]) -> None:
-        """Lent workers with room for more: send them what waits."""
-        with self.loan_lock:
-            for shape in {le.shape for le in woken}:
-                self.pump_loans(shape)
-
     def release_call(self, tid: bytes) -> None:
         """RELEASE_CALL: the callee counted what it keeps of the call's arguments."""
         self.book.release_call(tid, tid in self.call_route)
-
-    # ------------------------------------------------------------------ tasks on loans
-    def submit_task(self, c: Call, shape: Shape) -> bool:
-        """Queue a task for a worker lent for ``shape``; False when none is lent."""
-        with self.loan_lock:
-            if not self.loans.get(shape):
-                return False
-            with self.client.refs.lock:
-                self.client.owned.update(c.rids)
-                self.book.sent(c.rids)
-            q = self.loan_queue[shape]
-            q.append(c)
-            if len(q) == 1:   # else the lent workers are full: an answer pumps
-                self.pump_loans(shape)
-        return True
-
-    def pump_loans(self, shape: Shape) -> None:
-        """Send queued tasks of ``shape`` to lent workers. Holds loan_lock."""
-        q = self.loan_queue.get(shape)
-        if not q:
-            return
-        now = time.monotonic()
-        loans = self.loans.get(shape, [])
-        usable = [le for le in loans if not le.recalled and not le.blocked]
-        plan = plan_loans(q, usable, self.client.results, now)
-        self._execute(plan, functions=True)
-        if usable:
-            self._ask_for_loan(shape, usable, now)
-
-    def _ask_for_loan(self, shape: Shape, loans: list[Loan], now: float) -> None:
-        if wants_another_loan(len(self.loan_queue.get(shape, ())), loans,
-                              self.loan_asked.get(shape, 0.0), now):
-            self.loan_asked[shape] = now
-            res, pinned = split_pinned(dict(shape))
-            self.client.send(_wire.LOAN_REQUEST, pb.LoanRequest(resources=res, pinned_node=pinned))
-
-    def loan_granted(self, msg: pb.Loan) -> None:
-        self.ever_loaned = True
-        shape = pinned_key(shape_key(msg.resources), msg.pinned_node)
-        try:
-            conn = Connection.connect_once(msg.path, self.client.token)
-        except OSError:   # the worker is gone (or the cluster stops): give it back
-            try:
-                self.client.send(_wire.LOAN_RETURN, pb.LoanReturn(worker_id=msg.worker_id))
-            except ClusterLostError:
-                pass
-            return
-        loan = Loan(msg.worker_id, msg.pid, shape)
-        if msg.busy_task:   # it runs that task of ours first: until its result comes
-            loan.busy = 1
-            self.busy_tasks[msg.busy_task] = loan
-        loan.peer = self._add_peer(conn, loan, msg.worker_id)
-        with self.loan_lock:
-            self.loans.setdefault(shape, []).append(loan)
-            self.loan_queue.setdefault(shape, collections.deque())
-            self.pump_loans(shape)
-            if not load(loan):
-                self._steal_for(loan)
-
-    def loan_recalled(self, worker_id: int) -> None:
-        with self.loan_lock:
-            for loans in self.loans.values():
-                for loan in loans:
-                    if loan.worker_id == worker_id:
-                        loan.recalled = True
-                        if not loan.inflight:
-                            self._give_back(loan)
-                        elif len(loan.inflight) > 1:
-                            self._take_back(loan)   # the head places them
-                        self.pump_loans(loan.shape)
-                        return
-
-    def _give_back(self, loan: Loan) -> None:
-        """Holds loan_lock; the loan has no task unanswered."""
-        loans = self.loans.get(loan.shape)
-        if loans is not None and loan in loans:
-            loans.remove(loan)
-            if not loans:
-                del self.loans[loan.shape]
-        self.to_close.append(loan.peer)
-        client = self.client
-        if client.lost is None:
-            try:
-                if self.book.awaiting_push:
-                    # Answers the head may still have to read: it waits for them, or
-                    # runs their calls again should the worker die first (adoption.py).
-                    self._hand_back(loan.peer, [], loan.worker_id)
-                client.send(_wire.LOAN_RETURN, pb.LoanReturn(worker_id=loan.worker_id))
-            except ClusterLostError:
-                pass
-
-    def return_idle_loans(self, min_idle_s: float = 0.0, ask: bool = False) -> None:
-        """Give back lent workers with no task unanswered for ``min_idle_s``; ``ask``:
-        and ask for more where tasks wait behind others."""
-        if not self.loans:
-            return
-        now = time.monotonic()
-        with self.loan_lock:
-            for shape, loans in list(self.loans.items()):
-                if ask:
-                    self._ask_for_loan(shape, loans, now)
-                    for loan in slow_loans(loans, now):
-                        self._take_back(loan)   # queued behind a long task
-                for loan in idle_loans(loans, len(self.loan_queue.get(shape, ())), min_idle_s, now):
-                    self._give_back(loan)
-
-    def _take_back(self, loan: Loan) -> None:
-        """Ask a lent worker for the tasks it has not started, and send it no more until
-        its running task answers. Holds loan_lock."""
-        loan.blocked = True
-        loan.stealing = True
-        loan.peer.send(_wire.encode(_wire.STEAL, pb.ReturnTasks(task_ids=list(loan.inflight))))
-
-    def _steal_for(self, idle: Loan) -> None:
-        """A lent worker has nothing left: take back tasks queued behind a running one
-        on another (a quick task never waits long behind a slow one). Holds loan_lock."""
-        for loan in steal_targets(idle, self.loans.get(idle.shape, ())):
-            loan.stealing = True
-            ids = list(loan.inflight)
-            loan.peer.send(_wire.encode(_wire.STEAL, pb.ReturnTasks(task_ids=ids)))
-
-    def _dispatch_loan(self, loan: Loan, frames: list[tuple[int, Any]]) -> None:
-        forward: list[pb.ObjectData] = []
-        answered: list[Call] = []
-        with self.loan_lock:
-            returned: list[Call] = []
-            for kind, msg in frames:
-                if kind == _wire.TASK_DONE:
-                    c = loan.inflight.pop(msg.task_id, None)
-                    if c is None:
-                        continue
-                    loan.blocked = False
-                    loan.busy = 0   # what the head sent it ran before this
-                    self._answered(c, msg, forward, answered)
-                elif kind == _wire.RETURN_TASKS:
-                    for tid in msg.task_ids:
-                        c = loan.inflight.pop(tid, None)
-                        if c is not None:
-                            self.call_route.pop(tid, None)
-                            returned.append(c)
-                    if not loan.stealing:
-                        loan.blocked = True   # its running task waits in get()
-                    loan.stealing = False
-            loan.idle_since = time.monotonic()
-            q = self.loan_queue.setdefault(loan.shape, collections.deque())
-            q.extendleft(reversed(returned))
-            if returned or load(loan) <= LOAN_DEPTH // 2:
-                self.pump_loans(loan.shape)
-            if loan.recalled and not loan.inflight:
-                self._give_back(loan)
-            elif not loan.inflight and not q:
-                self._steal_for(loan)
-        self.client.wake()
-        if forward:
-            self.client.send(_wire.OBJECTS, pb.Objects(objects=forward))
-        del answered
-
-    def _loan_lost(self, loan: Loan, peer: Peer) -> None:
-        """The lent worker's connection closed: the head retries or fails what it left
-        unanswered, as for any worker death, and learns what it answered through the
-        head that was not pushed here yet (ResultBook.unpushed)."""
-        client = self.client
-        with self.loan_lock:
-            loans = self.loans.get(loan.shape)
-            if loans is not None and loan in loans:
-                loans.remove(loan)
-                if not loans:
-                    del self.loans[loan.shape]
-            lost = list(loan.inflight.values())
-            loan.inflight.clear()
-            if client.lost is None:
-                for c in lost:
-                    self.call_route.pop(c.tid, None)
-                try:
-                    self._hand_back(peer, lost, loan.worker_id)
-                except ClusterLostError:
-                    return
-            if client.lost is None:
-                try:
-                    self.pump_loans(loan.shape)
-                except ClusterLostError:
-                    pass
-        del lost
 
     # ------------------------------------------------------------------ actor calls
     def route(self, actor_id: bytes) -> ActorRoute:
@@ -564,7 +359,7 @@ class DirectCalls:
             self.waiting_routes.add(route)
         else:
             self.waiting_routes.discard(route)
-        self._execute(plan)
+        self.execute(plan)
         if plan.missing:
             self.client.subscribe_missing(plan.missing)
 
@@ -616,14 +411,14 @@ class DirectCalls:
                 route.stale.add(msg.worker_id)
                 route.peer = None
                 return
-            route.peer = self._add_peer(conn, route, msg.worker_id)
+            route.peer = self.add_peer(conn, route, msg.worker_id)
 
     # ------------------------------------------------------------------ cancel
     def cancel(self, tid: bytes, force: bool, recursive: bool = False) -> bool:
         """Cancel a direct call here; False when the head must do it."""
         route = self.call_route.get(tid)
-        if isinstance(route, Loan) or (route is None and self.loans):
-            if self._cancel_on_loan(tid, force, route, recursive):
+        if isinstance(route, Loan) or (route is None and self.lent.loans):
+            if self.lent.cancel(tid, force, route, recursive):
                 return True
             route = None
         if isinstance(route, ActorRoute):
@@ -636,31 +431,7 @@ class DirectCalls:
                 for c in route.queue:
                     if c.tid == tid:
                         route.queue.remove(c)
-                        self._end_unsent(c, pb.TaskDone(task_id=tid, cancelled=True))
-                        return True
-        return False
-
-    def _cancel_on_loan(self, tid: bytes, force: bool, loan: Loan | None,
-                        recursive: bool = False) -> bool:
-        with self.loan_lock:
-            if loan is not None:
-                c = loan.inflight.get(tid)
-                if c is not None:
-                    if force and next(iter(loan.inflight)) == tid:
-                        c.cancelled = True   # the head fails it as cancelled (AdoptCalls)
-                        try:
-                            os.kill(loan.pid, signal.SIGKILL)
-                        except ProcessLookupError:
-                            pass
-                    else:
-                        loan.peer.send(_wire.encode(_wire.CANCEL_TASK, pb.CancelTask(
-                            task_id=tid, recursive=recursive)))
-                    return True
-            for q in self.loan_queue.values():
-                for c in q:
-                    if c.tid == tid:
-                        q.remove(c)
-                        self._end_unsent(c, pb.TaskDone(task_id=tid, cancelled=True))
+                        self.end_unsent(c, pb.TaskDone(task_id=tid, cancelled=True))
                         return True
         return False
 
@@ -678,7 +449,7 @@ class DirectCalls:
             self.client.poller.register(fd, select.POLLIN)
         return self.tcp_listener.address
 
-    def _add_peer(self, conn: Connection, route: ActorRoute | Loan | None, worker_id: int) -> Peer:
+    def add_peer(self, conn: Connection, route: ActorRoute | Loan | None, worker_id: int) -> Peer:
         peer = Peer(conn, route, worker_id)
         self.peers[peer.fd] = peer
         self.client.poller.register(peer.fd, select.POLLIN)
@@ -692,7 +463,7 @@ class DirectCalls:
                     conn = listener.accept()
                     if conn is None:
                         return
-                    self._add_peer(conn, None, 0)
+                    self.add_peer(conn, None, 0)
         peer = self.peers.get(fd)
         if peer is None:
             try:
@@ -722,7 +493,7 @@ class DirectCalls:
             client.wake()
             return
         if isinstance(route, Loan):
-            self._dispatch_loan(route, frames)
+            self.lent.dispatch(route, frames)
             if self.waiting_routes:
                 self.pump_waiting()
             return
@@ -735,7 +506,7 @@ class DirectCalls:
                 c = route.inflight.pop(msg.task_id, None)
                 if c is None:
                     continue
-                self._answered(c, msg, forward, answered)
+                self.answered(c, msg, forward, answered)
         client.wake()
         if forward:
             client.send(_wire.OBJECTS, pb.Objects(objects=forward))
@@ -752,7 +523,7 @@ class DirectCalls:
         # The process is gone: what it kept of arguments went with it.
         self.book.peer_lost(peer)
         if isinstance(route, Loan):
-            self._loan_lost(route, peer)
+            self.lent.lost(route, peer)
             return
         client = self.client
         with route.lock:
@@ -765,7 +536,7 @@ class DirectCalls:
                 self.call_route.pop(c.tid, None)
             if client.lost is None:
                 try:
-                    self._hand_back(peer, lost, peer.worker_id, route.actor_id)
+                    self.hand_back(peer, lost, peer.worker_id, route.actor_id)
                 except ClusterLostError:
                     return
             elif lost:

@@ -82,7 +82,7 @@ class _Sender:
         tid = self.tid
         client = self.worker.client
         item = pb.GeneratorItem(task_id=tid, index=self.count, owner=self.owner)
-        client.make_object_data(_ids.object_id(tid, self.count), serialize(value), item.data)
+        client.objects.make_object_data(_ids.object_id(tid, self.count), serialize(value), item.data)
         # ``value`` (and refs inside it) lives until the frame is sent: their release
         # cannot reach the head before the item that holds them.
         client.send(_wire.GENERATOR_ITEM, item)

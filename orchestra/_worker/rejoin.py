@@ -145,7 +145,7 @@ def wire(rt: WorkerRuntime) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)   # this process's own, from before the head was lost
     try:
-        client.listen(path)
+        client.direct.listen(path)
     except OSError as exc:   # callers stay on the head's path
         print(f"orchestra worker: not taking calls at {path}: {exc}", file=sys.stderr)
     token = os.environ.get("ORCHESTRA_TOKEN", "")

@@ -660,7 +660,7 @@ class WorkerRuntime:
                 getattr(self.actor.instance, call.method)
         else:
             fn = self._function(call.function_id)
-        args = decode_args(call, inv.resolved, self.client.map_object)
+        args = decode_args(call, inv.resolved, self.client.objects.map_object)
         nk = len(call.kwarg_names)
         kwargs: dict[str, Any] = {}
         if nk:
@@ -687,7 +687,7 @@ class WorkerRuntime:
         sers = [serialize(v) for v in values]
         # Filled in place: a message passed to the constructor is copied.
         done = pb.TaskDone(task_id=tid)
-        make, add = self.client.make_object_data, done.returns.add
+        make, add = self.client.objects.make_object_data, done.returns.add
         threshold = self.client.inline_threshold
         try:
             for i, ser in enumerate(sers):
@@ -699,7 +699,7 @@ class WorkerRuntime:
             # segments back too (the failed one did so itself).
             for r in done.returns:
                 if r.HasField("segment"):
-                    self.client.abort_segment(r.segment.name)
+                    self.client.objects.abort_segment(r.segment.name)
             raise
         if failure is not None:   # the refs after the values it yielded hold its error
             self.events.error_types[tid] = type(failure).__name__

@@ -216,6 +216,22 @@ def test_the_worker_process_does_not_import_the_api():
     assert users == []
 
 
+# A class that does most of the work makes its readers bounce between it and the helper
+# files it hands work to: one with more methods than this is split along what it owns.
+MAX_METHODS = 40
+
+
+def test_no_class_has_more_than_forty_methods():
+    big = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                n = sum(isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef)) for x in node.body)
+                if n > MAX_METHODS:
+                    big.append(f"{name}.{node.name}: {n} methods")
+    assert big == []
+
+
 @pytest.mark.parametrize("helper", SCHEDULER_HELPERS)
 def test_a_scheduler_helper_does_not_import_the_scheduler_state(helper):
     assert "_scheduler.state" not in import_graph()[helper]
