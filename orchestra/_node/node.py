@@ -5,7 +5,8 @@
         create_segment(conn, request) -> ObjectStore.create, or wait for a spill:
             SpillNeeded -> spill thread (spill_file) -> _spilled -> host.relocate(object
             id, segment in its file) -> answer the waiting requests in order
-            ReleaseNeeded -> RELEASE_MAPS to the readers -> answer again 50 ms later
+            ReleaseNeeded -> RELEASE_MAPS to the readers -> answer again 50 ms later (and
+                every 50 ms while their maps stand, up to 1 s)
         start_worker / kill_worker / stop_worker / worker_connected / worker_disconnected
             -> WorkerPool (fork server or exec) -> reaping -> host.worker_exited
     pull(object id, address, key, size, token) -> ObjectStore.create (waiting for a spill
@@ -77,8 +78,11 @@ _WATCH_S = 0.5
 # The most spare segments one create_segment hands out (CreateSegment.spares).
 _MAX_SPARES = 16
 # Readers asked to let go of maps (RELEASE_MAPS) answer within a round trip; the create
-# that asked tries again after this long.
+# that asked tries again after this long, and again while the maps are still held, up to
+# _RELEASE_TRIES times (a busy machine answers later than a round trip; a reader that
+# keeps a value it read keeps its map, and the create fails once the tries are spent).
 _RELEASE_RETRY_S = 0.05
+_RELEASE_TRIES = 20
 _PRELOAD_DELAY_S = 1.0
 # The store's writer id for the segments pulls fill: no connection has it (the head's
 # connection ids are positive, the warm reserve's is -1).
@@ -191,6 +195,7 @@ class Node:
         # create_segment requests (connection id, Request) that wait for a spill to make
         # their room, in order; None while none waits.
         self._creates_waiting: collections.deque[tuple[int, pb.Request | _Pull]] | None = None
+        self._release_tries = 0   # retries of the first waiting create since RELEASE_MAPS
         self.exit_reasons: dict[int, str] = {}   # worker id -> why we killed it
         self.connected: set[int] = set()         # workers whose connection the head accepted
         self.driver: int | None = None           # the connection that maps the warm reserve
@@ -287,6 +292,7 @@ class Node:
             for cid, names in rel.held.items():
                 self.host.send(cid, _wire.RELEASE_MAPS, pb.SegmentNames(names=names))
             # Their unpins arrive within a round trip; then spill what they let go.
+            self._release_tries = 0
             self.loop.call_later(_RELEASE_RETRY_S, self._drain_creates, True, False)
             return False
         except SpillNeeded as need:
@@ -301,6 +307,11 @@ class Node:
             self._start_spill(jobs)
             return False
         except ObjectStoreFullError as exc:
+            if not release and self._release_tries < _RELEASE_TRIES and store.readers_hold(cs.size):
+                # The readers asked have not let go yet: wait for them a little longer.
+                self._release_tries += 1
+                self.loop.call_later(_RELEASE_RETRY_S, self._drain_creates, True, False)
+                return False
             error = str(exc)
         finally:
             if store.dropped:   # pooled segments evicted to make room

@@ -278,6 +278,12 @@ class ObjectStore:
         segs = self._least_recently_used(need, mapped=False)
         return [s.name for s in segs] if segs else None
 
+    def readers_hold(self, size: int) -> bool:
+        """Whether maps readers keep stand between a create of ``size`` and the room a
+        spill would make (ReleaseNeeded asked them to let go)."""
+        need = self.used + size_class(max(size, 1)) - self.capacity
+        return need > 0 and bool(self._held_by_readers(need))
+
     def _held_by_readers(self, need: int) -> dict[int, list[str]] | None:
         """The readers' maps to let go of, by connection, so that spilling makes the
         room; None when even that would not."""

@@ -329,6 +329,39 @@ def test_readers_are_asked_to_let_go_of_maps_that_keep_the_room(
     assert host.replies(WRITER)[-1].req_id == rid and not host.replies(WRITER)[-1].error
 
 
+def test_a_reader_slow_to_let_go_of_its_maps_is_waited_for(
+        make_node: Any, host: FakeHost, loop: FakeLoop) -> None:
+    # A busy machine: the reader's answer to RELEASE_MAPS comes after the first retry.
+    node = make_node(capacity=SEG)
+    seg = put(node, host, oid(1))
+    node.pin(READER, [seg.name])
+    rid = create(node, WRITER, oid(2))
+    assert host.frames(_wire.RELEASE_MAPS, READER)
+    loop.run_timers()                      # the retry: the map still stands
+    loop.run_timers()
+    assert len(host.replies(WRITER)) == 1  # no answer yet (not "store full")
+    assert len(host.frames(_wire.RELEASE_MAPS, READER)) == 1   # asked once
+    node.unpin(READER, [seg.name])
+    loop.run_timers()
+    loop.run_until(lambda: len(host.replies(WRITER)) == 2)
+    assert host.replies(WRITER)[-1].req_id == rid and not host.replies(WRITER)[-1].error
+
+
+def test_a_map_a_reader_keeps_fails_the_create_once_the_retries_are_spent(
+        make_node: Any, host: FakeHost, loop: FakeLoop) -> None:
+    node = make_node(capacity=SEG)
+    seg = put(node, host, oid(1))
+    node.pin(READER, [seg.name])           # a value it holds: the map stays
+    create(node, WRITER, oid(2))
+    for _ in range(40):
+        if not loop.timers:
+            break
+        loop.run_timers()
+    reply = host.replies(WRITER)[-1]
+    assert len(host.replies(WRITER)) == 2 and reply.error_kind == "ObjectStoreFullError"
+    assert "in use" in reply.error and not loop.timers
+
+
 # ---------------------------------------------------------------- warming
 
 
