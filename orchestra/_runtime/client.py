@@ -3,8 +3,9 @@
     user thread --submit/put/refs--> send(): [ref holds][frame][ref releases]
                                         |   one write on the head's Connection, under its lock
     reader thread <--frames-- head: Objects (results pushed to their owner, or to
-        subscribers) land in ``results``; Replies wake their requester; worker frames
-        (Execute, CancelTask, ...) go to ``on_frame``.
+        subscribers) land in ``results``; Replies wake their requester; each kind has
+        its handler (_runtime/client_frames.py), a worker's own kinds (Execute,
+        CancelTask, ...) among them.
 
 The client is the hub of four parts, one job each:
     _protocol/connection.py  Connection: the socket (unix, TCP between machines), frames
@@ -48,8 +49,9 @@ from ..exceptions import (
     OrchestraError,
 )
 from .calls import encode_call
+from .client_frames import with_owner
 from .direct import DirectCalls
-from .direct_core import LOAN_IDLE_S, Call, must_sync
+from .direct_core import LOAN_IDLE_S, Call, Loan, must_sync
 from .object_ref import ObjectRef
 from .pacer import Pacer
 from .replay import ReplayBook
@@ -76,7 +78,7 @@ _REPLY_ERRORS: dict[str, type[Exception]] = {
 
 class CoreClient:
     def __init__(self, sock_path: str, hello: pb.Hello, *, connect_timeout_s: float = 30.0,
-                 on_frame: Callable[[int, Any], None] | None = None,
+                 frames: dict[int, Callable[[Any], None]] | None = None,
                  on_lost: Callable[[], None] | None = None,
                  socket_guard: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
                  start: bool = True, token: str | None = None) -> None:
@@ -91,7 +93,11 @@ class CoreClient:
             raise ClusterLostError(f"could not reach the head: {exc}") from exc
         self.token = token   # for TCP direct calls to workers of other nodes (None: the env's)
         self.sock = self.conn.sock
-        self.on_frame, self.on_lost = on_frame, on_lost
+        self.on_lost = on_lost
+        # What to do with each kind of frame (_runtime/client_frames.py), a worker's own
+        # kinds (``frames``: EXECUTE, CANCEL_TASK, ...) among them.
+        self.handlers = with_owner(frames or {})
+        self.woken: list[Loan] = []   # lent workers with room again (handlers -> _dispatch)
         # A worker's hook for a get()/wait() that blocks: on_block(True, missing ids) says
         # whether this thread may run tasks inline while it waits (EXECUTE_NESTED);
         # nested_ready() says one came, run_nested() runs it; on_block(False, ()) at the end.
@@ -107,7 +113,7 @@ class CoreClient:
         self._cond = threading.Condition()
         self._sleepers = 0   # threads waiting on _cond (see wake)
         self._read_lock = threading.Lock()   # held by the one thread reading the sockets
-        self._replies: dict[int, list[pb.Reply | None]] = {}
+        self.replies: dict[int, list[pb.Reply | None]] = {}
         self._req_ids = itertools.count(1)
         self._registered: set[bytes] = set()
         self.function_frames: dict[bytes, bytes] = {}   # for lent workers
@@ -124,7 +130,7 @@ class CoreClient:
         self.book: ReplayBook | None = None   # a driver that outlives its head (_runtime/replay.py)
         self.lost: str | None = None
         self.closing = False
-        self._closing_reason = ""   # why the head stopped, when it said so (CLOSING)
+        self.closing_reason = ""   # why the head stopped, when it said so (CLOSING)
         self._warned: set[str] = set()   # texts of the head's warnings shown (WARNING)
         # Frames that create objects (puts, registrations) sent / known handled by the
         # head: a direct call naming one may wait for the head to have read it (must_sync).
@@ -257,12 +263,12 @@ class CoreClient:
         rid = next(self._req_ids)
         req.req_id = rid
         slot: list[pb.Reply | None] = [None]
-        self._replies[rid] = slot
+        self.replies[rid] = slot
         seq = self.put_seq
         self.send(_wire.REQUEST, req)
         self._keep_until_sent = []
         if not self.wait_until(lambda: slot[0] is not None, time.monotonic() + timeout_s):
-            self._replies.pop(rid, None)
+            self.replies.pop(rid, None)
             raise GetTimeoutError(f"the head did not answer a request within {timeout_s:g} s")
         reply = slot[0]
         assert reply is not None   # wait_until saw it
@@ -652,65 +658,27 @@ class CoreClient:
                     return
 
     def _dispatch(self, frames: list[tuple[int, Any]]) -> None:
+        """Each frame to its handler (_runtime/client_frames.py); then wake the waiting
+        threads if a result or reply came, and pump what that freed."""
         self.pacer.stir()
         wake = False
-        woken: list[Any] = []
-        direct = self.direct
+        handlers = self.handlers
         for kind, msg in frames:
-            if kind == _wire.OBJECTS:
-                with self.refs.lock:
-                    local, results, owned = self.refs.local, self.results, self.owned
-                    streams = self.streams
-                    for d in msg.objects:
-                        oid = d.object_id
-                        if oid in local:
-                            results[oid] = d
-                        elif streams and oid[:_ids.TASK_ID_LEN] in streams:
-                            streams[oid[:_ids.TASK_ID_LEN]].arrived(self, oid, d)
-                        owned.discard(oid)
-                    if direct.watching():
-                        woken = direct.pushed(msg.objects)
+            handler = handlers.get(kind)
+            if handler is not None and handler(self, msg):
                 wake = True
-            elif kind == _wire.DROP_MAPS:
-                self.objects.drop_maps(msg.names)
-            elif kind == _wire.RELEASE_MAPS:
-                back = self.objects.release_maps(msg.names)
-                if back:   # spares the store wants for a put that finds no room
-                    self.send(_wire.REF_DELTA, pb.RefDelta(give_back=back))
-            elif kind == _wire.MAP_AHEAD:
-                self.objects.map_ahead(list(msg.names))
-            elif kind == _wire.ACTOR_ADDRESS:
-                direct.actor_address(msg)
-            elif kind == _wire.LOAN:
-                direct.lent.granted(msg)
-            elif kind == _wire.LOAN_RECALL:
-                direct.lent.recalled(msg.worker_id)
-            elif kind == _wire.RELEASE_CALL:
-                direct.release_call(msg.task_id)
-            elif kind == _wire.STALLED:
-                _log.warning("%s", msg.text)
-            elif kind == _wire.WARNING:   # e.g. a request that waits for a node to join
-                self._warn(msg.text)
-            elif kind == _wire.CLOSING:   # the head's last frame: why it stops
-                self._closing_reason = msg.reason
-            elif kind == _wire.REPLY:
-                slot = self._replies.pop(msg.req_id, None)
-                if slot is not None:
-                    slot[0] = msg
-                wake = True
-            elif self.on_frame is not None:
-                self.on_frame(kind, msg)
-                wake = True
+        direct = self.direct
         if wake:
             self.wake()
             if direct.waiting_routes:
                 direct.pump_waiting()
-        if woken:   # a lent worker ended what the head had sent it: room for more
+        if self.woken:   # a lent worker ended what the head had sent it: room for more
+            woken, self.woken = self.woken, []
             direct.lent.pump_woken(woken)
         if self.refs.decr or self.refs.unpin:
             self.flush_refs()
 
-    def _warn(self, text: str) -> None:
+    def warn(self, text: str) -> None:
         """Show a warning of the head once per process (warnings.warn: the user's
         filters apply; on stderr by default)."""
         if text not in self._warned:
@@ -723,8 +691,8 @@ class CoreClient:
         if self.lost is None:
             if self.closing:
                 self.lost = "the connection to the cluster's head process closed"
-            elif self._closing_reason:
-                self.lost = (f"lost the cluster: its head process stopped ({self._closing_reason}). "
+            elif self.closing_reason:
+                self.lost = (f"lost the cluster: its head process stopped ({self.closing_reason}). "
                              "This session is over: orchestra.init() starts a new cluster")
             else:
                 self.lost = _LOST

@@ -50,6 +50,7 @@ from .._protocol import wire as _wire
 from .._runtime import context as _context
 from .._runtime.client import CoreClient
 from ..exceptions import ClusterLostError, OrchestraError
+from . import frames as _frames
 from .actors import ActorRuntime
 
 
@@ -75,8 +76,13 @@ class WorkerRuntime(Protocol):
     holding: dict[bytes, Any]
     heavy: set[bytes]
     direct_streams: dict[bytes, str]
+    functions: dict[bytes, pb.RegisterFunctionRequest]
+    acks: Any
+    events: Any
 
-    def _on_frame(self, kind: int, msg: Any) -> None: ...
+    def _cancel(self, task_id: bytes, recursive: bool = False) -> None: ...
+    def _give_back(self, wanted: set[bytes]) -> None: ...
+    def _take_queued(self, wanted: set[bytes], sender: Any) -> list[bytes]: ...
     def _guard(self, fn: Callable[..., Any]) -> Callable[..., Any]: ...
     def _on_block(self, blocking: bool, ids: Any) -> bool: ...
     def _run_nested(self) -> None: ...
@@ -123,7 +129,7 @@ def task_lost(name: str) -> None:
 
 def connect(rt: WorkerRuntime, hello: pb.Hello, timeout_s: float = 30.0) -> CoreClient:
     """A client for ``hello``, not started (CoreClient.start, once wired)."""
-    return CoreClient(rt.sock_path, hello, on_frame=rt._on_frame,
+    return CoreClient(rt.sock_path, hello, frames=_frames.table(rt),
                       on_lost=lambda: lost(rt), socket_guard=rt._guard, start=False,
                       connect_timeout_s=timeout_s)
 

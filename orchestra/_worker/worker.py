@@ -48,6 +48,7 @@ from .._runtime import context as _context
 from .._runtime import runtime_env as _runtime_env
 from .._runtime.client import CoreClient
 from ..exceptions import ActorDiedError, ClusterLostError, TaskError
+from . import frames as _frames
 from . import preload as _preload
 from . import rejoin as _rejoin
 from .actors import ActorRuntime
@@ -195,33 +196,6 @@ class WorkerRuntime:
         self.client.start()
 
     # ------------------------------------------------------------ reader thread side
-    def _on_frame(self, kind: int, msg: Any) -> None:
-        if kind == _wire.EXECUTE:
-            with self.cond:
-                if not self.blocked:
-                    self.queue.append(msg.invoke)
-                    return
-            self.client.send(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=[msg.invoke.call.task_id]))
-        elif kind == _wire.EXECUTE_NESTED:
-            with self.cond:
-                self.nested.append(msg.invoke)
-        elif kind == _wire.FUNCTION:
-            self.functions[msg.function_id] = msg
-        elif kind == _wire.CANCEL_TASK:
-            self._cancel(msg.task_id, msg.recursive)
-        elif kind == _wire.STEAL:
-            self._give_back(set(msg.task_ids))
-        elif kind == _wire.GENERATOR_ACK:
-            self.acks.ack(msg.task_id, msg.consumed)
-        elif kind == _wire.TASK_EVENTS_FLUSH:   # a state query waits for this answer
-            self.client.send(_wire.TASK_EVENTS, self.events.take(msg.flush_id))
-        elif kind == _wire.SHUTDOWN:   # let go: what ran here is reported first
-            try:
-                if self.events.started or self.events.ended:
-                    self.client.send(_wire.TASK_EVENTS, self.events.take())
-            finally:
-                os._exit(0)
-
     def _report_events(self) -> None:
         """The client's background thread, every few ms: send the buffered task events
         when a report is due (or, while a call runs, the process's usage)."""
@@ -230,28 +204,11 @@ class WorkerRuntime:
             self.client.send(_wire.TASK_EVENTS, self.events.take())
 
     def _on_peer_frame(self, peer: Connection, kind: int, msg: Any) -> None:
-        """A frame from a caller connected straight to this actor."""
-        if kind == _wire.EXECUTE:
-            inv = msg.invoke
-            held = bool(inv.call.nested) or any(d.WhichOneof("data") == "segment" for d in inv.resolved)
-            with self.cond:
-                if not self.blocked or self.actor is not None:
-                    self.reply_to[inv.call.task_id] = (peer, inv.owner, held)
-                    self.queue.append(inv)
-                    return
-            # Blocked in get(): hand it back to its sender, to run elsewhere.
-            peer.send(_wire.encode(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=[inv.call.task_id])))
-        elif kind == _wire.CANCEL_TASK:
-            self._cancel(msg.task_id, msg.recursive)
-        elif kind == _wire.FUNCTION:
-            self.functions.setdefault(msg.function_id, msg)
-        elif kind == _wire.STEAL:   # always answered, so the sender knows what stays
-            back = self._take_queued(set(msg.task_ids), peer)
-            for tid in back:
-                self.reply_to.pop(tid, None)
-            peer.send(_wire.encode(_wire.RETURN_TASKS, pb.ReturnTasks(task_ids=back)))
-        elif kind == _wire.GENERATOR_ACK:
-            self.acks.ack(msg.task_id, msg.consumed)
+        """A frame from a caller connected straight to this actor or lent worker: its
+        handler (_worker/frames.py)."""
+        handler = _frames.PEER_FRAMES.get(kind)
+        if handler is not None:
+            handler(self, peer, msg)
 
     def send_done(self, done: pb.TaskDone) -> None:
         """Answer a call: to the head, or straight to the caller that sent it here. A

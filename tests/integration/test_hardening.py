@@ -36,12 +36,14 @@ T = 30
 def break_frame_handling(gate: h.Gate) -> int:
     """Make this worker's next frame raise in orchestra's own handler, then wait."""
     from orchestra._runtime import context as _context
+    from orchestra._worker.frames import HEAD_FRAMES
 
     def broken(*args: Any) -> None:
         raise RuntimeError("a fault injected into the worker's frame handling")
 
     client = _context.client_or_none()
-    client.on_frame = broken
+    for kind in HEAD_FRAMES:   # the worker's own kinds: EXECUTE, CANCEL_TASK, ...
+        client.handlers[kind] = broken
     client.direct.on_peer_frame = broken
     h.touch(gate.started)
     h.wait_for_file(gate.opened, 30)

@@ -104,6 +104,6 @@ def test_a_warning_of_the_head_is_shown_once_per_text() -> None:
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         for text in ("task f() waits for a node", "task f() waits for a node", "another"):
-            CoreClient._warn(client, text)  # type: ignore[arg-type]
+            CoreClient.warn(client, text)  # type: ignore[arg-type]
     assert [str(w.message) for w in seen] == ["task f() waits for a node", "another"]
     assert all(w.category is RuntimeWarning for w in seen)
