@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import random
 import secrets
 import socket
 import ssl
@@ -213,7 +214,8 @@ def cut_pause(cuts: int) -> float:
     up to 10 ms doubled per cut (at most 2 s), drawn at random, so that a burst of
     callers larger than the server's cap thins out below it instead of cutting each
     other off for good."""
-    return secrets.SystemRandom().uniform(0.0, min(2.0, 0.01 * 2 ** min(cuts, 10)))
+    # (A jitter, not a secret: the random module's generator, reseeded in a forked child.)
+    return random.uniform(0.0, min(2.0, 0.01 * 2 ** min(cuts, 10)))
 
 
 # Tokens without the "tls-" mark whose cluster was found to speak TLS (a token chosen by

@@ -315,44 +315,46 @@ def test_without_a_spill_directory_a_full_store_refuses_saying_spilling_is_off(
     assert reply.error_kind == "ObjectStoreFullError" and "spilling to disk is off" in reply.error
 
 
-def test_readers_are_asked_to_let_go_of_maps_that_keep_the_room(
-        make_node: Any, host: FakeHost, loop: FakeLoop) -> None:
+def _create_behind_a_readers_map(make_node: Any, host: FakeHost) -> tuple[Node, Any, int]:
+    """A full store whose one object a reader maps, and a create that needs its room:
+    (the node, that object's segment, the create's request id)."""
     node = make_node(capacity=SEG)
     seg = put(node, host, oid(1))
     node.pin(READER, [seg.name])
-    rid = create(node, WRITER, oid(2))
+    return node, seg, create(node, WRITER, oid(2))
+
+
+def _answered_without_error(host: FakeHost, loop: FakeLoop, rid: int) -> bool:
+    loop.run_timers()
+    loop.run_until(lambda: len(host.replies(WRITER)) == 2)
+    return host.replies(WRITER)[-1].req_id == rid and not host.replies(WRITER)[-1].error
+
+
+def test_readers_are_asked_to_let_go_of_maps_that_keep_the_room(
+        make_node: Any, host: FakeHost, loop: FakeLoop) -> None:
+    node, seg, rid = _create_behind_a_readers_map(make_node, host)
     (release,) = host.frames(_wire.RELEASE_MAPS, READER)
     assert list(release.names) == [seg.name]
     node.unpin(READER, [seg.name])
-    loop.run_timers()                      # the retry after a round trip
-    loop.run_until(lambda: len(host.replies(WRITER)) == 2)
-    assert host.replies(WRITER)[-1].req_id == rid and not host.replies(WRITER)[-1].error
+    assert _answered_without_error(host, loop, rid)   # the retry after a round trip
 
 
 def test_a_reader_slow_to_let_go_of_its_maps_is_waited_for(
         make_node: Any, host: FakeHost, loop: FakeLoop) -> None:
     # A busy machine: the reader's answer to RELEASE_MAPS comes after the first retry.
-    node = make_node(capacity=SEG)
-    seg = put(node, host, oid(1))
-    node.pin(READER, [seg.name])
-    rid = create(node, WRITER, oid(2))
+    node, seg, rid = _create_behind_a_readers_map(make_node, host)
     assert host.frames(_wire.RELEASE_MAPS, READER)
     loop.run_timers()                      # the retry: the map still stands
     loop.run_timers()
     assert len(host.replies(WRITER)) == 1  # no answer yet (not "store full")
     assert len(host.frames(_wire.RELEASE_MAPS, READER)) == 1   # asked once
     node.unpin(READER, [seg.name])
-    loop.run_timers()
-    loop.run_until(lambda: len(host.replies(WRITER)) == 2)
-    assert host.replies(WRITER)[-1].req_id == rid and not host.replies(WRITER)[-1].error
+    assert _answered_without_error(host, loop, rid)
 
 
 def test_a_map_a_reader_keeps_fails_the_create_once_the_retries_are_spent(
         make_node: Any, host: FakeHost, loop: FakeLoop) -> None:
-    node = make_node(capacity=SEG)
-    seg = put(node, host, oid(1))
-    node.pin(READER, [seg.name])           # a value it holds: the map stays
-    create(node, WRITER, oid(2))
+    _create_behind_a_readers_map(make_node, host)   # a value it holds: the map stays
     for _ in range(40):
         if not loop.timers:
             break
