@@ -26,6 +26,7 @@ from .._protocol import wire as _wire
 from .._resources import check_feasible, make_request
 from .._runtime import context as _context
 from .._runtime import runtime_env as _runtime_env
+from .._runtime import verbs as _verbs
 from .._runtime.calls import build_call
 from .._runtime.generators import (
     DYNAMIC,
@@ -207,9 +208,9 @@ class ActorClass(Generic[T]):
         env = _runtime_env.merge(client.runtime_env, _runtime_env.check(opts.get("runtime_env")))
         if env is not None:
             call.runtime_env.CopyFrom(env)
-        reply = client.request(pb.Request(create_actor=call))   # ValueError: the name is taken
-        if reply.HasField("actor"):   # get_if_exists: the live actor of that name
-            return ActorHandle(reply.actor, client)
+        live = _verbs.create_actor(client, call)   # ValueError: the name is taken
+        if live is not None:   # get_if_exists: the live actor of that name
+            return ActorHandle(live, client)
         handle: ActorHandle[T] = ActorHandle(spec, client, counted=True)
         return handle
 
@@ -391,9 +392,8 @@ def get_actor(name: str, namespace: str | None = None) -> ActorHandle[Any]:
     if namespace is not None and (not isinstance(namespace, str) or not namespace):
         raise TypeError(f"get_actor(namespace=) takes a non-empty string, got {namespace!r}")
     client = _context.current_client()
-    reply = client.request(pb.Request(get_actor_in=pb.ActorLookup(
-        name=name, namespace=namespace or client.namespace)))   # ValueError: no such actor
-    return ActorHandle(reply.actor, client)
+    spec = _verbs.find_actor(client, name, namespace or client.namespace)   # ValueError: none
+    return ActorHandle(spec, client)
 
 
 def kill(handle: ActorHandle[Any], *, no_restart: bool = True) -> None:
@@ -405,8 +405,7 @@ def kill(handle: ActorHandle[Any], *, no_restart: bool = True) -> None:
         raise TypeError(f"kill() takes an ActorHandle, got {type(handle).__name__}")
     client = _context.current_client()
     client.retire_route(handle._actor_id)
-    client.request(pb.Request(
-        kill_actor=pb.KillActor(actor_id=handle._actor_id, no_restart=bool(no_restart))))
+    _verbs.kill_actor(client, handle._actor_id, bool(no_restart))
 
 
 def exit_actor() -> None:

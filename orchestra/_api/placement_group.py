@@ -21,8 +21,8 @@ from typing import Any
 from .. import _ids
 from .._checks import is_number
 from .._objects.errors import note_private_detached
-from .._protocol import pb
 from .._runtime import context as _context
+from .._runtime import verbs as _verbs
 from .._runtime.object_ref import ObjectRef
 
 _STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -133,9 +133,7 @@ def placement_group(bundles: list[dict[str, float]], strategy: str = "PACK", nam
     if detached and not client.info.joinable:
         note_private_detached("placement group")
     gid = _ids.next_task_id()
-    spec = pb.PlacementGroupSpec(group_id=gid, strategy=strategy, name=name, detached=detached,
-                                 bundles=[pb.PlacementBundle(resources=b) for b in specs])
-    client.request(pb.Request(create_placement_group=spec))
+    _verbs.create_placement_group(client, gid, specs, strategy, name, detached)
     # the head counts it for us
     ready: ObjectRef[None] = ObjectRef(gid + _READY_SUFFIX, client, counted=True)
     return PlacementGroup(gid, specs, ready)
@@ -148,19 +146,15 @@ def remove_placement_group(placement_group: PlacementGroup) -> None:
     ``placement_group``: the group's handle."""
     if not isinstance(placement_group, PlacementGroup):
         raise TypeError(f"remove_placement_group() takes a PlacementGroup, got {placement_group!r}")
-    _context.current_client().request(pb.Request(remove_placement_group=placement_group.id))
-
-
-def _from_info(info: pb.PlacementGroupInfo) -> PlacementGroup:
-    return PlacementGroup(info.spec.group_id, [dict(b.resources) for b in info.spec.bundles])
+    _verbs.remove_placement_group(_context.current_client(), placement_group.id)
 
 
 def get_placement_group(placement_group_name: str) -> PlacementGroup:
     """The live group named ``placement_group_name``; ValueError when there is none."""
     if not isinstance(placement_group_name, str) or not placement_group_name:
         raise TypeError(f"get_placement_group() takes a group name (str), got {placement_group_name!r}")
-    reply = _context.current_client().request(pb.Request(get_placement_group=placement_group_name))
-    return _from_info(reply.placement_groups[0])
+    gid, bundles = _verbs.placement_group_named(_context.current_client(), placement_group_name)
+    return PlacementGroup(gid, bundles)
 
 
 def placement_group_table(placement_group: PlacementGroup | None = None) -> dict[str, Any]:
@@ -169,24 +163,11 @@ def placement_group_table(placement_group: PlacementGroup | None = None) -> dict
     strategy, state (PENDING / CREATED / REMOVED), bundles {index: resources},
     bundles_to_node_id {index: node id hex, as orchestra.nodes() lists them}."""
     gid = placement_group.id if placement_group is not None else b""
-    reply = _context.current_client().request(pb.Request(placement_group_table=gid))
-    rows = {info.spec.group_id.hex(): _row(info) for info in reply.placement_groups}
+    rows = {row["placement_group_id"]: row
+            for row in _verbs.placement_group_rows(_context.current_client(), gid)}
     if placement_group is not None:
         return rows[gid.hex()]
     return rows
-
-
-def _row(info: pb.PlacementGroupInfo) -> dict[str, Any]:
-    spec = info.spec
-    return {
-        "placement_group_id": spec.group_id.hex(),
-        "name": spec.name,
-        "strategy": spec.strategy,
-        "state": info.state,
-        "bundles": {i: dict(b.resources) for i, b in enumerate(spec.bundles)},
-        "bundles_to_node_id": {i: _ids.node_hex(n - 1) for i, n in enumerate(info.bundle_nodes) if n},
-        "stats": {"lifetime": "detached" if spec.detached else "non_detached"},
-    }
 
 
 __all__ = ["PlacementGroup", "get_placement_group", "placement_group", "placement_group_table",

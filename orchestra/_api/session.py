@@ -33,6 +33,7 @@ from .._protocol import wire as _wire
 from .._protocol.connection import parse_address
 from .._runtime import context as _context
 from .._runtime import runtime_env as _runtime_env
+from .._runtime import verbs as _verbs
 from .._runtime.client import CoreClient
 from .._runtime.generators import ObjectRefGenerator, wait_with_generators
 from .._runtime.object_ref import ObjectRef
@@ -477,8 +478,7 @@ def pending_tasks(client: CoreClient, own_only: bool = False) -> int:
     ``own_only`` on a cluster other drivers share: their tasks' tasks are not ours."""
     direct = client.direct
     n = len(direct.call_route) + sum(len(q) for q in list(direct.lent.queue.values()))
-    query = "pending_own" if own_only else "pending"
-    return n + client.request(pb.Request(query=query), timeout_s=10).pending_tasks
+    return n + _verbs.pending_tasks(client, own_only)
 
 
 def _drain(s: Session) -> None:
@@ -727,38 +727,22 @@ def nodes() -> list[dict[str, Any]]:
     """One dict per node of the cluster, alive or dead, with Ray's keys: NodeID,
     Alive, NodeManagerAddress, Resources; and ObjectStoreCapacity, ObjectStoreUsed,
     AvailableResources, Pid, and DeathReason for a dead one."""
-    reply = _client().request(pb.Request(query="nodes"))
-    out = []
-    for n in reply.nodes:
-        d: dict[str, Any] = {
-            "NodeID": node_hex(n.node_id), "Alive": n.alive, "NodeManagerAddress": n.address,
-            "Resources": dict(n.resources), "AvailableResources": dict(n.available),
-            "ObjectStoreCapacity": n.store_capacity, "ObjectStoreUsed": n.store_used,
-            "ObjectStoreSpilled": n.spilled_bytes, "Pid": n.pid}
-        if not n.alive:
-            d["DeathReason"] = n.death
-        out.append(d)
-    return out
-
-
-def _query(q: str) -> dict[str, float]:
-    reply = _client().request(pb.Request(query=q), timeout_s=30)
-    return dict(reply.resources)
+    return _verbs.nodes(_client())
 
 
 def cluster_resources() -> dict[str, float]:
     """Total resources of the cluster."""
-    return _query("cluster_resources")
+    return _verbs.resources(_client(), "cluster_resources")
 
 
 def available_resources() -> dict[str, float]:
     """Resources not held by running tasks at this moment."""
-    return _query("available_resources")
+    return _verbs.resources(_client(), "available_resources")
 
 
 def debug_info() -> pb.SchedulerDebugInfoReply:
     """SchedulerDebugInfoReply: tasks, workers, objects and resources (for tests and tools)."""
-    return _client().request(pb.Request(query="debug"), timeout_s=30).debug
+    return _verbs.debug_info(_client())
 
 
 def get_gpu_ids() -> list[int]:

@@ -9,12 +9,11 @@ cluster when none is initialized). Rows are oldest first; ``limit`` keeps the ne
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
 from .._observe.task_events import summarize
-from .._protocol import pb
+from .._runtime import verbs as _verbs
 from .._runtime.context import current_client
 
 DEFAULT_LIMIT = 100
@@ -27,10 +26,7 @@ def _query(what: str, filters: Iterable[Filter] | None, limit: int, detail: bool
     flist = [list(f) for f in (filters or [])]
     if limit is None or limit < 0:
         raise ValueError(f"limit={limit!r}: give a count of rows (0: all of them)")
-    req = pb.Request(state_query=pb.StateQuery(what=what, filters_json=json.dumps(flist),
-                                               limit=int(limit), detail=detail))
-    reply = current_client().request(req, timeout_s=timeout)
-    return json.loads(reply.state_json)
+    return _verbs.state_query(current_client(), what, flist, limit, detail, timeout)
 
 
 def list_tasks(filters: Iterable[Filter] | None = None, limit: int = DEFAULT_LIMIT,

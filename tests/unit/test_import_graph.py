@@ -216,6 +216,21 @@ def test_the_worker_process_does_not_import_the_api():
     assert users == []
 
 
+def test_the_api_asks_the_head_only_through_the_verbs():
+    # _runtime/verbs.py builds each Request and reads its Reply; the API layer does
+    # neither (no pb.Request, no client.request).
+    found = []
+    for name, path in modules().items():
+        if part(name) != "_api":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and (
+                    node.attr == "request" or node.attr == "Request"
+                    and isinstance(node.value, ast.Name) and node.value.id == "pb"):
+                found.append(f"{name}:{node.lineno} .{node.attr}")
+    assert found == []
+
+
 # A class that does most of the work makes its readers bounce between it and the helper
 # files it hands work to: one with more methods than this is split along what it owns.
 MAX_METHODS = 40
