@@ -21,8 +21,6 @@ from .. import _ids
 from .._checks import is_int
 from .._objects.errors import note_private_detached
 from .._objects.serialization import dumps_function
-from .._protocol import pb
-from .._protocol import wire as _wire
 from .._resources import check_feasible, make_request
 from .._runtime import context as _context
 from .._runtime import runtime_env as _runtime_env
@@ -178,9 +176,8 @@ class ActorClass(Generic[T]):
             if not (client.info.joinable or client.info.infeasible_waits):
                 check_feasible(self._resources, [dict(client.info.node_resources)],
                                f"actor {self._cls.__name__}")
-            reg = pb.RegisterFunctionRequest(function_id=self._function_id, fnname=self._cls.__qualname__,
-                                             pickled=dumps_function(self._cls))
-            self._register_frame = _wire.encode(_wire.FUNCTION, reg)
+            self._register_frame = _verbs.function_frame(
+                self._function_id, self._cls.__qualname__, dumps_function(self._cls))
             self._client = client
         client.register_function(self._function_id, self._register_frame)
         opts = self._options
@@ -190,7 +187,7 @@ class ActorClass(Generic[T]):
         detached = opts.get("lifetime") == "detached"
         if detached and not client.info.joinable:
             note_private_detached("actor")
-        spec = pb.ActorSpec(actor_id=actor_id, name=opts.get("name") or "",
+        spec = _verbs.actor_spec(actor_id=actor_id, name=opts.get("name") or "",
                             max_restarts=opts.get("max_restarts", 0), max_concurrency=concurrency,
                             is_async=self._is_async, methods=self._methods,
                             class_name=self._cls.__qualname__,
@@ -239,7 +236,7 @@ class ActorHandle(Generic[T]):
     description, ``client`` this process's connection, ``counted`` whether the head
     already counts this handle's reference."""
 
-    def __init__(self, spec: pb.ActorSpec, client: _context.Client, counted: bool = False) -> None:
+    def __init__(self, spec: Any, client: _context.Client, counted: bool = False) -> None:
         self._spec = spec
         self._actor_id = spec.actor_id
         self._methods = frozenset(spec.methods)
@@ -275,7 +272,7 @@ class ActorHandle(Generic[T]):
 
 def _rebuild_handle(spec_bytes: bytes, token: ObjectRef[None]) -> ActorHandle[Any]:
     h: ActorHandle[Any] = ActorHandle.__new__(ActorHandle)
-    spec = pb.ActorSpec.FromString(spec_bytes)
+    spec = _verbs.actor_spec_from(spec_bytes)
     h._spec = spec
     h._actor_id = spec.actor_id
     h._methods = frozenset(spec.methods)
@@ -344,11 +341,10 @@ class ActorMethod:
         key = (h._actor_id, self._name, self._num_returns, self._generator, self._backpressure)
         template = client.templates.get(key)
         if template is None:
-            template = pb.Call(num_returns=self._num_returns, max_retries=h._spec.max_task_retries,
-                               actor_id=h._actor_id,
-                               method=self._name, name=f"{h._spec.class_name}.{self._name}",
-                               generator=self._generator,
-                               generator_backpressure=self._backpressure).SerializeToString()
+            template = _verbs.method_template(
+                num_returns=self._num_returns, max_retries=h._spec.max_task_retries,
+                actor_id=h._actor_id, method=self._name, name=f"{h._spec.class_name}.{self._name}",
+                generator=self._generator, generator_backpressure=self._backpressure)
             client.templates[key] = template
         if self._generator == STREAMING:
             tid = _ids.next_task_id()

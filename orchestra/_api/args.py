@@ -8,8 +8,8 @@ from typing import Any
 from .._checks import is_number
 from .._runtime import context as _context
 from .._runtime.object_ref import ObjectRef
+from .._runtime.reconnect import replaced
 from ..exceptions import ObjectLostError
-from .reconnect import replaced
 
 
 def check_timeout(timeout: float | None) -> float | None:
@@ -34,7 +34,7 @@ def check_session(ref: ObjectRef[Any], client: _context.Client | None) -> None:
         if ref._client in replaced:   # a driver connected to its restarted head
             book = getattr(client, "book", None)
             if book is not None and ref._id not in book.lost:
-                return   # carried over (_api/reconnect.py carry_over)
+                return   # carried over (_runtime/reconnect.py carry_over)
             raise ObjectLostError(
                 f"{ref!r} was lost with the cluster's head ({getattr(ref._client, 'lost', '')}); "
                 "the head was started again, and this driver can neither copy this value nor "

@@ -27,7 +27,6 @@ from itertools import takewhile
 from typing import Any, TypeVar
 
 from .._checks import a_type
-from .._protocol import pb
 from .._runtime import context as _context
 from .._runtime.generators import ObjectRefGenerator, wait_with_generators
 from .._runtime.object_ref import ObjectRef
@@ -149,7 +148,7 @@ class Arrivals:
     it). The first look, a mark that was removed (its ref freed), and every
     ``_FULL_SCAN_S`` scan all of ``pending`` instead."""
 
-    def __init__(self, results: dict[bytes, pb.ObjectData], pending: dict[bytes, Any]) -> None:
+    def __init__(self, results: dict[bytes, Any], pending: dict[bytes, Any]) -> None:
         self.results = results
         self.pending = pending
         self.found: dict[bytes, None] = {}   # ready keys not taken yet, in arrival order
@@ -240,7 +239,7 @@ def wait_with_progress(client: _context.Client, refs: list[Any], num_returns: in
     return out
 
 
-def _ref_or_stream_ready(results: dict[bytes, pb.ObjectData]) -> Callable[[Any], bool]:
+def _ref_or_stream_ready(results: dict[bytes, Any]) -> Callable[[Any], bool]:
     def is_ready(key: Any) -> bool:
         if type(key) is bytes:
             return key in results

@@ -18,12 +18,10 @@ from .. import _ids
 from .._checks import is_int
 from .._ids import node_from_hex
 from .._objects.serialization import dumps_function
-from .._proto import types_pb2
-from .._protocol import pb
-from .._protocol import wire as _wire
 from .._resources import check_feasible, make_request, pinned_key, shape_key
 from .._runtime import context as _context
 from .._runtime import runtime_env as _runtime_env
+from .._runtime import verbs as _verbs
 from .._runtime.generators import (
     STREAMING,
     ObjectRefGenerator,
@@ -117,12 +115,12 @@ def placement_of(strategy: Any) -> Any:
     if strategy is None or isinstance(strategy, str) and strategy == "DEFAULT":
         return None
     if isinstance(strategy, str) and strategy == "SPREAD":
-        return types_pb2.Placement(strategy="SPREAD")
+        return _verbs.placement(strategy="SPREAD")
     if isinstance(strategy, NodeAffinitySchedulingStrategy):
-        return types_pb2.Placement(strategy="NODE_AFFINITY", node_id=node_from_hex(strategy.node_id),
+        return _verbs.placement(strategy="NODE_AFFINITY", node_id=node_from_hex(strategy.node_id),
                                    soft=strategy.soft)
     if isinstance(strategy, PlacementGroupSchedulingStrategy):
-        return types_pb2.Placement(
+        return _verbs.placement(
             strategy="PLACEMENT_GROUP", group_id=strategy.placement_group.id,
             bundle_index=strategy.placement_group_bundle_index,
             capture_child_tasks=bool(strategy.placement_group_capture_child_tasks))
@@ -203,23 +201,18 @@ class RemoteFunction(Generic[P, R]):
         if not (client.info.joinable or client.info.infeasible_waits):
             check_feasible(self._resources, [dict(client.info.node_resources)], f"task {self._name}()")
         opts = self._options
-        call = types_pb2.Call(
-            function_id=self._function_id, num_returns=self._num_returns,
+        generator: dict[str, Any] = {}
+        if self._generator:
+            generator = {"generator": self._generator, "generator_backpressure": check_backpressure(
+                opts.get("_generator_backpressure_num_objects"))}
+        placement = placement_of(opts.get("scheduling_strategy"))
+        env = _runtime_env.merge(client.runtime_env, _runtime_env.check(opts.get("runtime_env")))
+        self._template = _verbs.task_template(
+            placement, env, function_id=self._function_id, num_returns=self._num_returns,
             resources=self._resources, max_retries=opts.get("max_retries", DEFAULT_MAX_RETRIES),
             name=self._task_name, retry_exceptions=bool(opts.get("retry_exceptions", False)),
-            retry_on=retry_on(opts.get("retry_exceptions", False)))
-        if self._generator:
-            call.generator = self._generator
-            call.generator_backpressure = check_backpressure(
-                opts.get("_generator_backpressure_num_objects"))
-        placement = placement_of(opts.get("scheduling_strategy"))
-        if placement is not None:
-            call.placement.CopyFrom(placement)
-        call.max_calls = opts.get("max_calls", 0)
-        env = _runtime_env.merge(client.runtime_env, _runtime_env.check(opts.get("runtime_env")))
-        if env is not None:
-            call.runtime_env.CopyFrom(env)
-        self._template = call.SerializeToString()
+            retry_on=retry_on(opts.get("retry_exceptions", False)),
+            max_calls=opts.get("max_calls", 0), **generator)
         # Tasks that may go straight to a worker lent to the driver: not those retried on
         # exceptions (the head decides that), nor GPU ones (no GPU worker is lent), nor
         # those placed by a strategy (a lent worker is on whatever node it is).
@@ -231,10 +224,8 @@ class RemoteFunction(Generic[P, R]):
             or (placement is not None and not pinned) or self._generator == STREAMING \
             or opts.get("max_calls") \
             else pinned_key(shape_key(self._resources), pinned)
-        reg = pb.RegisterFunctionRequest(function_id=self._function_id, fnname=self._name,
-                                         num_return_vals=self._num_returns,
-                                         pickled=dumps_function(self._fn))
-        self._register_frame = _wire.encode(_wire.FUNCTION, reg)
+        self._register_frame = _verbs.function_frame(
+            self._function_id, self._name, dumps_function(self._fn), self._num_returns)
         self._client = client
 
     # A generator function streams: its calls give an ObjectRefGenerator of its items.

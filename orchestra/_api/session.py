@@ -15,7 +15,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,20 +27,17 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 from .._checks import a_type, is_int, is_number
 from .._ids import machine_id, node_hex
 from .._objects.segments import remove_private_dir, sweep_stale_segments
-from .._protocol import pb
-from .._protocol import wire as _wire
-from .._protocol.connection import parse_address
 from .._runtime import context as _context
 from .._runtime import runtime_env as _runtime_env
 from .._runtime import verbs as _verbs
 from .._runtime.client import CoreClient
 from .._runtime.generators import ObjectRefGenerator, wait_with_generators
 from .._runtime.object_ref import ObjectRef
+from .._runtime.reconnect import Rejoin
 from ..exceptions import ClusterLostError, OrchestraError
 from .args import check_session as _check_session
 from .args import check_timeout as _check_timeout
 from .local_head import build_cfg, launch_head, new_session_dir, sweep_stale_sessions
-from .reconnect import Rejoin
 
 if TYPE_CHECKING:
     from types import FrameType
@@ -68,13 +64,13 @@ class Session:
         self.spill_dir = ""   # when outside session_dir: removed here too if the head was not
         self.exit_grace_s = DEFAULT_EXIT_GRACE_S
         self.log_printer: LogPrinter | None = None   # with log_to_driver
-        self.rejoin: Rejoin | None = None   # connects to a restarted head (_api/reconnect.py)
+        self.rejoin: Rejoin | None = None   # connects to a restarted head (_runtime/reconnect.py)
 
     def keep_connected(self, address: str, token: str | None, namespace: str,
                        key: bytes) -> None:
         """A head started again when it dies (at a HOST:PORT): connect to it again when
         it is lost, with the same driver ``key`` (the actors this driver made are its)."""
-        if self.client.info.reconnect_s > 0 and parse_address(address)[0] != socket.AF_UNIX:
+        if self.client.info.reconnect_s > 0 and _verbs.over_tcp(address):
             self.rejoin = Rejoin(address, token, lambda: _hello(namespace, key), self.client,
                                  self._swap, self._logs_again)
             _context.set_reconnect(self.rejoin.wait)
@@ -112,13 +108,13 @@ class Session:
             self.log_printer.close()
         if client.lost is None:   # its job ends as asked (list_jobs(): SUCCEEDED)
             try:
-                client.send(_wire.JOB_END, pb.AckReply())
+                _verbs.end_job(client)
             except ClusterLostError:
                 pass
         if self.head is not None:
             if client.lost is None:
                 try:
-                    client.send(_wire.SHUTDOWN, pb.AckReply())
+                    _verbs.stop_cluster(client)
                 except ClusterLostError:
                     pass
             try:
@@ -231,8 +227,7 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     if namespace is not None and (not isinstance(namespace, str) or not namespace):
         raise ValueError(f"namespace must be a non-empty string, got {namespace!r}")
     env = _runtime_env.check(runtime_env)
-    from .._protocol import pki
-    pki.use(tls_cert, tls_key, tls_ca)
+    _verbs.use_tls_files(tls_cert, tls_key, tls_ca)
     # Names of actors are per namespace; a driver without one gets one of its own (Ray's
     # anonymous namespace).
     ns = namespace or f"anonymous-{uuid.uuid4().hex}"
@@ -279,10 +274,9 @@ def init(address: str | None = None, *, num_cpus: int | None = None,
     return _info(_session)
 
 
-def _hello(namespace: str = "", key: bytes = b"") -> pb.Hello:
-    return pb.Hello(kind="driver", pid=os.getpid(), cwd=os.getcwd(), sys_path=sys.path,
-                    machine=machine_id(), namespace=namespace, driver_key=key,
-                    entrypoint=_entrypoint(), tool=_as_tool)
+def _hello(namespace: str = "", key: bytes = b"") -> Any:
+    """This driver's Hello (_runtime/verbs.py)."""
+    return _verbs.hello(namespace, key, machine_id(), _entrypoint(), _as_tool)
 
 
 # The `orchestra` commands that connect (status, list, ...) set it: they are no job.
@@ -341,7 +335,7 @@ def resolve_address(address: str | None, token: str | None) -> tuple[str | None,
 
 def _connect(address: str, token: str | None = None, namespace: str = "",
              key: bytes = b"") -> Session:
-    if parse_address(address)[0] != socket.AF_UNIX:   # a cluster's HOST:PORT
+    if _verbs.over_tcp(address):   # a cluster's HOST:PORT
         try:
             client = CoreClient(address, _hello(namespace, key), token=token,
                                 connect_timeout_s=10.0)
@@ -570,7 +564,7 @@ def _client() -> _context.Client:
 
 def _lost_with_head(client: _context.Client, exc: ClusterLostError) -> None:
     """A get() or wait() whose head was lost meanwhile: returns once this driver is
-    connected to the restarted head (_api/reconnect.py: its refs carried over, the call
+    connected to the restarted head (_runtime/reconnect.py: its refs carried over, the call
     goes on there); else raises ``exc``."""
     s = _session
     if s is None or s.rejoin is None or s.rejoin.wait(client) is None:
@@ -740,7 +734,7 @@ def available_resources() -> dict[str, float]:
     return _verbs.resources(_client(), "available_resources")
 
 
-def debug_info() -> pb.SchedulerDebugInfoReply:
+def debug_info() -> Any:
     """SchedulerDebugInfoReply: tasks, workers, objects and resources (for tests and tools)."""
     return _verbs.debug_info(_client())
 

@@ -167,7 +167,7 @@ def start_head(state: str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
     started again on it serves the same cluster, with the same token unless ``token``
     says another. ``supervise``: the process started (and recorded) is the head's
     supervisor (_cluster/supervisor.py), which starts the head again when it dies, and
-    whose drivers wait ``reconnect_timeout_s`` for it to come back (_api/reconnect.py).
+    whose drivers wait ``reconnect_timeout_s`` for it to come back (_runtime/reconnect.py).
     ``tls``: whether the cluster speaks TLS (_protocol/tls.py; default: when HOST is not
     loopback); its token then starts with "tls-", which tells every process so."""
     probe = DEFAULT_HOST if host in ("0.0.0.0", "::", "") else host

@@ -216,7 +216,7 @@ class ObjectIO:
     def copy_object(self, oid: bytes, view: memoryview, contained: Sequence[bytes]) -> pb.ObjectData:
         """ObjectData of a new segment holding ``view``'s bytes (an object's Arrow stream
         as another segment held it): a driver's large put carried over to a restarted
-        head (_api/reconnect.py). ObjectStoreError when it cannot be made."""
+        head (_runtime/reconnect.py). ObjectStoreError when it cannot be made."""
         size = len(view)
         seg = self.client.request(pb.Request(create_segment=pb.CreateSegment(
             object_id=oid, size=size, holds_refs=bool(contained)))).segment

@@ -88,7 +88,7 @@ class Client(Protocol):
 
 
 _client: Client | None = None
-# A driver whose head is started again when it dies (_api/reconnect.py): lost client ->
+# A driver whose head is started again when it dies (_runtime/reconnect.py): lost client ->
 # the client connected to the restarted head, once it is (None: it will not be).
 _reconnect: Callable[[Client], Client | None] | None = None
 

@@ -1,5 +1,5 @@
 """What a driver sends a restarted head so that its work goes on: the tasks it submitted
-that are still needed, and the small values it holds. No I/O (_api/reconnect.py sends).
+that are still needed, and the small values it holds. No I/O (_runtime/reconnect.py sends).
 
     submit (through the head or to a lent worker) --> ReplayBook.add: the Call kept
     every few submissions --> sweep: a kept call goes once none of its returns is needed
@@ -25,7 +25,7 @@ False) is not: its result, if it had not come, is lost; it is kept for its small
 values (a kept call may name them once they came).
 
 Values in shared memory held here and mapped here (a large put, a result read) are
-copied into new segments of the restarted head (``copied``; _api/reconnect.py makes
+copied into new segments of the restarted head (``copied``; _runtime/reconnect.py makes
 them). A kept call holds refs to its arguments in shared memory (``Kept.large``: a large
 value passed by value is put first, and its ref went once the call was sent), so that
 they can be copied; a sweep runs as well when those have grown by SWEEP_BYTES. What

@@ -1,32 +1,110 @@
-"""What the API asks the head, as verbs: each builds its Request, waits for the Reply
-(CoreClient.request: the head's error raised as its class) and returns Python values,
-so that the API layer builds no request and reads no reply itself.
+"""What the API asks and tells the head, as verbs: each builds its Request, waits for
+the Reply (CoreClient.request: the head's error raised as its class) and returns Python
+values; the messages a driver sends (its hello, a function, a job's end) are made here
+too, so that the API layer imports nothing of the protocol.
 
     orchestra.get_actor / kill       -> find_actor, kill_actor (create_actor: Actor.remote)
     placement_group / remove / get   -> create_placement_group, remove_placement_group,
                                         placement_group_named, placement_group_rows
     nodes / cluster_resources / ...  -> nodes, resources, pending_tasks, debug_info
     orchestra.util.state.list_*      -> state_query (rows as JSON)
+    init() / shutdown()              -> hello, over_tcp, use_tls_files, end_job, stop_cluster
+    f.remote() / Actor.remote()      -> function_frame, task_template, placement, actor_spec,
+                                        method_template
 
-An actor's spec (pb.ActorSpec) and a call (pb.Call) are still the API's data: the handle
-keeps the spec the head answers with, as the call it submits is built by the API.
+An actor's spec (pb.ActorSpec) is still the handle's data: made here, kept and read by
+the API as an object it does not build itself.
 """
 from __future__ import annotations
 
 import json
+import os
+import socket
+import sys
 from typing import Any, Protocol
 
 from .._ids import node_hex
 from .._protocol import pb
+from .._protocol import wire as _wire
+from .._protocol.connection import parse_address
 
 
 class Requester(Protocol):
     """What the verbs use of the CoreClient."""
 
     def request(self, req: pb.Request, timeout_s: float = 60.0) -> pb.Reply: ...
+    def send(self, kind: int, msg: Any) -> None: ...
+
+
+# ---------------------------------------------------------------------- a driver's session
+def hello(namespace: str, key: bytes, machine: str, entrypoint: str, tool: bool) -> pb.Hello:
+    """A driver's Hello: who it is, where it runs, its namespace and its key (the actors
+    it makes are its, also on a restarted head)."""
+    return pb.Hello(kind="driver", pid=os.getpid(), cwd=os.getcwd(), sys_path=sys.path,
+                    machine=machine, namespace=namespace, driver_key=key,
+                    entrypoint=entrypoint, tool=tool)
+
+
+def over_tcp(address: str) -> bool:
+    """Whether ``address`` is a cluster's HOST:PORT (else a unix socket's path)."""
+    return parse_address(address)[0] != socket.AF_UNIX
+
+
+def use_tls_files(cert: str | os.PathLike[str] | None, key: str | os.PathLike[str] | None,
+                  ca: str | os.PathLike[str] | None) -> None:
+    """Certificates of the user's own for this process's TLS (_protocol/pki.py)."""
+    from .._protocol import pki
+    pki.use(cert, key, ca)
+
+
+def end_job(client: Requester) -> None:
+    """This driver's job ends as asked (list_jobs(): SUCCEEDED)."""
+    client.send(_wire.JOB_END, pb.AckReply())
+
+
+def stop_cluster(client: Requester) -> None:
+    """The cluster this driver started stops (its head ends)."""
+    client.send(_wire.SHUTDOWN, pb.AckReply())
+
+
+def placement(**fields: Any) -> pb.Placement:
+    """A call's placement (scheduling_strategy=): Placement's fields."""
+    return pb.Placement(**fields)
+
+
+def task_template(placement: pb.Placement | None, runtime_env: Any, **fields: Any) -> bytes:
+    """The encoded Call every call of one remote function starts from (Call's fields,
+    its placement and runtime_env when set)."""
+    call = pb.Call(**fields)
+    if placement is not None:
+        call.placement.CopyFrom(placement)
+    if runtime_env is not None:
+        call.runtime_env.CopyFrom(runtime_env)
+    return call.SerializeToString()
+
+
+def function_frame(function_id: bytes, name: str, pickled: bytes, num_returns: int = 0) -> bytes:
+    """The frame that registers a function or class with the head (sent once per client)."""
+    return _wire.encode(_wire.FUNCTION, pb.RegisterFunctionRequest(
+        function_id=function_id, fnname=name, num_return_vals=num_returns, pickled=pickled))
 
 
 # ---------------------------------------------------------------------- actors
+def actor_spec(**fields: Any) -> pb.ActorSpec:
+    """An actor's spec (ActorSpec's fields: actor_id, name, max_restarts, methods, ...)."""
+    return pb.ActorSpec(**fields)
+
+
+def actor_spec_from(data: bytes) -> pb.ActorSpec:
+    """The spec a pickled handle carries."""
+    return pb.ActorSpec.FromString(data)
+
+
+def method_template(**fields: Any) -> bytes:
+    """The encoded Call every call of one actor method starts from (Call's fields)."""
+    return pb.Call(**fields).SerializeToString()
+
+
 def create_actor(client: Requester, call: pb.Call) -> pb.ActorSpec | None:
     """Create the actor ``call`` makes (its spec in ``call.actor``). ValueError when its
     name is taken; the live actor's spec when get_if_exists found one (None: created)."""
@@ -129,6 +207,8 @@ def state_query(client: Requester, what: str, filters: list[list[Any]], limit: i
     return json.loads(client.request(req, timeout_s=timeout).state_json)
 
 
-__all__ = ["create_actor", "create_placement_group", "debug_info", "find_actor", "kill_actor",
-           "nodes", "pending_tasks", "placement_group_named", "placement_group_rows",
-           "remove_placement_group", "resources", "state_query"]
+__all__ = ["actor_spec", "actor_spec_from", "create_actor", "create_placement_group",
+           "debug_info", "end_job", "find_actor", "function_frame", "hello", "kill_actor",
+           "method_template", "nodes", "over_tcp", "pending_tasks", "placement",
+           "placement_group_named", "placement_group_rows", "remove_placement_group",
+           "resources", "state_query", "stop_cluster", "task_template", "use_tls_files"]

@@ -458,7 +458,7 @@ def through_a_kill(rec: dict[str, Any], script: str, *argv: str,
 
 def test_a_driver_outlives_the_head_and_its_detached_actor_goes_on(state: str) -> None:
     """A driver of `orchestra start --head` connects to the restarted head by itself
-    (_api/reconnect.py): the same actor handle reaches the detached counter, which goes
+    (_runtime/reconnect.py): the same actor handle reaches the detached counter, which goes
     on at 6 in its process of before; new tasks run; its large put is there (copied); a
     ref another process made, whose value it never read, raises ObjectLostError naming
     the lost head."""

@@ -217,8 +217,13 @@ def test_the_worker_process_does_not_import_the_api():
 
 
 def test_the_api_asks_the_head_only_through_the_verbs():
-    # _runtime/verbs.py builds each Request and reads its Reply; the API layer does
-    # neither (no pb.Request, no client.request).
+    # _runtime/verbs.py builds each Request and reads its Reply, and makes the messages a
+    # driver sends; the API layer does neither (no pb.Request, no client.request) and
+    # imports nothing of the protocol.
+    speaking = sorted(f"{mod} imports {dep}" for mod, deps in import_graph().items()
+                      if part(mod) == "_api" for dep in deps if part(dep) == "_protocol"
+                      or dep.startswith("_proto"))
+    assert speaking == []
     found = []
     for name, path in modules().items():
         if part(name) != "_api":

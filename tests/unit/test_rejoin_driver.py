@@ -1,4 +1,4 @@
-"""The driver's reconnection to a restarted head (orchestra/_api/reconnect.py): who
+"""The driver's reconnection to a restarted head (orchestra/_runtime/reconnect.py): who
 starts it. The lost client's reader thread (on_lost) and a call that found the client
 lost (wait) both ask; whichever comes second, or comes once the new client is there,
 starts nothing. Stand-in clients: this is Rejoin's decision, not the client's I/O (the
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from orchestra._api import reconnect
 from orchestra._protocol import pb
+from orchestra._runtime import reconnect
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -30,11 +30,11 @@ from collections.abc import Callable
 from .. import _ids
 from .._protocol import pb
 from .._protocol import wire as _wire
-from .._runtime import context as _context
-from .._runtime.client import CoreClient
-from .._runtime.object_ref import ObjectRef
-from .._runtime.replay import ReplayBook
 from ..exceptions import ClusterLostError, ObjectStoreError, OrchestraError
+from . import context as _context
+from .client import CoreClient
+from .object_ref import ObjectRef
+from .replay import ReplayBook
 
 _log = logging.getLogger("orchestra")
 # Between two tries to reach a head that is away (its supervisor starts it again).
