@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 from .._protocol import pb
 from ..exceptions import ObjectLostError, ObjectStoreError, OrchestraError
+from .premap import Premapper
 from .refs import RefCounts
 from .segments import map_ahead, map_segment, open_segment, write_into
 from .serialization import Parsed, Serialized, deserialize, parse
@@ -94,6 +95,7 @@ class ObjectIO:
         self.spare_bytes = 0
         self._last_create: dict[int, float] = {}
         self._last_used: dict[int, float] = {}   # class -> when a put last took a spare
+        self.premap = Premapper(shm_dir)   # spares created and mapped ahead (premap.py)
 
     # ------------------------------------------------------------------ writes
     def make_object_data(self, oid: bytes, ser: Serialized,
@@ -118,6 +120,8 @@ class ObjectIO:
         with self.refs.lock:
             mm = self.wmaps.pop(seg.name, None) if seg.reused else None
         try:
+            if spare:
+                mm = self.premap.take(seg)
             if mm is None or len(mm) < size:
                 try:
                     mm = open_segment(self.shm_dir, seg)
@@ -202,9 +206,11 @@ class ObjectIO:
                 for spare in self.spares.pop(cls):
                     self.spare_bytes -= spare.capacity
                     names.append(spare.name)
+        if names:
+            self.premap.drop(names)
         return names
 
-    def _keep_spares(self, size: int, spares: Iterable[pb.Segment]) -> None:
+    def _keep_spares(self, size: int, spares: Sequence[pb.Segment]) -> None:
         cls = size_class(size)
         with self.refs.lock:
             self._last_used[cls] = time.monotonic()
@@ -212,6 +218,7 @@ class ObjectIO:
             for spare in spares:
                 kept.append(spare)
                 self.spare_bytes += spare.capacity
+        self.premap.add(spares, size)
 
     def copy_object(self, oid: bytes, view: memoryview, contained: Sequence[bytes]) -> pb.ObjectData:
         """ObjectData of a new segment holding ``view``'s bytes (an object's Arrow stream
@@ -244,6 +251,7 @@ class ObjectIO:
     # ------------------------------------------------------------------ maps
     def drop_maps(self, names: Iterable[str]) -> None:
         names = set(names)
+        self.premap.drop(names)
         with self.refs.lock:
             maps = []
             for n in names:
@@ -261,6 +269,7 @@ class ObjectIO:
     def drop_all_maps(self) -> None:
         """Close every map kept (they would keep the segments' memory)."""
         self.drop_maps(list(self.wmaps) + list(self.rmaps))
+        self.premap.close()
 
     def release_maps(self, names: Iterable[str]) -> list[str]:
         """The store wants to spill these segments: forget the maps kept for later gets
@@ -282,6 +291,8 @@ class ObjectIO:
                 self.spares[cls] = keep
         for mm in kept:
             _close(mm)
+        if back:
+            self.premap.drop(back)
         return back
 
     def map_ahead(self, names: Sequence[str]) -> None:

@@ -1,0 +1,133 @@
+"""Spare segments made ready ahead (orchestra/_objects/premap.py): real files in a
+private directory under /dev/shm, the Premapper's own thread; no cluster."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from orchestra._objects.premap import Premapper
+from orchestra._objects.segments import (
+    make_session_dir,
+    open_segment,
+    remove_private_dir,
+    segment_path,
+)
+from orchestra._proto import types_pb2
+
+pytestmark = pytest.mark.timeout(30)
+
+KiB = 1 << 10
+
+
+@pytest.fixture
+def shm_dir() -> Iterator[str]:
+    path = make_session_dir("premap")
+    yield path
+    remove_private_dir(path)
+
+
+def spare(name: str, capacity: int = 128 * KiB) -> types_pb2.Segment:
+    return types_pb2.Segment(name=name, capacity=capacity)
+
+
+def for_object(seg: types_pb2.Segment, size: int) -> types_pb2.Segment:
+    """The spare as a put takes it: its object's size set."""
+    taken = types_pb2.Segment()
+    taken.CopyFrom(seg)
+    taken.size = size
+    return taken
+
+
+def wait_ready(p: Premapper, names: set[str]) -> None:
+    deadline = time.monotonic() + 10
+    while not names <= set(p.ready):
+        assert time.monotonic() < deadline, f"not made ready: {names - set(p.ready)}"
+        time.sleep(0.005)
+
+
+def test_a_spare_is_made_and_mapped_ahead_and_its_put_writes_into_the_file(shm_dir: str) -> None:
+    p = Premapper(shm_dir)
+    p.add([spare("a"), spare("b")], 100 * KiB)
+    wait_ready(p, {"a", "b"})
+    assert os.path.getsize(segment_path(shm_dir, "a")) == 128 * KiB   # the class's length
+    mm = p.take(for_object(spare("a"), 100 * KiB))
+    assert mm is not None and len(mm) >= 100 * KiB
+    mm[:5] = b"hello"
+    mm.close()
+    with open(segment_path(shm_dir, "a"), "rb") as f:
+        assert f.read(5) == b"hello"
+    p.close()
+    assert p.ready == {}
+
+
+def test_a_larger_object_grows_the_map_made_for_a_smaller_one(shm_dir: str) -> None:
+    p = Premapper(shm_dir)
+    p.add([spare("a")], 20 * KiB)
+    wait_ready(p, {"a"})
+    mm = p.take(for_object(spare("a"), 120 * KiB))
+    assert mm is not None and len(mm) >= 120 * KiB
+    mm[120 * KiB - 1:120 * KiB] = b"x"   # every byte of it is writable
+    mm.close()
+    p.close()
+
+
+def test_a_spare_the_thread_has_not_reached_is_left_to_the_put(shm_dir: str) -> None:
+    p = Premapper(shm_dir)
+    with p.cond:   # no thread yet: "a" waits in the queue
+        p.queue.append(for_object(spare("a"), 64 * KiB))
+    assert p.take(for_object(spare("a"), 64 * KiB)) is None   # the put opens it itself
+    p.add([spare("b")], 64 * KiB)   # the thread starts: "a" is no longer its to make
+    wait_ready(p, {"b"})
+    assert not os.path.exists(segment_path(shm_dir, "a"))
+    p.close()
+
+
+def test_spares_given_back_are_unmapped_and_never_made(shm_dir: str) -> None:
+    p = Premapper(shm_dir)
+    p.add([spare("a")], 64 * KiB)
+    wait_ready(p, {"a"})
+    with p.cond:   # (reentrant: the thread cannot take "b" before it is given back)
+        p.queue.append(for_object(spare("b"), 64 * KiB))
+        p.drop(["a", "b"])
+    assert "a" not in p.ready and not p.queue
+    time.sleep(0.05)
+    assert "b" not in p.ready and not os.path.exists(segment_path(shm_dir, "b"))
+    p.close()
+
+
+def test_a_spare_the_thread_cannot_make_leaves_no_file_and_the_put_opens_it(shm_dir: str) -> None:
+    p = Premapper(shm_dir)
+    bad = spare("a")
+    bad.reused = True   # a reused segment's file must exist: this one does not
+    p.add([bad], 64 * KiB)
+    deadline = time.monotonic() + 10
+    while p.queue or p.busy:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    assert p.take(for_object(bad, 64 * KiB)) is None
+    assert not os.path.exists(segment_path(shm_dir, "a"))
+    p.close()
+
+
+def test_a_put_waits_for_the_spare_the_thread_is_making(shm_dir: str) -> None:
+    p = Premapper(shm_dir)
+    with p.cond:   # as if the thread were making "a"
+        p.busy = "a"
+    got: list[Any] = []
+    taker = threading.Thread(target=lambda: got.append(p.take(for_object(spare("a"), 64 * KiB))))
+    taker.start()
+    time.sleep(0.05)
+    assert taker.is_alive() and not got   # it waits, and opens nothing itself
+    with p.cond:   # the thread's end of it
+        p.ready["a"] = open_segment(shm_dir, for_object(spare("a"), 64 * KiB))
+        p.busy = ""
+        p.cond.notify_all()
+    taker.join(5)
+    assert got and got[0] is not None
+    got[0].close()
+    p.close()
