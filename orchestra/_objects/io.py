@@ -120,7 +120,7 @@ class ObjectIO:
         with self.refs.lock:
             mm = self.wmaps.pop(seg.name, None) if seg.reused else None
         try:
-            if spare:
+            if spare and mm is None:   # (a reused one's map is the one kept above)
                 mm = self.premap.take(seg)
             if mm is None or len(mm) < size:
                 try:

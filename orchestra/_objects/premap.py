@@ -27,7 +27,6 @@ import threading
 from collections.abc import Iterable
 
 from .._protocol import pb
-from ..exceptions import ObjectStoreError
 from .segments import open_segment, segment_path
 
 
@@ -46,11 +45,15 @@ class Premapper:
         self.pid = os.getpid()   # the process whose thread this is
 
     def add(self, spares: Iterable[pb.Segment], size: int) -> None:
-        """Make these spares ready for objects of ``size`` bytes."""
+        """Make these spares ready for objects of ``size`` bytes: the fresh ones (a spare
+        the store reused from its pool has its pages already, and the writer that filled
+        it before keeps its map: io.py wmaps)."""
         with self.cond:
             if self.closed or self.pid != os.getpid():
                 return
             for spare in spares:
+                if spare.reused:
+                    continue
                 seg = pb.Segment()
                 seg.CopyFrom(spare)
                 seg.size = size
@@ -120,10 +123,9 @@ class Premapper:
             mm: mmap.mmap | None = None
             try:
                 mm = open_segment(self.shm_dir, seg)
-            except (ObjectStoreError, OSError):
-                # The put opens it itself (and says why it cannot): the file goes.
+            except Exception:  # noqa: BLE001 - any: the put opens it itself and says why
                 with contextlib.suppress(OSError):
-                    os.unlink(segment_path(self.shm_dir, seg.name))
+                    os.unlink(segment_path(self.shm_dir, seg.name))   # its file goes
             with self.cond:
                 self.busy = ""
                 if mm is not None and (self.closed or seg.name in self.dropped):

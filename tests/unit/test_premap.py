@@ -102,14 +102,24 @@ def test_spares_given_back_are_unmapped_and_never_made(shm_dir: str) -> None:
 
 def test_a_spare_the_thread_cannot_make_leaves_no_file_and_the_put_opens_it(shm_dir: str) -> None:
     p = Premapper(shm_dir)
-    bad = spare("a")
-    bad.reused = True   # a reused segment's file must exist: this one does not
-    p.add([bad], 64 * KiB)
+    huge = spare("a", capacity=1 << 50)   # no /dev/shm holds it: its allocation fails
+    p.add([huge], 1 << 50)
     deadline = time.monotonic() + 10
     while p.queue or p.busy:
         assert time.monotonic() < deadline
         time.sleep(0.005)
-    assert p.take(for_object(bad, 64 * KiB)) is None
+    assert p.take(for_object(huge, 64 * KiB)) is None
+    assert not os.path.exists(segment_path(shm_dir, "a"))
+    p.close()
+
+
+def test_a_spare_reused_from_the_pool_is_left_as_it_is(shm_dir: str) -> None:
+    # Its pages are there, and the writer that filled it before keeps its map.
+    p = Premapper(shm_dir)
+    reused = spare("a")
+    reused.reused = True
+    p.add([reused], 64 * KiB)
+    assert not p.queue and p.take(for_object(reused, 64 * KiB)) is None
     assert not os.path.exists(segment_path(shm_dir, "a"))
     p.close()
 
