@@ -82,27 +82,22 @@ def shown_resources(res: dict[str, float]) -> list[str]:
 
 # ---------------------------------------------------------------------------- /metrics
 
+# name -> (kind, help, label names); every one a gauge of the summary.
 _HELP = {
-    "orchestra_nodes": ("gauge", "Nodes of the cluster, by state (ALIVE, DEAD)."),
-    "orchestra_workers": ("gauge", "Worker processes alive, on every node."),
-    "orchestra_drivers": ("gauge", "Drivers connected."),
+    "orchestra_nodes": ("gauge", "Nodes of the cluster, by state (ALIVE, DEAD).", ("state",)),
+    "orchestra_workers": ("gauge", "Worker processes alive, on every node.", ()),
+    "orchestra_drivers": ("gauge", "Drivers connected.", ()),
     "orchestra_tasks": ("gauge", "Tasks by state: pending and running now; FINISHED and "
-                                 "FAILED since the cluster started."),
-    "orchestra_actors": ("gauge", "Actors by state."),
-    "orchestra_resources_total": ("gauge", "A node's total of a resource."),
-    "orchestra_resources_available": ("gauge", "What a node has free of a resource."),
-    "orchestra_object_store_used_bytes": ("gauge", "Bytes in a node's object store."),
-    "orchestra_object_store_capacity_bytes": ("gauge", "A node's object store capacity."),
-    "orchestra_object_store_spilled_bytes": ("gauge", "Bytes a node's store spilled to disk."),
+                                 "FAILED since the cluster started.", ("state",)),
+    "orchestra_actors": ("gauge", "Actors by state.", ("state",)),
+    "orchestra_resources_total": ("gauge", "A node's total of a resource.", ("resource", "node")),
+    "orchestra_resources_available": ("gauge", "What a node has free of a resource.",
+                                      ("resource", "node")),
+    "orchestra_object_store_used_bytes": ("gauge", "Bytes in a node's object store.", ("node",)),
+    "orchestra_object_store_capacity_bytes": ("gauge", "A node's object store capacity.", ("node",)),
+    "orchestra_object_store_spilled_bytes": ("gauge", "Bytes a node's store spilled to disk.",
+                                             ("node",)),
 }
-
-
-_LABELS = {"orchestra_nodes": ("state",), "orchestra_tasks": ("state",),
-           "orchestra_actors": ("state",), "orchestra_resources_total": ("resource", "node"),
-           "orchestra_resources_available": ("resource", "node"),
-           "orchestra_object_store_used_bytes": ("node",),
-           "orchestra_object_store_capacity_bytes": ("node",),
-           "orchestra_object_store_spilled_bytes": ("node",)}
 
 
 def metrics_text(s: dict[str, Any]) -> str:
@@ -131,8 +126,8 @@ def metrics_text(s: dict[str, Any]) -> str:
         rows["orchestra_object_store_capacity_bytes"].append(((node,), n.get("store_capacity", 0)))
         rows["orchestra_object_store_spilled_bytes"].append(((node,), n.get("spilled_bytes", 0)))
     return exposition.text(
-        exposition.family(kind, name, text, _LABELS.get(name, ()), rows[name])
-        for name, (kind, text) in _HELP.items())
+        exposition.family(kind, name, text, labels, rows[name])
+        for name, (kind, text, labels) in _HELP.items())
 
 
 # ---------------------------------------------------------------------------- requests

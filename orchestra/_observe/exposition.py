@@ -32,6 +32,7 @@ def family(kind: str, name: str, help_text: str, label_names: Sequence[str],
         GaugeMetricFamily,
         HistogramMetricFamily,
     )
+    from prometheus_client.utils import floatToGoString  # an ``le`` as its histograms write it
     labels = list(label_names)
     if kind == "histogram":
         h = HistogramMetricFamily(name, help_text, labels=labels)
@@ -41,7 +42,7 @@ def family(kind: str, name: str, help_text: str, label_names: Sequence[str],
             acc, buckets = 0, []
             for bound, n in counts:
                 acc += n
-                buckets.append((_bound(bound), acc))
+                buckets.append((floatToGoString(bound), acc))
             h.add_metric(list(values), buckets, total)
         return h
     fam = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
@@ -50,13 +51,6 @@ def family(kind: str, name: str, help_text: str, label_names: Sequence[str],
         assert not isinstance(value, tuple)
         fam.add_metric(list(values), value)
     return fam
-
-
-def _bound(x: float) -> str:
-    """A bucket's upper bound as its ``le`` label, as prometheus_client's own
-    histograms write it (``1.0``, ``0.25``, ``+Inf``)."""
-    from prometheus_client.utils import floatToGoString
-    return floatToGoString(x)
 
 
 def text(families: Iterable[Metric]) -> str:

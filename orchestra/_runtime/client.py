@@ -315,17 +315,18 @@ class CoreClient:
         tid = tid or _ids.next_task_id()
         refs: list[ObjectRef] = []     # puts made for large args live until the Submit is sent
         direct = self.direct
-        hold: list[ObjectRef] | None = [] if shape is not None and direct.lent.loans else None
+        loans = direct.lent.loans
+        hold: list[ObjectRef] | None = [] if shape is not None and loans else None
         call = encode_call(self, template, tid, args, kwargs, refs, hold)
         rids = _ids.return_ids(tid, num_returns)
         out: list[ObjectRef[Any]] = [ObjectRef(rid, self, counted=True) for rid in rids]
         book = None if self.streams else self.book
         if book is not None:   # sent again to a restarted head if still needed then
             book.add(tid, call, num_returns, refs)
-        if shape is not None and hold is not None and direct.lent.loans.get(shape) \
+        if shape is not None and hold is not None and loans.get(shape) \
                 and (not refs or all(r._id in self.results for r in refs)):
             if self.put_seq > self.synced_seq and must_sync(True, hold, refs, self.results, any(
-                    le.peer is not None and le.peer.remote for le in direct.lent.loans.get(shape, ()))):
+                    le.peer is not None and le.peer.remote for le in loans.get(shape, ()))):
                 self.request(pb.Request(query="sync"))   # the head knows every ref in the arguments
             c = Call(tid, call, refs, None, rids, name, hold)
             c.fid = function_id

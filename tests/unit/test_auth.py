@@ -193,29 +193,21 @@ class _Echo(asyncio.Protocol):
         self.transport.write(data.upper())
 
 
+def _echoes(port: int, token: str, timeout_s: float = 5) -> None:
+    """Connect with ``token`` to an _Echo behind a gate; one round trip."""
+    conn = Connection.connect(f"127.0.0.1:{port}", timeout_s, token=token)
+    conn.sock.sendall(b"abc")
+    assert conn.sock.recv(3) == b"ABC"
+    conn.close()
+
+
 def test_the_gate_hands_the_connection_on_only_after_the_handshake():
-    loop = asyncio.new_event_loop()
     got: list = []
-    server = loop.run_until_complete(loop.create_server(
-        lambda: _auth.AuthGate(TOKEN, loop, lambda tr: _Echo(got)), "127.0.0.1", 0))
-    port = server.sockets[0].getsockname()[1]
-    stop = threading.Event()
-    th = threading.Thread(target=lambda: loop.run_until_complete(
-        loop.run_in_executor(None, stop.wait)), daemon=True)
-    th.start()
-    try:
-        conn = Connection.connect(f"127.0.0.1:{port}", 5, token=TOKEN)
-        conn.sock.sendall(b"abc")
-        assert conn.sock.recv(3) == b"ABC"
-        conn.close()
+    with _gate_on_a_thread(lambda loop: _auth.AuthGate(TOKEN, loop, lambda tr: _Echo(got))) as port:
+        _echoes(port, TOKEN)
         with pytest.raises(AuthenticationError, match="wrong cluster token"):
             Connection.connect(f"127.0.0.1:{port}", 5, token="wrong")
         assert got == [b"abc"]
-    finally:
-        stop.set()
-        th.join(5)
-        server.close()
-        loop.close()
 
 
 # ------------------------------------------------------------------ peers that never prove the token
@@ -403,10 +395,7 @@ def test_a_burst_of_callers_beyond_the_cap_all_connect(tls, monkeypatch):
         def call() -> None:
             go.wait()
             try:
-                conn = Connection.connect(f"127.0.0.1:{port}", 20, token=token)
-                conn.sock.sendall(b"abc")
-                assert conn.sock.recv(3) == b"ABC"
-                conn.close()
+                _echoes(port, token, 20)
             except BaseException as exc:  # noqa: BLE001 - reported below
                 errors.append(repr(exc))
 
