@@ -141,3 +141,71 @@ def test_a_put_waits_for_the_spare_the_thread_is_making(shm_dir: str) -> None:
     assert got and got[0] is not None
     got[0].close()
     p.close()
+
+
+# ---------------------------------------------------------------- interleavings
+from hypothesis import settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, rule  # noqa: E402
+
+
+class PremapInterleavings(RuleBasedStateMachine):
+    """Spares added, taken by puts and given back in any order while the thread makes
+    them: a put always gets a map it can write (the thread's, or its own open), no
+    spare's file is created twice (open_segment is O_EXCL), and nothing given back or
+    taken stays ready."""
+
+    spares = Bundle("spares")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = make_session_dir("premap-h")
+        self.p = Premapper(self.dir)
+        self.n = 0
+        self.gone: set[str] = set()
+        self.written: dict[str, int] = {}   # spares a put wrote: name -> its object's size
+
+    @rule(target=spares, size=st.integers(1, 128 * KiB))
+    def add(self, size: int) -> str:
+        self.n += 1
+        name = f"s{self.n}"
+        self.p.add([spare(name)], size)
+        return name
+
+    @rule(name=spares, size=st.integers(1, 128 * KiB))
+    def take(self, name: str, size: int) -> None:
+        if name in self.gone:
+            return
+        self.gone.add(name)
+        seg = for_object(spare(name), size)
+        mm = self.p.take(seg) or open_segment(self.dir, seg)   # else the put's own
+        assert len(mm) >= size
+        mm[size - 1:size] = b"x"
+        mm.close()
+        self.written[name] = size
+
+    @rule(name=spares)
+    def give_back(self, name: str) -> None:
+        if name not in self.gone:
+            self.gone.add(name)
+            self.p.drop([name])
+
+    @rule()
+    def let_the_thread_run(self) -> None:
+        time.sleep(0.002)
+
+    def teardown(self) -> None:
+        with self.p.cond:
+            while self.p.busy:
+                self.p.cond.wait(5)
+            assert not set(self.p.ready) & self.gone
+        for name, size in self.written.items():   # no one removed or remade a put's file
+            with open(segment_path(self.dir, name), "rb") as f:
+                f.seek(size - 1)
+                assert f.read(1) == b"x", name
+        self.p.close()
+        remove_private_dir(self.dir)
+
+
+TestPremapInterleavings = PremapInterleavings.TestCase
+TestPremapInterleavings.settings = settings(max_examples=60, stateful_step_count=25, deadline=None)
