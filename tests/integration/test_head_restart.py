@@ -28,7 +28,7 @@ from orchestra._cluster.supervisor import MAX_RESTARTS, head_pid
 from orchestra._platform.procutil import group_members, pid_alive
 from orchestra._protocol import pb
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.alone, pytest.mark.timeout(120)]
 
 DRIVER = """
 import orchestra

@@ -47,7 +47,7 @@ THREADS = 3
 PROCESSES = 2
 HERE = Path(__file__).resolve().parent
 
-pytestmark = [pytest.mark.soak, pytest.mark.timeout(int(SOAK_S) * 4 + 120)]
+pytestmark = [pytest.mark.soak, pytest.mark.alone, pytest.mark.timeout(int(SOAK_S) * 4 + 120)]
 
 
 def _driver_env(wait_s: float) -> dict[str, str]:
