@@ -102,6 +102,7 @@ class Blocking:
     def nested_done(self, w: Worker, t: Task) -> None:
         """``t``, run inline on ``w``, ended (or left ``w``): back in the get() below it."""
         w.nested.remove(t)
+        self.s.workers.may_pipeline(w)
         if not self._inline(w):
             self.settle(w)
             self.s.schedule()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import collections
 import enum
 import itertools
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from .. import _ids
@@ -189,9 +189,9 @@ class Wait:
 
 
 class Worker:
-    __slots__ = ("worker_id", "node_id", "pid", "conn", "state", "queue", "grant",
+    __slots__ = ("worker_id", "node_id", "pid", "conn", "_state", "queue", "grant",
                  "gpu_ids", "functions", "grant_shape", "actor", "lent_to", "recalling",
-                 "waits", "nested", "address", "calls", "retiring")
+                 "waits", "nested", "address", "calls", "retiring", "table")
 
     def __init__(self, worker_id: int, node_id: int) -> None:
         self.worker_id = worker_id
@@ -201,7 +201,8 @@ class Worker:
         self.address = ""
         self.pid = 0
         self.conn = -1
-        self.state = WorkerState.STARTING
+        self._state = WorkerState.STARTING
+        self.table: WorkerTable | None = None   # the table it is in, told of its state
         self.queue: collections.deque[Task] = collections.deque()
         # The resources it holds for the tasks it runs (taken from its node when it
         # leaves IDLE, given back when it returns there), and their shape.
@@ -220,6 +221,118 @@ class Worker:
         # limit it is retiring: no more work, replaced once its queue is empty.
         self.calls: dict[bytes, int] | None = None
         self.retiring = False
+
+    @property
+    def state(self) -> WorkerState:
+        """STARTING, IDLE, BUSY, BLOCKED or DEAD; set, it tells the table it is in
+        (WorkerTable's indexes)."""
+        return self._state
+
+    @state.setter
+    def state(self, new: WorkerState) -> None:
+        old, self._state = self._state, new
+        table = self.table
+        if table is not None:
+            if (old is WorkerState.IDLE) is not (new is WorkerState.IDLE):
+                table.idle_changed(self)
+            if new is WorkerState.BUSY:
+                table.may_pipeline(self)
+
+
+class WorkerTable(dict[int, Worker]):
+    """The cluster's workers by id, and the indexes the table keeps as they change:
+    each node's workers; each node's idle ones, in the order they became idle; and by
+    grant shape, the busy workers that may take a task pipelined behind their own.
+
+    The table owns the indexes: a worker put in it (``table[id] = w``) is indexed under
+    its node (a worker never changes node) and tells the table when it becomes idle or
+    stops being idle (Worker.state's setter); deleting or popping it takes it out of
+    them. So a placement asks a node for an idle worker at the cost of a dict lookup,
+    not of a scan of every worker of the cluster (WorkerPool.pick_placed, pool).
+
+    The pipelining index (``open``) may hold more than it should, never less: every
+    worker that can take a pipelined task (busy, not lent, not running tasks inside a
+    get(), fewer tasks queued than the pipeline depth) is in ``open[its grant shape]``.
+    A worker enters when it becomes busy (the state's setter) and after each step that
+    can shorten its queue, give it back from a loan or end a task it ran inside a get()
+    (SchedulerState.after_worker_step, Blocking.nested_done: may_pipeline); the one
+    reader (WorkerPool.pick_placed) drops the entries that no longer hold as it meets
+    them. Tested: the scheduler's Hypothesis machine checks the rule after every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_node: dict[int, dict[int, Worker]] = {}
+        self.idle_by_node: dict[int, dict[int, Worker]] = {}
+        self.open: dict[Shape, dict[int, Worker]] = {}
+
+    def can_pipeline(self, w: Worker, shape: Shape, depth: int) -> bool:
+        """Whether ``w`` may take a task of ``shape`` behind its own now (the rule of
+        the pipelining index; an entry it no longer holds for may leave)."""
+        return w.table is self and w._state is WorkerState.BUSY and w.grant_shape == shape \
+            and w.lent_to is None and not w.nested and len(w.queue) < depth
+
+    def may_pipeline(self, w: Worker) -> None:
+        """``w`` may now take a task pipelined behind its own: index it (the reader
+        checks)."""
+        if w.table is self and w._state is WorkerState.BUSY:
+            self.open.setdefault(w.grant_shape, {})[w.worker_id] = w
+
+    def __setitem__(self, worker_id: int, w: Worker) -> None:
+        old = self.get(worker_id)
+        if old is not None:
+            self._forget(old)
+        super().__setitem__(worker_id, w)
+        w.table = self
+        self.by_node.setdefault(w.node_id, {})[worker_id] = w
+        if w._state is WorkerState.IDLE:
+            self.idle_by_node.setdefault(w.node_id, {})[worker_id] = w
+
+    def __delitem__(self, worker_id: int) -> None:
+        w = self[worker_id]
+        super().__delitem__(worker_id)
+        self._forget(w)
+
+    def pop(self, worker_id: int, *default: Any) -> Any:
+        w = super().pop(worker_id, *default)
+        if isinstance(w, Worker) and w.table is self:
+            self._forget(w)
+        return w
+
+    def on_node(self, node_id: int) -> Collection[Worker]:
+        """The node's workers (actors' included)."""
+        return self.by_node.get(node_id, {}).values()
+
+    def idle_on(self, node_id: int) -> Worker | None:
+        """The node's worker that became idle last, or None: work goes to the warmest
+        worker, and the ones idle longest are left to the idle timeout."""
+        idle = self.idle_by_node.get(node_id)
+        return next(reversed(idle.values())) if idle else None
+
+    def idle_changed(self, w: Worker) -> None:
+        """``w`` (in this table) became idle, or stopped being idle."""
+        if w._state is WorkerState.IDLE:
+            self.idle_by_node.setdefault(w.node_id, {})[w.worker_id] = w
+        else:
+            _drop(self.idle_by_node, w)
+
+    def _forget(self, w: Worker) -> None:
+        w.table = None
+        _drop(self.by_node, w)
+        _drop(self.idle_by_node, w)
+
+    def clear(self) -> None:
+        for w in self.values():
+            w.table = None
+        super().clear()
+        self.by_node.clear()
+        self.idle_by_node.clear()
+        self.open.clear()
+
+
+def _drop(index: dict[int, dict[int, Worker]], w: Worker) -> None:
+    mine = index.get(w.node_id)
+    if mine is not None and mine.pop(w.worker_id, None) is not None and not mine:
+        del index[w.node_id]
 
 
 class Obj:
@@ -281,7 +394,7 @@ class SchedulerCore(Protocol):
     (SchedulerState): its tables, its instruction list, and the steps they share with it."""
 
     nodes: dict[int, Node]
-    workers: dict[int, Worker]
+    workers: WorkerTable
     clients: dict[int, Client]
     tasks: dict[bytes, Task]
     objects: dict[bytes, Obj]

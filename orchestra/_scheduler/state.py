@@ -48,6 +48,7 @@ from .model import (
     TaskState,
     Worker,
     WorkerState,
+    WorkerTable,
     default_error,
 )
 from .objects import ObjectDirectory
@@ -69,7 +70,7 @@ class SchedulerState:
                  infeasible_waits: bool = False) -> None:
         self.out: list[Instruction] = []
         self.nodes: dict[int, Node] = {}
-        self.workers: dict[int, Worker] = {}
+        self.workers = WorkerTable()
         self.clients: dict[int, Client] = {}
         self.tasks: dict[bytes, Task] = {}
         # The objects (ObjectDirectory owns the table; _scheduler/objects.py).
@@ -255,7 +256,7 @@ class SchedulerState:
             return
         self._feasible.clear()
         self.groups.node_removed(node_id)
-        for w in [w for w in self.workers.values() if w.node_id == node_id]:
+        for w in list(self.workers.on_node(node_id)):
             if w.state is WorkerState.STARTING:
                 self.worker_failed_to_start(w.worker_id, f"its node died: {reason}", broken=False)
             else:   # its tasks are retried elsewhere, its actor restarted or dead
@@ -479,6 +480,7 @@ class SchedulerState:
             return
         if w is not None and t is not None and t in w.queue:
             w.queue.remove(t)
+            self.workers.may_pipeline(w)
             t.worker = None
             if w.nested and t in w.nested:   # run inside a get(): the worker is back in it
                 self.blocking.nested_done(w, t)
@@ -519,6 +521,8 @@ class SchedulerState:
 
     def after_worker_step(self, w: Worker | None, done: Task | None = None) -> None:
         """``w`` ended a task (``done``, when it ran to its end)."""
+        if w is not None:
+            self.workers.may_pipeline(w)   # its queue is shorter, or it is back from a loan
         if w is not None and w.actor is not None:
             self.actor_table.call_done(w)
             return
@@ -602,6 +606,7 @@ class SchedulerState:
                 continue
             if w is not None and t in w.queue:
                 w.queue.remove(t)
+                self.workers.may_pipeline(w)
                 if t in w.nested:
                     self.blocking.nested_done(w, t)
             t.worker = None

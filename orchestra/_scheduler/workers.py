@@ -65,11 +65,10 @@ class WorkerPool:
 
     def pool(self, node_id: int) -> list[Worker]:
         """The node's task workers (dedicated actor workers do not count)."""
-        return [w for w in self.core.workers.values() if w.node_id == node_id and w.actor is None]
+        return [w for w in self.core.workers.on_node(node_id) if w.actor is None]
 
     def idle_on(self, node_id: int) -> int:
-        return sum(1 for x in self.core.workers.values()
-                   if x.node_id == node_id and x.state is WorkerState.IDLE)
+        return len(self.core.workers.idle_by_node.get(node_id, ()))
 
     def release_grant(self, w: Worker) -> None:
         if w.grant:
@@ -137,25 +136,10 @@ class WorkerPool:
             self.core.fail_task(t, err)
             return None
         req = t.resources
-        order = self.placer.order(t)
         only = hard_node(t)
-        idle: dict[int, Worker] = {}
-        # One pass: the first idle worker of each node, and the busy one of this shape
-        # with the fewest tasks queued below the pipeline depth (least_queued's choice).
-        best: Worker | None = None
-        shape, depth = t.shape, self.core.pipeline_depth
-        for w in self.core.workers.values():
-            st = w.state
-            if st is WorkerState.IDLE:
-                if w.node_id not in idle:
-                    idle[w.node_id] = w
-            elif st is WorkerState.BUSY and w.grant_shape == shape and w.lent_to is None \
-                    and not w.nested and (only is None or w.node_id == only):
-                queued = len(w.queue)
-                if queued < depth and (best is None or queued < len(best.queue)):
-                    best = w
-        for node in order:
-            took = idle.get(node.node_id)
+        workers = self.core.workers
+        for node in self.placer.ordered(t):
+            took = workers.idle_on(node.node_id)   # (the table's index: no scan)
             if took is not None:
                 took.grant = req
                 took.grant_shape = t.shape
@@ -174,8 +158,24 @@ class WorkerPool:
                 # one node, see _pick_worker), rather than pipeline behind a long task.
                 self.maybe_grow(t, [node])
                 return None
+        # No node in order takes it now: the busy worker of its shape with the fewest
+        # tasks queued below the pipeline depth (least_queued's choice), where allowed,
+        # from the table's pipelining index; the entries that no longer hold leave it.
+        best: Worker | None = None
+        shape, depth = t.shape, self.core.pipeline_depth
+        candidates = workers.open.get(shape)
+        if candidates:
+            stale = []
+            for wid, w in candidates.items():
+                if not workers.can_pipeline(w, shape, depth):
+                    stale.append(wid)
+                elif (only is None or w.node_id == only) and \
+                        (best is None or len(w.queue) < len(best.queue)):
+                    best = w
+            for wid in stale:
+                del candidates[wid]
         if best is None:
-            self.maybe_grow(t, order)
+            self.maybe_grow(t, self.placer.order(t))
         return best
 
     def can_grow(self, node: Node) -> bool:
@@ -234,8 +234,8 @@ class WorkerPool:
     def steal_for(self, idle: Worker) -> None:
         """A worker is idle and nothing is ready: take back tasks pipelined behind a
         running one elsewhere, so a quick task never waits for a long one ahead of it."""
-        for v in self.core.workers.values():
-            if v.node_id == idle.node_id and v.state is WorkerState.BUSY and v.actor is None \
+        for v in self.core.workers.on_node(idle.node_id):
+            if v.state is WorkerState.BUSY and v.actor is None \
                     and len(v.queue) > 1 and v.lent_to is None:
                 ids = [t.call.task_id for t in list(v.queue)[1:]]
                 self.core.out.append(Send(v.conn, STEAL, pb.ReturnTasks(task_ids=ids)))

@@ -38,7 +38,7 @@ from orchestra._objects.errors import make_error
 from orchestra._proto import types_pb2
 from orchestra._protocol import pb
 from orchestra._protocol import wire as _wire
-from orchestra._scheduler.model import Obj, TaskState
+from orchestra._scheduler.model import Obj, Task, TaskState
 from orchestra.exceptions import InfeasibleResourcesError
 
 pytestmark = pytest.mark.timeout(10)
@@ -595,3 +595,39 @@ def test_after_a_restart_of_the_head_the_warning_names_the_nodes_not_back_yet():
     c.submit(make_call("huger", cpus=32))
     [warning] = sent(c.take(), _wire.WARNING, DRIVER)
     assert "before its head restarted" not in warning.text and "joins" in warning.text
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=2, max_size=6),
+       st.lists(st.tuples(st.integers(0, 5), st.sampled_from([0.5, 1.0, 2.0])), max_size=10),
+       st.lists(st.tuples(st.integers(0, 5), st.integers(1, 8)), max_size=3),
+       st.sampled_from([0.0, 1.0, 2.0]), st.sampled_from(["default", "spread", "soft"]))
+def test_the_lazy_order_is_the_order(cpus: list[int], busy: list[tuple[int, float]],
+                                     held: list[tuple[int, int]], probe_cpus: float,
+                                     how: str) -> None:
+    """Placer.ordered (what a placement walks, its first node found without a sort)
+    yields the nodes of Placer.order, in its order, whatever the nodes' free CPUs and
+    the bytes of the task's arguments they hold."""
+    c = Nodes({n: {"CPU": float(k)} for n, k in enumerate(cpus)}, max_workers=2)
+    for n, k in busy:                         # some CPUs taken, on nodes the task names
+        c.submit(make_call("busy", cpus=k, placement=affinity(n % len(cpus), soft=True)))
+    args = tuple(ref(put_segment(c, n % len(cpus), mib * MiB)) for n, mib in held)
+    placement = {"default": None, "spread": spread(), "soft": affinity(1, soft=True)}[how]
+    probe = Task(make_call("probe", args, cpus=probe_cpus, placement=placement), DRIVER)
+    probe.arg_ids = [a.ref for a in args]
+    assert list(c.s.placer.ordered(probe)) == c.s.placer.order(probe)
+
+
+def test_a_worker_whose_queue_shortens_takes_a_pipelined_task_again():
+    """Every queue full, a task waits (the pipelining index drops the full workers as it
+    looks); one task ending frees a slot on its worker, which takes the waiting task
+    behind its next one (model.WorkerTable: the worker is indexed again)."""
+    c = two(cpus=1, pipeline_depth=2)
+    calls = {call.task_id: call for call in (c.submit(make_call(f"t{i}")) for i in range(4))}
+    ran = executed(c.take())
+    assert sorted(c.node_of(w) for w, _ in ran) == [0, 0, 2, 2]   # one running, one behind
+    waiting = c.submit(make_call("waits"))
+    assert executed(c.take()) == []
+    w, first = ran[0]
+    c.done(w, calls[first])
+    assert executed(c.take()) == [(w, waiting.task_id)]

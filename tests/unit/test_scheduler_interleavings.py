@@ -324,6 +324,33 @@ class SchedulerInterleavings(RuleBasedStateMachine):
             assert (tomb.data is None) != (tomb.lineage is None)
 
     @invariant()
+    def the_worker_tables_indexes_are_what_a_scan_finds(self) -> None:
+        # Placement asks the indexes instead of scanning (model.WorkerTable).
+        table = self.s.workers
+        by_node: dict[int, set[int]] = collections.defaultdict(set)
+        idle: dict[int, set[int]] = collections.defaultdict(set)
+        for wid, w in table.items():
+            assert w.table is table and w.worker_id == wid
+            by_node[w.node_id].add(wid)
+            if w.state is WorkerState.IDLE:
+                idle[w.node_id].add(wid)
+        assert {n: set(ws) for n, ws in table.by_node.items()} == by_node
+        assert {n: set(ws) for n, ws in table.idle_by_node.items()} == idle
+        # The pipelining index may hold more, never less: each task worker that can
+        # take a task behind its own is in it, under its grant's shape. The entries that
+        # no longer hold leave first, as its reader drops them, so that a worker that
+        # can take one again later is seen to come back.
+        depth = self.s.pipeline_depth
+        for shape, entries in table.open.items():
+            for wid in [wid for wid, w in entries.items() if not table.can_pipeline(w, shape, depth)]:
+                del entries[wid]
+        for wid, w in table.items():
+            if w.actor is None and w.state is WorkerState.BUSY and w.lent_to is None \
+                    and not w.nested and len(w.queue) < depth:
+                assert wid in table.open.get(w.grant_shape, {}), \
+                    f"worker {wid} can take a pipelined task, the index misses it"
+
+    @invariant()
     def an_ended_task_has_its_result_sealed(self) -> None:
         s = self.s
         for tid, call in self.calls.items():
