@@ -250,20 +250,28 @@ class WorkerTable(dict[int, Worker]):
     them. So a placement asks a node for an idle worker at the cost of a dict lookup,
     not of a scan of every worker of the cluster (WorkerPool.pick_placed, pool).
 
-    The pipelining index (``open``) may hold more than it should, never less: every
-    worker that can take a pipelined task (busy, not lent, not running tasks inside a
-    get(), fewer tasks queued than the pipeline depth) is in ``open[its grant shape]``.
-    A worker enters when it becomes busy (the state's setter) and after each step that
-    can shorten its queue, give it back from a loan or end a task it ran inside a get()
-    (SchedulerState.after_worker_step, Blocking.nested_done: may_pipeline); the one
-    reader (WorkerPool.pick_placed) drops the entries that no longer hold as it meets
-    them. Tested: the scheduler's Hypothesis machine checks the rule after every step."""
+    The pipelining index (``open``: shape -> tasks queued -> workers) may hold more
+    than it should, never less: every worker that can take a pipelined task (busy, not
+    lent, not running tasks inside a get(), fewer tasks queued than the pipeline depth)
+    is in ``open[its grant shape][k]`` for some k no larger than its queue's length. A
+    worker enters, under its queue's length, when it becomes busy (the state's setter)
+    and after each step that can shorten its queue, give it back from a loan or end a
+    task it ran inside a get() (SchedulerState.after_worker_step, task_done,
+    Blocking.nested_done: may_pipeline); a task queued on it needs no notice, its entry
+    is then under a shorter length than its own, which the rule allows. The one reader,
+    pipeline_pick, goes through the lengths from 0 up, moves an entry it finds under a
+    length its queue no longer has to the one it has, and drops the entries that no
+    longer hold: so it finds the worker with the shortest queue (the least-queued
+    choice) without looking at every busy worker. Tested: the scheduler's Hypothesis
+    machine checks the rule after every step, and a test of the table the choice.
+
+    Decisions and changes come from the scheduler's one thread (the head's loop)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.by_node: dict[int, dict[int, Worker]] = {}
         self.idle_by_node: dict[int, dict[int, Worker]] = {}
-        self.open: dict[Shape, dict[int, Worker]] = {}
+        self.open: dict[Shape, dict[int, dict[int, Worker]]] = {}
 
     def can_pipeline(self, w: Worker, shape: Shape, depth: int) -> bool:
         """Whether ``w`` may take a task of ``shape`` behind its own now (the rule of
@@ -272,10 +280,41 @@ class WorkerTable(dict[int, Worker]):
             and w.lent_to is None and not w.nested and len(w.queue) < depth
 
     def may_pipeline(self, w: Worker) -> None:
-        """``w`` may now take a task pipelined behind its own: index it (the reader
-        checks)."""
+        """``w`` may now take a task pipelined behind its own: index it under its
+        queue's length (the reader checks the rest)."""
         if w.table is self and w._state is WorkerState.BUSY:
-            self.open.setdefault(w.grant_shape, {})[w.worker_id] = w
+            self.open.setdefault(w.grant_shape, {}).setdefault(
+                len(w.queue), {})[w.worker_id] = w
+
+    def pipeline_pick(self, shape: Shape, depth: int, only: int | None = None) -> Worker | None:
+        """The busy worker of ``shape`` with the fewest tasks queued, below ``depth``
+        (on node ``only`` when given), or None; ties go to the one indexed first."""
+        lengths = self.open.get(shape)
+        if not lengths:
+            return None
+        for k in range(depth):
+            entries = lengths.get(k)
+            if not entries:
+                continue
+            best = None
+            moved: list[Worker] = []
+            for w in entries.values():
+                if not self.can_pipeline(w, shape, depth):
+                    moved.append(w)          # (dropped: may_pipeline brings it back)
+                elif len(w.queue) != k:
+                    moved.append(w)          # filed under its length, met there
+                elif only is None or w.node_id == only:
+                    best = w
+                    break
+            for w in moved:
+                del entries[w.worker_id]
+                if len(w.queue) > k and self.can_pipeline(w, shape, depth):
+                    lengths.setdefault(len(w.queue), {})[w.worker_id] = w
+            if not entries:
+                del lengths[k]
+            if best is not None:
+                return best
+        return None
 
     def __setitem__(self, worker_id: int, w: Worker) -> None:
         old = self.get(worker_id)

@@ -160,26 +160,8 @@ class WorkerPool:
                 return None
         # No node in order takes it now: the busy worker of its shape with the fewest
         # tasks queued below the pipeline depth (least_queued's choice), where allowed,
-        # from the table's pipelining index; the entries that no longer hold leave it.
-        # One with only its running task queued is taken at once: a busy worker with
-        # none (the only one that could start it sooner) lasts no longer than the step
-        # that makes it idle, and looking on for it cost every placement a pass over
-        # the cluster's workers.
-        best: Worker | None = None
-        shape, depth = t.shape, self.core.pipeline_depth
-        candidates = workers.open.get(shape)
-        if candidates:
-            stale = []
-            for wid, w in candidates.items():
-                if not workers.can_pipeline(w, shape, depth):
-                    stale.append(wid)
-                elif (only is None or w.node_id == only) and \
-                        (best is None or len(w.queue) < len(best.queue)):
-                    best = w
-                    if len(w.queue) <= 1:
-                        break
-            for wid in stale:
-                del candidates[wid]
+        # from the table's pipelining index.
+        best = workers.pipeline_pick(t.shape, self.core.pipeline_depth, only)
         if best is None:
             self.maybe_grow(t, self.placer.order(t))
         return best

@@ -337,18 +337,20 @@ class SchedulerInterleavings(RuleBasedStateMachine):
         assert {n: set(ws) for n, ws in table.by_node.items()} == by_node
         assert {n: set(ws) for n, ws in table.idle_by_node.items()} == idle
         # The pipelining index may hold more, never less: each task worker that can
-        # take a task behind its own is in it, under its grant's shape. The entries that
-        # no longer hold leave first, as its reader drops them, so that a worker that
-        # can take one again later is seen to come back.
+        # take a task behind its own is in it, under its grant's shape and a length no
+        # larger than its queue's. Its reader first goes through every entry (on no
+        # node: it takes none), moving and dropping what no longer holds, so that a
+        # worker that can take one again later is seen to come back.
         depth = self.s.pipeline_depth
-        for shape, entries in table.open.items():
-            for wid in [wid for wid, w in entries.items() if not table.can_pipeline(w, shape, depth)]:
-                del entries[wid]
+        for shape in list(table.open):
+            assert table.pipeline_pick(shape, depth, only=-1) is None
         for wid, w in table.items():
             if w.actor is None and w.state is WorkerState.BUSY and w.lent_to is None \
                     and not w.nested and len(w.queue) < depth:
-                assert wid in table.open.get(w.grant_shape, {}), \
-                    f"worker {wid} can take a pipelined task, the index misses it"
+                filed = [k for k, entries in table.open.get(w.grant_shape, {}).items()
+                         if wid in entries]
+                assert any(k <= len(w.queue) for k in filed), \
+                    f"worker {wid} can take a pipelined task, the index misses it ({filed})"
 
     @invariant()
     def an_ended_task_has_its_result_sealed(self) -> None:

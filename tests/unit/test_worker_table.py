@@ -81,3 +81,63 @@ def test_the_indexes_are_what_a_scan_finds_after_any_changes(ops) -> None:
             assert w.table is None
         assert _indexes(table) == _scan(table)
         assert all(table.by_node.values()) and all(table.idle_by_node.values())   # none empty
+
+
+def _busy(table: WorkerTable, wid: int, node: int, queued: int, shape=(("CPU", 1.0),)) -> Worker:
+    w = Worker(wid, node)
+    w.grant_shape = shape
+    table[wid] = w
+    w.queue.extend(object() for _ in range(queued))   # (before: indexed under this length)
+    w.state = WorkerState.BUSY
+    return w
+
+
+def test_the_pipelining_pick_is_the_least_queued_worker_however_queues_grew() -> None:
+    shape = (("CPU", 1.0),)
+    table = WorkerTable()
+    a, b, c = _busy(table, 1, 0, 1), _busy(table, 2, 0, 1), _busy(table, 3, 1, 3)
+    assert table.pipeline_pick(shape, 8) is a            # ties: the first indexed
+    a.queue.extend([object(), object()])                 # no notice: filed under 1, has 3
+    assert table.pipeline_pick(shape, 8) is b
+    b.queue.extend([object()] * 5)                       # 6
+    assert table.pipeline_pick(shape, 8) in (a, c)       # 3 each
+    assert table.pipeline_pick(shape, 8, only=1) is c    # a node's own only
+    a.queue.pop()                                        # shorter: told, as the scheduler does
+    table.may_pipeline(a)
+    assert table.pipeline_pick(shape, 8) is a            # 2
+    assert table.pipeline_pick(shape, 3) is a and table.pipeline_pick(shape, 2) is None
+    a.lent_to = 5                                        # lent: none of it
+    assert table.pipeline_pick(shape, 8) is c
+    c.state = WorkerState.IDLE
+    assert table.pipeline_pick(shape, 8) is b            # 6 < 8
+    assert table.pipeline_pick((("CPU", 2.0),), 8) is None
+
+
+@given(st.lists(st.tuples(st.sampled_from(["grow", "shrink", "lend", "back", "idle", "busy"]),
+                          st.integers(0, 5)), max_size=50))
+def test_the_pipelining_pick_equals_a_scan_for_the_least_queued(ops) -> None:
+    """Queues grow without a notice and shrink with one (as in the scheduler); after any
+    of it the pick's queue length is the shortest a scan finds below the depth."""
+    shape, depth = (("CPU", 1.0),), 4
+    table = WorkerTable()
+    workers = [_busy(table, wid, wid % 2, wid % 3) for wid in range(6)]
+    for op, i in ops:
+        w = workers[i]
+        if op == "grow":
+            w.queue.append(object())
+        elif op == "shrink" and w.queue:
+            w.queue.pop()
+            table.may_pipeline(w)
+        elif op == "lend":
+            w.lent_to = 9
+        elif op == "back":
+            w.lent_to = None
+            table.may_pipeline(w)
+        elif op == "idle":
+            w.state = WorkerState.IDLE
+        elif op == "busy":
+            w.state = WorkerState.BUSY
+        free = [len(x.queue) for x in workers
+                if x.state is WorkerState.BUSY and x.lent_to is None and len(x.queue) < depth]
+        got = table.pipeline_pick(shape, depth)
+        assert (None if got is None else len(got.queue)) == (min(free) if free else None)
