@@ -48,7 +48,7 @@ MAX_PAUSE_S = 8.0
 STOP_WAIT_S = 8.0
 _POLL_S = 0.05
 # What a killed head leaves in its session directory, and that a new one must create.
-_STALE = ("head.sock", "grpc.sock", "address", "dashboard", "node.sock")
+_STALE = ("head.sock", "grpc.sock", "address", "address.tmp", "dashboard", "node.sock")
 DOWN_FILE = "down"
 HEAD_PID_FILE = "head.pid"   # in RUN_DIR: the head's pid now
 
@@ -148,9 +148,10 @@ class _Supervisor:
         between two polls was ready (_clean removed the one of the head before)."""
         address = os.path.join(self.session_dir, "address")
         while proc.poll() is None:
-            if os.path.exists(address):
-                self._pin_port(address)
-                # Serving: block until it ends (a signal's handler runs meanwhile).
+            # Serving once it wrote its address, and once its port is known: block until
+            # it ends (a signal's handler runs meanwhile). (A head writes the file whole;
+            # one that did not would be read again here until it had.)
+            if os.path.exists(address) and self._pin_port(address):
                 return proc.wait(), True
             time.sleep(_POLL_S)
         ready = os.path.exists(address)
@@ -158,19 +159,22 @@ class _Supervisor:
             self._pin_port(address)
         return proc.returncode, ready
 
-    def _pin_port(self, address_file: str) -> None:
+    def _pin_port(self, address_file: str) -> bool:
         """A head started on port 0 picked one: its restarts listen there too (the
-        record, the join command and the drivers name it)."""
+        record, the join command and the drivers name it). False while the file says
+        no port yet."""
         listen = str(self.cfg.get("listen", ""))
         if not listen.endswith(":0"):
-            return
+            return True
         try:
             with open(address_file) as f:
                 port = f.read().strip().rpartition(":")[2]
         except OSError:
-            return
-        if port.isdigit():
-            self.cfg["listen"] = f"{listen[:-2]}:{port}"
+            return False
+        if not port.isdigit():
+            return False
+        self.cfg["listen"] = f"{listen[:-2]}:{port}"
+        return True
 
     def _clean(self) -> None:
         """What the dead head left: its sockets and files, and its segments."""

@@ -242,8 +242,13 @@ class Head:
         serve = getattr(self.local, "serve_data", None)
         if serve is not None:
             self.data_address = serve(host, self.token)
-        with open(os.path.join(self.session_dir, "address"), "w") as f:
+        # Whole or not at all (its supervisor, `orchestra start` and drivers poll for it):
+        # a file seen between its creation and its write was empty, and a supervisor
+        # that read it so restarted its head on a new port nobody knew.
+        path = os.path.join(self.session_dir, "address")
+        with open(path + ".tmp", "w") as f:
             f.write(self.address)
+        os.replace(path + ".tmp", path)
         self.loop.call_later(HEARTBEAT_S, self.heartbeats.tick)
 
     def _start_grpc(self) -> None:

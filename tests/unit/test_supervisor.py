@@ -120,6 +120,29 @@ def test_a_head_that_wrote_its_address_and_died_between_two_polls_had_started(
     assert sup.cfg["listen"] == "127.0.0.1:4321"   # its restarts listen on its port
 
 
+def test_an_address_seen_before_its_port_was_written_is_read_again(tmp_path, monkeypatch):
+    """A head's address file seen between its creation and its write says no port: the
+    supervisor reads it again until it does, and its restarts listen on that port (it
+    once took the empty file for the head serving, pinned nothing, and restarted the
+    head on a new port while the drivers and nodes knew the old one). A head-like
+    process makes the file empty, writes it 0.5 s later, then SIGKILLs itself."""
+    from orchestra._cluster import supervisor
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"session_dir": str(tmp_path), "listen": "127.0.0.1:0"}))
+    sup = supervisor._Supervisor(str(cfg), str(tmp_path))
+    address = str(tmp_path / "address")
+    head = subprocess.Popen([sys.executable, "-c", (
+        "import os, signal, time\n"
+        f"f = open({address!r}, 'w'); f.flush()\n"
+        "time.sleep(0.5)\n"
+        "f.write('127.0.0.1:4322'); f.close()\n"
+        "time.sleep(0.3)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)")])
+    code, ready = sup._wait(head)
+    assert (code, ready) == (KILLED, True)
+    assert sup.cfg["listen"] == "127.0.0.1:4322"
+
+
 def test_a_restart_that_failed_to_start_is_tried_again_later_and_later():
     """A head killed while serving starts again at once; one whose restart failed (its
     port held a moment by another socket) waits 0.5 s, then 1, 2, 4 s: the restarts
