@@ -247,8 +247,10 @@ class WorkerTable(dict[int, Worker]):
     The table owns the indexes: a worker put in it (``table[id] = w``) is indexed under
     its node (a worker never changes node) and tells the table when it becomes idle or
     stops being idle (Worker.state's setter); deleting or popping it takes it out of
-    them. So a placement asks a node for an idle worker at the cost of a dict lookup,
-    not of a scan of every worker of the cluster (WorkerPool.pick_placed, pool).
+    the node indexes (the pipelining index lets it go when its reader meets it: the
+    worker no longer names this table). So a placement asks a node for an idle worker
+    at the cost of a dict lookup, not of a scan of every worker of the cluster
+    (WorkerPool.pick_placed, pool).
 
     The pipelining index (``open``: shape -> tasks queued -> workers) may hold more
     than it should, never less: every worker that can take a pipelined task (busy, not
