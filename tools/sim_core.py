@@ -43,8 +43,7 @@ if __name__ == "__main__":   # run by path from a checkout: the package beside i
 
 from orchestra._proto import types_pb2  # noqa: E402
 from orchestra._protocol import pb  # noqa: E402
-from orchestra._protocol import wire as _wire  # noqa: E402
-from orchestra._scheduler.instructions import KillWorker, Send, StartWorker  # noqa: E402
+from orchestra._scheduler.instructions import Execute, KillWorker, StartWorker  # noqa: E402
 from orchestra._scheduler.state import SchedulerState  # noqa: E402
 
 DRIVER = 1
@@ -96,8 +95,8 @@ class Sim:
                     self.connect(ins.worker_id)
                 elif t is KillWorker:   # its process is gone at once
                     s.worker_died(ins.worker_id, ins.reason)
-                elif answer and t is Send and ins.kind == _wire.EXECUTE:
-                    call = ins.msg.invoke.call
+                elif answer and t is Execute and not ins.nested:
+                    call = ins.call
                     returns = [pb.ObjectData(object_id=call.task_id + i.to_bytes(4, "big"),
                                              inline=b"N.") for i in range(call.num_returns)]
                     s.task_done(ins.conn, pb.TaskDone(task_id=call.task_id, returns=returns))
@@ -134,7 +133,7 @@ def run(nodes: int, workers: int, tasks: int, actors: int, groups: int) -> dict[
     _phase(out, "queue", tasks, t0, rss1, "queued_task")
     del calls
     first, s.out = s.out, []
-    out["sent_at_once"] = sum(1 for i in first if type(i) is Send and i.kind == _wire.EXECUTE)
+    out["sent_at_once"] = sum(1 for i in first if type(i) is Execute)
 
     # drain: each answer frees a worker's slot, and the core sends the next task
     s.out = first

@@ -51,10 +51,8 @@ from .._scheduler.instructions import (
     Durable,
     FreeSegment,
     KillWorker,
-    LateSend,
     Pull,
     Push,
-    Send,
     StartWorker,
     StopWorker,
 )
@@ -66,6 +64,7 @@ from . import jobs, rejoin
 from .frames import FRAMES, REQUESTS, Waiter
 from .grpc_service import GRPC_CONN
 from .heartbeats import HEARTBEAT_S, Heartbeats
+from .outbound import FRAME_OF, LATE
 from .pulls import Pulls
 from .remote_node import RemoteNode
 from .state_query import StateQueries
@@ -512,20 +511,20 @@ class Head:
             self.state.out = []
             conns = self.conns
             for ins in out:
-                if type(ins) is Push:
+                encode = FRAME_OF.get(type(ins))
+                if encode is not None:
+                    c = conns.get(ins.conn)   # type: ignore[union-attr]
+                    if c is not None:
+                        if type(ins) in LATE:
+                            late.append((c, encode(ins)))
+                        else:
+                            c.wbuf.append(encode(ins))
+                            self.dirty.add(c)
+                elif type(ins) is Push:
                     msg = pushes.get(ins.conn)
                     if msg is None:
                         msg = pushes[ins.conn] = pb.Objects()
                     msg.objects.append(ins.data)
-                elif type(ins) is Send:
-                    c = conns.get(ins.conn)
-                    if c is not None:
-                        c.wbuf.append(_wire.encode(ins.kind, ins.msg))
-                        self.dirty.add(c)
-                elif type(ins) is LateSend:
-                    c = conns.get(ins.conn)
-                    if c is not None:
-                        late.append((c, _wire.encode(ins.kind, ins.msg)))
                 elif type(ins) is FreeSegment:
                     node = self.nodes.get(ins.node_id)   # None: the node died with it
                     if node is not None:

@@ -20,9 +20,8 @@ import collections
 import enum
 
 from .._protocol import pb
-from .._protocol.wire import ACTOR_ADDRESS
 from .durable import actor_gone, actor_kept
-from .instructions import KillWorker, LateSend
+from .instructions import ActorAddress, KillWorker
 from .lineage import wait_for_made_again
 from .model import PLACEMENT_GROUP, SchedulerCore, Task, TaskState, Worker, WorkerState
 from .objects import ObjectDirectory
@@ -372,9 +371,8 @@ class ActorTable:
             # through the head).
             path = s.direct_path(w, c) if c is not None else ""
             if c is not None and c.kind in ("driver", "worker") and path:
-                s.out.append(LateSend(conn, ACTOR_ADDRESS, pb.ActorAddress(
-                    actor_id=a.spec.actor_id, worker_id=w.worker_id, path=path,
-                    dispatched=a.handled.get(conn, 0))))
+                s.out.append(ActorAddress(conn, a.spec.actor_id, w.worker_id, path,
+                                          a.handled.get(conn, 0)))
 
     def remove_call(self, t: Task) -> None:
         a = self.actors.get(t.call.actor_id)

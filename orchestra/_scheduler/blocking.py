@@ -33,9 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .._ids import TASK_ID_LEN
-from .._protocol import pb
-from .._protocol.wire import EXECUTE, EXECUTE_NESTED, STALLED
-from .instructions import Send
+from .instructions import Execute, Stalled
 from .model import NODE_AFFINITY, SchedulerCore, Task, TaskState, Wait, Worker, WorkerState, cluster_free
 
 # Tasks one worker runs nested inside its blocked get()s, at most. The worker stops
@@ -168,8 +166,8 @@ class Blocking:
         w.queue.pop()
         w.queue.appendleft(t)   # ... the innermost running task comes first
         ins = s.out[-1]
-        assert type(ins) is Send and ins.kind == EXECUTE
-        s.out[-1] = Send(ins.conn, EXECUTE_NESTED, ins.msg)
+        assert type(ins) is Execute
+        s.out[-1] = ins._replace(nested=True)
 
     def defer_growth(self, t: Task) -> bool:
         """True: start no worker for ``t`` yet. Its submitter, a task still running,
@@ -214,10 +212,9 @@ class Blocking:
             return
         self._warned = key
         text, blocked_ids = self._describe(now - self._stall_since)
-        msg = pb.Stalled(text=text, task_ids=blocked_ids)
         for c in self.s.clients.values():
             if c.kind == "driver":
-                self.s.out.append(Send(c.conn, STALLED, msg))
+                self.s.out.append(Stalled(c.conn, text, blocked_ids))
 
     def _stalled_picture(self) -> Picture | None:
         """What is stuck (blocked tasks, ready tasks), or None while anything can move."""

@@ -35,12 +35,11 @@ from collections.abc import Mapping
 from .._ids import node_hex
 from .._objects.serialization import serialize
 from .._protocol import pb
-from .._protocol.wire import WARNING
 from .._resources import format_resources
 from ..exceptions import InfeasibleResourcesError
 from .actors import ActorTable
 from .durable import group_gone, group_kept
-from .instructions import KillWorker, Send
+from .instructions import KillWorker, Warn
 from .model import PLACEMENT_GROUP, SchedulerCore, Task, TaskState, Worker
 from .objects import ObjectDirectory
 
@@ -200,12 +199,12 @@ class PlacementGroups:
                 raise InfeasibleResourcesError(why + " Lower the bundle, or start the cluster with "
                                                "more, e.g. orchestra.init(num_cpus=..., resources={...}).")
             if conn in self.s.clients:
-                self.s.out.append(Send(conn, WARNING, pb.ClusterWarning(text=(
+                self.s.out.append(Warn(conn, (
                     f"orchestra: {why} " + (
                         "It waits until nodes that can hold it join (orchestra start "
                         "--address ...)." if self.joinable else
                         "It stays pending, as in Ray, although no node can join this "
-                        "local cluster: remove it, or lower its bundles.")))))
+                        "local cluster: remove it, or lower its bundles."))))
         self.groups[g.gid] = g
         if spec.name:
             self.names[spec.name] = g.gid

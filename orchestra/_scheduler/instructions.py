@@ -1,11 +1,16 @@
 """Instructions of the scheduler core to the I/O layer. No I/O.
 
     SchedulerState / ActorTable / Blocking / Loans --append--> state.out
-        --> Head.carry_out: dispatch on ``type(ins)`` -> frames queued per connection,
-            workers started / killed / stopped on their node, segments freed
+        --> Head.carry_out: dispatch on ``type(ins)`` -> frames queued per connection
+            (_head/outbound.py turns each into its frame), workers started / killed /
+            stopped on their node, segments freed
 
-Each instruction is a small immutable value with typed fields; every one that concerns
-a node names it (``node_id``), so a head that runs several nodes knows where to act.
+Each instruction is a small immutable value with typed fields, in the scheduler's
+words: what to do, not how it is written. Those to a process name its connection
+(``conn``); every one that concerns a node names it (``node_id``), so a head that runs
+several nodes knows where to act. The data they carry through (a task's Call, an
+object's ObjectData, a function's registration) is what the head's edge handed the
+scheduler, passed on unread.
 
 They are ``typing.NamedTuple`` subclasses: typed, immutable, compared by value, and
 cheaper to build than a frozen dataclass (whose __init__ goes through
@@ -23,34 +28,126 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from .._protocol import pb
 
-
-class Send(NamedTuple):
-    """Encode ``msg`` as a frame of ``kind`` and queue it on connection ``conn``; all
-    frames queued for a connection go out in one write after the batch."""
+class Execute(NamedTuple):
+    """Run the task ``call`` (its Call, as submitted) on the worker of connection
+    ``conn``: ``resolved`` holds the data of its ref arguments (ObjectData, in the order
+    of the call's refs), ``gpu_ids`` the GPUs the worker holds, ``attempt`` the try
+    (0 the first). ``nested``: the worker is blocked in a get(), and runs it there,
+    inside the task it blocks (a task of its own submitting it waits on it)."""
 
     conn: int
-    kind: int
-    msg: Any
+    call: Any
+    resolved: list[Any]
+    gpu_ids: Any
+    attempt: int
+    nested: bool = False
+
+
+class Function(NamedTuple):
+    """Give the worker of connection ``conn`` the function ``fn`` (as registered: its
+    id, name and pickled code) before the first task of it it runs."""
+
+    conn: int
+    fn: Any
+
+
+class CancelTask(NamedTuple):
+    """Ask the worker of ``conn`` to cancel task ``task_id`` (queued there: dropped;
+    running: interrupted), and with ``recursive`` the tasks it submitted."""
+
+    conn: int
+    task_id: bytes
+    recursive: bool = False
+
+
+class ReturnTasks(NamedTuple):
+    """Ask the worker of ``conn`` to hand back the tasks ``task_ids``, queued there
+    behind the one it runs and not started (it answers each as returned, or runs it if
+    it started meanwhile)."""
+
+    conn: int
+    task_ids: list[bytes]
+
+
+class Shutdown(NamedTuple):
+    """Ask the worker of ``conn`` to report what it buffered and exit."""
+
+    conn: int
+
+
+class Warn(NamedTuple):
+    """Show the driver of ``conn`` the warning ``text`` (a task or group that no node
+    can hold yet, ...)."""
+
+    conn: int
+    text: str
+
+
+class Stalled(NamedTuple):
+    """Tell the driver of ``conn`` that no task can progress: ``text`` says why,
+    ``task_ids`` are the blocked tasks."""
+
+    conn: int
+    text: str
+    task_ids: list[bytes]
+
+
+class GeneratorAck(NamedTuple):
+    """Tell the worker of ``conn`` running generator task ``task_id`` that its consumer
+    has read ``consumed`` items (it pauses that far ahead)."""
+
+    conn: int
+    task_id: bytes
+    consumed: int
 
 
 class Push(NamedTuple):
-    """Deliver an object (``data``, a pb.ObjectData) to connection ``conn``: the pushes
+    """Deliver an object (``data``, its ObjectData) to connection ``conn``: the pushes
     of one batch to one connection are coalesced into one Objects frame."""
 
     conn: int
-    data: pb.ObjectData
+    data: Any
 
 
-class LateSend(NamedTuple):
-    """As Send, but written after every other frame of the batch: a grant the receiver
-    must see before it (a Loan after the Execute it names, an ActorAddress after the
-    calls sent through the head) is never overtaken."""
+# The three below are grants the receiver must see after every other frame of the batch
+# (a Loan after the Execute it names, an ActorAddress after the calls sent through the
+# head): the head writes them last, so none is overtaken.
+
+class Loan(NamedTuple):
+    """Lend worker ``worker_id`` (pid ``pid``, holding ``resources``) to the driver of
+    ``conn``, which sends it tasks straight over ``path``. ``busy_task``: the task it
+    runs now (empty: idle); ``pinned_node``: the node the loan is for (0: any)."""
 
     conn: int
-    kind: int
-    msg: Any
+    worker_id: int
+    path: str
+    resources: dict[str, float]
+    pid: int
+    busy_task: bytes
+    pinned_node: int
+
+
+class LoanRecall(NamedTuple):
+    """Ask the driver of ``conn`` to give worker ``worker_id`` back."""
+
+    conn: int
+    worker_id: int
+
+
+class ActorAddress(NamedTuple):
+    """Tell the caller of ``conn`` that actor ``actor_id`` (worker ``worker_id``) takes
+    its calls straight at ``path``, after the ``dispatched`` of them that went through
+    the head."""
+
+    conn: int
+    actor_id: bytes
+    worker_id: int
+    path: str
+    dispatched: int
+
+
+LATE = (Loan, LoanRecall, ActorAddress)
 
 
 class StartWorker(NamedTuple):
@@ -110,5 +207,7 @@ class Durable(NamedTuple):
     value: bytes | None
 
 
-Instruction = (Send | Push | LateSend | StartWorker | KillWorker | StopWorker | FreeSegment
-               | Pull | Durable)
+# What goes to a connection: a frame each (Push: coalesced per connection).
+ToConn = (Execute | Function | CancelTask | ReturnTasks | Shutdown | Warn | Stalled | GeneratorAck
+          | Push | Loan | LoanRecall | ActorAddress)
+Instruction = ToConn | StartWorker | KillWorker | StopWorker | FreeSegment | Pull | Durable

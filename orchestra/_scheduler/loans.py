@@ -21,10 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .._protocol import pb
-from .._protocol.wire import LOAN, LOAN_RECALL
 from .._resources import shape_key
-from .instructions import LateSend
+from .instructions import Loan, LoanRecall
 from .model import SchedulerCore, Task, Worker, WorkerState
 from .placement import cpu_share_free, hard_node
 
@@ -56,10 +54,8 @@ class Loans:
             return False
         w.lent_to = conn
         self.loaned.add(w.worker_id)
-        s.out.append(LateSend(conn, LOAN, pb.Loan(
-            worker_id=w.worker_id, path=path, resources=w.grant,
-            pid=w.pid, busy_task=w.queue[0].call.task_id if w.queue else b"",
-            pinned_node=pinned)))
+        s.out.append(Loan(conn, w.worker_id, path, w.grant, w.pid,
+                          w.queue[0].call.task_id if w.queue else b"", pinned))
         return True
 
     def after_schedule(self, waiting: bool) -> None:
@@ -106,7 +102,7 @@ class Loans:
             if w is not None and not w.recalling and w.lent_to is not None:
                 w.recalling = True
                 # After any loan of this batch (LateSend), or the driver would not know it.
-                s.out.append(LateSend(w.lent_to, LOAN_RECALL, pb.LoanRecall(worker_id=wid)))
+                s.out.append(LoanRecall(w.lent_to, wid))
 
     # ------------------------------------------------------------------ events
     def lend_idle(self, conn: int, req: dict[str, float], pinned: int = 0) -> None:

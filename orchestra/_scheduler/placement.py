@@ -28,10 +28,8 @@ import collections
 from collections.abc import Hashable, Iterator
 
 from .._ids import node_hex
-from .._protocol import pb
-from .._protocol.wire import WARNING
 from .._resources import format_resources
-from .instructions import Send
+from .instructions import Warn
 from .model import NODE_AFFINITY, PLACEMENT_GROUP, SPREAD, Node, SchedulerCore, Task
 
 
@@ -79,7 +77,7 @@ class Placer:
         key = (t.owner, (t.shape, t.placement))
         if key not in self._warned and t.owner in s.clients:
             self._warned.add(key)
-            s.out.append(Send(t.owner, WARNING, _warning(
+            s.out.append(Warn(t.owner, _warning(
                 t, s.nodes, self.joinable, len(self.nodes_of_before), self.node_wait_s)))
         return None
 
@@ -179,7 +177,7 @@ class Placer:
 
 
 def _warning(t: Task, nodes: dict[int, Node], joinable: bool, away: int = 0,
-             wait_s: float = 0.0) -> pb.ClusterWarning:
+             wait_s: float = 0.0) -> str:
     """``away``: joined nodes of before a restart of the head, not back yet, each waited
     for up to ``wait_s``."""
     have = "; ".join(f"{node_hex(n.node_id)}: {format_resources(n.resources.total)}" for n in nodes.values())
@@ -187,10 +185,10 @@ def _warning(t: Task, nodes: dict[int, Node], joinable: bool, away: int = 0,
     back = (f"It waits: {away} node{'s that were' if away > 1 else ' that was'} in the cluster "
             f"before its head restarted {'have' if away > 1 else 'has'} not joined again yet "
             f"(each is waited for up to {wait_s:g} s), and one may hold it. ") if away else ""
-    return pb.ClusterWarning(text=(
+    return (
         f"orchestra: {what} asks for {format_resources(t.resources)}, which no node of the cluster can hold "
         f"now (nodes: {have or 'none'}). " + back + (
             "It waits until a node that can hold it joins (orchestra start --address ...); "
             "or lower the request in .options(...)." if joinable else
             "It stays pending, as in Ray, although no node can join this local cluster: "
-            "lower the request in .options(...), or cancel it (cancel(ref)).")))
+            "lower the request in .options(...), or cancel it (cancel(ref))."))

@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Hashable, Iterable
+from typing import Any
 
 from .. import _ids
 from .._protocol import pb
-from .._protocol.wire import CANCEL_TASK, EXECUTE, FUNCTION
 from .actors import ActorTable
 from .adoption import Adoption
 from .blocking import Blocking
 from .groups import PlacementGroups
-from .instructions import CANCEL_KILL, Instruction, KillWorker, Send
+from .instructions import CANCEL_KILL, CancelTask, Execute, Function, Instruction, KillWorker
 from .kept import NODE_WAIT_S, KeptObjects
 from .lineage import Rebuilds, wait_for_made_again
 from .loans import Loans
@@ -450,17 +450,14 @@ class SchedulerState:
         if fid not in w.functions:
             fn = self.functions.get(fid)
             if fn is not None:
-                self.out.append(Send(w.conn, FUNCTION, fn))
+                self.out.append(Function(w.conn, fn))
                 w.functions.add(fid)
-        inv = pb.InvokeCallRequest(call=call, gpu_ids=w.gpu_ids, attempt=t.attempt)
         objects = self.objects
-        resolved = inv.resolved
-        for v in call.args:
-            if v.WhichOneof("kind") == "ref":
-                resolved.append(objects[v.ref].data)
+        # (ready: a task is dispatched only once its ref arguments have data)
+        resolved: list[Any] = [objects[v.ref].data for v in call.args if v.WhichOneof("kind") == "ref"]
         if len(self.nodes) > 1:
             self.directory.args_to(w.node_id, resolved)
-        self.out.append(Send(w.conn, EXECUTE, pb.Execute(invoke=inv)))
+        self.out.append(Execute(w.conn, call, resolved, w.gpu_ids, t.attempt))
 
     def task_done(self, conn: int, msg: pb.TaskDone) -> None:
         c = self.clients.get(conn)
@@ -639,8 +636,7 @@ class SchedulerState:
         if force and w.queue and w.queue[0] is t:
             self.out.append(KillWorker(w.node_id, w.worker_id, CANCEL_KILL))
         else:
-            self.out.append(Send(w.conn, CANCEL_TASK, pb.CancelTask(task_id=t.call.task_id,
-                                                                    recursive=recursive)))
+            self.out.append(CancelTask(w.conn, t.call.task_id, recursive))
 
     def _cancel_children(self, conn: int, force: bool) -> None:
         """The unfinished tasks a task worker's connection submitted (the task running

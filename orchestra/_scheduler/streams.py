@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from .. import _ids
 from .._protocol import pb
-from .._protocol.wire import GENERATOR_ACK
-from .instructions import Send
+from .instructions import GeneratorAck
 from .model import SchedulerCore, TaskState
 from .objects import ObjectDirectory
 
@@ -43,8 +42,7 @@ class Streams:
                 self.objects.free_segment(data.segment)
             if t is not None and t.acked and msg.index <= t.streamed:
                 # A retry pauses for acks the consumer sent its first attempt.
-                self.core.out.append(Send(conn, GENERATOR_ACK, pb.GeneratorAck(
-                    task_id=msg.task_id, consumed=t.acked)))
+                self.core.out.append(GeneratorAck(conn, msg.task_id, t.acked))
             return
         t.streamed = msg.index
         self.objects.new_object(t.owner, data.object_id)
@@ -57,4 +55,4 @@ class Streams:
             return
         t.acked = max(t.acked, msg.consumed)
         if t.worker is not None and t.state is TaskState.DISPATCHED:
-            self.core.out.append(Send(t.worker.conn, GENERATOR_ACK, msg))
+            self.core.out.append(GeneratorAck(t.worker.conn, msg.task_id, msg.consumed))

@@ -16,9 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .._protocol import pb
-from .._protocol.wire import SHUTDOWN, STEAL
 from .blocking import Blocking
-from .instructions import Send, StartWorker, StopWorker
+from .instructions import ReturnTasks, Shutdown, StartWorker, StopWorker
 from .loans import Loans
 from .model import Client, Node, SchedulerCore, Task, Worker, WorkerState
 from .placement import Placer, hard_node
@@ -197,7 +196,7 @@ class WorkerPool:
             w.grant_shape = RETIRING   # no task has this shape: none is pipelined there
             if w.queue:
                 ids = [t.call.task_id for t in w.queue]
-                self.core.out.append(Send(w.conn, STEAL, pb.ReturnTasks(task_ids=ids)))
+                self.core.out.append(ReturnTasks(w.conn, ids))
 
     def retire(self, w: Worker) -> None:
         """A worker at a function's max_calls: once its queue is empty, stop it and
@@ -216,7 +215,7 @@ class WorkerPool:
         """End an idle worker the scheduler let go: it exits by itself once it has sent
         what it buffered (its task events: a worker killed outright took the last half
         second of them along, and its tasks showed as never run or as WORKER_DIED)."""
-        self.core.out.append(Send(w.conn, SHUTDOWN, pb.AckReply()))
+        self.core.out.append(Shutdown(w.conn))
         self.core.out.append(StopWorker(w.node_id, w.worker_id))
 
     def steal_for(self, idle: Worker) -> None:
@@ -226,7 +225,7 @@ class WorkerPool:
             if v.state is WorkerState.BUSY and v.actor is None \
                     and len(v.queue) > 1 and v.lent_to is None:
                 ids = [t.call.task_id for t in list(v.queue)[1:]]
-                self.core.out.append(Send(v.conn, STEAL, pb.ReturnTasks(task_ids=ids)))
+                self.core.out.append(ReturnTasks(v.conn, ids))
 
     def worker_address(self, conn: int, address: str) -> None:
         """The worker on ``conn`` takes direct calls over TCP at ``address``."""

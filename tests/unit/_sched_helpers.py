@@ -9,8 +9,7 @@ from typing import Any
 
 from orchestra._proto import types_pb2
 from orchestra._protocol import pb
-from orchestra._protocol import wire as _wire
-from orchestra._scheduler.instructions import FreeSegment, LateSend, Push, Send, StartWorker
+from orchestra._scheduler.instructions import Execute, FreeSegment, Push, StartWorker
 from orchestra._scheduler.model import cluster_free
 from orchestra._scheduler.state import SchedulerState
 
@@ -124,10 +123,9 @@ class Cluster:
         return cluster_free(self.s.nodes)
 
 
-def executes(out: list[Any]) -> list[tuple[int, Any]]:
-    """(worker id, InvokeCallRequest) of every Execute sent."""
-    return [(ins.conn - 100, ins.msg.invoke) for ins in out
-            if type(ins) is Send and ins.kind == _wire.EXECUTE]
+def executes(out: list[Any]) -> list[tuple[int, Execute]]:
+    """(worker id, Execute) of every task sent to run on its own (not nested)."""
+    return [(ins.conn - 100, ins) for ins in out if type(ins) is Execute and not ins.nested]
 
 
 def executed(out: list[Any]) -> list[tuple[int, bytes]]:
@@ -148,16 +146,10 @@ def freed_segments(out: list[Any]) -> list[str]:
     return [ins.key for ins in out if type(ins) is FreeSegment]
 
 
-def sent(out: list[Any], kind: int, conn: int | None = None) -> list[Any]:
-    """The messages of ``kind`` sent (Send) in ``out``, to ``conn`` when given."""
-    return [ins.msg for ins in out
-            if type(ins) is Send and ins.kind == kind and (conn is None or ins.conn == conn)]
-
-
-def sent_late(out: list[Any], kind: int, conn: int | None = None) -> list[Any]:
-    """The messages of ``kind`` written after the batch (LateSend), to ``conn`` when given."""
-    return [ins.msg for ins in out
-            if type(ins) is LateSend and ins.kind == kind and (conn is None or ins.conn == conn)]
+def sent(out: list[Any], kind: type, conn: int | None = None) -> list[Any]:
+    """The instructions of type ``kind`` in ``out`` (Warn, Loan, ...), to ``conn`` when
+    given."""
+    return [ins for ins in out if type(ins) is kind and (conn is None or ins.conn == conn)]
 
 
 def socket_path(node_id: int, worker_id: int) -> str:

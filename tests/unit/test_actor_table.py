@@ -21,15 +21,14 @@ from _sched_helpers import (
     pushes,
     ref,
     rid,
-    sent_late,
+    sent,
     socket_path,
     worker_conn,
 )
 from orchestra._proto import types_pb2
 from orchestra._protocol import pb
-from orchestra._protocol import wire as _wire
 from orchestra._scheduler.actors import ActorState
-from orchestra._scheduler.instructions import KillWorker, StartWorker
+from orchestra._scheduler.instructions import ActorAddress, KillWorker, StartWorker
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -155,8 +154,8 @@ def test_callers_learn_the_actor_address_with_the_count_of_their_calls_sent():
         c.submit(method(ctor, f"m{i}"))
     c.connect(wid)
     c.done(wid, ctor)
-    assert sent_late(c.take(), _wire.ACTOR_ADDRESS, DRIVER) == [pb.ActorAddress(
-        actor_id=ctor.actor.actor_id, worker_id=wid, path=socket_path(0, wid), dispatched=2)]
+    assert sent(c.take(), ActorAddress, DRIVER) == [ActorAddress(
+        DRIVER, ctor.actor.actor_id, wid, socket_path(0, wid), dispatched=2)]
 
 
 def test_a_caller_learns_the_address_only_once_its_queued_calls_are_all_sent():
@@ -166,9 +165,9 @@ def test_a_caller_learns_the_address_only_once_its_queued_calls_are_all_sent():
     producer = make_call("producer", cpus=0)
     c.s.directory.new_object(DRIVER, rid(producer))
     c.submit(method(ctor, "waits", (ref(rid(producer)),)))
-    assert sent_late(c.take(), _wire.ACTOR_ADDRESS) == []
+    assert sent(c.take(), ActorAddress) == []
     c.s.directory.put(DRIVER, inline_data(rid(producer)))
-    [address] = sent_late(c.take(), _wire.ACTOR_ADDRESS, DRIVER)
+    [address] = sent(c.take(), ActorAddress, DRIVER)
     assert address.worker_id == wid and address.dispatched == 1
 
 

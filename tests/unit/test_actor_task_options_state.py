@@ -7,12 +7,11 @@ from typing import Any
 
 import pytest
 
-from _sched_helpers import DRIVER, Cluster, error_of, executed, make_call, rid, sent, sent_late, worker_conn
+from _sched_helpers import DRIVER, Cluster, error_of, executed, make_call, rid, sent, worker_conn
 from orchestra._proto import types_pb2
 from orchestra._protocol import pb
-from orchestra._protocol import wire as _wire
 from orchestra._scheduler.actors import ActorState
-from orchestra._scheduler.instructions import StartWorker, StopWorker
+from orchestra._scheduler.instructions import Loan, ReturnTasks, StartWorker, StopWorker
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -169,7 +168,7 @@ def test_tasks_queued_behind_the_last_call_are_asked_back():
     out = c.take()
     [wid] = {w for w, _ in executed(out)}
     c.done(wid, calls[0])
-    [steal] = sent(c.take(), _wire.STEAL)
+    [steal] = sent(c.take(), ReturnTasks)
     assert list(steal.task_ids) == [calls[1].task_id]
     c.s.return_tasks(worker_conn(wid), [calls[1].task_id])
     out = c.take()
@@ -185,7 +184,7 @@ def test_a_worker_running_a_max_calls_task_is_never_lent():
     [(wid, _)] = executed(out)
     c.done(wid, call)
     out += c.take()
-    assert not sent_late(out, _wire.LOAN) and [i for i in out if type(i) is StopWorker]
+    assert not sent(out, Loan) and [i for i in out if type(i) is StopWorker]
 
 
 def test_nothing_is_pipelined_onto_a_retiring_worker_not_even_a_task_asking_for_nothing():

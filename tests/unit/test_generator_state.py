@@ -22,7 +22,6 @@ from _sched_helpers import (
     worker_conn,
 )
 from orchestra._protocol import pb
-from orchestra._protocol import wire as _wire
 from orchestra._runtime.generators import (
     DYNAMIC,
     NONE,
@@ -31,6 +30,7 @@ from orchestra._runtime.generators import (
     generator_mode,
     is_generator_function,
 )
+from orchestra._scheduler.instructions import GeneratorAck
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -147,7 +147,7 @@ def test_an_ack_is_forwarded_to_the_producing_worker():
     c = Cluster(cpus=1)
     call, wid = running_stream(c)
     c.s.streams.generator_ack(pb.GeneratorAck(task_id=call.task_id, consumed=3))
-    [msg] = sent(c.take(), _wire.GENERATOR_ACK, worker_conn(wid))
+    [msg] = sent(c.take(), GeneratorAck, worker_conn(wid))
     assert msg.consumed == 3
 
 
@@ -160,7 +160,7 @@ def test_a_retry_hears_the_acks_its_first_attempt_had():
     c.s.worker_died(wid, "killed")
     [(wid2, _)] = executed(c.take())
     c.s.streams.generator_item(worker_conn(wid2), item(call, 1))   # a repeat: told what was read
-    [msg] = sent(c.take(), _wire.GENERATOR_ACK, worker_conn(wid2))
+    [msg] = sent(c.take(), GeneratorAck, worker_conn(wid2))
     assert msg.consumed == 1
 
 

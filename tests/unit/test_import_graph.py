@@ -257,6 +257,36 @@ def test_a_scheduler_helper_does_not_import_the_scheduler_state(helper):
     assert "_scheduler.state" not in import_graph()[helper]
 
 
+# Scheduler modules that still carry protobuf messages as data (a task's Call, an
+# object's ObjectData, the durable records): the list only shrinks. None may know a
+# frame kind: its instructions to a process are in its own words, and
+# _head/outbound.py alone makes frames of them.
+SCHEDULER_HOLDING_MESSAGES = {
+    "_scheduler.actors", "_scheduler.adoption", "_scheduler.durable", "_scheduler.groups",
+    "_scheduler.jobs", "_scheduler.kept", "_scheduler.lineage", "_scheduler.memory",
+    "_scheduler.model", "_scheduler.objects", "_scheduler.state", "_scheduler.streams",
+    "_scheduler.workers",
+}
+
+
+def test_the_scheduler_knows_no_frame_kind_and_holds_messages_only_where_listed():
+    graph = import_graph()
+    core = {m for m in graph if m.startswith("_scheduler.")}
+    assert sorted(m for m in core if "_protocol.wire" in graph[m]) == []
+    protocol = {m for m in core if graph[m] & {"_protocol", "_protocol.pb", "_proto"}}
+    assert sorted(protocol - SCHEDULER_HOLDING_MESSAGES) == [], "a new protobuf import under _scheduler"
+    assert sorted(SCHEDULER_HOLDING_MESSAGES - protocol) == [], "no longer imports it: take it off the list"
+
+
+def test_only_the_heads_edge_turns_instructions_into_frames():
+    graph = import_graph()
+    encoders = {m for m, deps in graph.items() if "_scheduler.instructions" in deps
+                and "_protocol.wire" in deps}
+    assert sorted(m for m in encoders if not m.startswith("_head.")) == []
+    head = (PACKAGE / "_head" / "head.py").read_text()
+    assert "_wire.encode(ins" not in head and "FRAME_OF" in head
+
+
 def test_the_graph_sees_imports_under_type_checking_and_in_functions(tmp_path, monkeypatch):
     (tmp_path / "_a.py").write_text("from typing import TYPE_CHECKING\n"
                                     "if TYPE_CHECKING:\n    from ._b import B\n")

@@ -1,7 +1,8 @@
 """Loans: idle workers lent to drivers for direct calls, and taken back. No processes.
 
-A loan is a Loan frame written after the batch (LateSend) to the driver; a recall is a
-LOAN_RECALL frame; the driver's LOAN_RETURN reaches the scheduler as return_loan.
+A loan is a Loan instruction to the driver (the head writes it after the batch's other
+frames: instructions.LATE); a recall is a LoanRecall; the driver's LOAN_RETURN reaches
+the scheduler as return_loan.
 """
 from __future__ import annotations
 
@@ -16,13 +17,20 @@ from _sched_helpers import (
     executed,
     make_call,
     sent,
-    sent_late,
     socket_path,
     worker_conn,
 )
 from orchestra._protocol import pb
-from orchestra._protocol import wire as _wire
-from orchestra._scheduler.instructions import KillWorker, LateSend, Send, StartWorker, StopWorker
+from orchestra._scheduler.instructions import (
+    LATE,
+    Execute,
+    KillWorker,
+    Loan,
+    LoanRecall,
+    ReturnTasks,
+    StartWorker,
+    StopWorker,
+)
 from orchestra._scheduler.model import TaskState, WorkerState
 
 pytestmark = pytest.mark.timeout(10)
@@ -31,13 +39,12 @@ OTHER_DRIVER = 2
 
 
 def loans(out: list[Any], conn: int = DRIVER) -> list[Any]:
-    return sent_late(out, _wire.LOAN, conn)
+    return sent(out, Loan, conn)
 
 
 def recalls(out: list[Any]) -> list[tuple[int, int]]:
-    """(driver connection, worker id) of every LOAN_RECALL."""
-    return [(ins.conn, ins.msg.worker_id) for ins in out
-            if type(ins) is LateSend and ins.kind == _wire.LOAN_RECALL]
+    """(driver connection, worker id) of every LoanRecall."""
+    return [(ins.conn, ins.worker_id) for ins in sent(out, LoanRecall)]
 
 
 def ready_then_connected(c: Cluster, *names: str) -> list[Any]:
@@ -64,8 +71,7 @@ def test_a_worker_taken_idle_for_a_drivers_task_is_lent_to_that_driver():
     call = c.submit(make_call("f"))
     out = c.take()
     assert executed(out) == [(1, call.task_id)]
-    assert loans(out) == [pb.Loan(worker_id=1, path=socket_path(0, 1), resources={"CPU": 1.0},
-                                   pid=1001, busy_task=call.task_id)]
+    assert loans(out) == [Loan(DRIVER, 1, socket_path(0, 1), {"CPU": 1.0}, 1001, call.task_id, 0)]
     assert c.worker(1).lent_to == DRIVER and c.s.loans.loaned == {1}
 
 
@@ -73,8 +79,8 @@ def test_the_loan_is_written_after_the_execute_it_names():
     c = Cluster(cpus=2, lending=True)
     call = c.submit(make_call("f"))
     out = c.take()
-    assert [(type(ins), ins.kind) for ins in out] == [(Send, _wire.EXECUTE), (LateSend, _wire.LOAN)]
-    assert out[0].msg.invoke.call.task_id == out[1].msg.busy_task == call.task_id
+    assert [type(ins) for ins in out] == [Execute, Loan] and Loan in LATE
+    assert out[0].call.task_id == out[1].busy_task == call.task_id
 
 
 def test_nothing_is_lent_when_lending_is_off():
@@ -119,7 +125,7 @@ def test_a_worker_running_a_task_a_worker_submitted_is_not_lent():
     child = c.submit(make_call("child"), conn=worker_conn(1))
     out = c.take()
     assert executed(out) == [(2, child.task_id)]
-    assert sent_late(out, _wire.LOAN) == [] and c.worker(2).lent_to is None
+    assert sent(out, Loan) == [] and c.worker(2).lent_to is None
 
 
 def test_a_worker_that_ran_a_drivers_pipelined_tasks_is_lent_once_empty():
@@ -129,8 +135,7 @@ def test_a_worker_that_ran_a_drivers_pipelined_tasks_is_lent_once_empty():
     c.done(1, first)
     assert loans(c.take()) == []
     c.done(1, second)
-    assert loans(c.take()) == [pb.Loan(worker_id=1, path=socket_path(0, 1),
-                                        resources={"CPU": 1.0}, pid=1001)]
+    assert loans(c.take()) == [Loan(DRIVER, 1, socket_path(0, 1), {"CPU": 1.0}, 1001, b"", 0)]
 
 
 # ------------------------------------------------------------------ lend_idle
@@ -139,8 +144,7 @@ def test_lend_idle_lends_one_idle_worker_of_the_shape_asked_for():
     c = Cluster(cpus=2, lending=True)
     lent(c)
     c.s.loans.lend_idle(DRIVER, {"CPU": 1.0})
-    assert loans(c.take()) == [pb.Loan(worker_id=2, path=socket_path(0, 2),
-                                        resources={"CPU": 1.0}, pid=1002)]
+    assert loans(c.take()) == [Loan(DRIVER, 2, socket_path(0, 2), {"CPU": 1.0}, 1002, b"", 0)]
     assert c.worker(2).state is WorkerState.BUSY and c.available()["CPU"] == 0.0
 
 
@@ -239,4 +243,4 @@ def test_a_returned_worker_with_nothing_ready_takes_back_tasks_pipelined_elsewhe
     assert [w for w, _ in executed(c.take())] == [1, 2, 2]
     c.done(1, lent_task)
     c.s.loans.return_loan(DRIVER, 1)
-    assert sent(c.take(), _wire.STEAL, worker_conn(2)) == [pb.ReturnTasks(task_ids=[behind.task_id])]
+    assert sent(c.take(), ReturnTasks, worker_conn(2)) == [ReturnTasks(worker_conn(2), [behind.task_id])]

@@ -24,8 +24,7 @@ from _sched_helpers import (
 )
 from orchestra._objects.errors import make_error
 from orchestra._protocol import pb
-from orchestra._protocol import wire as _wire
-from orchestra._scheduler.instructions import FreeSegment, LateSend, Pull, Push, Send
+from orchestra._scheduler.instructions import FreeSegment, Loan, Pull, Push
 from orchestra._scheduler.model import TaskState
 
 OTHER = 2
@@ -327,7 +326,7 @@ def test_a_removed_nodes_workers_that_never_connected_fail_to_start():
 
 
 def _loans(out):
-    return [i.msg for i in out if type(i) is LateSend and i.kind == _wire.LOAN]
+    return [i for i in out if type(i) is Loan]
 
 
 @pytest.mark.parametrize("tcp", [False, True])
@@ -378,7 +377,7 @@ def test_direct_calls_are_lent_only_to_drivers_on_the_workers_node(same_node):
     c.s.client_connected(7, pb.Hello(kind="driver", pid=7), 0 if same_node else OTHER)
     c.submit(make_call("f"), conn=7)
     out = c.take()
-    loans = [i for i in out if type(i) is not Send and getattr(i, "kind", 0) == 24]
+    loans = [i for i in out if type(i) is Loan]
     assert bool(loans) == same_node
 
 

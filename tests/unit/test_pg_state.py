@@ -12,9 +12,8 @@ from _sched_helpers import DRIVER, Nodes, executed, executes, make_call, pushes,
 from orchestra._objects.errors import make_error
 from orchestra._proto import types_pb2
 from orchestra._protocol import pb
-from orchestra._protocol import wire as _wire
 from orchestra._scheduler.groups import READY_SUFFIX, place_bundles
-from orchestra._scheduler.instructions import KillWorker
+from orchestra._scheduler.instructions import KillWorker, Warn
 from orchestra.exceptions import InfeasibleResourcesError, TaskCancelledError
 
 pytestmark = pytest.mark.timeout(10)
@@ -175,7 +174,7 @@ def test_strict_spread_over_more_bundles_than_nodes_is_refused_on_a_private_clus
 def test_on_a_joinable_cluster_an_infeasible_group_waits_with_a_warning_until_a_node_joins():
     c = cluster({0: {"CPU": 2}}, joinable=True)
     gid = group(c, [{"CPU": 8}])
-    [warning] = sent(c.take(), _wire.WARNING, DRIVER)
+    [warning] = sent(c.take(), Warn, DRIVER)
     assert "bundle 0 (CPU=8)" in warning.text
     c.s.add_node(2, {"CPU": 8}, num_workers=0, max_workers=8)
     c.s.schedule()

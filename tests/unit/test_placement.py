@@ -28,7 +28,6 @@ from _sched_helpers import (
     rid,
     segment_data,
     sent,
-    sent_late,
     socket_path,
     spread,
     worker_conn,
@@ -37,7 +36,7 @@ from orchestra._ids import node_hex
 from orchestra._objects.errors import make_error
 from orchestra._proto import types_pb2
 from orchestra._protocol import pb
-from orchestra._protocol import wire as _wire
+from orchestra._scheduler.instructions import Execute, Loan, Warn
 from orchestra._scheduler.model import Obj, Task, TaskState
 from orchestra.exceptions import InfeasibleResourcesError
 
@@ -302,7 +301,7 @@ def test_hard_affinity_fails_even_on_a_joinable_cluster():
     c = two(joinable=True)
     call = c.submit(make_call("f", placement=affinity(9)))
     out = c.take()
-    assert b"infeasible" in error_of(out, rid(call)) and sent(out, _wire.WARNING) == []
+    assert b"infeasible" in error_of(out, rid(call)) and sent(out, Warn) == []
 
 
 def test_a_queued_hard_affinity_task_fails_when_its_node_leaves():
@@ -381,7 +380,7 @@ def test_on_a_private_cluster_a_request_no_node_holds_fails_at_once():
     c = two()
     call = c.submit(make_call("huge", cpus=16))
     out = c.take()
-    assert b"infeasible" in error_of(out, rid(call)) and sent(out, _wire.WARNING) == []
+    assert b"infeasible" in error_of(out, rid(call)) and sent(out, Warn) == []
 
 
 def test_on_a_joinable_cluster_it_waits_and_its_owner_is_warned_once():
@@ -389,7 +388,7 @@ def test_on_a_joinable_cluster_it_waits_and_its_owner_is_warned_once():
     calls = [c.submit(make_call("huge", cpus=16)) for _ in range(2)]
     out = c.take()
     assert executed(out) == []
-    [warning] = sent(out, _wire.WARNING, DRIVER)
+    [warning] = sent(out, Warn, DRIVER)
     assert "CPU=16" in warning.text and "huge" in warning.text and "joins" in warning.text
     assert all(c.s.tasks[t.task_id].state is TaskState.READY for t in calls)
 
@@ -502,7 +501,7 @@ def test_an_actor_no_node_holds_waits_on_a_joinable_cluster_until_one_joins():
     c = two(joinable=True)
     c.s.create_actor(DRIVER, actor_call(resources={"GPU": 1}))
     out = c.take()
-    assert c.started_on(out) == [] and len(sent(out, _wire.WARNING, DRIVER)) == 1
+    assert c.started_on(out) == [] and len(sent(out, Warn, DRIVER)) == 1
     c.s.add_node(4, {"CPU": 1, "GPU": 1}, num_workers=0, max_workers=4)
     c.s.schedule()
     assert c.started_on(c.take()) == [4]
@@ -545,7 +544,7 @@ def test_a_hard_affinity_task_is_not_run_inline_by_a_blocked_worker_of_another_n
     c.s.submit(worker_conn(wid), child)
     c.s.blocked(worker_conn(wid), True, [rid(child)], parent.task_id, "parent")
     out = c.take()
-    assert executed(out) == [] and sent(out, _wire.EXECUTE_NESTED) == []
+    assert executed(out) == [] and [i for i in out if type(i) is Execute and i.nested] == []
     c.done(busy_wid, busy)
     assert executed(c.take()) == [(busy_wid, child.task_id)]
 
@@ -561,7 +560,7 @@ def test_a_worker_lent_on_request_comes_from_the_drivers_own_node():
     c.submit(make_call("busy", placement=affinity(0)))   # node 0: half its CPUs held
     c.take()
     c.s.loans.lend_idle(DRIVER, {"CPU": 1.0})
-    [loan] = sent_late(c.take(), _wire.LOAN, DRIVER)
+    [loan] = sent(c.take(), Loan, DRIVER)
     assert c.node_of(loan.worker_id) == 0
 
 
@@ -586,14 +585,14 @@ def test_after_a_restart_of_the_head_the_warning_names_the_nodes_not_back_yet():
     c = two(joinable=True)
     c.s.kept.expect({5, 6}, time.monotonic())
     c.submit(make_call("huge", cpus=16))
-    [warning] = sent(c.take(), _wire.WARNING, DRIVER)
+    [warning] = sent(c.take(), Warn, DRIVER)
     assert "CPU=16" in warning.text
     assert (f"2 nodes that were in the cluster before its head restarted have not joined "
             f"again yet (each is waited for up to {NODE_WAIT_S:g} s)") in warning.text
     c.s.kept.node_joined(5, [], time.monotonic())
     c.s.kept.node_joined(6, [], time.monotonic())
     c.submit(make_call("huger", cpus=32))
-    [warning] = sent(c.take(), _wire.WARNING, DRIVER)
+    [warning] = sent(c.take(), Warn, DRIVER)
     assert "before its head restarted" not in warning.text and "joins" in warning.text
 
 

@@ -1,9 +1,9 @@
 """SchedulerState: every scheduling decision, driven directly (no processes, no sockets).
 
 Events go in as method calls; the decisions come out as typed instructions in
-``state.out`` (Send, Push, StartWorker, KillWorker, StopWorker, FreeSegment:
-orchestra/_scheduler/instructions.py), which these tests read the way orchestra/_head/head.py carries
-them out. Helpers: tests/unit/_sched_helpers.py.
+``state.out`` (Execute, CancelTask, Push, StartWorker, KillWorker, StopWorker, FreeSegment,
+...: orchestra/_scheduler/instructions.py), in the scheduler's own words: these tests
+read no frame. Helpers: tests/unit/_sched_helpers.py.
 """
 from __future__ import annotations
 
@@ -32,9 +32,17 @@ from _sched_helpers import (
     worker_conn,
 )
 from orchestra._protocol import pb
-from orchestra._protocol import wire as _wire
 from orchestra._scheduler.blocking import STALL_S
-from orchestra._scheduler.instructions import FreeSegment, KillWorker, Send, StopWorker
+from orchestra._scheduler.instructions import (
+    CancelTask,
+    Execute,
+    FreeSegment,
+    KillWorker,
+    ReturnTasks,
+    Shutdown,
+    Stalled,
+    StopWorker,
+)
 from orchestra._scheduler.model import TASK_TRANSITIONS, IllegalTransition, Task, TaskState, WorkerState
 
 pytestmark = pytest.mark.timeout(10)
@@ -273,7 +281,7 @@ def test_a_blocked_worker_lends_its_cpu_and_its_queued_tasks_run_elsewhere(order
     stopped = [ins.worker_id for ins in out if type(ins) is StopWorker]
     assert len(stopped) == 1 and len(c.s.workers) == 1
     # Asked first, so that it reports what it ran before it goes.
-    assert sent(out, _wire.SHUTDOWN, worker_conn(stopped[0])) == [pb.AckReply()]
+    assert sent(out, Shutdown, worker_conn(stopped[0])) == [Shutdown(worker_conn(stopped[0]))]
 
 
 def test_nested_blocking_grows_the_pool_until_max_workers():
@@ -298,8 +306,8 @@ def test_nested_blocking_grows_the_pool_until_max_workers():
 
 def nested_executed(out: list[Any]) -> list[tuple[int, bytes]]:
     """(worker id, task id) of every task sent to run inside a blocked get()."""
-    return [(ins.conn - 100, ins.msg.invoke.call.task_id) for ins in out
-            if type(ins) is Send and ins.kind == _wire.EXECUTE_NESTED]
+    return [(ins.conn - 100, ins.call.task_id) for ins in out
+            if type(ins) is Execute and ins.nested]
 
 
 def block(c: Cluster, worker_id: int, caller: Any, *waited: Any) -> None:
@@ -441,7 +449,7 @@ def test_a_task_held_back_from_starting_a_worker_starts_one_after_a_tick():
 # ------------------------------------------------------------------ stalls
 
 def stalls(out: list[Any]) -> list[tuple[int, Any]]:
-    return [(ins.conn, ins.msg) for ins in out if type(ins) is Send and ins.kind == _wire.STALLED]
+    return [(ins.conn, ins) for ins in out if type(ins) is Stalled]
 
 
 def deadlocked() -> tuple[Cluster, Any, Any]:
@@ -593,7 +601,7 @@ def test_cancel_a_running_task_asks_its_worker():
     call = c.submit(make_call("running"))
     c.take()
     c.s.cancel(rid(call), force=False)
-    assert c.take() == [Send(worker_conn(1), _wire.CANCEL_TASK, pb.CancelTask(task_id=call.task_id))]
+    assert c.take() == [CancelTask(worker_conn(1), call.task_id)]
     c.done(1, call, cancelled=True)
     assert b"cancelled" in error_of(c.take(), rid(call))
     assert c.worker(1).state is WorkerState.IDLE
@@ -611,8 +619,7 @@ def test_a_recursive_cancel_cancels_what_the_running_task_submitted():
     out = c.take()
     child_result = pushes(out, worker_conn(1))[rid(child)]   # to its owner, the worker
     assert b"cancelled" in child_result.error
-    assert Send(worker_conn(1), _wire.CANCEL_TASK,
-                pb.CancelTask(task_id=parent.task_id, recursive=True)) in out
+    assert CancelTask(worker_conn(1), parent.task_id, recursive=True) in out
     assert not c.s.tasks[grandchild_of_other.task_id].cancelled
 
 
@@ -661,7 +668,7 @@ def test_cancel_with_force_of_a_pipelined_task_does_not_kill_the_worker():
     pipelined = c.submit(make_call("pipelined"))
     c.take()
     c.s.cancel(rid(pipelined), force=True)
-    assert c.take() == [Send(worker_conn(1), _wire.CANCEL_TASK, pb.CancelTask(task_id=pipelined.task_id))]
+    assert c.take() == [CancelTask(worker_conn(1), pipelined.task_id)]
 
 
 @pytest.mark.parametrize("how", ["returned", "worker-died"])
@@ -692,7 +699,7 @@ def test_an_idle_worker_takes_back_tasks_pipelined_behind_a_running_one():
     out = c.take()
     assert executed(out) == [(1, long.task_id), (2, short.task_id), (1, behind.task_id)]
     c.done(2, short)
-    assert sent(c.take(), _wire.STEAL, worker_conn(1)) == [pb.ReturnTasks(task_ids=[behind.task_id])]
+    assert sent(c.take(), ReturnTasks, worker_conn(1)) == [ReturnTasks(worker_conn(1), [behind.task_id])]
     c.s.return_tasks(worker_conn(1), [behind.task_id])
     assert executed(c.take()) == [(2, behind.task_id)]
 

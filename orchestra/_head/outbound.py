@@ -1,0 +1,88 @@
+"""The scheduler's instructions to a process, as the frames that carry them. No I/O.
+
+    SchedulerState.out: Execute(conn, call, ...), Loan(...), ...
+        --> Head.carry_out: FRAME_OF[type(ins)](ins) -> the frame's bytes, queued on
+            connection ``ins.conn`` (those of LATE written after the batch's others)
+
+The one place where what the scheduler decided becomes a message of the wire protocol
+(_protocol/wire.py's kinds, the messages of orchestra.proto); frames coming in become
+the scheduler's calls in frames.py. Pushes of objects are coalesced per connection
+into one Objects frame by the head itself (Head.carry_out).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .._protocol import pb
+from .._protocol import wire as _wire
+from .._scheduler import instructions as ins
+
+_encode = _wire.encode
+
+
+def _execute(i: ins.Execute) -> bytes:
+    return _encode(_wire.EXECUTE_NESTED if i.nested else _wire.EXECUTE, pb.Execute(
+        invoke=pb.InvokeCallRequest(call=i.call, resolved=i.resolved, gpu_ids=i.gpu_ids,
+                                    attempt=i.attempt)))
+
+
+def _function(i: ins.Function) -> bytes:
+    return _encode(_wire.FUNCTION, i.fn)
+
+
+def _cancel(i: ins.CancelTask) -> bytes:
+    return _encode(_wire.CANCEL_TASK, pb.CancelTask(task_id=i.task_id, recursive=i.recursive))
+
+
+def _return_tasks(i: ins.ReturnTasks) -> bytes:
+    return _encode(_wire.STEAL, pb.ReturnTasks(task_ids=i.task_ids))
+
+
+def _shutdown(i: ins.Shutdown) -> bytes:
+    return _encode(_wire.SHUTDOWN, pb.AckReply())
+
+
+def _warn(i: ins.Warn) -> bytes:
+    return _encode(_wire.WARNING, pb.ClusterWarning(text=i.text))
+
+
+def _stalled(i: ins.Stalled) -> bytes:
+    return _encode(_wire.STALLED, pb.Stalled(text=i.text, task_ids=i.task_ids))
+
+
+def _generator_ack(i: ins.GeneratorAck) -> bytes:
+    return _encode(_wire.GENERATOR_ACK, pb.GeneratorAck(task_id=i.task_id, consumed=i.consumed))
+
+
+def _loan(i: ins.Loan) -> bytes:
+    return _encode(_wire.LOAN, pb.Loan(worker_id=i.worker_id, path=i.path, resources=i.resources,
+                                       pid=i.pid, busy_task=i.busy_task, pinned_node=i.pinned_node))
+
+
+def _loan_recall(i: ins.LoanRecall) -> bytes:
+    return _encode(_wire.LOAN_RECALL, pb.LoanRecall(worker_id=i.worker_id))
+
+
+def _actor_address(i: ins.ActorAddress) -> bytes:
+    return _encode(_wire.ACTOR_ADDRESS, pb.ActorAddress(
+        actor_id=i.actor_id, worker_id=i.worker_id, path=i.path, dispatched=i.dispatched))
+
+
+# Each instruction to a process (but Push) -> its frame's bytes.
+FRAME_OF: dict[type, Callable[[Any], bytes]] = {
+    ins.Execute: _execute,
+    ins.Function: _function,
+    ins.CancelTask: _cancel,
+    ins.ReturnTasks: _return_tasks,
+    ins.Shutdown: _shutdown,
+    ins.Warn: _warn,
+    ins.Stalled: _stalled,
+    ins.GeneratorAck: _generator_ack,
+    ins.Loan: _loan,
+    ins.LoanRecall: _loan_recall,
+    ins.ActorAddress: _actor_address,
+}
+# Written after every other frame of the batch (instructions.py says why).
+LATE = frozenset(ins.LATE)
+
