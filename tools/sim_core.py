@@ -43,6 +43,7 @@ if __name__ == "__main__":   # run by path from a checkout: the package beside i
 
 from orchestra._proto import types_pb2  # noqa: E402
 from orchestra._protocol import pb  # noqa: E402
+from orchestra._scheduler.events import Hello, TaskDone
 from orchestra._scheduler.instructions import Execute, KillWorker, StartWorker  # noqa: E402
 from orchestra._scheduler.state import SchedulerState  # noqa: E402
 
@@ -74,12 +75,12 @@ class Sim:
         for nid in range(nodes):
             self.s.add_node(nid, {"CPU": float(workers)}, num_workers=workers,
                             max_workers=max_workers)
-        self.s.client_connected(DRIVER, pb.Hello(kind="driver", pid=1))
+        self.s.client_connected(DRIVER, Hello(kind="driver", pid=1))
         self.pump(answer=False)
 
     def connect(self, worker_id: int) -> None:
         self.s.client_connected(_WORKER_CONN + worker_id,
-                                pb.Hello(kind="worker", pid=worker_id, workerid=worker_id))
+                                Hello(kind="worker", pid=worker_id, worker_id=worker_id))
 
     def pump(self, answer: bool = True, drop: bool = True) -> int:
         """Carry out what the core decided until it decides nothing more: workers
@@ -99,7 +100,7 @@ class Sim:
                     call = ins.call
                     returns = [pb.ObjectData(object_id=call.task_id + i.to_bytes(4, "big"),
                                              inline=b"N.") for i in range(call.num_returns)]
-                    s.task_done(ins.conn, pb.TaskDone(task_id=call.task_id, returns=returns))
+                    s.task_done(ins.conn, TaskDone(task_id=call.task_id, returns=returns))
                     if drop and returns:
                         s.directory.ref_delta(DRIVER, (), [r.object_id for r in returns])
                     answered += 1

@@ -24,6 +24,7 @@ from .._scheduler.jobs import JobBook
 from .._scheduler.model import cluster_free, cluster_total
 from .._scheduler.state import SchedulerState
 from ..exceptions import InfeasibleResourcesError
+from . import inbound
 from .remote_node import RemoteNode
 from .state_query import StateQueries
 
@@ -103,7 +104,7 @@ def _seal_on_node(conn: Conn, data: pb.ObjectData) -> None:
 def _task_done(head: Head, conn: Conn, msg: pb.TaskDone) -> None:
     for d in msg.returns:
         _seal_on_node(conn, d)
-    head.state.task_done(conn.conn_id, msg)
+    head.state.task_done(conn.conn_id, inbound.task_done(msg))
 
 
 def _ref_delta(head: Head, conn: Conn, msg: pb.RefDelta) -> None:
@@ -127,7 +128,7 @@ def _objects(head: Head, conn: Conn, msg: pb.Objects) -> None:
 
 def _adopt(head: Head, conn: Conn, msg: pb.AdoptCalls) -> None:
     head.events.table.adopted(conn.conn_id, msg.worker_id, msg.calls)
-    head.state.adoption.adopt_calls(conn.conn_id, msg)
+    head.state.adoption.adopt_calls(conn.conn_id, inbound.adopt_calls(msg))
 
 
 def _release_call(head: Head, conn: Conn, msg: pb.TaskDone) -> None:
@@ -139,7 +140,7 @@ def _release_call(head: Head, conn: Conn, msg: pb.TaskDone) -> None:
 
 def _generator_item(head: Head, conn: Conn, msg: pb.GeneratorItem) -> None:
     _seal_on_node(conn, msg.data)
-    head.state.streams.generator_item(conn.conn_id, msg)
+    head.state.streams.generator_item(conn.conn_id, inbound.generator_item(msg))
     if msg.index == 1:
         # A stream's first item goes out now, not after the rest of a read that a fast
         # producer filled with hundreds more (~10 ms later).
@@ -192,7 +193,7 @@ def _worker_address(head: Head, conn: Conn, msg: pb.WorkerAddress) -> None:
 
 
 def _generator_ack(head: Head, conn: Conn, msg: pb.GeneratorAck) -> None:
-    head.state.streams.generator_ack(msg)
+    head.state.streams.generator_ack(msg.task_id, msg.consumed)
 
 
 def _log_lines(head: Head, conn: Conn, msg: pb.LogLines) -> None:

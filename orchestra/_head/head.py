@@ -47,6 +47,7 @@ from .._protocol import wire as _wire
 from .._protocol.auth import AuthGate, server_tls
 from .._protocol.connection import parse_address, parse_host
 from .._resources import format_resources
+from .._scheduler.events import Hello
 from .._scheduler.instructions import (
     Durable,
     FreeSegment,
@@ -60,7 +61,7 @@ from .._scheduler.jobs import JobBook
 from .._scheduler.memory import choose as memory_victim
 from .._scheduler.state import SchedulerState, WorkerState
 from . import grpc_service as _grpc_service
-from . import jobs, rejoin
+from . import inbound, jobs, rejoin
 from .frames import FRAMES, REQUESTS, Waiter
 from .grpc_service import GRPC_CONN
 from .heartbeats import HEARTBEAT_S, Heartbeats
@@ -212,7 +213,7 @@ class Head:
                             num_workers=int(self.cfg["num_workers"]) if works else 0,
                             max_workers=int(self.cfg.get("max_workers", 0)) or
                             4 * max(int(res.get("CPU", 1)), 1) + 32, works=works)
-        self.state.client_connected(GRPC_CONN, pb.Hello(kind="grpc"))
+        self.state.client_connected(GRPC_CONN, Hello("grpc"))
         rejoin.restore(self, NODE_PROCESS_ID + 1, GRPC_CONN)
         self.carry_out()
         if self.address:
@@ -323,7 +324,8 @@ class Head:
     def memory_pressure(self, node_id: int, pressure: pb.NodeMemoryPressure) -> None:
         """A node's memory is past its monitor's threshold: the worker chosen
         (_scheduler/memory.py) is killed, its task failing with OutOfMemoryError."""
-        kill = memory_victim(self.state.workers.values(), pressure, node_id, node_hex(node_id))
+        kill = memory_victim(self.state.workers.values(), inbound.memory_pressure(pressure),
+                             node_id, node_hex(node_id))
         if kill is None:
             return   # nothing runs there to stop (the node asks again later)
         print(f"orchestra head: worker {kill.worker_id} {kill.reason}", file=sys.stderr,
@@ -396,7 +398,7 @@ class Head:
             self.primary = conn.conn_id
             node.set_driver(conn.conn_id)
         try:
-            self.state.client_connected(conn.conn_id, hello, node.node_id)
+            self.state.client_connected(conn.conn_id, inbound.hello(hello), node.node_id)
         except ValueError as exc:
             self._refuse(conn, str(exc))
             return

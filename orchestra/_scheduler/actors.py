@@ -21,6 +21,7 @@ import enum
 
 from .._protocol import pb
 from .durable import actor_gone, actor_kept
+from .events import TaskDone
 from .instructions import ActorAddress, KillWorker
 from .lineage import wait_for_made_again
 from .model import PLACEMENT_GROUP, SchedulerCore, Task, TaskState, Worker, WorkerState
@@ -380,7 +381,7 @@ class ActorTable:
             a.queue.remove(t)
             a.handled[t.owner] = a.handled.get(t.owner, 0) + 1
 
-    def creation_done(self, w: Worker, msg: pb.TaskDone) -> None:
+    def creation_done(self, w: Worker, msg: TaskDone) -> None:
         a = w.actor
         if a is None:
             return

@@ -24,9 +24,11 @@ again stands, and the run again ends by itself (SchedulerState.task_done).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from .._protocol import pb
 from .actors import ActorState, ActorTable
+from .events import AdoptCalls
 from .model import DeadWorker, SchedulerCore, Task, TaskState, Worker, WorkerState
 from .objects import ObjectDirectory
 
@@ -53,9 +55,9 @@ class Adoption:
         # freed since: it makes nothing anew (answer_read).
         self.reran: dict[bytes, int] = {}
 
-    def adopt_calls(self, conn: int, msg: pb.AdoptCalls) -> None:
+    def adopt_calls(self, conn: int, msg: AdoptCalls) -> None:
         """Direct calls ``conn`` made to a process, handed over (see the module docstring)."""
-        calls: Sequence[pb.Call] = msg.calls
+        calls: Sequence[Any] = msg.calls
         if msg.answered:
             answered = set(msg.answered)
             calls = [c for c in msg.calls if c.task_id not in answered]

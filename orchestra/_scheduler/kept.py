@@ -42,6 +42,7 @@ from collections.abc import Callable
 
 from .._ids import task_of
 from .._protocol import pb
+from .events import TaskDone
 from .instructions import KillWorker
 from .lineage import Rebuilds
 from .model import SchedulerCore, Task, TaskState, Worker, WorkerState
@@ -150,7 +151,7 @@ class KeptObjects:
             w.grant = dict(t.resources)   # released when it answers (release_grant)
             w.gpu_ids = node.resources.acquire(w.grant)
 
-    def answered(self, w: Worker, t: Task | None, msg: pb.TaskDone) -> bool:
+    def answered(self, w: Worker, t: Task | None, msg: TaskDone) -> bool:
         """``w``, a worker of before, answered; False: its task is attached to it (the
         usual path takes the answer)."""
         tid = self.resumed.pop(w.worker_id, None)

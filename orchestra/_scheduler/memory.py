@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from .._objects.errors import MEMORY_KILL
-from .._protocol import pb
+from .events import MemoryPressure
 from .instructions import KillWorker
 from .model import Task, Worker
 
@@ -60,7 +60,7 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB"
 
 
-def reason(p: pb.NodeMemoryPressure, node: str, worker_id: int) -> str:
+def reason(p: MemoryPressure, node: str, worker_id: int) -> str:
     """Why the worker is killed, in words (the start is MEMORY_KILL)."""
     share = f"{p.used / p.limit:.0%}" if p.limit else "?"
     return (f"{MEMORY_KILL}: node {node} used {_gib(p.used)} of {_gib(p.limit)} ({share}, "
@@ -68,7 +68,7 @@ def reason(p: pb.NodeMemoryPressure, node: str, worker_id: int) -> str:
             f"{_gib(p.workers.get(worker_id, 0))} of its own")
 
 
-def choose(workers: Iterable[Worker], p: pb.NodeMemoryPressure, node_id: int,
+def choose(workers: Iterable[Worker], p: MemoryPressure, node_id: int,
            node: str) -> KillWorker | None:
     """The kill that answers the pressure ``p`` of node ``node_id`` (``node``: its name
     in words), or None when no worker of it is busy."""

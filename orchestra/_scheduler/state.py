@@ -29,6 +29,7 @@ from .._protocol import pb
 from .actors import ActorTable
 from .adoption import Adoption
 from .blocking import Blocking
+from .events import Hello, TaskDone
 from .groups import PlacementGroups
 from .instructions import CANCEL_KILL, CancelTask, Execute, Function, Instruction, KillWorker
 from .kept import NODE_WAIT_S, KeptObjects
@@ -125,18 +126,18 @@ class SchedulerState:
         for _ in range(num_workers):
             self.worker_pool.start(node_id)
 
-    def client_connected(self, conn: int, hello: pb.Hello, node_id: int = 0) -> Client:
+    def client_connected(self, conn: int, hello: Hello, node_id: int = 0) -> Client:
         c = Client(conn, hello.kind, hello.pid, node_id)
         c.namespace, c.key = hello.namespace, hello.driver_key
         self.clients[conn] = c
         if hello.kind == "worker":
             if hello.resume_actor:   # it outlived a restart of the head (or resume_task)
-                self.actor_table.adopt(hello.resume_actor, hello.workerid, node_id)
-            elif hello.resume_task and self.worker_pool.of_before(hello.workerid):
-                self.adopt_worker(hello.workerid, node_id)   # (its task's: kept.py)
-            w = self.workers.get(hello.workerid)
+                self.actor_table.adopt(hello.resume_actor, hello.worker_id, node_id)
+            elif hello.resume_task and self.worker_pool.of_before(hello.worker_id):
+                self.adopt_worker(hello.worker_id, node_id)   # (its task's: kept.py)
+            w = self.workers.get(hello.worker_id)
             if w is None or w.state is not WorkerState.STARTING:
-                raise ValueError(f"unknown or duplicate worker id {hello.workerid}")
+                raise ValueError(f"unknown or duplicate worker id {hello.worker_id}")
             w.conn, w.pid, w.state = conn, hello.pid, WorkerState.IDLE
             c.worker = w
             self.start_failures = 0
@@ -459,7 +460,7 @@ class SchedulerState:
             self.directory.args_to(w.node_id, resolved)
         self.out.append(Execute(w.conn, call, resolved, w.gpu_ids, t.attempt))
 
-    def task_done(self, conn: int, msg: pb.TaskDone) -> None:
+    def task_done(self, conn: int, msg: TaskDone) -> None:
         c = self.clients.get(conn)
         w = c.worker if c is not None else None
         t = self.tasks.get(msg.task_id)
@@ -471,7 +472,7 @@ class SchedulerState:
             late = self.adoption.answer_read(w.worker_id if w else 0, msg.task_id)
             for data in msg.returns:   # (late: into its run again's objects, if they live)
                 self.directory.seal(data.object_id, data) if late else self.directory.put_for(msg.owner, data)
-            if t is None and msg.HasField("lineage") and len(self.nodes) > 1:
+            if t is None and msg.lineage is not None and len(self.nodes) > 1:
                 self.rebuilds.keep(msg.lineage, msg.lineage.max_retries, msg.owner, msg.returns)
             self.after_worker_step(w)
             return

@@ -11,7 +11,7 @@ pace the producer. No I/O.
 from __future__ import annotations
 
 from .. import _ids
-from .._protocol import pb
+from .events import GeneratorItem
 from .instructions import GeneratorAck
 from .model import SchedulerCore, TaskState
 from .objects import ObjectDirectory
@@ -24,35 +24,36 @@ class Streams:
         self.core = core
         self.objects = objects
 
-    def generator_item(self, conn: int, msg: pb.GeneratorItem) -> None:
+    def generator_item(self, conn: int, msg: GeneratorItem) -> None:
         """An item a streaming generator yielded (GeneratorItem): an object of the
         task's owner, pushed to it now. Items come before their task's TaskDone, on the
         worker's connection, so the owner has them all when it learns the end."""
         data = msg.data
-        if data.object_id != _ids.object_id(msg.task_id, msg.index) or not msg.index:
+        if data.object_id != _ids.object_id(msg.task_id, msg.number) or not msg.number:
             return   # not an item's id: never made by a worker of ours
         if msg.owner:   # a call its caller sent straight to the actor
             self.objects.put_for(msg.owner, data)
             return
         t = self.core.tasks.get(msg.task_id)
-        if t is None or t.state is not TaskState.DISPATCHED or msg.index <= t.streamed \
+        if t is None or t.state is not TaskState.DISPATCHED or msg.number <= t.streamed \
                 or t.owner not in self.core.clients or data.object_id in self.core.objects:
             # Taken already (a retry yields its items again), or nobody waits for it.
             if data.WhichOneof("data") == "segment":
                 self.objects.free_segment(data.segment)
-            if t is not None and t.acked and msg.index <= t.streamed:
+            if t is not None and t.acked and msg.number <= t.streamed:
                 # A retry pauses for acks the consumer sent its first attempt.
                 self.core.out.append(GeneratorAck(conn, msg.task_id, t.acked))
             return
-        t.streamed = msg.index
+        t.streamed = msg.number
         self.objects.new_object(t.owner, data.object_id)
         self.objects.seal(data.object_id, data)
 
-    def generator_ack(self, msg: pb.GeneratorAck) -> None:
-        """The consumer read ``msg.consumed`` items: tell the worker producing them."""
-        t = self.core.tasks.get(msg.task_id)
+    def generator_ack(self, task_id: bytes, consumed: int) -> None:
+        """The consumer of generator task ``task_id`` read ``consumed`` items: tell the
+        worker producing them."""
+        t = self.core.tasks.get(task_id)
         if t is None:
             return
-        t.acked = max(t.acked, msg.consumed)
+        t.acked = max(t.acked, consumed)
         if t.worker is not None and t.state is TaskState.DISPATCHED:
-            self.core.out.append(GeneratorAck(t.worker.conn, msg.task_id, msg.consumed))
+            self.core.out.append(GeneratorAck(t.worker.conn, task_id, consumed))

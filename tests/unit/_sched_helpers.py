@@ -9,6 +9,7 @@ from typing import Any
 
 from orchestra._proto import types_pb2
 from orchestra._protocol import pb
+from orchestra._scheduler.events import Hello, TaskDone
 from orchestra._scheduler.instructions import Execute, FreeSegment, Push, StartWorker
 from orchestra._scheduler.model import cluster_free
 from orchestra._scheduler.state import SchedulerState
@@ -86,7 +87,7 @@ class Cluster:
         res = {"CPU": float(cpus), "GPU": float(gpus), **(custom or {})}
         self.s.add_node(NODE, res, num_workers=int(cpus) if workers is None else workers,
                         max_workers=max_workers)
-        self.s.client_connected(DRIVER, pb.Hello(kind="driver", pid=1))
+        self.s.client_connected(DRIVER, Hello(kind="driver", pid=1))
         self.pool = self.started()
         if connect:
             for wid in self.pool:
@@ -99,7 +100,7 @@ class Cluster:
 
     def connect(self, worker_id: int) -> None:
         self.s.client_connected(worker_conn(worker_id),
-                                pb.Hello(kind="worker", pid=1000 + worker_id, workerid=worker_id))
+                                Hello(kind="worker", pid=1000 + worker_id, worker_id=worker_id))
 
     def take(self) -> list[Any]:
         out, self.s.out = self.s.out, []
@@ -113,7 +114,7 @@ class Cluster:
         returns = [inline_data(rid(call, i), value) for i in range(call.num_returns)]
         if flags.get("cancelled"):
             returns = []
-        self.s.task_done(worker_conn(worker_id), pb.TaskDone(task_id=call.task_id,
+        self.s.task_done(worker_conn(worker_id), TaskDone(task_id=call.task_id,
                                                               returns=returns, **flags))
 
     def worker(self, worker_id: int) -> Any:
@@ -170,7 +171,7 @@ class Nodes(Cluster):
             n = int(res.get("CPU", 0)) if workers is None else workers.get(nid, 0)
             self.s.add_node(nid, dict(res), num_workers=n, max_workers=max_workers,
                             works=nid not in no_work)
-        self.s.client_connected(DRIVER, pb.Hello(kind="driver", pid=1))
+        self.s.client_connected(DRIVER, Hello(kind="driver", pid=1))
         self.pool = self.started()
         for wid in self.pool:
             self.connect(wid)

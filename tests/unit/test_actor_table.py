@@ -28,6 +28,7 @@ from _sched_helpers import (
 from orchestra._proto import types_pb2
 from orchestra._protocol import pb
 from orchestra._scheduler.actors import ActorState
+from orchestra._scheduler.events import TaskDone
 from orchestra._scheduler.instructions import ActorAddress, KillWorker, StartWorker
 
 pytestmark = pytest.mark.timeout(10)
@@ -188,7 +189,7 @@ def test_a_constructor_that_raises_fails_every_queued_call_with_its_error():
     calls = [c.submit(method(ctor, f"m{i}")) for i in range(2)]
     c.connect(wid)
     c.take()
-    c.s.task_done(worker_conn(wid), pb.TaskDone(
+    c.s.task_done(worker_conn(wid), TaskDone(
         task_id=ctor.task_id, user_error=True,
         returns=[pb.ObjectData(object_id=rid(ctor), error=b"ValueError in __init__")]))
     out = c.take()

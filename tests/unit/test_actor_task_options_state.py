@@ -9,8 +9,8 @@ import pytest
 
 from _sched_helpers import DRIVER, Cluster, error_of, executed, make_call, rid, sent, worker_conn
 from orchestra._proto import types_pb2
-from orchestra._protocol import pb
 from orchestra._scheduler.actors import ActorState
+from orchestra._scheduler.events import Hello
 from orchestra._scheduler.instructions import Loan, ReturnTasks, StartWorker, StopWorker
 
 pytestmark = pytest.mark.timeout(10)
@@ -38,7 +38,7 @@ def cluster_with(*drivers: tuple[int, str]) -> Cluster:
     c = Cluster(cpus=1, workers=0)
     c.s.clients[DRIVER].namespace = "ns-driver"
     for conn, ns in drivers:
-        c.s.client_connected(conn, pb.Hello(kind="driver", pid=conn, namespace=ns))
+        c.s.client_connected(conn, Hello(kind="driver", pid=conn, namespace=ns))
     return c
 
 

@@ -28,7 +28,7 @@ from _sched_helpers import (
     ref,
     rid,
 )
-from orchestra._protocol import pb
+from orchestra._scheduler.events import AdoptCalls, TaskDone
 from orchestra._scheduler.model import DeadWorker
 
 pytestmark = pytest.mark.timeout(10)
@@ -40,14 +40,14 @@ NO_CONN = 77   # a connection with no worker (a late answer's, the worker forgot
 def hand_back(c: Cluster, call: Any, worker_id: int = GONE) -> list[Any]:
     """The driver hands back ``call``, answered through the head by ``worker_id``, not
     pushed to it yet."""
-    c.s.adoption.adopt_calls(DRIVER, pb.AdoptCalls(worker_id=worker_id, calls=[call],
+    c.s.adoption.adopt_calls(DRIVER, AdoptCalls(worker_id=worker_id, calls=[call],
                                           answered=[call.task_id]))
     return c.take()
 
 
 def answer(c: Cluster, conn: int, call: Any, value: Any = "first") -> list[Any]:
     """A worker's answer of a direct call through the head (TaskDone naming its owner)."""
-    c.s.task_done(conn, pb.TaskDone(task_id=call.task_id, owner=DRIVER,
+    c.s.task_done(conn, TaskDone(task_id=call.task_id, owner=DRIVER,
                                     returns=[inline_data(rid(call), value)]))
     return c.take()
 
@@ -162,7 +162,7 @@ def test_an_actor_call_whose_answer_was_never_read_fails_as_one_in_flight() -> N
     call = make_call("method", max_retries=0)
     call.actor_id = new_id()
     c.s.dead_workers[998] = DeadWorker(4242, "died of SIGKILL", False, NODE)
-    c.s.adoption.adopt_calls(DRIVER, pb.AdoptCalls(actor_id=call.actor_id, worker_id=998,
+    c.s.adoption.adopt_calls(DRIVER, AdoptCalls(actor_id=call.actor_id, worker_id=998,
                                           calls=[call], answered=[call.task_id]))
     err = error_of(c.take(), rid(call))
     assert b"actor_dead" in err and b"pid=4242" in err
@@ -186,7 +186,7 @@ def test_a_late_answer_of_a_call_left_unanswered_and_run_again_makes_nothing_ane
     c = Cluster(cpus=1)
     call = make_call("direct", max_retries=2)
     c.s.dead_workers[998] = DeadWorker(4242, "killed", False, NODE)
-    c.s.adoption.adopt_calls(DRIVER, pb.AdoptCalls(worker_id=998, calls=[call]))
+    c.s.adoption.adopt_calls(DRIVER, AdoptCalls(worker_id=998, calls=[call]))
     assert executed(c.take()) == [(c.pool[0], call.task_id)]
     c.done(c.pool[0], call, "again")
     assert value_of(c.take(), call) == "again"

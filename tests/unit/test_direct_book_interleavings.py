@@ -63,8 +63,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from _sched_helpers import DRIVER, Cluster, inline_data, make_call, new_id, ref, rid, segment_data
+from orchestra._head import inbound
 from orchestra._protocol import pb
 from orchestra._runtime.direct_core import Call, ResultBook
+from orchestra._scheduler.events import TaskDone
 from orchestra._scheduler.instructions import FreeSegment, Push, StartWorker
 
 pytestmark = pytest.mark.timeout(120)
@@ -132,10 +134,10 @@ class DirectBookWithHead(RuleBasedStateMachine):
             s.submit(DRIVER, body)
             self.known.update(rid(body, i) for i in range(body.num_returns))
         elif kind == "done":   # the lent worker's answer through the head
-            s.task_done(LENT_WORKER, body)
+            s.task_done(LENT_WORKER, inbound.task_done(body))   # as the head reads it
             self.known.update(d.object_id for d in body.returns)
         elif kind == "adopt":
-            s.adoption.adopt_calls(DRIVER, body)
+            s.adoption.adopt_calls(DRIVER, inbound.adopt_calls(body))
         self._take()
 
     def _flush(self, thread: str) -> bool:
@@ -325,7 +327,7 @@ class DirectBookWithHead(RuleBasedStateMachine):
             return
         w = workers[i % len(workers)]
         call = w.queue[0].call
-        self.s.task_done(w.conn, pb.TaskDone(task_id=call.task_id,
+        self.s.task_done(w.conn, TaskDone(task_id=call.task_id,
                                              returns=[inline_data(rid(call), "ran")]))
         self._take()
 

@@ -20,6 +20,7 @@ from orchestra._proto import types_pb2
 from orchestra._protocol import pb
 from orchestra._scheduler import durable
 from orchestra._scheduler.actors import ActorState
+from orchestra._scheduler.events import Hello, TaskDone
 from orchestra._scheduler.groups import GroupState
 from orchestra._scheduler.instructions import Durable, StartWorker
 
@@ -91,7 +92,7 @@ class Records(RuleBasedStateMachine):
         a = self._actor(i)
         if a.state in (ActorState.STARTING, ActorState.RESTARTING) and a.worker is not None \
                 and a.worker.queue:
-            self.c.s.task_done(worker_conn(a.worker.worker_id), pb.TaskDone(
+            self.c.s.task_done(worker_conn(a.worker.worker_id), TaskDone(
                 task_id=a.creation.call.task_id, user_error=raised))
             self._take()
 
@@ -156,7 +157,7 @@ class Records(RuleBasedStateMachine):
         groups = {gid: g.spec.name for gid, g in self.c.s.groups.groups.items()
                   if g.spec.detached and g.state is not GroupState.REMOVED}
         fresh = Cluster(cpus=4, workers=0, max_workers=64)
-        fresh.s.client_connected(HEAD, pb.Hello(kind="grpc"))
+        fresh.s.client_connected(HEAD, Hello(kind="grpc"))
         assert durable.restore(fresh.s, HEAD, self.store) == []
         out = fresh.take()
         after = fresh.s.actor_table.actors
@@ -177,7 +178,7 @@ class Records(RuleBasedStateMachine):
         own = {aid for aid, a in before.items() if not a.spec.detached}
         table = fresh.s.actor_table
         assert table.unclaimed == dict.fromkeys(own, KEY)
-        fresh.s.client_connected(AGAIN, pb.Hello(kind="driver", pid=1, driver_key=KEY))
+        fresh.s.client_connected(AGAIN, Hello(kind="driver", pid=1, driver_key=KEY))
         assert set(table.claim(AGAIN, KEY)) == own and not table.unclaimed
         for aid in own:   # its handle's hold is the driver's now, counted once
             assert fresh.s.clients[AGAIN].holds[aid] == 1
@@ -200,7 +201,7 @@ def test_a_restored_actor_whose_constructor_argument_is_gone_is_dead_naming_it()
     rec = pb.DurableActor(creation=call, restarts=0,
                           cls=pb.RegisterFunctionRequest(function_id=call.function_id))
     c = Cluster(cpus=1, workers=0)
-    c.s.client_connected(HEAD, pb.Hello(kind="grpc"))
+    c.s.client_connected(HEAD, Hello(kind="grpc"))
     records = {durable.ACTORS: {call.actor.actor_id.hex(): rec.SerializeToString()}}
     assert durable.restore(c.s, HEAD, records) == []
     a = c.s.actor_table.actors[call.actor.actor_id]
@@ -212,7 +213,7 @@ def test_a_restored_actor_whose_constructor_argument_is_gone_is_dead_naming_it()
 
 def test_a_record_no_head_can_read_is_said_and_deleted() -> None:
     c = Cluster(cpus=1, workers=0)
-    c.s.client_connected(HEAD, pb.Hello(kind="grpc"))
+    c.s.client_connected(HEAD, Hello(kind="grpc"))
     problems = durable.restore(c.s, HEAD, {durable.ACTORS: {"ab": b"\x00not a record"},
                                            durable.GROUPS: {"cd": b"\xff\xff"}})
     assert len(problems) == 2 and problems[0].startswith("placement group cd")
@@ -225,14 +226,14 @@ def test_a_restart_by_a_restarted_head_is_not_counted_against_max_restarts() -> 
     rec = pb.DurableActor(creation=call, restarts=0,
                           cls=pb.RegisterFunctionRequest(function_id=call.function_id))
     c = Cluster(cpus=1, workers=0)
-    c.s.client_connected(HEAD, pb.Hello(kind="grpc"))
+    c.s.client_connected(HEAD, Hello(kind="grpc"))
     durable.restore(c.s, HEAD, {durable.ACTORS: {call.actor.actor_id.hex(): rec.SerializeToString()}})
     a = c.s.actor_table.actors[call.actor.actor_id]
     assert (a.restarts, a.revived) == (1, 1)
     for _ in range(2):   # its own max_restarts=1 still holds one restart
         (wid,) = c.started(c.take())
         c.connect(wid)
-        c.s.task_done(worker_conn(wid), pb.TaskDone(task_id=call.task_id))
+        c.s.task_done(worker_conn(wid), TaskDone(task_id=call.task_id))
         assert a.state is ActorState.ALIVE
         c.s.worker_died(wid, "killed by a signal")
     assert a.state is ActorState.DEAD and "after 1 restart(s) of 1" in a.cause
@@ -252,15 +253,15 @@ def restored_on(node_id: int, *, revived: int = 0) -> tuple[Nodes, Any]:
                           cls=pb.RegisterFunctionRequest(function_id=call.function_id))
     c = Nodes({0: {"CPU": 1}, JOINED: {"CPU": 1}}, workers={0: 0, JOINED: 0})
     c.s.worker_pool.first_id((4 << 32) + 1)
-    c.s.client_connected(HEAD, pb.Hello(kind="grpc"))
+    c.s.client_connected(HEAD, Hello(kind="grpc"))
     records = {durable.ACTORS: {call.actor.actor_id.hex(): rec.SerializeToString()}}
     assert durable.restore(c.s, HEAD, records, joined_from=JOINED) == []
     return c, call
 
 
 def resume(c: Nodes, call: Any, node_id: int = JOINED, worker_id: int = OLD_WORKER) -> None:
-    c.s.client_connected(worker_conn(worker_id), pb.Hello(
-        kind="worker", pid=4242, workerid=worker_id, node_id=node_id,
+    c.s.client_connected(worker_conn(worker_id), Hello(
+        kind="worker", pid=4242, worker_id=worker_id,
         resume_actor=call.actor.actor_id), node_id)
 
 
@@ -324,7 +325,7 @@ def restored_own(node_id: int = 0) -> tuple[Nodes, Any]:
     rec = pb.DurableActor(creation=call, node_id=node_id, owner_key=KEY,
                           cls=pb.RegisterFunctionRequest(function_id=call.function_id))
     c = Nodes({0: {"CPU": 1}, JOINED: {"CPU": 1}}, workers={0: 0, JOINED: 0})
-    c.s.client_connected(HEAD, pb.Hello(kind="grpc"))
+    c.s.client_connected(HEAD, Hello(kind="grpc"))
     records = {durable.ACTORS: {call.actor.actor_id.hex(): rec.SerializeToString()}}
     assert durable.restore(c.s, HEAD, records, joined_from=JOINED) == []
     return c, call
@@ -335,7 +336,7 @@ def test_a_drivers_actor_no_driver_claims_is_stopped_when_the_wait_ends() -> Non
     aid = call.actor.actor_id
     (wid,) = c.started(c.take())   # made again on the head's node meanwhile
     c.connect(wid)
-    c.s.client_connected(AGAIN, pb.Hello(kind="driver", pid=2, driver_key=b"another"))
+    c.s.client_connected(AGAIN, Hello(kind="driver", pid=2, driver_key=b"another"))
     assert c.s.actor_table.claim(AGAIN, b"another") == []
     assert c.s.actor_table.expire_unclaimed(4.0) == [aid]
     a = c.s.actor_table.actors[aid]
@@ -349,7 +350,7 @@ def test_a_claimed_actor_whose_handles_went_meanwhile_stops_at_the_drivers_relea
     c, call = restored_own()
     aid = call.actor.actor_id
     c.take()
-    c.s.client_connected(AGAIN, pb.Hello(kind="driver", pid=2, driver_key=KEY))
+    c.s.client_connected(AGAIN, Hello(kind="driver", pid=2, driver_key=KEY))
     assert c.s.actor_table.claim(AGAIN, KEY) == [aid]
     c.s.directory.ref_delta(AGAIN, [], [aid])   # the driver holds no handle of it any more
     assert c.s.actor_table.actors[aid].state is ActorState.DEAD

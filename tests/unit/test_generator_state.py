@@ -21,7 +21,6 @@ from _sched_helpers import (
     sent,
     worker_conn,
 )
-from orchestra._protocol import pb
 from orchestra._runtime.generators import (
     DYNAMIC,
     NONE,
@@ -30,6 +29,7 @@ from orchestra._runtime.generators import (
     generator_mode,
     is_generator_function,
 )
+from orchestra._scheduler.events import GeneratorItem
 from orchestra._scheduler.instructions import GeneratorAck
 
 pytestmark = pytest.mark.timeout(10)
@@ -42,7 +42,7 @@ def stream_call(**kw: Any) -> Any:
 
 
 def item(call: Any, i: int, value: Any = None, owner: int = 0) -> Any:
-    return pb.GeneratorItem(task_id=call.task_id, index=i, owner=owner,
+    return GeneratorItem(task_id=call.task_id, number=i, owner=owner,
                             data=inline_data(rid(call, i), value if value is not None else i))
 
 
@@ -104,8 +104,8 @@ def test_a_retry_yields_its_items_again_and_only_new_ones_are_taken():
 def test_a_repeated_item_in_shared_memory_is_freed():
     c = Cluster(cpus=1)
     call, wid = running_stream(c)
-    first = pb.GeneratorItem(task_id=call.task_id, index=1, data=segment_data(rid(call, 1), "seg-a"))
-    again = pb.GeneratorItem(task_id=call.task_id, index=1, data=segment_data(rid(call, 1), "seg-b"))
+    first = GeneratorItem(task_id=call.task_id, number=1, data=segment_data(rid(call, 1), "seg-a"))
+    again = GeneratorItem(task_id=call.task_id, number=1, data=segment_data(rid(call, 1), "seg-b"))
     c.s.streams.generator_item(worker_conn(wid), first)
     c.s.streams.generator_item(worker_conn(wid), again)
     assert freed_segments(c.take()) == ["seg-b"]
@@ -115,10 +115,10 @@ def test_an_item_whose_id_is_not_its_tasks_is_dropped():
     c = Cluster(cpus=1)
     call, wid = running_stream(c)
     other = make_call("other")
-    c.s.streams.generator_item(worker_conn(wid), pb.GeneratorItem(
-        task_id=call.task_id, index=1, data=inline_data(rid(other, 1))))
-    c.s.streams.generator_item(worker_conn(wid), pb.GeneratorItem(
-        task_id=call.task_id, index=0, data=inline_data(rid(call, 0))))
+    c.s.streams.generator_item(worker_conn(wid), GeneratorItem(
+        task_id=call.task_id, number=1, data=inline_data(rid(other, 1))))
+    c.s.streams.generator_item(worker_conn(wid), GeneratorItem(
+        task_id=call.task_id, number=0, data=inline_data(rid(call, 0))))
     assert pushes(c.take()) == {}
     assert rid(other, 1) not in c.s.objects and rid(call, 0) in c.s.objects   # the end, pending
 
@@ -146,7 +146,7 @@ def test_an_item_of_a_direct_call_becomes_its_callers_object():
 def test_an_ack_is_forwarded_to_the_producing_worker():
     c = Cluster(cpus=1)
     call, wid = running_stream(c)
-    c.s.streams.generator_ack(pb.GeneratorAck(task_id=call.task_id, consumed=3))
+    c.s.streams.generator_ack(call.task_id, 3)
     [msg] = sent(c.take(), GeneratorAck, worker_conn(wid))
     assert msg.consumed == 3
 
@@ -155,7 +155,7 @@ def test_a_retry_hears_the_acks_its_first_attempt_had():
     c = Cluster(cpus=2)
     call, wid = running_stream(c, max_retries=1)
     c.s.streams.generator_item(worker_conn(wid), item(call, 1))
-    c.s.streams.generator_ack(pb.GeneratorAck(task_id=call.task_id, consumed=1))
+    c.s.streams.generator_ack(call.task_id, 1)
     c.take()
     c.s.worker_died(wid, "killed")
     [(wid2, _)] = executed(c.take())
@@ -166,7 +166,7 @@ def test_a_retry_hears_the_acks_its_first_attempt_had():
 
 def test_an_ack_for_an_unknown_task_is_ignored():
     c = Cluster(cpus=1)
-    c.s.streams.generator_ack(pb.GeneratorAck(task_id=b"x" * 12, consumed=1))
+    c.s.streams.generator_ack(b"x" * 12, 1)
     assert c.take() == []
 
 

@@ -11,6 +11,7 @@ import pytest
 from orchestra._head.head import Conn, Head
 from orchestra._protocol import pb
 from orchestra._protocol import wire as _wire
+from orchestra._scheduler.events import Hello
 from orchestra._scheduler.instructions import FreeSegment, Instruction, KillWorker, StartWorker, StopWorker
 
 pytestmark = pytest.mark.timeout(10)
@@ -121,7 +122,7 @@ def test_a_worker_gets_its_hello_reply_before_the_constructor_sent_at_its_connec
     head.loop = _Later()  # type: ignore[assignment]
     local = head.local.node_id
     head.state.add_node(local, {"CPU": 1.0}, num_workers=0, max_workers=2)
-    head.state.client_connected(GRPC_CONN, pb.Hello(kind="grpc"))
+    head.state.client_connected(GRPC_CONN, Hello("grpc"))
     tid = bytes(range(12))
     ctor = types_pb2.Call(task_id=tid, function_id=b"cls", name="C.__init__", resources={"CPU": 1.0})
     ctor.actor.CopyFrom(types_pb2.ActorSpec(actor_id=tid + b"\xff" * 4, class_name="C",

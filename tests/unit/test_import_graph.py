@@ -259,13 +259,13 @@ def test_a_scheduler_helper_does_not_import_the_scheduler_state(helper):
 
 # Scheduler modules that still carry protobuf messages as data (a task's Call, an
 # object's ObjectData, the durable records): the list only shrinks. None may know a
-# frame kind: its instructions to a process are in its own words, and
-# _head/outbound.py alone makes frames of them.
+# frame kind: its events (events.py) and instructions (instructions.py) are in its own
+# words, and the head's edge alone (_head/inbound.py, _head/outbound.py) turns frames
+# into them and them into frames.
 SCHEDULER_HOLDING_MESSAGES = {
     "_scheduler.actors", "_scheduler.adoption", "_scheduler.durable", "_scheduler.groups",
-    "_scheduler.jobs", "_scheduler.kept", "_scheduler.lineage", "_scheduler.memory",
-    "_scheduler.model", "_scheduler.objects", "_scheduler.state", "_scheduler.streams",
-    "_scheduler.workers",
+    "_scheduler.jobs", "_scheduler.kept", "_scheduler.lineage", "_scheduler.model",
+    "_scheduler.objects", "_scheduler.state", "_scheduler.workers",
 }
 
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from _sched_helpers import Nodes, executed, freed_segments, make_call, ref, rid, segment_data, worker_conn
-from orchestra._protocol import pb
+from orchestra._scheduler.events import Hello, TaskDone
 from orchestra._scheduler.instructions import KillWorker
 from orchestra._scheduler.kept import KEEP_S
 from orchestra._scheduler.model import TaskState
@@ -128,8 +128,8 @@ class Kept(RuleBasedStateMachine):
         else:
             if tid not in self.ran:
                 self.back_first.add(tid)
-            self.c.s.client_connected(worker_conn(wid), pb.Hello(
-                kind="worker", pid=wid, workerid=wid, resume_task=tid), JOINED)
+            self.c.s.client_connected(worker_conn(wid), Hello(
+                kind="worker", pid=wid, worker_id=wid, resume_task=tid), JOINED)
             self.running[tid + b"@before"] = wid
         self._take()
 
@@ -145,7 +145,7 @@ class Kept(RuleBasedStateMachine):
         tid = key[:12]
         node = self.c.node_of(wid) if wid in self.c.s.workers else 0
         name = f"r-{tid.hex()}" if wid in self.before else f"w-{tid.hex()}"
-        self.c.s.task_done(worker_conn(wid), pb.TaskDone(task_id=tid, returns=[
+        self.c.s.task_done(worker_conn(wid), TaskDone(task_id=tid, returns=[
             segment_data(tid + (0).to_bytes(4, "big"), name, node_id=node)]))
         self._take()
 

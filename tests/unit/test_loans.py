@@ -20,7 +20,7 @@ from _sched_helpers import (
     socket_path,
     worker_conn,
 )
-from orchestra._protocol import pb
+from orchestra._scheduler.events import Hello
 from orchestra._scheduler.instructions import (
     LATE,
     Execute,
@@ -178,7 +178,7 @@ def test_a_returned_worker_is_idle_again_and_its_grant_back_on_the_node():
 
 def test_a_return_from_a_driver_it_is_not_lent_to_is_ignored():
     c = Cluster(cpus=1, lending=True)
-    c.s.client_connected(OTHER_DRIVER, pb.Hello(kind="driver", pid=2))
+    c.s.client_connected(OTHER_DRIVER, Hello(kind="driver", pid=2))
     lent(c)
     c.s.loans.return_loan(OTHER_DRIVER, 1)
     assert c.worker(1).lent_to == DRIVER
@@ -200,7 +200,7 @@ def test_a_drivers_loans_end_when_it_disconnects_and_the_workers_are_replaced():
     # A driver gone with workers still on loan (killed: a clean shutdown gives them
     # back first) may have left its direct calls queued there: they are retired.
     c = Cluster(cpus=1, lending=True)
-    c.s.client_connected(OTHER_DRIVER, pb.Hello(kind="driver", pid=2))
+    c.s.client_connected(OTHER_DRIVER, Hello(kind="driver", pid=2))
     task = c.submit(make_call("f"), conn=OTHER_DRIVER)
     assert [m.worker_id for m in loans(c.take(), OTHER_DRIVER)] == [1]
     c.done(1, task)
@@ -213,7 +213,7 @@ def test_a_drivers_loans_end_when_it_disconnects_and_the_workers_are_replaced():
 
 def test_a_dead_drivers_tasks_are_cancelled_and_its_running_ones_killed():
     c = Cluster(cpus=1, pipeline_depth=1)
-    c.s.client_connected(OTHER_DRIVER, pb.Hello(kind="driver", pid=2))
+    c.s.client_connected(OTHER_DRIVER, Hello(kind="driver", pid=2))
     running = c.submit(make_call("running"), conn=OTHER_DRIVER)
     queued = c.submit(make_call("queued"), conn=OTHER_DRIVER)
     mine = c.submit(make_call("mine"))

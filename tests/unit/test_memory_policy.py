@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from orchestra._node import memory
 from orchestra._protocol import pb
 from orchestra._scheduler import memory as policy
+from orchestra._scheduler.events import MemoryPressure
 from orchestra._scheduler.model import Task, Worker
 
 workers = st.lists(st.tuples(st.sampled_from(["idle", "task", "lent", "actor", "starting actor"]),
@@ -41,7 +42,7 @@ def make(spec: list[tuple[str, int, int, int]]) -> list[Worker]:
 @given(workers)
 def test_the_victim_is_the_newest_retriable_task_then_the_newest_task_then_an_actor(spec):
     ws = make(spec)
-    pressure = pb.NodeMemoryPressure(used=95, limit=100, threshold=0.9, where="the machine")
+    pressure = MemoryPressure(used=95, limit=100, threshold=0.9, where="the machine", workers={})
     kill = policy.choose(ws, pressure, 0, "n0")
     mine = [w for w in ws if w.node_id == 0]
     tasks = [w for w in mine if w.actor is None and (w.queue or w.lent_to is not None)]
@@ -64,8 +65,8 @@ def test_the_victim_is_the_newest_retriable_task_then_the_newest_task_then_an_ac
 
 
 def test_the_reason_names_the_usage_the_limit_and_the_process():
-    p = pb.NodeMemoryPressure(used=int(2.9 * (1 << 30)), limit=3 << 30, threshold=0.95,
-                              where="cgroup v2 /job", workers={5: 1 << 30})
+    p = MemoryPressure(used=int(2.9 * (1 << 30)), limit=3 << 30, threshold=0.95,
+                       where="cgroup v2 /job", workers={5: 1 << 30})
     assert policy.reason(p, "node-a", 5) == (
         "killed by the memory monitor: node node-a used 2.90 GiB of 3.00 GiB (97%, past its "
         "threshold of 95%; cgroup v2 /job), and this process held 1.00 GiB of its own")

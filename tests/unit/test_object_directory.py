@@ -24,6 +24,7 @@ from _sched_helpers import (
 )
 from orchestra._objects.errors import make_error
 from orchestra._protocol import pb
+from orchestra._scheduler.events import Hello, TaskDone
 from orchestra._scheduler.instructions import FreeSegment, Loan, Pull, Push
 from orchestra._scheduler.model import TaskState
 
@@ -49,7 +50,7 @@ def made_on_other(c: Cluster, w2: int, max_retries: int = 0) -> tuple[bytes, obj
     call = c.submit(make_call("make", resources={"other": 1.0}, max_retries=max_retries))
     assert [w for w, _ in executes(c.take())] == [w2]
     oid = rid(call)
-    c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=call.task_id,
+    c.s.task_done(worker_conn(w2), TaskDone(task_id=call.task_id,
                                                returns=[seg_on(OTHER, oid, "seg-on-2")]))
     c.take()
     return oid, call
@@ -108,13 +109,13 @@ def test_a_subscriber_of_a_result_nobody_holds_any_more_hears_it_is_gone_when_it
     # as GRPC_CONN) waited for a result whose last ref went while its task ran: freed
     # at its seal, the subscriber was never told and its reader waited for ever.
     c, _, w2 = two_nodes()
-    c.s.client_connected(50, pb.Hello(kind="grpc"))
+    c.s.client_connected(50, Hello(kind="grpc"))
     call = c.submit(make_call("make", resources={"other": 1.0}))
     c.take()
     oid = rid(call)
     c.s.directory.subscribe(50, [oid])
     c.s.directory.ref_delta(DRIVER, [], [oid])
-    c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=call.task_id,
+    c.s.task_done(worker_conn(w2), TaskDone(task_id=call.task_id,
                                                returns=[seg_on(OTHER, oid, "seg-on-2")]))
     out = c.take()
     assert FreeSegment(OTHER, "seg-on-2") in out
@@ -134,7 +135,7 @@ def test_a_driver_that_dropped_a_tasks_refs_hears_when_it_answered_if_it_outlive
     c.take()
     oid = rid(call)
     c.s.directory.ref_delta(DRIVER, [], [oid])
-    c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=call.task_id,
+    c.s.task_done(worker_conn(w2), TaskDone(task_id=call.task_id,
                                                returns=[seg_on(OTHER, oid, "seg-on-2")]))
     out = c.take()
     assert FreeSegment(OTHER, "seg-on-2") in out
@@ -193,7 +194,7 @@ def test_a_lost_result_of_a_task_with_retries_is_made_again_on_a_live_node():
     call = c.submit(make_call("make", max_retries=1))
     assert [w for w, _ in executes(c.take())] == [w2]
     oid = rid(call)
-    c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=call.task_id,
+    c.s.task_done(worker_conn(w2), TaskDone(task_id=call.task_id,
                                                returns=[seg_on(OTHER, oid, "seg-on-2")]))
     c.done(w0, busy)
     c.take()
@@ -201,7 +202,7 @@ def test_a_lost_result_of_a_task_with_retries_is_made_again_on_a_live_node():
     assert c.s.objects[oid].data is None   # pending again
     out = c.take()
     assert [(w, inv.call.task_id) for w, inv in executes(out)] == [(w0, call.task_id)]
-    c.s.task_done(worker_conn(w0), pb.TaskDone(task_id=call.task_id,
+    c.s.task_done(worker_conn(w0), TaskDone(task_id=call.task_id,
                                                returns=[seg_on(NODE, oid, "again-on-0")]))
     assert c.s.objects[oid].data.segment.name == "again-on-0"
     # The rebuilt object has no retry left to be rebuilt once more.
@@ -223,7 +224,7 @@ def test_a_queued_task_whose_argument_is_made_again_waits_for_it():
     make = c.submit(make_call("make", max_retries=1))
     assert executed(c.take()) == [(w2, make.task_id)]
     oid = rid(make)
-    c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=make.task_id,
+    c.s.task_done(worker_conn(w2), TaskDone(task_id=make.task_id,
                                                returns=[seg_on(OTHER, oid, "seg-on-2")]))
     consumer = c.submit(make_call("consumer", (ref(oid),), resources={"zero": 1.0}))
     assert c.s.tasks[consumer.task_id].state is TaskState.READY   # behind busy
@@ -233,7 +234,7 @@ def test_a_queued_task_whose_argument_is_made_again_waits_for_it():
     assert c.s.tasks[consumer.task_id].state is TaskState.WAITING
     c.done(w0, busy)
     assert executed(c.take()) == [(w0, make.task_id)]   # the rebuild first
-    c.s.task_done(worker_conn(w0), pb.TaskDone(task_id=make.task_id,
+    c.s.task_done(worker_conn(w0), TaskDone(task_id=make.task_id,
                                                returns=[seg_on(NODE, oid, "again-on-0")]))
     [(w, inv)] = executes(c.take())
     assert (w, inv.call.task_id) == (w0, consumer.task_id)
@@ -255,7 +256,7 @@ def argument_on_other_node() -> tuple[Cluster, int, Any, Any, bytes]:
     make = c.submit(make_call("make", max_retries=1))   # on node 2: node 0's CPU is busy
     assert executed(c.take()) == [(w2, make.task_id)]
     oid = rid(make)
-    c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=make.task_id,
+    c.s.task_done(worker_conn(w2), TaskDone(task_id=make.task_id,
                                                returns=[seg_on(OTHER, oid, "seg-on-2")]))
     return c, w0, busy, make, oid
 
@@ -265,7 +266,7 @@ def made_again_then_sent(c: Cluster, w0: int, make: Any, oid: bytes,
     """``make`` was sent to ``w0`` again (in ``sent``) to make ``oid`` again; it ends
     there: the one task then sent (worker, task id), given the new copy of ``oid``."""
     assert (w0, make.task_id) in sent   # the rebuild
-    c.s.task_done(worker_conn(w0), pb.TaskDone(task_id=make.task_id,
+    c.s.task_done(worker_conn(w0), TaskDone(task_id=make.task_id,
                                                returns=[seg_on(NODE, oid, "again-on-0")]))
     [(w, inv)] = executes(c.take())
     assert inv.resolved[0].segment.name == "again-on-0"
@@ -307,7 +308,7 @@ def test_a_sent_task_that_runs_again_after_its_argument_was_lost_waits_for_it(ho
         c.s.return_tasks(worker_conn(w0), [consumer.task_id])
         c.done(w0, busy)
     else:
-        c.s.task_done(worker_conn(w0), pb.TaskDone(
+        c.s.task_done(worker_conn(w0), TaskDone(
             task_id=consumer.task_id, user_error=True,
             returns=[pb.ObjectData(object_id=rid(consumer), error=b"raised")]))
     assert c.s.tasks[consumer.task_id].state is TaskState.WAITING
@@ -337,7 +338,7 @@ def test_a_worker_on_another_node_is_lent_over_tcp_once_it_said_where(tcp):
         c.s.worker_pool.worker_address(worker_conn(w0), "10.0.0.1:4242")
     # A second driver, on another node: the worker on node 0 is lent to it over TCP,
     # or not at all while the worker has no TCP address.
-    c.s.client_connected(7, pb.Hello(kind="driver", pid=7), OTHER)
+    c.s.client_connected(7, Hello(kind="driver", pid=7), OTHER)
     c.submit(make_call("f"), conn=7)
     loans = _loans(c.take())
     assert [(ln.worker_id, ln.path) for ln in loans] == ([(w0, "10.0.0.1:4242")] if tcp else [])
@@ -364,7 +365,7 @@ def test_a_task_bound_to_a_node_gets_a_worker_lent_for_that_node_only():
     assert (loan.worker_id, loan.path, loan.pinned_node) == (w2, "10.0.0.2:4242", OTHER + 1)
     # A task of the driver that may run anywhere is not sent to that loan: its key
     # differs (the driver keys pinned loans apart), and a soft-bound task gets none.
-    c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=call.task_id, returns=[]))
+    c.s.task_done(worker_conn(w2), TaskDone(task_id=call.task_id, returns=[]))
     c.take()
     c.submit(make_call("g", placement=affinity(NODE, soft=True)))
     assert _loans(c.take()) == []
@@ -374,7 +375,7 @@ def test_a_task_bound_to_a_node_gets_a_worker_lent_for_that_node_only():
 def test_direct_calls_are_lent_only_to_drivers_on_the_workers_node(same_node):
     c = Cluster(cpus=1, lending=True)
     # A second driver, on node 2 (or node 0), and a worker on node 0 it could borrow.
-    c.s.client_connected(7, pb.Hello(kind="driver", pid=7), 0 if same_node else OTHER)
+    c.s.client_connected(7, Hello(kind="driver", pid=7), 0 if same_node else OTHER)
     c.submit(make_call("f"), conn=7)
     out = c.take()
     loans = [i for i in out if type(i) is Loan]
@@ -418,12 +419,12 @@ def test_a_lost_argument_whose_own_argument_was_freed_is_made_again_from_its_lin
     assert executed(c.take()) == [(w2, make.task_id)]
     first = rid(make)
     made = inline_data(first, "small") if inline_first else seg_on(OTHER, first, "make-on-2")
-    c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=make.task_id, returns=[made]))
+    c.s.task_done(worker_conn(w2), TaskDone(task_id=make.task_id, returns=[made]))
     step = c.submit(make_call("step", (ref(first),), placement=there, max_retries=1))
     _drop(c, first)
     assert executed(c.take()) == [(w2, step.task_id)]
     second = rid(step)
-    c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=step.task_id,
+    c.s.task_done(worker_conn(w2), TaskDone(task_id=step.task_id,
                                                returns=[seg_on(OTHER, second, "step-on-2")]))
     assert first not in c.s.objects   # freed: its value is gone
     gate = c.submit(make_call("gate"))
@@ -439,12 +440,12 @@ def test_a_lost_argument_whose_own_argument_was_freed_is_made_again_from_its_lin
         assert inv.resolved[0].inline == made.inline
     else:
         assert executed(out) == [(w0, make.task_id)]
-        c.s.task_done(worker_conn(w0), pb.TaskDone(task_id=make.task_id,
+        c.s.task_done(worker_conn(w0), TaskDone(task_id=make.task_id,
                                                    returns=[seg_on(NODE, first, "make-on-0")]))
         [(w, inv)] = executes(c.take())
         assert (w, inv.call.task_id) == (w0, step.task_id)
         assert inv.resolved[0].segment.name == "make-on-0"
-    c.s.task_done(worker_conn(w0), pb.TaskDone(task_id=step.task_id,
+    c.s.task_done(worker_conn(w0), TaskDone(task_id=step.task_id,
                                                returns=[seg_on(NODE, second, "step-on-0")]))
     [(w, inv)] = executes(c.take())
     assert (w, inv.call.task_id) == (w0, consumer.task_id)
@@ -469,7 +470,7 @@ def test_a_put_argument_a_kept_lineage_names_keeps_its_value_until_that_lineage_
     _drop(c, put_id)
     assert executed(c.take()) == [(w2, step.task_id)]
     second = rid(step)
-    c.s.task_done(worker_conn(w2), pb.TaskDone(task_id=step.task_id,
+    c.s.task_done(worker_conn(w2), TaskDone(task_id=step.task_id,
                                                returns=[seg_on(OTHER, second, "step-on-2")]))
     assert "put-on-0" not in freed_segments(c.take())   # kept for the lineage
     gate = c.submit(make_call("gate"))
@@ -481,7 +482,7 @@ def test_a_put_argument_a_kept_lineage_names_keeps_its_value_until_that_lineage_
     [(w, inv)] = executes(c.take())
     assert (w, inv.call.task_id) == (w0, step.task_id)
     assert inv.resolved[0].segment.name == "put-on-0"
-    c.s.task_done(worker_conn(w0), pb.TaskDone(task_id=step.task_id,
+    c.s.task_done(worker_conn(w0), TaskDone(task_id=step.task_id,
                                                returns=[seg_on(NODE, second, "step-on-0")]))
     # Made again with no retry left, the result keeps no lineage: nothing names the
     # put any more, and its segment goes.

@@ -12,6 +12,7 @@ from _sched_helpers import DRIVER, Nodes, executed, executes, make_call, pushes,
 from orchestra._objects.errors import make_error
 from orchestra._proto import types_pb2
 from orchestra._protocol import pb
+from orchestra._scheduler.events import Hello
 from orchestra._scheduler.groups import READY_SUFFIX, place_bundles
 from orchestra._scheduler.instructions import KillWorker, Warn
 from orchestra.exceptions import InfeasibleResourcesError, TaskCancelledError
@@ -258,7 +259,7 @@ def test_a_task_submitted_to_a_removed_group_fails():
 
 def test_a_group_ends_with_the_connection_that_made_it_unless_detached():
     c = cluster({0: {"CPU": 4}})
-    c.s.client_connected(7, pb.Hello(kind="driver", pid=7))
+    c.s.client_connected(7, Hello(kind="driver", pid=7))
     gone = group(c, [{"CPU": 1}], conn=7)
     kept = group(c, [{"CPU": 1}], conn=7, detached=True)
     c.s.client_disconnected(7)

@@ -36,6 +36,7 @@ from orchestra._ids import node_hex
 from orchestra._objects.errors import make_error
 from orchestra._proto import types_pb2
 from orchestra._protocol import pb
+from orchestra._scheduler.events import TaskDone
 from orchestra._scheduler.instructions import Execute, Loan, Warn
 from orchestra._scheduler.model import Obj, Task, TaskState
 from orchestra.exceptions import InfeasibleResourcesError
@@ -169,7 +170,7 @@ def test_an_argument_that_becomes_ready_later_draws_its_consumer_to_its_node():
     consumer = c.submit(make_call("consumer", (ref(rid(producer)),)))
     assert executed(c.take()) == []   # waits for its argument
     # The producer's worker writes the result into a segment of node 2.
-    c.s.task_done(worker_conn(wid), pb.TaskDone(task_id=producer.task_id, returns=[
+    c.s.task_done(worker_conn(wid), TaskDone(task_id=producer.task_id, returns=[
         segment_data(rid(producer), "result", node_id=2, size=16 * MiB)]))
     out = c.take()
     assert [tid for _, tid in executed(out)] == [consumer.task_id] and c.ran_on(out) == [2]

@@ -36,6 +36,7 @@ from orchestra._head.grpc_service import GRPC_CONN
 from orchestra._head.pulls import Pulls
 from orchestra._protocol import pb
 from orchestra._protocol import wire as _wire
+from orchestra._scheduler.events import Hello, TaskDone
 from orchestra._scheduler.instructions import FreeSegment, Pull, Push, StartWorker
 from orchestra._scheduler.model import WorkerState
 
@@ -122,7 +123,7 @@ class PullInterleavings(RuleBasedStateMachine):
         super().__init__()
         self.c = Cluster(cpus=1)
         self.s = self.c.s
-        self.s.client_connected(GRPC_CONN, pb.Hello(kind="grpc"))
+        self.s.client_connected(GRPC_CONN, Hello(kind="grpc"))
         self.head = Head(self)
         self.now = 0.0
         self.pulls = Pulls(self.head, clock=lambda: self.now)   # type: ignore[arg-type]
@@ -239,7 +240,7 @@ class PullInterleavings(RuleBasedStateMachine):
         name = f"seg-{next(self.names)}"
         self.live.add((w.node_id, name))
         data = segment_data(rid(call), name, node_id=w.node_id, size=SIZE)
-        self.s.task_done(w.conn, pb.TaskDone(task_id=call.task_id, returns=[data]))
+        self.s.task_done(w.conn, TaskDone(task_id=call.task_id, returns=[data]))
         self.carry_out()
 
     @rule(r=st.integers(0, 20), o=st.integers(0, 50))

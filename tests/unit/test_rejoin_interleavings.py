@@ -23,6 +23,7 @@ from orchestra._proto import types_pb2
 from orchestra._protocol import pb
 from orchestra._scheduler import durable
 from orchestra._scheduler.actors import ActorState
+from orchestra._scheduler.events import Hello, TaskDone
 from orchestra._scheduler.instructions import StartWorker
 
 pytestmark = pytest.mark.timeout(120)
@@ -54,7 +55,7 @@ class Rejoin(RuleBasedStateMachine):
     def restore(self, where: list[int], restarts: list[int], own: list[bool]) -> None:
         self.c = Nodes({0: {"CPU": 2}, 2: {"CPU": 2}, 3: {"CPU": 2}}, workers={0: 0, 2: 0, 3: 0})
         self.c.s.worker_pool.first_id(NEW_BASE)
-        self.c.s.client_connected(HEAD, pb.Hello(kind="grpc"))
+        self.c.s.client_connected(HEAD, Hello(kind="grpc"))
         records: dict[str, bytes] = {}
         self.calls: list[Any] = []
         self.before: dict[bytes, int] = {}          # actor id -> restarts in its record
@@ -94,8 +95,8 @@ class Rejoin(RuleBasedStateMachine):
         wid, node = self.old.pop(aid)
         kept = aid in self.c.s.actor_table.reserved   # its node had room for it
         try:
-            self.c.s.client_connected(worker_conn(wid), pb.Hello(
-                kind="worker", pid=wid, workerid=wid, node_id=node, resume_actor=aid), node)
+            self.c.s.client_connected(worker_conn(wid), Hello(
+                kind="worker", pid=wid, worker_id=wid, resume_actor=aid), node)
             self.adopted.add(aid)
         except ValueError:   # the head closes it; the process exits
             self.c.s.client_disconnected(worker_conn(wid))
@@ -126,13 +127,13 @@ class Rejoin(RuleBasedStateMachine):
         self.c.connect(wid)
         w = self.c.s.workers[wid]
         if w.actor is not None:   # its constructor runs, and returns
-            self.c.s.task_done(worker_conn(wid), pb.TaskDone(task_id=w.actor.creation.call.task_id))
+            self.c.s.task_done(worker_conn(wid), TaskDone(task_id=w.actor.creation.call.task_id))
         self._take()
 
     @precondition(lambda self: not self.claimed and not self.exited)
     @rule()
     def the_driver_connects_again(self) -> None:
-        self.c.s.client_connected(AGAIN, pb.Hello(kind="driver", pid=5, driver_key=KEY))
+        self.c.s.client_connected(AGAIN, Hello(kind="driver", pid=5, driver_key=KEY))
         got = self.c.s.actor_table.claim(AGAIN, KEY)
         assert set(got) == (set() if self.expired else self.own)
         self.claimed = not self.expired

@@ -34,6 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from _sched_helpers import DRIVER, Cluster, inline_data, make_call, new_id, ref, rid, worker_conn
 from orchestra._protocol import pb
+from orchestra._scheduler.events import Hello, TaskDone
 from orchestra._scheduler.instructions import Push, StartWorker
 from orchestra._scheduler.model import TaskState, WorkerState
 
@@ -49,7 +50,7 @@ class SchedulerInterleavings(RuleBasedStateMachine):
         super().__init__()
         self.c = Cluster(cpus=2, max_workers=4)
         self.s = self.c.s
-        self.s.client_connected(DRIVER2, pb.Hello(kind="driver", pid=2))
+        self.s.client_connected(DRIVER2, Hello(kind="driver", pid=2))
         # A second node, which may die and join again: large results live in the store
         # of the node that made them, and are made again (lineage) when it dies.
         self.s.add_node(OTHER, {"CPU": 2.0}, num_workers=2, max_workers=3)
@@ -168,15 +169,15 @@ class SchedulerInterleavings(RuleBasedStateMachine):
         call = t.call
         if error:
             returns = [pb.ObjectData(object_id=rid(call), error=b"user error")]
-            self.s.task_done(w.conn, pb.TaskDone(task_id=call.task_id, returns=returns,
+            self.s.task_done(w.conn, TaskDone(task_id=call.task_id, returns=returns,
                                                  user_error=True))
         elif large:   # in the store of the worker's node
             self.segments += 1
             data = pb.ObjectData(object_id=rid(call), segment=pb.Segment(
                 name=f"seg-{self.segments}", size=1 << 20, node_id=w.node_id))
-            self.s.task_done(w.conn, pb.TaskDone(task_id=call.task_id, returns=[data]))
+            self.s.task_done(w.conn, TaskDone(task_id=call.task_id, returns=[data]))
         else:
-            self.s.task_done(w.conn, pb.TaskDone(task_id=call.task_id,
+            self.s.task_done(w.conn, TaskDone(task_id=call.task_id,
                                                  returns=[inline_data(rid(call), "v")]))
         self._take()
 

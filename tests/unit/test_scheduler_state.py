@@ -33,6 +33,7 @@ from _sched_helpers import (
 )
 from orchestra._protocol import pb
 from orchestra._scheduler.blocking import STALL_S
+from orchestra._scheduler.events import Hello, TaskDone
 from orchestra._scheduler.instructions import (
     CancelTask,
     Execute,
@@ -90,7 +91,7 @@ def test_an_argument_that_failed_fails_the_task_without_running_it():
     later = c.submit(make_call("later", (ref(rid(failing)),)))
     c.take()
     error = pb.ObjectData(object_id=rid(failing), error=b"boom")
-    c.s.task_done(worker_conn(1), pb.TaskDone(task_id=failing.task_id, returns=[error],
+    c.s.task_done(worker_conn(1), TaskDone(task_id=failing.task_id, returns=[error],
                                               user_error=True))
     out = c.take()
     assert executed(out) == []
@@ -562,10 +563,10 @@ def test_retry_exceptions_reruns_a_task_that_raised():
     call = c.submit(make_call("f", max_retries=1, retry_exceptions=True))
     c.take()
     error = pb.ObjectData(object_id=rid(call), error=b"raised")
-    c.s.task_done(worker_conn(1), pb.TaskDone(task_id=call.task_id, returns=[error],
+    c.s.task_done(worker_conn(1), TaskDone(task_id=call.task_id, returns=[error],
                                               user_error=True))
     assert executed(c.take()) == [(1, call.task_id)]
-    c.s.task_done(worker_conn(1), pb.TaskDone(task_id=call.task_id, returns=[error],
+    c.s.task_done(worker_conn(1), TaskDone(task_id=call.task_id, returns=[error],
                                               user_error=True))
     assert error_of(c.take(), rid(call)) == b"raised"
 
@@ -640,7 +641,7 @@ def test_pending_tasks_counts_a_drivers_tasks_and_those_its_tasks_made():
     c.submit(make_call("queued"))
     c.take()
     c.submit(make_call("child", (ref(rid(first)),)), conn=worker_conn(1))
-    c.s.client_connected(DRIVER + 1, pb.Hello(kind="driver", pid=2))
+    c.s.client_connected(DRIVER + 1, Hello(kind="driver", pid=2))
     c.submit(make_call("another driver's"), conn=DRIVER + 1)
     assert c.s.pending_tasks(DRIVER) == 3
     assert c.s.pending_tasks(DRIVER, own_only=True) == 2
@@ -796,7 +797,7 @@ def test_a_result_nobody_holds_is_freed_when_it_is_sealed():
     c.take()
     c.s.directory.ref_delta(DRIVER, incr=[], decr=[rid(call)])
     assert rid(call) in c.s.objects          # pending: freed at seal
-    c.s.task_done(worker_conn(1), pb.TaskDone(task_id=call.task_id,
+    c.s.task_done(worker_conn(1), TaskDone(task_id=call.task_id,
                                               returns=[segment_data(rid(call), "seg-r")]))
     out = c.take()
     assert rid(call) not in c.s.objects
@@ -806,7 +807,7 @@ def test_a_result_nobody_holds_is_freed_when_it_is_sealed():
 def test_a_disconnected_client_drops_every_ref_it_held():
     c = Cluster(cpus=1)
     other = 7
-    c.s.client_connected(other, pb.Hello(kind="driver", pid=2))
+    c.s.client_connected(other, Hello(kind="driver", pid=2))
     oid = new_id() + bytes(4)
     c.s.directory.put(other, segment_data(oid, "seg-other"))
     c.s.directory.ref_delta(DRIVER, incr=[oid], decr=[])
@@ -827,7 +828,7 @@ def test_subscribing_to_an_unknown_object_gets_a_lost_error():
 def test_a_subscriber_gets_the_object_when_it_is_sealed():
     c = Cluster(cpus=1)
     other = 7
-    c.s.client_connected(other, pb.Hello(kind="driver", pid=2))
+    c.s.client_connected(other, Hello(kind="driver", pid=2))
     call = c.submit(make_call("f"))
     c.take()
     c.s.directory.subscribe(other, [rid(call)])
