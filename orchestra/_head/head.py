@@ -61,7 +61,7 @@ from .._scheduler.jobs import JobBook
 from .._scheduler.memory import choose as memory_victim
 from .._scheduler.state import SchedulerState, WorkerState
 from . import grpc_service as _grpc_service
-from . import inbound, jobs, rejoin
+from . import inbound, jobs, records, rejoin
 from .frames import FRAMES, REQUESTS, Waiter
 from .grpc_service import GRPC_CONN
 from .heartbeats import HEARTBEAT_S, Heartbeats
@@ -548,7 +548,7 @@ class Head:
                 elif type(ins) is Pull:
                     self.pulls.pull(ins.node_id, ins.object_id)
                 elif type(ins) is Durable and self.durable is not None:
-                    self.durable.write(ins.table, ins.key, ins.value)
+                    self.durable.write(ins.table, ins.key, records.encode(ins.table, ins.value))
             for cid, msg in pushes.items():
                 if cid == GRPC_CONN:
                     for d in msg.objects:

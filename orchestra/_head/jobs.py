@@ -16,8 +16,9 @@ import time
 from typing import Any, Protocol
 
 from .._protocol import pb
-from .._scheduler.jobs import RUNNING, JobBook
+from .._scheduler.jobs import RUNNING, JobBook, JobRecord
 from .._scheduler.state import SchedulerState
+from . import records
 from .state_store import HeadState
 
 
@@ -38,7 +39,7 @@ def flush(head: Head) -> None:
     out = head.jobs.out
     if head.durable is not None:
         for d in out:
-            head.durable.write(d.table, d.key, d.value)
+            head.durable.write(d.table, d.key, records.encode(d.table, d.value))
     out.clear()
 
 
@@ -71,9 +72,10 @@ def client_gone(head: Head, conn_id: int) -> None:
     flush(head)
 
 
-def restore(head: Head, records: dict[str, bytes], slack_s: float) -> None:
-    """The jobs the heads before kept; those running wait for their drivers."""
-    for problem in head.jobs.restore(records):
+def restore(head: Head, kept: dict[str, JobRecord], slack_s: float) -> None:
+    """The jobs the heads before kept (read from the store: _head/records.py); those
+    running wait for their drivers."""
+    for problem in head.jobs.restore(kept):
         print(f"orchestra head: not restored: {problem}", file=sys.stderr, flush=True)
     flush(head)
     if head.jobs.waiting():

@@ -35,7 +35,7 @@ from .._scheduler.durable import ACTORS, JOBS, NODES
 from .._scheduler.durable import restore as restore_records
 from .._scheduler.jobs import JobBook
 from .._scheduler.state import SchedulerState
-from . import jobs
+from . import jobs, records
 from .state_store import CLUSTER, HeadState
 
 
@@ -78,9 +78,13 @@ def restore(head: Head, joined_from: int, owner: int) -> None:
     head.state.worker_pool.first_id(base)
     head.next_conn = max(head.next_conn, base)
     head.next_node_id = max(head.next_node_id, durable.next_node)
-    for problem in restore_records(head.state, owner, durable.records(), joined_from):
+    kept, unreadable = records.read(durable.records())
+    for table, key, problem in unreadable:   # said, and dropped
         print(f"orchestra head: not restored: {problem}", file=sys.stderr, flush=True)
-    jobs.restore(head, durable.records().get(JOBS, {}), UNCLAIMED_SLACK_S)
+        durable.write(table, key, None)
+    for problem in restore_records(head.state, owner, kept, joined_from):
+        print(f"orchestra head: not restored: {problem}", file=sys.stderr, flush=True)
+    jobs.restore(head, kept.get(JOBS, {}), UNCLAIMED_SLACK_S)
     if durable.boots > 1:   # the drivers of before make their lost work again meanwhile
         head.pulls.recover_until = head.pulls.clock() + float(
             head.cfg.get("reconnect_timeout_s", 0.0))
@@ -150,10 +154,10 @@ def stop_store(head: Head) -> None:
     actors drivers made (their drivers were told the cluster stopped)."""
     if head.durable is not None:
         jobs.stopped(head)
-        records = head.durable.records()
-        for key in records.get(NODES, {}):
+        rows = head.durable.records()
+        for key in rows.get(NODES, {}):
             head.durable.write(NODES, key, None)
-        for key, value in records.get(ACTORS, {}).items():
+        for key, value in rows.get(ACTORS, {}).items():
             if _owned(value):
                 head.durable.write(ACTORS, key, None)
         head.durable.stop()
@@ -162,7 +166,7 @@ def stop_store(head: Head) -> None:
 def _owned(value: bytes) -> bool:
     """Whether an actor's record is a driver's own actor's (not a detached one's)."""
     try:
-        return bool(pb.DurableActor.FromString(value).owner_key)
+        return bool(records.decode(ACTORS, value).owner_key)
     except Exception:   # a record no head can read: restore() says so and drops it
         return False
 

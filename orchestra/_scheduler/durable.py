@@ -5,9 +5,12 @@ store (_head/state_store.py). No I/O.
     ActorTable: a kept actor (detached, or a driver's) created, placed (the node its
         process runs on), restarted, dead
     PlacementGroups: a detached group created, removed
-        --Durable(table, key, value | None)--> state.out --> Head.carry_out
-        --> HeadState.write: the store's own thread writes it, in order, off the loop
-    a head started on a store that holds records: restore(state, owner, records)
+        --Durable(table, key, record | None)--> state.out --> Head.carry_out: the
+        record as bytes (_head/records.py) --> HeadState.write: the store's own thread
+        writes it, in order, off the loop
+    a head started on a store that holds records: the head's edge reads them
+        (_head/records.py: those it cannot read are said and deleted there), then
+        restore(state, owner, records)
         the groups first (an actor may be placed in one), then the actors: each a new
         instance of its class (its constructor runs again, restart_count + 1; such
         restarts are not counted against its max_restarts), except one whose process
@@ -33,20 +36,33 @@ creator's connection; they are not kept.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Any, NamedTuple, Protocol
 
-from .._protocol import pb
 from .instructions import Durable, Instruction
 
-ACTORS = "actors"   # kept actor id (hex) -> DurableActor
-GROUPS = "groups"   # detached placement group id (hex) -> PlacementGroupSpec
+ACTORS = "actors"   # kept actor id (hex) -> ActorRecord
+GROUPS = "groups"   # detached placement group id (hex) -> its PlacementGroupSpec
 NODES = "nodes"     # joined node id (decimal) serving -> b"" (_head/rejoin.py)
-JOBS = "jobs"       # driver key (hex) -> DurableJob (_scheduler/jobs.py)
+JOBS = "jobs"       # driver key (hex) -> JobRecord (_scheduler/jobs.py)
 TABLES = (ACTORS, GROUPS, NODES, JOBS)
 
 
+class ActorRecord(NamedTuple):
+    """A kept actor as it is now: its constructor's call (``creation``), its restarts
+    so far (``revived`` of them by restarted heads), its class as registered
+    (``cls``; None: unknown), the node its process runs on (0: none yet), and a
+    non-detached one's driver's key."""
+
+    creation: Any
+    restarts: int = 0
+    revived: int = 0
+    cls: Any = None
+    node_id: int = 0
+    owner_key: bytes = b""
+
+
 class _Groups(Protocol):
-    def create(self, conn: int, spec: pb.PlacementGroupSpec) -> None: ...
+    def create(self, conn: int, spec: Any) -> None: ...
 
 
 class _Actors(Protocol):
@@ -67,30 +83,24 @@ class Restorable(Protocol):
     @property
     def actor_table(self) -> _Actors: ...
 
-    def register_function(self, req: pb.RegisterFunctionRequest) -> None: ...
+    def register_function(self, req: Any) -> None: ...
 
-    def create_actor(self, conn: int, call: pb.Call) -> pb.ActorSpec | None: ...
+    def create_actor(self, conn: int, call: Any) -> Any: ...
 
 
-def actor_kept(creation: pb.Call, restarts: int, revived: int,
-               cls: pb.RegisterFunctionRequest | None, node_id: int = 0,
+def actor_kept(creation: Any, restarts: int, revived: int, cls: Any, node_id: int = 0,
                owner_key: bytes = b"") -> Durable:
-    """The record of a kept actor as it is now: its constructor's call, its restarts
-    so far (``revived`` of them by restarted heads), its class, the node its process
-    runs on (0: none yet), and a non-detached one's driver's key."""
-    rec = pb.DurableActor(creation=creation, restarts=restarts, revived=revived,
-                          node_id=node_id, owner_key=owner_key)
-    if cls is not None:
-        rec.cls.CopyFrom(cls)
-    return Durable(ACTORS, creation.actor.actor_id.hex(), rec.SerializeToString())
+    """The record of a kept actor as it is now (ActorRecord)."""
+    return Durable(ACTORS, creation.actor.actor_id.hex(),
+                   ActorRecord(creation, restarts, revived, cls, node_id, owner_key))
 
 
 def actor_gone(actor_id: bytes) -> Durable:
     return Durable(ACTORS, actor_id.hex(), None)
 
 
-def group_kept(spec: pb.PlacementGroupSpec) -> Durable:
-    return Durable(GROUPS, spec.group_id.hex(), spec.SerializeToString())
+def group_kept(spec: Any) -> Durable:
+    return Durable(GROUPS, spec.group_id.hex(), spec)
 
 
 def group_gone(group_id: bytes) -> Durable:
@@ -98,40 +108,31 @@ def group_gone(group_id: bytes) -> Durable:
 
 
 def restore(state: Restorable, owner: int,
-            records: Mapping[str, Mapping[str, bytes]], joined_from: int = 0) -> list[str]:
-    """Make again what ``records`` (table -> key -> value, as the store holds them)
-    name, held by ``owner`` (the head's own pseudo-client, which lives as long as the
+            records: Mapping[str, Mapping[str, Any]], joined_from: int = 0) -> list[str]:
+    """Make again what ``records`` (table -> key -> record, as the head's edge read
+    them from the store) name, held by ``owner`` (the head's own pseudo-client, which lives as long as the
     head). An actor whose process ran on a joined node (id >= ``joined_from``; 0: none
     is) waits in actor_table.awaiting for that process to come back, instead of being
     placed (ActorTable.adopt / release_awaiting). Returns what could not be restored, in
     words (the head logs it); such a record is deleted (a Durable in state.out)."""
     problems: list[str] = []
-    for key, value in sorted(records.get(GROUPS, {}).items()):
+    for key, spec in sorted(records.get(GROUPS, {}).items()):
         try:
-            spec = pb.PlacementGroupSpec.FromString(value)
             state.groups.create(owner, spec)
         except Exception as exc:   # a record no head can use: said, and dropped
             problems.append(f"placement group {key}: {exc}")
             state.out.append(Durable(GROUPS, key, None))
     # Those that wait for their process first, and what they hold kept on their nodes
     # there now, before any other is placed (one of the head's node could take its room).
-    def waits(rec: pb.DurableActor) -> bool:
+    def waits(rec: ActorRecord) -> bool:
         return bool(joined_from) and rec.node_id >= joined_from \
             and not rec.creation.HasField("placement")
-    parsed: list[tuple[bool, str, pb.DurableActor | None, Exception | None]] = []
-    for key, value in sorted(records.get(ACTORS, {}).items()):
+    actors: dict[str, ActorRecord] = dict(records.get(ACTORS, {}))
+    for later, key in sorted((not waits(rec), key) for key, rec in actors.items()):
+        rec = actors[key]
         try:
-            rec = pb.DurableActor.FromString(value)
-            parsed.append((not waits(rec), key, rec, None))
-        except Exception as exc:
-            parsed.append((True, key, None, exc))
-    for later, key, rec, error in sorted(parsed, key=lambda p: (p[0], p[1])):
-        try:
-            if error is not None:
-                raise error
-            assert rec is not None
             call = rec.creation
-            if not call.HasField("actor") or not rec.cls.function_id:
+            if not call.HasField("actor") or rec.cls is None or not rec.cls.function_id:
                 raise ValueError("the record holds no actor's constructor and class")
             call.actor.restart_count = rec.restarts + 1
             call.actor.get_if_exists = False

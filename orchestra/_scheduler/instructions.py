@@ -198,13 +198,14 @@ class Pull(NamedTuple):
 
 
 class Durable(NamedTuple):
-    """Keep record ``key`` of ``table`` in the head's state store as ``value`` (None:
-    delete it): a change of what a restarted head must know (_scheduler/durable.py).
+    """Keep record ``key`` of ``table`` in the head's state store as ``value`` (a
+    record of _scheduler/durable.py's tables, which the head's edge writes as bytes:
+    _head/records.py; None: delete it): a change of what a restarted head must know.
     Written off the loop, in order, never per task."""
 
     table: str
     key: str
-    value: bytes | None
+    value: Any
 
 
 # What goes to a connection: a frame each (Push: coalesced per connection).

@@ -13,18 +13,19 @@ No I/O: the head feeds it and writes what ``out`` collects.
     a restarted head -> restore(records): RUNNING jobs wait for their drivers (no
         connection); expire() once the drivers' reconnect time is over: FAILED
     the head stops -> stopped(): RUNNING jobs are STOPPED
-    each change --Durable(JOBS, key hex, DurableJob)--> out; ended jobs beyond
-        KEEP_ENDED are forgotten, the oldest first (deleted from the store too)
+    each change --Durable(JOBS, key hex, a copy of its JobRecord)--> out; ended jobs
+        beyond KEEP_ENDED are forgotten, the oldest first (deleted from the store too);
+        the head's edge writes a record as bytes (_head/records.py)
 
 Who owns it: the head's loop, the only caller. A job's id is its first connection's id
 (hex, as the tasks' job_id names it); the connections of a later head map to it.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .._protocol import pb
 from .durable import JOBS
 from .instructions import Durable
 
@@ -34,9 +35,24 @@ _KILLED = "its driver exited without shutdown(), or was killed"
 
 
 @dataclass
+class JobRecord:
+    """What the store keeps of a job (a driver session): list_jobs()'s row."""
+
+    job_id: str
+    status: str
+    driver_pid: int = 0
+    node_id: int = 0
+    namespace: str = ""
+    entrypoint: str = ""
+    start_ms: int = 0
+    end_ms: int = 0
+    message: str = ""
+
+
+@dataclass
 class Job:
     key: bytes
-    rec: pb.DurableJob
+    rec: JobRecord
     conns: set[int] = field(default_factory=set)   # its open connections on this head
     seen: list[int] = field(default_factory=list)  # every one it had on this head
     ending: bool = False                           # its driver sent JOB_END
@@ -56,7 +72,7 @@ class JobBook:
         key = key or conn.to_bytes(8, "big")   # (a private cluster's driver: no key)
         job = self.jobs.get(key)
         if job is None:
-            job = Job(key, pb.DurableJob(
+            job = Job(key, JobRecord(
                 job_id=f"{conn:08x}", status=RUNNING, driver_pid=pid, node_id=node_id,
                 namespace=namespace, entrypoint=entrypoint, start_ms=now_ms))
             self.jobs[key] = job
@@ -103,15 +119,16 @@ class JobBook:
             if job.rec.status == RUNNING:
                 self._end(job, STOPPED, "the cluster stopped", now_ms)
 
-    def restore(self, records: Mapping[str, bytes]) -> list[str]:
-        """The jobs a head before this one kept (table JOBS), oldest first; RUNNING ones
-        wait for their drivers. Returns what could not be read, in words (dropped)."""
+    def restore(self, records: Mapping[str, JobRecord]) -> list[str]:
+        """The jobs a head before this one kept (table JOBS, read by the head's edge),
+        oldest first; RUNNING ones wait for their drivers. Returns what could not be
+        used, in words (dropped)."""
         problems = []
-        rows: list[tuple[bytes, pb.DurableJob]] = []
-        for hexkey, value in records.items():
+        rows: list[tuple[bytes, JobRecord]] = []
+        for hexkey, rec in records.items():
             try:
-                rows.append((bytes.fromhex(hexkey), pb.DurableJob.FromString(value)))
-            except ValueError as exc:   # (DecodeError is a ValueError too)
+                rows.append((bytes.fromhex(hexkey), rec))
+            except ValueError as exc:
                 problems.append(f"job {hexkey}: {exc}")
                 self.out.append(Durable(JOBS, hexkey, None))
         for key, rec in sorted(rows, key=lambda kr: (kr[1].start_ms, kr[1].job_id)):
@@ -151,4 +168,5 @@ class JobBook:
             self.out.append(Durable(JOBS, old.key.hex(), None))
 
     def _write(self, job: Job) -> None:
-        self.out.append(Durable(JOBS, job.key.hex(), job.rec.SerializeToString()))
+        # A copy: the record changes in place, the write happens after the batch.
+        self.out.append(Durable(JOBS, job.key.hex(), dataclasses.replace(job.rec)))

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from _sched_helpers import DRIVER, Cluster, Nodes, executed, make_call, new_id, worker_conn
+from orchestra._head import records
 from orchestra._proto import types_pb2
 from orchestra._protocol import pb
 from orchestra._scheduler import durable
@@ -43,13 +44,22 @@ def ctor_call(name: str, *, detached: bool, max_restarts: int, args: tuple[Any, 
 
 
 def apply(store: dict[str, dict[str, bytes]], out: list[Any]) -> None:
+    """Write the Durable instructions of ``out`` as the head does (its edge makes each
+    record bytes: _head/records.py)."""
     for ins in out:
         if type(ins) is Durable:
             kept = store.setdefault(ins.table, {})
             if ins.value is None:
                 kept.pop(ins.key, None)
             else:
-                kept[ins.key] = ins.value
+                kept[ins.key] = records.encode(ins.table, ins.value)
+
+
+def restore(state: Any, owner: int, rows: dict[str, dict[str, bytes]], joined_from: int = 0) -> list[str]:
+    """A restarted head's restore from the store's ``rows``: read by its edge, then made again."""
+    kept, unreadable = records.read(rows)
+    assert unreadable == []
+    return durable.restore(state, owner, kept, joined_from)
 
 
 class Records(RuleBasedStateMachine):
@@ -158,7 +168,7 @@ class Records(RuleBasedStateMachine):
                   if g.spec.detached and g.state is not GroupState.REMOVED}
         fresh = Cluster(cpus=4, workers=0, max_workers=64)
         fresh.s.client_connected(HEAD, Hello(kind="grpc"))
-        assert durable.restore(fresh.s, HEAD, self.store) == []
+        assert restore(fresh.s, HEAD, self.store) == []
         out = fresh.take()
         after = fresh.s.actor_table.actors
         assert set(after) == set(before)
@@ -203,7 +213,7 @@ def test_a_restored_actor_whose_constructor_argument_is_gone_is_dead_naming_it()
     c = Cluster(cpus=1, workers=0)
     c.s.client_connected(HEAD, Hello(kind="grpc"))
     records = {durable.ACTORS: {call.actor.actor_id.hex(): rec.SerializeToString()}}
-    assert durable.restore(c.s, HEAD, records) == []
+    assert restore(c.s, HEAD, records) == []
     a = c.s.actor_table.actors[call.actor.actor_id]
     assert a.state is ActorState.DEAD and lost.hex() in a.cause
     assert Durable(durable.ACTORS, call.actor.actor_id.hex(), None) in c.take()
@@ -211,14 +221,25 @@ def test_a_restored_actor_whose_constructor_argument_is_gone_is_dead_naming_it()
         c.s.actor_table.get("keeper", "")
 
 
-def test_a_record_no_head_can_read_is_said_and_deleted() -> None:
+def test_a_record_no_head_can_read_is_named_and_the_rest_read() -> None:
+    call = ctor_call("keeper", detached=True, max_restarts=0)
+    good = durable.ActorRecord(call, cls=pb.RegisterFunctionRequest(function_id=call.function_id))
+    kept, unreadable = records.read({
+        durable.ACTORS: {"ab": b"\x00not a record", "ef": records.encode(durable.ACTORS, good)},
+        durable.GROUPS: {"cd": b"\xff\xff"}})
+    assert sorted((t, k) for t, k, _ in unreadable) == [(durable.ACTORS, "ab"), (durable.GROUPS, "cd")]
+    assert {why.split(":")[0] for _, _, why in unreadable} == {"actor ab", "placement group cd"}
+    assert kept[durable.ACTORS] == {"ef": good} and kept[durable.GROUPS] == {}
+
+
+def test_a_record_without_a_constructor_and_class_is_said_and_deleted() -> None:
     c = Cluster(cpus=1, workers=0)
     c.s.client_connected(HEAD, Hello(kind="grpc"))
-    problems = durable.restore(c.s, HEAD, {durable.ACTORS: {"ab": b"\x00not a record"},
-                                           durable.GROUPS: {"cd": b"\xff\xff"}})
-    assert len(problems) == 2 and problems[0].startswith("placement group cd")
-    assert set(c.take()) == {Durable(durable.ACTORS, "ab", None),
-                             Durable(durable.GROUPS, "cd", None)}
+    call = ctor_call("keeper", detached=True, max_restarts=0)
+    problems = restore(c.s, HEAD, {durable.ACTORS: {"ab": records.encode(
+        durable.ACTORS, durable.ActorRecord(call))}})   # no class
+    assert len(problems) == 1 and problems[0].startswith("actor ab")
+    assert c.take() == [Durable(durable.ACTORS, "ab", None)]
 
 
 def test_a_restart_by_a_restarted_head_is_not_counted_against_max_restarts() -> None:
@@ -227,7 +248,7 @@ def test_a_restart_by_a_restarted_head_is_not_counted_against_max_restarts() -> 
                           cls=pb.RegisterFunctionRequest(function_id=call.function_id))
     c = Cluster(cpus=1, workers=0)
     c.s.client_connected(HEAD, Hello(kind="grpc"))
-    durable.restore(c.s, HEAD, {durable.ACTORS: {call.actor.actor_id.hex(): rec.SerializeToString()}})
+    restore(c.s, HEAD, {durable.ACTORS: {call.actor.actor_id.hex(): rec.SerializeToString()}})
     a = c.s.actor_table.actors[call.actor.actor_id]
     assert (a.restarts, a.revived) == (1, 1)
     for _ in range(2):   # its own max_restarts=1 still holds one restart
@@ -255,7 +276,7 @@ def restored_on(node_id: int, *, revived: int = 0) -> tuple[Nodes, Any]:
     c.s.worker_pool.first_id((4 << 32) + 1)
     c.s.client_connected(HEAD, Hello(kind="grpc"))
     records = {durable.ACTORS: {call.actor.actor_id.hex(): rec.SerializeToString()}}
-    assert durable.restore(c.s, HEAD, records, joined_from=JOINED) == []
+    assert restore(c.s, HEAD, records, joined_from=JOINED) == []
     return c, call
 
 
@@ -277,8 +298,7 @@ def test_a_restored_actor_of_a_joined_node_waits_for_its_process_and_takes_it_ba
     assert c.available()["CPU"] == 1.5   # its half CPU is taken on JOINED again
     assert c.s.nodes[JOINED].resources.fits({"CPU": 1.0}) is False
     out = c.take()
-    rec = pb.DurableActor.FromString(
-        [ins for ins in out if type(ins) is Durable][-1].value)   # type: ignore[arg-type]
+    rec = [ins for ins in out if type(ins) is Durable][-1].value
     assert (rec.restarts, rec.revived, rec.node_id) == (0, 2, JOINED)
     method = make_call("keeper.inc", cpus=0)
     method.actor_id = call.actor.actor_id
@@ -327,7 +347,7 @@ def restored_own(node_id: int = 0) -> tuple[Nodes, Any]:
     c = Nodes({0: {"CPU": 1}, JOINED: {"CPU": 1}}, workers={0: 0, JOINED: 0})
     c.s.client_connected(HEAD, Hello(kind="grpc"))
     records = {durable.ACTORS: {call.actor.actor_id.hex(): rec.SerializeToString()}}
-    assert durable.restore(c.s, HEAD, records, joined_from=JOINED) == []
+    assert restore(c.s, HEAD, records, joined_from=JOINED) == []
     return c, call
 
 

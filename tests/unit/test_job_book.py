@@ -13,7 +13,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from orchestra._protocol import pb
+from orchestra._head import records
 from orchestra._scheduler import jobs
 from orchestra._scheduler.jobs import FAILED, RUNNING, STOPPED, SUCCEEDED, JobBook
 
@@ -42,7 +42,7 @@ class Jobs(RuleBasedStateMachine):
             if d.value is None:
                 self.store.pop(d.key, None)
             else:
-                self.store[d.key] = d.value
+                self.store[d.key] = records.encode(d.table, d.value)   # as the head writes it
         self.book.out.clear()
 
     def _tick(self) -> int:
@@ -88,7 +88,8 @@ class Jobs(RuleBasedStateMachine):
         self.conn_of.clear()
         self.boot += 1
         self.book = JobBook()
-        assert self.book.restore(dict(self.store)) == []
+        kept, unreadable = records.read({jobs.JOBS: dict(self.store)})
+        assert unreadable == [] and self.book.restore(kept[jobs.JOBS]) == []
         self._drain()
 
     @precondition(lambda self: bool(self.awaited))
@@ -115,7 +116,7 @@ class Jobs(RuleBasedStateMachine):
 
     @invariant()
     def the_store_holds_the_book(self) -> None:
-        assert self.store == {k.hex(): j.rec.SerializeToString()
+        assert self.store == {k.hex(): records.encode(jobs.JOBS, j.rec)
                               for k, j in self.book.jobs.items()}
 
     @invariant()
@@ -153,7 +154,7 @@ def test_only_the_newest_ended_jobs_are_kept(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_an_unreadable_record_is_said_and_dropped() -> None:
     book = JobBook()
-    good = pb.DurableJob(job_id="00000001", status=RUNNING).SerializeToString()
+    good = jobs.JobRecord(job_id="00000001", status=RUNNING)
     problems = book.restore({"zz": good, (b"a" * 16).hex(): good})
     assert len(problems) == 1 and "job zz" in problems[0]
     assert [(d.key, d.value) for d in book.out] == [("zz", None)]

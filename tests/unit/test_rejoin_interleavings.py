@@ -68,9 +68,9 @@ class Rejoin(RuleBasedStateMachine):
             self.before[aid] = restarts[i]
             if own[i]:
                 self.own.add(aid)
-            records[aid.hex()] = pb.DurableActor(
+            records[aid.hex()] = durable.ActorRecord(
                 creation=call, restarts=restarts[i], node_id=node, owner_key=KEY if own[i] else b"",
-                cls=pb.RegisterFunctionRequest(function_id=call.function_id)).SerializeToString()
+                cls=pb.RegisterFunctionRequest(function_id=call.function_id))
             if node >= JOINED_FROM:   # its process outlived the head
                 self.old[aid] = (OLD_BASE + i, node)
         assert durable.restore(self.c.s, HEAD, {durable.ACTORS: records}, JOINED_FROM) == []
