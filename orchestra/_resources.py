@@ -109,15 +109,24 @@ def group_gpus(req: Mapping[str, float]) -> float:
 class NodeResources:
     """Totals and free amounts of one node, with GPU ids. ``works=False``: a node that runs
     no work (a head whose machine's work runs on a node beside it): nothing fits there,
-    not even a request of nothing."""
+    not even a request of nothing.
+
+    Owner and rule: only these methods change ``total``, ``free`` and ``gpu_free`` (the
+    scheduler's one thread calls them), and each that may let a request fit that did
+    not (a node made, resources given back or added) counts ``NodeResources.grown``
+    up: a reader that found no node holding a request knows the answer stands while
+    that count is the same (Placer's memo, _scheduler/placement.py). The count is the
+    process's, shared by every scheduler in it: one grows, all look again."""
 
     __slots__ = ("total", "free", "gpu_free", "works")
+    grown = 0   # class-wide (see above)
 
     def __init__(self, total: Mapping[str, float], works: bool = True) -> None:
         self.total = {k: float(v) for k, v in total.items() if v}
         self.free = dict(self.total)
         self.gpu_free = [1.0] * int(self.total.get(GPU, 0))
         self.works = works
+        NodeResources.grown += 1
 
     def fits(self, req: Mapping[str, float]) -> bool:
         if not self.works:
@@ -158,6 +167,7 @@ class NodeResources:
         return gpus
 
     def release(self, req: Mapping[str, float], gpus: list[int]) -> None:
+        NodeResources.grown += 1
         free = self.free
         for k, v in req.items():
             free[k] = free.get(k, 0.0) + v
@@ -166,3 +176,29 @@ class NodeResources:
             share = share if share < 1 else 1.0
             for i in gpus:
                 self.gpu_free[i] = min(1.0, self.gpu_free[i] + share)
+
+    def overdraw(self, req: Mapping[str, float]) -> None:
+        """Take ``req`` even where it does not fit (a blocked worker's lent CPU, taken
+        back as it resumes: the node may run over for a moment, as in Ray)."""
+        free = self.free
+        for k, v in req.items():
+            free[k] = free.get(k, 0.0) - v
+
+    def add(self, extra: Mapping[str, float]) -> None:
+        """New resources on this node (a placement group's bundle reserved here, under
+        names of its own): free and total."""
+        NodeResources.grown += 1
+        for k, v in extra.items():
+            self.total[k] = self.total.get(k, 0.0) + v
+            self.free[k] = self.free.get(k, 0.0) + v
+
+    def remove(self, extra: Mapping[str, float]) -> None:
+        """Resources ``add`` gave, gone again (a name left with nothing is dropped)."""
+        for k, v in extra.items():
+            left = self.total.get(k, 0.0) - v
+            if left <= _EPS:
+                self.total.pop(k, None)
+                self.free.pop(k, None)
+            else:
+                self.total[k] = left
+                self.free[k] = self.free.get(k, 0.0) - v

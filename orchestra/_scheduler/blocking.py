@@ -123,7 +123,7 @@ class Blocking:
         elif w.state is WorkerState.BLOCKED:
             w.state = WorkerState.BUSY
             if cpu:  # may go below zero for a moment: the task runs on, as in Ray
-                node.resources.free["CPU"] = node.resources.free.get("CPU", 0.0) - cpu
+                node.resources.overdraw({"CPU": cpu})
 
     def _inline(self, w: Worker) -> bool:
         """Hand ``w`` (blocked in its innermost get) a task that get waits for, not

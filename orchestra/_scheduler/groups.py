@@ -263,11 +263,8 @@ class PlacementGroups:
 
     def _reserve(self, g: Group, i: int, node_id: int) -> None:
         r = self.s.nodes[node_id].resources
-        for k, v in g.bundles[i].items():
-            r.free[k] = r.free.get(k, 0.0) - v
-        for k, v in group_resources(g.bundles[i], i, g.hex).items():
-            r.total[k] = r.total.get(k, 0.0) + v
-            r.free[k] = r.free.get(k, 0.0) + v
+        r.overdraw(g.bundles[i])   # (it fits: place_bundles chose the node for it)
+        r.add(group_resources(g.bundles[i], i, g.hex))
         g.nodes[i] = node_id
 
     def _unreserve(self, g: Group, i: int) -> None:
@@ -277,16 +274,8 @@ class PlacementGroups:
         if node is None:
             return
         r = node.resources
-        for k, v in group_resources(g.bundles[i], i, g.hex).items():
-            left = r.total.get(k, 0.0) - v
-            if left <= _EPS:
-                r.total.pop(k, None)
-                r.free.pop(k, None)
-            else:
-                r.total[k] = left
-                r.free[k] = r.free.get(k, 0.0) - v
-        for k, v in g.bundles[i].items():
-            r.free[k] = r.free.get(k, 0.0) + v
+        r.remove(group_resources(g.bundles[i], i, g.hex))
+        r.release(g.bundles[i], [])
 
     # ------------------------------------------------------------------ tasks in groups
     def cancelled_error(self, t: Task) -> bytes:

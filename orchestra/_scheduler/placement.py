@@ -21,6 +21,11 @@ The order, per strategy:
 
 Node ids missing from ``nodes`` (removed) are simply never candidates; a task with hard
 affinity to one fails when it is next scheduled.
+
+A request no node holds now is remembered as such (by its shape) until some node's
+free resources grow (NodeResources.grown counts that): while the cluster is full,
+placing a task of that shape asks no node again (at 1,000 nodes, asking each node per
+placement was most of the head's time while tasks were pipelined behind busy workers).
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ import collections
 from collections.abc import Hashable, Iterator
 
 from .._ids import node_hex
-from .._resources import format_resources
+from .._resources import NodeResources, format_resources
 from .instructions import Warn
 from .model import NODE_AFFINITY, PLACEMENT_GROUP, SPREAD, Node, SchedulerCore, Task
 
@@ -58,6 +63,8 @@ class Placer:
         self.infeasible_waits = infeasible_waits
         self.last_spread = -1        # the node the last SPREAD task went to
         self._warned: set[tuple[int, Hashable]] = set()   # (owner, request) warned of
+        # Request shape -> NodeResources.grown when no node held it (see the docstring).
+        self._nowhere: dict[Hashable, int] = {}
         # A restarted head's joined nodes of before, not back yet (KeptObjects.nodes:
         # node id -> until when it is waited for, each for up to node_wait_s), which a
         # warning names; set by the state.
@@ -113,7 +120,7 @@ class Placer:
         if p is not None and p[0] == NODE_AFFINITY and not p[2]:
             node = nodes.get(p[1])
             return [node] if node is not None and node.resources.fits(req) else []
-        fitting = [n for n in nodes.values() if n.resources.fits(req)]
+        fitting = self.fitting(t)
         if len(fitting) < 2:
             return fitting
         if p is not None and p[0] == SPREAD:
@@ -129,6 +136,22 @@ class Placer:
                     break
         return fitting
 
+    def fitting(self, t: Task) -> list[Node]:
+        """The nodes where ``t``'s request fits now, in the nodes' order; none, without
+        asking them, while the last look found none for its shape and no node's free
+        resources grew since."""
+        grown = NodeResources.grown
+        nowhere = self._nowhere
+        if nowhere.get(t.shape) == grown:
+            return []
+        req = t.resources
+        fitting = [n for n in self.s.nodes.values() if n.resources.fits(req)]
+        if not fitting:
+            if len(nowhere) > 256:   # (shapes are few; stale entries only cost room)
+                nowhere.clear()
+            nowhere[t.shape] = grown
+        return fitting
+
     def ordered(self, t: Task) -> Iterator[Node]:
         """order(t), lazily: with no strategy, its first node is found in one pass and
         the rest sorted only if the caller goes on (a placement mostly takes the first:
@@ -136,8 +159,7 @@ class Placer:
         if t.placement is not None:
             yield from self.order(t)
             return
-        req = t.resources
-        fitting = [n for n in self.s.nodes.values() if n.resources.fits(req)]
+        fitting = self.fitting(t)
         if len(fitting) < 2:
             yield from fitting
             return

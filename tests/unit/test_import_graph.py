@@ -263,8 +263,9 @@ def test_a_scheduler_helper_does_not_import_the_scheduler_state(helper):
 # words, and the head's edge alone (_head/inbound.py, _head/outbound.py) turns frames
 # into them and them into frames.
 SCHEDULER_HOLDING_MESSAGES = {
-    "_scheduler.actors", "_scheduler.adoption", "_scheduler.groups", "_scheduler.kept", "_scheduler.lineage", "_scheduler.model",
-    "_scheduler.objects", "_scheduler.state", "_scheduler.workers",
+    "_scheduler.actors", "_scheduler.adoption", "_scheduler.groups", "_scheduler.kept",
+    "_scheduler.lineage", "_scheduler.model", "_scheduler.objects", "_scheduler.state",
+    "_scheduler.workers",
 }
 
 
