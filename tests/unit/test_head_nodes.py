@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from _head_helpers import RecordingTransport, unstarted_head
 from orchestra._head.head import Conn, Head
 from orchestra._protocol import pb
 from orchestra._protocol import wire as _wire
@@ -45,22 +46,11 @@ class RecordingNode:
         self.calls.append(("worker_connected", worker_id))
 
 
-class FakeTransport:
-    def __init__(self) -> None:
-        self.written = b""
-
-    def write(self, data: bytes) -> None:
-        self.written += data
-
-    def close(self) -> None:
-        pass
 
 
 @pytest.fixture
 def head(tmp_path: Path) -> Iterator[Head]:
-    cfg = {"session_dir": str(tmp_path), "session_id": "unit", "object_store_memory": 1 << 20,
-           "resources": {"CPU": 1}, "num_workers": 0, "warm_bytes": 0}
-    h = Head(cfg, loop=None)  # type: ignore[arg-type]   # never started: no loop needed
+    h = unstarted_head(tmp_path)
     real = h.local
     h.local = RecordingNode(real.node_id)  # type: ignore[assignment]
     h.nodes = {real.node_id: h.local, REMOTE: RecordingNode(REMOTE)}  # type: ignore[dict-item]
@@ -95,7 +85,7 @@ def test_a_worker_is_started_killed_and_stopped_on_the_node_the_instruction_name
 def test_hello_reply_describes_the_node_of_the_connection(head: Head) -> None:
     head.state.add_node(REMOTE, {"CPU": 2.0}, num_workers=0, max_workers=1)
     conn = Conn(head, 1, head.nodes[REMOTE])
-    conn.transport = FakeTransport()
+    conn.transport = RecordingTransport()
     head.conns[1] = conn
     head.hello(conn, pb.Hello(kind="driver", pid=1))
     head.carry_out()
@@ -132,13 +122,13 @@ def test_a_worker_gets_its_hello_reply_before_the_constructor_sent_at_its_connec
     [start] = [ins for ins in head.state.out if type(ins) is StartWorker]
     head.carry_out()
     driver = Conn(head, 5, head.local)
-    driver.transport = FakeTransport()
+    driver.transport = RecordingTransport()
     head.conns[5] = driver
     head.hello(driver, pb.Hello(kind="driver", pid=1))   # parked: no worker yet
     head.carry_out()
     assert driver.transport.written == b""
     worker = Conn(head, 6, head.local)
-    worker.transport = FakeTransport()
+    worker.transport = RecordingTransport()
     head.conns[6] = worker
     head.hello(worker, pb.Hello(kind="worker", pid=2, workerid=start.worker_id))
     head.carry_out()

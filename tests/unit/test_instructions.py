@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from _head_helpers import RecordingTransport, unstarted_head
 from orchestra._head.head import Conn, Head
 from orchestra._head.outbound import FRAME_OF
 from orchestra._proto import types_pb2
@@ -104,29 +105,16 @@ def test_fields_are_named_for_what_they_hold():
 
 # ------------------------------------------------------------------ the head writes them
 
-class _Transport:
-    def __init__(self) -> None:
-        self.writes: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.writes.append(data)
-
-    def close(self) -> None:
-        pass
-
-
 @pytest.fixture
 def head(tmp_path: Path) -> Iterator[Head]:
-    cfg = {"session_dir": str(tmp_path), "session_id": "unit", "object_store_memory": 1 << 20,
-           "resources": {"CPU": 1}, "num_workers": 0, "warm_bytes": 0}
-    h = Head(cfg, loop=None)  # type: ignore[arg-type]   # never started: no loop needed
+    h = unstarted_head(tmp_path)
     yield h
     h.local.close()
 
 
-def _connect(head: Head, conn_id: int) -> _Transport:
+def _connect(head: Head, conn_id: int) -> RecordingTransport:
     conn = Conn(head, conn_id, head.local)
-    conn.transport = _Transport()  # type: ignore[assignment]
+    conn.transport = RecordingTransport()  # type: ignore[assignment]
     head.conns[conn_id] = conn
     return conn.transport  # type: ignore[return-value]
 
