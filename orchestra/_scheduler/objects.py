@@ -39,7 +39,7 @@ methods.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, MutableSequence
 from typing import NamedTuple
 
 from .._protocol import pb
@@ -184,15 +184,17 @@ class ObjectDirectory:
         self.tombs[oid] = Tomb(pb.ObjectData(object_id=oid, segment=segment), None)
         return True
 
-    def args_to(self, node_id: int, resolved: Sequence[pb.ObjectData]) -> None:
+    def args_to(self, node_id: int, resolved: MutableSequence[pb.ObjectData]) -> None:
         """Name the copies on a worker's node of its task's large arguments, and have
-        the node pull those it lacks now (the worker asks for them once it runs)."""
+        the node pull those it lacks now (the worker asks for them once it runs).
+        ``resolved`` is the Execute's own list of the objects' records: an entry is
+        replaced by the copy's, never changed in place (it is the object's record)."""
         for i, data in enumerate(resolved):
             if data.WhichOneof("data") != "segment" or data.segment.node_id == node_id:
                 continue
             local = self.copy_on(data.object_id, node_id)
             if local is not None:
-                resolved[i].CopyFrom(local)
+                resolved[i] = local
             else:
                 self.core.out.append(Pull(node_id, data.object_id))
 

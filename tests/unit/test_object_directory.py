@@ -74,11 +74,19 @@ def test_once_a_copy_is_there_tasks_on_that_node_read_it_and_nothing_is_pulled()
     assert c.s.directory.add_copy(oid, pb.Segment(name="copy-on-0", size=4 << 20, node_id=NODE))
     assert c.s.directory.copy_on(oid, NODE).segment.name == "copy-on-0"
     assert c.s.directory.copy_on(oid, OTHER).segment.name == "seg-on-2"
-    c.submit(make_call("use", (ref(oid),), placement=affinity(NODE)))
+    use = c.submit(make_call("use", (ref(oid),), placement=affinity(NODE)))
     out = c.take()
-    ((_, inv),) = executes(out)
+    ((w, inv),) = executes(out)
     assert inv.resolved[0].segment.name == "copy-on-0"
     assert not [i for i in out if type(i) is Pull]
+    # The task is sent the copy; the object's own record still names its primary copy
+    # (a record rewritten to the copy freed the copy twice and leaked the primary).
+    assert c.s.directory.copy_on(oid, OTHER).segment.name == "seg-on-2"
+    c.done(w, use)
+    c.take()
+    c.s.directory.ref_delta(DRIVER, [], [oid])
+    freed = {(i.node_id, i.key) for i in c.take() if type(i) is FreeSegment}
+    assert freed == {(OTHER, "seg-on-2"), (NODE, "copy-on-0")}
 
 
 def test_the_last_ref_dropped_frees_every_copy_on_its_own_node():
