@@ -150,7 +150,13 @@ def where(i):
     return (orchestra.get_runtime_context().get_node_id(), os.getpid(),
             os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID"))
 
-got = orchestra.get([where.remote(i) for i in range(40)], timeout=60)
+# A node joined is in the status before its worker has started: a first batch may all
+# run on the other node (2 s of work), so batches go on until both ran some (or 60 s).
+deadline = time.monotonic() + 60
+while True:
+    got = orchestra.get([where.remote(i) for i in range(40)], timeout=60)
+    if len({node for node, _, _, _ in got}) > 1 or time.monotonic() > deadline:
+        break
 print("RESULT " + json.dumps({"tasks": got, "nodes": len(orchestra.nodes())}))
 '''
 
