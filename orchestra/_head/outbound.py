@@ -85,4 +85,3 @@ FRAME_OF: dict[type, Callable[[Any], bytes]] = {
 }
 # Written after every other frame of the batch (instructions.py says why).
 LATE = frozenset(ins.LATE)
-

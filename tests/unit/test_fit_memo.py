@@ -45,10 +45,12 @@ class FitMemo(RuleBasedStateMachine):
             self.c.connect(wid)
         self.c.take()
 
-    def _running(self) -> list[tuple[int, Any]]:
-        return [(w.worker_id, w.queue[0].call) for w in self.c.s.workers.values()
-                if w.queue and w.queue[0].state is TaskState.DISPATCHED
-                and w.worker_id not in self.blocked and not w.nested]
+    def _running(self, i: int) -> tuple[int, Any] | None:
+        """The i-th (modulo) worker running a task, not blocked: (its id, the call)."""
+        running = [(w.worker_id, w.queue[0].call) for w in self.c.s.workers.values()
+                   if w.queue and w.queue[0].state is TaskState.DISPATCHED
+                   and w.worker_id not in self.blocked and not w.nested]
+        return running[i % len(running)] if running else None
 
     @rule(cpus=st.sampled_from(SHAPES), n=st.integers(1, 4))
     def submit(self, cpus: float, n: int) -> None:
@@ -59,17 +61,16 @@ class FitMemo(RuleBasedStateMachine):
 
     @rule(i=st.integers(0, 50))
     def finish(self, i: int) -> None:
-        running = self._running()
-        if running:
-            wid, call = running[i % len(running)]
-            self.c.done(wid, call)
+        picked = self._running(i)
+        if picked is not None:
+            self.c.done(*picked)
             self._take()
 
     @rule(i=st.integers(0, 50))
     def block(self, i: int) -> None:
-        running = self._running()
-        if running:
-            wid, call = running[i % len(running)]
+        picked = self._running(i)
+        if picked is not None:
+            wid, call = picked
             self.c.s.blocked(worker_conn(wid), True, [b"x" * 16], call.task_id, "t")
             self.blocked.add(wid)
             self._take()
