@@ -6,7 +6,7 @@
         worker, in the order the head received them (so each caller's order holds);
         once the head has sent the caller's calls there and given it the address of the
         actor's process, later calls go straight to that process and their answers
-        straight back (CoreClient.submit_actor, ActorRoute in _runtime/direct_core.py)
+        straight back (Submitter.submit_actor, ActorRoute in _runtime/direct_core.py)
 
 A handle holds a counted pseudo-ref whose id is the actor id: pickling a handle into a
 task, an actor or an object keeps the actor alive like any ObjectRef; when the last
@@ -179,7 +179,7 @@ class ActorClass(Generic[T]):
             self._register_frame = _verbs.function_frame(
                 self._function_id, self._cls.__qualname__, dumps_function(self._cls))
             self._client = client
-        client.register_function(self._function_id, self._register_frame)
+        client.submitter.register_function(self._function_id, self._register_frame)
         opts = self._options
         tid = _ids.next_task_id()
         actor_id = _ids.actor_id(tid)
@@ -339,24 +339,24 @@ class ActorMethod:
                 kwargs: dict[str, Any]) -> Any:
         h = self._handle
         key = (h._actor_id, self._name, self._num_returns, self._generator, self._backpressure)
-        template = client.templates.get(key)
+        template = client.submitter.templates.get(key)
         if template is None:
             template = _verbs.method_template(
                 num_returns=self._num_returns, max_retries=h._spec.max_task_retries,
                 actor_id=h._actor_id, method=self._name, name=f"{h._spec.class_name}.{self._name}",
                 generator=self._generator, generator_backpressure=self._backpressure)
-            client.templates[key] = template
+            client.submitter.templates[key] = template
         if self._generator == STREAMING:
             tid = _ids.next_task_id()
             stream = open_stream(client, tid)
             try:
-                end = client.submit_actor(h._actor_id, h._token, template, 1, args, kwargs,
+                end = client.submitter.submit_actor(h._actor_id, h._token, template, 1, args, kwargs,
                                           f"{h._spec.class_name}.{self._name}", tid)
             except BaseException:
                 close_stream(client, tid)
                 raise
             return ObjectRefGenerator(client, stream, end[0], self._backpressure)
-        refs = client.submit_actor(h._actor_id, h._token, template, self._num_returns, args, kwargs,
+        refs = client.submitter.submit_actor(h._actor_id, h._token, template, self._num_returns, args, kwargs,
                                    f"{h._spec.class_name}.{self._name}")
         if self._num_returns == 1:
             return refs[0]
@@ -400,7 +400,7 @@ def kill(handle: ActorHandle[Any], *, no_restart: bool = True) -> None:
     if not isinstance(handle, ActorHandle):
         raise TypeError(f"kill() takes an ActorHandle, got {type(handle).__name__}")
     client = _context.current_client()
-    client.retire_route(handle._actor_id)
+    client.submitter.retire_route(handle._actor_id)
     _verbs.kill_actor(client, handle._actor_id, bool(no_restart))
 
 

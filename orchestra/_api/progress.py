@@ -5,7 +5,7 @@
             walk back from its newest key, in C), kept if pending -> yield their refs,
             drop them from pending; the first look, and one every _FULL_SCAN_S, scans
             all that is pending instead
-        none came -> client.wait_for(some came, deadline): the thread reads the sockets
+        none came -> client.values.wait_for(some came, deadline): the thread reads the sockets
             itself, or sleeps until the thread that reads dispatches; never a poll. A
             read dispatches a batch of frames, so one look covers a batch.
     get(refs, progress=...) -> the same looks, counting refs on a bar; then get_many
@@ -127,7 +127,7 @@ def ready_batches(client: _context.Client, pending: dict[Any, Any], is_ready: Ca
 
     while pending:
         # In a task, the ids named let the head run their tasks inline here (get()'s way).
-        if not client.wait_for(arrived, deadline, (k for k in pending if type(k) is bytes)):
+        if not client.values.wait_for(arrived, deadline, (k for k in pending if type(k) is bytes)):
             return
         yield [pending.pop(k) for k in take()]
 
@@ -207,7 +207,7 @@ def get_with_progress(client: _context.Client, refs: Sequence[ObjectRef[Any]], t
         raise GetTimeoutError(
             f"get() timed out after {timeout:g} s with {n} of {len(refs)} objects not ready; "
             "the tasks keep running. Call get() again later or raise the timeout.")
-    return list(client.get_many(refs, None))
+    return list(client.values.get_many(refs, None))
 
 
 def wait_with_progress(client: _context.Client, refs: list[Any], num_returns: int, timeout: float | None,
@@ -235,7 +235,7 @@ def wait_with_progress(client: _context.Client, refs: list[Any], num_returns: in
             bar.close()
     if streams:
         return wait_with_generators(client, refs, num_returns, 0)
-    out: tuple[list[Any], list[Any]] = client.wait(refs, num_returns, 0)
+    out: tuple[list[Any], list[Any]] = client.values.wait(refs, num_returns, 0)
     return out
 
 

@@ -254,10 +254,10 @@ class RemoteFunction(Generic[P, R]):
                 kwargs: dict[str, Any]) -> Any:
         if client is not self._client:
             self._bind(client)
-        client.register_function(self._function_id, self._register_frame)
+        client.submitter.register_function(self._function_id, self._register_frame)
         if self._generator == STREAMING:
             return self._stream(client, args, kwargs)
-        refs = client.submit(self._template, self._num_returns, args, kwargs, self._direct_shape,
+        refs = client.submitter.submit(self._template, self._num_returns, args, kwargs, self._direct_shape,
                              self._task_name, self._function_id)
         if self._num_returns == 1:
             return refs[0]
@@ -271,7 +271,7 @@ class RemoteFunction(Generic[P, R]):
         tid = _ids.next_task_id()
         stream = open_stream(client, tid)
         try:
-            end = client.submit(self._template, 1, args, kwargs, None, self._task_name,
+            end = client.submitter.submit(self._template, 1, args, kwargs, None, self._task_name,
                                 self._function_id, tid)
         except BaseException:
             close_stream(client, tid)

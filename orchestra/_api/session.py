@@ -607,7 +607,7 @@ def get(refs: ObjectRef[Any] | Sequence[ObjectRef[Any]], *, timeout: float | Non
             from .progress import get_with_progress
             return get_with_progress(client, [refs], timeout, progress)[0]
         try:
-            return client.get_one(refs, timeout)
+            return client.values.get_one(refs, timeout)
         except ClusterLostError as exc:
             _lost_with_head(client, exc)
             return get(refs, timeout=_left(deadline))
@@ -621,7 +621,7 @@ def get(refs: ObjectRef[Any] | Sequence[ObjectRef[Any]], *, timeout: float | Non
             from .progress import get_with_progress
             return get_with_progress(client, refs, timeout, progress)
         try:
-            return client.get_many(refs, timeout)
+            return client.values.get_many(refs, timeout)
         except ClusterLostError as exc:
             _lost_with_head(client, exc)
             return get(refs, timeout=_left(deadline))
@@ -637,7 +637,7 @@ def put(value: R) -> ObjectRef[R]:
     frames travel as buffers, not pickled bytes)."""
     client = _client()
     try:
-        return client.put(value)
+        return client.values.put(value)
     except ClusterLostError as exc:   # the head died as it was sent: to the restarted one
         _lost_with_head(client, exc)
         return put(value)
@@ -692,13 +692,13 @@ def wait(refs: Sequence[_W], *, num_returns: int = 1, timeout: float | None = No
     client = _client()
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
-        ready: Any = client.wait(list(refs), num_returns, timeout)   # the refs given: _W's
+        ready: Any = client.values.wait(list(refs), num_returns, timeout)   # the refs given: _W's
     except ClusterLostError as exc:
         _lost_with_head(client, exc)
         return wait(refs, num_returns=num_returns, timeout=_left(deadline),
                     fetch_local=fetch_local)
     if fetch_local and client.info.joinable and ready[0]:
-        client.prefetch(ready[0])
+        client.values.prefetch(ready[0])
     return ready
 
 
@@ -714,7 +714,7 @@ def cancel(ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> No
         ref = ref.completed()
     if not isinstance(ref, ObjectRef):
         raise TypeError(f"cancel() takes an ObjectRef, not {a_type(ref)}")
-    _client().cancel(ref.binary(), bool(force), bool(recursive))
+    _client().submitter.cancel(ref.binary(), bool(force), bool(recursive))
 
 
 def nodes() -> list[dict[str, Any]]:

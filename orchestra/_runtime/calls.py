@@ -17,6 +17,12 @@ from .._protocol import pb
 from .object_ref import ObjectRef, RefCounter
 
 
+class Putter(Protocol):
+    """What encoding uses of the client's values (values.Values)."""
+
+    def put_serialized(self, ser: Serialized) -> ObjectRef: ...
+
+
 class Encoder(RefCounter, Protocol):
     """What encoding uses of the client (client.CoreClient)."""
 
@@ -24,7 +30,8 @@ class Encoder(RefCounter, Protocol):
     job_suffix: bytes
     _keep_until_sent: list[ObjectRef]
 
-    def put_serialized(self, ser: Serialized) -> ObjectRef: ...
+    @property
+    def values(self) -> Putter: ...
     def escape(self, ids: Iterable[bytes]) -> None: ...
 
 
@@ -66,7 +73,7 @@ def _arg_value(client: Encoder, value: object, refs: list[ObjectRef], nested: li
         return _codec.ref_value(value._id)
     ser = serialize(value)
     if ser.size > client.inline_threshold:
-        ref = client.put_serialized(ser)
+        ref = client.values.put_serialized(ser)
         refs.append(ref)
         return _codec.ref_value(ref._id)
     nested.extend(ser.contained)

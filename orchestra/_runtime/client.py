@@ -1,13 +1,15 @@
 """Core client: one process's connection to the cluster (a driver, or a worker).
 
-    user thread --submit/put/refs--> send(): [ref holds][frame][ref releases]
+    user thread --submitter/values/refs--> send(): [ref holds][frame][ref releases]
                                         |   one write on the head's Connection, under its lock
     reader thread <--frames-- head: Objects (results pushed to their owner, or to
         subscribers) land in ``results``; Replies wake their requester; each kind has
         its handler (_runtime/client_frames.py), a worker's own kinds (Execute,
         CancelTask, ...) among them.
 
-The client is the hub of four parts, one job each:
+The client is the hub of six parts, one job each:
+    _runtime/submit.py       Submitter (``submitter``): tasks and actor calls, cancels
+    _runtime/values.py       Values (``values``): put, get, wait
     _protocol/connection.py  Connection: the socket (unix, TCP between machines), frames
     _objects/refs.py         RefCounts: this process's count per object id, changes to tell
     _objects/io.py           ObjectIO: values inline or in segments, the maps kept of them
@@ -29,13 +31,12 @@ import threading
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any, NoReturn
 
-from .. import _ids
-from .._objects.io import KEEP_READ_MIN, ObjectIO
+from .._objects.io import ObjectIO
 from .._objects.refs import RefCounts
-from .._objects.serialization import INLINE_MAX, Serialized, serialize
+from .._objects.serialization import INLINE_MAX
 from .._protocol import codec as _codec
 from .._protocol import pb
 from .._protocol import wire as _wire
@@ -48,23 +49,20 @@ from ..exceptions import (
     ObjectStoreFullError,
     OrchestraError,
 )
-from .calls import encode_call
 from .client_frames import with_owner
 from .direct import DirectCalls
-from .direct_core import LOAN_IDLE_S, Call, Loan, must_sync
+from .direct_core import LOAN_IDLE_S, Loan
 from .object_ref import ObjectRef
 from .pacer import Pacer
 from .replay import ReplayBook
+from .submit import Submitter
+from .values import Values
 
 # Why every call fails once the head's connection is gone (ClusterLostError).
 _LOST = ("lost the connection to the cluster: its head process exited (it crashed or was "
          "killed). This session is over: orchestra.init() starts a new cluster")
 
 _log = logging.getLogger("orchestra")
-
-# Ids a blocked get() names to the head (Blocked): enough to find a task to run inline
-# (_scheduler/blocking.py), without a frame the size of a get of 100k refs.
-_BLOCKED_IDS = 256
 
 # Errors a Reply names by kind (Reply.error_kind), raised as these classes (any other as
 # OrchestraError); ValueError: the request's argument was wrong (a name taken, or unknown).
@@ -98,12 +96,6 @@ class CoreClient:
         # kinds (``frames``: EXECUTE, CANCEL_TASK, ...) among them.
         self.handlers = with_owner(frames or {})
         self.woken: list[Loan] = []   # lent workers with room again (handlers -> _dispatch)
-        # A worker's hook for a get()/wait() that blocks: on_block(True, missing ids) says
-        # whether this thread may run tasks inline while it waits (EXECUTE_NESTED);
-        # nested_ready() says one came, run_nested() runs it; on_block(False, ()) at the end.
-        self.on_block: Callable[[bool, Sequence[bytes]], bool] | None = None
-        self.nested_ready: Callable[[], bool] = _never
-        self.run_nested: Callable[[], None] | None = None
         self.refs = RefCounts(self._last_ref_gone)
         self.add_ref = self.refs.add          # ObjectRef's hooks, without a call in between
         self.remove_ref = self.refs.remove
@@ -115,9 +107,6 @@ class CoreClient:
         self._read_lock = threading.Lock()   # held by the one thread reading the sockets
         self.replies: dict[int, list[pb.Reply | None]] = {}
         self._req_ids = itertools.count(1)
-        self._registered: set[bytes] = set()
-        self.function_frames: dict[bytes, bytes] = {}   # for lent workers
-        self.templates: dict[tuple[bytes, str, int, int, int], bytes] = {}   # actor methods' Calls
         # Streams this process consumes (task id -> _generators.Stream): their items are
         # pushed here before next() makes their refs; and the last ones ended, in order.
         self.streams: dict[bytes, Any] = {}
@@ -140,6 +129,8 @@ class CoreClient:
         self.poller = select.poll()
         self.poller.register(self.conn.fd, select.POLLIN)
         self.direct = DirectCalls(self)
+        self.submitter = Submitter(self)   # tasks and actor calls (_runtime/submit.py)
+        self.values = Values(self)         # put, get, wait (_runtime/values.py)
         self.conn.send(_wire.encode(_wire.HELLO, hello))
         # The head's answer, and the frames that came with it (dispatched by start()).
         self.info, self._early_frames = _read_hello(self.conn, connect_timeout_s)
@@ -298,230 +289,7 @@ class CoreClient:
         """These refs leave this process: the head must know every object they name."""
         self.direct.escape(ids, wait=True)
 
-    # ------------------------------------------------------------------ tasks
-    def register_function(self, function_id: bytes, req_bytes: bytes) -> None:
-        if function_id not in self._registered:
-            self.send_raw(req_bytes)
-            self._registered.add(function_id)
-            self.function_frames[function_id] = req_bytes
-
-    def submit(self, template: bytes, num_returns: int, args: Sequence[Any],
-               kwargs: dict[str, Any], shape: tuple[tuple[str, float], ...] | None = None,
-               name: str = "", function_id: bytes = b"", tid: bytes = b"") -> list[ObjectRef]:
-        """Submit one task. ``template`` is a serialized Call with the per-function fields.
-        ``shape``: its resource shape, when it may go straight to a worker lent to this
-        process (then it does, if one of that shape is lent and its arguments are here).
-        ``tid``: its task id, when the caller made one (a stream registered first)."""
-        tid = tid or _ids.next_task_id()
-        refs: list[ObjectRef] = []     # puts made for large args live until the Submit is sent
-        direct = self.direct
-        loans = direct.lent.loans
-        hold: list[ObjectRef] | None = [] if shape is not None and loans else None
-        call = encode_call(self, template, tid, args, kwargs, refs, hold)
-        rids = _ids.return_ids(tid, num_returns)
-        out: list[ObjectRef[Any]] = [ObjectRef(rid, self, counted=True) for rid in rids]
-        book = None if self.streams else self.book
-        if book is not None:   # sent again to a restarted head if still needed then
-            book.add(tid, call, num_returns, refs)
-        if shape is not None and hold is not None and loans.get(shape) \
-                and (not refs or all(r._id in self.results for r in refs)):
-            if self.put_seq > self.synced_seq and must_sync(True, hold, refs, self.results, any(
-                    le.peer is not None and le.peer.remote for le in loans.get(shape, ()))):
-                self.request(pb.Request(query="sync"))   # the head knows every ref in the arguments
-            c = Call(tid, call, refs, None, rids, name, hold)
-            c.fid = function_id
-            if direct.lent.submit(c, shape):
-                return out
-        with self.refs.lock:
-            self.owned.update(rids)
-        self.send_submit(call, refs, book is not None)
-        del refs
-        return out
-
-    def send_submit(self, call: bytes, refs: Sequence[ObjectRef], kept: bool = False,
-                    escaped: bool = False) -> None:
-        """``kept``: the book keeps the call (a head lost meanwhile gets it again);
-        ``escaped``: the head knows its ref arguments already (else escape() first)."""
-        try:
-            if not escaped and (self.direct.book.unregistered or self.direct.book.via_head):
-                self.escape([r._id for r in refs])
-            self.send_raw(_codec.submit_frame(call))
-        except ClusterLostError:
-            if not kept:
-                raise
-
-    def submit_actor(self, actor_id: bytes, token: ObjectRef, template: bytes, num_returns: int,
-                     args: Sequence[Any], kwargs: dict[str, Any], name: str,
-                     tid: bytes = b"") -> list[ObjectRef]:
-        """Call an actor: straight to its process once the head gave its address and
-        every call sent through the head before is there; through the head otherwise."""
-        route = self.direct.routes.get(actor_id) or self.direct.route(actor_id)
-        tid = tid or _ids.next_task_id()
-        refs: list[ObjectRef] = []
-        # Refs pickled in the arguments live here until the actor answers: the actor
-        # counts those it keeps before answering (see WorkerRuntime.send_done).
-        hold: list[ObjectRef] = []
-        call = encode_call(self, template, tid, args, kwargs, refs, hold)
-        rids = _ids.return_ids(tid, num_returns)
-        out: list[ObjectRef[Any]] = [ObjectRef(rid, self, counted=True) for rid in rids]
-        book, replay = None if self.streams else self.book, False
-        if book is not None:   # sent again to a restarted head if retried and not answered
-            replay = book.replays(template)
-            book.add(tid, call, num_returns, refs, False, replay)
-        if route.peer is not None and must_sync(self.put_seq > self.synced_seq, hold, refs,
-                                                self.results, route.peer.remote):
-            self.request(pb.Request(query="sync"))   # the head knows every ref in the arguments
-        def through_head() -> None:   # under route.lock, its arguments escaped
-            with self.refs.lock:
-                self.owned.update(rids)
-            self.send_submit(call, refs, replay, True)   # else made again (ActorMethod.remote)
-        self.direct.call_actor(route, Call(tid, call, refs, token, rids, name, hold), through_head)
-        return out
-
-    def retire_route(self, actor_id: bytes) -> None:
-        """The actor is being killed: later calls go through the head."""
-        self.direct.retire_route(actor_id)
-
-    def cancel(self, object_id: bytes, force: bool, recursive: bool = False) -> None:
-        if not self.direct.cancel(_ids.task_of(object_id), force, recursive):
-            self.send(_wire.CANCEL, pb.CancelRequest(object_id=object_id, force=force,
-                                                     recursive=recursive))
-
-    def cancel_submitted(self) -> None:
-        """Cancel (recursively) every task this process submitted that has not answered
-        yet and whose refs it still holds: a cancel(recursive=True) of the task running
-        here reaches its children this way wherever they went (head, lent workers)."""
-        tids = {_ids.task_of(oid) for oid in list(self.owned)}
-        tids.update(list(self.direct.call_route))
-        for tid in tids:
-            try:
-                self.cancel(_ids.object_id(tid, 0), False, True)
-            except ClusterLostError:
-                return
-
-    # ------------------------------------------------------------------ objects
-    def put(self, value: object) -> ObjectRef:
-        if isinstance(value, ObjectRef):
-            raise TypeError("put() of an ObjectRef: pass the ref itself where it is needed, "
-                            "or put() its value (orchestra.get(ref)) instead")
-        ref = self.put_serialized(serialize(value))
-        data = self.results.get(ref._id)
-        if data is not None and data.segment.size >= KEEP_READ_MIN:   # (inline: 0)
-            self.objects.keep_read(ref._id, data.segment)
-        return ref
-
-    def put_serialized(self, ser: Serialized | None, error: bytes = b"") -> ObjectRef:
-        """A new object of ``ser``; or (``ser`` None) one whose get raises ``error`` (a
-        pickled exception: the last ref of a dynamic generator that raised)."""
-        oid = _ids.object_id(_ids.next_task_id(), 0)
-        data = self.objects.make_object_data(oid, ser) if ser is not None else \
-            pb.ObjectData(object_id=oid, error=error)
-        ref: ObjectRef[Any] = ObjectRef(oid, self, counted=True)
-        with self.refs.lock:
-            self.results[oid] = data
-        self.send(_wire.OBJECTS, pb.Objects(objects=[data]))
-        self.put_seq += 1
-        return ref
-
-    def get_one(self, ref: ObjectRef, timeout: float | None) -> Any:
-        oid = ref._id
-        data = self.results.get(oid)
-        if data is None:
-            self._wait([oid], 1, timeout)
-            data = self.results.get(oid)
-            if data is None:
-                raise ClusterLostError(self.lost or f"object {oid.hex()} vanished while waited for")
-        return self.objects.value(oid, data)
-
-    def get_many(self, refs: Sequence[ObjectRef], timeout: float | None) -> list[Any]:
-        ids = [r._id for r in refs]
-        results = self.results
-        if any(oid not in results for oid in ids):
-            self._wait(ids, len(ids), timeout)
-        return [self.objects.value(oid, results[oid]) for oid in ids]
-
-    def wait(self, refs: Sequence[ObjectRef], num_returns: int,
-             timeout: float | None) -> tuple[list[ObjectRef], list[ObjectRef]]:
-        results = self.results
-        if num_returns == len(refs):   # all of them: one pass when they are all ready
-            done = [r for r in refs if r._id in results]
-            if len(done) == num_returns:
-                return done, []
-        self._wait([r._id for r in refs], num_returns, timeout, raise_timeout=False)
-        ready: list[ObjectRef] = []
-        not_ready: list[ObjectRef] = []
-        for r in refs:
-            if r._id in results and len(ready) < num_returns:
-                ready.append(r)
-            else:
-                not_ready.append(r)
-        return ready, not_ready
-
-    def prefetch(self, refs: Sequence[ObjectRef]) -> None:
-        """wait(fetch_local=True): the head copies the ready objects of other nodes here."""
-        here = self.info.node_id
-        away = [r._id for r in refs if (d := self.results.get(r._id)) is not None
-                and d.WhichOneof("data") == "segment" and d.segment.node_id != here]
-        if away:
-            self.send(_wire.REQUEST, pb.Request(prefetch=pb.Prefetch(object_ids=away)))
-
-    def _wait(self, ids: Sequence[bytes], k: int, timeout: float | None,
-              raise_timeout: bool = True) -> None:
-        results = self.results
-        self.subscribe_missing(ids)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        n = len(ids)
-        if k >= n:
-            pos = [0]
-
-            def ready() -> bool:  # all of them: advance a cursor, O(n) over the whole wait
-                i = pos[0]
-                while i < n and ids[i] in results:
-                    i += 1
-                pos[0] = i
-                return i >= n
-        else:
-            def ready() -> bool:
-                return sum(1 for oid in ids if oid in results) >= k
-        if not self.wait_for(ready, deadline, (oid for oid in ids if oid not in results)) \
-                and raise_timeout:
-            raise GetTimeoutError(
-                f"get() timed out after {timeout:g} s with "
-                f"{sum(1 for oid in ids if oid not in results)} of {n} objects not ready; "
-                "the tasks keep running. Call get() again later or raise the timeout.")
-
-    def wait_for(self, ready: Callable[[], bool], deadline: float | None,
-                 ids: Iterable[bytes] = ()) -> bool:
-        """wait_until(ready) as get() waits: a task blocked here lends its CPU. ``ids``:
-        the objects it waits for (the first _BLOCKED_IDS are named to the head, whose
-        tasks may then run inline on this thread); none named, none runs inline."""
-        if ready():
-            return True
-        if self.on_block is None:
-            return self.wait_until(ready, deadline)
-        inline = self.on_block(True, list(itertools.islice(ids, _BLOCKED_IDS)))
-        try:
-            if inline:
-                return self._wait_running_nested(ready, deadline)
-            return self.wait_until(ready, deadline)
-        finally:
-            if self.on_block is not None:
-                self.on_block(False, ())
-
-    def _wait_running_nested(self, ready: Callable[[], bool], deadline: float | None) -> bool:
-        """wait_until(ready), running the tasks the head hands this blocked thread (the
-        ones it waits for, not started elsewhere) as they come: a chain of tasks that
-        each wait for the next nests on one worker instead of holding a blocked process
-        per level (_scheduler/blocking.py)."""
-        has_nested, run = self.nested_ready, self.run_nested
-        assert run is not None
-        while True:
-            if not self.wait_until(lambda: ready() or has_nested(), deadline):
-                return False
-            if ready():
-                return True
-            run()
-
+    # ------------------------------------------------------------------ waiting
     def wait_until(self, pred: Callable[[], bool], deadline: float | None) -> bool:
         """Return once ``pred()`` holds (True) or at ``deadline`` (False). The waiting
         thread reads the socket itself when no other thread does (no hand-off between
@@ -751,6 +519,3 @@ def _read_hello(conn: Connection, timeout_s: float) -> tuple[pb.HelloReply, list
                     raise OrchestraError(f"the cluster refused this connection: {msg.reason}")
     except TimeoutError as exc:
         raise ClusterLostError(f"the head did not answer within {timeout_s:g} s") from exc
-
-def _never() -> bool:
-    return False

@@ -42,6 +42,12 @@ _log = logging.getLogger("orchestra")
 PUSH_WAIT_S = 60.0   # the longest wait for the head to take a result answered through it
 
 
+class Registry(Protocol):
+    """The frames of the functions this process registered (submit.Submitter)."""
+
+    function_frames: dict[bytes, bytes]
+
+
 class Client(Protocol):
     """What direct calls use of their process's CoreClient: its connection to the head,
     ref counts, results, and the reading of every connection."""
@@ -52,13 +58,14 @@ class Client(Protocol):
     lost: str | None
     conn_id: int
     poller: select.poll
-    function_frames: dict[bytes, bytes]
     put_seq: int
     token: str | None   # the cluster token, for TCP direct calls (None: the environment's)
 
     def send(self, kind: int, msg: Any) -> None: ...
     def send_decided(self, decide: Callable[[], bytes]) -> None: ...
     def subscribe_missing(self, ids: Iterable[bytes]) -> None: ...
+    @property
+    def submitter(self) -> Registry: ...   # the functions registered (for lent workers)
     def wake(self) -> None: ...
     def wait_until(self, pred: Callable[[], bool], deadline: float | None) -> bool: ...
     def stir(self) -> None: ...
@@ -116,7 +123,7 @@ class DirectCalls:
                 self.call_route[c.tid] = route
                 if functions and c.fid not in route.functions:   # the worker learns it here
                     route.functions.add(c.fid)
-                    frames.append(client.function_frames[c.fid])
+                    frames.append(client.submitter.function_frames[c.fid])
                 frames.append(_codec.execute_frame(
                     c.call, [d.SerializeToString() for d in resolved] if resolved else (),
                     client.conn_id))

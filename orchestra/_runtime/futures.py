@@ -92,7 +92,7 @@ def _resolve(client: Client, fut: Future[Any], ref: Any) -> None:
     if not fut.set_running_or_notify_cancel():
         return   # the caller cancelled the Future: nothing to deliver
     try:
-        value = client.get_one(ref, 0)
+        value = client.values.get_one(ref, 0)
     except BaseException as exc:  # noqa: BLE001 - the task's error is the Future's
         fut.set_exception(exc)
     else:

@@ -189,7 +189,7 @@ class ObjectRefGenerator(Generic[Y_co]):
         items, results, end_id = self._stream.items, client.results, self._end._id
         if oid not in items and end_id not in results:
             deadline = None if timeout is None else time.monotonic() + timeout
-            if not client.wait_for(lambda: oid in items or end_id in results, deadline):
+            if not client.values.wait_for(lambda: oid in items or end_id in results, deadline):
                 raise GetTimeoutError(f"no item of the stream came within {timeout:g} s")
         with client.refs.lock:
             data = items.pop(oid, None)
@@ -307,7 +307,7 @@ def wait_with_generators(client: Client, items: list[Any], num_returns: int,
     def enough() -> bool:
         return sum(1 for x in items if is_ready(x)) >= num_returns
 
-    client.wait_for(enough, None if timeout is None else time.monotonic() + timeout)
+    client.values.wait_for(enough, None if timeout is None else time.monotonic() + timeout)
     ready: list[Any] = []
     not_ready: list[Any] = []
     for x in items:

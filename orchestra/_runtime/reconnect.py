@@ -217,9 +217,7 @@ def carry_over(old: CoreClient, new: CoreClient) -> None:
         new.results.update((d.object_id, d) for d in plan.puts if d.object_id in refs.local)
         new.owned.update(plan.owned)
         keep_calls(new, book)
-        new.function_frames.update(old.function_frames)
-        new._registered.update(old.function_frames)
-        frames = list(old.function_frames.values())
+        frames = new.submitter.registered_again(old.submitter)
         # A kept actor's handle holds its token again (an unknown id: a no-op); one this
         # driver made and claimed again holds it already (HelloReply.claimed_actors),
         # and is let go if no handle of it is left here.

@@ -116,12 +116,12 @@ def produce(worker: Any, call: pb.Call, result: Any) -> Any:
     if call.generator == DYNAMIC:
         # Each value put as it comes; an error ends the list with a ref that raises it
         # (the values before it keep theirs), as Ray's dynamic generators do.
-        put, refs = worker.client.put, []
+        put, refs = worker.client.values.put, []
         try:
             for v in it:
                 refs.append(put(v))
         except Exception as exc:  # noqa: BLE001 - the generator's own error, into its ref
-            refs.append(worker.client.put_serialized(None, dumps_exception(task_error(call, exc))))
+            refs.append(worker.client.values.put_serialized(None, dumps_exception(task_error(call, exc))))
         return DynamicObjectRefGenerator(refs)
     sender = _Sender(worker, call)
     try:
@@ -140,12 +140,12 @@ async def produce_async(worker: Any, call: pb.Call, agen: Any) -> Any:
     """produce() for an async generator (an async actor's method): paused on the event
     loop, other calls run meanwhile."""
     if call.generator == DYNAMIC:   # as produce()'s: an error ends the list in a ref
-        put, refs = worker.client.put, []
+        put, refs = worker.client.values.put, []
         try:
             async for v in agen:
                 refs.append(put(v))
         except Exception as exc:  # noqa: BLE001 - the generator's own error, into its ref
-            refs.append(worker.client.put_serialized(None, dumps_exception(task_error(call, exc))))
+            refs.append(worker.client.values.put_serialized(None, dumps_exception(task_error(call, exc))))
         return DynamicObjectRefGenerator(refs)
     sender = _Sender(worker, call)
     try:

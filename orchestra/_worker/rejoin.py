@@ -141,9 +141,9 @@ def wire(rt: WorkerRuntime) -> None:
     client, info = rt.client, rt.client.info
     _context.set_client(client)
     # Calls queued behind a blocking get() of an actor belong to it: never handed back.
-    client.on_block = rt._on_block if rt.actor is None else None
-    client.nested_ready = rt.nested.__len__   # type: ignore[assignment]
-    client.run_nested = rt._run_nested
+    client.values.on_block = rt._on_block if rt.actor is None else None
+    client.values.nested_ready = rt.nested.__len__   # type: ignore[assignment]
+    client.values.run_nested = rt._run_nested
     client.direct.on_peer_frame = rt._on_peer_frame
     # Callers send calls straight here once the head gives them this address: a
     # driver this worker is lent to (Loan), or callers of the actor it becomes.

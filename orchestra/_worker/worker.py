@@ -299,7 +299,7 @@ class WorkerRuntime:
     def _cancel(self, task_id: bytes, recursive: bool = False) -> None:
         # An actor's process serves many callers: what it submitted is not one call's.
         if recursive and self.actor is None and (self.running == task_id or task_id in self.outer):
-            self.client.cancel_submitted()   # its children first, then the task itself
+            self.client.submitter.cancel_submitted()   # its children first, then the task itself
         with self.cond:
             if self.running == task_id:
                 self.cancel_target = task_id
@@ -725,7 +725,7 @@ class WorkerRuntime:
         if self.logs is not None:
             self.logs.mark_actor(spec.actor_id, spec.class_name, self._job)
         # Calls queued behind a blocking get() belong to this actor: never hand them back.
-        self.client.on_block = None
+        self.client.values.on_block = None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""Direct calls, sent straight to a worker's process: actor calls (CoreClient.submit_actor) and
+"""Direct calls, sent straight to a worker's process: actor calls (Submitter.submit_actor) and
 the driver's tasks on workers the head lends it (Loan).
 
 A caller's first calls go through the head; once the head has sent them to the actor's
