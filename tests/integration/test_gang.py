@@ -14,7 +14,6 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Iterator
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -108,21 +107,6 @@ class Blocker:
 
     def ping(self) -> str:
         return "pong"
-
-
-class TorchMember:
-    def all_reduce(self, value: float) -> float:
-        import torch
-        import torch.distributed as dist
-
-        os.environ.update(orchestra.gang_context().torch_env())
-        dist.init_process_group("gloo", timeout=timedelta(seconds=T))
-        try:
-            tensor = torch.tensor([value], dtype=torch.float64)
-            dist.all_reduce(tensor)
-            return float(tensor.item())
-        finally:
-            dist.destroy_process_group()
 
 
 @pytest.fixture
@@ -384,12 +368,6 @@ def test_an_actor_class_keeps_its_options_and_gang_arguments_win(gpu_cluster):
         assert [len(d["gpu_ids"]) for d in get(g.call("describe"))] == [1, 1]
 
 
-# ------------------------------------------------------------------ a real client: torch
-
-def test_torch_gloo_all_reduce_between_four_members(start_cluster):
-    pytest.importorskip("torch")
-    start_cluster(num_cpus=1)
-    with orchestra.gang(TorchMember, 4, num_gpus=0, timeout_s=T) as g:
-        results = get([a.all_reduce.remote(float(rank + 1)) for rank, a in enumerate(g)],
-                      timeout=50)
-    assert results == [10.0, 10.0, 10.0, 10.0]
+# A real client, torch.distributed over gloo between four members, is the gang example's
+# test (test_examples.py::test_gang_allreduce_sums_over_four_members; three hosts:
+# test_cluster_netns.py): the same all_reduce, run once.
