@@ -514,7 +514,7 @@ class SchedulerState:
             for data in msg.returns:
                 self.directory.seal(data.object_id, data)
         if t.call.max_calls and w is not None and w.actor is None:
-            self.worker_pool.count_call(w, t.call)
+            self.worker_pool.count_call(w, t.call.function_id, t.call.max_calls)
         self.after_worker_step(w, t)
 
     def after_worker_step(self, w: Worker | None, done: Task | None = None) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .._protocol import pb
 from .blocking import Blocking
 from .instructions import ReturnTasks, Shutdown, StartWorker, StopWorker
 from .loans import Loans
@@ -185,13 +184,13 @@ class WorkerPool:
                 self.start(node.node_id)
             return
 
-    def count_call(self, w: Worker, call: pb.Call) -> None:
+    def count_call(self, w: Worker, function_id: bytes, max_calls: int) -> None:
         """``w`` ran a call of a function with max_calls=: at the limit it retires, and
         the tasks queued there that have not started are asked back (STEAL)."""
         calls = w.calls if w.calls is not None else {}
         w.calls = calls
-        n = calls[call.function_id] = calls.get(call.function_id, 0) + 1
-        if n >= call.max_calls and not w.retiring:
+        n = calls[function_id] = calls.get(function_id, 0) + 1
+        if n >= max_calls and not w.retiring:
             w.retiring = True
             w.grant_shape = RETIRING   # no task has this shape: none is pipelined there
             if w.queue:

@@ -265,7 +265,6 @@ def test_a_scheduler_helper_does_not_import_the_scheduler_state(helper):
 SCHEDULER_HOLDING_MESSAGES = {
     "_scheduler.actors", "_scheduler.adoption", "_scheduler.groups", "_scheduler.kept",
     "_scheduler.lineage", "_scheduler.model", "_scheduler.objects", "_scheduler.state",
-    "_scheduler.workers",
 }
 
 
