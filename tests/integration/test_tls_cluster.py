@@ -169,6 +169,43 @@ def test_a_tls_cluster_serves_on_after_a_plain_client_and_a_wrong_key_are_refuse
     assert [rec["kind"] for rec in records(state)].count("node") == 2
 
 
+_LENDING_DRIVER = """
+import json, sys, orchestra
+from orchestra._runtime import context
+orchestra.init(address=sys.argv[1], token=sys.argv[2])
+
+@orchestra.remote(resources={"far": 1})
+def far(i):
+    return i
+
+# Tasks only the joined node can run, one at a time: the head lends its worker to this
+# driver (nothing else waits for it), which then calls it straight, over TLS, from
+# another node.
+remote = 0
+for i in range(50):
+    assert orchestra.get(far.remote(i), timeout=60) == i
+    loans = context.current_client().direct.lent.loans
+    remote = sum(1 for ls in loans.values() for le in ls if le.peer is not None and le.peer.remote)
+    if remote:
+        break
+print(json.dumps({"remote_loans": remote}))
+"""
+
+
+def test_the_workers_of_a_node_given_the_unmarked_token_take_direct_calls_over_tls(state):
+    """A node joined with the token its user chose (the head marked it "tls-": the Slurm
+    example does so) found the TLS for itself, and so must its workers for the calls
+    other nodes send them: they listened in the clear, every driver on another node was
+    refused ("does not speak TLS"), gave the lent worker back at once, and its tasks
+    waited for the one worker it could borrow while the joined node's sat idle."""
+    head = _cluster(state, "--tls", unmarked=True)
+    r = subprocess.run([sys.executable, "-c", _LENDING_DRIVER, head["address"], head["token"]],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "does not speak TLS" not in r.stderr, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["remote_loans"] >= 1, r.stderr
+
+
 def test_tls_is_announced_and_its_absence_beyond_loopback_is_warned(state):
     head_out = cli("start", "--head", "--port", "0", "--tls", *SMALL)
     assert head_out.returncode == 0, head_out.stderr
