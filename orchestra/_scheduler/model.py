@@ -190,7 +190,7 @@ class Wait:
 
 class Worker:
     __slots__ = ("worker_id", "node_id", "pid", "conn", "_state", "queue", "grant",
-                 "gpu_ids", "functions", "grant_shape", "_actor", "lent_to", "recalling",
+                 "gpu_ids", "functions", "grant_shape", "actor", "lent_to", "recalling",
                  "waits", "nested", "address", "calls", "retiring", "table")
 
     def __init__(self, worker_id: int, node_id: int) -> None:
@@ -210,7 +210,7 @@ class Worker:
         self.grant_shape: Shape = ()
         self.gpu_ids: list[int] = []
         self.functions: set[bytes] = set()
-        self._actor: Any = None   # _actor_state.Actor of a dedicated worker (actor)
+        self.actor: Any = None   # _actor_state.Actor of a dedicated worker
         self.lent_to: int | None = None   # the driver connection it is on loan to (_scheduler/loans.py)
         self.recalling = False            # that driver was asked to return it
         # The get()s its main thread is blocked in, innermost last, and the tasks it runs
@@ -237,25 +237,6 @@ class Worker:
                 table.idle_changed(self)
             if new is WorkerState.BUSY:
                 table.may_pipeline(self)
-            if (old is WorkerState.STARTING) is not (new is WorkerState.STARTING) \
-                    and self._actor is None:
-                table.starting_changed(self, new is WorkerState.STARTING)
-
-    @property
-    def actor(self) -> Any:
-        """The actor (_actor_state.Actor) this worker is dedicated to, or None: a task
-        worker. Set, it tells the table it is in (its count of task workers)."""
-        return self._actor
-
-    @actor.setter
-    def actor(self, actor: Any) -> None:
-        table = self.table
-        if table is not None and (actor is None) is not (self._actor is None):
-            table.count(self, -1)
-            self._actor = actor
-            table.count(self, 1)
-        else:
-            self._actor = actor
 
 
 class WorkerTable(dict[int, Worker]):
@@ -269,10 +250,7 @@ class WorkerTable(dict[int, Worker]):
     the node indexes (the pipelining index lets it go when its reader meets it: the
     worker no longer names this table). So a placement asks a node for an idle worker
     at the cost of a dict lookup, not of a scan of every worker of the cluster
-    (WorkerPool.pick_placed, pool). It counts, per node, the task workers (no actor's)
-    and those of them starting, kept by the same notices (and Worker.actor's setter):
-    whether a node can start one more is two lookups, not a list of its workers
-    (WorkerPool.can_grow, asked of every node with room at each placement).
+    (WorkerPool.pick_placed, pool).
 
     The pipelining index (``open``: shape -> tasks queued -> workers) may hold more
     than it should, never less: every worker that can take a pipelined task (busy, not
@@ -296,8 +274,6 @@ class WorkerTable(dict[int, Worker]):
         self.by_node: dict[int, dict[int, Worker]] = {}
         self.idle_by_node: dict[int, dict[int, Worker]] = {}
         self.open: dict[Shape, dict[int, dict[int, Worker]]] = {}
-        self.tasks_on: dict[int, int] = {}      # node -> its task workers
-        self.starting_on: dict[int, int] = {}   # node -> those of them starting
 
     def can_pipeline(self, w: Worker, shape: Shape, depth: int) -> bool:
         """Whether ``w`` may take a task of ``shape`` behind its own now (the rule of
@@ -351,7 +327,6 @@ class WorkerTable(dict[int, Worker]):
         self.by_node.setdefault(w.node_id, {})[worker_id] = w
         if w._state is WorkerState.IDLE:
             self.idle_by_node.setdefault(w.node_id, {})[worker_id] = w
-        self.count(w, 1)
 
     def __delitem__(self, worker_id: int) -> None:
         w = self[worker_id]
@@ -374,25 +349,6 @@ class WorkerTable(dict[int, Worker]):
         idle = self.idle_by_node.get(node_id)
         return next(reversed(idle.values())) if idle else None
 
-    def task_workers(self, node_id: int) -> int:
-        """How many task workers (no actor's) the node has, starting ones included."""
-        return self.tasks_on.get(node_id, 0)
-
-    def starting(self, node_id: int) -> int:
-        """How many of the node's task workers are starting."""
-        return self.starting_on.get(node_id, 0)
-
-    def count(self, w: Worker, sign: int) -> None:
-        """Add (1) or take out (-1) ``w`` from the counts of task workers."""
-        if w._actor is None:
-            _add(self.tasks_on, w.node_id, sign)
-            if w._state is WorkerState.STARTING:
-                _add(self.starting_on, w.node_id, sign)
-
-    def starting_changed(self, w: Worker, starting: bool) -> None:
-        """Task worker ``w`` (in this table) started starting, or stopped."""
-        _add(self.starting_on, w.node_id, 1 if starting else -1)
-
     def idle_changed(self, w: Worker) -> None:
         """``w`` (in this table) became idle, or stopped being idle."""
         if w._state is WorkerState.IDLE:
@@ -404,7 +360,6 @@ class WorkerTable(dict[int, Worker]):
         w.table = None
         _drop(self.by_node, w)
         _drop(self.idle_by_node, w)
-        self.count(w, -1)
 
     def clear(self) -> None:
         for w in self.values():
@@ -413,16 +368,6 @@ class WorkerTable(dict[int, Worker]):
         self.by_node.clear()
         self.idle_by_node.clear()
         self.open.clear()
-        self.tasks_on.clear()
-        self.starting_on.clear()
-
-
-def _add(counts: dict[int, int], node_id: int, n: int) -> None:
-    left = counts.get(node_id, 0) + n
-    if left:
-        counts[node_id] = left
-    else:
-        counts.pop(node_id, None)
 
 
 def _drop(index: dict[int, dict[int, Worker]], w: Worker) -> None:

@@ -244,7 +244,7 @@ class SchedulerState:
                 self.requeue(t)
         node = self.nodes.get(w.node_id)
         if node is not None and not was_starting and \
-                self.workers.task_workers(w.node_id) < max(node.num_cpus, 1):
+                len(self.worker_pool.pool(w.node_id)) < max(node.num_cpus, 1):
             self.worker_pool.start(w.node_id)   # the pool keeps its size
         self.schedule()
 
@@ -537,9 +537,9 @@ class SchedulerState:
                 self.blocking.clear(w)
             node = self.nodes.get(w.node_id)
             size = max(node.num_cpus, 1) if node is not None else 0
-            # len(self.workers) first: the cluster's count, cheapest, rules out the
-            # common case (the pool at its size) on the hot path.
-            if len(self.workers) > size and self.workers.task_workers(w.node_id) > size \
+            # len(self.workers) first: no list is built per task while the pool is at its
+            # size (the common case, on the hot path).
+            if len(self.workers) > size and len(self.worker_pool.pool(w.node_id)) > size \
                     and self.worker_pool.idle_on(w.node_id) > 1 and not self.has_ready():
                 # Surplus from lending CPUs to blocked tasks: shrink back to the pool size.
                 w.state = WorkerState.DEAD

@@ -165,11 +165,9 @@ class WorkerPool:
         return best
 
     def can_grow(self, node: Node) -> bool:
-        """The node has a task worker starting, or room for one more (the table's
-        counts: no list of the node's workers)."""
-        table = self.core.workers
-        return table.starting(node.node_id) > 0 \
-            or table.task_workers(node.node_id) < node.max_workers
+        """The node has a task worker starting, or room for one more."""
+        mine = self.pool(node.node_id)
+        return any(w.state is WorkerState.STARTING for w in mine) or len(mine) < node.max_workers
 
     def maybe_grow(self, t: Task, nodes: Iterable[Node] | None = None) -> None:
         """Start a worker when a ready task fits a node that has no idle or starting one:
@@ -209,7 +207,7 @@ class WorkerPool:
         del self.core.workers[w.worker_id]
         self.stop(w)
         node = self.core.nodes.get(w.node_id)
-        if node is not None and self.core.workers.task_workers(w.node_id) < max(node.num_cpus, 1):
+        if node is not None and len(self.pool(w.node_id)) < max(node.num_cpus, 1):
             self.start(w.node_id)
 
     def stop(self, w: Worker) -> None:

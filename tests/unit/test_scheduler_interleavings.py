@@ -337,10 +337,6 @@ class SchedulerInterleavings(RuleBasedStateMachine):
                 idle[w.node_id].add(wid)
         assert {n: set(ws) for n, ws in table.by_node.items()} == by_node
         assert {n: set(ws) for n, ws in table.idle_by_node.items()} == idle
-        tasks = collections.Counter(w.node_id for w in table.values() if w.actor is None)
-        starting = collections.Counter(w.node_id for w in table.values()
-                                       if w.actor is None and w.state is WorkerState.STARTING)
-        assert table.tasks_on == dict(tasks) and table.starting_on == dict(starting)
         # The pipelining index may hold more, never less: each task worker that can
         # take a task behind its own is in it, under its grant's shape and a length no
         # larger than its queue's. Its reader first goes through every entry (on no

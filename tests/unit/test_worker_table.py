@@ -1,8 +1,7 @@
 """The scheduler's worker table (orchestra/_scheduler/model.py, WorkerTable): its
-indexes (each node's workers, each node's idle ones) and counts (each node's task
-workers, and those starting) are what a scan of the table finds after any sequence of
-workers put in, changing state, dedicated to an actor or freed of it, replaced,
-deleted, popped and cleared; a worker out of the table no longer reaches it. Placement reads the indexes
+indexes (each node's workers, each node's idle ones) are what a scan of the table finds
+after any sequence of workers put in, changing state, replaced, deleted, popped and
+cleared; a worker out of the table no longer reaches it. Placement reads the indexes
 instead of scanning every worker of the cluster (WorkerPool.pick_placed)."""
 from __future__ import annotations
 
@@ -29,18 +28,6 @@ def _indexes(table: WorkerTable) -> tuple[dict[int, set[int]], dict[int, set[int
             {n: set(ws) for n, ws in table.idle_by_node.items()})
 
 
-def _counts(table: WorkerTable) -> tuple[dict[int, int], dict[int, int]]:
-    """Each node's task workers and starting ones, by a scan (zeros left out)."""
-    tasks: dict[int, int] = {}
-    starting: dict[int, int] = {}
-    for w in table.values():
-        if w.actor is None:
-            tasks[w.node_id] = tasks.get(w.node_id, 0) + 1
-            if w.state is WorkerState.STARTING:
-                starting[w.node_id] = starting.get(w.node_id, 0) + 1
-    return tasks, starting
-
-
 def test_an_idle_worker_is_found_by_its_node_and_the_last_one_idle_first() -> None:
     table = WorkerTable()
     a, b, c = Worker(1, 0), Worker(2, 0), Worker(3, 1)
@@ -63,7 +50,7 @@ def test_an_idle_worker_is_found_by_its_node_and_the_last_one_idle_first() -> No
     assert _indexes(table) == ({}, {}) and not table
 
 
-@given(st.lists(st.tuples(st.sampled_from(["put", "state", "actor", "del", "pop", "clear"]),
+@given(st.lists(st.tuples(st.sampled_from(["put", "state", "del", "pop", "clear"]),
                           st.integers(0, 5), st.integers(0, 2), st.sampled_from(STATES)),
                 max_size=60))
 def test_the_indexes_are_what_a_scan_finds_after_any_changes(ops) -> None:
@@ -79,8 +66,6 @@ def test_the_indexes_are_what_a_scan_finds_after_any_changes(ops) -> None:
                 gone.append(old)
         elif op == "state" and wid in table:
             table[wid].state = state
-        elif op == "actor" and wid in table:   # dedicated to an actor (node 0: freed of it)
-            table[wid].actor = None if node == 0 else f"actor {node}"
         elif op == "del" and wid in table:
             gone.append(table[wid])
             del table[wid]
@@ -91,13 +76,10 @@ def test_the_indexes_are_what_a_scan_finds_after_any_changes(ops) -> None:
         elif op == "clear":
             gone.extend(table.values())
             table.clear()
-        for w in gone:                      # a worker gone changes: no effect
+        for w in gone:                      # a worker gone changes state: no effect
             w.state = state
-            w.actor = None if w.actor else "an actor"
             assert w.table is None
         assert _indexes(table) == _scan(table)
-        assert (table.tasks_on, table.starting_on) == _counts(table)
-        assert all(table.task_workers(n) == c for n, c in _counts(table)[0].items())
         assert all(table.by_node.values()) and all(table.idle_by_node.values())   # none empty
 
 
