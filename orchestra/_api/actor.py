@@ -350,14 +350,16 @@ class ActorMethod:
             tid = _ids.next_task_id()
             stream = open_stream(client, tid)
             try:
-                end = client.submitter.submit_actor(h._actor_id, h._token, template, 1, args, kwargs,
-                                          f"{h._spec.class_name}.{self._name}", tid)
+                end = client.submitter.submit_actor(
+                    h._actor_id, h._token, template, 1, args, kwargs,
+                    f"{h._spec.class_name}.{self._name}", tid)
             except BaseException:
                 close_stream(client, tid)
                 raise
             return ObjectRefGenerator(client, stream, end[0], self._backpressure)
-        refs = client.submitter.submit_actor(h._actor_id, h._token, template, self._num_returns, args, kwargs,
-                                   f"{h._spec.class_name}.{self._name}")
+        refs = client.submitter.submit_actor(
+            h._actor_id, h._token, template, self._num_returns, args, kwargs,
+            f"{h._spec.class_name}.{self._name}")
         if self._num_returns == 1:
             return refs[0]
         return None if self._num_returns == 0 else refs

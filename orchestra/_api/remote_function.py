@@ -257,8 +257,8 @@ class RemoteFunction(Generic[P, R]):
         client.submitter.register_function(self._function_id, self._register_frame)
         if self._generator == STREAMING:
             return self._stream(client, args, kwargs)
-        refs = client.submitter.submit(self._template, self._num_returns, args, kwargs, self._direct_shape,
-                             self._task_name, self._function_id)
+        refs = client.submitter.submit(self._template, self._num_returns, args, kwargs,
+                                       self._direct_shape, self._task_name, self._function_id)
         if self._num_returns == 1:
             return refs[0]
         if self._num_returns == 0:
@@ -272,7 +272,7 @@ class RemoteFunction(Generic[P, R]):
         stream = open_stream(client, tid)
         try:
             end = client.submitter.submit(self._template, 1, args, kwargs, None, self._task_name,
-                                self._function_id, tid)
+                                          self._function_id, tid)
         except BaseException:
             close_stream(client, tid)
             raise

@@ -649,8 +649,8 @@ def accept_secure(sock: socket.socket, token: str, *, timeout_s: float = HANDSHA
     deadline = time.monotonic() + timeout_s
     if token in _TLS_CLUSTERS:
         # This process found its cluster speaks TLS (connect_secure): it serves TLS too.
-        # A joined node's workers, given the token without the mark, listened in the
-        # clear, and every caller of theirs from another node was refused.
+        # A joined node's workers, given the token without the mark, took the token
+        # without TLS, and every caller of theirs from another node was refused.
         token = tls.tls_token(token)
     if not tls.enabled(token):
         server_handshake(sock, token, deadline=deadline)

@@ -111,10 +111,11 @@ def restore(state: Restorable, owner: int,
             records: Mapping[str, Mapping[str, Any]], joined_from: int = 0) -> list[str]:
     """Make again what ``records`` (table -> key -> record, as the head's edge read
     them from the store) name, held by ``owner`` (the head's own pseudo-client, which
-    lives as long as the head). An actor whose process ran on a joined node (id >= ``joined_from``; 0: none
-    is) waits in actor_table.awaiting for that process to come back, instead of being
-    placed (ActorTable.adopt / release_awaiting). Returns what could not be restored, in
-    words (the head logs it); such a record is deleted (a Durable in state.out)."""
+    lives as long as the head). An actor whose process ran on a joined node (id >=
+    ``joined_from``; 0: none is) waits in actor_table.awaiting for that process to come
+    back, instead of being placed (ActorTable.adopt / release_awaiting). Returns what
+    could not be restored, in words (the head logs it); such a record is deleted (a
+    Durable in state.out)."""
     problems: list[str] = []
     for key, spec in sorted(records.get(GROUPS, {}).items()):
         try:
