@@ -80,3 +80,21 @@ def test_objstore_debug_info_lists_large_objects(channel):
     reply = rpc.ObjStoreStub(channel).ObjStoreDebugInfo(pb.ObjStoreDebugInfoRequest(), timeout=10)
     assert ref.binary() in reply.objref
     assert reply.used >= 1 << 20 and reply.capacity > reply.used
+    seg = reply.segment[list(reply.objref).index(ref.binary())]
+    assert seg.name and seg.size > 1 << 20 and seg.capacity >= seg.size
+
+
+def test_an_object_pushed_over_grpc_is_an_argument_and_is_read_back(channel):
+    stub = rpc.SchedulerStub(channel)
+    oid = os.urandom(16)
+    pushed = pb.ObjectData(object_id=oid, inline=cloudpickle.dumps(40))
+    assert stub.PushObj(pb.PushObjRequest(obj=pushed), timeout=10).objref == oid
+    assert stub.RequestObj(pb.RequestObjRequest(objref=oid, timeout_s=10), timeout=20) == pushed
+    fid = os.urandom(16)
+    stub.RegisterFunction(pb.RegisterFunctionRequest(
+        function_id=fid, fnname="inc", pickled=cloudpickle.dumps(lambda a: a + 2)), timeout=10)
+    call = pb.Call(task_id=os.urandom(12), function_id=fid, num_returns=1, resources={"CPU": 1},
+                   name="inc", args=[pb.Value(ref=oid)])
+    reply = stub.RemoteCall(pb.RemoteCallRequest(call=call), timeout=10)
+    data = stub.RequestObj(pb.RequestObjRequest(objref=reply.result[0], timeout_s=10), timeout=20)
+    assert cloudpickle.loads(data.inline) == 42
