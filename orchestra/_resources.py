@@ -15,6 +15,7 @@ CPU = "CPU"
 GPU = "GPU"
 MEMORY = "memory"   # bytes of RAM a task or actor holds (memory=); a node's: see _session
 _EPS = 1e-9
+EPS = _EPS   # the slack of every comparison of amounts (a request fits free + EPS)
 
 
 def make_request(num_cpus: float | None, num_gpus: float | None,
@@ -129,6 +130,8 @@ class NodeResources:
         NodeResources.grown += 1
 
     def fits(self, req: Mapping[str, float]) -> bool:
+        # (Placer's pass over the nodes checks a request of CPUs alone the same way,
+        # inline: _scheduler/placement.py, fitting_nodes.)
         if not self.works:
             return False
         free = self.free

@@ -30,10 +30,10 @@ placement was most of the head's time while tasks were pipelined behind busy wor
 from __future__ import annotations
 
 import collections
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 
 from .._ids import node_hex
-from .._resources import NodeResources, format_resources
+from .._resources import CPU, EPS, NodeResources, format_resources
 from .instructions import Warn
 from .model import NODE_AFFINITY, PLACEMENT_GROUP, SPREAD, Node, SchedulerCore, Task
 
@@ -44,6 +44,36 @@ def hard_node(t: Task) -> int | None:
     if p is not None and p[0] == NODE_AFFINITY and not p[2]:
         return p[1]
     return None
+
+
+def fitting_nodes(nodes: Iterable[Node], req: Mapping[str, float]) -> list[Node]:
+    """The nodes where ``req`` fits now, in their order (NodeResources.fits). A request
+    of CPUs alone, the common one, is checked inline, as fits checks it: a pass over
+    1,000 nodes takes ~80 us instead of ~230 us asking each, which was most of a
+    placement there (a full cluster looks again whenever a task ends)."""
+    if len(req) == 1:
+        cpus = req.get(CPU)
+        if cpus is not None:
+            return [n for n in nodes if (r := n.resources).works
+                    and r.free.get(CPU, 0.0) + EPS >= cpus]
+    return [n for n in nodes if n.resources.fits(req)]
+
+
+def most_cpu_free(nodes: list[Node]) -> Node:
+    """The node with the largest share of its CPUs free, the lowest id of those alike:
+    min(nodes, key=(-cpu_share_free(n), n.node_id)) in one inline pass (~3x less at
+    1,000 nodes with room, where a placement's first node was most of its cost)."""
+    best = nodes[0]
+    r = best.resources
+    total = r.total.get(CPU, 0.0)
+    best_share = r.free.get(CPU, 0.0) / total if total else 0.0
+    for n in nodes:
+        r = n.resources
+        total = r.total.get(CPU, 0.0)
+        share = r.free.get(CPU, 0.0) / total if total else 0.0
+        if share > best_share or (share == best_share and n.node_id < best.node_id):
+            best, best_share = n, share
+    return best
 
 
 def cpu_share_free(node: Node) -> float:
@@ -144,8 +174,7 @@ class Placer:
         nowhere = self._nowhere
         if nowhere.get(t.shape) == grown:
             return []
-        req = t.resources
-        fitting = [n for n in self.s.nodes.values() if n.resources.fits(req)]
+        fitting = fitting_nodes(self.s.nodes.values(), t.resources)
         if not fitting:
             if len(nowhere) > 256:   # (shapes are few; stale entries only cost room)
                 nowhere.clear()
@@ -167,7 +196,7 @@ class Placer:
 
         def key(n: Node) -> tuple[int, float, int]:
             return -held.get(n.node_id, 0), -cpu_share_free(n), n.node_id
-        first = min(fitting, key=key)
+        first = min(fitting, key=key) if held else most_cpu_free(fitting)
         yield first
         fitting.sort(key=key)
         yield from (n for n in fitting if n is not first)

@@ -8,6 +8,7 @@ node, joined nodes are 2, 3, ... as the head numbers them.
 from __future__ import annotations
 
 import pickle
+import types
 from typing import Any
 
 import pytest
@@ -36,6 +37,8 @@ from orchestra._ids import node_hex
 from orchestra._objects.errors import make_error
 from orchestra._proto import types_pb2
 from orchestra._protocol import pb
+from orchestra._resources import NodeResources
+from orchestra._scheduler import placement
 from orchestra._scheduler.events import TaskDone
 from orchestra._scheduler.instructions import Execute, Loan, Warn
 from orchestra._scheduler.model import Obj, Task, TaskState
@@ -135,6 +138,21 @@ def test_tasks_go_to_the_node_with_the_most_free_cpu_share():
     # 0 (50% vs 50%: lower id), 2, 2: every CPU used, each node filled.
     assert c.ran_on(c.take()) == [0, 2, 2, 0, 2, 2]
     assert c.available()["CPU"] == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.0, 1.0, 2.0, 3.0, 4.0, 8.0]), st.integers(0, 8)),
+                min_size=1, max_size=12), st.permutations(range(12)))
+def test_the_first_node_offered_has_the_most_cpu_share_free_then_the_lowest_id(shapes, ids):
+    """The inline pass (placement.most_cpu_free) picks what the key's minimum picks,
+    whatever the nodes' sizes, use and order in the table."""
+    nodes: list[Any] = []
+    for (total, used), nid in zip(shapes, ids[:len(shapes)], strict=True):
+        res = NodeResources({"CPU": total})
+        res.acquire({"CPU": min(used, total)})
+        nodes.append(types.SimpleNamespace(node_id=nid, resources=res))
+    expect = min(nodes, key=lambda n: (-placement.cpu_share_free(n), n.node_id))
+    assert placement.most_cpu_free(nodes) is expect
 
 
 # ------------------------------------------------------------------ default: data locality
