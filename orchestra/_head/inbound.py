@@ -26,7 +26,7 @@ def data_in(m: pb.ObjectData) -> Data:
     kind = m.WhichOneof("data")
     contained = tuple(m.contained) if m.contained else ()
     if kind == "segment":
-        s = m.segment
+        s = m.segment   # (segment_in, inline: one call less per value)
         return _new(Data, (m.object_id, SEGMENT, _new(Segment, (
             s.name, s.size, s.node_id, s.capacity, s.path, s.allocated, s.reused)),
             contained, b"", m))
