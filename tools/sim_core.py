@@ -42,9 +42,9 @@ if __name__ == "__main__":   # run by path from a checkout: the package beside i
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from orchestra._proto import types_pb2  # noqa: E402
-from orchestra._protocol import pb  # noqa: E402
 from orchestra._scheduler.data import inline  # noqa: E402
 from orchestra._scheduler.events import Hello, TaskDone  # noqa: E402
+from orchestra._scheduler.groups import GroupSpec  # noqa: E402
 from orchestra._scheduler.instructions import Execute, KillWorker, StartWorker  # noqa: E402
 from orchestra._scheduler.state import SchedulerState  # noqa: E402
 
@@ -176,9 +176,7 @@ def run(nodes: int, workers: int, tasks: int, actors: int, groups: int) -> dict[
     gids = [next(_ids).to_bytes(12, "big") for _ in range(groups)]
     t0 = time.perf_counter()
     for gid in gids:
-        s.groups.create(DRIVER, pb.PlacementGroupSpec(
-            group_id=gid, strategy="PACK",
-            bundles=[pb.PlacementBundle(resources={"CPU": 1.0}) for _ in range(2)]))
+        s.groups.create(DRIVER, GroupSpec(gid, ({"CPU": 1.0}, {"CPU": 1.0}), "PACK"))
         s.schedule()
         sim.pump()
     _phase(out, "groups", groups, t0)

@@ -25,6 +25,7 @@ from .._scheduler.model import cluster_free, cluster_total
 from .._scheduler.state import SchedulerState
 from ..exceptions import InfeasibleResourcesError
 from . import inbound
+from .outbound import group_info
 from .remote_node import RemoteNode
 from .state_query import StateQueries
 
@@ -342,14 +343,15 @@ def _group(body: str) -> RequestHandler:
         groups = head.state.groups
         try:
             if body == "create_placement_group":
-                groups.create(conn.conn_id, req.create_placement_group)
+                groups.create(conn.conn_id, inbound.group_spec(req.create_placement_group))
                 head.state.schedule()
             elif body == "remove_placement_group":
                 groups.remove(req.remove_placement_group)
             elif body == "get_placement_group":
-                reply.placement_groups.append(groups.by_name(req.get_placement_group))
+                reply.placement_groups.append(group_info(groups.by_name(req.get_placement_group)))
             else:
-                reply.placement_groups.extend(groups.table(req.placement_group_table))
+                reply.placement_groups.extend(group_info(i) for i in groups.table(
+                    req.placement_group_table))
         except (ValueError, InfeasibleResourcesError) as exc:
             reply.error, reply.error_kind = str(exc), type(exc).__name__
         return _once_kept(head, conn, reply)

@@ -18,6 +18,7 @@ from .._protocol import pb
 from .._protocol import wire as _wire
 from .._scheduler import instructions as ins
 from .._scheduler.data import ERROR, SEGMENT, Data, Segment
+from .._scheduler.groups import GroupInfo, GroupSpec
 
 _encode = _wire.encode
 
@@ -39,6 +40,17 @@ def data_out(d: Data) -> pb.ObjectData:
     if d.kind == ERROR:
         return pb.ObjectData(object_id=d.object_id, error=d.payload, contained=d.contained)
     return pb.ObjectData(object_id=d.object_id, inline=d.payload, contained=d.contained)
+
+
+def group_spec(s: GroupSpec) -> pb.PlacementGroupSpec:
+    return pb.PlacementGroupSpec(group_id=s.group_id, strategy=s.strategy, name=s.name,
+                                 detached=s.detached,
+                                 bundles=[pb.PlacementBundle(resources=b) for b in s.bundles])
+
+
+def group_info(i: GroupInfo) -> pb.PlacementGroupInfo:
+    return pb.PlacementGroupInfo(spec=group_spec(i.spec), state=i.state,
+                                 bundle_nodes=i.bundle_nodes)
 
 
 def _execute(i: ins.Execute) -> bytes:

@@ -6,7 +6,7 @@ No I/O.
         can read (said in words, deleted) --> _scheduler/durable.py restore(), JobBook
 
 The tables (_scheduler/durable.py): ACTORS (ActorRecord, kept as a DurableActor
-message), GROUPS (a detached group's PlacementGroupSpec), JOBS (JobRecord, as a
+message), GROUPS (a detached group's GroupSpec, as a PlacementGroupSpec), JOBS (JobRecord, as a
 DurableJob), NODES (bytes, written and read as they are).
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 from .._protocol import pb
 from .._scheduler.durable import ACTORS, GROUPS, JOBS, ActorRecord
 from .._scheduler.jobs import JobRecord
+from . import inbound, outbound
 
 _NAMES = {ACTORS: "actor", GROUPS: "placement group", JOBS: "job"}
 
@@ -34,7 +35,7 @@ def encode(table: str, record: Any) -> bytes | None:
             rec.cls.CopyFrom(record.cls)
         return rec.SerializeToString()
     if table == GROUPS:
-        return record.SerializeToString()
+        return outbound.group_spec(record).SerializeToString()
     if table == JOBS:
         return pb.DurableJob(**dataclasses.asdict(record)).SerializeToString()
     return bytes(record)
@@ -48,7 +49,7 @@ def decode(table: str, data: bytes) -> Any:
         return ActorRecord(rec.creation, rec.restarts, rec.revived,
                            rec.cls if rec.HasField("cls") else None, rec.node_id, rec.owner_key)
     if table == GROUPS:
-        return pb.PlacementGroupSpec.FromString(data)
+        return inbound.group_spec(pb.PlacementGroupSpec.FromString(data))
     if table == JOBS:
         job = pb.DurableJob.FromString(data)
         return JobRecord(**{f.name: getattr(job, f.name) for f in dataclasses.fields(JobRecord)})

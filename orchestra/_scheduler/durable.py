@@ -41,7 +41,7 @@ from typing import Any, NamedTuple, Protocol
 from .instructions import Durable, Instruction
 
 ACTORS = "actors"   # kept actor id (hex) -> ActorRecord
-GROUPS = "groups"   # detached placement group id (hex) -> its PlacementGroupSpec
+GROUPS = "groups"   # detached placement group id (hex) -> its GroupSpec (groups.py)
 NODES = "nodes"     # joined node id (decimal) serving -> b"" (_head/rejoin.py)
 JOBS = "jobs"       # driver key (hex) -> JobRecord (_scheduler/jobs.py)
 TABLES = (ACTORS, GROUPS, NODES, JOBS)

@@ -31,10 +31,10 @@ from __future__ import annotations
 import collections
 import enum
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from .._ids import node_hex
 from .._objects.serialization import serialize
-from .._protocol import pb
 from .._resources import format_resources
 from ..exceptions import InfeasibleResourcesError
 from .actors import ActorTable
@@ -57,15 +57,38 @@ class GroupState(enum.Enum):
     REMOVED = "REMOVED"
 
 
+class GroupSpec(NamedTuple):
+    """A placement group as its creator asked for it: ``bundles``, each a resource
+    request; ``strategy`` PACK, SPREAD, STRICT_PACK or STRICT_SPREAD; ``name`` ("": none),
+    findable by it; ``detached``: it outlives its creator's connection. (The head's edge
+    reads it from the protocol's PlacementGroupSpec, and writes it there for the state
+    store and the replies.)"""
+
+    group_id: bytes
+    bundles: tuple[Mapping[str, float], ...]
+    strategy: str
+    name: str = ""
+    detached: bool = False
+
+
+class GroupInfo(NamedTuple):
+    """A placement group as placement_group_table() shows it: its spec, its state
+    (PENDING, CREATED, REMOVED), and for each bundle its node's id + 1 (0: not placed)."""
+
+    spec: GroupSpec
+    state: str
+    bundle_nodes: list[int]
+
+
 class Group:
     __slots__ = ("spec", "gid", "hex", "state", "nodes", "owner", "bundles")
 
-    def __init__(self, spec: pb.PlacementGroupSpec, owner: int) -> None:
+    def __init__(self, spec: GroupSpec, owner: int) -> None:
         self.spec = spec
         self.gid: bytes = spec.group_id
         self.hex = spec.group_id.hex()
         self.state = GroupState.PENDING
-        self.bundles = [dict(b.resources) for b in spec.bundles]
+        self.bundles = [dict(b) for b in spec.bundles]
         self.nodes: list[int | None] = [None] * len(self.bundles)   # where each bundle is
         self.owner = owner
 
@@ -181,7 +204,7 @@ class PlacementGroups:
         self.doomed: dict[bytes, bytes] = {}
 
     # ------------------------------------------------------------------ create
-    def create(self, conn: int, spec: pb.PlacementGroupSpec) -> None:
+    def create(self, conn: int, spec: GroupSpec) -> None:
         """Raises ValueError (a bad spec, a taken name) or InfeasibleResourcesError (no
         set of the cluster's nodes could ever hold it, on a cluster no node may join)."""
         if spec.strategy not in STRATEGIES:
@@ -322,10 +345,13 @@ class PlacementGroups:
         p = parent.placement if parent is not None else None
         if parent is None or p is None or p[0] != PLACEMENT_GROUP or not p[2]:
             return None
-        call = t.call
-        call.placement.CopyFrom(pb.Placement(strategy=PLACEMENT_GROUP, bundle_index=-1,
-                                             group_id=parent.call.placement.group_id,
-                                             capture_child_tasks=True))
+        call = t.call   # (the protocol's Call: its placement written in place)
+        placement = call.placement
+        placement.Clear()
+        placement.strategy = PLACEMENT_GROUP
+        placement.bundle_index = -1
+        placement.group_id = parent.call.placement.group_id
+        placement.capture_child_tasks = True
         return Task(call, t.owner)
 
     # ------------------------------------------------------------------ removal
@@ -396,18 +422,17 @@ class PlacementGroups:
                     self.pending.append(g)
 
     # ------------------------------------------------------------------ queries
-    def info(self, g: Group) -> pb.PlacementGroupInfo:
-        return pb.PlacementGroupInfo(spec=g.spec, state=g.state.value,
-                                     bundle_nodes=[0 if n is None else n + 1 for n in g.nodes])
+    def info(self, g: Group) -> GroupInfo:
+        return GroupInfo(g.spec, g.state.value, [0 if n is None else n + 1 for n in g.nodes])
 
-    def by_name(self, name: str) -> pb.PlacementGroupInfo | None:
+    def by_name(self, name: str) -> GroupInfo:
         gid = self.names.get(name)
         if gid is None:
             raise ValueError(f"no placement group is named {name!r}; named groups are made with "
                              "placement_group(bundles, name=...)")
         return self.info(self.groups[gid])
 
-    def table(self, gid: bytes = b"") -> list[pb.PlacementGroupInfo]:
+    def table(self, gid: bytes = b"") -> list[GroupInfo]:
         if gid:
             g = self.groups.get(gid)
             if g is None:

@@ -22,7 +22,7 @@ from orchestra._protocol import pb
 from orchestra._scheduler import durable
 from orchestra._scheduler.actors import ActorState
 from orchestra._scheduler.events import Hello, TaskDone
-from orchestra._scheduler.groups import GroupState
+from orchestra._scheduler.groups import GroupSpec, GroupState
 from orchestra._scheduler.instructions import Durable, StartWorker
 
 pytestmark = pytest.mark.timeout(60)
@@ -130,9 +130,7 @@ class Records(RuleBasedStateMachine):
     @rule(detached=st.booleans(), named=st.booleans())
     def make_group(self, detached: bool, named: bool) -> None:
         gid = next(_gids).to_bytes(12, "big")
-        spec = pb.PlacementGroupSpec(group_id=gid, strategy="PACK", detached=detached,
-                                     name=f"g{gid[-1]}" if named else "",
-                                     bundles=[pb.PlacementBundle(resources={"CPU": 0.5})])
+        spec = GroupSpec(gid, ({"CPU": 0.5},), "PACK", f"g{gid[-1]}" if named else "", detached)
         self.c.s.groups.create(DRIVER, spec)
         self.groups.append(gid)
         self._take()

@@ -16,9 +16,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from _sched_helpers import DRIVER, Nodes, executed, make_call, worker_conn
 from orchestra._proto import types_pb2
-from orchestra._protocol import pb
 from orchestra._resources import NodeResources
 from orchestra._scheduler import placement
+from orchestra._scheduler.groups import GroupSpec
 from orchestra._scheduler.model import Task, TaskState
 
 pytestmark = pytest.mark.timeout(120)
@@ -88,8 +88,7 @@ class FitMemo(RuleBasedStateMachine):
     @rule(bundles=st.lists(st.sampled_from([0.5, 1.0, 2.0]), min_size=1, max_size=2))
     def create_group(self, bundles: list[float]) -> None:
         gid = next(_gids).to_bytes(12, "big")
-        spec = pb.PlacementGroupSpec(group_id=gid, strategy="PACK", bundles=[
-            pb.PlacementBundle(resources={"CPU": b}) for b in bundles])
+        spec = GroupSpec(gid, tuple({"CPU": b} for b in bundles), "PACK")
         self.c.s.groups.create(DRIVER, spec)
         self.c.s.schedule()
         self.groups.append(gid)

@@ -258,14 +258,14 @@ def test_a_scheduler_helper_does_not_import_the_scheduler_state(helper):
     assert "_scheduler.state" not in import_graph()[helper]
 
 
-# Scheduler modules that still carry protobuf messages as data (a task's Call, an
-# actor's or placement group's spec, a function's registration): the list only shrinks.
+# Scheduler modules that still carry protobuf messages as data (a task's Call, with its
+# actor's spec, and a function's registration): the list only shrinks.
 # None may know a frame kind: its events (events.py) and instructions (instructions.py)
 # are in its own words, and the head's edge alone (_head/inbound.py, _head/outbound.py)
 # turns frames into them and them into frames.
 SCHEDULER_HOLDING_MESSAGES = {
-    "_scheduler.actors", "_scheduler.adoption", "_scheduler.groups", "_scheduler.lineage",
-    "_scheduler.model", "_scheduler.state",
+    "_scheduler.actors", "_scheduler.adoption", "_scheduler.lineage", "_scheduler.model",
+    "_scheduler.state",
 }
 
 

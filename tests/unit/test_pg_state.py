@@ -11,10 +11,9 @@ import pytest
 from _sched_helpers import DRIVER, Nodes, executed, executes, make_call, pushes, rid, sent, worker_conn
 from orchestra._objects.errors import make_error
 from orchestra._proto import types_pb2
-from orchestra._protocol import pb
 from orchestra._scheduler.data import ERROR, INLINE
 from orchestra._scheduler.events import Hello
-from orchestra._scheduler.groups import READY_SUFFIX, place_bundles
+from orchestra._scheduler.groups import READY_SUFFIX, GroupSpec, place_bundles
 from orchestra._scheduler.instructions import KillWorker, Warn
 from orchestra.exceptions import InfeasibleResourcesError, TaskCancelledError
 
@@ -31,8 +30,7 @@ def group(c: Nodes, bundles: list[dict[str, float]], strategy: str = "PACK", *, 
           conn: int = DRIVER, detached: bool = False) -> bytes:
     """Create a group (raises as the head's request would); its id."""
     gid = next(_gids).to_bytes(12, "big")
-    spec = pb.PlacementGroupSpec(group_id=gid, strategy=strategy, name=name, detached=detached,
-                                 bundles=[pb.PlacementBundle(resources=b) for b in bundles])
+    spec = GroupSpec(gid, tuple(bundles), strategy, name, detached)
     c.s.groups.create(conn, spec)
     c.s.schedule()
     return gid

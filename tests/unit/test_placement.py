@@ -36,10 +36,10 @@ from _sched_helpers import (
 from orchestra._ids import node_hex
 from orchestra._objects.errors import make_error
 from orchestra._proto import types_pb2
-from orchestra._protocol import pb
 from orchestra._resources import NodeResources
 from orchestra._scheduler import placement
 from orchestra._scheduler.events import TaskDone
+from orchestra._scheduler.groups import GroupSpec
 from orchestra._scheduler.instructions import Execute, Loan, Warn
 from orchestra._scheduler.model import Obj, Task, TaskState
 from orchestra.exceptions import InfeasibleResourcesError
@@ -492,9 +492,7 @@ def test_a_head_that_runs_no_work_is_given_none(work: list[Any], busy: int) -> N
         elif kind == "actor":
             c.s.create_actor(DRIVER, actor_call(cpus=cpus, placement=placement))
         else:
-            c.s.groups.create(DRIVER, pb.PlacementGroupSpec(
-                group_id=new_id(), strategy="PACK",
-                bundles=[pb.PlacementBundle(resources={"CPU": 1.0})]))
+            c.s.groups.create(DRIVER, GroupSpec(new_id(), ({"CPU": 1.0},), "PACK"))
             c.s.schedule()
         out += c.take()
     assert 0 not in c.started_on(out) and 0 not in c.ran_on(out)
