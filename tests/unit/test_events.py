@@ -9,13 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestra._head import inbound
+from orchestra._head import inbound, outbound
 from orchestra._head.outbound import data_out
 from orchestra._proto import types_pb2
 from orchestra._protocol import pb
 from orchestra._scheduler import data as values
 from orchestra._scheduler import events as ev
 from orchestra._scheduler.data import ERROR, INLINE, SEGMENT, Data, Segment
+from orchestra._scheduler.groups import GroupInfo, GroupSpec
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -108,3 +109,21 @@ def test_a_received_value_is_read_and_written_back_as_the_same_message(msg):
     assert d.payload == (msg.error if d.kind == ERROR else b"")
     if d.segment is not None:
         assert d.segment == Segment("s", 5, 2, 8, "", 8, True)
+
+
+group_specs = st.builds(
+    GroupSpec, ids, st.lists(st.dictionaries(st.sampled_from(["CPU", "GPU", "memory", "x"]),
+                                             st.floats(0.001, 64), min_size=1), min_size=1,
+                             max_size=4).map(tuple),
+    st.sampled_from(["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]), st.text(max_size=8),
+    st.booleans())
+
+
+@given(group_specs, st.sampled_from(["PENDING", "CREATED", "REMOVED"]), st.data())
+def test_a_placement_group_is_written_and_read_back_the_same(spec, state, data):
+    msg = pb.PlacementGroupSpec.FromString(outbound.group_spec(spec).SerializeToString())
+    assert inbound.group_spec(msg) == spec
+    nodes = data.draw(st.lists(st.integers(0, 1000), min_size=len(spec.bundles),
+                               max_size=len(spec.bundles)))
+    info = outbound.group_info(GroupInfo(spec, state, nodes))
+    assert (inbound.group_spec(info.spec), info.state, list(info.bundle_nodes)) == (spec, state, nodes)
