@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from .._protocol import pb
-from .data import Data
 from .model import Lineage, Obj, SchedulerCore, Task, TaskState
 from .objects import ObjectDirectory
 
@@ -48,13 +47,13 @@ class Rebuilds:
         self.directory = directory
 
     def keep(self, call: pb.Call, retries_left: int, owner: int,
-             returns: Sequence[Data]) -> None:
+             returns: Sequence[pb.ObjectData]) -> None:
         """How to make a task's results in shared memory again (its node may die); none
         when it has no retry left (a rebuild's last run) or for a small result."""
         lineage = Lineage(call, retries_left, owner) if retries_left != 0 else None
         for data in returns:
             self.directory.set_lineage(
-                data.object_id, lineage if data.segment is not None else None)
+                data.object_id, lineage if data.WhichOneof("data") == "segment" else None)
 
     def node_lost(self, node_id: int, reason: str) -> None:
         """The objects only node ``node_id`` held are made again, or lost naming it."""
