@@ -345,13 +345,10 @@ class PlacementGroups:
         p = parent.placement if parent is not None else None
         if parent is None or p is None or p[0] != PLACEMENT_GROUP or not p[2]:
             return None
-        call = t.call   # (the protocol's Call: its placement written in place)
-        placement = call.placement
-        placement.Clear()
-        placement.strategy = PLACEMENT_GROUP
-        placement.bundle_index = -1
-        placement.group_id = parent.call.placement.group_id
-        placement.capture_child_tasks = True
+        call = t.call
+        call.placement.CopyFrom(pb.Placement(strategy=PLACEMENT_GROUP, bundle_index=-1,
+                                             group_id=parent.call.placement.group_id,
+                                             capture_child_tasks=True))
         return Task(call, t.owner)
 
     # ------------------------------------------------------------------ removal
