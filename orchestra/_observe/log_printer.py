@@ -123,8 +123,10 @@ class LogPrinter:
     driver's connection id at the head."""
 
     def __init__(self, address: str, job: int, token: str | None = None) -> None:
-        self.conn = Connection.connect(address, 10.0, token)
-        self.conn.send(_wire.encode(_wire.HELLO, pb.Hello(kind="logs", pid=os.getpid(), log_job=job)))
+        # Its lines come once the head answered the hello (greet: a head going away
+        # mid-handshake is tried again; frames sent right after the answer, none).
+        self.conn, _, _ = Connection.greet(address, _wire.encode(_wire.HELLO, pb.Hello(
+            kind="logs", pid=os.getpid(), log_job=job)), 10.0, token)
         self.folder = LineFolder(enabled=os.environ.get("ORCHESTRA_DEDUP_LOGS", "1") != "0")
         self._lock = threading.Lock()
         self._flushed = threading.Event()

@@ -607,15 +607,24 @@ def connect_secure(sock: socket.socket, token: str, *, timeout_s: float = DEFAUL
         token = tls.tls_token(token)
     if not tls.enabled(token):
         try:
+            target = sock.getpeername()[:2]
+        except OSError as exc:   # reset already: a server going away as it accepted
+            raise HandshakeCut(f"the server at {peer} went away as it accepted ({exc})") from exc
+        try:
             client_handshake(sock, token, timeout_s=timeout_s, peer=peer)
             return sock
-        except NoHello:
+        except NoHello as silent:
             # A head reached by other machines speaks TLS, its key made from the token
             # it was given with the mark added: the same key is found here, and pinned.
-            again = socket.create_connection(sock.getpeername()[:2], timeout=timeout_s)
+            again = socket.create_connection(target, timeout=timeout_s)
             try:
                 stream = connect_secure(again, tls.tls_token(token), timeout_s=timeout_s,
                                         peer=peer, bulk=bulk)
+            except tls.NotTls as exc:
+                again.close()
+                # Not TLS either: the server was going away (a head killed, started
+                # again in the clear): the caller tries again (HandshakeCut).
+                raise HandshakeCut(f"{silent}; and it does not speak TLS") from exc
             except BaseException:
                 again.close()
                 raise

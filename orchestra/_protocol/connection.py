@@ -3,6 +3,8 @@ machine, a TCP socket between machines.
 
     Connection.connect(address) --socket--> send(frames) / recv_into(buffer) -> feed()
         -> [(kind, message), ...]
+    Connection.greet(address, hello) -> the connection and the head's HelloReply (a head
+        going away mid-handshake, killed and started again, is tried again)
     Listener(address).accept() -> Connection          (an actor's worker takes calls)
 
 An address is a filesystem path or ``unix:PATH`` for a unix socket, ``tcp:HOST:PORT`` or
@@ -20,7 +22,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..exceptions import ClusterLostError
+from ..exceptions import ClusterLostError, OrchestraError
 from . import wire as _wire
 from .auth import HandshakeCut, cut_pause
 
@@ -68,6 +70,22 @@ def parse_host(address: str) -> str:
     return target[0] if family != socket.AF_UNIX else "localhost"
 
 
+class _Cut(Exception):
+    """The head closed the connection before its HelloReply (Connection.greet)."""
+
+
+def going_away(exc: BaseException) -> bool:
+    """Whether ``exc`` is a peer going away mid-connection (reset, closed, no longer
+    connected), as a head killed in the middle of a handshake is: worth trying again.
+    A TLS stream cut short says so with ssl's own errors."""
+    import errno
+    import ssl
+    if isinstance(exc, OrchestraError):   # said already what it is (refused, out of time)
+        return False
+    return isinstance(exc, (ConnectionError, ssl.SSLEOFError, ssl.SSLZeroReturnError)) \
+        or isinstance(exc, OSError) and exc.errno in (errno.ENOTCONN, errno.EPIPE)
+
+
 def refuse_self_connect(s: socket.socket) -> None:
     """A TCP connect to a port of this machine where nothing listens may, when the kernel
     picks that very port as the socket's own, connect the socket to itself (TCP's
@@ -99,7 +117,8 @@ class Connection:
         ClusterLostError after ``timeout_s``. PermissionError (another user's socket)
         is raised as it is. Over TCP, authenticate first with ``token`` (default: the
         ORCHESTRA_TOKEN environment variable): AuthenticationError when refused; a
-        handshake the server cut off before its verdict is tried again until then."""
+        handshake the server cut off before its verdict, or a connection reset as it
+        was accepted (going_away), is tried again until then."""
         family, target = parse_address(address)
         deadline = time.monotonic() + timeout_s
         delay = 0.002
@@ -125,11 +144,68 @@ class Connection:
                 cuts += 1
                 time.sleep(cut_pause(cuts))
                 continue
+            except OSError as exc:
+                s.close()
+                # Reset or gone before a word (ENOTCONN): a head going away as it
+                # accepted (killed; its supervisor starts it again). Tried again.
+                if not going_away(exc) or time.monotonic() > deadline:
+                    raise
             except BaseException:
                 s.close()
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
+
+    @classmethod
+    def greet(cls, address: str, hello: bytes, timeout_s: float,
+              token: str | None = None) -> tuple[Connection, Any, list[tuple[int, Any]]]:
+        """Connect (as connect) and send ``hello`` (a HELLO frame): the connection, the
+        head's HelloReply and the frames that came right after it. A head that closes
+        the connection before its reply (going away: killed, and started again by its
+        supervisor) is tried again until ``timeout_s``, as one not listening yet is.
+        OrchestraError when the head refused (its reason); ClusterLostError when out of
+        time or when the head says nothing within it."""
+        deadline = time.monotonic() + timeout_s
+        pause = 0.05   # doubled up to 0.5 s: many workers of a node wait for a head so
+        while True:
+            conn = cls.connect(address, max(deadline - time.monotonic(), 0.0), token)
+            try:
+                conn.sock.sendall(hello)
+                reply, early = conn.hello_reply(max(deadline - time.monotonic(), 0.1))
+                return conn, reply, early
+            except OrchestraError:   # refused, or silent past the deadline: said so
+                conn.close()
+                raise
+            except (_Cut, OSError) as exc:
+                conn.close()
+                if not (isinstance(exc, _Cut) or going_away(exc)) \
+                        or time.monotonic() > deadline:
+                    raise ClusterLostError("the head closed the connection during the "
+                                           f"handshake ({exc})") from exc
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
+            except BaseException:
+                conn.close()
+                raise
+
+    def hello_reply(self, timeout_s: float) -> tuple[Any, list[tuple[int, Any]]]:
+        """The head's answer to this side's Hello, and the frames it sent right after."""
+        sock = self.sock
+        sock.settimeout(timeout_s)
+        try:
+            while True:
+                data = sock.recv(65536)
+                if not data:
+                    raise _Cut("closed")
+                frames = self.feed(data)
+                for i, (kind, msg) in enumerate(frames):
+                    if kind == _wire.HELLO_REPLY:
+                        sock.settimeout(None)
+                        return msg, frames[i + 1:]
+                    if kind == _wire.CLOSING:   # refused, and why
+                        raise OrchestraError(f"the cluster refused this connection: {msg.reason}")
+        except TimeoutError as exc:
+            raise ClusterLostError(f"the head did not answer within {timeout_s:g} s") from exc
 
     @classmethod
     def connect_once(cls, address: str, token: str | None = None) -> Connection:

@@ -259,11 +259,16 @@ def binding(obj: ssl.SSLObject | ssl.SSLSocket | None) -> bytes:
     return obj.get_channel_binding("tls-unique") or b""
 
 
+class NotTls(AuthenticationError):
+    """The server answered TLS in the clear (auth.connect_secure: after a server that
+    closed without a word, that one was going away)."""
+
+
 def tls_error(exc: BaseException, peer: str, server_side: bool) -> AuthenticationError:
     text = str(exc)
     if not server_side and ("WRONG_VERSION_NUMBER" in text or "record layer failure" in text
                             or "packet length too long" in text):
-        return AuthenticationError(
+        return NotTls(
             f"the server at {peer} does not speak TLS, and this token says the cluster does "
             "(it starts with 'tls-'): the cluster was started on loopback or with "
             "--insecure-no-tls; pass the token it printed")

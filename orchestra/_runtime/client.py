@@ -86,7 +86,10 @@ class CoreClient:
             self.send_raw = socket_guard(self.send_raw)          # type: ignore[method-assign]
             self._read_once = socket_guard(self._read_once)      # type: ignore[method-assign]
         try:
-            self.conn = Connection.connect(sock_path, connect_timeout_s, token)
+            # The head's answer to the hello, and the frames that came with it (dispatched
+            # by start()); a head going away mid-handshake is tried again (greet).
+            self.conn, self.info, self._early_frames = Connection.greet(
+                sock_path, _wire.encode(_wire.HELLO, hello), connect_timeout_s, token)
         except ClusterLostError as exc:
             raise ClusterLostError(f"could not reach the head: {exc}") from exc
         self.token = token   # for TCP direct calls to workers of other nodes (None: the env's)
@@ -131,9 +134,6 @@ class CoreClient:
         self.direct = DirectCalls(self)
         self.submitter = Submitter(self)   # tasks and actor calls (_runtime/submit.py)
         self.values = Values(self)         # put, get, wait (_runtime/values.py)
-        self.conn.send(_wire.encode(_wire.HELLO, hello))
-        # The head's answer, and the frames that came with it (dispatched by start()).
-        self.info, self._early_frames = _read_hello(self.conn, connect_timeout_s)
         self.conn_id = self.info.conn_id
         # Call.job appended to every call made here: a driver's own connection id (its
         # tasks' prints go to it); a worker sets that of the task it runs (_worker/worker.py).
@@ -499,23 +499,3 @@ class CoreClient:
             self._reader.join(timeout=2)
         self.direct.close()
         self.objects.drop_all_maps()   # they would keep the segments' memory
-
-
-def _read_hello(conn: Connection, timeout_s: float) -> tuple[pb.HelloReply, list[tuple[int, Any]]]:
-    """The head's answer to this process's Hello, and the frames it sent right after."""
-    sock = conn.sock
-    sock.settimeout(timeout_s)
-    try:
-        while True:
-            data = sock.recv(65536)
-            if not data:
-                raise ClusterLostError("the head closed the connection during the handshake")
-            frames = conn.feed(data)
-            for i, (kind, msg) in enumerate(frames):
-                if kind == _wire.HELLO_REPLY:
-                    sock.settimeout(None)
-                    return msg, frames[i + 1:]
-                if kind == _wire.CLOSING:   # refused, and why
-                    raise OrchestraError(f"the cluster refused this connection: {msg.reason}")
-    except TimeoutError as exc:
-        raise ClusterLostError(f"the head did not answer within {timeout_s:g} s") from exc

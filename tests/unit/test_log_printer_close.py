@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from orchestra._observe import log_printer
+from orchestra._protocol import pb, wire
 from orchestra._protocol.auth import server_handshake
 
 pytestmark = pytest.mark.timeout(20)
@@ -29,6 +30,7 @@ def test_closing_after_the_head_closed_the_connection_does_not_wait_for_a_flush(
         sock, _ = server.accept()
         server_handshake(sock, TOKEN)
         sock.recv(4096)          # the printer's Hello (a close with it unread sends RST)
+        sock.sendall(wire.encode(wire.HELLO_REPLY, pb.HelloReply(conn_id=1)))   # as a head does
         accepted.append(sock)
     t = threading.Thread(target=head)
     t.start()
