@@ -129,7 +129,12 @@ class ActorTable:
 
     def _keep(self, a: Actor) -> None:
         """A detached actor's record, or a kept non-detached one's, as it is now, for the
-        state store."""
+        state store. Not while it waits for its process (awaiting): the store holds its
+        record as the head before left it (its node, its restarts), which a head killed
+        meanwhile must find again; the restore's own figures (a restart counted, no node
+        yet) are written once the wait ends, by adopt or by a placement."""
+        if a.spec.actor_id in self.awaiting:
+            return
         if a.spec.detached or a.owner_key:
             call = a.creation.call
             self.s.out.append(actor_kept(call, a.restarts, a.revived,

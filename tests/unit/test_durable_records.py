@@ -306,6 +306,30 @@ def test_a_restored_actor_of_a_joined_node_waits_for_its_process_and_takes_it_ba
     assert c.started(c.take()) == []
 
 
+def test_a_head_killed_while_a_restored_actor_waits_leaves_its_record_as_it_found_it() -> None:
+    """The head dies again before the actor's process came back: the next head finds
+    the record as the one before it left it (its node, no restart counted), waits for
+    the same process and takes it back with its state (the restore's figures were the
+    store's, a next head made it again at once on no node: a double head kill lost it)."""
+    c, call = restored_on(JOINED, revived=1)
+    key = call.actor.actor_id.hex()
+    rows = {durable.ACTORS: {key: pb.DurableActor(
+        creation=call, restarts=0, revived=1, node_id=JOINED,
+        cls=pb.RegisterFunctionRequest(function_id=call.function_id)).SerializeToString()}}
+    apply(rows, c.take())   # what the restored head wrote while the actor waits
+    rec = records.decode(durable.ACTORS, rows[durable.ACTORS][key])
+    assert (rec.restarts, rec.revived, rec.node_id) == (0, 1, JOINED)
+    again = Nodes({0: {"CPU": 1}, JOINED: {"CPU": 1}}, workers={0: 0, JOINED: 0})
+    again.s.worker_pool.first_id((5 << 32) + 1)
+    again.s.client_connected(HEAD, Hello(kind="grpc"))
+    assert restore(again.s, HEAD, rows, joined_from=JOINED) == []
+    assert again.s.actor_table.awaiting == {call.actor.actor_id: JOINED}
+    assert again.started(again.take()) == []
+    resume(again, call)
+    a = again.s.actor_table.actors[call.actor.actor_id]
+    assert a.state is ActorState.ALIVE and (a.restarts, a.revived) == (0, 1)
+
+
 def test_a_restored_actor_whose_process_does_not_come_back_is_made_again() -> None:
     c, call = restored_on(JOINED)
     a = c.s.actor_table.actors[call.actor.actor_id]
