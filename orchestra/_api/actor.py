@@ -206,6 +206,8 @@ class ActorClass(Generic[T]):
         if env is not None:
             call.runtime_env.CopyFrom(env)
         live = _verbs.create_actor(client, call)   # ValueError: the name is taken
+        # (The client now: a restarted head's, if the request was made again there.)
+        client = _context.current_client()
         if live is not None:   # get_if_exists: the live actor of that name
             return ActorHandle(live, client)
         handle: ActorHandle[T] = ActorHandle(spec, client, counted=True)

@@ -134,8 +134,10 @@ def placement_group(bundles: list[dict[str, float]], strategy: str = "PACK", nam
         note_private_detached("placement group")
     gid = _ids.next_task_id()
     _verbs.create_placement_group(client, gid, specs, strategy, name, detached)
-    # the head counts it for us
-    ready: ObjectRef[None] = ObjectRef(gid + _READY_SUFFIX, client, counted=True)
+    # The head counts it for us (on the client now: a restarted head's, if the request
+    # was made again there).
+    ready: ObjectRef[None] = ObjectRef(gid + _READY_SUFFIX, _context.current_client(),
+                                       counted=True)
     return PlacementGroup(gid, specs, ready)
 
 

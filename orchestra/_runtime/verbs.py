@@ -14,6 +14,14 @@ too, so that the API layer imports nothing of the protocol.
 
 An actor's spec (pb.ActorSpec) is still the handle's data: made here, kept and read by
 the API as an object it does not build itself.
+
+A request whose head died before it answered (a driver that outlives its head) is made
+again on the restarted head once this process is connected to it (_ask): each is one the
+head may see twice. A creation names its actor or group by an id the API chose, and
+one the head has already is not made again (SchedulerState.create_actor,
+GroupTable.create); a kill or a removal of what is gone is nothing; the rest only read.
+The API binds what it makes (a handle, a ref) to the client that holds the session
+after the request (context.current_client()), the restarted head's if it was made there.
 """
 from __future__ import annotations
 
@@ -21,12 +29,13 @@ import json
 import os
 import socket
 import sys
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from .._ids import node_hex
 from .._protocol import pb
 from .._protocol import wire as _wire
 from .._protocol.connection import parse_address
+from . import context as _context
 
 
 class Requester(Protocol):
@@ -34,6 +43,15 @@ class Requester(Protocol):
 
     def request(self, req: pb.Request, timeout_s: float = 60.0) -> pb.Reply: ...
     def send(self, kind: int, msg: Any) -> None: ...
+
+
+def _ask(client: Requester, req: pb.Request, timeout_s: float = 60.0) -> pb.Reply:
+    """``client.request(req)``, made again on the restarted head's client when the head
+    died before it answered (see the module docstring); ClusterLostError when nothing
+    restarts it."""
+    reply: pb.Reply = _context.once_more_on_a_new_head(
+        cast(_context.Client, client), lambda c: c.request(req, timeout_s))
+    return reply
 
 
 # ---------------------------------------------------------------------- a driver's session
@@ -108,19 +126,19 @@ def method_template(**fields: Any) -> bytes:
 def create_actor(client: Requester, call: pb.Call) -> pb.ActorSpec | None:
     """Create the actor ``call`` makes (its spec in ``call.actor``). ValueError when its
     name is taken; the live actor's spec when get_if_exists found one (None: created)."""
-    reply = client.request(pb.Request(create_actor=call))
+    reply = _ask(client, pb.Request(create_actor=call))
     return reply.actor if reply.HasField("actor") else None
 
 
 def find_actor(client: Requester, name: str, namespace: str) -> pb.ActorSpec:
     """The spec of the live actor ``name`` in ``namespace``; ValueError when none."""
-    return client.request(pb.Request(get_actor_in=pb.ActorLookup(
+    return _ask(client, pb.Request(get_actor_in=pb.ActorLookup(
         name=name, namespace=namespace))).actor
 
 
 def kill_actor(client: Requester, actor_id: bytes, no_restart: bool) -> None:
     """End the actor now (``no_restart``: for good; else it restarts if it may)."""
-    client.request(pb.Request(kill_actor=pb.KillActor(actor_id=actor_id,
+    _ask(client, pb.Request(kill_actor=pb.KillActor(actor_id=actor_id,
                                                       no_restart=no_restart)))
 
 
@@ -131,23 +149,23 @@ def create_placement_group(client: Requester, group_id: bytes, bundles: list[dic
     spec = pb.PlacementGroupSpec(group_id=group_id, strategy=strategy, name=name,
                                  detached=detached,
                                  bundles=[pb.PlacementBundle(resources=b) for b in bundles])
-    client.request(pb.Request(create_placement_group=spec))
+    _ask(client, pb.Request(create_placement_group=spec))
 
 
 def remove_placement_group(client: Requester, group_id: bytes) -> None:
-    client.request(pb.Request(remove_placement_group=group_id))
+    _ask(client, pb.Request(remove_placement_group=group_id))
 
 
 def placement_group_named(client: Requester, name: str) -> tuple[bytes, list[dict[str, float]]]:
     """The live group ``name``: its id and bundles. ValueError when none."""
-    info = client.request(pb.Request(get_placement_group=name)).placement_groups[0]
+    info = _ask(client, pb.Request(get_placement_group=name)).placement_groups[0]
     return info.spec.group_id, [dict(b.resources) for b in info.spec.bundles]
 
 
 def placement_group_rows(client: Requester, group_id: bytes = b"") -> list[dict[str, Any]]:
     """The record of the group ``group_id`` (b"": of every group), as
     placement_group_table() shows them."""
-    reply = client.request(pb.Request(placement_group_table=group_id))
+    reply = _ask(client, pb.Request(placement_group_table=group_id))
     return [_group_row(info) for info in reply.placement_groups]
 
 
@@ -168,7 +186,7 @@ def _group_row(info: pb.PlacementGroupInfo) -> dict[str, Any]:
 def nodes(client: Requester) -> list[dict[str, Any]]:
     """One dict per node, alive or dead, with Ray's keys (orchestra.nodes())."""
     out = []
-    for n in client.request(pb.Request(query="nodes")).nodes:
+    for n in _ask(client, pb.Request(query="nodes")).nodes:
         d: dict[str, Any] = {
             "NodeID": node_hex(n.node_id), "Alive": n.alive, "NodeManagerAddress": n.address,
             "Resources": dict(n.resources), "AvailableResources": dict(n.available),
@@ -183,19 +201,19 @@ def nodes(client: Requester) -> list[dict[str, Any]]:
 def resources(client: Requester, which: str) -> dict[str, float]:
     """``which``: "cluster_resources" (every node's, summed) or "available_resources"
     (what running tasks do not hold now)."""
-    return dict(client.request(pb.Request(query=which), timeout_s=30).resources)
+    return dict(_ask(client, pb.Request(query=which), timeout_s=30).resources)
 
 
 def pending_tasks(client: Requester, own_only: bool = False) -> int:
     """The head's count of this driver's unfinished tasks (and, unless ``own_only``,
     those any worker submitted)."""
     query = "pending_own" if own_only else "pending"
-    return int(client.request(pb.Request(query=query), timeout_s=10).pending_tasks)
+    return int(_ask(client, pb.Request(query=query), timeout_s=10).pending_tasks)
 
 
 def debug_info(client: Requester) -> pb.SchedulerDebugInfoReply:
     """The scheduler's tables as the head keeps them (tests and tools read them)."""
-    return client.request(pb.Request(query="debug"), timeout_s=30).debug
+    return _ask(client, pb.Request(query="debug"), timeout_s=30).debug
 
 
 def state_query(client: Requester, what: str, filters: list[list[Any]], limit: int,
@@ -204,7 +222,7 @@ def state_query(client: Requester, what: str, filters: list[list[Any]], limit: i
     answers them (orchestra.util.state); ValueError for a bad filter."""
     req = pb.Request(state_query=pb.StateQuery(what=what, filters_json=json.dumps(filters),
                                                limit=int(limit), detail=detail))
-    return json.loads(client.request(req, timeout_s=timeout).state_json)
+    return json.loads(_ask(client, req, timeout_s=timeout).state_json)
 
 
 __all__ = ["actor_spec", "actor_spec_from", "create_actor", "create_placement_group",

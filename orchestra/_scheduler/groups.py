@@ -210,7 +210,14 @@ class PlacementGroups:
         if spec.strategy not in STRATEGIES:
             raise ValueError(f"placement group strategy {spec.strategy!r}: use one of "
                              f"{', '.join(STRATEGIES)}")
-        if spec.group_id in self.groups:
+        known = self.groups.get(spec.group_id)
+        if known is not None and known.spec == spec and known.state is not GroupState.REMOVED:
+            # The same request again, made on a restarted head that kept the group (a
+            # driver that did not hear the first answer, _runtime/verbs.py): the caller
+            # holds its ready object, as its creator does.
+            self.directory.hold_once(conn, spec.group_id + READY_SUFFIX)
+            return
+        if known is not None:
             raise ValueError(f"placement group {spec.group_id.hex()} exists already")
         if spec.name and spec.name in self.names:
             raise ValueError(f"a placement group named {spec.name!r} exists already: names are "

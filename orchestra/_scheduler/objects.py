@@ -237,6 +237,13 @@ class ObjectDirectory:
             elif conn not in o.subscribers:
                 o.subscribers.append(conn)
 
+    def hold_once(self, conn: int, oid: bytes) -> None:
+        """``conn`` holds ``oid`` (once: nothing when it does already), as its creator
+        would (a creation made again on a restarted head: SchedulerState.create_actor)."""
+        c = self.core.clients.get(conn)
+        if c is not None and not c.holds.get(oid, 0):
+            self.ref_delta(conn, (oid,), ())
+
     def ref_delta(self, conn: int, incr: Iterable[bytes], decr: Iterable[bytes]) -> None:
         c = self.core.clients.get(conn)
         objects = self.objects

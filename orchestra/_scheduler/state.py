@@ -299,7 +299,12 @@ class SchedulerState:
     def create_actor(self, conn: int, call: pb.Call) -> pb.ActorSpec | None:
         """Raises ValueError when the actor's name is taken in its namespace; with
         get_if_exists, returns the live actor's spec instead (nothing is created).
-        None: created."""
+        None: created, or made already: the same request again, made on a restarted
+        head that kept the actor (a driver that did not hear the first answer,
+        _runtime/verbs.py); the caller then holds its handle, as a creator does."""
+        if call.actor.actor_id in self.actor_table.actors:
+            self.directory.hold_once(conn, call.actor.actor_id)
+            return None
         t = Task(call, conn)
         c = self.clients.get(conn)
         if c is not None and c.worker is not None and t.placement is None and self.groups.groups:

@@ -27,6 +27,22 @@ def records(state: str) -> list[dict[str, Any]]:
     return cf.read_records(state)
 
 
+def cluster_logs(state: str, lines: int = 40) -> str:
+    """The last ``lines`` of each log of the processes recorded in ``state`` (the
+    supervisors', the heads' and the nodes' stderr, their workers' .err files), for an
+    assertion's message: what a failure on a busy machine leaves to read."""
+    out: list[str] = []
+    for rec in records(state):
+        dirs = [rec.get("run_dir", ""), rec.get("session_dir", "")]
+        for d in filter(None, dirs):
+            for f in sorted(Path(d).rglob("*")):
+                if f.is_file() and (f.name == "stderr.log" or f.suffix == ".err"):
+                    text = f.read_text(errors="replace").splitlines()[-lines:]
+                    if text:
+                        out.append(f"--- {f}:\n" + "\n".join(text))
+    return "\n".join(out)
+
+
 def start_head(state: str, *args: str, beside: bool = False) -> dict[str, Any]:
     """`orchestra start --head` on a free port, small. Tests of a head and the nodes
     they join give it its own node (--head-runs-work: no node beside it, which the

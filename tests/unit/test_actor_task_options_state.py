@@ -95,6 +95,24 @@ def test_get_if_exists_returns_the_live_actor_and_makes_nothing():
     assert len(c.s.actor_table.actors) == 1 and not c.take()
 
 
+def test_a_creation_made_again_makes_nothing_and_its_caller_holds_the_handle():
+    """A driver whose head died before it answered makes the request again on the
+    restarted head (_runtime/verbs.py), which may have kept the actor: the same id is
+    not made twice (a name would be taken by itself), and the caller holds the handle
+    once, whatever the number of tries."""
+    c = cluster_with((OTHER, "ns-other"))
+    first = actor_call("svc", detached=True)
+    wid = alive(c, first)
+    again = types_pb2.Call()
+    again.CopyFrom(first)
+    for _ in range(2):
+        assert c.s.create_actor(OTHER, again) is None
+    aid = first.actor.actor_id
+    assert len(c.s.actor_table.actors) == 1 and not c.take()
+    assert c.s.clients[OTHER].holds[aid] == 1 and c.s.objects[aid].count == 2
+    assert c.s.actor_table.actors[aid].worker.worker_id == wid
+
+
 # ------------------------------------------------------------------ lifetime
 
 def test_a_driver_s_actors_end_with_it_unless_detached():

@@ -98,6 +98,23 @@ def test_a_group_takes_its_bundles_from_the_free_pool_and_its_ready_object_resol
     assert c.available()["CPU"] == 1
 
 
+def test_a_creation_made_again_reserves_nothing_more_and_its_caller_holds_the_ready_object():
+    """The same request again (a driver that did not hear the answer of a head that
+    died, _runtime/verbs.py): the group is not made twice, another spec under its id
+    is refused, and the caller holds its ready object once."""
+    c = cluster({0: {"CPU": 4}})
+    c.s.client_connected(7, Hello(kind="driver", pid=7))
+    gid = group(c, [{"CPU": 1}], name="g", detached=True)
+    c.take()
+    spec = c.s.groups.groups[gid].spec
+    for _ in range(2):
+        c.s.groups.create(7, GroupSpec(*spec))
+    assert c.s.nodes[0].resources.free["CPU"] == 3 and len(c.s.groups.groups) == 1
+    assert c.s.clients[7].holds[gid + READY_SUFFIX] == 1
+    with pytest.raises(ValueError, match="exists already"):
+        c.s.groups.create(7, spec._replace(bundles=({"CPU": 2},)))
+
+
 def test_a_task_in_a_bundle_runs_on_its_node_and_holds_the_bundle_not_the_free_pool():
     c = cluster({0: {"CPU": 2}, 2: {"CPU": 2}})
     gid = group(c, [{"CPU": 1}], "PACK")
