@@ -42,7 +42,7 @@ if __name__ == "__main__":   # run by path from a checkout: the package beside i
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from orchestra._proto import types_pb2  # noqa: E402
-from orchestra._protocol import pb  # noqa: E402
+from orchestra._scheduler.data import inline  # noqa: E402
 from orchestra._scheduler.events import Hello, TaskDone  # noqa: E402
 from orchestra._scheduler.groups import GroupSpec  # noqa: E402
 from orchestra._scheduler.instructions import Execute, KillWorker, StartWorker  # noqa: E402
@@ -99,8 +99,8 @@ class Sim:
                     s.worker_died(ins.worker_id, ins.reason)
                 elif answer and t is Execute and not ins.nested:
                     call = ins.call
-                    returns = [pb.ObjectData(object_id=call.task_id + i.to_bytes(4, "big"),
-                                             inline=b"N.") for i in range(call.num_returns)]
+                    returns = [inline(call.task_id + i.to_bytes(4, "big"), b"N.")
+                               for i in range(call.num_returns)]
                     s.task_done(ins.conn, TaskDone(task_id=call.task_id, returns=returns))
                     if drop and returns:
                         s.directory.ref_delta(DRIVER, (), [r.object_id for r in returns])

@@ -124,7 +124,7 @@ def _ref_delta(head: Head, conn: Conn, msg: pb.RefDelta) -> None:
 def _objects(head: Head, conn: Conn, msg: pb.Objects) -> None:
     for d in msg.objects:
         _seal_on_node(conn, d)
-        head.state.directory.put(conn.conn_id, d)
+        head.state.directory.put(conn.conn_id, inbound.data_in(d))
 
 
 def _adopt(head: Head, conn: Conn, msg: pb.AdoptCalls) -> None:

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from .. import _ids
 from .._protocol import pb
+from .inbound import data_in
+from .outbound import segment_out
 
 if TYPE_CHECKING:
     import grpc
@@ -125,7 +127,8 @@ class _Scheduler:
             import grpc
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           "PushObj takes an inline object with a 16-byte object_id")
-        _on_loop(self.head, lambda: self.head.state.directory.put(GRPC_CONN, obj), context)
+        data = data_in(obj)
+        _on_loop(self.head, lambda: self.head.state.directory.put(GRPC_CONN, data), context)
         return pb.PushObjReply(objref=obj.object_id)
 
     def RequestObj(self, request: pb.RequestObjRequest,
@@ -172,10 +175,10 @@ class _ObjStore:
             node = self.head.local   # the node of the head's own machine
             reply = node.store_info()
             for oid, o in self.head.state.objects.items():
-                if o.data is not None and o.data.WhichOneof("data") == "segment" \
-                        and not o.data.segment.path and o.data.segment.node_id == node.node_id:
+                seg = o.data.segment if o.data is not None else None
+                if seg is not None and not seg.path and seg.node_id == node.node_id:
                     if not request.objref or oid in request.objref:
                         reply.objref.append(oid)
-                        reply.segment.append(o.data.segment)
+                        reply.segment.append(segment_out(seg))
             return reply
         return _on_loop(self.head, info, context)

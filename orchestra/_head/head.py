@@ -65,7 +65,7 @@ from . import inbound, jobs, records, rejoin
 from .frames import FRAMES, REQUESTS, Waiter
 from .grpc_service import GRPC_CONN
 from .heartbeats import HEARTBEAT_S, Heartbeats
-from .outbound import FRAME_OF, LATE
+from .outbound import FRAME_OF, LATE, data_out
 from .pulls import Pulls
 from .remote_node import RemoteNode
 from .state_query import StateQueries
@@ -294,7 +294,7 @@ class Head:
         return not self.state.tasks and time.monotonic() - self.last_activity > 0.3
 
     def relocate(self, object_id: bytes, segment: pb.Segment) -> bool:
-        return self.state.relocate(object_id, segment)
+        return self.state.relocate(object_id, inbound.segment_in(segment))
 
     def worker_failed_to_start(self, worker_id: int, reason: str) -> None:
         print(f"orchestra head: could not start a worker: {reason}", file=sys.stderr)
@@ -526,7 +526,7 @@ class Head:
                     msg = pushes.get(ins.conn)
                     if msg is None:
                         msg = pushes[ins.conn] = pb.Objects()
-                    msg.objects.append(ins.data)
+                    msg.objects.append(data_out(ins.data))
                 elif type(ins) is FreeSegment:
                     node = self.nodes.get(ins.node_id)   # None: the node died with it
                     if node is not None:

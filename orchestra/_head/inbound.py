@@ -4,14 +4,36 @@
         --> one function here --> _scheduler/events.py's value --> the scheduler
 
 The other half of the head's edge with outbound.py (instructions -> frames); the
-handler tables of frames.py call these. The data inside (results as ObjectData, calls)
-passes as it came.
+handler tables of frames.py call these. An object's ObjectData becomes the scheduler's
+Data (data_in: what the scheduler reads of it, the message kept for forwarding;
+_scheduler/data.py); calls pass as they came.
 """
 from __future__ import annotations
 
 from .._protocol import pb
 from .._scheduler import events as ev
+from .._scheduler.data import ERROR, INLINE, SEGMENT, Data, Segment
 from .._scheduler.groups import GroupSpec
+
+_new = tuple.__new__   # a NamedTuple made from a tuple: no Python __new__ (~0.3 us less)
+
+
+def segment_in(s: pb.Segment) -> Segment:
+    return _new(Segment, (s.name, s.size, s.node_id, s.capacity, s.path, s.allocated, s.reused))
+
+
+def data_in(m: pb.ObjectData) -> Data:
+    """The scheduler's view of an object's value; the message rides along (``wire``)."""
+    kind = m.WhichOneof("data")
+    contained = tuple(m.contained) if m.contained else ()
+    if kind == "segment":
+        s = m.segment   # (segment_in, inline: one call less per value)
+        return _new(Data, (m.object_id, SEGMENT, _new(Segment, (
+            s.name, s.size, s.node_id, s.capacity, s.path, s.allocated, s.reused)),
+            contained, b"", m))
+    if kind == "error":
+        return _new(Data, (m.object_id, ERROR, None, contained, m.error, m))
+    return _new(Data, (m.object_id, INLINE, None, contained, b"", m))
 
 
 def group_spec(m: pb.PlacementGroupSpec) -> GroupSpec:
@@ -25,12 +47,12 @@ def hello(m: pb.Hello) -> ev.Hello:
 
 
 def task_done(m: pb.TaskDone) -> ev.TaskDone:
-    return ev.TaskDone(m.task_id, m.returns, m.user_error, m.cancelled, m.not_retryable,
-                       m.owner, m.lineage if m.HasField("lineage") else None)
+    return ev.TaskDone(m.task_id, [data_in(d) for d in m.returns], m.user_error, m.cancelled,
+                       m.not_retryable, m.owner, m.lineage if m.HasField("lineage") else None)
 
 
 def generator_item(m: pb.GeneratorItem) -> ev.GeneratorItem:
-    return ev.GeneratorItem(m.task_id, m.index, m.data, m.owner)
+    return ev.GeneratorItem(m.task_id, m.index, data_in(m.data), m.owner)
 
 
 def adopt_calls(m: pb.AdoptCalls) -> ev.AdoptCalls:

@@ -17,9 +17,29 @@ from typing import Any
 from .._protocol import pb
 from .._protocol import wire as _wire
 from .._scheduler import instructions as ins
+from .._scheduler.data import ERROR, SEGMENT, Data, Segment
 from .._scheduler.groups import GroupInfo, GroupSpec
 
 _encode = _wire.encode
+
+
+def segment_out(s: Segment) -> pb.Segment:
+    return pb.Segment(name=s.name, size=s.size, node_id=s.node_id, capacity=s.capacity,
+                      path=s.path, allocated=s.allocated, reused=s.reused)
+
+
+def data_out(d: Data) -> pb.ObjectData:
+    """The ObjectData of a value: the message it came in, unchanged, or (a value the
+    scheduler made) one made from its fields."""
+    if d.wire is not None:
+        return d.wire
+    if d.kind == SEGMENT:
+        assert d.segment is not None
+        return pb.ObjectData(object_id=d.object_id, segment=segment_out(d.segment),
+                             contained=d.contained)
+    if d.kind == ERROR:
+        return pb.ObjectData(object_id=d.object_id, error=d.payload, contained=d.contained)
+    return pb.ObjectData(object_id=d.object_id, inline=d.payload, contained=d.contained)
 
 
 def group_spec(s: GroupSpec) -> pb.PlacementGroupSpec:
@@ -35,8 +55,8 @@ def group_info(i: GroupInfo) -> pb.PlacementGroupInfo:
 
 def _execute(i: ins.Execute) -> bytes:
     return _encode(_wire.EXECUTE_NESTED if i.nested else _wire.EXECUTE, pb.Execute(
-        invoke=pb.InvokeCallRequest(call=i.call, resolved=i.resolved, gpu_ids=i.gpu_ids,
-                                    attempt=i.attempt)))
+        invoke=pb.InvokeCallRequest(call=i.call, resolved=[data_out(d) for d in i.resolved],
+                                    gpu_ids=i.gpu_ids, attempt=i.attempt)))
 
 
 def _function(i: ins.Function) -> bytes:

@@ -22,8 +22,11 @@ from .._node.node import Node
 from .._node.process import routable
 from .._protocol import pb
 from .._protocol import wire as _wire
+from .._scheduler.data import Data
 from .._scheduler.state import SchedulerState
 from .frames import Conn, Waiter
+from .inbound import segment_in
+from .outbound import data_out
 from .remote_node import RemoteNode
 
 
@@ -56,7 +59,7 @@ class Pulls:
         self.head = head
         self.clock = clock   # the retries' (tests drive their own)
         # (object id, node id) -> what to call with (data, error) once that node has it.
-        self.pending: dict[tuple[bytes, int], list[Callable[[pb.ObjectData | None, str], None]]] = {}
+        self.pending: dict[tuple[bytes, int], list[Callable[[Data | None, str], None]]] = {}
         # A head started again from its store learns its objects from the drivers and
         # nodes as they come back (the drivers make their lost work again): until this
         # time (clock), a reader of an object it does not know yet (a task carried over
@@ -70,7 +73,7 @@ class Pulls:
         ``since``: when a first pull of it failed (see answer)."""
         o = self.head.state.objects.get(object_id)
 
-        def answer(data: pb.ObjectData | None, error: str) -> None:
+        def answer(data: Data | None, error: str) -> None:
             if data is None and error and object_id in self.head.state.objects \
                     and self.head.conns.get(conn.conn_id) is conn:
                 # The pull failed, the object lives: its node may be dying, which this
@@ -89,7 +92,7 @@ class Pulls:
                 reply.error = error or f"object {object_id.hex()} was freed while it was being read"
                 reply.error_kind = "ObjectLostError"
             else:
-                reply.object.CopyFrom(data)
+                reply.object.CopyFrom(data_out(data))
             self.head.queue_if_open(conn, _wire.encode(_wire.REPLY, reply))
         if o is None:
             if self.clock() < self.recover_until and self.head.conns.get(conn.conn_id) is conn:
@@ -119,7 +122,7 @@ class Pulls:
                 self.pull(node_id, oid)
 
     def pull(self, node_id: int, object_id: bytes,
-              then: Callable[[pb.ObjectData | None, str], None] | None = None) -> None:
+              then: Callable[[Data | None, str], None] | None = None) -> None:
         """Have node ``node_id`` pull a copy of the object from a node that holds one;
         ``then(data, error)`` once it is there. Several readers: one pull."""
         key = (object_id, node_id)
@@ -131,7 +134,7 @@ class Pulls:
         o = self.head.state.objects.get(object_id)
         dest = self.head.nodes.get(node_id)
         src_seg = None
-        if o is not None and o.data is not None and o.data.WhichOneof("data") == "segment":
+        if o is not None and o.data is not None:
             src_seg = o.data.segment
         src = self.head.nodes.get(src_seg.node_id) if src_seg is not None else None
         address = (self.head.data_address if src is self.head.local else getattr(src, "data_address", ""))
@@ -154,7 +157,7 @@ class Pulls:
         data = None
         if not error:
             assert segment is not None, "a pull without an error names its copy"
-            if self.head.state.directory.add_copy(object_id, segment):
+            if self.head.state.directory.add_copy(object_id, segment_in(segment)):
                 data = self.head.state.directory.copy_on(object_id, node_id)
             else:
                 error = f"object {object_id.hex()} was freed while it was being copied"

@@ -50,6 +50,7 @@ from .._protocol import pb
 from .._protocol import wire as _wire
 from ..exceptions import ClusterLostError
 from . import rejoin
+from .inbound import data_in
 
 # The node process imports orchestra and creates its store in ~0.3 s; 30 s covers a
 # machine under heavy load.
@@ -344,7 +345,7 @@ class RemoteNode:
         """Objects this node's store kept from before the head was restarted: the tasks
         made again that return them are done with them (_scheduler/kept.py)."""
         head = self.head
-        ended = head.state.kept.offer(self.node_id, kept, time.monotonic())
+        ended = head.state.kept.offer(self.node_id, [data_in(d) for d in kept], time.monotonic())
         print(f"orchestra head: node {self.node_id} kept {len(kept)} object(s) from before "
               f"the restart ({ended} task(s) made again ended with them at once)",
               file=sys.stderr, flush=True)

@@ -20,6 +20,7 @@ import collections
 import enum
 
 from .._protocol import pb
+from .data import error_of, inline
 from .durable import actor_gone, actor_kept
 from .events import TaskDone
 from .instructions import ActorAddress, KillWorker
@@ -112,7 +113,7 @@ class ActorTable:
             self.names[key] = spec.actor_id
         self._keep(a)
         token = self.directory.new_object(conn, spec.actor_id)   # the handle's pseudo-object
-        token.data = pb.ObjectData(object_id=spec.actor_id, inline=b"")
+        token.data = inline(spec.actor_id, b"")
         return None
 
     def restored(self, actor_id: bytes, revived: int, owner_key: bytes = b"") -> None:
@@ -391,7 +392,7 @@ class ActorTable:
         if a is None:
             return
         if msg.user_error:   # the constructor raised: dead for good, with its error
-            blob = msg.returns[0].error if msg.returns else self.s.error(
+            blob = error_of(msg.returns[0]) if msg.returns else self.s.error(
                 "actor_dead", name=a.spec.class_name, reason="its constructor failed")
             a.no_restart = True
             self._die(a, blob, "its constructor raised")

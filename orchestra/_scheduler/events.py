@@ -5,10 +5,11 @@ No I/O.
         one of these --> SchedulerState.task_done(conn, TaskDone(...)), ...
 
 Each is a small immutable value with the fields the scheduler reads (defaults for those
-most events leave out). The data they carry (a task's result as ObjectData, a call as
-submitted) is the edge's, passed on as it came. Events with a field or two are plain
-arguments instead (``return_tasks(conn, task_ids)``, ``generator_ack(task_id,
-consumed)``, ``blocked(conn, blocked, object_ids, ...)``).
+most events leave out). An object's value comes as the scheduler's Data (data.py: what
+it reads of it, the message kept for forwarding); a call as submitted, as it came.
+Events with a field or two are plain arguments instead (``return_tasks(conn,
+task_ids)``, ``generator_ack(task_id, consumed)``, ``blocked(conn, blocked, object_ids,
+...)``).
 
 NamedTuples, as the instructions are (instructions.py says what they cost): TaskDone
 is made once per task.
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
+
+from .data import Data
 
 
 class Hello(NamedTuple):
@@ -37,13 +40,13 @@ class Hello(NamedTuple):
 
 class TaskDone(NamedTuple):
     """Task ``task_id`` ended on the worker that sent this: ``returns`` are its results
-    (ObjectData each; its error's, when it raised: ``user_error``), ``cancelled`` when a
+    (Data each; its error's, when it raised: ``user_error``), ``cancelled`` when a
     cancel ended it, ``not_retryable`` when its error must not be retried. ``owner``: a
     call a caller sent straight to the worker, answered through the head (the caller's
     connection), with its Call as ``lineage`` when it may be rebuilt."""
 
     task_id: bytes
-    returns: Sequence[Any] = ()
+    returns: Sequence[Data] = ()
     user_error: bool = False
     cancelled: bool = False
     not_retryable: bool = False
@@ -57,7 +60,7 @@ class GeneratorItem(NamedTuple):
 
     task_id: bytes
     number: int
-    data: Any
+    data: Data
     owner: int = 0
 
 

@@ -35,10 +35,10 @@ from typing import NamedTuple
 
 from .._ids import node_hex
 from .._objects.serialization import serialize
-from .._protocol import pb
 from .._resources import format_resources
 from ..exceptions import InfeasibleResourcesError
 from .actors import ActorTable
+from .data import error_value, inline
 from .durable import group_gone, group_kept
 from .instructions import KillWorker, Warn
 from .model import PLACEMENT_GROUP, SchedulerCore, Task, TaskState, Worker
@@ -289,7 +289,7 @@ class PlacementGroups:
         ready = g.gid + READY_SUFFIX
         o = s.objects.get(ready)
         if o is not None and o.data is None:
-            self.directory.seal(ready, pb.ObjectData(object_id=ready, inline=serialize(True).to_bytes()))
+            self.directory.seal(ready, inline(ready, serialize(True).to_bytes()))
         return True
 
     def _reserve(self, g: Group, i: int, node_id: int) -> None:
@@ -353,9 +353,12 @@ class PlacementGroups:
         if parent is None or p is None or p[0] != PLACEMENT_GROUP or not p[2]:
             return None
         call = t.call
-        call.placement.CopyFrom(pb.Placement(strategy=PLACEMENT_GROUP, bundle_index=-1,
-                                             group_id=parent.call.placement.group_id,
-                                             capture_child_tasks=True))
+        placement = call.placement   # (written field by field: no protocol import here)
+        placement.Clear()
+        placement.strategy = PLACEMENT_GROUP
+        placement.bundle_index = -1
+        placement.group_id = parent.call.placement.group_id
+        placement.capture_child_tasks = True
         return Task(call, t.owner)
 
     # ------------------------------------------------------------------ removal
@@ -404,7 +407,7 @@ class PlacementGroups:
         ready = gid + READY_SUFFIX
         o = s.objects.get(ready)
         if o is not None and o.data is None:
-            self.directory.seal(ready, pb.ObjectData(object_id=ready, error=s.error("group", text=(
+            self.directory.seal(ready, error_value(ready, s.error("group", text=(
                 f"placement group {self._label(g)} was {reason} before all its bundles were "
                 "reserved"), cancelled=True)))
         self.directory.decr(ready)

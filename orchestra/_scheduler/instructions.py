@@ -8,9 +8,10 @@
 Each instruction is a small immutable value with typed fields, in the scheduler's
 words: what to do, not how it is written. Those to a process name its connection
 (``conn``); every one that concerns a node names it (``node_id``), so a head that runs
-several nodes knows where to act. The data they carry through (a task's Call, an
-object's ObjectData, a function's registration) is what the head's edge handed the
-scheduler, passed on unread.
+several nodes knows where to act. The data they carry through (a task's Call, a
+function's registration) is what the head's edge handed the scheduler, passed on
+unread; an object's value is the scheduler's Data (data.py), which the edge writes as
+the message it came in when it has one.
 
 They are ``typing.NamedTuple`` subclasses: typed, immutable, compared by value, and
 cheaper to build than a frozen dataclass (whose __init__ goes through
@@ -28,17 +29,19 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from .data import Data
+
 
 class Execute(NamedTuple):
     """Run the task ``call`` (its Call, as submitted) on the worker of connection
-    ``conn``: ``resolved`` holds the data of its ref arguments (ObjectData, in the order
+    ``conn``: ``resolved`` holds the values of its ref arguments (Data, in the order
     of the call's refs), ``gpu_ids`` the GPUs the worker holds, ``attempt`` the try
     (0 the first). ``nested``: the worker is blocked in a get(), and runs it there,
     inside the task it blocks (a task of its own submitting it waits on it)."""
 
     conn: int
     call: Any
-    resolved: list[Any]
+    resolved: list[Data]
     gpu_ids: Any
     attempt: int
     nested: bool = False
@@ -103,11 +106,11 @@ class GeneratorAck(NamedTuple):
 
 
 class Push(NamedTuple):
-    """Deliver an object (``data``, its ObjectData) to connection ``conn``: the pushes
+    """Deliver an object (``data``, its value) to connection ``conn``: the pushes
     of one batch to one connection are coalesced into one Objects frame."""
 
     conn: int
-    data: Any
+    data: Data
 
 
 # The three below are grants the receiver must see after every other frame of the batch

@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 
 from .._ids import task_of
-from .._protocol import pb
+from .data import ERROR, Data, Segment, at
 from .events import TaskDone
 from .instructions import KillWorker
 from .lineage import Rebuilds
@@ -65,7 +65,7 @@ class KeptObjects:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.core, self.directory, self.rebuilds = core, directory, rebuilds
         self.clock = clock   # now, for resume and answered (tests pass their own)
-        self.held: dict[bytes, pb.ObjectData] = {}   # object id -> where it is kept
+        self.held: dict[bytes, Data] = {}   # object id -> where it is kept
         self.until: dict[bytes, float] = {}          # object id -> when it expires
         self.nodes: dict[int, float] = {}     # joined node of before -> until when it is waited for
         self.awaited: dict[int, float] = {}   # worker of before -> until when it is waited for
@@ -173,19 +173,22 @@ class KeptObjects:
                 self.until[d.object_id] = now + KEEP_S
         else:   # run elsewhere meanwhile (its answer stands), or cancelled
             for d in msg.returns:
-                if d.HasField("segment"):
+                if d.segment is not None:
                     self.directory.free_segment(d.segment)
         self._update()
         return True
 
     # ------------------------------------------------------------------ kept objects
-    def offer(self, node_id: int, datas: list[pb.ObjectData], now: float) -> int:
-        """A node joined with these objects kept; returns how many tasks they ended."""
+    def offer(self, node_id: int, datas: list[Data], now: float) -> int:
+        """A node joined with these objects kept (each in a segment of its store);
+        returns how many tasks they ended."""
         for d in datas:
             o = self.core.objects.get(d.object_id)
-            if d.segment.node_id != node_id or (o is not None and o.data is not None):
+            if d.segment is None or d.segment.node_id != node_id \
+                    or (o is not None and o.data is not None):
                 # Not its own, or made again already: nobody will claim it.
-                self.directory.free_segment(d.segment)
+                if d.segment is not None:
+                    self.directory.free_segment(d.segment)
                 continue
             self.held[d.object_id] = d
             self.until[d.object_id] = now + KEEP_S
@@ -231,7 +234,7 @@ class KeptObjects:
             return False
         # An error it may be retried for is not its answer yet.
         return not (t.call.retry_exceptions and t.retries_left != 0 and
-                    any(self.held[r].WhichOneof("data") == "error" for r in rids))
+                    any(self.held[r].kind == ERROR for r in rids))
 
     def _done(self, t: Task) -> None:
         """The task is done with its held returns, as if it ran (SchedulerState.task_done)."""
@@ -242,19 +245,19 @@ class KeptObjects:
         self.parked.pop(t.call.task_id, None)
         self._finish(t, returns)
 
-    def _finish(self, t: Task, returns: list[pb.ObjectData]) -> None:
+    def _finish(self, t: Task, returns: list[Data]) -> None:
         # Its lineage, as task_done keeps one: made again should the node die.
         self.rebuilds.keep(t.call, t.retries_left, t.owner, returns)
         self.core.finish_task(t)
         for data in returns:
             self.directory.seal(data.object_id, data)
 
-    def relocate(self, oid: bytes, segment: pb.Segment) -> bool:
+    def relocate(self, oid: bytes, segment: Segment) -> bool:
         d = self.held.get(oid)
-        if d is None or d.segment.path or d.segment.name != segment.name or \
-                d.segment.node_id != segment.node_id:
+        if d is None or d.segment is None or d.segment.path or d.segment.name != segment.name \
+                or d.segment.node_id != segment.node_id:
             return False
-        self.held[oid] = pb.ObjectData(object_id=oid, segment=segment)
+        self.held[oid] = at(oid, segment)
         return True
 
     # ------------------------------------------------------------------ time
@@ -272,7 +275,7 @@ class KeptObjects:
         for oid in gone:
             del self.until[oid]
             d = self.held.pop(oid)
-            if d.HasField("segment"):
+            if d.segment is not None:
                 self.directory.free_segment(d.segment)
         for tid, (w, until) in list(self.running.items()):
             if until <= now:
@@ -291,8 +294,8 @@ class KeptObjects:
         return min(times) if times else None
 
     def node_gone(self, node_id: int) -> None:
-        for oid in [o for o, d in self.held.items() if d.segment.node_id == node_id
-                    and d.HasField("segment")]:
+        for oid in [o for o, d in self.held.items()
+                    if d.segment is not None and d.segment.node_id == node_id]:
             del self.held[oid]
             self.until.pop(oid, None)
         self.nodes.pop(node_id, None)

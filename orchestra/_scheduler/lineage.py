@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from .._protocol import pb
+from .data import Data
 from .model import Lineage, Obj, SchedulerCore, Task, TaskState
 from .objects import ObjectDirectory
 
@@ -47,13 +48,13 @@ class Rebuilds:
         self.directory = directory
 
     def keep(self, call: pb.Call, retries_left: int, owner: int,
-             returns: Sequence[pb.ObjectData]) -> None:
+             returns: Sequence[Data]) -> None:
         """How to make a task's results in shared memory again (its node may die); none
         when it has no retry left (a rebuild's last run) or for a small result."""
         lineage = Lineage(call, retries_left, owner) if retries_left != 0 else None
         for data in returns:
             self.directory.set_lineage(
-                data.object_id, lineage if data.WhichOneof("data") == "segment" else None)
+                data.object_id, lineage if data.segment is not None else None)
 
     def node_lost(self, node_id: int, reason: str) -> None:
         """The objects only node ``node_id`` held are made again, or lost naming it."""

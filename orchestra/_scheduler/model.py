@@ -24,6 +24,7 @@ from typing import Any, NamedTuple, Protocol
 from .. import _ids
 from .._protocol import pb
 from .._resources import NodeResources, shape_key
+from .data import Data, Segment
 from .instructions import Instruction
 
 _sends = itertools.count(1)   # Task.seq (the memory monitor's victim is the newest task)
@@ -381,27 +382,19 @@ class Obj:
                  "lineage")
 
     def __init__(self, owner: int) -> None:
-        self.data: pb.ObjectData | None = None   # once sealed
+        self.data: Data | None = None   # once sealed
         self.count = 0
         self.subscribers: list[int] = []
         self.waiting_tasks: list[Task] = []
         self.owner = owner
-        self.size = 0   # a segment's bytes, set when sealed (an inline value's: nbytes())
+        self.size = 0   # a segment's bytes, set when sealed (an inline value's: the state API counts them)
         # Copies pulled by other nodes' stores (node id -> Segment there); the primary
         # copy is data.segment. None while there is none (every object on one node).
-        self.copies: dict[int, pb.Segment] | None = None
+        self.copies: dict[int, Segment] | None = None
         # On a cluster of several nodes, a task's large result keeps how to make it
         # again (its Call, the retries it had left, its owner): lost with its node, it
         # is rebuilt by running the task again.
         self.lineage: Lineage | None = None
-
-    def nbytes(self) -> int:
-        """The object's bytes, for the state API: an inline value's are counted when
-        asked (reading the field copies it: ~70 us for 100 KB, too much on every seal)."""
-        d = self.data
-        if d is not None and d.WhichOneof("data") == "inline":
-            return len(d.inline)
-        return self.size
 
 
 class Client:

@@ -42,7 +42,7 @@ import collections
 from collections.abc import Iterable, MutableSequence
 from typing import NamedTuple
 
-from .._protocol import pb
+from .data import ERROR, SEGMENT, Data, Segment, at, error_value
 from .instructions import FreeSegment, Pull, Push
 from .model import Lineage, Obj, SchedulerCore, TaskState
 
@@ -51,7 +51,7 @@ class Tomb(NamedTuple):
     """A freed object a kept lineage names as an argument: its small value (inline,
     holding no refs), or how to make it again."""
 
-    data: pb.ObjectData | None
+    data: Data | None
     lineage: Lineage | None
 
 
@@ -82,19 +82,19 @@ class ObjectDirectory:
             client.holds[oid] += 1
         return o
 
-    def put(self, conn: int, data: pb.ObjectData) -> None:
+    def put(self, conn: int, data: Data) -> None:
         """``conn`` put an object: held for it, sealed (the writer has the data already)."""
         oid = data.object_id
         if oid not in self.objects:
             self.new_object(conn, oid)
         self.seal(oid, data, push_owner=False)
 
-    def put_for(self, conn: int, data: pb.ObjectData) -> None:
+    def put_for(self, conn: int, data: Data) -> None:
         """An object of ``conn`` made elsewhere (an actor answering a direct call):
         held for ``conn`` and pushed to it."""
         oid = data.object_id
         if conn not in self.core.clients:
-            if data.WhichOneof("data") == "segment":
+            if data.segment is not None:
                 self.free_segment(data.segment)
             return
         if oid not in self.objects:
@@ -108,16 +108,16 @@ class ObjectDirectory:
             if oid not in self.objects:
                 self.new_object(conn, oid)
 
-    def seal(self, oid: bytes, data: pb.ObjectData, push_owner: bool = True) -> None:
+    def seal(self, oid: bytes, data: Data, push_owner: bool = True) -> None:
         o = self.objects.get(oid)
         if o is None or o.data is not None:
             # Nobody wants it any more (a second run's copy, or the object is gone);
             # the same segment told twice is the object's own, and stays.
-            if data.WhichOneof("data") == "segment" and not _holds(o, data.segment):
+            if data.segment is not None and not _holds(o, data.segment):
                 self.free_segment(data.segment)
             return
         o.data = data
-        if data.WhichOneof("data") == "segment":
+        if data.segment is not None:
             o.size = data.segment.size
         for cid in data.contained:
             co = self.objects.get(cid)
@@ -131,8 +131,7 @@ class ObjectDirectory:
                 if owner is not None and owner.kind == "driver" and o.owner not in told:
                     told = [*told, o.owner]
             if told:   # readers holding no ref (locate, gRPC), an owner: it is gone
-                lost = pb.ObjectData(object_id=oid, error=self.core.error(
-                    "lost", object_id=oid, name=""))
+                lost = error_value(oid, self.core.error("lost", object_id=oid, name=""))
                 self.core.out.extend(Push(sub, lost) for sub in told
                                      if sub in self.core.clients)
             return
@@ -150,18 +149,18 @@ class ObjectDirectory:
                 if not t.deps and t.state is TaskState.WAITING:
                     self.core.deps_met(t)
 
-    def free_segment(self, segment: pb.Segment) -> None:
+    def free_segment(self, segment: Segment) -> None:
         # The store's key: the spill file's path, or the shared-memory segment's name.
         self.core.out.append(FreeSegment(segment.node_id, segment.path or segment.name))
 
-    def relocate(self, oid: bytes, segment: pb.Segment) -> bool:
+    def relocate(self, oid: bytes, segment: Segment) -> bool:
         """The store spilled the object's segment to a file: point the object at it.
         False when the object is gone or no longer in that segment."""
         o = self.objects.get(oid)
         if o is None:
             return self._relocate_tomb(oid, segment)
         data = o.data
-        if data is None or data.WhichOneof("data") != "segment":
+        if data is None or data.segment is None:
             return False
         if segment.node_id != data.segment.node_id:   # a copy another node pulled
             copy = o.copies.get(segment.node_id) if o.copies else None
@@ -171,26 +170,26 @@ class ObjectDirectory:
             return True
         if data.segment.path or data.segment.name != segment.name:
             return False
-        o.data = pb.ObjectData(object_id=oid, segment=segment, contained=data.contained)
+        o.data = at(oid, segment, data.contained)
         return True
 
-    def _relocate_tomb(self, oid: bytes, segment: pb.Segment) -> bool:
+    def _relocate_tomb(self, oid: bytes, segment: Segment) -> bool:
         """A value kept for a lineage was spilled: its tomb points at the file."""
         tomb = self.tombs.get(oid)
         kept = tomb.data if tomb is not None else None
-        if kept is None or not kept.HasField("segment") or kept.segment.path \
+        if kept is None or kept.segment is None or kept.segment.path \
                 or kept.segment.name != segment.name or kept.segment.node_id != segment.node_id:
             return False
-        self.tombs[oid] = Tomb(pb.ObjectData(object_id=oid, segment=segment), None)
+        self.tombs[oid] = Tomb(at(oid, segment), None)
         return True
 
-    def args_to(self, node_id: int, resolved: MutableSequence[pb.ObjectData]) -> None:
+    def args_to(self, node_id: int, resolved: MutableSequence[Data]) -> None:
         """Name the copies on a worker's node of its task's large arguments, and have
         the node pull those it lacks now (the worker asks for them once it runs).
         ``resolved`` is the Execute's own list of the objects' records: an entry is
         replaced by the copy's, never changed in place (it is the object's record)."""
         for i, data in enumerate(resolved):
-            if data.WhichOneof("data") != "segment" or data.segment.node_id == node_id:
+            if data.segment is None or data.segment.node_id == node_id:
                 continue
             local = self.copy_on(data.object_id, node_id)
             if local is not None:
@@ -198,25 +197,25 @@ class ObjectDirectory:
             else:
                 self.core.out.append(Pull(node_id, data.object_id))
 
-    def copy_on(self, oid: bytes, node_id: int) -> pb.ObjectData | None:
+    def copy_on(self, oid: bytes, node_id: int) -> Data | None:
         """The object's data as a reader on ``node_id`` maps it: the primary copy when it
         is there, else a copy pulled there; None when that node has none (pull it)."""
         o = self.objects.get(oid)
         if o is None or o.data is None:
             return None
         data = o.data
-        if data.WhichOneof("data") != "segment" or data.segment.node_id == node_id:
+        if data.segment is None or data.segment.node_id == node_id:
             return data
         seg = o.copies.get(node_id) if o.copies else None
         if seg is None:
             return None
-        return pb.ObjectData(object_id=oid, segment=seg, contained=data.contained)
+        return at(oid, seg, data.contained)
 
-    def add_copy(self, oid: bytes, segment: pb.Segment) -> bool:
+    def add_copy(self, oid: bytes, segment: Segment) -> bool:
         """A node pulled the object into its store; False when the object is gone (the
         caller frees the copy)."""
         o = self.objects.get(oid)
-        if o is None or o.data is None or o.data.WhichOneof("data") != "segment":
+        if o is None or o.data is None or o.data.segment is None:
             return False
         if o.copies is None:
             o.copies = {}
@@ -230,8 +229,8 @@ class ObjectDirectory:
         for oid in ids:
             o = self.objects.get(oid)
             if o is None:
-                self.core.out.append(Push(conn, pb.ObjectData(
-                    object_id=oid, error=self.core.error("lost", object_id=oid, name=""))))
+                self.core.out.append(Push(conn, error_value(
+                    oid, self.core.error("lost", object_id=oid, name=""))))
             elif o.data is not None:
                 self.core.out.append(Push(conn, o.data))
             elif conn not in o.subscribers:
@@ -280,7 +279,7 @@ class ObjectDirectory:
         assert data is not None, "freed before it was made"
         # A kept lineage may need it: leave a tomb (see the module docstring).
         tomb = _tomb_of(o, data) if self.lineage_refs.get(oid) else None
-        if data.WhichOneof("data") == "segment":
+        if data.segment is not None:
             if tomb is None or tomb.data is None:
                 self.free_segment(data.segment)
             if o.copies:
@@ -325,7 +324,7 @@ class ObjectDirectory:
                     continue
                 if tomb.lineage is not None:
                     stack.append(tomb.lineage)
-                elif tomb.data is not None and tomb.data.WhichOneof("data") == "segment":
+                elif tomb.data is not None and tomb.data.segment is not None:
                     self.free_segment(tomb.data.segment)   # a kept value: freed now
 
     def revive(self, oid: bytes) -> Obj | None:
@@ -339,7 +338,7 @@ class ObjectDirectory:
         self.objects[oid] = o
         if tomb.data is not None:
             o.data = tomb.data
-            if tomb.data.HasField("segment"):
+            if tomb.data.segment is not None:
                 o.size = tomb.data.segment.size
         else:
             o.lineage = tomb.lineage   # still counted in lineage_refs: named while it lives
@@ -352,19 +351,18 @@ class ObjectDirectory:
         retries left, owner), or holds ObjectLostError naming the node."""
         rebuild: dict[bytes, Lineage] = {}
         gone = [oid for oid, t in self.tombs.items() if t.data is not None
-                and t.data.HasField("segment") and t.data.segment.node_id == node_id]
+                and t.data.segment is not None and t.data.segment.node_id == node_id]
         for oid in gone:   # a value kept for a lineage, lost with its node
             del self.tombs[oid]
         for oid, o in self.objects.items():
             if o.copies:
                 o.copies.pop(node_id, None)
             data = o.data
-            if data is None or data.WhichOneof("data") != "segment" \
-                    or data.segment.node_id != node_id:
+            if data is None or data.segment is None or data.segment.node_id != node_id:
                 continue
             if o.copies:   # another node pulled a copy: it becomes the primary one
                 _, seg = o.copies.popitem()
-                o.data = pb.ObjectData(object_id=oid, segment=seg, contained=data.contained)
+                o.data = at(oid, seg, data.contained)
             elif o.lineage is not None:
                 # Pending again: readers wait for the new run. The lineage stays until
                 # the run ends (its arguments' tombs are needed by it).
@@ -373,32 +371,31 @@ class ObjectDirectory:
                 for cid in data.contained:   # counted again when it is sealed anew
                     self.decr(cid)
             else:
-                o.data = pb.ObjectData(object_id=oid, contained=data.contained, error=self.core.error(
-                    "node_lost", object_id=oid, node=node_id, reason=reason))
+                o.data = error_value(oid, self.core.error(
+                    "node_lost", object_id=oid, node=node_id, reason=reason), data.contained)
         return rebuild
 
 
-def _tomb_of(o: Obj, data: pb.ObjectData) -> Tomb | None:
+def _tomb_of(o: Obj, data: Data) -> Tomb | None:
     """What a freed object a kept lineage names leaves: its own lineage (a task's result
     in shared memory), else its value when it holds no refs (small and inline, or in
     shared memory and made by nothing that could make it again: a put, or a task with
     no retry left; kept until the last lineage naming it goes), else nothing."""
-    kind = data.WhichOneof("data")
-    if kind == "segment" and o.lineage is not None:
+    kind = data.kind
+    if kind == SEGMENT and o.lineage is not None:
         return Tomb(None, o.lineage)
-    if kind in ("inline", "segment") and not data.contained:
+    if kind != ERROR and not data.contained:
         return Tomb(data, None)
     return None
 
 
-def _holds(o: Obj | None, segment: pb.Segment) -> bool:
+def _holds(o: Obj | None, segment: Segment) -> bool:
     """Whether ``segment`` is where object ``o`` lives now, or a copy of it."""
     if o is None or o.data is None:
         return False
-    key = (segment.node_id, segment.path or segment.name)
-    if o.data.WhichOneof("data") == "segment":
-        own = o.data.segment
-        if (own.node_id, own.path or own.name) == key:
-            return True
+    key = segment.key()
+    own = o.data.segment
+    if own is not None and own.key() == key:
+        return True
     copies = o.copies or {}
-    return any((c.node_id, c.path or c.name) == key for c in copies.values())
+    return any(c.key() == key for c in copies.values())

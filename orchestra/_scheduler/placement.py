@@ -215,7 +215,7 @@ class Placer:
         for oid in t.arg_ids:
             o = objects.get(oid)
             data = o.data if o is not None else None
-            if data is None or data.WhichOneof("data") != "segment":
+            if data is None or data.segment is None:
                 continue
             seg = data.segment
             where = {seg.node_id}

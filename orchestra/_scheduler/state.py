@@ -29,6 +29,7 @@ from .._protocol import pb
 from .actors import ActorTable
 from .adoption import Adoption
 from .blocking import Blocking
+from .data import ERROR, Segment, error_of, error_value
 from .events import Hello, TaskDone
 from .groups import PlacementGroups
 from .instructions import CANCEL_KILL, CancelTask, Execute, Function, Instruction, KillWorker
@@ -365,16 +366,16 @@ class SchedulerState:
             # An argument that already failed fails the task without running it.
             for oid in t.arg_ids:
                 dep = objects.get(oid)
-                if dep is not None and dep.data is not None and dep.data.WhichOneof("data") == "error":
-                    self.fail_task(t, dep.data.error)
+                if dep is not None and dep.data is not None and dep.data.kind == ERROR:
+                    self.fail_task(t, dep.data.payload)
                     return False
         return True
 
     def deps_met(self, t: Task) -> None:
         for oid in t.arg_ids:
             o = self.objects.get(oid)
-            if o is not None and o.data is not None and o.data.WhichOneof("data") == "error":
-                self.fail_task(t, o.data.error)
+            if o is not None and o.data is not None and o.data.kind == ERROR:
+                self.fail_task(t, o.data.payload)
                 return
         if t.call.actor_id:
             self.actor_table.call_deps_met(t)
@@ -504,7 +505,7 @@ class SchedulerState:
             self.after_worker_step(w)
             return
         if msg.cancelled:   # the worker's own error when it gave one (see DirectCalls)
-            given = msg.returns[0].error if msg.returns else b""
+            given = error_of(msg.returns[0]) if msg.returns else b""
             self.fail_task(t, given or self.error("cancelled", name=t.call.name))
         else:
             t.move(TaskState.DONE)
@@ -574,7 +575,7 @@ class SchedulerState:
         self.unqueue(t)
         self.finish_task(t)
         for rid in t.return_ids:
-            self.directory.seal(rid, pb.ObjectData(object_id=rid, error=error))
+            self.directory.seal(rid, error_value(rid, error))
 
     def unqueue(self, t: Task) -> None:
         """Take a task out of the ready queue and its arguments' waits: DONE."""
@@ -691,7 +692,7 @@ class SchedulerState:
         return self.worker_pool.direct_path(w, c)
 
     # ------------------------------------------------------------------ objects (_scheduler/objects.py)
-    def relocate(self, oid: bytes, segment: pb.Segment) -> bool:
+    def relocate(self, oid: bytes, segment: Segment) -> bool:
         """The store spilled the object's segment to a file (False: not that object's)."""
         return (self.kept if oid in self.kept.held else self.directory).relocate(oid, segment)
 

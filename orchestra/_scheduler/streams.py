@@ -38,7 +38,7 @@ class Streams:
         if t is None or t.state is not TaskState.DISPATCHED or msg.number <= t.streamed \
                 or t.owner not in self.core.clients or data.object_id in self.core.objects:
             # Taken already (a retry yields its items again), or nobody waits for it.
-            if data.WhichOneof("data") == "segment":
+            if data.segment is not None:
                 self.objects.free_segment(data.segment)
             if t is not None and t.acked and msg.number <= t.streamed:
                 # A retry pauses for acks the consumer sent its first attempt.

@@ -8,7 +8,8 @@ import pickle
 from typing import Any
 
 from orchestra._proto import types_pb2
-from orchestra._protocol import pb
+from orchestra._scheduler import data as values
+from orchestra._scheduler.data import ERROR, Data, Segment
 from orchestra._scheduler.events import Hello, TaskDone
 from orchestra._scheduler.instructions import Execute, FreeSegment, Push, StartWorker
 from orchestra._scheduler.model import cluster_free
@@ -64,14 +65,25 @@ def rid(call: Any, i: int = 0) -> bytes:
     return call.task_id + i.to_bytes(4, "big")
 
 
-def inline_data(oid: bytes, value: Any = "v", contained: tuple[bytes, ...] = ()) -> Any:
-    return pb.ObjectData(object_id=oid, inline=pickle.dumps(value), contained=list(contained))
+def inline_data(oid: bytes, value: Any = "v", contained: tuple[bytes, ...] = ()) -> Data:
+    """A value as the scheduler holds one it made (its bytes in ``payload``)."""
+    return values.inline(oid, pickle.dumps(value), contained)
+
+
+def inline_msg(oid: bytes, value: Any = "v", contained: tuple[bytes, ...] = ()) -> Any:
+    """The ObjectData of a value, as a process sends it (the head reads it: data_in)."""
+    return types_pb2.ObjectData(object_id=oid, inline=pickle.dumps(value), contained=list(contained))
+
+
+def segment_msg(oid: bytes, name: str, contained: tuple[bytes, ...] = (), *,
+                node_id: int = NODE, size: int = 1 << 20) -> Any:
+    return types_pb2.ObjectData(object_id=oid, contained=list(contained), segment=types_pb2.Segment(
+        name=name, size=size, node_id=node_id))
 
 
 def segment_data(oid: bytes, name: str, contained: tuple[bytes, ...] = (), *,
-                 node_id: int = NODE, size: int = 1 << 20) -> Any:
-    return pb.ObjectData(object_id=oid, segment=pb.Segment(name=name, size=size, node_id=node_id),
-                         contained=list(contained))
+                 node_id: int = NODE, size: int = 1 << 20) -> Data:
+    return values.at(oid, Segment(name, size, node_id), contained)
 
 
 class Cluster:
@@ -139,8 +151,8 @@ def pushes(out: list[Any], conn: int = DRIVER) -> dict[bytes, Any]:
 
 def error_of(out: list[Any], oid: bytes) -> bytes:
     data = pushes(out)[oid]
-    assert data.WhichOneof("data") == "error"
-    return data.error
+    assert data.kind == ERROR
+    return data.payload
 
 
 def freed_segments(out: list[Any]) -> list[str]:

@@ -26,7 +26,7 @@ from _sched_helpers import (
     worker_conn,
 )
 from orchestra._proto import types_pb2
-from orchestra._protocol import pb
+from orchestra._scheduler import data as values
 from orchestra._scheduler.actors import ActorState
 from orchestra._scheduler.events import TaskDone
 from orchestra._scheduler.instructions import ActorAddress, KillWorker, StartWorker
@@ -191,7 +191,7 @@ def test_a_constructor_that_raises_fails_every_queued_call_with_its_error():
     c.take()
     c.s.task_done(worker_conn(wid), TaskDone(
         task_id=ctor.task_id, user_error=True,
-        returns=[pb.ObjectData(object_id=rid(ctor), error=b"ValueError in __init__")]))
+        returns=[values.error_value(rid(ctor), b"ValueError in __init__")]))
     out = c.take()
     assert [error_of(out, rid(call)) for call in calls] == [b"ValueError in __init__"] * 2
     assert KillWorker(NODE, wid, "the actor's constructor raised") in out

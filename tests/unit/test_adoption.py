@@ -53,7 +53,7 @@ def answer(c: Cluster, conn: int, call: Any, value: Any = "first") -> list[Any]:
 
 
 def value_of(out: list[Any], call: Any) -> Any:
-    return pickle.loads(pushes(out)[rid(call)].inline)
+    return pickle.loads(pushes(out)[rid(call)].payload)
 
 
 def test_an_answer_never_read_by_the_head_of_a_dead_worker_runs_again_with_a_retry_spent() -> None:

@@ -62,10 +62,12 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from _sched_helpers import DRIVER, Cluster, inline_data, make_call, new_id, ref, rid, segment_data
+from _sched_helpers import DRIVER, Cluster, inline_data, inline_msg, make_call, new_id, ref, rid, segment_msg
 from orchestra._head import inbound
+from orchestra._head.outbound import data_out
 from orchestra._protocol import pb
 from orchestra._runtime.direct_core import Call, ResultBook
+from orchestra._scheduler.data import ERROR
 from orchestra._scheduler.events import TaskDone
 from orchestra._scheduler.instructions import FreeSegment, Push, StartWorker
 
@@ -112,12 +114,12 @@ class DirectBookWithHead(RuleBasedStateMachine):
             elif type(ins) is Push and ins.conn == DRIVER:
                 d = ins.data
                 oid = d.object_id
-                if d.WhichOneof("data") == "error":
-                    self.failed[oid] = d.error
+                if d.kind == ERROR:
+                    self.failed[oid] = d.payload
                 if self.book.pushed(oid, running=oid[:-4] in self.sent):
                     self.outbox["reader"].append(("decr", [oid]))
                 if self.local.get(oid):
-                    self.results[oid] = d
+                    self.results[oid] = data_out(d)   # as the head writes it
 
     def _deliver(self, kind: str, body: Any) -> None:
         s = self.s
@@ -126,7 +128,7 @@ class DirectBookWithHead(RuleBasedStateMachine):
             self.known.update(body)
         elif kind == "objects":
             for d in body:
-                s.directory.put(DRIVER, d)
+                s.directory.put(DRIVER, inbound.data_in(d))   # as the head reads it
                 self.known.add(d.object_id)
         elif kind == "decr":
             s.directory.ref_delta(DRIVER, [], body)
@@ -180,7 +182,7 @@ class DirectBookWithHead(RuleBasedStateMachine):
         if tid in self.notices:
             return
         c = self.sent.pop(tid)
-        msg = pb.TaskDone(task_id=tid, returns=[inline_data(c.rids[0], "direct")])
+        msg = pb.TaskDone(task_id=tid, returns=[inline_msg(c.rids[0], "direct")])
         forward, decr = self.book.answered(c, msg, self.local, self.results, lambda name: b"")
         if forward:
             self.outbox["reader"].append(("objects", forward))
@@ -197,7 +199,7 @@ class DirectBookWithHead(RuleBasedStateMachine):
         # The worker's TaskDone to the head names the owner: sealed there, pushed here;
         # read by the head in its own time (another connection than the driver's).
         self.outbox["worker"].append(("done", pb.TaskDone(
-            task_id=tid, owner=DRIVER, returns=[segment_data(c.rids[0], f"seg-{tid.hex()}")])))
+            task_id=tid, owner=DRIVER, returns=[segment_msg(c.rids[0], f"seg-{tid.hex()}")])))
 
     @precondition(lambda self: self.outbox["worker"] and not self.notices)
     @rule(voided=st.booleans())
@@ -344,7 +346,7 @@ class DirectBookWithHead(RuleBasedStateMachine):
     def no_live_object_loses_its_segment(self) -> None:
         for oid, o in self.s.objects.items():
             d = o.data
-            if d is not None and d.WhichOneof("data") == "segment":
+            if d is not None and d.segment is not None:
                 assert (d.segment.node_id, d.segment.name) not in self.freed, \
                     f"the segment of {oid.hex()} was freed while the object lives"
 

@@ -10,9 +10,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestra._head import inbound, outbound
+from orchestra._head.outbound import data_out
 from orchestra._proto import types_pb2
 from orchestra._protocol import pb
+from orchestra._scheduler import data as values
 from orchestra._scheduler import events as ev
+from orchestra._scheduler.data import ERROR, INLINE, SEGMENT, Data, Segment
 from orchestra._scheduler.groups import GroupInfo, GroupSpec
 
 pytestmark = pytest.mark.timeout(10)
@@ -51,9 +54,13 @@ def test_an_event_carries_every_field_of_its_message(kind):
     for field in kind._fields:
         value = getattr(msg, RENAMED.get((kind.__name__, field), field))
         got = getattr(event, field)
-        if isinstance(got, typing.Mapping):
+        if isinstance(got, Data):   # written back as the message it came in
+            assert data_out(got) == value, field
+        elif isinstance(got, typing.Mapping):
             assert dict(got) == dict(value) and got, field
-        elif not isinstance(got, (bool, int, float, str, bytes, pb.Call, pb.ObjectData)):
+        elif isinstance(got, list) and got and isinstance(got[0], Data):
+            assert [data_out(d) for d in got] == list(value), field
+        elif not isinstance(got, (bool, int, float, str, bytes, pb.Call)):
             # a repeated field
             assert list(got) == list(value) and got, field
         else:
@@ -66,6 +73,44 @@ def test_a_task_done_without_a_lineage_carries_none():
 
 
 ids = st.binary(min_size=16, max_size=16)
+segments = st.builds(Segment, name=st.text(min_size=1, max_size=12), size=st.integers(0, 2**40),
+                     node_id=st.integers(0, 2**20), capacity=st.integers(0, 2**40),
+                     path=st.text(max_size=12), allocated=st.integers(0, 2**40),
+                     reused=st.booleans())
+contents = st.lists(ids, max_size=3).map(tuple)
+made = st.one_of(   # values the scheduler makes itself: no message kept
+    st.builds(values.inline, ids, st.binary(max_size=64), contents),
+    st.builds(values.error_value, ids, st.binary(min_size=1, max_size=64), contents),
+    st.builds(values.at, ids, segments, contents))
+
+
+@given(made)
+def test_a_value_the_scheduler_made_is_written_with_each_field_and_reads_back_the_same(d):
+    msg = data_out(d)
+    assert type(msg) is pb.ObjectData and msg.WhichOneof("data") == d.kind
+    back = inbound.data_in(pb.ObjectData.FromString(msg.SerializeToString()))
+    assert back._replace(wire=None, payload=b"" if d.kind == INLINE else back.payload) == \
+        d._replace(payload=b"" if d.kind == INLINE else d.payload)
+    if d.kind == INLINE:   # a received value's bytes stay in its message
+        assert back.payload == b"" and back.wire.inline == d.payload
+
+
+@pytest.mark.parametrize("msg", [
+    pb.ObjectData(object_id=b"o" * 16, inline=b"x", contained=[b"c" * 16]),
+    pb.ObjectData(object_id=b"o" * 16, error=b"boom"),
+    pb.ObjectData(object_id=b"o" * 16, segment=pb.Segment(name="s", size=5, node_id=2, capacity=8,
+                                                          allocated=8, reused=True))],
+    ids=["inline", "error", "segment"])
+def test_a_received_value_is_read_and_written_back_as_the_same_message(msg):
+    d = inbound.data_in(msg)
+    assert data_out(d) is msg   # forwarded unchanged: nothing made again
+    assert d.object_id == msg.object_id and list(d.contained) == list(msg.contained)
+    assert d.kind == msg.WhichOneof("data") and (d.segment is None) is (d.kind != SEGMENT)
+    assert d.payload == (msg.error if d.kind == ERROR else b"")
+    if d.segment is not None:
+        assert d.segment == Segment("s", 5, 2, 8, "", 8, True)
+
+
 group_specs = st.builds(
     GroupSpec, ids, st.lists(st.dictionaries(st.sampled_from(["CPU", "GPU", "memory", "x"]),
                                              st.floats(0.001, 64), min_size=1), min_size=1,

@@ -59,7 +59,7 @@ def test_each_item_is_pushed_to_the_owner_as_it_comes():
     call, wid = running_stream(c)
     c.s.streams.generator_item(worker_conn(wid), item(call, 1, "a"))
     out = c.take()
-    assert pickle.loads(pushes(out)[rid(call, 1)].inline) == "a"
+    assert pickle.loads(pushes(out)[rid(call, 1)].payload) == "a"
     c.s.streams.generator_item(worker_conn(wid), item(call, 2, "b"))
     assert list(pushes(c.take())) == [rid(call, 2)]
 
@@ -81,7 +81,7 @@ def test_the_end_comes_after_the_items_and_holds_their_number():
         c.s.streams.generator_item(worker_conn(wid), item(call, i))
     c.take()
     c.done(wid, call, 2)
-    assert pickle.loads(pushes(c.take())[rid(call, 0)].inline) == 2
+    assert pickle.loads(pushes(c.take())[rid(call, 0)].payload) == 2
 
 
 def test_a_retry_yields_its_items_again_and_only_new_ones_are_taken():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 import sys
 
 import pytest
@@ -257,14 +258,14 @@ def test_a_scheduler_helper_does_not_import_the_scheduler_state(helper):
     assert "_scheduler.state" not in import_graph()[helper]
 
 
-# Scheduler modules that still carry protobuf messages as data (a task's Call, an
-# object's ObjectData, the durable records): the list only shrinks. None may know a
-# frame kind: its events (events.py) and instructions (instructions.py) are in its own
-# words, and the head's edge alone (_head/inbound.py, _head/outbound.py) turns frames
-# into them and them into frames.
+# Scheduler modules that still carry protobuf messages as data (a task's Call, with its
+# actor's spec, and a function's registration): the list only shrinks.
+# None may know a frame kind: its events (events.py) and instructions (instructions.py)
+# are in its own words, and the head's edge alone (_head/inbound.py, _head/outbound.py)
+# turns frames into them and them into frames.
 SCHEDULER_HOLDING_MESSAGES = {
-    "_scheduler.actors", "_scheduler.adoption", "_scheduler.groups", "_scheduler.kept",
-    "_scheduler.lineage", "_scheduler.model", "_scheduler.objects", "_scheduler.state",
+    "_scheduler.actors", "_scheduler.adoption", "_scheduler.lineage", "_scheduler.model",
+    "_scheduler.state",
 }
 
 
@@ -275,6 +276,19 @@ def test_the_scheduler_knows_no_frame_kind_and_holds_messages_only_where_listed(
     protocol = {m for m in core if graph[m] & {"_protocol", "_protocol.pb", "_proto"}}
     assert sorted(protocol - SCHEDULER_HOLDING_MESSAGES) == [], "a new protobuf import under _scheduler"
     assert sorted(SCHEDULER_HOLDING_MESSAGES - protocol) == [], "no longer imports it: take it off the list"
+
+
+def test_the_scheduler_reads_an_objects_value_as_its_own_data_not_the_message():
+    """An object's value is _scheduler/data.py's Data (the edge's data_in / data_out turn
+    ObjectData into it and back): no scheduler module names the protocol's ObjectData or
+    Segment, or asks a message which of its data it holds."""
+    wire_words = re.compile(r"pb\.ObjectData|pb\.Segment|WhichOneof\(.data.\)"
+                            r"|HasField\(.segment.\)|\.inline\b")
+    found = [f"{path.name}:{i}: {line.strip()}"
+             for path in sorted((PACKAGE / "_scheduler").glob("*.py"))
+             for i, line in enumerate(path.read_text().splitlines(), 1)
+             if wire_words.search(line) and not line.lstrip().startswith("#")]
+    assert found == []
 
 
 def test_only_the_heads_edge_turns_instructions_into_frames():

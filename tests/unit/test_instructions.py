@@ -12,10 +12,12 @@ import pytest
 
 from _head_helpers import RecordingTransport, unstarted_head
 from orchestra._head.head import Conn, Head
+from orchestra._head.inbound import data_in
 from orchestra._head.outbound import FRAME_OF
 from orchestra._proto import types_pb2
 from orchestra._protocol import pb
 from orchestra._protocol import wire as _wire
+from orchestra._scheduler import data as values
 from orchestra._scheduler import instructions as _ins
 from orchestra._scheduler.instructions import (
     LATE,
@@ -35,11 +37,14 @@ TO_CONN = typing.get_args(ToConn)
 NODE_KINDS = [k for k in KINDS if k not in TO_CONN and k.__name__ != "Durable"]
 
 CALL = types_pb2.Call(task_id=b"t" * 12, function_id=b"f" * 16, name="f", resources={"CPU": 1.0})
-ARG = pb.ObjectData(object_id=b"o" * 16, inline=b"x")
+ARG_MSG = pb.ObjectData(object_id=b"o" * 16, inline=b"x")
+ARG = data_in(ARG_MSG)   # a value as received: written as it came
+MADE = values.error_value(b"e" * 16, b"boom", [b"c" * 16])   # one the scheduler made
 # One of each instruction to a process, and the (kind, message) its frame must decode to.
 SAMPLES = [
-    (_ins.Execute(3, CALL, [ARG], [1], 2), _wire.EXECUTE, pb.Execute(
-        invoke=pb.InvokeCallRequest(call=CALL, resolved=[ARG], gpu_ids=[1], attempt=2))),
+    (_ins.Execute(3, CALL, [ARG, MADE], [1], 2), _wire.EXECUTE, pb.Execute(
+        invoke=pb.InvokeCallRequest(call=CALL, resolved=[ARG_MSG, pb.ObjectData(
+            object_id=b"e" * 16, error=b"boom", contained=[b"c" * 16])], gpu_ids=[1], attempt=2))),
     (_ins.Execute(3, CALL, [], [], 0, nested=True), _wire.EXECUTE_NESTED,
      pb.Execute(invoke=pb.InvokeCallRequest(call=CALL))),
     (_ins.Function(3, pb.RegisterFunctionRequest(function_id=b"f", pickled=b"p")), _wire.FUNCTION,

@@ -23,7 +23,8 @@ from _sched_helpers import (
     worker_conn,
 )
 from orchestra._objects.errors import make_error
-from orchestra._protocol import pb
+from orchestra._scheduler import data as values
+from orchestra._scheduler.data import ERROR, Data, Segment
 from orchestra._scheduler.events import Hello, TaskDone
 from orchestra._scheduler.instructions import FreeSegment, Loan, Pull, Push
 from orchestra._scheduler.model import TaskState
@@ -42,8 +43,8 @@ def two_nodes() -> tuple[Cluster, int, int]:
     return c, w0, w2
 
 
-def seg_on(node: int, oid: bytes, name: str) -> pb.ObjectData:
-    return pb.ObjectData(object_id=oid, segment=pb.Segment(name=name, size=4 << 20, node_id=node))
+def seg_on(node: int, oid: bytes, name: str) -> Data:
+    return values.at(oid, Segment(name=name, size=4 << 20, node_id=node))
 
 
 def made_on_other(c: Cluster, w2: int, max_retries: int = 0) -> tuple[bytes, object]:
@@ -71,7 +72,7 @@ def test_once_a_copy_is_there_tasks_on_that_node_read_it_and_nothing_is_pulled()
     c, w0, w2 = two_nodes()
     oid, _ = made_on_other(c, w2)
     assert c.s.directory.copy_on(oid, NODE) is None
-    assert c.s.directory.add_copy(oid, pb.Segment(name="copy-on-0", size=4 << 20, node_id=NODE))
+    assert c.s.directory.add_copy(oid, Segment(name="copy-on-0", size=4 << 20, node_id=NODE))
     assert c.s.directory.copy_on(oid, NODE).segment.name == "copy-on-0"
     assert c.s.directory.copy_on(oid, OTHER).segment.name == "seg-on-2"
     use = c.submit(make_call("use", (ref(oid),), placement=affinity(NODE)))
@@ -92,7 +93,7 @@ def test_once_a_copy_is_there_tasks_on_that_node_read_it_and_nothing_is_pulled()
 def test_the_last_ref_dropped_frees_every_copy_on_its_own_node():
     c, _, w2 = two_nodes()
     oid, _ = made_on_other(c, w2)
-    c.s.directory.add_copy(oid, pb.Segment(name="copy-on-0", size=4 << 20, node_id=NODE))
+    c.s.directory.add_copy(oid, Segment(name="copy-on-0", size=4 << 20, node_id=NODE))
     c.s.directory.ref_delta(DRIVER, [], [oid])
     freed = {(i.node_id, i.key) for i in c.take() if type(i) is FreeSegment}
     assert freed == {(OTHER, "seg-on-2"), (NODE, "copy-on-0")}
@@ -128,7 +129,7 @@ def test_a_subscriber_of_a_result_nobody_holds_any_more_hears_it_is_gone_when_it
     out = c.take()
     assert FreeSegment(OTHER, "seg-on-2") in out
     [told] = [i.data for i in out if type(i) is Push and i.conn == 50]
-    assert told.object_id == oid and told.error
+    assert told.object_id == oid and told.kind == ERROR and told.payload
 
 
 @pytest.mark.parametrize("drivers_outlive_the_head", [False, True])
@@ -152,21 +153,21 @@ def test_a_driver_that_dropped_a_tasks_refs_hears_when_it_answered_if_it_outlive
         assert told == []
         return
     [data] = told
-    assert data.object_id == oid and data.WhichOneof("data") == "error" and data.error
+    assert data.object_id == oid and data.kind == ERROR and data.payload
 
 
 def test_a_copy_of_an_object_already_freed_is_refused():
     c, _, w2 = two_nodes()
     oid, _ = made_on_other(c, w2)
     c.s.directory.ref_delta(DRIVER, [], [oid])
-    assert not c.s.directory.add_copy(oid, pb.Segment(name="late", size=1, node_id=NODE))
+    assert not c.s.directory.add_copy(oid, Segment(name="late", size=1, node_id=NODE))
 
 
 def test_a_spilled_copy_is_found_at_its_file():
     c, _, w2 = two_nodes()
     oid, _ = made_on_other(c, w2)
-    c.s.directory.add_copy(oid, pb.Segment(name="copy-on-0", size=4 << 20, node_id=NODE))
-    assert c.s.relocate(oid, pb.Segment(name="copy-on-0", size=4 << 20, node_id=NODE,
+    c.s.directory.add_copy(oid, Segment(name="copy-on-0", size=4 << 20, node_id=NODE))
+    assert c.s.relocate(oid, Segment(name="copy-on-0", size=4 << 20, node_id=NODE,
                                         path="/spill/x"))
     assert c.s.directory.copy_on(oid, NODE).segment.path == "/spill/x"
     assert c.s.directory.copy_on(oid, OTHER).segment.path == ""   # the primary copy did not move
@@ -175,7 +176,7 @@ def test_a_spilled_copy_is_found_at_its_file():
 def test_a_dead_nodes_object_lives_on_in_a_copy():
     c, _, w2 = two_nodes()
     oid, _ = made_on_other(c, w2)
-    c.s.directory.add_copy(oid, pb.Segment(name="copy-on-0", size=4 << 20, node_id=NODE))
+    c.s.directory.add_copy(oid, Segment(name="copy-on-0", size=4 << 20, node_id=NODE))
     c.s.remove_node(OTHER, "killed")
     data = c.s.objects[oid].data
     assert data.segment.node_id == NODE and data.segment.name == "copy-on-0"
@@ -186,8 +187,8 @@ def test_an_object_only_a_dead_node_held_is_lost_naming_the_node():
     oid, _ = made_on_other(c, w2, max_retries=0)
     c.s.remove_node(OTHER, "no heartbeat for 10 s")
     data = c.s.objects[oid].data
-    assert data.WhichOneof("data") == "error"
-    assert b"node_lost" in data.error and b"no heartbeat" in data.error
+    assert data.kind == ERROR
+    assert b"node_lost" in data.payload and b"no heartbeat" in data.payload
     # As the head makes it (make_error): the error a reader gets.
     err = pickle.loads(make_error("node_lost", object_id=oid, node=2, reason="no heartbeat for 10 s"))
     assert type(err).__name__ == "ObjectLostError"
@@ -318,7 +319,7 @@ def test_a_sent_task_that_runs_again_after_its_argument_was_lost_waits_for_it(ho
     else:
         c.s.task_done(worker_conn(w0), TaskDone(
             task_id=consumer.task_id, user_error=True,
-            returns=[pb.ObjectData(object_id=rid(consumer), error=b"raised")]))
+            returns=[values.error_value(rid(consumer), b"raised")]))
     assert c.s.tasks[consumer.task_id].state is TaskState.WAITING
     sent = executed(c.take())
     assert consumer.task_id not in [t for _, t in sent]
@@ -445,7 +446,7 @@ def test_a_lost_argument_whose_own_argument_was_freed_is_made_again_from_its_lin
     if inline_first:   # its value was kept: step runs again at once
         assert executed(out) == [(w0, step.task_id)]
         [(_, inv)] = executes(out)
-        assert inv.resolved[0].inline == made.inline
+        assert inv.resolved[0].payload == made.payload
     else:
         assert executed(out) == [(w0, make.task_id)]
         c.s.task_done(worker_conn(w0), TaskDone(task_id=make.task_id,

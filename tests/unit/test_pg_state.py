@@ -11,6 +11,7 @@ import pytest
 from _sched_helpers import DRIVER, Nodes, executed, executes, make_call, pushes, rid, sent, worker_conn
 from orchestra._objects.errors import make_error
 from orchestra._proto import types_pb2
+from orchestra._scheduler.data import ERROR, INLINE
 from orchestra._scheduler.events import Hello
 from orchestra._scheduler.groups import READY_SUFFIX, GroupSpec, place_bundles
 from orchestra._scheduler.instructions import KillWorker, Warn
@@ -46,8 +47,8 @@ def bundle_nodes(c: Nodes, gid: bytes) -> list[int | None]:
 
 def error(out: list[Any], oid: bytes) -> BaseException:
     data = pushes(out)[oid]
-    assert data.WhichOneof("data") == "error"
-    return pickle.loads(data.error)
+    assert data.kind == ERROR
+    return pickle.loads(data.payload)
 
 
 # ------------------------------------------------------------------ strategies (pure)
@@ -94,7 +95,7 @@ def test_a_group_takes_its_bundles_from_the_free_pool_and_its_ready_object_resol
     assert bundle_nodes(c, gid) == [0, 0]
     assert c.s.nodes[0].resources.free["CPU"] == 1
     ready = pushes(c.take())[gid + READY_SUFFIX]
-    assert ready.WhichOneof("data") == "inline"
+    assert ready.kind == INLINE
     assert c.available()["CPU"] == 1
 
 

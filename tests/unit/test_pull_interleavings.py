@@ -183,7 +183,7 @@ class PullInterleavings(RuleBasedStateMachine):
         """The segments the object directory names: each object's own, and its copies."""
         named = set()
         for o in self.s.objects.values():
-            if o.data is not None and o.data.WhichOneof("data") == "segment":
+            if o.data is not None and o.data.segment is not None:
                 named.add((o.data.segment.node_id, o.data.segment.name))
             for seg in (o.copies or {}).values():
                 named.add((seg.node_id, seg.name))

@@ -32,8 +32,18 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from _sched_helpers import DRIVER, Cluster, inline_data, make_call, new_id, ref, rid, worker_conn
-from orchestra._protocol import pb
+from _sched_helpers import (
+    DRIVER,
+    Cluster,
+    inline_data,
+    make_call,
+    new_id,
+    ref,
+    rid,
+    segment_data,
+    worker_conn,
+)
+from orchestra._scheduler import data as values
 from orchestra._scheduler.events import Hello, TaskDone
 from orchestra._scheduler.instructions import Push, StartWorker
 from orchestra._scheduler.model import TaskState, WorkerState
@@ -168,13 +178,12 @@ class SchedulerInterleavings(RuleBasedStateMachine):
         t = self._running(w)
         call = t.call
         if error:
-            returns = [pb.ObjectData(object_id=rid(call), error=b"user error")]
+            returns = [values.error_value(rid(call), b"user error")]
             self.s.task_done(w.conn, TaskDone(task_id=call.task_id, returns=returns,
                                                  user_error=True))
         elif large:   # in the store of the worker's node
             self.segments += 1
-            data = pb.ObjectData(object_id=rid(call), segment=pb.Segment(
-                name=f"seg-{self.segments}", size=1 << 20, node_id=w.node_id))
+            data = segment_data(rid(call), f"seg-{self.segments}", node_id=w.node_id)
             self.s.task_done(w.conn, TaskDone(task_id=call.task_id, returns=[data]))
         else:
             self.s.task_done(w.conn, TaskDone(task_id=call.task_id,

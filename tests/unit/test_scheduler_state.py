@@ -31,7 +31,7 @@ from _sched_helpers import (
     sent,
     worker_conn,
 )
-from orchestra._protocol import pb
+from orchestra._scheduler import data as values
 from orchestra._scheduler.blocking import STALL_S
 from orchestra._scheduler.events import Hello, TaskDone
 from orchestra._scheduler.instructions import (
@@ -61,7 +61,7 @@ def test_a_task_with_a_pending_argument_waits_then_runs_with_its_value():
     out = c.take()
     [(wid, inv)] = executes(out)
     assert inv.call.task_id == consumer.task_id
-    assert [pickle.loads(d.inline) for d in inv.resolved] == ["value"]
+    assert [pickle.loads(d.payload) for d in inv.resolved] == ["value"]
     assert rid(producer) in pushes(out)   # the owner gets the result too
 
 
@@ -90,7 +90,7 @@ def test_an_argument_that_failed_fails_the_task_without_running_it():
     failing = c.submit(make_call("failing"))
     later = c.submit(make_call("later", (ref(rid(failing)),)))
     c.take()
-    error = pb.ObjectData(object_id=rid(failing), error=b"boom")
+    error = values.error_value(rid(failing), b"boom")
     c.s.task_done(worker_conn(1), TaskDone(task_id=failing.task_id, returns=[error],
                                               user_error=True))
     out = c.take()
@@ -562,7 +562,7 @@ def test_retry_exceptions_reruns_a_task_that_raised():
     c = Cluster(cpus=1)
     call = c.submit(make_call("f", max_retries=1, retry_exceptions=True))
     c.take()
-    error = pb.ObjectData(object_id=rid(call), error=b"raised")
+    error = values.error_value(rid(call), b"raised")
     c.s.task_done(worker_conn(1), TaskDone(task_id=call.task_id, returns=[error],
                                               user_error=True))
     assert executed(c.take()) == [(1, call.task_id)]
@@ -619,7 +619,7 @@ def test_a_recursive_cancel_cancels_what_the_running_task_submitted():
     c.s.cancel(rid(parent), force=False, recursive=True)
     out = c.take()
     child_result = pushes(out, worker_conn(1))[rid(child)]   # to its owner, the worker
-    assert b"cancelled" in child_result.error
+    assert b"cancelled" in child_result.payload
     assert CancelTask(worker_conn(1), parent.task_id, recursive=True) in out
     assert not c.s.tasks[grandchild_of_other.task_id].cancelled
 
@@ -713,7 +713,7 @@ def test_cancelling_a_finished_task_does_nothing():
     c.take()
     c.s.cancel(rid(call), force=True)
     assert c.take() == []
-    assert pickle.loads(c.s.objects[rid(call)].data.inline) == "result"
+    assert pickle.loads(c.s.objects[rid(call)].data.payload) == "result"
 
 
 def test_a_result_that_arrives_after_a_cancel_is_kept():
@@ -722,7 +722,7 @@ def test_a_result_that_arrives_after_a_cancel_is_kept():
     c.take()
     c.s.cancel(rid(call), force=False)
     c.done(1, call, "finished first")      # the task ended before the cancel reached it
-    assert pickle.loads(pushes(c.take())[rid(call)].inline) == "finished first"
+    assert pickle.loads(pushes(c.take())[rid(call)].payload) == "finished first"
 
 
 # ------------------------------------------------------------------ reference counts
