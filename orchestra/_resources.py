@@ -117,17 +117,22 @@ class NodeResources:
     not (a node made, resources given back or added) counts ``NodeResources.grown``
     up: a reader that found no node holding a request knows the answer stands while
     that count is the same (Placer's memo, _scheduler/placement.py). The count is the
-    process's, shared by every scheduler in it: one grows, all look again."""
+    process's, shared by every scheduler in it: one grows, all look again. Each also
+    names its node in ``watch`` (its scheduler's CpuIndex looks at those again)."""
 
-    __slots__ = ("total", "free", "gpu_free", "works")
+    __slots__ = ("total", "free", "gpu_free", "works", "node_id", "watch")
     grown = 0   # class-wide (see above)
 
-    def __init__(self, total: Mapping[str, float], works: bool = True) -> None:
+    def __init__(self, total: Mapping[str, float], works: bool = True, node_id: int = -1) -> None:
         self.total = {k: float(v) for k, v in total.items() if v}
         self.free = dict(self.total)
         self.gpu_free = [1.0] * int(self.total.get(GPU, 0))
         self.works = works
         NodeResources.grown += 1
+        # The placer's index of nodes by CPU free (_scheduler/placement.py, CpuIndex):
+        # each method that changes ``free`` adds ``node_id`` to ``watch`` (None: none).
+        self.node_id = node_id
+        self.watch: set[int] | None = None
 
     def fits(self, req: Mapping[str, float]) -> bool:
         # (Placer's pass over the nodes checks a request of CPUs alone the same way,
@@ -167,6 +172,8 @@ class NodeResources:
         free = self.free
         for k, v in req.items():
             free[k] = free.get(k, 0.0) - v
+        if self.watch is not None:
+            self.watch.add(self.node_id)
         return gpus
 
     def release(self, req: Mapping[str, float], gpus: list[int]) -> None:
@@ -174,6 +181,8 @@ class NodeResources:
         free = self.free
         for k, v in req.items():
             free[k] = free.get(k, 0.0) + v
+        if self.watch is not None:
+            self.watch.add(self.node_id)
         if gpus:
             share = req.get(GPU, 0.0) or group_gpus(req) or 1.0
             share = share if share < 1 else 1.0
@@ -186,6 +195,8 @@ class NodeResources:
         free = self.free
         for k, v in req.items():
             free[k] = free.get(k, 0.0) - v
+        if self.watch is not None:
+            self.watch.add(self.node_id)
 
     def add(self, extra: Mapping[str, float]) -> None:
         """New resources on this node (a placement group's bundle reserved here, under
@@ -194,6 +205,8 @@ class NodeResources:
         for k, v in extra.items():
             self.total[k] = self.total.get(k, 0.0) + v
             self.free[k] = self.free.get(k, 0.0) + v
+        if self.watch is not None:
+            self.watch.add(self.node_id)
 
     def remove(self, extra: Mapping[str, float]) -> None:
         """Resources ``add`` gave, gone again (a name left with nothing is dropped)."""
@@ -205,3 +218,5 @@ class NodeResources:
             else:
                 self.total[k] = left
                 self.free[k] = self.free.get(k, 0.0) - v
+        if self.watch is not None:
+            self.watch.add(self.node_id)

@@ -418,7 +418,7 @@ class Node:
                  num_workers: int = 0, works: bool = True) -> None:
         self.node_id = node_id
         self.num_workers = num_workers
-        self.resources = NodeResources(resources, works)
+        self.resources = NodeResources(resources, works, node_id)
         self.num_cpus = int(resources.get("CPU", 0))
         self.max_workers = max_workers
 

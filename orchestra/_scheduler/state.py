@@ -120,7 +120,8 @@ class SchedulerState:
     # ------------------------------------------------------------------ nodes, workers
     def add_node(self, node_id: int, resources: dict[str, float], *, num_workers: int,
                  max_workers: int, works: bool = True) -> None:
-        self.nodes[node_id] = Node(node_id, resources, max_workers, num_workers, works)
+        self.nodes[node_id] = node = Node(node_id, resources, max_workers, num_workers, works)
+        self.placer.index.added(node)
         self._feasible.clear()   # a request no node could hold may fit this one
         if self.actor_table.awaiting:   # before anything is placed there
             self.actor_table.reserve(node_id)
@@ -254,8 +255,10 @@ class SchedulerState:
         connections close (client_disconnected); here: workers that never connected, and
         the objects whose only copy was there (made again from their lineage, or
         ObjectLostError naming the node: _scheduler/lineage.py)."""
-        if self.nodes.pop(node_id, None) is None:
+        node = self.nodes.pop(node_id, None)
+        if node is None:
             return
+        self.placer.index.removed(node)
         self._feasible.clear()
         self.groups.node_removed(node_id)
         for w in list(self.workers.on_node(node_id)):

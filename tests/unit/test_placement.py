@@ -155,6 +155,53 @@ def test_the_first_node_offered_has_the_most_cpu_share_free_then_the_lowest_id(s
     assert placement.most_cpu_free(nodes) is expect
 
 
+_STEPS = st.lists(st.tuples(st.sampled_from(["take", "give", "over", "join", "leave", "add"]),
+                            st.integers(0, 40), st.sampled_from([0.1, 0.25, 0.5, 1.0, 3.0])),
+                  max_size=120)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 1.0, 2.0, 4.0, 16.0]), min_size=1, max_size=8), _STEPS,
+       st.sampled_from([0, 64]))
+def test_the_cpu_index_finds_what_a_pass_over_the_nodes_finds(totals, steps, slack):
+    """CpuIndex.first() is the working node the key's minimum picks, whatever the nodes'
+    resources went through (taken, given back, overdrawn, added; nodes joining and
+    leaving, some that run no work; the heap made again often: ``slack`` 0)."""
+    from orchestra._scheduler.model import Node
+    nodes: dict[int, Node] = {}
+    index = placement.CpuIndex(nodes, slack)
+    held: list[tuple[int, dict[str, float]]] = []
+
+    def join(nid: int, total: float) -> None:
+        nodes[nid] = Node(nid, {"CPU": total}, max_workers=4, works=nid % 5 != 4)
+        index.added(nodes[nid])
+    for nid, total in enumerate(totals):
+        join(nid, total)
+    for op, i, amount in steps:
+        live = sorted(nodes)
+        n = nodes[live[i % len(live)]] if live else None
+        if op == "take" and n is not None and n.resources.fits({"CPU": amount}):
+            n.resources.acquire({"CPU": amount})
+            held.append((n.node_id, {"CPU": amount}))
+        elif op == "give" and held:
+            nid, req = held.pop(i % len(held))
+            if nid in nodes:
+                nodes[nid].resources.release(req, [])
+        elif op == "over" and n is not None:
+            n.resources.overdraw({"CPU": amount})
+            held.append((n.node_id, {"CPU": amount}))
+        elif op == "add" and n is not None:
+            n.resources.add({"CPU": amount})
+        elif op == "join":
+            join(max(nodes, default=-1) + 1, amount * 4)
+        elif op == "leave" and n is not None:
+            index.removed(nodes.pop(n.node_id))
+        working = [m for m in nodes.values() if m.resources.works]
+        expect = min(working, key=lambda m: (-placement.cpu_share_free(m), m.node_id),
+                     default=None)
+        assert index.first() is expect
+
+
 # ------------------------------------------------------------------ default: data locality
 
 def test_a_task_goes_to_the_node_holding_its_argument():
