@@ -147,11 +147,8 @@ def test_a_head_whose_port_is_held_a_moment_comes_back_once_it_is_free(state: st
     assert cli("stop").returncode == 0
 
 
-STAYS = """
-import json, os, sys, orchestra
-from orchestra.util.state import list_actors
-orchestra.init(address="auto", namespace="stays")
-
+# A counter of the driver's machine (no resource of a joined node): its count, its pid.
+HERE_COUNTER = '''
 @orchestra.remote
 class Counter:
     def __init__(self):
@@ -159,7 +156,13 @@ class Counter:
     def inc(self):
         self.n += 1
         return [self.n, os.getpid()]
+'''
 
+STAYS = """
+import json, os, sys, orchestra
+from orchestra.util.state import list_actors
+orchestra.init(address="auto", namespace="stays")
+{counter}
 c = Counter.options(name="c", lifetime="detached").remote()
 for _ in range(5):
     n, pid = orchestra.get(c.inc.remote(), timeout=30)
@@ -168,7 +171,7 @@ sys.stdin.readline()   # the head is killed twice, and is back
 print(json.dumps([n, orchestra.get(c.inc.remote(), timeout=60) == [6, pid],
                   [a["num_restarts"] for a in list_actors() if a["name"] == "c"]]), flush=True)
 orchestra.shutdown()
-"""
+""".replace("{counter}", HERE_COUNTER)
 
 
 def test_a_head_killed_again_before_an_actors_process_came_back_leaves_it_waiting(
@@ -1162,15 +1165,7 @@ def test_work_goes_on_through_head_kills_and_the_detached_actor_keeps_its_state(
 BESIDE = """
 import json, os, sys, time, orchestra
 orchestra.init(address="auto", namespace="beside")
-
-@orchestra.remote
-class Counter:
-    def __init__(self):
-        self.n = 0
-    def inc(self):
-        self.n += 1
-        return [self.n, os.getpid()]
-
+{counter}
 @orchestra.remote
 def slow(path):
     with open(path, "a") as f:
@@ -1200,7 +1195,7 @@ print(json.dumps([me, n, orchestra.get(c.inc.remote(), timeout=60) == [6, pid],
                   orchestra.get(light.inc.remote(), timeout=60) == [2, light_pid]]),
       flush=True)
 orchestra.shutdown()
-"""
+""".replace("{counter}", HERE_COUNTER)
 
 
 def test_the_head_machines_work_outlives_the_head(state: str) -> None:
