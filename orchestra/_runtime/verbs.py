@@ -19,7 +19,7 @@ A request whose head died before it answered (a driver that outlives its head) i
 again on the restarted head once this process is connected to it (_ask): each is one the
 head may see twice. A creation names its actor or group by an id the API chose, and
 one the head has already is not made again (SchedulerState.create_actor,
-GroupTable.create); a kill or a removal of what is gone is nothing; the rest only read.
+PlacementGroups.create); a kill or a removal of what is gone is nothing; the rest only read.
 The API binds what it makes (a handle, a ref) to the client that holds the session
 after the request (context.current_client()), the restarted head's if it was made there.
 """
@@ -139,7 +139,7 @@ def find_actor(client: Requester, name: str, namespace: str) -> pb.ActorSpec:
 def kill_actor(client: Requester, actor_id: bytes, no_restart: bool) -> None:
     """End the actor now (``no_restart``: for good; else it restarts if it may)."""
     _ask(client, pb.Request(kill_actor=pb.KillActor(actor_id=actor_id,
-                                                      no_restart=no_restart)))
+                                                    no_restart=no_restart)))
 
 
 # ---------------------------------------------------------------------- placement groups
