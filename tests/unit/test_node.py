@@ -518,3 +518,4 @@ def test_close_ends_while_pull_threads_add_and_drop_their_maps(make_node: Callab
     assert node.closed
     for mm in maps.values():   # those a pull added after the close
         mm.close()
+    node.store.close()   # kept for the node that joins next, which no test makes here
