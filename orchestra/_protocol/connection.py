@@ -15,9 +15,11 @@ small and latency-bound.
 """
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
 import socket
+import ssl
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -70,16 +72,10 @@ def parse_host(address: str) -> str:
     return target[0] if family != socket.AF_UNIX else "localhost"
 
 
-class _Cut(Exception):
-    """The head closed the connection before its HelloReply (Connection.greet)."""
-
-
 def going_away(exc: BaseException) -> bool:
     """Whether ``exc`` is a peer going away mid-connection (reset, closed, no longer
     connected), as a head killed in the middle of a handshake is: worth trying again.
     A TLS stream cut short says so with ssl's own errors."""
-    import errno
-    import ssl
     if isinstance(exc, OrchestraError):   # said already what it is (refused, out of time)
         return False
     return isinstance(exc, (ConnectionError, ssl.SSLEOFError, ssl.SSLZeroReturnError)) \
@@ -173,20 +169,15 @@ class Connection:
                 conn.sock.sendall(hello)
                 reply, early = conn.hello_reply(max(deadline - time.monotonic(), 0.1))
                 return conn, reply, early
-            except OrchestraError:   # refused, or silent past the deadline: said so
+            except BaseException as exc:
                 conn.close()
-                raise
-            except (_Cut, OSError) as exc:
-                conn.close()
-                if not (isinstance(exc, _Cut) or going_away(exc)) \
-                        or time.monotonic() > deadline:
+                if not going_away(exc):   # refused, or silent past the deadline: said so
+                    raise
+                if time.monotonic() > deadline:
                     raise ClusterLostError("the head closed the connection during the "
                                            f"handshake ({exc})") from exc
-                time.sleep(pause)
-                pause = min(pause * 2, 0.5)
-            except BaseException:
-                conn.close()
-                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
 
     def hello_reply(self, timeout_s: float) -> tuple[Any, list[tuple[int, Any]]]:
         """The head's answer to this side's Hello, and the frames it sent right after."""
@@ -195,8 +186,8 @@ class Connection:
         try:
             while True:
                 data = sock.recv(65536)
-                if not data:
-                    raise _Cut("closed")
+                if not data:   # (going_away: Connection.greet tries again)
+                    raise ConnectionResetError("the head closed the connection")
                 frames = self.feed(data)
                 for i, (kind, msg) in enumerate(frames):
                     if kind == _wire.HELLO_REPLY:

@@ -250,25 +250,24 @@ class Placer:
             return
         held = self.arg_bytes(t) if t.arg_ids else {}
         req = t.resources
+        first = None
         if not held and len(req) == 1 and (cpus := req.get(CPU)) is not None:
             # The first node of the pass below (most_cpu_free), when it fits (fits' rule
             # for CPUs alone, as fitting_nodes checks it): no pass. Else the pass decides.
             top = self.index.first()
             if top is not None and top.resources.free.get(CPU, 0.0) + EPS >= cpus:
-                yield top
-                rest = self.fitting(t)   # the caller goes on: the rest, in order
-                rest.sort(key=lambda n: (-cpu_share_free(n), n.node_id))
-                yield from (n for n in rest if n is not top)
-                return
-        fitting = self.fitting(t)
-        if len(fitting) < 2:
-            yield from fitting
-            return
+                first = top
+                yield first
+        fitting = self.fitting(t)   # (after the index's node: only if the caller goes on)
 
         def key(n: Node) -> tuple[int, float, int]:
             return -held.get(n.node_id, 0), -cpu_share_free(n), n.node_id
-        first = min(fitting, key=key) if held else most_cpu_free(fitting)
-        yield first
+        if first is None:
+            if len(fitting) < 2:
+                yield from fitting
+                return
+            first = min(fitting, key=key) if held else most_cpu_free(fitting)
+            yield first
         fitting.sort(key=key)
         yield from (n for n in fitting if n is not first)
 
