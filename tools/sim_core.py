@@ -41,6 +41,7 @@ from typing import Any
 if __name__ == "__main__":   # run by path from a checkout: the package beside it
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from orchestra._head.inbound import call_in  # noqa: E402
 from orchestra._proto import types_pb2  # noqa: E402
 from orchestra._scheduler.data import inline  # noqa: E402
 from orchestra._scheduler.events import Hello, TaskDone  # noqa: E402
@@ -60,10 +61,16 @@ def _rss() -> int:
     return tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else 0
 
 
-def _call(name: str, cpus: float, num_returns: int = 1) -> Any:
-    return types_pb2.Call(task_id=next(_ids).to_bytes(12, "big"), function_id=_FUNCTION,
-                          num_returns=num_returns, resources={"CPU": cpus} if cpus else {},
-                          name=name)
+def _call(name: str, cpus: float, num_returns: int = 1, *, actor: bool = False,
+          actor_id: bytes = b"") -> Any:
+    """A Call as the driver makes it, as the head's edge hands it to the core (call_in:
+    its message rides along, as in the head)."""
+    tid = next(_ids).to_bytes(12, "big")
+    msg = types_pb2.Call(task_id=tid, function_id=_FUNCTION, num_returns=num_returns,
+                         resources={"CPU": cpus} if cpus else {}, name=name, actor_id=actor_id)
+    if actor:
+        msg.actor.CopyFrom(types_pb2.ActorSpec(actor_id=tid + b"\xff" * 4, class_name="A"))
+    return call_in(msg)
 
 
 class Sim:
@@ -149,10 +156,7 @@ def run(nodes: int, workers: int, tasks: int, actors: int, groups: int) -> dict[
     cpus = min(1.0, nodes * workers / max(actors, 1))   # all fit at once
     ctors = []
     for _ in range(actors):
-        ctor = _call("A.__init__", cpus, num_returns=0)
-        ctor.actor.CopyFrom(types_pb2.ActorSpec(actor_id=ctor.task_id + b"\xff" * 4,
-                                                class_name="A"))
-        ctors.append(ctor)
+        ctors.append(_call("A.__init__", cpus, num_returns=0, actor=True))
     rss2 = _rss()
     t0 = time.perf_counter()
     for ctor in ctors:
@@ -163,9 +167,7 @@ def run(nodes: int, workers: int, tasks: int, actors: int, groups: int) -> dict[
     out["actors_alive"] = alive
     t0 = time.perf_counter()
     for ctor in ctors:
-        m = _call("A.f", 0)
-        m.actor_id = ctor.actor.actor_id
-        s.submit(DRIVER, m)
+        s.submit(DRIVER, _call("A.f", 0, actor_id=ctor.actor.actor_id))
         sim.pump()
     _phase(out, "actor_calls", actors, t0)
 

@@ -24,7 +24,8 @@ from .._scheduler.jobs import JobBook
 from .._scheduler.model import cluster_free, cluster_total
 from .._scheduler.state import SchedulerState
 from ..exceptions import InfeasibleResourcesError
-from . import inbound
+from . import inbound, outbound
+from .inbound import call_in
 from .outbound import group_info
 from .remote_node import RemoteNode
 from .state_query import StateQueries
@@ -92,7 +93,7 @@ def _submit(head: Head, conn: Conn, msg: pb.Submit) -> None:
     head.events.table.submitted(cid, msg.calls)
     submit = head.state.submit
     for call in msg.calls:
-        submit(cid, call)
+        submit(cid, call_in(call))
 
 
 def _seal_on_node(conn: Conn, data: pb.ObjectData) -> None:
@@ -157,7 +158,7 @@ def _subscribe(head: Head, conn: Conn, msg: pb.Subscribe) -> None:
 
 
 def _function(head: Head, conn: Conn, msg: pb.RegisterFunctionRequest) -> None:
-    head.state.register_function(msg)
+    head.state.register_function(inbound.function_in(msg))
 
 
 def _blocked(head: Head, conn: Conn, msg: pb.Blocked) -> None:
@@ -304,9 +305,9 @@ def _once_kept(head: Head, conn: Conn, reply: pb.Reply) -> bool:
 def _create_actor(head: Head, conn: Conn, req: pb.Request, reply: pb.Reply) -> bool:
     head.events.table.submitted(conn.conn_id, (req.create_actor,))
     try:
-        existing = head.state.create_actor(conn.conn_id, req.create_actor)
+        existing = head.state.create_actor(conn.conn_id, call_in(req.create_actor))
         if existing is not None:   # get_if_exists: the live one's handle
-            reply.actor.CopyFrom(existing)
+            reply.actor.CopyFrom(outbound.spec_out(existing))
             return True
     except ValueError as exc:
         reply.error, reply.error_kind = str(exc), "ValueError"
@@ -316,8 +317,8 @@ def _create_actor(head: Head, conn: Conn, req: pb.Request, reply: pb.Reply) -> b
 def _get_actor_in(head: Head, conn: Conn, req: pb.Request, reply: pb.Reply) -> bool:
     lookup = req.get_actor_in
     try:
-        reply.actor.CopyFrom(head.state.actor_table.get(lookup.name, lookup.namespace,
-                                                        conn=conn.conn_id))
+        reply.actor.CopyFrom(outbound.spec_out(head.state.actor_table.get(
+            lookup.name, lookup.namespace, conn=conn.conn_id)))
     except ValueError as exc:
         reply.error, reply.error_kind = str(exc), "ValueError"
     return True
@@ -325,7 +326,8 @@ def _get_actor_in(head: Head, conn: Conn, req: pb.Request, reply: pb.Reply) -> b
 
 def _get_actor(head: Head, conn: Conn, req: pb.Request, reply: pb.Reply) -> bool:
     try:
-        reply.actor.CopyFrom(head.state.actor_table.get(req.get_actor, conn=conn.conn_id))
+        reply.actor.CopyFrom(outbound.spec_out(head.state.actor_table.get(
+            req.get_actor, conn=conn.conn_id)))
     except ValueError as exc:
         reply.error, reply.error_kind = str(exc), "ValueError"
     return True

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from .. import _ids
 from .._protocol import pb
+from . import inbound
 from .inbound import data_in
 from .outbound import segment_out
 
@@ -95,7 +96,8 @@ class _Scheduler:
         if not request.function_id or not request.pickled:
             import grpc
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "function_id and pickled are required")
-        _on_loop(self.head, lambda: self.head.state.register_function(request), context)
+        fn = inbound.function_in(request)
+        _on_loop(self.head, lambda: self.head.state.register_function(fn), context)
         return pb.AckReply()
 
     def RemoteCall(self, request: pb.RemoteCallRequest, context: grpc.ServicerContext) -> pb.RemoteCallReply:
@@ -108,7 +110,7 @@ class _Scheduler:
         if len(call.task_id) != 12:
             import grpc
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "task_id must be 12 bytes")
-        _on_loop(self.head, lambda: state.submit(GRPC_CONN, call), context)
+        _on_loop(self.head, lambda: state.submit(GRPC_CONN, inbound.call_in(call)), context)
         return pb.RemoteCallReply(result=_ids.return_ids(call.task_id, call.num_returns))
 
     def IncrementCount(self, request: pb.ChangeCountRequest, context: grpc.ServicerContext) -> pb.AckReply:

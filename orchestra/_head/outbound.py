@@ -17,6 +17,7 @@ from typing import Any
 from .._protocol import pb
 from .._protocol import wire as _wire
 from .._scheduler import instructions as ins
+from .._scheduler.call import ActorSpec, Call
 from .._scheduler.data import ERROR, SEGMENT, Data, Segment
 from .._scheduler.groups import GroupInfo, GroupSpec
 
@@ -42,6 +43,38 @@ def data_out(d: Data) -> pb.ObjectData:
     return pb.ObjectData(object_id=d.object_id, inline=d.payload, contained=d.contained)
 
 
+def spec_out(s: ActorSpec | None) -> pb.ActorSpec:
+    """An actor's spec as the message it came in, with what the head set written into
+    it (its namespace, its restarts; _scheduler/call.py)."""
+    if s is None:
+        return pb.ActorSpec()
+    m = s.wire
+    if m.namespace != s.namespace:
+        m.namespace = s.namespace
+    if m.restart_count != s.restart_count:
+        m.restart_count = s.restart_count
+    if m.get_if_exists != s.get_if_exists:
+        m.get_if_exists = s.get_if_exists
+    return m
+
+
+def call_out(c: Call) -> pb.Call:
+    """A call as the message it came in, with what the scheduler changed written into
+    it (_scheduler/call.py: an actor's spec, a restore's job, a captured placement)."""
+    m = c.wire
+    if c.actor is not None:
+        spec_out(c.actor)
+    if c.edited:
+        if m.job != c.job:
+            m.job = c.job
+        p = c.placement
+        if p is not None:
+            m.placement.CopyFrom(pb.Placement(
+                strategy=p.strategy, node_id=p.node_id, soft=p.soft, group_id=p.group_id,
+                bundle_index=p.bundle_index, capture_child_tasks=p.capture_child_tasks))
+    return m
+
+
 def group_spec(s: GroupSpec) -> pb.PlacementGroupSpec:
     return pb.PlacementGroupSpec(group_id=s.group_id, strategy=s.strategy, name=s.name,
                                  detached=s.detached,
@@ -55,12 +88,12 @@ def group_info(i: GroupInfo) -> pb.PlacementGroupInfo:
 
 def _execute(i: ins.Execute) -> bytes:
     return _encode(_wire.EXECUTE_NESTED if i.nested else _wire.EXECUTE, pb.Execute(
-        invoke=pb.InvokeCallRequest(call=i.call, resolved=[data_out(d) for d in i.resolved],
+        invoke=pb.InvokeCallRequest(call=call_out(i.call), resolved=[data_out(d) for d in i.resolved],
                                     gpu_ids=i.gpu_ids, attempt=i.attempt)))
 
 
 def _function(i: ins.Function) -> bytes:
-    return _encode(_wire.FUNCTION, i.fn)
+    return _encode(_wire.FUNCTION, i.fn.wire)
 
 
 def _cancel(i: ins.CancelTask) -> bytes:

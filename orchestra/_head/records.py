@@ -28,11 +28,11 @@ def encode(table: str, record: Any) -> bytes | None:
     if record is None:
         return None
     if table == ACTORS:
-        rec = pb.DurableActor(creation=record.creation, restarts=record.restarts,
+        rec = pb.DurableActor(creation=outbound.call_out(record.creation), restarts=record.restarts,
                               revived=record.revived, node_id=record.node_id,
                               owner_key=record.owner_key)
         if record.cls is not None:
-            rec.cls.CopyFrom(record.cls)
+            rec.cls.CopyFrom(record.cls.wire)
         return rec.SerializeToString()
     if table == GROUPS:
         return outbound.group_spec(record).SerializeToString()
@@ -46,8 +46,9 @@ def decode(table: str, data: bytes) -> Any:
     no such record."""
     if table == ACTORS:
         rec = pb.DurableActor.FromString(data)
-        return ActorRecord(rec.creation, rec.restarts, rec.revived,
-                           rec.cls if rec.HasField("cls") else None, rec.node_id, rec.owner_key)
+        return ActorRecord(inbound.call_in(rec.creation), rec.restarts, rec.revived,
+                           inbound.function_in(rec.cls) if rec.HasField("cls") else None,
+                           rec.node_id, rec.owner_key)
     if table == GROUPS:
         return inbound.group_spec(pb.PlacementGroupSpec.FromString(data))
     if table == JOBS:

@@ -38,6 +38,7 @@ from .._protocol import wire as _wire
 from .._scheduler.data import ERROR, INLINE
 from .._scheduler.instructions import CANCEL_KILL
 from .._scheduler.model import Obj, TaskState, WorkerState, cluster_free, cluster_total
+from .outbound import call_out
 from .remote_node import RemoteNode
 
 if TYPE_CHECKING:
@@ -206,7 +207,7 @@ class StateQueries:
         self.catch_up()
         for tid, t in st.tasks.items():   # tasks the head holds that no report named yet
             if tid not in self.table.records and t.state is not TaskState.DONE:
-                self.table.submitted(t.owner, (t.call,), 0.0)   # when: unknown
+                self.table.submitted(t.owner, (call_out(t.call),), 0.0)   # when: unknown
         self.table.ingest()
 
         def task_state(tid: bytes) -> str | None:
@@ -364,7 +365,7 @@ class StateQueries:
         info = pb.SchedulerDebugInfoReply(
             total_resources=cluster_total(st.nodes), available_resources=cluster_free(st.nodes))
         for t in st.tasks.values():
-            info.task.append(t.call)
+            info.task.append(call_out(t.call))
         for w in st.workers.values():
             info.workers.append(pb.WorkerInfo(
                 workerid=w.worker_id, pid=w.pid, node_id=w.node_id, state=w.state.value,
@@ -379,7 +380,7 @@ class StateQueries:
                 refcount=o.count, size=nbytes(o), in_shared_memory=path == "",
                 spilled=bool(path)))
         for f in st.functions.values():
-            info.function_table[f.fnname].num_return_vals = f.num_return_vals
+            info.function_table[f.wire.fnname].num_return_vals = f.wire.num_return_vals
         return info
 
     def node_rows(self) -> list[dict[str, Any]]:

@@ -19,13 +19,13 @@ from __future__ import annotations
 import collections
 import enum
 
-from .._protocol import pb
+from .call import PLACEMENT_GROUP, ActorSpec, Call
 from .data import error_of, inline
 from .durable import actor_gone, actor_kept
 from .events import TaskDone
 from .instructions import ActorAddress, KillWorker
 from .lineage import wait_for_made_again
-from .model import PLACEMENT_GROUP, SchedulerCore, Task, TaskState, Worker, WorkerState
+from .model import SchedulerCore, Task, TaskState, Worker, WorkerState
 from .objects import ObjectDirectory
 
 ACTOR_SHAPE = (("__actor__", 1.0),)   # a grant shape no task has: no task is pipelined there
@@ -39,12 +39,19 @@ class ActorState(enum.Enum):
     DEAD = "dead"
 
 
+def _made_by(task: Task) -> bytes:
+    """The id of the actor that constructor ``task`` makes."""
+    spec = task.call.actor
+    assert spec is not None, "a constructor's call names its actor"
+    return spec.actor_id
+
+
 class Actor:
     __slots__ = ("spec", "creation", "state", "worker", "restarts", "revived", "queue", "death",
                  "no_restart", "draining", "owner", "killing", "handled", "cause",
                  "owner_key")
 
-    def __init__(self, spec: pb.ActorSpec, creation: Task, owner: int) -> None:
+    def __init__(self, spec: ActorSpec, creation: Task, owner: int) -> None:
         self.spec = spec
         self.creation = creation
         self.state = ActorState.PENDING
@@ -88,10 +95,11 @@ class ActorTable:
         self.unclaimed: dict[bytes, bytes] = {}
 
     # ------------------------------------------------------------------ creation
-    def create(self, conn: int, call: pb.Call, task: Task) -> pb.ActorSpec | None:
+    def create(self, conn: int, call: Call, task: Task) -> ActorSpec | None:
         """Raises ValueError for a name taken in its namespace (the head answers the
         request with it); with get_if_exists, the live actor's spec (nothing made)."""
         spec = call.actor
+        assert spec is not None, "a constructor's call names its actor"
         if not spec.namespace:
             spec.namespace = self.namespace_of(conn)
         key = (spec.namespace, spec.name)
@@ -104,7 +112,7 @@ class ActorTable:
                              "get_if_exists=True")
         a = Actor(spec, task, conn)
         a.restarts = spec.restart_count   # > 0: a restarted head's restore (durable.py)
-        if self.keep_owned and not spec.detached and not call.HasField("placement"):
+        if self.keep_owned and not spec.detached and call.placement is None:
             # (a group a driver made is not kept: nor are the actors placed in one)
             c = self.s.clients.get(conn)
             a.owner_key = c.key if c is not None and c.kind == "driver" else b""
@@ -255,8 +263,9 @@ class ActorTable:
         return ""
 
     def creation_deps_met(self, task: Task) -> None:
-        a = self.actors.get(task.call.actor.actor_id)
-        if a is None or a.state is ActorState.DEAD or task.call.actor.actor_id in self.awaiting:
+        aid = _made_by(task)
+        a = self.actors.get(aid)
+        if a is None or a.state is ActorState.DEAD or aid in self.awaiting:
             return
         w = a.worker
         if w is not None and w.state is WorkerState.BUSY and not w.queue:
@@ -271,7 +280,7 @@ class ActorTable:
                         cause: str = "it could not be placed: no node can hold it") -> None:
         """The creation task failed before placement (no node can ever hold it, an
         argument lost): the actor is dead with ``blob``, the error its calls raise."""
-        a = self.actors.get(task.call.actor.actor_id)
+        a = self.actors.get(_made_by(task))
         if a is not None and a.state is not ActorState.DEAD:
             a.no_restart = True
             self._die(a, blob, cause)
@@ -446,7 +455,7 @@ class ActorTable:
         if restarts:
             a.restarts += 1
             # The new instance learns it is one (was_current_actor_reconstructed()).
-            a.creation.call.actor.restart_count = a.restarts
+            a.spec.restart_count = a.restarts   # (the spec of its constructor's call)
             a.creation.state = TaskState.READY
             self._keep(a)
             if not self._place(a):
@@ -526,7 +535,7 @@ class ActorTable:
                                                       if t is not a.creation]):
             self._stop(a, "no handle to it is left")
 
-    def get(self, name: str, namespace: str = "", conn: int | None = None) -> pb.ActorSpec | None:
+    def get(self, name: str, namespace: str = "", conn: int | None = None) -> ActorSpec | None:
         """The spec of the live actor ``name`` in ``namespace`` ("": ``conn``'s own)."""
         if not namespace and conn is not None:
             namespace = self.namespace_of(conn)
@@ -553,6 +562,6 @@ class ActorTable:
         for aid, a in self.actors.items():
             p = a.creation.placement
             if p is not None and p[0] == PLACEMENT_GROUP and a.state is not ActorState.DEAD \
-                    and a.creation.call.placement.group_id == group_id:
+                    and a.creation.call.group_id == group_id:
                 out.append(aid)
         return out

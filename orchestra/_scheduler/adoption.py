@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .._protocol import pb
 from .actors import ActorState, ActorTable
+from .call import Call
 from .events import AdoptCalls
 from .model import DeadWorker, SchedulerCore, Task, TaskState, Worker, WorkerState
 from .objects import ObjectDirectory
@@ -37,7 +37,7 @@ _UNKNOWN_DEATH = DeadWorker(0, "its connection closed", False)
 
 # A call answered through the head, its answer not read: (caller's connection, call,
 # actor id or b"").
-_Unread = tuple[int, pb.Call, bytes]
+_Unread = tuple[int, Call, bytes]
 
 
 class Adoption:
@@ -70,7 +70,7 @@ class Adoption:
             self._adopt_actor_calls(conn, msg.worker_id, msg.actor_id, calls)
             self.core.schedule()
 
-    def _read(self, call: pb.Call) -> bool:
+    def _read(self, call: Call) -> bool:
         """Whether the head read the answer of ``call`` (its results are here), or runs
         it again already (a rebuild of a result lost with a node)."""
         objects = self.core.objects
@@ -78,7 +78,7 @@ class Adoption:
             (o := objects.get(r)) is not None and o.data is not None
             for r in Task(call, 0).return_ids)
 
-    def _answered(self, conn: int, worker_id: int, actor_id: bytes, call: pb.Call) -> None:
+    def _answered(self, conn: int, worker_id: int, actor_id: bytes, call: Call) -> None:
         if self._read(call):
             return
         w = self.core.workers.get(worker_id)
@@ -106,7 +106,7 @@ class Adoption:
             if conn in self.core.clients and not self._read(call):
                 self._answer_lost(conn, worker_id, actor_id, call)
 
-    def _answer_lost(self, conn: int, worker_id: int, actor_id: bytes, call: pb.Call) -> None:
+    def _answer_lost(self, conn: int, worker_id: int, actor_id: bytes, call: Call) -> None:
         """A call that ran to its end on a process now dead, its answer never read by
         the head: a task runs again with a retry spent, as a rebuild of its lineage
         would, or fails as a result lost with its worker; an actor call as one in
@@ -141,7 +141,7 @@ class Adoption:
             del self.reran[next(iter(self.reran))]
 
     def _adopt_actor_calls(self, conn: int, worker_id: int, actor_id: bytes,
-                           calls: Sequence[pb.Call]) -> None:
+                           calls: Sequence[Call]) -> None:
         """Direct calls ``conn`` made to an actor's process, unanswered when their
         connection closed: failed as calls in flight when that process died, or ended
         when the process still answers them (through the head)."""
@@ -171,7 +171,7 @@ class Adoption:
                 "actor_dead", name=name,
                 reason=f"its process (pid={pid}) died while running {call.name}() ({reason})"))
 
-    def _adopted(self, conn: int, call: pb.Call) -> Task | None:
+    def _adopted(self, conn: int, call: Call) -> Task | None:
         """The task of a call handed over by ``conn``, its returns held for ``conn``;
         None when the worker answered it through the head already."""
         t = Task(call, conn)
@@ -192,7 +192,7 @@ class Adoption:
         t.attempt = 1
         w.queue.append(t)
 
-    def _adopt_tasks(self, conn: int, worker_id: int, calls: Sequence[pb.Call],
+    def _adopt_tasks(self, conn: int, worker_id: int, calls: Sequence[Call],
                      cancelled: set[bytes]) -> None:
         """Tasks a driver sent as direct calls to a worker on loan to it, unanswered when their
         connection closed: as tasks queued there when it died (the first one running,

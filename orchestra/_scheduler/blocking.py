@@ -33,8 +33,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .._ids import TASK_ID_LEN
+from .call import NODE_AFFINITY
 from .instructions import Execute, Stalled
-from .model import NODE_AFFINITY, SchedulerCore, Task, TaskState, Wait, Worker, WorkerState, cluster_free
+from .model import SchedulerCore, Task, TaskState, Wait, Worker, WorkerState, cluster_free
 
 # Tasks one worker runs nested inside its blocked get()s, at most. The worker stops
 # asking sooner, by its own recursion limit (~960 levels with an 8 MiB stack:
@@ -276,7 +277,7 @@ class Blocking:
 def _inlinable(t: Task, w: Worker) -> bool:
     """A plain task (not an actor's) that asks for no more of anything than ``w``'s
     grant holds, and for the same GPUs (an inline task sees the outer task's devices)."""
-    if t.call.actor_id or t.call.HasField("actor") or t.cancelled:
+    if t.call.actor_id or t.call.actor is not None or t.cancelled:
         return False
     p = t.placement
     if p is not None and p[0] == NODE_AFFINITY and not p[2] and p[1] != w.node_id:

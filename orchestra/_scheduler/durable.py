@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple, Protocol
 
+from .call import Call, FunctionDef
 from .instructions import Durable, Instruction
 
 ACTORS = "actors"   # kept actor id (hex) -> ActorRecord
@@ -53,10 +54,10 @@ class ActorRecord(NamedTuple):
     (``cls``; None: unknown), the node its process runs on (0: none yet), and a
     non-detached one's driver's key."""
 
-    creation: Any
+    creation: Call
     restarts: int = 0
     revived: int = 0
-    cls: Any = None
+    cls: FunctionDef | None = None
     node_id: int = 0
     owner_key: bytes = b""
 
@@ -83,14 +84,15 @@ class Restorable(Protocol):
     @property
     def actor_table(self) -> _Actors: ...
 
-    def register_function(self, req: Any) -> None: ...
+    def register_function(self, fn: FunctionDef) -> None: ...
 
-    def create_actor(self, conn: int, call: Any) -> Any: ...
+    def create_actor(self, conn: int, call: Call) -> Any: ...
 
 
-def actor_kept(creation: Any, restarts: int, revived: int, cls: Any, node_id: int = 0,
-               owner_key: bytes = b"") -> Durable:
+def actor_kept(creation: Call, restarts: int, revived: int, cls: FunctionDef | None,
+               node_id: int = 0, owner_key: bytes = b"") -> Durable:
     """The record of a kept actor as it is now (ActorRecord)."""
+    assert creation.actor is not None, "a kept actor's record holds its constructor"
     return Durable(ACTORS, creation.actor.actor_id.hex(),
                    ActorRecord(creation, restarts, revived, cls, node_id, owner_key))
 
@@ -127,19 +129,20 @@ def restore(state: Restorable, owner: int,
     # there now, before any other is placed (one of the head's node could take its room).
     def waits(rec: ActorRecord) -> bool:
         return bool(joined_from) and rec.node_id >= joined_from \
-            and not rec.creation.HasField("placement")
+            and rec.creation.placement is None
     actors: dict[str, ActorRecord] = dict(records.get(ACTORS, {}))
     for later, key in sorted((not waits(rec), key) for key, rec in actors.items()):
         rec = actors[key]
         try:
             call = rec.creation
-            if not call.HasField("actor") or rec.cls is None or not rec.cls.function_id:
+            if call.actor is None or rec.cls is None or not rec.cls.function_id:
                 raise ValueError("the record holds no actor's constructor and class")
             call.actor.restart_count = rec.restarts + 1
             call.actor.get_if_exists = False
             # Its prints went to its creator's connection id, which a restarted head
             # gives to another process: now to no driver (its log files keep them).
             call.job = 0
+            call.edited = True
             state.register_function(rec.cls)
             if not later:
                 state.actor_table.awaiting[call.actor.actor_id] = rec.node_id

@@ -17,8 +17,9 @@ is made once per task.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
+from .call import Call
 from .data import Data
 
 
@@ -51,7 +52,7 @@ class TaskDone(NamedTuple):
     cancelled: bool = False
     not_retryable: bool = False
     owner: int = 0
-    lineage: Any = None
+    lineage: Call | None = None
 
 
 class GeneratorItem(NamedTuple):
@@ -71,7 +72,7 @@ class AdoptCalls(NamedTuple):
     over (adoption.py)."""
 
     worker_id: int
-    calls: Sequence[Any] = ()
+    calls: Sequence[Call] = ()
     actor_id: bytes = b""
     cancelled: Sequence[bytes] = ()
     answered: Sequence[bytes] = ()

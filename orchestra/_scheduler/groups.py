@@ -38,10 +38,11 @@ from .._objects.serialization import serialize
 from .._resources import format_resources
 from ..exceptions import InfeasibleResourcesError
 from .actors import ActorTable
+from .call import PLACEMENT_GROUP, PlacementSpec
 from .data import error_value, inline
 from .durable import group_gone, group_kept
 from .instructions import KillWorker, Warn
-from .model import PLACEMENT_GROUP, SchedulerCore, Task, TaskState, Worker
+from .model import SchedulerCore, Task, TaskState, Worker
 from .objects import ObjectDirectory
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -318,16 +319,17 @@ class PlacementGroups:
     def unplaceable(self, t: Task) -> bytes | None:
         """The error of a task or actor whose group is gone, or whose request its bundle
         can never hold; None when it may run (maybe once the group is placed)."""
-        p = t.call.placement
-        g = self.groups.get(p.group_id)
+        gid = t.call.group_id
+        g = self.groups.get(gid)
         s = self.s
-        what = f"actor {t.call.actor.class_name}" if t.call.HasField("actor") else f"task {t.call.name}()"
+        what = f"actor {t.call.actor.class_name}" if t.call.actor is not None else f"task {t.call.name}()"
         if g is None or g.state is GroupState.REMOVED:
             return s.error("group", text=(
-                f"{what} was to run in placement group {p.group_id.hex()}, which "
+                f"{what} was to run in placement group {gid.hex()}, which "
                 f"{'was removed' if g is not None else 'does not exist'}. Create the group "
                 "first, and keep it until its tasks and actors are done."), cancelled=g is not None)
-        idx = p.bundle_index
+        p = t.call.placement
+        idx = p.bundle_index if p is not None else -1
         if idx >= len(g.bundles) or idx < -1:
             return s.error("group", text=(
                 f"{what}: placement_group_bundle_index={idx}, but placement group "
@@ -353,12 +355,8 @@ class PlacementGroups:
         if parent is None or p is None or p[0] != PLACEMENT_GROUP or not p[2]:
             return None
         call = t.call
-        placement = call.placement   # (written field by field: no protocol import here)
-        placement.Clear()
-        placement.strategy = PLACEMENT_GROUP
-        placement.bundle_index = -1
-        placement.group_id = parent.call.placement.group_id
-        placement.capture_child_tasks = True
+        call.place(PlacementSpec(PLACEMENT_GROUP, group_id=parent.call.group_id, bundle_index=-1,
+                                 capture_child_tasks=True))
         return Task(call, t.owner)
 
     # ------------------------------------------------------------------ removal
@@ -383,7 +381,7 @@ class PlacementGroups:
 
         def in_group(t: Task) -> bool:
             return t.placement is not None and t.placement[0] == PLACEMENT_GROUP \
-                and t.call.placement.group_id == gid
+                and t.call.group_id == gid
 
         for aid in self.actors.in_group(gid):
             self.actors.kill(aid, True, reason=f"its placement group {self._label(g)} was {reason}")

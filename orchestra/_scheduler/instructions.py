@@ -8,10 +8,10 @@
 Each instruction is a small immutable value with typed fields, in the scheduler's
 words: what to do, not how it is written. Those to a process name its connection
 (``conn``); every one that concerns a node names it (``node_id``), so a head that runs
-several nodes knows where to act. The data they carry through (a task's Call, a
-function's registration) is what the head's edge handed the scheduler, passed on
-unread; an object's value is the scheduler's Data (data.py), which the edge writes as
-the message it came in when it has one.
+several nodes knows where to act. A task's Call (call.py), a function's FunctionDef
+and an object's Data (data.py) are the scheduler's own values, which the edge writes
+as the message each came in (with what the scheduler changed in a call written into
+it first).
 
 They are ``typing.NamedTuple`` subclasses: typed, immutable, compared by value, and
 cheaper to build than a frozen dataclass (whose __init__ goes through
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from .call import Call, FunctionDef
 from .data import Data
 
 
@@ -40,7 +41,7 @@ class Execute(NamedTuple):
     inside the task it blocks (a task of its own submitting it waits on it)."""
 
     conn: int
-    call: Any
+    call: Call
     resolved: list[Data]
     gpu_ids: Any
     attempt: int
@@ -52,7 +53,7 @@ class Function(NamedTuple):
     id, name and pickled code) before the first task of it it runs."""
 
     conn: int
-    fn: Any
+    fn: FunctionDef
 
 
 class CancelTask(NamedTuple):

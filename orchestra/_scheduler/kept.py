@@ -222,7 +222,7 @@ class KeptObjects:
     @staticmethod
     def _plain(t: Task) -> bool:
         call = t.call
-        return not (call.actor_id or call.HasField("actor") or call.generator)
+        return not (call.actor_id or call.actor is not None or call.generator)
 
     def _waits(self, t: Task) -> bool:
         """``t`` is a plain task that waits for its arguments or a worker."""

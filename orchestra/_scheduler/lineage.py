@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .._protocol import pb
+from .call import Call
 from .data import Data
 from .model import Lineage, Obj, SchedulerCore, Task, TaskState
 from .objects import ObjectDirectory
@@ -30,13 +30,12 @@ def wait_for_made_again(t: Task, objects: Mapping[bytes, Obj]) -> bool:
     left alone by wait_again, and checked here when it runs again (a retry, handed
     back): sent with no data for such an argument, it killed the head's loop."""
     waits = False
-    for v in t.call.args:
-        if v.WhichOneof("kind") == "ref":
-            o = objects.get(v.ref)
-            if o is not None and o.data is None and v.ref not in t.deps:
-                t.deps.add(v.ref)
-                o.waiting_tasks.append(t)
-                waits = True
+    for oid in t.call.refs:
+        o = objects.get(oid)
+        if o is not None and o.data is None and oid not in t.deps:
+            t.deps.add(oid)
+            o.waiting_tasks.append(t)
+            waits = True
     return waits
 
 
@@ -47,7 +46,7 @@ class Rebuilds:
         self.s = state
         self.directory = directory
 
-    def keep(self, call: pb.Call, retries_left: int, owner: int,
+    def keep(self, call: Call, retries_left: int, owner: int,
              returns: Sequence[Data]) -> None:
         """How to make a task's results in shared memory again (its node may die); none
         when it has no retry left (a rebuild's last run) or for a small result."""

@@ -22,8 +22,8 @@ from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from .. import _ids
-from .._protocol import pb
 from .._resources import NodeResources, shape_key
+from .call import NODE_AFFINITY, PLACEMENT_GROUP, SPREAD, Call, FunctionDef
 from .data import Data, Segment
 from .instructions import Instruction
 
@@ -31,10 +31,6 @@ _sends = itertools.count(1)   # Task.seq (the memory monitor's victim is the new
 
 Shape = tuple[tuple[str, float], ...]   # a resource request as a hashable key (shape_key)
 
-# Call.placement's strategies (_scheduler/placement.py decides with them); "" is the default.
-SPREAD = "SPREAD"
-NODE_AFFINITY = "NODE_AFFINITY"
-PLACEMENT_GROUP = "PLACEMENT_GROUP"
 # (strategy, node id, soft), as Task.placement holds it; for PLACEMENT_GROUP: (strategy,
 # bundle index or -1, capture_child_tasks), the group's id in call.placement.group_id.
 Placement = tuple[str, int, bool]
@@ -53,9 +49,11 @@ def bundle_request(req: dict[str, float], group_hex: str, index: int) -> dict[st
     return out
 
 
-def placement_of(call: pb.Call) -> Placement | None:
+def placement_of(call: Call) -> Placement | None:
     """The Call's placement as a hashable key (part of the task's ready-queue key)."""
     p = call.placement
+    if p is None:
+        return None
     if p.strategy == SPREAD:
         return (SPREAD, 0, False)
     if p.strategy == NODE_AFFINITY:
@@ -76,7 +74,7 @@ class Lineage(NamedTuple):
     """How to make a finished task's results in shared memory again, should their node
     die: its call, the retries it has left, and the client that owns its returns."""
 
-    call: pb.Call
+    call: Call
     retries_left: int
     owner: int
 
@@ -129,7 +127,7 @@ class Task:
                  "shape", "resources", "attempt", "arg_ids", "return_ids",
                  "depth", "qkey", "placement", "streamed", "acked", "seq")
 
-    def __init__(self, call: pb.Call, owner: int) -> None:
+    def __init__(self, call: Call, owner: int) -> None:
         self.call = call
         self.owner = owner
         self.state = TaskState.WAITING
@@ -137,18 +135,18 @@ class Task:
         self.worker: Worker | None = None
         self.retries_left = call.max_retries
         self.cancelled = False
-        self.resources = dict(call.resources)
+        self.resources = call.resources   # (never changed in place: replaced)
         self.shape = shape_key(self.resources)
         self.depth = 0          # 0: submitted by a driver; n+1: by a task of depth n
         # Its scheduling strategy (_scheduler/placement.py), None for the default; part of its
         # ready-queue key, so a task its strategy holds back never blocks others.
         self.placement: Placement | None = None
         self.qkey: tuple[Hashable, ...] = (0, self.shape)
-        if call.HasField("placement"):
+        if call.placement is not None:
             self.placement = placement_of(call)
             if self.placement is not None:
                 if self.placement[0] == PLACEMENT_GROUP:   # held from its bundle
-                    self.resources = bundle_request(self.resources, call.placement.group_id.hex(),
+                    self.resources = bundle_request(self.resources, call.group_id.hex(),
                                                     self.placement[1])
                     self.shape = shape_key(self.resources)
                 self.qkey = (0, self.shape, self.placement)
@@ -432,7 +430,7 @@ class SchedulerCore(Protocol):
     clients: dict[int, Client]
     tasks: dict[bytes, Task]
     objects: dict[bytes, Obj]
-    functions: dict[bytes, pb.RegisterFunctionRequest]   # registered functions and classes
+    functions: dict[bytes, FunctionDef]   # registered functions and classes
     ready: dict[tuple[Hashable, ...], collections.deque[Task]]
     out: list[Instruction]
     # Builds the pickled error for an object: (kind, **details) -> bytes.

@@ -299,9 +299,8 @@ class ObjectDirectory:
         if o is None or (o.lineage is None and lineage is None):
             return
         if lineage is not None:   # named first: what both name is never released between
-            for v in lineage.call.args:
-                if v.WhichOneof("kind") == "ref":
-                    self.lineage_refs[v.ref] += 1
+            for oid in lineage.call.refs:
+                self.lineage_refs[oid] += 1
         old, o.lineage = o.lineage, lineage
         if old is not None:
             self._forget(old)
@@ -311,15 +310,13 @@ class ObjectDirectory:
         refs, tombs = self.lineage_refs, self.tombs
         stack = [lineage]
         while stack:
-            for v in stack.pop().call.args:
-                if v.WhichOneof("kind") != "ref":
-                    continue
-                n = refs[v.ref] - 1
+            for oid in stack.pop().call.refs:
+                n = refs[oid] - 1
                 if n > 0:
-                    refs[v.ref] = n
+                    refs[oid] = n
                     continue
-                del refs[v.ref]
-                tomb = tombs.pop(v.ref, None)
+                del refs[oid]
+                tomb = tombs.pop(oid, None)
                 if tomb is None:
                     continue
                 if tomb.lineage is not None:

@@ -41,8 +41,9 @@ from collections.abc import Hashable, Iterable, Iterator, Mapping
 
 from .._ids import node_hex
 from .._resources import CPU, EPS, NodeResources, format_resources
+from .call import NODE_AFFINITY, PLACEMENT_GROUP, SPREAD
 from .instructions import Warn
-from .model import NODE_AFFINITY, PLACEMENT_GROUP, SPREAD, Node, SchedulerCore, Task
+from .model import Node, SchedulerCore, Task
 
 
 def hard_node(t: Task) -> int | None:
@@ -302,7 +303,7 @@ def _warning(t: Task, nodes: dict[int, Node], joinable: bool, away: int = 0,
     """``away``: joined nodes of before a restart of the head, not back yet, each waited
     for up to ``wait_s``."""
     have = "; ".join(f"{node_hex(n.node_id)}: {format_resources(n.resources.total)}" for n in nodes.values())
-    what = f"actor {t.call.actor.class_name}" if t.call.HasField("actor") else f"task {t.call.name}()"
+    what = f"actor {t.call.actor.class_name}" if t.call.actor is not None else f"task {t.call.name}()"
     back = (f"It waits: {away} node{'s that were' if away > 1 else ' that was'} in the cluster "
             f"before its head restarted {'have' if away > 1 else 'has'} not joined again yet "
             f"(each is waited for up to {wait_s:g} s), and one may hold it. ") if away else ""

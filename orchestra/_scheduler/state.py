@@ -25,10 +25,10 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 from .. import _ids
-from .._protocol import pb
 from .actors import ActorTable
 from .adoption import Adoption
 from .blocking import Blocking
+from .call import ActorSpec, Call, FunctionDef
 from .data import ERROR, Segment, error_of, error_value
 from .events import Hello, TaskDone
 from .groups import PlacementGroups
@@ -78,7 +78,7 @@ class SchedulerState:
         # The objects (ObjectDirectory owns the table; _scheduler/objects.py).
         self.directory = ObjectDirectory(self)
         self.objects: dict[bytes, Obj] = self.directory.objects
-        self.functions: dict[bytes, pb.RegisterFunctionRequest] = {}
+        self.functions: dict[bytes, FunctionDef] = {}
         # Ready tasks by (-depth, resource shape): deeper tasks first, so the subtasks of
         # tasks blocked in get() run before more of their parents start (which would
         # block too, until no worker is left for anyone: a deadlock).
@@ -271,11 +271,11 @@ class SchedulerState:
         self.schedule()
 
     # ------------------------------------------------------------------ functions
-    def register_function(self, req: pb.RegisterFunctionRequest) -> None:
-        self.functions.setdefault(req.function_id, req)
+    def register_function(self, fn: FunctionDef) -> None:
+        self.functions.setdefault(fn.function_id, fn)
 
     # ------------------------------------------------------------------ tasks
-    def submit(self, conn: int, call: pb.Call) -> None:
+    def submit(self, conn: int, call: Call) -> None:
         t = Task(call, conn)
         c = self.clients.get(conn)
         if c is not None and c.worker is not None and c.worker.queue:
@@ -300,12 +300,13 @@ class SchedulerState:
             elif not t.deps:
                 self.deps_met(t)
 
-    def create_actor(self, conn: int, call: pb.Call) -> pb.ActorSpec | None:
+    def create_actor(self, conn: int, call: Call) -> ActorSpec | None:
         """Raises ValueError when the actor's name is taken in its namespace; with
         get_if_exists, returns the live actor's spec instead (nothing is created).
         None: created, or made already: the same request again, made on a restarted
         head that kept the actor (a driver that did not hear the first answer,
         _runtime/verbs.py); the caller then holds its handle, as a creator does."""
+        assert call.actor is not None, "a constructor's call names its actor"
         if call.actor.actor_id in self.actor_table.actors:
             self.directory.hold_once(conn, call.actor.actor_id)
             return None
@@ -328,27 +329,25 @@ class SchedulerState:
         (_scheduler/lineage.py)."""
         call = t.call
         objects = self.objects
-        for v in call.args:
-            if v.WhichOneof("kind") == "ref":
-                oid = v.ref
-                t.arg_ids.append(oid)
-                arg = objects.get(oid)
-                if arg is None and rebuilds is not None:
-                    arg = self.directory.revive(oid)
-                    if arg is not None and arg.data is None:
-                        assert arg.lineage is not None, "a tomb without a value has a lineage"
-                        rebuilds.append(arg.lineage)
-                if arg is None:
-                    lost = self.error("lost", object_id=oid, name=call.name)
-                    self.fail_task(t, lost)
-                    if call.HasField("actor"):
-                        self.actor_table.creation_failed(
-                            t, lost, f"its constructor's argument {oid.hex()} is lost")
-                    return False
-                arg.count += 1
-                if arg.data is None:
-                    t.deps.add(oid)
-                    arg.waiting_tasks.append(t)
+        for oid in call.refs:
+            t.arg_ids.append(oid)
+            arg = objects.get(oid)
+            if arg is None and rebuilds is not None:
+                arg = self.directory.revive(oid)
+                if arg is not None and arg.data is None:
+                    assert arg.lineage is not None, "a tomb without a value has a lineage"
+                    rebuilds.append(arg.lineage)
+            if arg is None:
+                lost = self.error("lost", object_id=oid, name=call.name)
+                self.fail_task(t, lost)
+                if call.actor is not None:
+                    self.actor_table.creation_failed(
+                        t, lost, f"its constructor's argument {oid.hex()} is lost")
+                return False
+            arg.count += 1
+            if arg.data is None:
+                t.deps.add(oid)
+                arg.waiting_tasks.append(t)
         for oid in call.nested:
             inner = objects.get(oid)
             if inner is not None:
@@ -362,7 +361,7 @@ class SchedulerState:
             err = self.placer.admit(t, feasible)
             if err is not None:   # no node can ever hold it (or the one its strategy names)
                 self.fail_task(t, err)
-                if call.HasField("actor"):
+                if call.actor is not None:
                     self.actor_table.creation_failed(t, err)
                 return False
         if t.deps:
@@ -383,7 +382,7 @@ class SchedulerState:
         if t.call.actor_id:
             self.actor_table.call_deps_met(t)
             return
-        if t.call.HasField("actor"):
+        if t.call.actor is not None:
             self.actor_table.creation_deps_met(t)
             return
         t.move(TaskState.READY)
@@ -464,7 +463,7 @@ class SchedulerState:
                 w.functions.add(fid)
         objects = self.objects
         # (ready: a task is dispatched only once its ref arguments have data)
-        resolved: list[Any] = [objects[v.ref].data for v in call.args if v.WhichOneof("kind") == "ref"]
+        resolved: list[Any] = [objects[oid].data for oid in call.refs]
         if len(self.nodes) > 1:
             self.directory.args_to(w.node_id, resolved)
         self.out.append(Execute(w.conn, call, resolved, w.gpu_ids, t.attempt))
@@ -663,7 +662,7 @@ class SchedulerState:
         clients = self.clients
         n = 0
         for t in self.tasks.values():
-            if t.state is TaskState.DONE or t.call.HasField("actor"):
+            if t.state is TaskState.DONE or t.call.actor is not None:
                 continue
             if t.owner == conn:
                 n += 1

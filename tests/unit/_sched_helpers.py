@@ -7,6 +7,7 @@ import itertools
 import pickle
 from typing import Any
 
+from orchestra._head.inbound import call_in
 from orchestra._proto import types_pb2
 from orchestra._scheduler import data as values
 from orchestra._scheduler.data import ERROR, Data, Segment
@@ -36,20 +37,36 @@ def inline(value: Any) -> Any:
     return types_pb2.Value(inline=pickle.dumps(value))
 
 
-def make_call(name: str = "f", args: tuple[Any, ...] = (), *, cpus: float = 1.0,
+def call_msg(name: str = "f", args: tuple[Any, ...] = (), *, cpus: float = 1.0,
               resources: dict[str, float] | None = None, max_retries: int = 0,
               num_returns: int = 1, nested: tuple[bytes, ...] = (),
-              retry_exceptions: bool = False, placement: Any = None) -> Any:
-    """A task's Call; ``placement``: a types_pb2.Placement (scheduling_strategy=)."""
+              retry_exceptions: bool = False, placement: Any = None, actor: Any = None,
+              actor_id: bytes = b"") -> Any:
+    """A task's Call message, as a process sends it; ``placement``: a
+    types_pb2.Placement (scheduling_strategy=);
+    ``actor``: a types_pb2.ActorSpec, the actor it constructs (its id, when it names
+    none: the call's task id and 0xffffffff); ``actor_id``: the actor whose method it
+    calls."""
     res = dict(resources or {})
     if cpus:
         res["CPU"] = cpus
     call = types_pb2.Call(task_id=new_id(), function_id=b"F" * 16, args=list(args),
                           num_returns=num_returns, resources=res, max_retries=max_retries,
-                          name=name, nested=list(nested), retry_exceptions=retry_exceptions)
+                          name=name, nested=list(nested), retry_exceptions=retry_exceptions,
+                          actor_id=actor_id)
+    if actor is not None:
+        call.actor.CopyFrom(actor)
+        if not actor.actor_id:
+            call.actor.actor_id = call.task_id + b"\xff\xff\xff\xff"
     if placement is not None:
         call.placement.CopyFrom(placement)
     return call
+
+
+def make_call(name: str = "f", args: tuple[Any, ...] = (), **options: Any) -> Any:
+    """A task's Call, as the head's edge hands it to the scheduler (call_msg's message,
+    read by call_in)."""
+    return call_in(call_msg(name, args, **options))
 
 
 def spread() -> Any:

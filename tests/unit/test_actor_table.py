@@ -37,17 +37,14 @@ pytestmark = pytest.mark.timeout(10)
 def actor_call(class_name: str = "Counter", *, name: str = "", max_restarts: int = 0,
                max_concurrency: int = 1, cpus: float = 1.0, args: tuple[Any, ...] = ()) -> Any:
     """The constructor call of a new actor (as the client's ActorClass.remote builds it)."""
-    call = make_call(f"{class_name}.__init__", args, cpus=cpus, num_returns=0)
-    call.actor.CopyFrom(types_pb2.ActorSpec(
-        actor_id=call.task_id + b"\xff\xff\xff\xff", name=name, max_restarts=max_restarts,
-        max_concurrency=max_concurrency, class_name=class_name))
-    return call
+    return make_call(f"{class_name}.__init__", args, cpus=cpus, num_returns=0,
+                     actor=types_pb2.ActorSpec(name=name, max_restarts=max_restarts,
+                                               max_concurrency=max_concurrency,
+                                               class_name=class_name))
 
 
 def method(ctor: Any, name: str = "inc", args: tuple[Any, ...] = ()) -> Any:
-    call = make_call(name, args, cpus=0)
-    call.actor_id = ctor.actor.actor_id
-    return call
+    return make_call(name, args, cpus=0, actor_id=ctor.actor.actor_id)
 
 
 def create(c: Cluster, ctor: Any, conn: int = DRIVER) -> list[int]:

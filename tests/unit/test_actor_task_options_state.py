@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from _sched_helpers import DRIVER, Cluster, error_of, executed, make_call, rid, sent, worker_conn
+from orchestra._head.inbound import call_in
 from orchestra._proto import types_pb2
 from orchestra._scheduler.actors import ActorState
 from orchestra._scheduler.events import Hello
@@ -20,18 +21,14 @@ OTHER = 2   # a second driver's connection
 
 def actor_call(name: str = "", *, namespace: str = "", get_if_exists: bool = False,
                detached: bool = False, max_restarts: int = 0, max_task_retries: int = 0) -> Any:
-    call = make_call("Counter.__init__", cpus=0, num_returns=0)
-    call.actor.CopyFrom(types_pb2.ActorSpec(
-        actor_id=call.task_id + b"\xff\xff\xff\xff", name=name, class_name="Counter",
-        namespace=namespace, get_if_exists=get_if_exists, detached=detached,
-        max_restarts=max_restarts, max_task_retries=max_task_retries, max_concurrency=1))
-    return call
+    return make_call("Counter.__init__", cpus=0, num_returns=0, actor=types_pb2.ActorSpec(
+        name=name, class_name="Counter", namespace=namespace, get_if_exists=get_if_exists,
+        detached=detached, max_restarts=max_restarts, max_task_retries=max_task_retries,
+        max_concurrency=1))
 
 
 def method(ctor: Any, retries: int = 0) -> Any:
-    call = make_call("inc", cpus=0, max_retries=retries)
-    call.actor_id = ctor.actor.actor_id
-    return call
+    return make_call("inc", cpus=0, max_retries=retries, actor_id=ctor.actor.actor_id)
 
 
 def cluster_with(*drivers: tuple[int, str]) -> Cluster:
@@ -103,8 +100,7 @@ def test_a_creation_made_again_makes_nothing_and_its_caller_holds_the_handle():
     c = cluster_with((OTHER, "ns-other"))
     first = actor_call("svc", detached=True)
     wid = alive(c, first)
-    again = types_pb2.Call()
-    again.CopyFrom(first)
+    again = call_in(types_pb2.Call.FromString(first.wire.SerializeToString()))
     for _ in range(2):
         assert c.s.create_actor(OTHER, again) is None
     aid = first.actor.actor_id
@@ -161,7 +157,7 @@ def test_a_worker_is_replaced_after_max_calls_of_a_function():
     c = Cluster(cpus=1)
     call = make_call("f")
     call.max_calls = 2
-    first = c.submit(types_pb2.Call.FromString(call.SerializeToString()))
+    first = c.submit(call)
     [(wid, _)] = executed(c.take())
     c.done(wid, first)
     c.take()

@@ -62,7 +62,17 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from _sched_helpers import DRIVER, Cluster, inline_data, inline_msg, make_call, new_id, ref, rid, segment_msg
+from _sched_helpers import (
+    DRIVER,
+    Cluster,
+    call_msg,
+    inline_data,
+    inline_msg,
+    new_id,
+    ref,
+    rid,
+    segment_msg,
+)
 from orchestra._head import inbound
 from orchestra._head.outbound import data_out
 from orchestra._protocol import pb
@@ -133,7 +143,7 @@ class DirectBookWithHead(RuleBasedStateMachine):
         elif kind == "decr":
             s.directory.ref_delta(DRIVER, [], body)
         elif kind == "submit":
-            s.submit(DRIVER, body)
+            s.submit(DRIVER, inbound.call_in(body))   # as the head reads it
             self.known.update(rid(body, i) for i in range(body.num_returns))
         elif kind == "done":   # the lent worker's answer through the head
             s.task_done(LENT_WORKER, inbound.task_done(body))   # as the head reads it
@@ -268,7 +278,7 @@ class DirectBookWithHead(RuleBasedStateMachine):
             self._deliver("pending", pending)
         if puts:
             self._deliver("objects", puts)
-        g = make_call("consumer", (ref(oid),))
+        g = call_msg("consumer", (ref(oid),))
         self.consumers[g.task_id] = g
         self.local[rid(g)] = 1
         self.local[oid] += 1   # the argument lives until its Submit is sent
@@ -394,7 +404,7 @@ class DirectBookWithHead(RuleBasedStateMachine):
 def make_call_for(c: Call) -> Any:
     """The Call a direct call's Submit carries (its task id, one return); it may run
     again (its worker died with its result: lose_answer)."""
-    call = make_call("direct", max_retries=3)
+    call = call_msg("direct", max_retries=3)
     call.task_id = c.tid
     return call
 

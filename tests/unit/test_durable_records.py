@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from _sched_helpers import DRIVER, Cluster, Nodes, executed, make_call, new_id, worker_conn
-from orchestra._head import records
+from orchestra._head import inbound, records
 from orchestra._proto import types_pb2
 from orchestra._protocol import pb
 from orchestra._scheduler import durable
@@ -89,9 +89,9 @@ class Records(RuleBasedStateMachine):
     def create(self, detached: bool, max_restarts: int) -> None:
         self.n += 1
         call = ctor_call(f"a{self.n}", detached=detached, max_restarts=max_restarts)
-        self.c.s.register_function(pb.RegisterFunctionRequest(function_id=call.function_id,
-                                                              pickled=b"the class"))
-        self.c.s.create_actor(DRIVER, call)
+        self.c.s.register_function(inbound.function_in(pb.RegisterFunctionRequest(
+            function_id=call.function_id, pickled=b"the class")))
+        self.c.s.create_actor(DRIVER, inbound.call_in(call))
         self.made.append(call)
         self._take()
 
@@ -221,13 +221,15 @@ def test_a_restored_actor_whose_constructor_argument_is_gone_is_dead_naming_it()
 
 def test_a_record_no_head_can_read_is_named_and_the_rest_read() -> None:
     call = ctor_call("keeper", detached=True, max_restarts=0)
-    good = durable.ActorRecord(call, cls=pb.RegisterFunctionRequest(function_id=call.function_id))
+    cls = pb.RegisterFunctionRequest(function_id=call.function_id)
+    good = durable.ActorRecord(inbound.call_in(call), cls=inbound.function_in(cls))
     kept, unreadable = records.read({
         durable.ACTORS: {"ab": b"\x00not a record", "ef": records.encode(durable.ACTORS, good)},
         durable.GROUPS: {"cd": b"\xff\xff"}})
     assert sorted((t, k) for t, k, _ in unreadable) == [(durable.ACTORS, "ab"), (durable.GROUPS, "cd")]
     assert {why.split(":")[0] for _, _, why in unreadable} == {"actor ab", "placement group cd"}
-    assert kept[durable.ACTORS] == {"ef": good} and kept[durable.GROUPS] == {}
+    [(key, read)] = kept[durable.ACTORS].items()
+    assert (key, read.creation.wire, read.cls.wire) == ("ef", call, cls) and kept[durable.GROUPS] == {}
 
 
 def test_a_record_without_a_constructor_and_class_is_said_and_deleted() -> None:
@@ -235,7 +237,7 @@ def test_a_record_without_a_constructor_and_class_is_said_and_deleted() -> None:
     c.s.client_connected(HEAD, Hello(kind="grpc"))
     call = ctor_call("keeper", detached=True, max_restarts=0)
     problems = restore(c.s, HEAD, {durable.ACTORS: {"ab": records.encode(
-        durable.ACTORS, durable.ActorRecord(call))}})   # no class
+        durable.ACTORS, durable.ActorRecord(inbound.call_in(call)))}})   # no class
     assert len(problems) == 1 and problems[0].startswith("actor ab")
     assert c.take() == [Durable(durable.ACTORS, "ab", None)]
 

@@ -10,11 +10,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestra._head import inbound, outbound
-from orchestra._head.outbound import data_out
+from orchestra._head.outbound import call_out, data_out
 from orchestra._proto import types_pb2
 from orchestra._protocol import pb
 from orchestra._scheduler import data as values
 from orchestra._scheduler import events as ev
+from orchestra._scheduler.call import Call, PlacementSpec
 from orchestra._scheduler.data import ERROR, INLINE, SEGMENT, Data, Segment
 from orchestra._scheduler.groups import GroupInfo, GroupSpec
 
@@ -58,13 +59,66 @@ def test_an_event_carries_every_field_of_its_message(kind):
             assert data_out(got) == value, field
         elif isinstance(got, typing.Mapping):
             assert dict(got) == dict(value) and got, field
+        elif isinstance(got, Call):   # written back as the message it came in
+            assert call_out(got) is value, field
         elif isinstance(got, list) and got and isinstance(got[0], Data):
             assert [data_out(d) for d in got] == list(value), field
-        elif not isinstance(got, (bool, int, float, str, bytes, pb.Call)):
+        elif isinstance(got, list) and got and isinstance(got[0], Call):
+            assert [call_out(c) for c in got] == list(value), field
+        elif not isinstance(got, (bool, int, float, str, bytes)):
             # a repeated field
             assert list(got) == list(value) and got, field
         else:
             assert got == value and got, field   # each set in the message above
+
+
+def test_a_call_carries_each_field_the_scheduler_reads_and_is_sent_as_it_came():
+    actor = pb.ActorSpec(actor_id=b"a" * 16, name="n", namespace="ns", class_name="C",
+                         detached=True, get_if_exists=True, max_restarts=3, restart_count=2,
+                         max_concurrency=4, methods=["m"])
+    msg = pb.Call(task_id=b"t" * 12, function_id=b"f" * 16, name="C.__init__",
+                  args=[pb.Value(ref=b"r1"), pb.Value(inline=b"x"), pb.Value(ref=b"r2"),
+                        pb.Value(ref=b"r1")], kwarg_names=["k"], nested=[b"n1", b"n2"],
+                  num_returns=3, resources={"CPU": 2.0, "x": 0.5}, max_retries=-1,
+                  retry_exceptions=True, generator=2, max_calls=9, job=7, actor=actor,
+                  placement=pb.Placement(strategy="NODE_AFFINITY", node_id=5, soft=True))
+    c = inbound.call_in(msg)
+    assert (c.task_id, c.function_id, c.name, c.refs, c.nested, c.num_returns, c.resources,
+            c.max_retries, c.retry_exceptions, c.generator, c.max_calls, c.job, c.actor_id) == (
+        b"t" * 12, b"f" * 16, "C.__init__", (b"r1", b"r2", b"r1"), (b"n1", b"n2"), 3,
+        {"CPU": 2.0, "x": 0.5}, -1, True, 2, 9, 7, b"")
+    assert c.placement == PlacementSpec("NODE_AFFINITY", 5, True)
+    a = c.actor
+    assert a is not None and (a.actor_id, a.name, a.namespace, a.class_name, a.detached,
+                              a.get_if_exists, a.max_restarts, a.restart_count) == (
+        b"a" * 16, "n", "ns", "C", True, True, 3, 2)
+    before = msg.SerializeToString()
+    assert call_out(c) is msg and msg.SerializeToString() == before   # nothing made again
+    plain = inbound.call_in(pb.Call(task_id=b"u" * 12, name="f", actor_id=b"b" * 16))
+    assert (plain.actor, plain.placement, plain.refs, plain.actor_id) == (None, None, (), b"b" * 16)
+    assert plain.group_id == b"" and not call_out(plain).HasField("placement")
+
+
+def test_what_the_scheduler_changes_in_a_call_is_written_into_its_message():
+    msg = pb.Call(task_id=b"t" * 12, name="C.__init__", job=7,
+                  actor=pb.ActorSpec(actor_id=b"a" * 16, get_if_exists=True, methods=["m"]))
+    c = inbound.call_in(msg)
+    assert c.actor is not None
+    c.actor.namespace, c.actor.restart_count, c.actor.get_if_exists = "mine", 4, False
+    c.job = 0
+    c.edited = True   # (as a restarted head's restore does: _scheduler/durable.py)
+    out = pb.Call.FromString(call_out(c).SerializeToString())
+    assert (out.actor.namespace, out.actor.restart_count, out.actor.get_if_exists, out.job) == (
+        "mine", 4, False, 0)
+    assert list(out.actor.methods) == ["m"] and out.task_id == b"t" * 12   # the rest as it came
+    assert outbound.spec_out(c.actor) is msg.actor
+    child = inbound.call_in(pb.Call(task_id=b"u" * 12, name="f", args=[pb.Value(inline=b"x")]))
+    child.place(PlacementSpec("PLACEMENT_GROUP", group_id=b"g" * 16, bundle_index=-1,
+                              capture_child_tasks=True))
+    out = pb.Call.FromString(call_out(child).SerializeToString())
+    assert (out.placement.strategy, out.placement.group_id, out.placement.bundle_index,
+            out.placement.capture_child_tasks) == ("PLACEMENT_GROUP", b"g" * 16, -1, True)
+    assert child.group_id == b"g" * 16 and out.args[0].inline == b"x"
 
 
 def test_a_task_done_without_a_lineage_carries_none():

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from _head_helpers import RecordingTransport, unstarted_head
+from orchestra._head import inbound
 from orchestra._head.head import Conn, Head
 from orchestra._protocol import pb
 from orchestra._protocol import wire as _wire
@@ -117,8 +118,9 @@ def test_a_worker_gets_its_hello_reply_before_the_constructor_sent_at_its_connec
     ctor = types_pb2.Call(task_id=tid, function_id=b"cls", name="C.__init__", resources={"CPU": 1.0})
     ctor.actor.CopyFrom(types_pb2.ActorSpec(actor_id=tid + b"\xff" * 4, class_name="C",
                                             detached=True))
-    head.state.register_function(pb.RegisterFunctionRequest(function_id=b"cls", pickled=b"C"))
-    head.state.create_actor(GRPC_CONN, ctor)
+    head.state.register_function(inbound.function_in(pb.RegisterFunctionRequest(
+        function_id=b"cls", pickled=b"C")))
+    head.state.create_actor(GRPC_CONN, inbound.call_in(ctor))
     [start] = [ins for ins in head.state.out if type(ins) is StartWorker]
     head.carry_out()
     driver = Conn(head, 5, head.local)

@@ -12,7 +12,7 @@ import pytest
 
 from _head_helpers import RecordingTransport, unstarted_head
 from orchestra._head.head import Conn, Head
-from orchestra._head.inbound import data_in
+from orchestra._head.inbound import call_in, data_in, function_in
 from orchestra._head.outbound import FRAME_OF
 from orchestra._proto import types_pb2
 from orchestra._protocol import pb
@@ -42,12 +42,13 @@ ARG = data_in(ARG_MSG)   # a value as received: written as it came
 MADE = values.error_value(b"e" * 16, b"boom", [b"c" * 16])   # one the scheduler made
 # One of each instruction to a process, and the (kind, message) its frame must decode to.
 SAMPLES = [
-    (_ins.Execute(3, CALL, [ARG, MADE], [1], 2), _wire.EXECUTE, pb.Execute(
+    (_ins.Execute(3, call_in(CALL), [ARG, MADE], [1], 2), _wire.EXECUTE, pb.Execute(
         invoke=pb.InvokeCallRequest(call=CALL, resolved=[ARG_MSG, pb.ObjectData(
             object_id=b"e" * 16, error=b"boom", contained=[b"c" * 16])], gpu_ids=[1], attempt=2))),
-    (_ins.Execute(3, CALL, [], [], 0, nested=True), _wire.EXECUTE_NESTED,
+    (_ins.Execute(3, call_in(CALL), [], [], 0, nested=True), _wire.EXECUTE_NESTED,
      pb.Execute(invoke=pb.InvokeCallRequest(call=CALL))),
-    (_ins.Function(3, pb.RegisterFunctionRequest(function_id=b"f", pickled=b"p")), _wire.FUNCTION,
+    (_ins.Function(3, function_in(pb.RegisterFunctionRequest(function_id=b"f", pickled=b"p"))),
+     _wire.FUNCTION,
      pb.RegisterFunctionRequest(function_id=b"f", pickled=b"p")),
     (_ins.CancelTask(3, b"t" * 12, True), _wire.CANCEL_TASK,
      pb.CancelTask(task_id=b"t" * 12, recursive=True)),

@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestra._node import memory
-from orchestra._protocol import pb
 from orchestra._scheduler import memory as policy
+from orchestra._scheduler.call import Call
 from orchestra._scheduler.events import MemoryPressure
 from orchestra._scheduler.model import Task, Worker
 
@@ -32,7 +32,7 @@ def make(spec: list[tuple[str, int, int, int]]) -> list[Worker]:
         elif kind == "lent":   # running a driver's direct calls, unseen by the head
             w.lent_to = 1
         elif kind == "task":
-            t = Task(pb.Call(task_id=bytes(12), name="f", max_retries=retries), 1)
+            t = Task(Call(bytes(12), name="f", max_retries=retries), 1)
             t.seq = seq
             w.queue.append(t)
         out.append(w)
@@ -134,7 +134,7 @@ def test_a_task_the_monitor_killed_runs_again_later_and_later_and_a_cancelled_on
     later.tick(100.0)
     tasks = []
     for attempt in (1, 2, 3, 9):
-        t = Task(pb.Call(task_id=bytes([attempt]) * 12, name="f"), 1)
+        t = Task(Call(bytes([attempt]) * 12, name="f"), 1)
         t.attempt = attempt
         later.hold(t)
         tasks.append(t)

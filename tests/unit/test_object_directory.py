@@ -285,10 +285,8 @@ def made_again_then_sent(c: Cluster, w0: int, make: Any, oid: bytes,
 def keeper(*args: Any, **spec: Any) -> Any:
     """The constructor call of an actor Keeper (max_restarts=1) held on node 0 ("here")."""
     from orchestra._proto import types_pb2
-    ctor = make_call("Keeper.__init__", args, cpus=0, num_returns=0, resources={"here": 1.0})
-    ctor.actor.CopyFrom(types_pb2.ActorSpec(actor_id=ctor.task_id + b"\xff" * 4, max_restarts=1,
-                                            class_name="Keeper", **spec))
-    return ctor
+    return make_call("Keeper.__init__", args, cpus=0, num_returns=0, resources={"here": 1.0},
+                     actor=types_pb2.ActorSpec(max_restarts=1, class_name="Keeper", **spec))
 
 
 @pytest.mark.parametrize("how", ["its worker died", "its worker handed it back",

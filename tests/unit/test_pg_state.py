@@ -255,8 +255,7 @@ def test_removing_a_group_kills_its_actors():
     c = cluster({0: {"CPU": 4}})
     gid = group(c, [{"CPU": 1}])
     spec = types_pb2.ActorSpec(actor_id=b"A" * 16, class_name="Act", max_restarts=5)
-    call = make_call("Act.__init__", placement=in_group(gid, 0))
-    call.actor.CopyFrom(spec)
+    call = make_call("Act.__init__", placement=in_group(gid, 0), actor=spec)
     c.s.create_actor(DRIVER, call)
     assert c.s.actor_table.actors[spec.actor_id].worker is not None
     c.s.groups.remove(gid)

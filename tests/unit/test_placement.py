@@ -483,11 +483,9 @@ def test_a_waiting_request_holds_up_no_other_task():
 
 def actor_call(class_name: str = "A", *, cpus: float = 0.0, resources: dict[str, float] | None = None,
                placement: Any = None) -> Any:
-    call = make_call(f"{class_name}.__init__", cpus=cpus, resources=resources, num_returns=0,
-                     placement=placement)
-    call.actor.CopyFrom(types_pb2.ActorSpec(actor_id=call.task_id + b"\xff" * 4,
-                                            max_concurrency=1, class_name=class_name))
-    return call
+    return make_call(f"{class_name}.__init__", cpus=cpus, resources=resources, num_returns=0,
+                     placement=placement,
+                     actor=types_pb2.ActorSpec(max_concurrency=1, class_name=class_name))
 
 
 def test_an_actor_starts_on_the_node_that_has_its_resources():

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from _sched_helpers import Nodes, new_id, worker_conn
+from orchestra._head import inbound
 from orchestra._proto import types_pb2
 from orchestra._protocol import pb
 from orchestra._scheduler import durable
@@ -69,8 +70,9 @@ class Rejoin(RuleBasedStateMachine):
             if own[i]:
                 self.own.add(aid)
             records[aid.hex()] = durable.ActorRecord(
-                creation=call, restarts=restarts[i], node_id=node, owner_key=KEY if own[i] else b"",
-                cls=pb.RegisterFunctionRequest(function_id=call.function_id))
+                creation=inbound.call_in(call), restarts=restarts[i], node_id=node,
+                owner_key=KEY if own[i] else b"",
+                cls=inbound.function_in(pb.RegisterFunctionRequest(function_id=call.function_id)))
             if node >= JOINED_FROM:   # its process outlived the head
                 self.old[aid] = (OLD_BASE + i, node)
         assert durable.restore(self.c.s, HEAD, {durable.ACTORS: records}, JOINED_FROM) == []

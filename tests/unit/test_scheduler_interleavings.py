@@ -269,9 +269,8 @@ class SchedulerInterleavings(RuleBasedStateMachine):
         objects = self.s.objects
         for q in self.s.ready.values():
             for t in q:
-                for v in t.call.args:
-                    if v.WhichOneof("kind") == "ref":
-                        assert objects[v.ref].data is not None, t.call.name
+                for oid in t.call.refs:
+                    assert objects[oid].data is not None, t.call.name
 
     @invariant()
     def every_task_runs_is_queued_or_waits_for_something_that_will_come(self) -> None:
@@ -324,9 +323,8 @@ class SchedulerInterleavings(RuleBasedStateMachine):
         kept = [o.lineage for o in self.s.objects.values() if o.lineage is not None]
         kept += [tomb.lineage for tomb in d.tombs.values() if tomb.lineage is not None]
         for lineage in kept:
-            for v in lineage.call.args:
-                if v.WhichOneof("kind") == "ref":
-                    named[v.ref] += 1
+            for oid in lineage.call.refs:
+                named[oid] += 1
         assert dict(d.lineage_refs) == dict(named)
         for oid, tomb in d.tombs.items():
             assert named[oid] > 0, f"tomb {oid.hex()} is named by no kept lineage"
