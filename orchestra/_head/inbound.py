@@ -11,6 +11,8 @@ function's registration a FunctionDef.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from .._protocol import pb
 from .._scheduler import events as ev
 from .._scheduler.call import ActorSpec, Call, FunctionDef, PlacementSpec
@@ -43,15 +45,30 @@ def spec_in(m: pb.ActorSpec) -> ActorSpec:
                      m.get_if_exists, m.max_restarts, m.restart_count, m)
 
 
+# A function's id and name, one object each for all its calls (a queued call holds
+# them: ~110 bytes less per task); forgotten all at once past _SAME_MAX.
+_same: dict[Any, Any] = {}
+_SAME_MAX = 4096
+
+
+def _one(value: Any) -> Any:
+    got = _same.get(value)
+    if got is None:
+        if len(_same) >= _SAME_MAX:
+            _same.clear()
+        got = _same[value] = value
+    return got
+
+
 def call_in(m: pb.Call) -> Call:
-    """The scheduler's view of a call; the message rides along (``wire``). ~1.5 us."""
+    """The scheduler's view of a call; the message rides along (``wire``). ~3 us."""
     if m.HasField("placement"):
         p = m.placement
         placement: PlacementSpec | None = _new(PlacementSpec, (
             p.strategy, p.node_id, p.soft, p.group_id, p.bundle_index, p.capture_child_tasks))
     else:
         placement = None
-    return Call(m.task_id, m.function_id, m.name,
+    return Call(m.task_id, _one(m.function_id), _one(m.name),
                 tuple([r for v in m.args if (r := v.ref)]) if m.args else (),
                 tuple(m.nested) if m.nested else (), m.num_returns, dict(m.resources),
                 m.max_retries, m.retry_exceptions, m.generator, m.max_calls, m.job, m.actor_id,

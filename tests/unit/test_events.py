@@ -121,6 +121,13 @@ def test_what_the_scheduler_changes_in_a_call_is_written_into_its_message():
     assert child.group_id == b"g" * 16 and out.args[0].inline == b"x"
 
 
+def test_the_calls_of_a_function_share_its_id_and_name():
+    first, second = (inbound.call_in(pb.Call(task_id=bytes([i]) * 12, function_id=b"f" * 16,
+                                             name="mod.fn")) for i in (1, 2))
+    assert first.function_id is second.function_id and first.name is second.name
+    assert first.task_id != second.task_id
+
+
 def test_a_task_done_without_a_lineage_carries_none():
     assert inbound.task_done(pb.TaskDone(task_id=b"t")) == ev.TaskDone(b"t", [])
     assert inbound.task_done(pb.TaskDone(task_id=b"t")).lineage is None
