@@ -46,7 +46,9 @@ def spec_in(m: pb.ActorSpec) -> ActorSpec:
 
 
 # A function's id and name, one object each for all its calls (a queued call holds
-# them: ~110 bytes less per task); forgotten all at once past _SAME_MAX.
+# them: ~130 bytes less per task); forgotten all at once past _SAME_MAX. The head's
+# loop reads calls (a reader on another thread would only share less: dict operations
+# are atomic, and any value found is an equal one).
 _same: dict[Any, Any] = {}
 _SAME_MAX = 4096
 
