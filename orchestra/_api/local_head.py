@@ -20,7 +20,7 @@ from typing import Any
 from .._checks import is_int
 from .._node.memory import settings as memory_settings
 from .._objects.segments import SHM_DIR, sweep_stale_segments
-from .._objects.store import pool_settings
+from .._objects.store import huge_pages_dir, pool_settings
 from .._platform.bootstrap import BOOTSTRAP as HEAD_BOOTSTRAP
 from .._platform.gpus import detect_num_gpus
 from .._platform.procutil import pid_alive
@@ -143,6 +143,7 @@ def build_cfg(*, num_cpus: int | None = None, num_gpus: int | None = None,
     # The node reads these from the environment it inherits: refused here, with the
     # setting's name, rather than by a head that fails to start.
     pool_settings(os.environ)
+    huge_pages_dir(os.environ)
     memory_settings(os.environ)
     store, warning = store_memory(object_store_memory, _ram(), _shm_free())
     # The node's "memory" (what tasks' and actors' memory= hold): 70% of RAM beside the

@@ -58,6 +58,7 @@ from .._objects.store import (
     SpillJob,
     SpillNeeded,
     StoredSegment,
+    huge_pages_dir,
     pool_settings,
 )
 from .._objects.transfer import DataServer, Fetcher
@@ -147,6 +148,7 @@ def node_from_cfg(node_id: int, host: NodeHost, loop: asyncio.AbstractEventLoop,
     env["PYTHONPATH"] = os.pathsep.join(p for p in cfg.get("sys_path", []) if p)
     session_dir = cfg["session_dir"]
     pool_idle_s, warm_bytes = pool_settings(env)
+    huge_pages = huge_pages_dir(env)
     return Node(
         node_id, host, loop, session_id=cfg["session_id"], session_dir=session_dir,
         # A node that joined over TCP: its workers connect to the head's address.
@@ -156,7 +158,8 @@ def node_from_cfg(node_id: int, host: NodeHost, loop: asyncio.AbstractEventLoop,
         warm_bytes=int(cfg.get("warm_bytes", warm_bytes)),
         pool_idle_s=float(cfg.get("pool_idle_s", pool_idle_s)),
         spill_dir=cfg.get("spill_dir"), env=env, preload=list(cfg.get("preload") or []),
-        warm_delay_s=cfg.get("warm_delay_s", 0.5), zygote=zygote, store=store)
+        warm_delay_s=cfg.get("warm_delay_s", 0.5), zygote=zygote, store=store,
+        huge_pages=huge_pages)
 
 
 class Node:
@@ -168,7 +171,8 @@ class Node:
                  pool_idle_s: float = DEFAULT_POOL_IDLE_S, spill_dir: str | None = None,
                  env: dict[str, str] | None = None,
                  preload: list[str] | None = None, warm_delay_s: float = 0.5,
-                 zygote: ZygoteStart | None = None, store: ObjectStore | None = None) -> None:
+                 zygote: ZygoteStart | None = None, store: ObjectStore | None = None,
+                 huge_pages: str | None = None) -> None:
         self.node_id = node_id
         self.host = host
         self.loop = loop
@@ -177,7 +181,7 @@ class Node:
         # (carry_over) are named in the node's register (NodeRegister.kept).
         self.store = store if store is not None else ObjectStore(
             node_id, session_id, capacity, pool_limit=pool_bytes, warm_bytes=warm_bytes,
-            pool_idle_s=pool_idle_s, spill_dir=spill_dir)
+            pool_idle_s=pool_idle_s, spill_dir=spill_dir, huge_pages=huge_pages)
         self.kept_objects: list[pb.ObjectData] = store.carry_over() if store is not None else []
         self.capacity = capacity
         self.shm_dir = self.store.dir

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import mmap
+import os
 import threading
 from typing import Any
 
@@ -81,11 +82,20 @@ def populate_write(mm: mmap.mmap, threads: int = 1) -> int:
     return next((r for r in results if r), 0)
 
 
+def map_length(fd: int, length: int) -> int:
+    """``length`` rounded up to the file's pages: a hugetlbfs file (st_blksize its huge
+    page) is mapped in whole huge pages, which munmap needs to end the map (a map
+    ending inside one is never unmapped, and its pages stay taken)."""
+    page = os.fstat(fd).st_blksize
+    return -(-length // page) * page if page > mmap.PAGESIZE else length
+
+
 def map_for_writing(fd: int, length: int, fresh: bool = True) -> mmap.mmap:
     """A read-write map of the first ``length`` bytes of a segment's file (allocated
     already) with its pages present; a segment reused from the store's pool (``fresh``
     False: its pages were written before) keeps MAP_POPULATE."""
     global _write_populates
+    length = map_length(fd, length)
     prot = mmap.PROT_READ | mmap.PROT_WRITE
     if fresh and _write_populates:
         mm = mmap.mmap(fd, length, mmap.MAP_SHARED, prot)

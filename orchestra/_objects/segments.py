@@ -14,6 +14,14 @@ mode 0600. A failed create or map raises ObjectStoreError naming the file; the w
 then asks the store to give back the bytes counted for the segment (abort). The pid in
 the directory's name tells a later session which directories a crashed head left
 behind (sweep_stale_segments). Every path of a segment is made by segment_path().
+
+Huge pages (ORCHESTRA_HUGE_PAGES, a hugetlbfs mount): large objects go to files in a
+private directory of the session on that mount (make_huge_dir: the same name, mode and
+checks as the one under /dev/shm), which the session's directory links to as ``huge``:
+their segments are named ``huge/<name>``, so every process finds them as it finds the
+others. A hugetlbfs file is written through maps only (no write(), no sendfile(): the
+spill and the transfer read it through a map or read() instead), and sized in whole
+huge pages.
 """
 from __future__ import annotations
 
@@ -29,10 +37,11 @@ from collections.abc import Callable
 from .._platform.procutil import pid_alive
 from .._proto import types_pb2
 from ..exceptions import ObjectStoreError, ObjectStoreFullError
-from .pages import map_for_writing, populate_write
+from .pages import map_for_writing, map_length, populate_write
 from .serialization import Serialized
 
 SHM_DIR = "/dev/shm"
+HUGE = "huge"                  # the link in a session's directory to its huge-page one
 DIR_PREFIX = "orchestra-"      # + <uid>-<head pid>-<session>-<random>: see make_session_dir
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 _WARM_CHUNK = 8 << 20
@@ -99,10 +108,71 @@ def remove_private_dir(path: str) -> bool:
 
 
 def segment_path(folder: str, name: str) -> str:
-    """The file of segment ``name`` in the session's directory ``folder``."""
-    if "/" in name or name.startswith("."):
+    """The file of segment ``name`` in the session's directory ``folder`` (``huge/<n>``:
+    in its huge-page directory, through the link)."""
+    base = name[len(HUGE) + 1:] if name.startswith(HUGE + "/") else name
+    if "/" in base or base.startswith(".") or not base:
         raise ObjectStoreError(f"bad segment name {name!r}: not a file of {folder}")
     return f"{folder}/{name}"
+
+
+def make_huge_dir(folder: str, mount: str) -> str:
+    """The session's private directory on the hugetlbfs ``mount`` (named as ``folder``,
+    its directory under /dev/shm, so that sweep_stale_segments finds it there too),
+    linked from ``folder`` as ``huge``."""
+    try:
+        path = tempfile.mkdtemp(prefix=os.path.basename(folder) + "-", dir=mount)
+    except OSError as exc:
+        raise ObjectStoreError(f"cannot create the session's directory in {mount} "
+                               f"({exc.strerror}) for its huge pages (ORCHESTRA_HUGE_PAGES)") from exc
+    os.chmod(path, 0o700)
+    check_private_dir(path)
+    os.symlink(path, f"{folder}/{HUGE}")
+    return path
+
+
+def huge_page_mount(path: str) -> str:
+    """Why ``path`` cannot hold the objects' huge pages; "" when it can: a directory of
+    a hugetlbfs mount that this user may write."""
+    real = os.path.realpath(path)
+    if not os.path.isdir(real):
+        return f"{path} is not a directory"
+    mounts: list[tuple[str, str]] = []
+    try:
+        with open("/proc/self/mounts", encoding="utf-8") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3:
+                    mounts.append((parts[1].replace("\\040", " "), parts[2]))
+    except OSError as exc:
+        return f"cannot read /proc/self/mounts ({exc.strerror})"
+    fstype = max(((m, t) for m, t in mounts if real == m or real.startswith(m.rstrip("/") + "/")),
+                 key=lambda mt: len(mt[0]), default=("", ""))[1]
+    if fstype != "hugetlbfs":
+        return f"{path} is on a {fstype or 'unknown'} file system, not hugetlbfs"
+    if not os.access(real, os.W_OK | os.X_OK):
+        return f"{path} is not writable by this user"
+    return ""
+
+
+def free_huge_bytes(path: str) -> int:
+    """Bytes of huge pages the hugetlbfs mount at ``path`` can hand out now: the
+    machine's free pages of its page size that no map has reserved yet, bounded by the
+    mount's own size= limit. Pages of a file unlinked while still mapped count as used
+    until the last map closes."""
+    st = os.statvfs(path)
+    page = st.f_bsize
+    pool = f"/sys/kernel/mm/hugepages/hugepages-{page // 1024}kB"
+    try:
+        with open(f"{pool}/free_hugepages", encoding="ascii") as f:
+            free = int(f.read())
+        with open(f"{pool}/resv_hugepages", encoding="ascii") as f:
+            free -= int(f.read())
+    except (OSError, ValueError):
+        free = 0
+    if st.f_blocks:   # a mount with size=: its own bound
+        free = min(free, st.f_bavail)
+    return max(free, 0) * page
 
 
 def _not_own(st: os.stat_result, is_kind: Callable[[int], bool], kind: str, mode: int) -> str:
@@ -197,7 +267,12 @@ def spill_file(src: str, dst: str, size: int) -> str:
     try:
         off = 0
         while off < size:
-            n = os.sendfile(fout, fin, off, min(size - off, 1 << 30))
+            try:
+                n = os.sendfile(fout, fin, off, min(size - off, 1 << 30))
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                n = _copy_read(fin, fout, off, min(size - off, _WARM_CHUNK))   # hugetlbfs
             if n <= 0:
                 return f"{dst}: short copy ({off} of {size} bytes)"
             off += n
@@ -209,14 +284,26 @@ def spill_file(src: str, dst: str, size: int) -> str:
         os.close(fout)
 
 
-def sweep_stale_segments() -> int:
-    """Remove this user's segment directories of sessions whose head process is gone
-    (the pid in the name). Returns how many. Another user's entries are never touched,
-    even by root: a name says nothing of who made it, the owner does."""
+def _copy_read(fin: int, fout: int, off: int, n: int) -> int:
+    """Copy ``n`` bytes at ``off`` with read() and write(): what sendfile() cannot do
+    from a hugetlbfs file. The bytes written."""
+    data = os.pread(fin, n, off)
+    view = memoryview(data)
+    done = 0
+    while done < len(data):
+        done += os.write(fout, view[done:])
+    return done
+
+
+def sweep_stale_segments(folder: str = SHM_DIR) -> int:
+    """Remove this user's segment directories in ``folder`` (/dev/shm, or a hugetlbfs
+    mount) of sessions whose head process is gone (the pid in the name). Returns how
+    many. Another user's entries are never touched, even by root: a name says nothing
+    of who made it, the owner does."""
     removed = 0
     mine = f"{DIR_PREFIX}{os.geteuid()}-"
     try:
-        names = os.listdir(SHM_DIR)
+        names = os.listdir(folder)
     except OSError:
         return 0
     for name in names:
@@ -226,7 +313,7 @@ def sweep_stale_segments() -> int:
             pid = int(name[len(mine):].split("-", 1)[0])
         except ValueError:
             continue
-        if not pid_alive(pid) and remove_private_dir(os.path.join(SHM_DIR, name)):
+        if not pid_alive(pid) and remove_private_dir(os.path.join(folder, name)):
             removed += 1
     return removed
 
@@ -315,7 +402,7 @@ def map_segment(folder: str, segment: types_pb2.Segment,
     fd = _open_own(path, os.O_RDONLY)
     try:
         length = max(os.fstat(fd).st_size if whole else segment.size, segment.size, 1)
-        mm = mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ)
+        mm = mmap.mmap(fd, map_length(fd, length), mmap.MAP_SHARED, mmap.PROT_READ)
     except (OSError, ValueError) as exc:
         raise ObjectStoreError(f"cannot map {path} ({exc}); the object's data cannot be "
                                "read here.") from exc

@@ -19,6 +19,9 @@ bytes of a later object. Readers do not use multiprocessing.shared_memory: CPyth
 resource tracker would unlink segments it did not create (gh-82300).
 
 Where segments live, and how they are opened and mapped safely: _objects/segments.py.
+With huge pages (ORCHESTRA_HUGE_PAGES, a hugetlbfs mount), a new segment for an object
+of HUGE_MIN or more is made there, its capacity in whole pages, while the mount has the
+pages free (less those handed out and not written yet); else, as any other, in /dev/shm.
 
 Spilling: when live objects leave no room for a new one, create() names the least
 recently used sealed segments that nobody maps (SpillNeeded); the head copies them to
@@ -43,17 +46,24 @@ from typing import NamedTuple
 from .._proto import types_pb2
 from ..exceptions import ObjectStoreFullError
 from .segments import (
+    HUGE,
     allocate,
     check_private_dir,
     fmt_bytes,
+    free_huge_bytes,
+    huge_page_mount,
+    make_huge_dir,
     make_session_dir,
     page_align,
     remove_private_dir,
     segment_path,
+    sweep_stale_segments,
     unlink_path,
 )
 
 _MIN_CLASS = 64 * 1024
+# With huge pages (ORCHESTRA_HUGE_PAGES): objects from this size go to them.
+HUGE_MIN = 1 << 20
 # Seconds a freed segment is kept for reuse when nothing takes it
 # (ORCHESTRA_OBJECT_POOL_IDLE_S).
 DEFAULT_POOL_IDLE_S = 30.0
@@ -76,6 +86,21 @@ def pool_settings(env: Mapping[str, str]) -> tuple[float, int]:
             f"{raw_warm!r}: seconds (at least 0) and bytes (a whole number, at least 0) "
             "are expected, e.g. 30 and 1073741824")
     return idle, warm
+
+
+def huge_pages_dir(env: Mapping[str, str]) -> str | None:
+    """The hugetlbfs mount that ORCHESTRA_HUGE_PAGES names for large objects, or None;
+    ValueError names the variable, what is wrong with it and how to set one up."""
+    raw = env.get("ORCHESTRA_HUGE_PAGES", "")
+    if not raw:
+        return None
+    problem = huge_page_mount(raw)
+    if problem:
+        raise ValueError(
+            f"ORCHESTRA_HUGE_PAGES={raw!r}: {problem}. Mount one and reserve pages, as root: "
+            "mkdir -p /mnt/huge && mount -t hugetlbfs none /mnt/huge && "
+            "echo 1024 > /proc/sys/vm/nr_hugepages (2 GiB of 2 MiB pages); or unset it")
+    return os.path.realpath(raw)
 
 
 def size_class(n: int) -> int:
@@ -142,10 +167,22 @@ class ObjectStore:
     def __init__(self, node_id: int, session: str, capacity: int, *,
                  pool_limit: int | None = None, warm_bytes: int = 0,
                  pool_idle_s: float = DEFAULT_POOL_IDLE_S,
-                 spill_dir: str | None = None) -> None:
+                 spill_dir: str | None = None, huge_pages: str | None = None) -> None:
         self.node_id = node_id
         self.capacity = capacity
         self.dir = make_session_dir(session)
+        # Huge pages: objects from HUGE_MIN go to the session's directory on that
+        # hugetlbfs mount, in whole pages, while the mount has pages free for them
+        # (huge_free: now, less those handed out and not written yet); the rest, and
+        # all while none are free, to /dev/shm.
+        if huge_pages:
+            sweep_stale_segments(huge_pages)   # pages a crashed session's files hold
+        self.huge = make_huge_dir(self.dir, huge_pages) if huge_pages else ""
+        self.huge_page = os.statvfs(huge_pages).f_bsize if huge_pages else 0
+        mount = huge_pages or ""
+        self.huge_free: Callable[[], int] = lambda: free_huge_bytes(mount)
+        self.huge_used = 0     # bytes of huge-page segments (live, pooled or being written)
+        self.huge_writing: dict[str, int] = {}   # new ones handed out, not sealed yet
         # Pooled segments are evicted on demand by create(), so the pool may use all
         # capacity that live objects leave free.
         self.pool_limit = capacity if pool_limit is None else pool_limit
@@ -178,6 +215,28 @@ class ObjectStore:
         self._n += 1
         return f"seg-{self._n}"
 
+    def _class(self, size: int) -> int:
+        """The capacity of a segment for ``size`` bytes: its size class, in whole huge
+        pages where it goes to them (never where that would need a spill the class
+        alone would not)."""
+        cap = size_class(max(size, 1))
+        if self.huge and size >= HUGE_MIN:
+            whole = -(-cap // self.huge_page) * self.huge_page
+            if self.used + whole <= self.capacity and self._huge_room(whole):
+                return whole
+        return cap
+
+    def _huge_room(self, cap: int) -> bool:
+        """Whether the mount has the pages of a new segment of ``cap`` bytes: those free
+        now, less the ones handed out that their writers have not allocated yet."""
+        return self.huge_free() - sum(self.huge_writing.values()) >= cap
+
+    def _huge(self, cap: int) -> bool:
+        """Whether a new segment of ``cap`` bytes goes to huge pages, as _class chose:
+        a class of a smaller object is never whole pages (it is at most HUGE_MIN)."""
+        return bool(self.huge) and cap >= HUGE_MIN and cap % self.huge_page == 0 \
+            and self.used + cap <= self.capacity and self._huge_room(cap)
+
     def create(self, conn: int, object_id: bytes, size: int, *, spill: bool = True,
                release: bool = True, holds_refs: bool = True) -> types_pb2.Segment:
         """Reserve room for ``size`` bytes; returns the Segment the writer fills.
@@ -185,7 +244,7 @@ class ObjectStore:
         Raises SpillNeeded when spilling some objects to disk would make the room (the
         caller spills them and asks again), ObjectStoreFullError when nothing can.
         """
-        cap = size_class(max(size, 1))
+        cap = self._class(size)
         if cap > self.capacity:
             raise ObjectStoreFullError(
                 f"an object of {fmt_bytes(size)} cannot fit in the object store of "
@@ -212,7 +271,7 @@ class ObjectStore:
         its object and size when sealed. At most a 32nd of the store at a time, and only
         while live objects and spares leave a quarter of it free: never a spill or a wait
         for them."""
-        cap = size_class(max(size, 1))
+        cap = self._class(size)
         n = min(n, self.capacity // 32 // cap)
         spares: list[types_pb2.Segment] = []
         while len(spares) < n and self.used + cap <= self.capacity - self.capacity // 4:
@@ -228,6 +287,10 @@ class ObjectStore:
         if name is None:
             self._evict_pool(self.used + self.pooled + cap - self.capacity)
             name = self._new_name()
+            if self._huge(cap):
+                name = f"{HUGE}/{name}"
+                self.huge_used += cap
+                self.huge_writing[name] = cap
             seg = self.segs[name] = StoredSegment(name, cap, "writing", conn)
         else:
             seg = self.segs[name]
@@ -281,7 +344,7 @@ class ObjectStore:
     def readers_hold(self, size: int) -> bool:
         """Whether maps readers keep stand between a create of ``size`` and the room a
         spill would make (ReleaseNeeded asked them to let go)."""
-        need = self.used + size_class(max(size, 1)) - self.capacity
+        need = self.used + self._class(size) - self.capacity
         return need > 0 and bool(self._held_by_readers(need))
 
     def _held_by_readers(self, need: int) -> dict[int, list[str]] | None:
@@ -353,6 +416,7 @@ class ObjectStore:
             seg.object_id, seg.size = object_id, size
             seg.allocated = max(seg.allocated, min(page_align(size), seg.capacity))
         seg.state = "sealed"
+        self.huge_writing.pop(name, None)
         return True
 
     def free(self, name: str) -> None:
@@ -375,6 +439,7 @@ class ObjectStore:
 
     def _release(self, seg: StoredSegment) -> None:
         self.used -= seg.capacity
+        self.huge_writing.pop(seg.name, None)
         if not seg.no_pool and self.pooled + seg.capacity <= self.pool_limit and \
                 self.used + self.pooled + seg.capacity <= self.capacity:
             seg.state, seg.pooled_at = "pooled", self.now()
@@ -397,6 +462,9 @@ class ObjectStore:
         seg = self.segs.pop(name, None)
         if seg is not None:
             self.dropped.extend((conn, name) for conn in seg.rw)
+            if name.startswith(HUGE + "/"):
+                self.huge_used -= seg.capacity
+                self.huge_writing.pop(name, None)
         self._unlink(name)
 
     def _unlink(self, name: str) -> None:
@@ -463,7 +531,7 @@ class ObjectStore:
             seg = self.segs[name]
             seg.state = "spilling"
             jobs.append(SpillJob(name, seg.object_id, segment_path(self.dir, name),
-                                 os.path.join(self.spill_dir, name), seg.size))
+                                 os.path.join(self.spill_dir, name.rpartition("/")[2]), seg.size))
         return jobs
 
     def end_spill(self, name: str, path: str, error: str) -> types_pb2.Segment | None:
@@ -570,3 +638,7 @@ class ObjectStore:
         if self.spill_dir is not None:
             shutil.rmtree(self.spill_dir, ignore_errors=True)
         remove_private_dir(self.dir)
+        if self.huge:
+            remove_private_dir(self.huge)
+            self.huge_used = 0
+            self.huge_writing.clear()

@@ -33,6 +33,7 @@ two streams for a large object from another host (see _STREAMS below).
 """
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import socket
@@ -43,6 +44,7 @@ import threading
 from collections.abc import Callable
 
 from ..exceptions import AuthenticationError, ObjectLostError
+from .pages import map_length
 
 # Request: key length (u16), offset (u64), size (u64), then the key (utf-8).
 _REQUEST = struct.Struct("!HQQ")
@@ -112,13 +114,17 @@ def _recv_exact(sock: socket.socket, view: memoryview) -> int:
     return got
 
 
-def _send_tls(sock: ssl.SSLSocket, fd: int, offset: int, size: int) -> bool:
-    """Send ``size`` bytes of the file from ``offset`` over TLS: mapped, and encrypted
-    from the map in large writes (sendfile cannot encrypt)."""
+def _send_mapped(sock: socket.socket, fd: int, offset: int, size: int) -> bool:
+    """Send ``size`` bytes of the file from ``offset`` from a map of it, in large
+    writes: over TLS (sendfile cannot encrypt), or from a hugetlbfs file (sendfile
+    cannot read one; mapped from its start, as its maps begin on a huge page)."""
     if not size:
         return True
     start = offset - offset % mmap.ALLOCATIONGRANULARITY
-    with mmap.mmap(fd, offset + size - start, prot=mmap.PROT_READ, offset=start) as m:
+    if not isinstance(sock, ssl.SSLSocket):
+        start = 0
+    with mmap.mmap(fd, map_length(fd, offset + size - start), prot=mmap.PROT_READ,
+                   offset=start) as m:
         view = memoryview(m)
         try:
             for at in range(offset - start, offset - start + size, _TLS_PIECE):
@@ -226,12 +232,17 @@ class DataServer:
                                          f"({st.st_size} bytes)")
             if isinstance(sock, ssl.SSLSocket):
                 sock.sendall(_REPLY.pack(_OK, size))
-                return _send_tls(sock, fd, offset, size)
+                return _send_mapped(sock, fd, offset, size)
             sock.sendall(_REPLY.pack(_OK, size), socket.MSG_MORE if size else 0)
             sent = 0
             while sent < size:
-                n = os.sendfile(sock.fileno(), fd, offset + sent,
-                                min(size - sent, _SENDFILE_CHUNK))
+                try:
+                    n = os.sendfile(sock.fileno(), fd, offset + sent,
+                                    min(size - sent, _SENDFILE_CHUNK))
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL or sent:
+                        raise
+                    return _send_mapped(sock, fd, offset, size)   # a hugetlbfs file
                 if n <= 0:
                     return False   # the file shrank: the peer sees a short read
                 sent += n

@@ -48,6 +48,7 @@ WRITERS = [1, 2]
 IDLE_S = 10.0          # a pooled segment nobody takes for this long is given back
 FLOOR = 3 * MiB        # ... unless the pool would then hold less than this
 READERS = [7, 8]
+HUGE_BUDGET = 10 * MiB   # HugeStoreMachine's free huge pages
 
 
 @dataclass
@@ -285,7 +286,9 @@ class StoreMachine(RuleBasedStateMachine):
     def the_directory_holds_what_the_store_names(self) -> None:
         if not hasattr(self, "store"):
             return
-        assert set(os.listdir(self.store.dir)) == set(self.store.segs)
+        store = self.store
+        assert set(os.listdir(store.dir)) == {n for n in store.segs if not n.startswith("huge/")} \
+            | ({"huge"} if store.huge else set())
 
     @invariant()
     def every_live_objects_bytes_are_its_own(self) -> None:
@@ -325,8 +328,51 @@ class StoreMachine(RuleBasedStateMachine):
         assert store.used == 0
 
 
+class HugeStoreMachine(StoreMachine):
+    """The same with huge pages (ORCHESTRA_HUGE_PAGES): objects from 1 MiB go to the
+    session's directory on the "mount" (here a private directory under /dev/shm, with
+    2 MiB pages and 10 MiB of them free) in whole pages while the budget lasts, the rest
+    to /dev/shm. Also: the huge-page bytes counted are those of the huge segments and
+    stay within the budget, and the directory there holds exactly those."""
+
+    @initialize()
+    def start(self) -> None:
+        super().start()
+        self.store.close()   # made again with huge pages
+        self.mount = tempfile.mkdtemp(prefix="orchestra-test-huge-", dir="/dev/shm")
+        self.store = ObjectStore(0, "unit", CAPACITY, warm_bytes=FLOOR, pool_idle_s=IDLE_S,
+                                 spill_dir=os.path.join(self.spill_root, "spill"),
+                                 huge_pages=self.mount)
+        # A mount of 2 MiB pages, 10 MiB of them free less what the store holds (pages of
+        # segments handed out and not written yet: free still, the store counts them).
+        store = self.store
+        store.huge_page = 2 * MiB
+        store.huge_free = lambda: HUGE_BUDGET - store.huge_used + sum(store.huge_writing.values())
+        self.store.now = lambda: self.clock
+
+    def teardown(self) -> None:
+        if hasattr(self, "store"):
+            huge = self.store.huge
+            super().teardown()
+            assert not os.path.exists(huge) and os.listdir(self.mount) == []
+            os.rmdir(self.mount)
+
+    @invariant()
+    def huge_pages_are_counted_and_within_the_budget(self) -> None:
+        if not hasattr(self, "store"):
+            return
+        store = self.store
+        huge = {n: s.capacity for n, s in store.segs.items() if n.startswith("huge/")}
+        assert store.huge_used == sum(huge.values()) <= HUGE_BUDGET
+        assert set(store.huge_writing) <= {n for n in huge if store.segs[n].state == "writing"}
+        assert all(c % store.huge_page == 0 and c >= MiB for c in huge.values())
+        assert set(os.listdir(store.huge)) == {n[len("huge/"):] for n in huge}
+
+
 StoreMachine.TestCase.settings = settings(
     max_examples=int(os.environ.get("ORCHESTRA_HYPOTHESIS_EXAMPLES", "60")),
     stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 test_the_store_under_random_interleavings = StoreMachine.TestCase
+HugeStoreMachine.TestCase.settings = StoreMachine.TestCase.settings
+test_the_store_with_huge_pages_under_random_interleavings = HugeStoreMachine.TestCase
