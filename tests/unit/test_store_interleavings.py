@@ -353,9 +353,11 @@ class HugeStoreMachine(StoreMachine):
     def teardown(self) -> None:
         if hasattr(self, "store"):
             huge = self.store.huge
-            super().teardown()
-            assert not os.path.exists(huge) and os.listdir(self.mount) == []
-            os.rmdir(self.mount)
+            try:
+                super().teardown()
+                assert not os.path.exists(huge) and os.listdir(self.mount) == []
+            finally:
+                shutil.rmtree(self.mount, ignore_errors=True)
 
     @invariant()
     def huge_pages_are_counted_and_within_the_budget(self) -> None:
