@@ -140,6 +140,10 @@ def start_parser() -> argparse.ArgumentParser:
                    help='custom resources as JSON, e.g. \'{"widget": 2}\'')
     p.add_argument("--object-store-memory", type=_bytes, default=None, metavar="BYTES",
                    help="the object store's size (default: 30%% of RAM, bounded by /dev/shm)")
+    p.add_argument("--huge-pages", metavar="DIR", default=None,
+                   help="a hugetlbfs mount where objects of 1 MiB and more live, in huge "
+                        "pages (sets ORCHESTRA_HUGE_PAGES for what starts here; "
+                        "docs/objects.md)")
     p.add_argument("--dashboard-port", type=_port, default=None, metavar="PORT",
                    help="the head's dashboard port (default 8265, or any free port when "
                         "that is taken; 0: any free port)")
@@ -232,6 +236,7 @@ def start(argv: list[str]) -> int:
     # after the head's record appeared killed this process and left the head running).
     stop_asked = _catch_stop_signals() if args.block else None
     try:
+        from .._objects.store import huge_pages_dir
         from .._protocol import pki
         # Checked before anything starts; then in the environment, which the processes
         # started here inherit.
@@ -239,6 +244,9 @@ def start(argv: list[str]) -> int:
             else None
         if own is not None and args.head and args.tls is None:
             args.tls = True   # certificates given: TLS even on loopback
+        if args.huge_pages is not None:
+            os.environ["ORCHESTRA_HUGE_PAGES"] = huge_pages_dir(
+                {"ORCHESTRA_HUGE_PAGES": args.huge_pages}, "--huge-pages") or ""
         if args.head:
             every = _start_head(state, args, log)
         else:

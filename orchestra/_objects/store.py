@@ -88,18 +88,19 @@ def pool_settings(env: Mapping[str, str]) -> tuple[float, int]:
     return idle, warm
 
 
-def huge_pages_dir(env: Mapping[str, str]) -> str | None:
+def huge_pages_dir(env: Mapping[str, str], setting: str = "ORCHESTRA_HUGE_PAGES") -> str | None:
     """The hugetlbfs mount that ORCHESTRA_HUGE_PAGES names for large objects, or None;
-    ValueError names the variable, what is wrong with it and how to set one up."""
+    ValueError names the ``setting``, what is wrong with it and how to set one up."""
     raw = env.get("ORCHESTRA_HUGE_PAGES", "")
     if not raw:
         return None
     problem = huge_page_mount(raw)
     if problem:
         raise ValueError(
-            f"ORCHESTRA_HUGE_PAGES={raw!r}: {problem}. Mount one and reserve pages, as root: "
+            f"{setting}={raw!r}: {problem}. Mount one and reserve pages, as root: "
             "mkdir -p /mnt/huge && mount -t hugetlbfs none /mnt/huge && "
-            "echo 1024 > /proc/sys/vm/nr_hugepages (2 GiB of 2 MiB pages); or unset it")
+            "echo 1024 > /proc/sys/vm/nr_hugepages (2 GiB of 2 MiB pages); or "
+            f"{'leave it out' if setting.startswith('--') else 'unset it'}")
     return os.path.realpath(raw)
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import orchestra
+from _cli import SMALL, cli, records, start_head
 from _helpers import array_sum, joined_cluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -126,6 +127,29 @@ def test_a_huge_page_object_moves_to_another_node(mount: Path) -> None:
         assert orchestra.get(array_sum.options(resources={"far": 1}).remote(ref)) == \
             pytest.approx(a.sum())
     assert _free(mount) == PAGES
+
+
+def test_orchestra_start_with_huge_pages_puts_large_objects_there(
+        mount: Path, state: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ORCHESTRA_HUGE_PAGES")   # the flag alone
+    head = start_head(state, "--huge-pages", str(mount))
+    orchestra.init(address=head["address"], token=head["token"])
+    a = np.random.default_rng(10).random(3 * MiB // 8)
+    ref = orchestra.put(a)
+    assert len(_files(mount)) == 1
+    assert np.array_equal(orchestra.get(ref), a)
+    del ref
+    orchestra.shutdown()
+    assert cli("stop", "--timeout", "10").returncode == 0
+    assert os.listdir(mount) == [] and _free(mount) == PAGES
+
+
+def test_orchestra_start_refuses_a_huge_pages_path_that_is_no_mount(state: str,
+                                                                   tmp_path: Path) -> None:
+    r = cli("start", "--head", "--port", "0", *SMALL, "--huge-pages", str(tmp_path))
+    assert r.returncode == 1
+    assert "--huge-pages=" in r.stderr and "not hugetlbfs" in r.stderr, r.stderr
+    assert records(state) == []
 
 
 def test_a_setting_that_names_no_hugetlbfs_mount_is_refused(tmp_path: Path,
