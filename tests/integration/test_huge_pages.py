@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +23,7 @@ import pytest
 import orchestra
 from _cli import SMALL, cli, records, start_head
 from _helpers import array_sum, joined_cluster
+from test_shm_security import _PROBE, other_user  # noqa: F401 (the fixture, a second local user)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -54,18 +57,21 @@ def _more_pages(n: int) -> Iterator[None]:
 
 
 @pytest.fixture
-def mount(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A hugetlbfs mount of PAGES pages, named by ORCHESTRA_HUGE_PAGES."""
+def mount(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A hugetlbfs mount of PAGES pages, named by ORCHESTRA_HUGE_PAGES: every user may
+    reach and write it (mode 1777, as a machine's shared /mnt/huge)."""
     if os.geteuid() != 0:
         pytest.skip("needs root: reserving huge pages and mounting hugetlbfs (CI runs as root)")
     if not os.path.isdir(POOL):
         pytest.skip(f"this kernel has no 2 MiB huge pages ({POOL} is missing)")
-    path = tmp_path / "huge"
-    path.mkdir()
-    with _more_pages(PAGES):
+    path = Path(tempfile.mkdtemp(prefix="orchestra-test-huge-", dir="/tmp"))
+    path.chmod(0o755)
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(_remove_mount_point, path)
+        cleanup.enter_context(_more_pages(PAGES))
         done = subprocess.run(["mount", "-t", "hugetlbfs", "-o",
-                               f"pagesize=2M,size={PAGES * PAGE}", "none", str(path)],
-                              capture_output=True, text=True)
+                               f"pagesize=2M,size={PAGES * PAGE},mode=1777", "none",
+                               str(path)], capture_output=True, text=True)
         if done.returncode != 0:   # no mount allowed here (a container without the right)
             pytest.skip(f"cannot mount hugetlbfs here: {done.stderr.strip()}")
         try:
@@ -75,6 +81,11 @@ def mount(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
             if orchestra.is_initialized():
                 orchestra.shutdown()
             subprocess.run(["umount", str(path)], check=False)
+
+
+def _remove_mount_point(path: Path) -> None:
+    with contextlib.suppress(OSError):   # still mounted: the umount's error says why
+        path.rmdir()
 
 
 def _free(path: Path) -> int:
@@ -133,6 +144,21 @@ def test_a_huge_page_object_moves_to_another_node(mount: Path) -> None:
         assert orchestra.get(array_sum.options(resources={"far": 1}).remote(ref)) == \
             pytest.approx(a.sum())
     assert _free(mount) == PAGES
+
+
+def test_another_user_cannot_list_open_or_create_in_the_sessions_huge_pages(
+        mount: Path, other_user) -> None:  # noqa: F811 (the fixture)
+    # The mount is every user's (mode 1777); the session's directory there is its own.
+    orchestra.init(num_cpus=1, object_store_memory=64 * MiB)
+    ref = orchestra.put(np.ones(3 * MiB // 8))
+    [folder] = os.listdir(mount)
+    [name] = os.listdir(mount / folder)
+    st = os.lstat(mount / folder)
+    assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+    assert stat.S_IMODE(st.st_mode) == 0o700
+    seen = other_user.run(_PROBE, str(mount / folder / name))
+    assert seen == {"listed": False, "opened": False, "created": False}
+    assert orchestra.get(ref).sum() == 3 * MiB // 8
 
 
 def test_orchestra_start_with_huge_pages_puts_large_objects_there(
