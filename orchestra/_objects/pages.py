@@ -95,7 +95,6 @@ def map_for_writing(fd: int, length: int, fresh: bool = True) -> mmap.mmap:
     already) with its pages present; a segment reused from the store's pool (``fresh``
     False: its pages were written before) keeps MAP_POPULATE."""
     global _write_populates
-    length = map_length(fd, length)
     prot = mmap.PROT_READ | mmap.PROT_WRITE
     if fresh and _write_populates:
         mm = mmap.mmap(fd, length, mmap.MAP_SHARED, prot)

@@ -349,7 +349,10 @@ def open_segment(folder: str, segment: types_pb2.Segment) -> mmap.mmap:
                     f"/dev/shm has no room for an object of {fmt_bytes(size)} ({exc.strerror}). "
                     "Free shared memory, or lower object_store_memory so the store fits "
                     "in /dev/shm.") from exc
-        return map_for_writing(fd, max(need, done), fresh=not segment.reused)
+        length = max(need, done)
+        if segment.name.startswith(HUGE + "/"):
+            length = map_length(fd, length)
+        return map_for_writing(fd, length, fresh=not segment.reused)
     except OSError as exc:
         raise ObjectStoreError(f"cannot size or map the segment {path} ({exc.strerror}); "
                                "the object was not stored.") from exc
@@ -402,7 +405,9 @@ def map_segment(folder: str, segment: types_pb2.Segment,
     fd = _open_own(path, os.O_RDONLY)
     try:
         length = max(os.fstat(fd).st_size if whole else segment.size, segment.size, 1)
-        mm = mmap.mmap(fd, map_length(fd, length), mmap.MAP_SHARED, mmap.PROT_READ)
+        if segment.name.startswith(HUGE + "/") and not segment.path:
+            length = map_length(fd, length)
+        mm = mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ)
     except (OSError, ValueError) as exc:
         raise ObjectStoreError(f"cannot map {path} ({exc}); the object's data cannot be "
                                "read here.") from exc

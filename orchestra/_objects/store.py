@@ -223,20 +223,18 @@ class ObjectStore:
         cap = size_class(max(size, 1))
         if self.huge and size >= HUGE_MIN:
             whole = -(-cap // self.huge_page) * self.huge_page
-            if self.used + whole <= self.capacity and self._huge_room(whole):
+            if self._huge(whole):
                 return whole
         return cap
 
-    def _huge_room(self, cap: int) -> bool:
-        """Whether the mount has the pages of a new segment of ``cap`` bytes: those free
-        now, less the ones handed out that their writers have not allocated yet."""
-        return self.huge_free() - sum(self.huge_writing.values()) >= cap
-
     def _huge(self, cap: int) -> bool:
-        """Whether a new segment of ``cap`` bytes goes to huge pages, as _class chose:
-        a class of a smaller object is never whole pages (it is at most HUGE_MIN)."""
+        """Whether a new segment of ``cap`` bytes goes to huge pages (as _class chose: a
+        class of a smaller object is never whole pages, being at most HUGE_MIN): it fits
+        the store without a spill, and the mount has its pages (those free now, less
+        the ones handed out that their writers have not allocated yet)."""
         return bool(self.huge) and cap >= HUGE_MIN and cap % self.huge_page == 0 \
-            and self.used + cap <= self.capacity and self._huge_room(cap)
+            and self.used + cap <= self.capacity \
+            and self.huge_free() - sum(self.huge_writing.values()) >= cap
 
     def create(self, conn: int, object_id: bytes, size: int, *, spill: bool = True,
                release: bool = True, holds_refs: bool = True) -> types_pb2.Segment:
