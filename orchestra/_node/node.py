@@ -288,6 +288,9 @@ class Node:
         for readers to let go of maps they keep."""
         cs = req if isinstance(req, _Pull) else req.create_segment
         store = self.store
+        if not isinstance(req, _Pull) and not cs.object_id:
+            self._spares_only(conn_id, req)
+            return True
         segment, error = None, ""
         try:
             segment = store.create(conn_id, cs.object_id, cs.size, spill=spill, release=release,
@@ -330,10 +333,24 @@ class Node:
             if asked.spares and not asked.holds_refs:
                 reply.spares.extend(store.create_spares(conn_id, asked.size,
                                                         min(asked.spares, _MAX_SPARES)))
+                if store.dropped:   # pooled segments evicted for them
+                    self._send_dropped()
         else:
             reply.error, reply.error_kind = error, "ObjectStoreFullError"
         self.host.send(conn_id, _wire.REPLY, reply)
         return True
+
+    def _spares_only(self, conn_id: int, req: pb.Request) -> None:
+        """A create with no object: a writer's refill of spares (only those that fit
+        without a spill, create_spares; none is an answer too)."""
+        asked = req.create_segment
+        reply = pb.Reply(req_id=req.req_id)
+        if asked.size > 0:
+            reply.spares.extend(self.store.create_spares(conn_id, asked.size,
+                                                         min(asked.spares, _MAX_SPARES)))
+        if self.store.dropped:
+            self._send_dropped()
+        self.host.send(conn_id, _wire.REPLY, reply)
 
     def _start_spill(self, jobs: list[SpillJob]) -> None:
         """Copy segments to disk on a thread: a 100 MiB object takes ~50 ms to write, the

@@ -108,7 +108,9 @@ class CoreClient:
         self._cond = threading.Condition()
         self._sleepers = 0   # threads waiting on _cond (see wake)
         self._read_lock = threading.Lock()   # held by the one thread reading the sockets
-        self.replies: dict[int, list[pb.Reply | None]] = {}
+        # Requests waiting for their replies: req id -> [reply] (request) or the
+        # function to call with it (request_later), on whichever thread reads it.
+        self.replies: dict[int, list[pb.Reply | None] | Callable[[pb.Reply], None]] = {}
         self._req_ids = itertools.count(1)
         # Streams this process consumes (task id -> _generators.Stream): their items are
         # pushed here before next() makes their refs; and the last ones ended, in order.
@@ -268,6 +270,28 @@ class CoreClient:
             cls = _REPLY_ERRORS.get(reply.error_kind)
             raise (cls or OrchestraError)(reply.error)
         return reply
+
+    def read_ready(self) -> None:
+        """Read and dispatch what has come, without waiting, unless another thread is
+        reading (it does so): a put low on spares takes in the refill it asked for."""
+        if self._read_lock.acquire(False):
+            try:
+                self._read_once(0)
+            finally:
+                self._read_lock.release()
+                self.wake()
+
+    def request_later(self, req: pb.Request, on_reply: Callable[[pb.Reply], None]) -> None:
+        """Send ``req`` without waiting: ``on_reply(reply)`` runs on the thread that reads
+        its reply (never, if the head is lost first). It must not block or send and wait."""
+        rid = next(self._req_ids)
+        req.req_id = rid
+        self.replies[rid] = on_reply
+        try:
+            self.send(_wire.REQUEST, req)
+        except BaseException:
+            self.replies.pop(rid, None)
+            raise
 
     # ------------------------------------------------------------------ refs
     def _last_ref_gone(self, oid: bytes) -> bool:

@@ -37,7 +37,8 @@ class Reader(Protocol):
     streams: dict[bytes, Any]
     direct: DirectCalls
     objects: ObjectIO
-    replies: dict[int, list[pb.Reply | None]]   # requests waiting: req id -> [reply]
+    # requests waiting: req id -> [reply], or what to call with it (request_later)
+    replies: dict[int, list[pb.Reply | None] | Callable[[pb.Reply], None]]
     closing_reason: str
     woken: list[Loan]   # lent workers with room again, pumped after the batch
 
@@ -68,8 +69,10 @@ def _objects(c: Reader, msg: pb.Objects) -> bool:
 
 def _reply(c: Reader, msg: pb.Reply) -> bool:
     slot = c.replies.pop(msg.req_id, None)
-    if slot is not None:
+    if isinstance(slot, list):
         slot[0] = msg
+    elif slot is not None:
+        slot(msg)
     return True
 
 
