@@ -121,7 +121,10 @@ class Cluster:
         path = os.path.join(self.session_dir, "grpc.sock")
         wait_until(lambda: os.path.exists(path), 20, "the head serves gRPC")   # started after init
         with grpc.insecure_channel(f"unix:{path}") as ch:
-            return rpc.ObjStoreStub(ch).ObjStoreDebugInfo(pb.ObjStoreDebugInfoRequest(), timeout=10)
+            # wait_for_ready: the socket's file is there a moment before the server
+            # listens on it (a call then was refused, UNAVAILABLE).
+            return rpc.ObjStoreStub(ch).ObjStoreDebugInfo(pb.ObjStoreDebugInfoRequest(), timeout=10,
+                                                          wait_for_ready=True)
 
     def spill_files(self) -> list[str]:
         spill = os.path.join(self.session_dir, "spill")
