@@ -140,6 +140,9 @@ class CoreClient:
         # Call.job appended to every call made here: a driver's own connection id (its
         # tasks' prints go to it); a worker sets that of the task it runs (_worker/worker.py).
         self.job_suffix = _codec.job_field(self.conn_id) if hello.kind == "driver" else b""
+        # A driver's puts reach the head in batches (RefCounts.seal); a worker's go at
+        # once (its result may leave on a direct connection the head does not read).
+        self.defer_seals = hello.kind == "driver"
         self.shm_dir = self.info.shm_dir   # the session's private directory of segments
         self.objects = ObjectIO(self, self.shm_dir, self.info.inline_threshold or INLINE_MAX,
                                 self.info.node_id)
@@ -515,6 +518,8 @@ class CoreClient:
             self.on_lost()
 
     def close(self) -> None:
+        if self.refs.sealed and self.lost is None and not self.closing:
+            self.flush_refs()   # puts whose refs went to processes that outlive this one
         self.closing = True
         self.pacer.stop()
         self.conn.shutdown()

@@ -207,6 +207,7 @@ def carry_over(old: CoreClient, new: CoreClient) -> None:
         new.objects.refs = refs
         refs.on_last = new._last_ref_gone
         refs.incr, refs.decr, refs.pin, refs.unpin = [], [], [], []
+        refs.sealed = []   # puts the head never heard of: in plan.puts (results) below
         refs.lost = False
         book = old.book
         if book is None:   # nothing kept: every ref of before is lost

@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import _ids
 from .._objects.io import KEEP_READ_MIN, ObjectIO
@@ -29,6 +29,9 @@ from .._protocol import pb
 from .._protocol import wire as _wire
 from ..exceptions import ClusterLostError, GetTimeoutError
 from .object_ref import ObjectRef, RefCounter
+
+if TYPE_CHECKING:
+    from .pacer import Pacer
 
 # Ids a blocked get() names to the head (Blocked): enough to find a task to run inline
 # (_scheduler/blocking.py), without a frame the size of a get of 100k refs.
@@ -44,8 +47,11 @@ class Hub(RefCounter, Protocol):
     info: pb.HelloReply
     lost: str | None
     put_seq: int
+    defer_seals: bool   # a driver: its puts reach the head in batches (RefCounts.seal)
+    pacer: Pacer
 
     def send(self, kind: int, msg: Any) -> None: ...
+    def flush_refs(self, wait: bool = ...) -> None: ...
     def subscribe_missing(self, ids: Iterable[bytes]) -> None: ...
     def wait_until(self, pred: Callable[[], bool], deadline: float | None) -> bool: ...
 
@@ -82,10 +88,17 @@ class Values:
         data = client.objects.make_object_data(oid, ser) if ser is not None else \
             pb.ObjectData(object_id=oid, error=error)
         ref: ObjectRef[Any] = ObjectRef(oid, client, counted=True)
-        with client.refs.lock:
+        refs = client.refs
+        with refs.lock:
             client.results[oid] = data
-        client.send(_wire.OBJECTS, pb.Objects(objects=[data]))
+            full = refs.seal(data) if client.defer_seals else None
         client.put_seq += 1
+        if full is None:
+            client.send(_wire.OBJECTS, pb.Objects(objects=[data]))
+        elif full:
+            client.flush_refs()
+        else:   # sent with the next frame, or by the background thread's next round
+            client.pacer.stir()
         return ref
 
     # ------------------------------------------------------------------ get

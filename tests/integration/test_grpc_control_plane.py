@@ -9,6 +9,7 @@ import grpc
 import pytest
 
 import orchestra
+from _probes import wait_until
 from orchestra._proto import orchestra_pb2_grpc as rpc
 from orchestra._protocol import pb
 
@@ -77,8 +78,12 @@ def test_remote_call_of_unknown_function_is_refused(channel):
 
 def test_objstore_debug_info_lists_large_objects(channel):
     ref = orchestra.put(b"x" * (1 << 20))
-    reply = rpc.ObjStoreStub(channel).ObjStoreDebugInfo(pb.ObjStoreDebugInfoRequest(), timeout=10)
-    assert ref.binary() in reply.objref
+    stub = rpc.ObjStoreStub(channel)
+    # Another connection than the driver's: it sees the put once the driver's batch of
+    # puts reaches the head (its next frame, or its background thread's next round).
+    wait_until(lambda: ref.binary() in stub.ObjStoreDebugInfo(
+        pb.ObjStoreDebugInfoRequest(), timeout=10, wait_for_ready=True).objref, 5, "the put listed")
+    reply = stub.ObjStoreDebugInfo(pb.ObjStoreDebugInfoRequest(), timeout=10)
     assert reply.used >= 1 << 20 and reply.capacity > reply.used
     seg = reply.segment[list(reply.objref).index(ref.binary())]
     assert seg.name and seg.size > 1 << 20 and seg.capacity >= seg.size

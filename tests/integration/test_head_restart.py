@@ -780,6 +780,44 @@ def test_a_stopped_head_leaves_no_record_of_the_drivers_actors_in_its_store(stat
     assert kept() == [False]   # the detached one's only
 
 
+PUTS_UNSENT = """
+import json, os, signal, sys, orchestra
+import numpy as np
+from orchestra._cluster.supervisor import head_pid
+from orchestra._runtime import context
+orchestra.init(address="auto")
+
+@orchestra.remote
+def first(v):
+    return float(v[0]) if hasattr(v, "shape") else v
+
+pid = head_pid(sys.argv[1])
+warm = [orchestra.put(np.full(25_000, -1.0)) for _ in range(3)]   # spares of the class come
+medium = [orchestra.put(np.full(25_000, float(i))) for i in range(4)]
+small = [orchestra.put({"i": i}) for i in range(4)]
+unsent = len(context._client.refs.sealed)   # a batch not sent yet (RefCounts.seal)
+os.kill(pid, signal.SIGKILL)
+print("unsent at the kill:", unsent, file=sys.stderr)
+out = orchestra.get([first.remote(r) for r in small + medium], timeout=90)
+print(json.dumps(out), flush=True)
+orchestra.shutdown()
+"""
+
+
+def test_puts_the_head_had_not_heard_of_when_it_died_are_put_again(state: str) -> None:
+    """A driver's puts reach the head in batches (_objects/refs.py): those still
+    waiting to be sent when the head is SIGKILLed (the driver kills it right after
+    them) are put again on the restarted head with the rest of what the driver holds,
+    and tasks there read them."""
+    rec = start_head(state)
+    join(rec)
+    r = subprocess.run([sys.executable, "-c", PUTS_UNSENT, rec["run_dir"]], capture_output=True,
+                       text=True, timeout=4 * T, env=dict(os.environ, PYTHONPATH=REPO))
+    assert r.returncode == 0, r.stderr[-4000:] + cluster_logs(state)
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == \
+        [{"i": i} for i in range(4)] + [float(i) for i in range(4)], r.stderr[-4000:]
+
+
 IN_FLIGHT = """
 import json, os, sys, threading, time, orchestra
 orchestra.init(address="auto")

@@ -1,5 +1,8 @@
-"""A stream of puts pays no round trip per put: a process asks for more spare segments
-before its spares of a size class run out, without waiting (a create with no object)."""
+"""A stream of puts pays neither a round trip nor a write to the head per put: a driver
+asks for more spare segments before its spares of a size class run out, without
+waiting (a create with no object), and its puts reach the head in batches, each
+before the next frame the driver sends and within a round of its background thread
+otherwise (_objects/refs.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,6 +10,7 @@ import pytest
 
 import orchestra
 from _probes import wait_until
+from orchestra._objects.refs import _SEAL_BATCH
 from orchestra.util import state
 
 pytestmark = pytest.mark.timeout(90)
@@ -77,3 +81,41 @@ def test_a_refill_the_store_has_no_room_for_gets_none_and_the_puts_go_on(start_c
     wait_until(lambda: _store_used() == 0, 15, "the objects freed and the spares given back",
                lambda: f"{_store_used()} bytes still counted")
     assert client.objects.spare_bytes == 0
+
+
+def test_a_drivers_puts_reach_the_head_in_batches_before_what_follows_them(start_cluster):
+    from orchestra._runtime import context as _context
+    start_cluster(num_cpus=1, object_store_memory=128 * MiB)
+    client = _context._client
+    writes = []
+    write_locked = client._write_locked
+
+    def counting(frame):
+        writes.append(len(frame))
+        return write_locked(frame)
+    client._write_locked = counting
+    refs = [orchestra.put(i) for i in range(10 * _SEAL_BATCH)]   # inline values
+    client._write_locked = write_locked
+    assert len(writes) <= 10 + 3, f"{len(writes)} writes to the head for {len(refs)} puts"
+    # Sealed before the next frame: a task of the last one, a query of the head.
+    assert orchestra.get(total.remote(orchestra.put(np.ones(3))), timeout=T) == 3.0
+    # Puts still waiting, then the refs dropped: the seals travel before the releases,
+    # and the store gives their bytes back (a release that came first would leave the
+    # objects counted for ever).
+    for _ in range(20):
+        medium = [orchestra.put(np.full(25_000, i, dtype=np.float64)) for i in range(3)]
+        del medium
+    wait_until(lambda: _store_used() == 0, 15, "the objects freed and the spares given back",
+               lambda: f"{_store_used()} bytes still counted")
+    assert orchestra.get(refs, timeout=T) == list(range(10 * _SEAL_BATCH))
+
+
+def test_puts_that_no_frame_follows_reach_the_head_within_a_round(start_cluster):
+    from orchestra._runtime import context as _context
+    start_cluster(num_cpus=1, object_store_memory=128 * MiB)
+    client = _context._client
+    before = len(state.list_objects())
+    refs = [orchestra.put(i) for i in range(3)]
+    wait_until(lambda: not client.refs.sealed, 5, "the background thread sent the puts")
+    assert len(state.list_objects()) == before + 3
+    assert orchestra.get(refs, timeout=T) == [0, 1, 2]
