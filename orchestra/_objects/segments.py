@@ -37,7 +37,7 @@ from collections.abc import Callable
 from .._platform.procutil import pid_alive
 from .._proto import types_pb2
 from ..exceptions import ObjectStoreError, ObjectStoreFullError
-from .pages import map_for_writing, map_length, populate_write
+from .pages import ALLOCATE_MIN, map_allocating, map_for_writing, map_length, populate_write
 from .serialization import Serialized
 
 SHM_DIR = "/dev/shm"
@@ -339,16 +339,20 @@ def open_segment(folder: str, segment: types_pb2.Segment) -> mmap.mmap:
         done = min(segment.allocated, cap) if segment.reused else 0
         if not segment.reused:
             os.ftruncate(fd, cap)
+            if need >= ALLOCATE_MIN and not segment.name.startswith(HUGE + "/"):
+                try:
+                    mm = map_allocating(fd, need)
+                except OSError as exc:
+                    raise _no_room(size, exc) from exc
+                if mm is not None:
+                    return mm
         if need > done:
             try:
                 # Allocate now: a full /dev/shm then fails here with ENOSPC instead of
                 # killing the writer with SIGBUS in the middle of the copy.
                 os.posix_fallocate(fd, done, need - done)
             except OSError as exc:
-                raise ObjectStoreFullError(
-                    f"/dev/shm has no room for an object of {fmt_bytes(size)} ({exc.strerror}). "
-                    "Free shared memory, or lower object_store_memory so the store fits "
-                    "in /dev/shm.") from exc
+                raise _no_room(size, exc) from exc
         length = max(need, done)
         if segment.name.startswith(HUGE + "/"):
             length = map_length(fd, length)
@@ -358,6 +362,12 @@ def open_segment(folder: str, segment: types_pb2.Segment) -> mmap.mmap:
                                "the object was not stored.") from exc
     finally:
         os.close(fd)
+
+
+def _no_room(size: int, exc: OSError) -> ObjectStoreFullError:
+    return ObjectStoreFullError(
+        f"/dev/shm has no room for an object of {fmt_bytes(size)} ({exc.strerror}). "
+        "Free shared memory, or lower object_store_memory so the store fits in /dev/shm.")
 
 
 def page_align(n: int) -> int:
