@@ -162,3 +162,18 @@ def segment_file(ref: Any) -> str:
     data = client.results[ref.binary()]
     assert data.WhichOneof("data") == "segment", f"{ref} is not in shared memory"
     return segment_path(client.shm_dir, data.segment.name)
+
+
+def store_used() -> int:
+    """Bytes the store of this driver's cluster counts used (objects and spares)."""
+    from orchestra.util import state
+    return int(state.cluster_summary()["store"]["used"])
+
+
+def wait_store_empty(client: Any, timeout: float = 15) -> None:
+    """Until the store counts nothing used: the objects freed, and ``client``'s spares
+    given back (they go back after 2 s unused)."""
+    wait_until(lambda: store_used() == 0, timeout, "the objects freed and the spares given back",
+               lambda: f"{store_used()} bytes still counted; the driver holds "
+                       f"{client.objects.spare_bytes} bytes of spares")
+    assert client.objects.spare_bytes == 0

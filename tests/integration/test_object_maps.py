@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import orchestra
-from _probes import wait_until
+from _probes import wait_store_empty, wait_until
 from orchestra._objects.io import _RMAPS_MAX
 from orchestra.exceptions import WorkerCrashedError
 from orchestra.util import state
@@ -277,10 +277,7 @@ def test_repeated_medium_puts_go_into_spares_without_asking_and_give_them_back(
     assert all(np.array_equal(m, np.arange(25_000, dtype=np.float64) + i)
                for i, m in enumerate(made))
     del refs, made
-    wait_until(lambda: _store_used() == 0, 15, "the objects freed and the spares given back",
-               lambda: f"{_store_used()} bytes still counted; the driver holds "
-                       f"{client.objects.spare_bytes} bytes of spares")
-    assert client.objects.spare_bytes == 0
+    wait_store_empty(client)
 
 
 def test_a_put_that_needs_the_room_gets_the_spares_back_at_once(start_cluster):

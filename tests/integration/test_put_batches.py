@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import orchestra
-from _probes import wait_until
+from _probes import wait_store_empty, wait_until
 from orchestra._objects.refs import _SEAL_BATCH
 from orchestra.util import state
 
@@ -17,10 +17,6 @@ pytestmark = pytest.mark.timeout(90)
 
 T = 30
 MiB = 1 << 20
-
-
-def _store_used() -> int:
-    return int(state.cluster_summary()["store"]["used"])
 
 
 @orchestra.remote
@@ -60,10 +56,7 @@ def test_a_stream_of_medium_puts_asks_for_spares_ahead_and_never_waits_for_them(
     assert orchestra.get([total.remote(r) for r in refs[::20]], timeout=T) == \
         [float(v.sum()) for v in values[::20]]
     del refs
-    wait_until(lambda: _store_used() == 0, 15, "the objects freed and the spares given back",
-               lambda: f"{_store_used()} bytes still counted; the driver holds "
-                       f"{client.objects.spare_bytes} bytes of spares")
-    assert client.objects.spare_bytes == 0
+    wait_store_empty(client)
 
 
 def test_a_refill_the_store_has_no_room_for_gets_none_and_the_puts_go_on(start_cluster):
@@ -78,9 +71,7 @@ def test_a_refill_the_store_has_no_room_for_gets_none_and_the_puts_go_on(start_c
     got = orchestra.get(refs, timeout=T)   # spilled ones read back
     assert all(g[0] == i for i, g in enumerate(got))
     del refs, got
-    wait_until(lambda: _store_used() == 0, 15, "the objects freed and the spares given back",
-               lambda: f"{_store_used()} bytes still counted")
-    assert client.objects.spare_bytes == 0
+    wait_store_empty(client)
 
 
 def test_a_drivers_puts_reach_the_head_in_batches_before_what_follows_them(start_cluster):
@@ -105,8 +96,7 @@ def test_a_drivers_puts_reach_the_head_in_batches_before_what_follows_them(start
     for _ in range(20):
         medium = [orchestra.put(np.full(25_000, i, dtype=np.float64)) for i in range(3)]
         del medium
-    wait_until(lambda: _store_used() == 0, 15, "the objects freed and the spares given back",
-               lambda: f"{_store_used()} bytes still counted")
+    wait_store_empty(client)
     assert orchestra.get(refs, timeout=T) == list(range(10 * _SEAL_BATCH))
 
 
