@@ -27,7 +27,8 @@ def _written(ser, garbage: int) -> bytes:
 
 
 @settings(max_examples=40, deadline=None)
-@given(sizes=st.lists(st.integers(64 * KIB, 300 * KIB), min_size=1, max_size=3),
+@given(sizes=st.lists(st.one_of(st.integers(64 * KIB, 300 * KIB), st.integers(900 * KIB, 1300 * KIB)),
+                    min_size=1, max_size=3),
        shift=st.integers(0, 511), extra=st.binary(max_size=200), seed=st.integers(0, 2**32 - 1))
 def test_a_stream_from_a_template_is_what_pyarrow_writes(sizes, shift, extra, seed):
     rng = np.random.default_rng(seed)
@@ -61,9 +62,10 @@ def test_a_stream_from_a_template_is_what_pyarrow_writes(sizes, shift, extra, se
         np.testing.assert_array_equal(a, b)
 
 
-def test_a_template_is_not_kept_when_the_data_lies_elsewhere():
+@pytest.mark.parametrize("n", [20_000, 300_000], ids=["checked-whole", "checked-at-edges"])
+def test_a_template_is_not_kept_when_the_data_lies_elsewhere(n):
     stream_templates._TEMPLATES.clear()
-    arr = np.arange(20_000, dtype=np.float64)
+    arr = np.arange(n, dtype=np.float64)
     ser = serialize(arr)
     layout, pickle_at, places, total = ser._places()
     dest = memoryview(bytearray(total))
