@@ -109,3 +109,59 @@ def test_puts_that_no_frame_follows_reach_the_head_within_a_round(start_cluster)
     wait_until(lambda: not client.refs.sealed, 5, "the background thread sent the puts")
     assert len(state.list_objects()) == before + 3
     assert orchestra.get(refs, timeout=T) == [0, 1, 2]
+
+
+@orchestra.remote
+class Keeper:
+    """Holds refs it was given inside a list (refs inside arguments: held by the callee)."""
+
+    def __init__(self) -> None:
+        self.kept: list = []
+
+    def keep(self, holder: list) -> int:
+        self.kept.extend(holder)
+        return len(self.kept)
+
+    def first(self, a) -> float:
+        return float(a[0]) if hasattr(a, "shape") else float(a["i"])
+
+    def drop(self) -> float:
+        total = sum(float(v[0]) for v in orchestra.get(self.kept, timeout=T))
+        self.kept = []
+        return total
+
+
+def test_threads_putting_and_passing_refs_on_every_path_lose_nothing(start_cluster):
+    # Puts waiting in the batch while other threads send frames (tasks, actor calls
+    # straight to the actor, refs inside arguments the actor keeps, releases): every
+    # value reaches its reader, and the store ends empty.
+    import threading
+
+    from orchestra._runtime import context as _context
+    start_cluster(num_cpus=2, object_store_memory=256 * MiB)
+    client = _context._client
+    keeper = Keeper.remote()
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        try:
+            for i in range(40):
+                v = float(seed * 1000 + i)
+                small = orchestra.put({"i": v})
+                medium = orchestra.put(np.full(25_000, v))
+                assert orchestra.get(total.remote(medium), timeout=T) == 25_000 * v
+                assert orchestra.get(keeper.first.remote(small), timeout=T) == v
+                assert orchestra.get(keeper.first.remote(medium), timeout=T) == v
+                orchestra.get(keeper.keep.remote([orchestra.put(np.full(3, v))]), timeout=T)
+                del small, medium
+        except BaseException as exc:  # noqa: BLE001 - raised in the test's thread
+            errors.append(exc)
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors[0]
+    expected = sum(float(s * 1000 + i) for s in range(4) for i in range(40))
+    assert orchestra.get(keeper.drop.remote(), timeout=T) == expected
+    wait_store_empty(client)
