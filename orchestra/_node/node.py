@@ -536,7 +536,7 @@ class Node:
         pressure = self.memory.check({wid: getattr(p, "pid", 0) for wid, p in self.pool.snapshot()})
         if pressure is not None:
             self.host.memory_pressure(self.node_id, pressure)
-        self.loop.call_later(self._memory_refresh_s, self._check_memory)
+        self.loop.call_later(self.memory.wait_s(self._memory_refresh_s), self._check_memory)
 
     def stop_worker(self, worker_id: int) -> None:
         """An idle, surplus worker the head asked to exit (it reports its task events

@@ -168,3 +168,17 @@ def test_the_scheduler_holds_the_task_of_a_worker_the_monitor_killed_until_its_t
     assert c.s.retry_later.tick(51.0) is True
     c.s.schedule()
     assert executed(c.take()) == [(new_wid, tid)]   # a second later, on the new worker
+
+
+def test_the_monitor_reads_five_times_as_often_near_the_threshold():
+    r = memory.read()
+    used = r.used / r.limit
+    if used > 0.8:
+        pytest.skip(f"this machine uses {used:.0%} of its memory: no room to be below and near")
+    near = memory.MemoryMonitor(used + memory.NEAR / 2)   # just under it
+    far = memory.MemoryMonitor(min(1.0, used + memory.NEAR + 0.1))
+    assert near.check({}) is None and far.check({}) is None   # neither past it
+    assert near.wait_s(0.1) == pytest.approx(0.1 / memory.FAST)
+    assert far.wait_s(0.1) == 0.1
+    past = memory.MemoryMonitor(1e-9)
+    assert past.check({}) is not None and past.wait_s(0.1) == pytest.approx(0.02)
