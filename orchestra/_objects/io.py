@@ -187,7 +187,8 @@ class ObjectIO:
             self.spare_bytes -= spare.capacity
             now = self._last_used[cls] = time.monotonic()
             refill, left = 0, len(spares)
-            if left <= _REFILL_AT and now - self._refilling.get(cls, 0.0) > _REFILL_WAIT_S:
+            asked = self._refilling.get(cls)
+            if left <= _REFILL_AT and (asked is None or now - asked > _REFILL_WAIT_S):
                 refill = min(_REFILL, (_SPARE_BYTES - self.spare_bytes) // cls)
                 if refill > 0:
                     self._refilling[cls] = now
