@@ -331,10 +331,7 @@ class Node:
             reply.segment.CopyFrom(segment)
             asked = req.create_segment
             if asked.spares and not asked.holds_refs:
-                reply.spares.extend(store.create_spares(conn_id, asked.size,
-                                                        min(asked.spares, _MAX_SPARES)))
-                if store.dropped:   # pooled segments evicted for them
-                    self._send_dropped()
+                self._add_spares(conn_id, asked, reply)
         else:
             reply.error, reply.error_kind = error, "ObjectStoreFullError"
         self.host.send(conn_id, _wire.REPLY, reply)
@@ -343,14 +340,18 @@ class Node:
     def _spares_only(self, conn_id: int, req: pb.Request) -> None:
         """A create with no object: a writer's refill of spares (only those that fit
         without a spill, create_spares; none is an answer too)."""
-        asked = req.create_segment
         reply = pb.Reply(req_id=req.req_id)
-        if asked.size > 0:
-            reply.spares.extend(self.store.create_spares(conn_id, asked.size,
-                                                         min(asked.spares, _MAX_SPARES)))
+        if req.create_segment.size > 0:
+            self._add_spares(conn_id, req.create_segment, reply)
+        self.host.send(conn_id, _wire.REPLY, reply)
+
+    def _add_spares(self, conn_id: int, asked: pb.CreateSegment, reply: pb.Reply) -> None:
+        """The spares ``asked`` for, into ``reply``; pooled segments evicted to make
+        room for them are told to their holders at once."""
+        reply.spares.extend(self.store.create_spares(conn_id, asked.size,
+                                                     min(asked.spares, _MAX_SPARES)))
         if self.store.dropped:
             self._send_dropped()
-        self.host.send(conn_id, _wire.REPLY, reply)
 
     def _start_spill(self, jobs: list[SpillJob]) -> None:
         """Copy segments to disk on a thread: a 100 MiB object takes ~50 ms to write, the

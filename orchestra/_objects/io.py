@@ -204,8 +204,8 @@ class ObjectIO:
         return seg
 
     def _refill(self, cls: int, size: int, n: int) -> None:
-        """Ask for ``n`` more spares of class ``cls`` without waiting: the answer is
-        kept by whichever thread reads it (_refilled)."""
+        """Ask for ``n`` more spares of class ``cls`` without waiting: whichever thread
+        reads the answer keeps its spares (``refilled``)."""
         def refilled(reply: pb.Reply) -> None:
             with self.refs.lock:
                 self._refilling.pop(cls, None)
