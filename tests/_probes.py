@@ -4,10 +4,11 @@ Used by tests/conftest.py and by tests that check what a cluster leaves behind.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import site
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -177,3 +178,26 @@ def wait_store_empty(client: Any, timeout: float = 15) -> None:
                lambda: f"{store_used()} bytes still counted; the driver holds "
                        f"{client.objects.spare_bytes} bytes of spares")
     assert client.objects.spare_bytes == 0
+
+
+@contextlib.contextmanager
+def counting_creates(client: Any) -> Iterator[tuple[list[int], list[int]]]:
+    """While inside: the spares each create_segment of ``client`` asked for, as (those
+    it waited for, those asked without waiting: refills)."""
+    creates: list[int] = []
+    refills: list[int] = []
+    request, request_later = client.request, client.request_later
+
+    def counting(req: Any, *args: Any, **kwargs: Any) -> Any:
+        if req.WhichOneof("body") == "create_segment":
+            creates.append(req.create_segment.spares)
+        return request(req, *args, **kwargs)
+
+    def counting_later(req: Any, on_reply: Any) -> None:
+        refills.append(req.create_segment.spares)
+        request_later(req, on_reply)
+    client.request, client.request_later = counting, counting_later
+    try:
+        yield creates, refills
+    finally:
+        client.request, client.request_later = request, request_later

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import orchestra
-from _probes import wait_store_empty, wait_until
+from _probes import counting_creates, wait_store_empty, wait_until
 from orchestra._objects.io import _RMAPS_MAX
 from orchestra.exceptions import WorkerCrashedError
 from orchestra.util import state
@@ -256,17 +256,9 @@ def test_repeated_medium_puts_go_into_spares_without_asking_and_give_them_back(
     start_cluster(num_cpus=1, object_store_memory=256 * MiB,
                   _system_config={"node_process": True} if node_process else None)
     client = _context._client
-    creates = []
-    request = client.request
-
-    def counting(req, *args, **kwargs):
-        if req.WhichOneof("body") == "create_segment":
-            creates.append(req.create_segment.spares)
-        return request(req, *args, **kwargs)
-    client.request = counting
     values = [np.arange(25_000, dtype=np.float64) * i for i in range(40)]
-    refs = [orchestra.put(v) for v in values]
-    client.request = request
+    with counting_creates(client) as (creates, _):
+        refs = [orchestra.put(v) for v in values]
     assert len(creates) <= 10 and max(creates) > 0, f"a create per put: {creates}"
     assert client.objects.spare_bytes > 0
     assert all(np.array_equal(got, v) for got, v in zip(orchestra.get(refs, timeout=T), values, strict=True))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import orchestra
-from _probes import wait_store_empty, wait_until
+from _probes import counting_creates, wait_store_empty, wait_until
 from orchestra._objects.refs import _SEAL_BATCH
 from orchestra.util import state
 
@@ -31,21 +31,9 @@ def test_a_stream_of_medium_puts_asks_for_spares_ahead_and_never_waits_for_them(
     start_cluster(num_cpus=1, object_store_memory=512 * MiB,
                   _system_config={"node_process": True} if node_process else None)
     client = _context._client
-    creates, refills = [], []
-    request, request_later = client.request, client.request_later
-
-    def counting(req, *args, **kwargs):
-        if req.WhichOneof("body") == "create_segment":
-            creates.append(req.create_segment.spares)
-        return request(req, *args, **kwargs)
-
-    def counting_later(req, on_reply):
-        refills.append(req.create_segment.spares)
-        return request_later(req, on_reply)
-    client.request, client.request_later = counting, counting_later
     values = [np.arange(25_000, dtype=np.float64) * i for i in range(200)]   # 200 KB each
-    refs = [orchestra.put(v) for v in values]
-    client.request, client.request_later = request, request_later
+    with counting_creates(client) as (creates, refills):
+        refs = [orchestra.put(v) for v in values]
     # The first put of the class asks for its segment, the second for spares too; the
     # rest go into spares asked for ahead. A put that finds none left asks and waits:
     # one put in 9 did (22 here) when spares were asked for only then; now at most one
