@@ -155,14 +155,20 @@ class Cluster:
 
 
 def segment_file(ref: Any) -> str:
-    """The file in /dev/shm holding a large object this driver knows the location of."""
-    from orchestra._objects.segments import segment_path
+    """The file in /dev/shm holding a large object this driver knows the location of
+    (a medium object's: its slab, where it lies at segment_span's offset)."""
+    return segment_span(ref)[0]
+
+
+def segment_span(ref: Any) -> tuple[str, int]:
+    """(file, offset) of a large object's bytes in /dev/shm (a slot's place in its slab)."""
+    from orchestra._objects.segments import segment_file as file_of
     from orchestra._runtime import context as _context
     client = _context._client
     orchestra.wait([ref], timeout=30)
     data = client.results[ref.binary()]
     assert data.WhichOneof("data") == "segment", f"{ref} is not in shared memory"
-    return segment_path(client.shm_dir, data.segment.name)
+    return file_of(client.shm_dir, data.segment.name)
 
 
 def store_used() -> int:

@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._objects.errors import MEMORY_KILL, describe_exit
-from .._objects.segments import open_segment, segment_path, spill_file
+from .._objects.segments import open_segment, segment_file, spill_file
 from .._objects.store import (
     DEFAULT_POOL_IDLE_S,
     ObjectStore,
@@ -357,7 +357,7 @@ class Node:
         """Copy segments to disk on a thread: a 100 MiB object takes ~50 ms to write, the
         event loop goes on serving tasks meanwhile."""
         def work() -> None:
-            done = [(j, spill_file(j.source, j.dest, j.size)) for j in jobs]
+            done = [(j, spill_file(j.source, j.dest, j.size, j.offset)) for j in jobs]
             try:
                 self.loop.call_soon_threadsafe(self._spilled, done)
             except RuntimeError:   # the loop closed: close() removed the files
@@ -403,19 +403,21 @@ class Node:
             self.data_server = DataServer(host, token, self._resolve)
         return self.data_server.address
 
-    def _resolve(self, key: str) -> tuple[str, int] | None:
-        """On a data server thread: the file and size of a sealed segment or spill file
-        of this store named ``key``; None for anything else (any other path)."""
+    def _resolve(self, key: str) -> tuple[str, int, int] | None:
+        """On a data server thread: the file, size and place in it of a sealed segment
+        (a slot: in its slab) or spill file of this store named ``key``; None for anything
+        else (any other path)."""
         store = self.store
         size = store.files.get(key)
         if size is not None:
-            return key, size
+            return key, size, 0
         seg = store.segs.get(key)
         if seg is not None and seg.state == "writing":
             seg = self._wait_sealed(key, seg)
         if seg is None or seg.state not in _SERVABLE:
             return None
-        return segment_path(store.dir, key), seg.size
+        path, start = segment_file(store.dir, key)
+        return path, seg.size, start
 
     def _wait_sealed(self, key: str, seg: StoredSegment) -> StoredSegment | None:
         """On a data server thread: a segment the head already holds sealed may still be

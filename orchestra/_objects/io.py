@@ -21,11 +21,16 @@ each new large argument put in a pooled segment finds its pages mapped, and read
 strided in ~2 ms instead of ~25 ms of page faults; the newest _RMAPS_MAX, closed on
 DROP_MAPS and RELEASE_MAPS; the store counts the reader among those it tells); and the
 store's warm reserve where one is set (ORCHESTRA_OBJECT_WARM_RESERVE), mapped ahead while idle
-(MAP_AHEAD).
+(MAP_AHEAD). A medium object's segment is a slot of a slab (slabs.py): this process maps
+each slab it writes into once (``slab_maps``, kept through the slab's carvings, closed
+when the store removes it), and writes a slot through a view of that map (in ``wmaps``
+as any other), its pages made present by populate_range: no map or unmap per put.
 """
 from __future__ import annotations
 
+import errno
 import mmap
+import os
 import pickle
 import threading
 import time
@@ -35,10 +40,20 @@ from typing import Any, Protocol
 
 from .._protocol import pb
 from ..exceptions import ObjectLostError, ObjectStoreError, OrchestraError
+from .pages import populate_range
 from .premap import Premapper
 from .refs import RefCounts
-from .segments import map_ahead, map_segment, open_segment, write_into
+from .segments import (
+    map_ahead,
+    map_segment,
+    map_slab,
+    no_room,
+    open_segment,
+    page_align,
+    write_into,
+)
 from .serialization import Parsed, Serialized, deserialize, parse
+from .slabs import is_slot, slab_ident, split_slot
 from .store import size_class
 
 # Spare segments (CreateSegment.spares): for objects up to _SPARE_MAX bytes, _SPARES at a
@@ -92,7 +107,9 @@ class ObjectIO:
         # Objects kept in maps by their put (keep_read) that no get has read yet: the
         # first get tells the store of the use (its least recently used spill first).
         self.unread: set[bytes] = set()
-        self.wmaps: dict[str, mmap.mmap] = {}
+        self.wmaps: dict[str, mmap.mmap | memoryview] = {}
+        # slab-<n> -> read-write map of all of that slab (see the module docstring)
+        self.slab_maps: dict[str, mmap.mmap] = {}
         # Segment name -> read-only map of all of it, kept across the objects it holds
         # (the store pools segments): a worker reading each new large argument in the
         # same memory finds its pages mapped already (no page faults). The newest
@@ -108,6 +125,7 @@ class ObjectIO:
         self._last_used: dict[int, float] = {}   # class -> when a put last took a spare
         self._refilling: dict[int, float] = {}   # class -> when its refill was asked for
         self.premap = Premapper(shm_dir)   # spares created and mapped ahead (premap.py)
+        self.premap.prepare_slot = self._prepare_slot
 
     # ------------------------------------------------------------------ writes
     def make_object_data(self, oid: bytes, ser: Serialized,
@@ -132,7 +150,14 @@ class ObjectIO:
         with self.refs.lock:
             mm = self.wmaps.pop(seg.name, None) if seg.reused else None
         try:
-            if spare and mm is None:   # (a reused one's map is the one kept above)
+            need = min(page_align(size), seg.capacity)
+            if is_slot(seg.name) and (mm is None or seg.allocated < need):
+                # Through this process's map of its slab (a view it wrote through
+                # before has the pages present already, as far as allocated; the premap
+                # thread made a spare's present).
+                _close(mm)
+                mm = self.slot_view(seg, not (spare and self.premap.take_slot(seg, need)))
+            elif spare and mm is None:   # (a reused one's map is the one kept above)
                 mm = self.premap.take(seg)
             if mm is None or len(mm) < size:
                 try:
@@ -160,6 +185,42 @@ class ObjectIO:
                 self.wmaps[seg.name] = mm
         out.segment.CopyFrom(seg)
         return out
+
+    def slot_view(self, seg: pb.Segment, populate: bool = True) -> memoryview | None:
+        """A writable view of slot ``seg`` through this process's map of its slab, the
+        pages of its object (``seg.size``) made present (unless ``populate`` is False:
+        they are); None where the kernel cannot make them present (open_segment maps
+        the slot then). ObjectStoreFullError when a page cannot be had."""
+        key = f"{self.shm_dir}/{slab_ident(seg.name)}"
+        with self.refs.lock:
+            mm = self.slab_maps.get(key)
+        if mm is None:
+            made = map_slab(self.shm_dir, seg.name)
+            with self.refs.lock:
+                mm = self.slab_maps.get(key)
+                if mm is None:
+                    mm = made
+                    if self.client.lost is None and not self.client.closing:
+                        self.slab_maps[key] = made
+            if mm is not made:
+                _close(made)
+        offset = split_slot(seg.name)[1]
+        failed = populate_range(mm, offset, min(page_align(max(seg.size, 1)), seg.capacity)) \
+            if populate else 0
+        if failed in (errno.ENOSYS, errno.EINVAL):
+            return None
+        if failed:
+            raise no_room(seg.size, OSError(failed, os.strerror(failed)))
+        return memoryview(mm)[offset: offset + seg.capacity]
+
+    def _prepare_slot(self, seg: pb.Segment) -> int:
+        """On the premap thread: a spare slot's pages made present ahead of its put;
+        the bytes from its start that are (0: none, the put does it)."""
+        view = self.slot_view(seg)
+        if view is None:
+            return 0
+        view.release()
+        return min(page_align(max(seg.size, 1)), seg.capacity)
 
     def _create(self, oid: bytes, size: int, ser: Serialized) -> pb.Segment:
         """A new segment for ``oid`` from the store (and spares of its class with it)."""
@@ -256,7 +317,10 @@ class ObjectIO:
             for spare in spares:
                 kept.append(spare)
                 self.spare_bytes += spare.capacity
-        self.premap.add(spares, size)
+            # Those this process holds no map of: fresh ones, and pooled ones another
+            # process (or another carving of their slab) wrote before.
+            unmapped = [s for s in spares if not (s.reused and s.name in self.wmaps)]
+        self.premap.add(unmapped, size)
 
     def copy_object(self, oid: bytes, view: memoryview, contained: Sequence[bytes]) -> pb.ObjectData:
         """ObjectData of a new segment holding ``view``'s bytes (an object's Arrow stream
@@ -291,22 +355,31 @@ class ObjectIO:
         names = set(names)
         self.premap.drop(names)
         with self.refs.lock:
-            maps = []
+            maps: list[mmap.mmap | memoryview | None] = []
             for n in names:
                 maps.append(self.wmaps.pop(n, None))
                 maps.append(self.rmaps.pop(n, None))
+                if n.startswith("slab-") and not is_slot(n):   # a slab the store removed
+                    maps.append(self.slab_maps.pop(f"{self.shm_dir}/{slab_ident(n)}", None))
                 if n in self.mapping_ahead:
                     self.mapping_ahead[n] = False   # unlinked before its map was made
             # Reads of them kept for a second get (a get that raced the removal read its
             # own write map): a later get maps the object where it is now.
             for oid in [o for o, (_, name, _) in self.maps.items() if name in names]:
                 self.forget(oid)
-        for mm in maps:
+        kept = [mm for mm in maps if mm is not None]
+        if len(kept) > _CLOSE_HERE_MAX and self.premap.discard(kept):
+            return   # (a slab carved again: a map of each of its old slots, ~14 us each)
+        for mm in kept:
             _close(mm)
 
     def drop_all_maps(self) -> None:
         """Close every map kept (they would keep the segments' memory)."""
         self.drop_maps(list(self.wmaps) + list(self.rmaps))
+        with self.refs.lock:
+            slabs, self.slab_maps = list(self.slab_maps.values()), {}
+        for mm in slabs:
+            _close(mm)
         self.premap.close()
 
     def release_maps(self, names: Iterable[str]) -> list[str]:
@@ -493,9 +566,11 @@ class ObjectIO:
 # Read maps kept across objects (ObjectIO.rmaps): address space only (the segments' pages
 # are the store's), each closed when the store unlinks its segment.
 _RMAPS_MAX = 64
+# More maps than this to close at once are closed on the premap thread (premap.discard).
+_CLOSE_HERE_MAX = 8
 
 
-def _export(mm: mmap.mmap, size: int) -> memoryview | None:
+def _export(mm: mmap.mmap | memoryview, size: int) -> memoryview | None:
     """A read-only view of the first ``size`` bytes of ``mm`` over a buffer of its own,
     whose finalizer tells when the last view of the value is gone (the map stays for
     the next object); None when the map is closed or too short."""
@@ -510,9 +585,12 @@ def _export(mm: mmap.mmap, size: int) -> memoryview | None:
     return memoryview(export)[:size]  # type: ignore[arg-type]
 
 
-def _close(mm: mmap.mmap | None) -> None:
+def _close(mm: mmap.mmap | memoryview | None) -> None:
     if mm is not None:
         try:
-            mm.close()
+            if isinstance(mm, memoryview):
+                mm.release()
+            else:
+                mm.close()
         except BufferError:
             pass   # a value read from it still lives: closed when the last goes

@@ -95,6 +95,24 @@ def populate_write(mm: mmap.mmap, threads: int = 1, min_range: int = _POPULATE_R
     return next((r for r in results if r), 0)
 
 
+def populate_range(mm: mmap.mmap, start: int, length: int) -> int:
+    """MADV_POPULATE_WRITE over ``length`` bytes of ``mm`` from ``start`` (page-aligned),
+    the GIL released: 0, or the errno (ENOSYS/EINVAL: the kernel cannot; EFAULT/ENOMEM:
+    a page could not be had). A slot's pages in a writer's map of its slab (io.py):
+    those present already cost a page-table walk, the rest are allocated here, never
+    by a fault in the copy (which, with /dev/shm full, would be SIGBUS)."""
+    import ctypes
+    madvise = _libc_madvise()
+    if not madvise or not _write_populates:
+        return errno.ENOSYS
+    anchor = ctypes.c_char.from_buffer(mm)
+    addr = ctypes.addressof(anchor)
+    del anchor
+    if madvise(addr + start, length, _MADV_POPULATE_WRITE):
+        return ctypes.get_errno() or errno.EIO
+    return 0
+
+
 def map_allocating(fd: int, length: int) -> mmap.mmap | None:
     """A read-write map of the first ``length`` bytes of a fresh segment's file (sized,
     nothing allocated yet), its pages allocated and present by populating them on up to
@@ -124,14 +142,14 @@ def map_length(fd: int, length: int) -> int:
     return -(-length // page) * page if page > mmap.PAGESIZE else length
 
 
-def map_for_writing(fd: int, length: int, fresh: bool = True) -> mmap.mmap:
-    """A read-write map of the first ``length`` bytes of a segment's file (allocated
-    already) with its pages present; a segment reused from the store's pool (``fresh``
-    False: its pages were written before) keeps MAP_POPULATE."""
+def map_for_writing(fd: int, length: int, fresh: bool = True, offset: int = 0) -> mmap.mmap:
+    """A read-write map of ``length`` bytes of a segment's file from ``offset`` (a slot's
+    in its slab; allocated already) with its pages present; a segment reused from the
+    store's pool (``fresh`` False: its pages were written before) keeps MAP_POPULATE."""
     global _write_populates
     prot = mmap.PROT_READ | mmap.PROT_WRITE
     if fresh and _write_populates:
-        mm = mmap.mmap(fd, length, mmap.MAP_SHARED, prot)
+        mm = mmap.mmap(fd, length, mmap.MAP_SHARED, prot, offset=offset)
         failed = populate_write(mm, _COPY_THREADS)
         if not failed:
             return mm
@@ -139,4 +157,4 @@ def map_for_writing(fd: int, length: int, fresh: bool = True) -> mmap.mmap:
         if failed in (errno.EINVAL, errno.ENOSYS):   # an older kernel: MAP_POPULATE from now on
             _write_populates = False
     # MAP_POPULATE: map every page in one call instead of one fault per page.
-    return mmap.mmap(fd, length, mmap.MAP_SHARED | _POPULATE, prot)
+    return mmap.mmap(fd, length, mmap.MAP_SHARED | _POPULATE, prot, offset=offset)

@@ -9,10 +9,16 @@ the put before it copies, on another core.
     a put takes a spare --take(seg)--> its map from ``ready`` (waiting if the thread is on
         it), extended when this object is larger; None when the thread has not reached
         it (taken off the queue: the put opens it itself, as without this module)
+    a spare slot of a slab --prepare_slot(seg)--> its pages made present in the writer's
+        map of the slab (io.py), ``prepared`` --take_slot(seg, need)--> whether the put
+        still has to (a walk of present pages costs ~70 us per MiB here)
     spares given back (idle, or the store asked) --drop(names)--> maps closed
+    many maps the store told the writer to drop --discard(maps)--> closed by the thread,
+        after the spares queued (munmap of each old slot of a slab carved again)
     the client closes --close()--> every map closed, the thread ends
 
-Rule: ``cond`` guards ``queue``, ``ready``, ``busy`` and ``dropped``; the thread alone
+Rule: ``cond`` guards ``queue``, ``ready``, ``prepared``, ``busy``, ``dropped`` and
+``closing``; the thread alone
 opens a queued spare, so a spare's file is created by the thread or by the put, never
 both. A forked child has no such thread: there it makes nothing ready and waits for
 nothing (its puts open their segments themselves).
@@ -24,10 +30,11 @@ import contextlib
 import mmap
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .._protocol import pb
 from .segments import open_segment, segment_path
+from .slabs import is_slot
 
 
 class Premapper:
@@ -40,20 +47,20 @@ class Premapper:
         self.ready: dict[str, mmap.mmap] = {}
         self.busy = ""            # the spare the thread is opening now
         self.dropped: set[str] = set()   # given back while the thread opened it
+        self.closing: list[mmap.mmap | memoryview] = []   # maps to close (discard)
+        self.prepare_slot: Callable[[pb.Segment], int] | None = None
+        self.prepared: dict[str, int] = {}   # slot -> bytes from its start made present
         self.closed = False
         self.thread: threading.Thread | None = None
         self.pid = os.getpid()   # the process whose thread this is
 
     def add(self, spares: Iterable[pb.Segment], size: int) -> None:
-        """Make these spares ready for objects of ``size`` bytes: the fresh ones (a spare
-        the store reused from its pool has its pages already, and the writer that filled
-        it before keeps its map: io.py wmaps)."""
+        """Make these spares ready for objects of ``size`` bytes (those the writer keeps
+        no map of: io.py wmaps)."""
         with self.cond:
             if self.closed or self.pid != os.getpid():
                 return
             for spare in spares:
-                if spare.reused:
-                    continue
                 seg = pb.Segment()
                 seg.CopyFrom(spare)
                 seg.size = size
@@ -86,6 +93,20 @@ class Premapper:
         grown.reused, grown.allocated = True, length
         return open_segment(self.shm_dir, grown)
 
+    def take_slot(self, seg: pb.Segment, need: int) -> bool:
+        """Whether the spare slot ``seg`` has its first ``need`` bytes present in the
+        writer's map of its slab (the thread made them so); else the put does it (taken
+        off the queue)."""
+        if self.pid != os.getpid():
+            return False
+        with self.cond:
+            while self.busy == seg.name:
+                self.cond.wait()
+            done = self.prepared.pop(seg.name, 0)
+            if not done:
+                self._unqueue({seg.name})
+        return done >= need
+
     def drop(self, names: Iterable[str]) -> None:
         """These spares go back to the store: their maps are closed (one being opened
         when the thread is done with it)."""
@@ -93,19 +114,33 @@ class Premapper:
         with self.cond:
             self._unqueue(wanted)
             maps = [self.ready.pop(n) for n in wanted if n in self.ready]
+            for n in wanted:
+                self.prepared.pop(n, None)
             if self.busy in wanted:
                 self.dropped.add(self.busy)
         for mm in maps:
             mm.close()
 
+    def discard(self, maps: list[mmap.mmap | memoryview]) -> bool:
+        """Close these maps on the thread, off the caller's path; False when this
+        process has no thread (the caller closes them)."""
+        with self.cond:
+            if self.closed or self.thread is None or self.pid != os.getpid():
+                return False
+            self.closing.extend(maps)
+            self.cond.notify_all()
+        return True
+
     def close(self) -> None:
         with self.cond:
             self.closed = True
             self.queue.clear()
-            maps, self.ready = list(self.ready.values()), {}
+            maps: list[mmap.mmap | memoryview] = [*self.ready.values(), *self.closing]
+            self.ready, self.closing = {}, []
+            self.prepared.clear()
             self.cond.notify_all()
         for mm in maps:
-            mm.close()
+            _close(mm)
 
     def _unqueue(self, names: set[str]) -> None:
         if self.queue:
@@ -114,26 +149,52 @@ class Premapper:
     def _run(self) -> None:
         while True:
             with self.cond:
-                while not self.queue and not self.closed:
+                while not self.queue and not self.closing and not self.closed:
                     self.cond.wait()
                 if self.closed:
                     return
-                seg = self.queue.popleft()
-                self.busy = seg.name
+                if not self.queue:
+                    closing, self.closing = self.closing, []
+                    seg = None
+                else:
+                    seg = self.queue.popleft()
+                    self.busy = seg.name
+            if seg is None:
+                for old in closing:
+                    _close(old)
+                continue
             mm: mmap.mmap | None = None
+            done = 0
             try:
-                mm = open_segment(self.shm_dir, seg)
+                if is_slot(seg.name):
+                    if self.prepare_slot is not None:
+                        done = self.prepare_slot(seg)
+                else:
+                    mm = open_segment(self.shm_dir, seg)
             except Exception:  # noqa: BLE001 - any: the put opens it itself and says why
-                with contextlib.suppress(OSError):
-                    os.unlink(segment_path(self.shm_dir, seg.name))   # its file goes
+                if not is_slot(seg.name):   # (a slot's file is its slab's, the store's)
+                    with contextlib.suppress(OSError):
+                        os.unlink(segment_path(self.shm_dir, seg.name))   # its file goes
             with self.cond:
                 self.busy = ""
                 if mm is not None and (self.closed or seg.name in self.dropped):
                     mm.close()
                 elif mm is not None:
                     self.ready[seg.name] = mm
+                elif done and not self.closed and seg.name not in self.dropped:
+                    self.prepared[seg.name] = done
                 self.dropped.discard(seg.name)
                 self.cond.notify_all()
+
+
+def _close(mm: mmap.mmap | memoryview) -> None:
+    try:
+        if isinstance(mm, memoryview):
+            mm.release()
+        else:
+            mm.close()
+    except BufferError:
+        pass   # a value read from it still lives: closed when the last goes
 
 
 __all__ = ["Premapper"]

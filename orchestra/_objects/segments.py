@@ -13,7 +13,10 @@ well when creating), and before a map the file must be a regular file of this us
 mode 0600. A failed create or map raises ObjectStoreError naming the file; the writer
 then asks the store to give back the bytes counted for the segment (abort). The pid in
 the directory's name tells a later session which directories a crashed head left
-behind (sweep_stale_segments). Every path of a segment is made by segment_path().
+behind (sweep_stale_segments). Every path of a segment is made by segment_path();
+a slot of a slab (_objects/slabs.py, ``slab-<n>.<c>@<offset>``) is a range of its slab's
+file (segment_file): the store makes and sizes the file, writers and readers map their
+slot's range of it, and a writer allocates only its slot's pages.
 
 Huge pages (ORCHESTRA_HUGE_PAGES, a hugetlbfs mount): large objects go to files in a
 private directory of the session on that mount (make_huge_dir: the same name, mode and
@@ -39,6 +42,7 @@ from .._proto import types_pb2
 from ..exceptions import ObjectStoreError, ObjectStoreFullError
 from .pages import ALLOCATE_MIN, map_allocating, map_for_writing, map_length, populate_write
 from .serialization import Serialized
+from .slabs import is_slot, split_slot
 
 SHM_DIR = "/dev/shm"
 HUGE = "huge"                  # the link in a session's directory to its huge-page one
@@ -109,11 +113,52 @@ def remove_private_dir(path: str) -> bool:
 
 def segment_path(folder: str, name: str) -> str:
     """The file of segment ``name`` in the session's directory ``folder`` (``huge/<n>``:
-    in its huge-page directory, through the link)."""
-    base = name[len(HUGE) + 1:] if name.startswith(HUGE + "/") else name
-    if "/" in base or base.startswith(".") or not base:
+    in its huge-page directory, through the link; a slot: its slab's file)."""
+    return segment_file(folder, name)[0]
+
+
+def segment_file(folder: str, name: str) -> tuple[str, int]:
+    """(path, offset) of segment ``name``'s bytes: a file of ``folder`` at 0, or a slot
+    (``slab-<n>.<c>@<offset>``) at its offset in its slab's file."""
+    try:
+        file, offset = split_slot(name)
+    except ValueError:
+        file, offset = "", 0
+    base = file[len(HUGE) + 1:] if file.startswith(HUGE + "/") else file
+    if "/" in base or base.startswith(".") or not base or offset % mmap.ALLOCATIONGRANULARITY:
         raise ObjectStoreError(f"bad segment name {name!r}: not a file of {folder}")
-    return f"{folder}/{name}"
+    return f"{folder}/{file}", offset
+
+
+def make_slab(path: str, size: int) -> None:
+    """Create a slab's file (sized, no page allocated): the store, as it carves one."""
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | _NOFOLLOW, 0o600)
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+
+
+def punch(path: str, ranges: list[tuple[int, int]]) -> None:
+    """Give the pages of ``ranges`` (offset, length) of a slab's file back to the
+    machine (MADV_REMOVE: tmpfs frees them, the file keeps its size and reads zeros
+    there). A file gone already has nothing to give back."""
+    try:
+        fd = os.open(path, os.O_RDWR | _NOFOLLOW)
+    except OSError:
+        return
+    try:
+        for offset, length in ranges:
+            mm = mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE,
+                           offset=offset)
+            try:
+                mm.madvise(mmap.MADV_REMOVE)
+            finally:
+                mm.close()
+    except OSError:
+        pass   # the pages stay until the file goes
+    finally:
+        os.close(fd)
 
 
 def make_huge_dir(folder: str, mount: str) -> str:
@@ -253,8 +298,9 @@ def unlink_path(path: str) -> None:
         pass
 
 
-def spill_file(src: str, dst: str, size: int) -> str:
-    """Copy a sealed segment to its spill file in the kernel; "" or why it failed."""
+def spill_file(src: str, dst: str, size: int, offset: int = 0) -> str:
+    """Copy a sealed segment (``size`` bytes at ``offset`` of ``src``) to its spill file
+    in the kernel; "" or why it failed."""
     try:
         fin = os.open(src, os.O_RDONLY | _NOFOLLOW)
     except OSError as exc:
@@ -268,11 +314,11 @@ def spill_file(src: str, dst: str, size: int) -> str:
         off = 0
         while off < size:
             try:
-                n = os.sendfile(fout, fin, off, min(size - off, 1 << 30))
+                n = os.sendfile(fout, fin, offset + off, min(size - off, 1 << 30))
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
-                n = _copy_read(fin, fout, off, min(size - off, _WARM_CHUNK))   # hugetlbfs
+                n = _copy_read(fin, fout, offset + off, min(size - off, _WARM_CHUNK))   # hugetlbfs
             if n <= 0:
                 return f"{dst}: short copy ({off} of {size} bytes)"
             off += n
@@ -326,37 +372,41 @@ def open_segment(folder: str, segment: types_pb2.Segment) -> mmap.mmap:
     object or what was allocated before reaches (never its unused slack), every page
     allocated and present. ObjectStoreError (or ObjectStoreFullError) when it cannot be
     made: the caller aborts the segment so that the store gives its bytes back."""
-    path = segment_path(folder, segment.name)
+    path, offset = segment_file(folder, segment.name)
     size = max(segment.size, 1)
     cap = max(segment.capacity, size)
     need = min(page_align(size), cap)
+    exists = segment.reused or is_slot(segment.name)   # a slot's file: the store made it
     try:
-        fd = _open_own(path, os.O_RDWR if segment.reused else os.O_CREAT | os.O_EXCL | os.O_RDWR)
+        fd = _open_own(path, os.O_RDWR if exists else os.O_CREAT | os.O_EXCL | os.O_RDWR)
     except FileNotFoundError as exc:   # the store removed it, or the session ends
         raise ObjectStoreError(f"cannot open the segment {path}: it is gone (the cluster is "
                                "shutting down, or something removed it)") from exc
     try:
         done = min(segment.allocated, cap) if segment.reused else 0
-        if not segment.reused:
+        if not exists:
             os.ftruncate(fd, cap)
             if need >= ALLOCATE_MIN and not segment.name.startswith(HUGE + "/"):
                 try:
                     mm = map_allocating(fd, need)
                 except OSError as exc:
-                    raise _no_room(size, exc) from exc
+                    raise no_room(size, exc) from exc
                 if mm is not None:
                     return mm
         if need > done:
             try:
                 # Allocate now: a full /dev/shm then fails here with ENOSPC instead of
                 # killing the writer with SIGBUS in the middle of the copy.
-                os.posix_fallocate(fd, done, need - done)
+                os.posix_fallocate(fd, offset + done, need - done)
             except OSError as exc:
-                raise _no_room(size, exc) from exc
+                raise no_room(size, exc) from exc
         length = max(need, done)
         if segment.name.startswith(HUGE + "/"):
             length = map_length(fd, length)
-        return map_for_writing(fd, length, fresh=not segment.reused)
+        # (A slot populates as a fresh one does: on the premap thread, with the GIL
+        # released, where MAP_POPULATE would hold it.)
+        return map_for_writing(fd, length, fresh=not segment.reused or is_slot(segment.name),
+                               offset=offset)
     except OSError as exc:
         raise ObjectStoreError(f"cannot size or map the segment {path} ({exc.strerror}); "
                                "the object was not stored.") from exc
@@ -364,7 +414,27 @@ def open_segment(folder: str, segment: types_pb2.Segment) -> mmap.mmap:
         os.close(fd)
 
 
-def _no_room(size: int, exc: OSError) -> ObjectStoreFullError:
+def map_slab(folder: str, slot: str) -> mmap.mmap:
+    """A writer's read-write map of the whole slab that slot ``slot`` is in (no page made
+    present: the writer populates each slot's range as it fills it). ObjectStoreError
+    when it cannot be made (gone: the store removed the slab)."""
+    path = segment_file(folder, slot)[0]
+    try:
+        fd = _open_own(path, os.O_RDWR)
+    except FileNotFoundError as exc:
+        raise ObjectStoreError(f"cannot open the slab {path}: it is gone (the cluster is "
+                               "shutting down, or something removed it)") from exc
+    try:
+        return mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED,
+                         mmap.PROT_READ | mmap.PROT_WRITE)
+    except (OSError, ValueError) as exc:
+        raise ObjectStoreError(f"cannot map the slab {path} ({exc}); the object was not "
+                               "stored.") from exc
+    finally:
+        os.close(fd)
+
+
+def no_room(size: int, exc: OSError) -> ObjectStoreFullError:
     return ObjectStoreFullError(
         f"/dev/shm has no room for an object of {fmt_bytes(size)} ({exc.strerror}). "
         "Free shared memory, or lower object_store_memory so the store fits in /dev/shm.")
@@ -377,7 +447,10 @@ def page_align(n: int) -> int:
 def map_ahead(folder: str, name: str) -> mmap.mmap | None:
     """A read-write map of an existing segment with its pages mapped, the GIL released
     meanwhile (a populating mmap() holds it for ~0.1 s per 512 MiB); None if gone or
-    not the session's own file (the put then opens it itself, and says why)."""
+    not the session's own file (the put then opens it itself, and says why). Not for a
+    slot: a put maps its range when it fills it."""
+    if is_slot(name):
+        return None
     try:
         fd = _open_own(segment_path(folder, name), os.O_RDWR)
     except (OSError, ObjectStoreError):
@@ -397,7 +470,7 @@ def map_ahead(folder: str, name: str) -> mmap.mmap | None:
 
 
 
-def write_into(mm: mmap.mmap, ser: Serialized) -> None:
+def write_into(mm: mmap.mmap | memoryview, ser: Serialized) -> None:
     view = memoryview(mm)
     try:
         ser.write_into(view)
@@ -411,13 +484,16 @@ def map_segment(folder: str, segment: types_pb2.Segment,
     the later objects the segment will hold); it lives as long as views of it.
     FileNotFoundError: the object moved (spilled), ask the head where to;
     ObjectStoreError: the file is not the session's own, or cannot be mapped."""
-    path = segment.path or segment_path(folder, segment.name)
+    path, offset = (segment.path, 0) if segment.path else segment_file(folder, segment.name)
     fd = _open_own(path, os.O_RDONLY)
     try:
-        length = max(os.fstat(fd).st_size if whole else segment.size, segment.size, 1)
+        if not segment.path and is_slot(segment.name):   # its range (whole: its capacity)
+            length = max(segment.capacity if whole else 0, segment.size, 1)
+        else:
+            length = max(os.fstat(fd).st_size if whole else segment.size, segment.size, 1)
         if segment.name.startswith(HUGE + "/") and not segment.path:
             length = map_length(fd, length)
-        mm = mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ)
+        mm = mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ, offset=offset)
     except (OSError, ValueError) as exc:
         raise ObjectStoreError(f"cannot map {path} ({exc}); the object's data cannot be "
                                "read here.") from exc

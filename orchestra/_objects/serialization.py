@@ -18,9 +18,10 @@ Two forms, told apart by their first bytes:
               64 bytes: the copy then runs at memcpy speed (~3x slower otherwise).
 
 pyarrow writes and reads every stream (``pyarrow.ipc.open_stream`` over a segment's
-file gives the same table back, orchestra or not). deserialize(view) over a read-only
-map of a segment returns Arrow data, DataFrame columns and numpy arrays that are views
-of shared memory, with no copy; the map stays alive while any of them lives.
+bytes, from its offset in its file, gives the same table back, orchestra or not).
+deserialize(view) over a read-only map of a segment returns Arrow data, DataFrame
+columns and numpy arrays that are views of shared memory, with no copy; the map stays
+alive while any of them lives.
 """
 from __future__ import annotations
 

@@ -19,6 +19,9 @@ bytes of a later object. Readers do not use multiprocessing.shared_memory: CPyth
 resource tracker would unlink segments it did not create (gh-82300).
 
 Where segments live, and how they are opened and mapped safely: _objects/segments.py.
+Medium objects (size classes up to SLAB_MAX) are slots of slab files, several to a file,
+so that memory freed by objects of one class serves another: _objects/slabs.py says how
+slots are carved, reused, given back and spilled.
 With huge pages (ORCHESTRA_HUGE_PAGES, a hugetlbfs mount), a new segment for an object
 of HUGE_MIN or more is made there, its capacity in whole pages, while the mount has the
 pages free (less those handed out and not written yet); else, as any other, in /dev/shm.
@@ -56,10 +59,13 @@ from .segments import (
     make_session_dir,
     page_align,
     remove_private_dir,
+    segment_file,
     segment_path,
     sweep_stale_segments,
     unlink_path,
 )
+from .slabs import SLAB_MAX
+from .store_slabs import SlabStore, StoredSegment
 
 _MIN_CLASS = 64 * 1024
 # With huge pages (ORCHESTRA_HUGE_PAGES): objects from this size go to them.
@@ -138,33 +144,10 @@ class SpillJob(NamedTuple):
     source: str        # its path in shared memory
     dest: str          # the spill file's path
     size: int
+    offset: int = 0    # of its bytes in ``source`` (a slot's in its slab)
 
 
-class StoredSegment:
-    __slots__ = ("name", "capacity", "state", "pins", "writer", "object_id", "size",
-                 "last_use", "no_pool", "rw", "holds_refs", "pooled_at", "allocated")
-
-    def __init__(self, name: str, capacity: int, state: str, writer: int) -> None:
-        self.name = name
-        self.capacity = capacity
-        # writing / sealed / spilling / spill-cancelled (freed while spilling) /
-        # retired (freed, still mapped) / pooled
-        self.state = state
-        self.pins = 0
-        self.writer = writer
-        self.object_id = b""
-        self.size = 0
-        self.last_use = 0
-        self.no_pool = False      # spilled: unlink when released, never reuse the name
-        # Connections that may keep a map of it (writers; readers keep theirs across
-        # objects): told when it is unlinked (DROP_MAPS).
-        self.rw: set[int] = set()
-        self.holds_refs = False   # refs inside its value: never kept for a next head
-        self.pooled_at = 0.0      # when it was last pooled (ObjectStore.now)
-        self.allocated = 0        # bytes at its start its writers allocated (Segment.allocated)
-
-
-class ObjectStore:
+class ObjectStore(SlabStore):
     def __init__(self, node_id: int, session: str, capacity: int, *,
                  pool_limit: int | None = None, warm_bytes: int = 0,
                  pool_idle_s: float = DEFAULT_POOL_IDLE_S,
@@ -193,9 +176,13 @@ class ObjectStore:
         self.used = 0          # bytes of segments holding live objects (writing/sealed/retired)
         self.pooled = 0        # bytes of free, warm segments
         self.segs: dict[str, StoredSegment] = {}
-        # Free segments by capacity, oldest pooled first: create() takes the newest
-        # (its pages are the likeliest in cache), trim_pool() gives back the oldest.
-        self.pool: dict[int, collections.deque[str]] = {}
+        # Free segments by capacity, oldest pooled first (dicts as ordered sets): create()
+        # takes the newest (its pages are the likeliest in cache), trim_pool() gives back
+        # the oldest, a slab carved again takes its slots out.
+        self.pool: dict[int, dict[str, None]] = {}
+        self.slabs = {}     # SlabStore's (store_slabs.py)
+        self._empty = {}
+        self._carving = {}
         self.conn_pins: dict[int, collections.Counter[str]] = {}
         self._n = 0
         self._warming = False
@@ -274,27 +261,41 @@ class ObjectStore:
         n = min(n, self.capacity // 32 // cap)
         spares: list[types_pb2.Segment] = []
         while len(spares) < n and self.used + cap <= self.capacity - self.capacity // 4:
-            spares.append(self._hand_out(conn, b"", 0, cap, False))
+            try:
+                spares.append(self._hand_out(conn, b"", 0, cap, False))
+            except ObjectStoreFullError:   # no slab file could be made: fewer spares
+                break
         return spares
 
     def _hand_out(self, conn: int, object_id: bytes, size: int, cap: int,
                   holds_refs: bool) -> types_pb2.Segment:
         """A segment of class ``cap`` for ``conn`` to write (room checked): a pooled
         one, else a new name (pooled ones evicted to make the room)."""
+        slotted = cap <= SLAB_MAX and not self._huge(cap)
         name = self._take_pooled(cap)
+        if name is None and slotted and self._empty and self._recarve(cap):
+            name = self._take_pooled(cap)
         reused = name is not None
         if name is None:
             self._evict_pool(self.used + self.pooled + cap - self.capacity)
-            name = self._new_name()
-            if self._huge(cap):
-                name = f"{HUGE}/{name}"
-                self.huge_used += cap
-                self.huge_writing[name] = cap
-            seg = self.segs[name] = StoredSegment(name, cap, "writing", conn)
+            if slotted:
+                seg = self.segs[self._cold_slot(cap)]
+                seg.state, seg.writer = "writing", conn
+            else:
+                name = self._new_name()
+                if self._huge(cap):
+                    name = f"{HUGE}/{name}"
+                    self.huge_used += cap
+                    self.huge_writing[name] = cap
+                seg = self.segs[name] = StoredSegment(name, cap, "writing", conn)
         else:
             seg = self.segs[name]
             seg.state, seg.writer = "writing", conn
             cap = seg.capacity
+        if seg.slab is not None:
+            seg.slab.live += 1
+            seg.slab.mappers.add(conn)
+            self._empty.pop(seg.slab.name, None)
         seg.object_id, seg.size, seg.last_use = object_id, size, next(self._clock)
         seg.holds_refs = holds_refs
         self.used += cap
@@ -302,12 +303,13 @@ class ObjectStore:
         allocated = seg.allocated
         if object_id:   # a spare's writer allocates what it writes: counted when sealed
             seg.allocated = max(allocated, min(page_align(max(size, 1)), cap))
-        return types_pb2.Segment(name=name, size=size, node_id=self.node_id, capacity=cap,
+        return types_pb2.Segment(name=seg.name, size=size, node_id=self.node_id, capacity=cap,
                                  reused=reused, allocated=allocated)
 
     def _full_message(self, size: int, need: int, spill: bool) -> str:
-        busy = sum(s.capacity for s in self.segs.values()
-                   if s.state in ("writing", "retired") or (s.state == "sealed" and s.pins))
+        # What no spill can give back: objects mapped or being written, and the slabs
+        # they share with others (a slab is spilled whole).
+        busy = self.used - sum(u[1] for u in self._spill_units(False))
         text = (f"the object store is full: {fmt_bytes(self.used)} of {fmt_bytes(self.capacity)} held by "
                 f"live objects, {fmt_bytes(size)} more needed")
         if self.spill_dir is None:
@@ -325,15 +327,30 @@ class ObjectStore:
         that readers map too when ``mapped``. None when they cannot make the room."""
         if self.spill_dir is None:
             return None
-        chosen, room = [], 0
-        for seg in sorted((s for s in self.segs.values()
-                           if s.state == "sealed" and (mapped or not s.pins)),
-                          key=lambda s: s.last_use):
+        chosen: list[StoredSegment] = []
+        room = 0
+        for _, size, segs in sorted(self._spill_units(mapped), key=lambda u: u[0]):
             if room >= need:
                 break
-            chosen.append(seg)
-            room += seg.capacity
+            chosen.extend(segs)
+            room += size
         return chosen if room >= need else None
+
+    def _spill_units(self, mapped: bool) -> list[tuple[int, int, list[StoredSegment]]]:
+        """What may be spilled, as (last use, bytes it gives back, its segments): a
+        sealed segment (that nobody maps, unless ``mapped``), or a slab whole (its memory
+        comes back with its file) when all its objects are such."""
+        units = [(s.last_use, s.capacity, [s]) for s in self.segs.values()
+                 if s.slab is None and s.state == "sealed" and (mapped or not s.pins)]
+        for slab in self.slabs.values():
+            if not slab.live:
+                continue
+            live = [seg for seg in map(self.segs.__getitem__, slab.slots)
+                    if seg.state not in ("pooled", "cold", "dead")]
+            if all(seg.state == "sealed" and (mapped or not seg.pins) for seg in live):
+                units.append((max(seg.last_use for seg in live),
+                              (len(live) + slab.dead) * slab.cap, live))
+        return units
 
     def _spill_victims(self, need: int) -> list[str] | None:
         """Segments nobody maps that spilled would make the room."""
@@ -371,7 +388,7 @@ class ObjectStore:
         for c in sorted(k for k in self.pool if cap <= k <= 2 * cap):
             q = self.pool[c]
             if q:
-                name = q.pop()
+                name = q.popitem()[0]
                 self.pooled -= c
                 return name
         return None
@@ -381,7 +398,8 @@ class ObjectStore:
         for c in sorted(self.pool, reverse=True):
             q = self.pool[c]
             while q and need > 0:
-                name = q.popleft()
+                name = next(iter(q))
+                del q[name]
                 self.pooled -= c
                 need -= c
                 self._remove(name)
@@ -394,9 +412,10 @@ class ObjectStore:
         freed = 0
         for c in sorted(self.pool, reverse=True):
             q = self.pool[c]
-            while q and self.segs[q[0]].pooled_at <= cutoff and \
+            while q and self.segs[next(iter(q))].pooled_at <= cutoff and \
                     self.pooled - c >= self.warm_bytes:
-                name = q.popleft()
+                name = next(iter(q))
+                del q[name]
                 self.pooled -= c
                 freed += c
                 self._remove(name)
@@ -426,7 +445,7 @@ class ObjectStore:
             unlink_path(name)
             return
         seg = self.segs.get(name)
-        if seg is None or seg.state in ("pooled", "retired", "spill-cancelled"):
+        if seg is None or seg.state in ("pooled", "retired", "spill-cancelled", "cold", "dead"):
             return
         if seg.state == "spilling":
             seg.state = "spill-cancelled"   # end_spill() removes the file
@@ -439,11 +458,24 @@ class ObjectStore:
     def _release(self, seg: StoredSegment) -> None:
         self.used -= seg.capacity
         self.huge_writing.pop(seg.name, None)
+        slab = seg.slab
+        if slab is not None:
+            slab.live -= 1
+            if seg.no_pool:   # its name is never handed out again (slabs.py)
+                seg.state = "dead"
+                slab.dead += 1
+                self.used += seg.capacity
+                self._drop_slab_if_done(slab)
+                return
         if not seg.no_pool and self.pooled + seg.capacity <= self.pool_limit and \
                 self.used + self.pooled + seg.capacity <= self.capacity:
             seg.state, seg.pooled_at = "pooled", self.now()
-            self.pool.setdefault(seg.capacity, collections.deque()).append(seg.name)
+            self.pool.setdefault(seg.capacity, {})[seg.name] = None
             self.pooled += seg.capacity
+            if slab is not None:
+                if slab.empty():
+                    self._empty[slab.name] = slab
+                self._drop_slab_if_done(slab)
         else:
             self._remove(seg.name)
 
@@ -453,11 +485,15 @@ class ObjectStore:
         seg = self.segs.get(name)
         if seg is None or seg.state != "writing" or seg.writer != conn:
             return
-        seg.no_pool = True
+        seg.no_pool = seg.slab is None   # a slot's file is the store's: sound
         seg.state = "sealed"
         self.free(name)
 
     def _remove(self, name: str) -> None:
+        seg = self.segs.get(name)
+        if seg is not None and seg.slab is not None:
+            self._chill(seg)
+            return
         seg = self.segs.pop(name, None)
         if seg is not None:
             self.dropped.extend((conn, name) for conn in seg.rw)
@@ -505,11 +541,14 @@ class ObjectStore:
                 self._unpin_one(name)
         for seg in self.segs.values():
             seg.rw.discard(conn)
+        for slab in self.slabs.values():
+            slab.mappers.discard(conn)
         for seg in [s for s in self.segs.values() if s.state == "writing" and s.writer == conn]:
             # Removed, never pooled: a writer that died after the reply but before its
             # open left no file (a later reuse opens the name without creating it), or
             # one shorter than the segment (ftruncate not reached: a map would SIGBUS).
-            seg.no_pool = True
+            # A slot's file is the store's: sound, and reused.
+            seg.no_pool = seg.slab is None
             seg.state = "sealed"
             self.free(seg.name)
 
@@ -529,8 +568,10 @@ class ObjectStore:
         for name in names:
             seg = self.segs[name]
             seg.state = "spilling"
-            jobs.append(SpillJob(name, seg.object_id, segment_path(self.dir, name),
-                                 os.path.join(self.spill_dir, name.rpartition("/")[2]), seg.size))
+            path, offset = segment_file(self.dir, name)
+            jobs.append(SpillJob(name, seg.object_id, path,
+                                 os.path.join(self.spill_dir, name.rpartition("/")[2]), seg.size,
+                                 offset))
         return jobs
 
     def end_spill(self, name: str, path: str, error: str) -> types_pb2.Segment | None:
@@ -586,7 +627,7 @@ class ObjectStore:
             return
         seg = self.segs[name] = StoredSegment(name, cap, "pooled", -1)
         seg.pooled_at, seg.allocated = self.now(), cap
-        self.pool.setdefault(cap, collections.deque()).append(name)
+        self.pool.setdefault(cap, {})[name] = None
         self.pooled += cap
         self.warmed.append(name)
 
@@ -600,12 +641,16 @@ class ObjectStore:
         head (an object holding refs is removed: its refs' counts are gone)."""
         self.conn_pins.clear()
         self.dropped.clear()
+        for slab in self.slabs.values():
+            slab.mappers.clear()
         kept = []
         for seg in list(self.segs.values()):
+            if self.segs.get(seg.name) is not seg:
+                continue   # its slab went with a slot before it
             mapped = seg.pins > 0 or bool(seg.rw)
             seg.rw.clear()
             seg.pins = 0
-            if seg.state == "pooled":
+            if seg.state in ("pooled", "cold", "dead"):
                 continue
             if seg.state == "sealed" and not seg.holds_refs:
                 # A process that outlived the head may read it still (a task's argument,
@@ -629,6 +674,9 @@ class ObjectStore:
         recorded) and every spill file."""
         self.segs.clear()
         self.pool.clear()
+        self.slabs.clear()
+        self._empty.clear()
+        self._carving.clear()
         self.used = self.pooled = 0
         for path in self.files:
             unlink_path(path)

@@ -4,7 +4,7 @@
     Fetcher.fetch(address, token, key, size, dest)   accept thread -> one thread per connection
       a pooled connection to ``address``,              server_handshake(token) before any
       authenticated once (client_handshake)            other byte is read, then keep-alive:
-      REQUEST: key length, offset, size, key  ---->    resolve(key) -> (file path, size) | None
+      REQUEST: key length, offset, size, key  ---->    resolve(key) -> (file, size, start) | None
                                               <----    REPLY: status, length
       recv_into(dest) straight into the map            OK: ``length`` bytes of the file, sent
       (no intermediate bytes object)                   by os.sendfile (tmpfs / page cache ->
@@ -141,7 +141,7 @@ class DataServer:
     """Serves files that ``resolve`` names to authenticated peers (module docstring)."""
 
     def __init__(self, host: str, token: str,
-                 resolve: Callable[[str], tuple[str, int] | None], *, port: int = 0,
+                 resolve: Callable[[str], tuple[str, int, int] | None], *, port: int = 0,
                  timeout_s: float = _STALL_TIMEOUT_S) -> None:
         self.token = token
         self.resolve = resolve
@@ -216,10 +216,13 @@ class DataServer:
         if found is None:
             return self._error(sock, f"no object stored under {key!r} here (freed, moved, "
                                      "or not a key of this node)")
-        path, have = found
+        # The object is ``have`` bytes from ``start`` of the file (a slot's place in its
+        # slab, else 0); ``offset`` counts from there.
+        path, have, start = found
         if offset + size > have:
             return self._error(sock, f"asked for bytes {offset}..{offset + size} of {key!r}, "
                                      f"which has {have}")
+        offset += start
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:

@@ -15,7 +15,7 @@ import pytest
 
 import _helpers as h
 import orchestra
-from _probes import in_segment, segment_file
+from _probes import in_segment, segment_span
 from orchestra._runtime import context as _context
 from orchestra.exceptions import DeserializationError
 
@@ -111,7 +111,7 @@ import hashlib, json, mmap, sys
 import pyarrow as pa
 with open(sys.argv[1], "rb") as f:
     mm = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
-table = pa.ipc.open_stream(pa.py_buffer(mm)).read_all()
+table = pa.ipc.open_stream(pa.py_buffer(memoryview(mm)[int(sys.argv[2]):])).read_all()
 out = {"kind": table.schema.metadata[b"orchestra.kind"].decode(), "names": table.column_names,
        "rows": table.num_rows, "orchestra": any(m.startswith("orchestra") for m in sys.modules)}
 if out["kind"] == "table":
@@ -123,10 +123,12 @@ print(json.dumps(out))
 """
 
 
-def _read_without_orchestra(path: str) -> dict:
+def _read_without_orchestra(span: tuple[str, int]) -> dict:
+    """What pyarrow alone reads of the stream at (file, offset) (a medium object's is a
+    slot of a slab: the stream starts at its offset)."""
     # -I: no PYTHONPATH, no user site, no script directory: this process cannot find
     # the tests' orchestra, and imports nothing of it.
-    out = subprocess.run([sys.executable, "-I", "-c", _FOREIGN_READER, path],
+    out = subprocess.run([sys.executable, "-I", "-c", _FOREIGN_READER, span[0], str(span[1])],
                          capture_output=True, text=True, timeout=60, check=True)
     return json.loads(out.stdout)
 
@@ -134,7 +136,7 @@ def _read_without_orchestra(path: str) -> dict:
 def test_a_table_segment_is_read_by_pyarrow_in_a_process_without_orchestra(cluster):
     rows = 250_000
     ref = h.make_table.remote(rows)
-    got = _read_without_orchestra(segment_file(ref))
+    got = _read_without_orchestra(segment_span(ref))
     assert got["kind"] == "table" and got["names"] == ["i", "f", "s"] and not got["orchestra"]
     assert got["rows"] == rows and got["sum_i"] == rows * (rows - 1) // 2
     assert got["s_last"] == f"r{(rows - 1) % 100}"
@@ -144,16 +146,16 @@ def test_any_other_large_value_is_a_stream_of_its_pickle_and_buffers(cluster):
     import hashlib
     arr = np.random.default_rng(3).random(100_000)
     ref = orchestra.put(arr)
-    got = _read_without_orchestra(segment_file(ref))
+    got = _read_without_orchestra(segment_span(ref))
     assert got["kind"] == "pickle5" and got["names"] == ["pickle", "pad0", "buffer0"]
     assert got["buffer0"] == hashlib.sha256(arr.tobytes()).hexdigest()
 
 
 def test_a_damaged_segment_raises_deserialization_error_naming_the_object(cluster):
     ref = h.make_table.remote(200_000)   # made by a task: this process has not read it
-    path = segment_file(ref)
+    path, offset = segment_span(ref)
     with open(path, "r+b") as f:
-        f.seek(8)
+        f.seek(offset + 8)
         f.write(b"\x5a" * 256)           # the schema message, past its 8-byte prefix
     with pytest.raises(DeserializationError) as info:
         orchestra.get(ref, timeout=T)

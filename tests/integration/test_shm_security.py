@@ -272,7 +272,7 @@ def test_a_segment_that_is_not_the_sessions_own_file_is_never_mapped(
 def test_a_create_that_fails_raises_naming_the_path_and_gives_its_bytes_back(start_cluster):
     c = start_cluster(num_cpus=1, object_store_memory=256 * MiB,
                       _system_config={"warm_bytes": 0})
-    ref, path = _put_and_find_segment(np.ones(MiB // 8))
+    ref, path = _put_and_find_segment(np.ones(3 * MiB // 8))   # a file of its own
     del ref
     wait_until(lambda: c.store().used == 0, 10, "the first object freed")
     # Files of this user at every next name of the same layout: something (a bug, a
@@ -286,6 +286,25 @@ def test_a_create_that_fails_raises_naming_the_path_and_gives_its_bytes_back(sta
     assert folder in str(info.value) and "exists" in str(info.value)
     wait_until(lambda: c.store().used == 0, 10, "the failed create's bytes given back")
     assert not [o for o in c.objects().values() if o.in_shared_memory]
+
+
+def test_a_slab_that_cannot_be_made_fails_the_put_naming_its_path(start_cluster):
+    """The store makes a slab's file itself (O_EXCL): one of this user's files at the
+    next slab names fails the put that needs a new slab, naming the file, and the
+    objects in the slabs there are stay readable."""
+    c = start_cluster(num_cpus=1, object_store_memory=256 * MiB,
+                      _system_config={"warm_bytes": 0})
+    kept, path = _put_and_find_segment(np.ones(MiB // 8))   # a slot: slab-<n>.1
+    folder, name = os.path.split(path)
+    n = int(re.fullmatch(r"slab-(\d+)\.1", name).group(1))   # type: ignore[union-attr]
+    for i in range(n + 1, n + 40):
+        os.close(os.open(os.path.join(folder, f"slab-{i}.1"), os.O_CREAT | os.O_WRONLY, 0o600))
+    with pytest.raises(OrchestraError) as info:
+        orchestra.put(np.ones(100_000 // 8))   # another class: a slab of its own
+    assert folder in str(info.value) and "exists" in str(info.value)
+    assert float(orchestra.get(kept).sum()) == MiB // 8
+    del kept
+    wait_until(lambda: c.store().used == 0, 10, "the objects freed")
 
 
 _KNOCK = r"""

@@ -19,12 +19,14 @@ import pytest
 from orchestra._node.node import Node, worker_socket
 from orchestra._objects.errors import describe_exit
 from orchestra._objects.segments import open_segment, segment_path
+from orchestra._objects.slabs import is_slot
 from orchestra._protocol import pb
 from orchestra._protocol import wire as _wire
 
 pytestmark = pytest.mark.timeout(30)
 
 KiB = 1 << 10
+MiB = 1 << 20
 SEG = 64 * KiB            # the smallest size class: objects of this size fill one each
 WRITER, READER, OTHER = 5, 6, 7
 
@@ -218,19 +220,36 @@ def test_a_pinned_segment_is_reused_only_after_its_reader_unpins(make_node: Any,
 
 def test_an_aborted_segment_gives_its_bytes_back_and_its_file_goes(make_node: Any,
                                                                    host: FakeHost) -> None:
-    node = make_node()
-    create(node, WRITER, oid(1))
+    node = make_node(capacity=8 * MiB)
+    create(node, WRITER, oid(1), 3 * MiB)   # a segment of its own (above SLAB_MAX)
     seg = host.replies(WRITER)[-1].segment
+    assert not is_slot(seg.name)
     open_segment(node.shm_dir, seg).close()
     node.abort_segment(WRITER, seg.name)
     assert node.store_info().used == 0
     assert not os.path.exists(segment_path(node.shm_dir, seg.name))
 
 
-def test_a_writer_is_told_to_drop_its_map_of_a_segment_the_store_unlinks(
-        make_node: Any, host: FakeHost) -> None:
+def test_an_aborted_slot_gives_its_bytes_back_and_is_reused(make_node: Any,
+                                                            host: FakeHost) -> None:
+    """A slot's file is its slab, the store's own: what a writer left there is sound
+    to write again, so an aborted slot is pooled, not removed."""
     node = make_node()
     create(node, WRITER, oid(1))
+    seg = host.replies(WRITER)[-1].segment
+    assert is_slot(seg.name)
+    open_segment(node.shm_dir, seg).close()
+    node.abort_segment(WRITER, seg.name)
+    assert node.store_info().used == 0
+    assert os.path.exists(segment_path(node.shm_dir, seg.name))
+    create(node, WRITER, oid(2))
+    assert host.replies(WRITER)[-1].segment.name == seg.name
+
+
+def test_a_writer_is_told_to_drop_its_map_of_a_segment_the_store_unlinks(
+        make_node: Any, host: FakeHost) -> None:
+    node = make_node(capacity=8 * MiB)
+    create(node, WRITER, oid(1), 3 * MiB)
     seg = host.replies(WRITER)[-1].segment
     node.abort_segment(WRITER, seg.name)   # never pooled: unlinked
     (drop,) = host.frames(_wire.DROP_MAPS, WRITER)

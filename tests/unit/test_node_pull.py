@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from orchestra._node.node import PULL_CONN, Node
-from orchestra._objects.segments import open_segment, segment_path
+from orchestra._objects.segments import open_segment, segment_file
 from orchestra._objects.store import size_class
 from orchestra._protocol import auth as _auth
 from orchestra._protocol import pb
@@ -110,8 +110,9 @@ def put(node: Node, oid: bytes, data: bytes) -> Any:
 
 
 def read(node: Node, segment: Any) -> bytes:
-    path = segment.path or segment_path(node.shm_dir, segment.name)
+    path, start = (segment.path, 0) if segment.path else segment_file(node.shm_dir, segment.name)
     with open(path, "rb") as f:
+        f.seek(start)
         return f.read(segment.size)
 
 
@@ -189,8 +190,9 @@ def test_a_missing_key_fails_the_pull_and_gives_its_bytes_back(make_node: Any,
     ((got_oid, copy, error),) = host.wait_pulled()
     assert got_oid == oid(1) and copy is None
     assert "no object stored under 'seg-99'" in error
-    assert dst.store_info().used == 0 and dst.store.segs == {}
-    assert os.listdir(dst.shm_dir) == []   # the half-written segment is removed
+    assert dst.store_info().used == 0   # the half-written slot is given back
+    assert all(seg.state in ("pooled", "cold") for seg in dst.store.segs.values())
+    assert set(os.listdir(dst.shm_dir)) == set(dst.store.slabs)
 
 
 def test_a_pull_from_a_node_that_is_gone_fails_with_the_reason(make_node: Any,
@@ -270,7 +272,8 @@ def test_an_object_being_written_is_not_served(make_node: Any,
     seg = src.store.create(WRITER, oid(1), 100)
     assert src._resolve(seg.name) is None
     src.seal(seg.name)
-    assert src._resolve(seg.name) == (segment_path(src.shm_dir, seg.name), 100)
+    path, start = segment_file(src.shm_dir, seg.name)
+    assert src._resolve(seg.name) == (path, 100, start)
 
 
 def test_close_stops_the_data_server(make_node: Any, token: str) -> None:

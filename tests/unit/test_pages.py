@@ -96,19 +96,23 @@ def test_map_for_writing_gives_a_present_writable_map_large_or_small(shm_file):
             shm_file.unlink()
 
 
-def test_a_writer_allocates_and_maps_its_objects_pages_and_never_the_slack(tmp_path):
+@pytest.mark.parametrize("size", [(1 << 20) + 100, (5 << 19) + 100])
+def test_a_writer_allocates_and_maps_its_objects_pages_and_never_the_slack(tmp_path, size):
+    """A 1.25 MiB class (a slot of a slab) and a 3 MiB one (a file of its own)."""
     from orchestra._objects.segments import open_segment, segment_path
+    from orchestra._objects.slabs import SLAB, is_slot
     from orchestra._objects.store import ObjectStore, size_class
     store = ObjectStore(0, "pages-test", 64 << 20)
     try:
-        size = (1 << 20) + 100                   # a 1.25 MiB size class
-        assert size_class(size) == 1310720
+        assert size_class(size) in (1310720, 3 << 20)
         seg = store.create(1, b"a", size)
         assert not seg.reused and seg.allocated == 0
+        assert is_slot(seg.name) == (seg.capacity < 2 << 20)
         mm = open_segment(store.dir, seg)
         page_aligned = (size + mmap.PAGESIZE - 1) & ~(mmap.PAGESIZE - 1)
         path = segment_path(store.dir, seg.name)
-        assert os.path.getsize(path) == seg.capacity              # the file has its class
+        # the file has its class (a slot: the slab's size)
+        assert os.path.getsize(path) == (SLAB if is_slot(seg.name) else seg.capacity)
         assert os.stat(path).st_blocks * 512 == page_aligned      # its memory, the object's
         assert len(mm) == page_aligned and \
             _resident_settles_at(mm, page_aligned >> 10) == page_aligned >> 10
@@ -129,7 +133,7 @@ def test_a_writer_allocates_and_maps_its_objects_pages_and_never_the_slack(tmp_p
         store.seal(again.name)
         store.free(again.name)
         # A smaller one after it maps all that was allocated (a later larger one needs no map).
-        small = store.create(1, b"c", 1300000)
+        small = store.create(1, b"c", seg.capacity * 5 // 8)
         assert small.reused and small.allocated == need
         mm = open_segment(store.dir, small)
         assert len(mm) == need

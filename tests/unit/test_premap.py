@@ -113,14 +113,29 @@ def test_a_spare_the_thread_cannot_make_leaves_no_file_and_the_put_opens_it(shm_
     p.close()
 
 
-def test_a_spare_reused_from_the_pool_is_left_as_it_is(shm_dir: str) -> None:
-    # Its pages are there, and the writer that filled it before keeps its map.
+def test_a_spare_reused_from_the_pool_is_mapped_as_it_is(shm_dir: str) -> None:
+    """A pooled spare this process keeps no map of (another wrote it: io.py gives the
+    premapper only those) is opened, never made again: its bytes and size stay; one
+    whose file is gone is not created."""
+    path = segment_path(shm_dir, "a")
+    with open(path, "wb") as f:
+        f.write(b"old." * (32 * KiB))   # 128 KiB, its capacity
+    os.chmod(path, 0o600)
     p = Premapper(shm_dir)
-    reused = spare("a")
-    reused.reused = True
-    p.add([reused], 64 * KiB)
-    assert not p.queue and p.take(for_object(reused, 64 * KiB)) is None
-    assert not os.path.exists(segment_path(shm_dir, "a"))
+    reused, gone = spare("a"), spare("b")
+    reused.reused = gone.reused = True
+    reused.allocated = 128 * KiB
+    p.add([reused, gone], 64 * KiB)
+    wait_ready(p, {"a"})
+    mm = p.take(for_object(reused, 64 * KiB))
+    assert mm is not None and mm[:8] == b"old.old." and os.path.getsize(path) == 128 * KiB
+    mm.close()
+    deadline = time.monotonic() + 10
+    while p.queue or p.busy:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    assert p.take(for_object(gone, 64 * KiB)) is None
+    assert not os.path.exists(segment_path(shm_dir, "b"))
     p.close()
 
 

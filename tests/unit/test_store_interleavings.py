@@ -13,7 +13,9 @@ names; every live object's bytes are still its own (no segment reused or removed
 a live object or a reader's pin); spilled bytes are the spilled objects'; a full store
 is refused only when even spilling every sealed object would not make the room; after
 a trim no segment pooled for the idle time is left, unless giving it back would leave
-less than the floor pooled."""
+less than the floor pooled. Medium objects are slots of slab files (_objects/slabs.py):
+a slab's counts match its slots' states, a cold slot holds no page, the directory holds
+exactly the slabs and other segments the store names."""
 from __future__ import annotations
 
 import os
@@ -34,7 +36,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from orchestra._objects.segments import open_segment, segment_path, spill_file
+from orchestra._objects.segments import open_segment, segment_file, spill_file
+from orchestra._objects.slabs import is_slot, split_slot
 from orchestra._objects.store import ObjectStore, ReleaseNeeded, SpillNeeded, size_class
 from orchestra.exceptions import ObjectStoreFullError
 
@@ -95,7 +98,7 @@ class StoreMachine(RuleBasedStateMachine):
                 return store.create(conn, oid, size)
             except SpillNeeded as need:
                 for job in store.begin_spill(need.names):
-                    error = spill_file(job.source, job.dest, job.size)
+                    error = spill_file(job.source, job.dest, job.size, job.offset)
                     assert error == ""
                     seg = store.end_spill(job.name, job.dest, error)
                     obj = self.live[job.object_id]
@@ -111,15 +114,23 @@ class StoreMachine(RuleBasedStateMachine):
                     for name in [n for n in held if n in names]:
                         held.remove(name)
                         store.abort(conn_id, name)
-                        assert name not in store.segs
+                        assert name not in store.segs or store.segs[name].state in ("pooled", "cold")
             except ObjectStoreFullError:
                 # Only when even spilling every sealed object would not make the room.
                 # A segment being written counts its capacity, which may be up to twice
                 # its object's class (a larger pooled segment is reused).
+                # A slab is spilled whole: one with an object being written or freed
+                # while mapped holds all its bytes (its other objects' and dead slots').
                 stuck = sum(store.segs[o.name].capacity for o in self.live.values()
-                            if o.state == "writing")
-                retired = sum(s.capacity for s in store.segs.values() if s.state == "retired")
-                assert stuck + retired + size_class(max(size, 1)) > CAPACITY, \
+                            if o.state == "writing" and not is_slot(o.name))
+                retired = sum(s.capacity for s in store.segs.values()
+                              if s.state == "retired" and s.slab is None)
+                slabs = sum(sum(store.segs[n].capacity for n in slab.slots
+                                if store.segs[n].state not in ("pooled", "cold"))
+                            for slab in store.slabs.values()
+                            if any(store.segs[n].state in ("writing", "retired")
+                                   for n in slab.slots))
+                assert stuck + retired + slabs + size_class(max(size, 1)) > CAPACITY, \
                     "refused a put that spilling would have made room for"
                 return None
         raise AssertionError("the store kept asking to spill or release")
@@ -203,7 +214,9 @@ class StoreMachine(RuleBasedStateMachine):
         for obj in unsealed:
             del self.live[obj.oid]
         for name in self.spares.pop(writer, []):
-            assert name not in self.store.segs, "a spare outlived its writer's connection"
+            assert name not in self.store.segs or \
+                self.store.segs[name].state in ("pooled", "cold"), \
+                "a spare outlived its writer's connection"
 
     @rule(target=objs, size=st.sampled_from(SIZES[:5]), writer=st.sampled_from(WRITERS),
           n=st.integers(1, 4), used=st.integers(0, 2))
@@ -253,9 +266,10 @@ class StoreMachine(RuleBasedStateMachine):
         self.clock += seconds
         pooled = {n: s.capacity for n, s in store.segs.items() if s.state == "pooled"}
         freed = store.trim_pool()
-        gone = {n: c for n, c in pooled.items() if n not in store.segs}
+        gone = {n: c for n, c in pooled.items()
+                if n not in store.segs or store.segs[n].state != "pooled"}
         assert freed == sum(gone.values()), "the bytes given back are the segments removed"
-        assert all(n not in os.listdir(store.dir) for n in gone)
+        assert all(n not in os.listdir(store.dir) for n in gone if not is_slot(n))
         assert not freed or store.pooled >= FLOOR, "trimmed below the floor"
         old = [s for s in store.segs.values()
                if s.state == "pooled" and s.pooled_at <= self.clock - IDLE_S]
@@ -271,7 +285,7 @@ class StoreMachine(RuleBasedStateMachine):
         store = self.store
         holding = sum(s.capacity for s in store.segs.values()
                       if s.state in ("writing", "sealed", "retired", "spilling",
-                                     "spill-cancelled"))
+                                     "spill-cancelled", "dead"))
         pooled = sum(s.capacity for s in store.segs.values() if s.state == "pooled")
         assert store.used == holding
         assert store.pooled == pooled == sum(
@@ -287,8 +301,40 @@ class StoreMachine(RuleBasedStateMachine):
         if not hasattr(self, "store"):
             return
         store = self.store
-        assert set(os.listdir(store.dir)) == {n for n in store.segs if not n.startswith("huge/")} \
+        assert set(os.listdir(store.dir)) == \
+            {split_slot(n)[0] for n in store.segs if not n.startswith("huge/")} \
             | ({"huge"} if store.huge else set())
+        assert set(store.slabs) == {split_slot(n)[0] for n in store.segs if is_slot(n)}
+
+    @invariant()
+    def slabs_count_their_slots_and_cold_slots_hold_no_page(self) -> None:
+        if not hasattr(self, "store"):
+            return
+        store = self.store
+        for slab in store.slabs.values():
+            states = [store.segs[n].state for n in slab.slots]
+            assert all(store.segs[n].slab is slab and store.segs[n].capacity == slab.cap
+                       for n in slab.slots)
+            assert slab.live == sum(st not in ("pooled", "cold", "dead") for st in states)
+            assert slab.dead == states.count("dead")
+            assert sorted(slab.cold) == sorted(n for n in slab.slots
+                                               if store.segs[n].state == "cold")
+            assert (slab.name in store._empty) == (slab.empty() and "pooled" in states)
+            # A slab with no object goes once a slot of it is dead or all are cold.
+            assert slab.live or (not slab.dead and len(slab.cold) < len(slab.slots)), \
+                "a slab outlived its objects"
+            path = os.path.join(store.dir, slab.name)
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                for name in slab.cold:
+                    offset = split_slot(name)[1]
+                    try:
+                        data = os.lseek(fd, offset, os.SEEK_DATA)
+                    except OSError:   # ENXIO: no data from there on
+                        continue
+                    assert data >= offset + slab.cap, f"cold slot {name} holds pages"
+            finally:
+                os.close(fd)
 
     @invariant()
     def every_live_objects_bytes_are_its_own(self) -> None:
@@ -297,8 +343,10 @@ class StoreMachine(RuleBasedStateMachine):
         self.retired = [o for o in self.retired
                         if any(o.pins.values()) and o.name in self.store.segs]
         for obj in list(self.live.values()) + self.retired:
-            path = obj.path if obj.state == "spilled" else segment_path(self.store.dir, obj.name)
+            path, start = (obj.path, 0) if obj.state == "spilled" else \
+                segment_file(self.store.dir, obj.name)
             with open(path, "rb") as f:
+                f.seek(start)
                 assert f.read(obj.size) == pattern(obj.oid, obj.size), \
                     f"object {obj.oid!r} ({obj.state}) lost its bytes"
 

@@ -20,6 +20,7 @@ from orchestra._objects.segments import (
     segment_path,
     sweep_stale_segments,
 )
+from orchestra._objects.slabs import split_slot
 from orchestra._objects.store import ObjectStore
 from orchestra._proto import types_pb2
 from orchestra.exceptions import ObjectStoreError
@@ -169,8 +170,8 @@ def test_a_kept_segment_a_reader_mapped_when_the_head_was_lost_is_never_reused(
     """carry_over keeps sealed objects; one a process mapped then (a task's argument, run
     on across the head's restart) is removed once freed, never pooled for another writer
     (it would write into the bytes that task still reads); one nobody mapped is pooled."""
-    read = store.create(7, b"read", MiB, holds_refs=False)
-    idle = store.create(7, b"idle", MiB, holds_refs=False)
+    read = store.create(7, b"read", 3 * MiB, holds_refs=False)   # files of their own
+    idle = store.create(7, b"idle", 3 * MiB, holds_refs=False)
     for seg in (read, idle):
         open_segment(store.dir, seg).close()
         store.seal(seg.name)
@@ -182,3 +183,32 @@ def test_a_kept_segment_a_reader_mapped_when_the_head_was_lost_is_never_reused(
     store.free(idle.name)
     assert not os.path.exists(segment_path(store.dir, read.name))
     assert os.path.exists(segment_path(store.dir, idle.name)) and store.pooled == idle.capacity
+
+
+def test_a_kept_slot_a_reader_mapped_when_the_head_was_lost_is_never_reused(
+        store: ObjectStore) -> None:
+    """The same for slots of one slab: the slot read then is dead once freed (never
+    handed out while its slab lives), the other pooled and reused; the slab's file goes
+    with its last object, and the dead slot's bytes are counted until then."""
+    read = store.create(7, b"read", MiB, holds_refs=False)
+    idle = store.create(7, b"idle", MiB, holds_refs=False)
+    other = store.create(7, b"othr", MiB, holds_refs=False)
+    assert len({split_slot(s.name)[0] for s in (read, idle, other)}) == 1   # one slab
+    for seg in (read, idle, other):
+        open_segment(store.dir, seg).close()
+        store.seal(seg.name)
+    store.drop_conn(7)
+    store.pin(9, [read.name])
+    assert {d.object_id for d in store.carry_over()} == {b"read", b"idle", b"othr"}
+    store.free(read.name)
+    store.free(idle.name)
+    assert store.segs[read.name].state == "dead" and store.used == 2 * read.capacity
+    names = set()
+    for i in range(8):   # the slab's slots, but the dead one, and a new slab's after
+        names.add(store.create(8, b"new%d" % i, MiB).name)
+    assert idle.name in names and read.name not in names
+    for name in names | {other.name}:
+        store.abort(8, name)
+        store.free(name)
+    assert not os.path.exists(segment_path(store.dir, read.name))   # the slab went
+    assert store.used == 0

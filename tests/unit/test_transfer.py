@@ -35,13 +35,13 @@ def folder() -> Iterator[Path]:
     path.rmdir()
 
 
-def dir_resolver(folder: Path) -> Callable[[str], tuple[str, int] | None]:
+def dir_resolver(folder: Path) -> Callable[[str], tuple[str, int, int] | None]:
     """Names of plain files directly in ``folder``, nothing else (as a node's resolve)."""
-    def resolve(key: str) -> tuple[str, int] | None:
+    def resolve(key: str) -> tuple[str, int, int] | None:
         if "/" in key or key.startswith("."):
             return None
         path = folder / key
-        return (str(path), path.stat().st_size) if path.is_file() else None
+        return (str(path), path.stat().st_size, 0) if path.is_file() else None
     return resolve
 
 
@@ -54,7 +54,7 @@ def token() -> str:
 def serve(folder: Path, token: str) -> Iterator[Callable[..., DataServer]]:
     servers: list[DataServer] = []
 
-    def make(resolve: Callable[[str], tuple[str, int] | None] | None = None,
+    def make(resolve: Callable[[str], tuple[str, int, int] | None] | None = None,
              **kw: Any) -> DataServer:
         server = DataServer("127.0.0.1", token, resolve or dir_resolver(folder), **kw)
         servers.append(server)
@@ -196,7 +196,7 @@ def test_a_symbolic_link_is_never_followed(serve: Any, fetcher: Fetcher, folder:
     (tmp_path / "secret").write_bytes(b"s" * 10)
     os.symlink(tmp_path / "secret", folder / "link")
     # A resolve that (wrongly) names the link: the server still refuses to open it.
-    server = serve(lambda key: (str(folder / key), 10))
+    server = serve(lambda key: (str(folder / key), 10, 0))
     with pytest.raises(ObjectLostError, match="cannot open 'link'"):
         fetcher.fetch(server.address, token, "link", 10, memoryview(bytearray(10)))
 
@@ -218,7 +218,7 @@ def test_a_server_closed_mid_transfer_fails_the_fetch_at_once(
     resolve = dir_resolver(folder)
     holder: list[DataServer] = []
 
-    def close_then_resolve(key: str) -> tuple[str, int] | None:
+    def close_then_resolve(key: str) -> tuple[str, int, int] | None:
         holder[0].close()   # the node shuts down as the request arrives
         return resolve(key)
     holder.append(serve(close_then_resolve))
@@ -257,7 +257,7 @@ def test_a_file_that_shrinks_while_sent_is_a_short_read(
     write(folder, "obj", 4 * MiB)
     resolve = dir_resolver(folder)
 
-    def shrink(key: str) -> tuple[str, int] | None:
+    def shrink(key: str) -> tuple[str, int, int] | None:
         found = resolve(key)
         os.truncate(folder / key, MiB)   # after the size was read
         return found
@@ -272,7 +272,7 @@ def test_a_server_that_stalls_fails_the_fetch_after_the_timeout(
     resolve = dir_resolver(folder)
     release = threading.Event()
 
-    def stall(key: str) -> tuple[str, int] | None:
+    def stall(key: str) -> tuple[str, int, int] | None:
         release.wait(10)
         return resolve(key)
     server = serve(stall)
