@@ -41,7 +41,7 @@ from typing import Any, Protocol
 from .._protocol import pb
 from ..exceptions import ObjectLostError, ObjectStoreError, OrchestraError
 from .pages import populate_range
-from .premap import Premapper
+from .premap import Premapper, close_map
 from .refs import RefCounts
 from .segments import (
     map_ahead,
@@ -155,7 +155,7 @@ class ObjectIO:
                 # Through this process's map of its slab (a view it wrote through
                 # before has the pages present already, as far as allocated; the premap
                 # thread made a spare's present).
-                _close(mm)
+                close_map(mm)
                 mm = self.slot_view(seg, not (spare and self.premap.take_slot(seg, need)))
             elif spare and mm is None:   # (a reused one's map is the one kept above)
                 mm = self.premap.take(seg)
@@ -175,9 +175,9 @@ class ObjectIO:
         except BaseException:
             # The store counted the segment's bytes: give them back before the error
             # reaches the caller (a failed put used to keep them until disconnect).
-            # (_close: an exception raised into the copy, a cancel, can leave a view of
+            # (close_map: an exception raised into the copy, a cancel, can leave a view of
             # the map alive; closing it then raised BufferError in the cancel's place.)
-            _close(mm)
+            close_map(mm)
             self.abort_segment(seg.name)
             raise
         with self.refs.lock:
@@ -203,7 +203,7 @@ class ObjectIO:
                     if self.client.lost is None and not self.client.closing:
                         self.slab_maps[key] = made
             if mm is not made:
-                _close(made)
+                close_map(made)
         offset = split_slot(seg.name)[1]
         failed = populate_range(mm, offset, min(page_align(max(seg.size, 1)), seg.capacity)) \
             if populate else 0
@@ -371,7 +371,7 @@ class ObjectIO:
         if len(kept) > _CLOSE_HERE_MAX and self.premap.discard(kept):
             return   # (a slab carved again: a map of each of its old slots, ~14 us each)
         for mm in kept:
-            _close(mm)
+            close_map(mm)
 
     def drop_all_maps(self) -> None:
         """Close every map kept (they would keep the segments' memory)."""
@@ -379,7 +379,7 @@ class ObjectIO:
         with self.refs.lock:
             slabs, self.slab_maps = list(self.slab_maps.values()), {}
         for mm in slabs:
-            _close(mm)
+            close_map(mm)
         self.premap.close()
 
     def release_maps(self, names: Iterable[str]) -> list[str]:
@@ -401,7 +401,7 @@ class ObjectIO:
                         self.spare_bytes -= sp.capacity
                 self.spares[cls] = keep
         for mm in kept:
-            _close(mm)
+            close_map(mm)
         if back:
             self.premap.drop(back)
         return back
@@ -547,7 +547,7 @@ class ObjectIO:
                     while len(self.rmaps) > _RMAPS_MAX:   # the oldest go
                         stale.append(self.rmaps.pop(next(iter(self.rmaps))))
             for old in stale:
-                _close(old)
+                close_map(old)
         return self._pinned(view, name)
 
     def _pinned(self, view: memoryview, name: str) -> memoryview:
@@ -583,14 +583,3 @@ def _export(mm: mmap.mmap | memoryview, size: int) -> memoryview | None:
         return None
     export.flags.writeable = False
     return memoryview(export)[:size]  # type: ignore[arg-type]
-
-
-def _close(mm: mmap.mmap | memoryview | None) -> None:
-    if mm is not None:
-        try:
-            if isinstance(mm, memoryview):
-                mm.release()
-            else:
-                mm.close()
-        except BufferError:
-            pass   # a value read from it still lives: closed when the last goes

@@ -140,7 +140,7 @@ class Premapper:
             self.prepared.clear()
             self.cond.notify_all()
         for mm in maps:
-            _close(mm)
+            close_map(mm)
 
     def _unqueue(self, names: set[str]) -> None:
         if self.queue:
@@ -161,7 +161,7 @@ class Premapper:
                     self.busy = seg.name
             if seg is None:
                 for old in closing:
-                    _close(old)
+                    close_map(old)
                 continue
             mm: mmap.mmap | None = None
             done = 0
@@ -187,14 +187,18 @@ class Premapper:
                 self.cond.notify_all()
 
 
-def _close(mm: mmap.mmap | memoryview) -> None:
+def close_map(mm: mmap.mmap | memoryview | None) -> None:
+    """Close a map (or release a view of one, as of a slab's), unless a value read from
+    it still lives: then it is closed when the last goes."""
+    if mm is None:
+        return
     try:
         if isinstance(mm, memoryview):
             mm.release()
         else:
             mm.close()
     except BufferError:
-        pass   # a value read from it still lives: closed when the last goes
+        pass
 
 
-__all__ = ["Premapper"]
+__all__ = ["Premapper", "close_map"]

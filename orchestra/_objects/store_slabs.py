@@ -110,14 +110,7 @@ class SlabStore:
         keep, holes = recarve(old.cap, warm, cap)
         if not keep:
             return False
-        for name in old.slots:
-            seg = self.segs.pop(name)
-            self.dropped.extend((conn, name) for conn in seg.rw)
-            if seg.state == "pooled":
-                del self.pool[old.cap][name]
-                self.pooled -= old.cap
-        del self.slabs[old.name]
-        self._empty.pop(old.name, None)
+        self._forget(old)
         slab = Slab(old.ident, old.carving + 1, cap)
         slab.mappers = old.mappers
         path = segment_path(self.dir, slab.name)
@@ -148,6 +141,13 @@ class SlabStore:
         if slab.live or (not slab.dead and len(slab.cold) < len(slab.slots)) or \
                 self.slabs.get(slab.name) is not slab:
             return
+        self._forget(slab)
+        self.dropped.extend((conn, slab.name) for conn in slab.mappers)   # their slab maps
+        self._unlink(slab.name)
+
+    def _forget(self, slab: Slab) -> None:
+        """Take a slab with no live slot out of the records: its slots (those who map
+        one are told), its warm ones from the pool, its dead ones' bytes from ``used``."""
         for name in slab.slots:
             seg = self.segs.pop(name)
             self.dropped.extend((conn, name) for conn in seg.rw)
@@ -156,12 +156,10 @@ class SlabStore:
                 self.pooled -= slab.cap
             elif seg.state == "dead":
                 self.used -= slab.cap
-        self.dropped.extend((conn, slab.name) for conn in slab.mappers)   # their slab maps
         del self.slabs[slab.name]
         self._empty.pop(slab.name, None)
         if self._carving.get(slab.cap) is slab:
             del self._carving[slab.cap]
-        self._unlink(slab.name)
 
 
 __all__ = ["SlabStore", "StoredSegment"]

@@ -50,6 +50,14 @@ def wait_ready(p: Premapper, names: set[str]) -> None:
         time.sleep(0.005)
 
 
+def wait_idle(p: Premapper) -> None:
+    """Until the thread has opened (or failed to open) every spare queued."""
+    deadline = time.monotonic() + 10
+    while p.queue or p.busy:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+
+
 def test_a_spare_is_made_and_mapped_ahead_and_its_put_writes_into_the_file(shm_dir: str) -> None:
     p = Premapper(shm_dir)
     p.add([spare("a"), spare("b")], 100 * KiB)
@@ -104,10 +112,7 @@ def test_a_spare_the_thread_cannot_make_leaves_no_file_and_the_put_opens_it(shm_
     p = Premapper(shm_dir)
     huge = spare("a", capacity=1 << 50)   # no /dev/shm holds it: its allocation fails
     p.add([huge], 1 << 50)
-    deadline = time.monotonic() + 10
-    while p.queue or p.busy:
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
+    wait_idle(p)
     assert p.take(for_object(huge, 64 * KiB)) is None
     assert not os.path.exists(segment_path(shm_dir, "a"))
     p.close()
@@ -130,10 +135,7 @@ def test_a_spare_reused_from_the_pool_is_mapped_as_it_is(shm_dir: str) -> None:
     mm = p.take(for_object(reused, 64 * KiB))
     assert mm is not None and mm[:8] == b"old.old." and os.path.getsize(path) == 128 * KiB
     mm.close()
-    deadline = time.monotonic() + 10
-    while p.queue or p.busy:
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
+    wait_idle(p)
     assert p.take(for_object(gone, 64 * KiB)) is None
     assert not os.path.exists(segment_path(shm_dir, "b"))
     p.close()
