@@ -206,12 +206,14 @@ class ObjectStore(SlabStore):
     def _class(self, size: int) -> int:
         """The capacity of a segment for ``size`` bytes: its size class, in whole huge
         pages where it goes to them (never where that would need a spill the class
-        alone would not)."""
+        alone would not); where the mount has too few pages free for the class, the
+        object's own size in whole pages (an 8 GiB object's class is 10 GiB)."""
         cap = size_class(max(size, 1))
         if self.huge and size >= HUGE_MIN:
-            whole = -(-cap // self.huge_page) * self.huge_page
-            if self._huge(whole):
-                return whole
+            page = self.huge_page
+            for whole in (-(-cap // page) * page, -(-size // page) * page):
+                if self._huge(whole):
+                    return whole
         return cap
 
     def _huge(self, cap: int) -> bool:

@@ -86,6 +86,23 @@ def test_once_the_pages_are_spent_objects_go_to_dev_shm_and_freed_ones_give_them
         store.close()
 
 
+def test_an_object_whose_class_the_pages_cannot_hold_takes_its_own_size_in_pages(
+        mount: str) -> None:
+    """17 MiB: its size class is 20 MiB (10 pages), the mount has 9 free: it goes there
+    in 9 pages all the same (an 8 GiB array's class is 10 GiB), not to /dev/shm."""
+    store = huge_store(mount, 9 * PAGE)
+    try:
+        seg = store.create(1, b"g" * 16, 17 * MiB)
+        assert seg.name.startswith("huge/") and seg.capacity == 9 * PAGE
+        mm = open_segment(store.dir, seg)
+        mm[: seg.size] = b"g" * seg.size
+        mm.close()
+        other = store.create(1, b"h" * 16, 3 * MiB)   # no page left: /dev/shm
+        assert not other.name.startswith("huge/")
+    finally:
+        store.close()
+
+
 def test_a_huge_segment_name_is_a_file_of_the_huge_directory_and_nothing_else() -> None:
     assert segment_path("/dev/shm/s", "huge/seg-3") == "/dev/shm/s/huge/seg-3"
     for bad in ("huge/", "huge/../x", "huge/a/b", "huge/.x", "../x", "a/b", ".x"):
