@@ -135,10 +135,11 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.parametrize("size", [4 * MiB, MiB], ids=["segment", "slab"])
 def test_another_user_cannot_list_open_or_create_in_the_sessions_shared_memory(
-        start_cluster, other_user):
+        start_cluster, other_user, size):
     start_cluster(num_cpus=1, object_store_memory=128 * MiB)
-    ref, path = _put_and_find_segment(np.ones(4 * MiB // 8))
+    ref, path = _put_and_find_segment(np.ones(size // 8))
     folder = os.path.dirname(path)
     st = os.lstat(folder)
     assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
@@ -146,7 +147,7 @@ def test_another_user_cannot_list_open_or_create_in_the_sessions_shared_memory(
         f"segments live in {folder}, mode {stat.S_IMODE(st.st_mode):o}: others may write there"
     seen = other_user.run(_PROBE, path)
     assert seen == {"listed": False, "opened": False, "created": False}
-    assert orchestra.get(ref, timeout=T).sum() == 4 * MiB // 8
+    assert orchestra.get(ref, timeout=T).sum() == size // 8
 
 
 _SQUAT = r"""
@@ -171,7 +172,7 @@ def _predictable_names(c: Any) -> list[str]:
     session_id = os.path.basename(c.session_dir).removeprefix("orchestra-session-")
     names = []
     for n in range(0, 80):
-        names += [f"orch-{c.head_pid}-{session_id}-{n}", f"seg-{n}", str(n)]
+        names += [f"orch-{c.head_pid}-{session_id}-{n}", f"seg-{n}", f"slab-{n}.1", str(n)]
     return names
 
 
@@ -253,15 +254,16 @@ def _swap_for_symlink(path: str, user: OtherUser) -> None:
     os.symlink(target, path)
 
 
+@pytest.mark.parametrize("size", [4 * MiB, MiB], ids=["segment", "slab"])
 @pytest.mark.parametrize("swap", [_swap_for_other_owner, _swap_for_world_readable,
                                   _swap_for_symlink],
                          ids=["owned-by-another-user", "mode-0644", "symlink"])
 def test_a_segment_that_is_not_the_sessions_own_file_is_never_mapped(
-        start_cluster, other_user, swap):
+        start_cluster, other_user, swap, size):
     start_cluster(num_cpus=1, object_store_memory=128 * MiB)
     # Made by a task: this process has no map of it yet. (A value it put itself is read
     # back through the map it wrote, made before any swap.)
-    ref = h.make_array.remote(4 * MiB // 8)
+    ref = h.make_array.remote(size // 8)   # (1 MiB: a slot, its slab's file swapped)
     path = segment_file(ref)
     swap(path, other_user)
     with pytest.raises(ObjectStoreError) as info:
