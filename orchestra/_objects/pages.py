@@ -64,6 +64,15 @@ def _libc_madvise() -> Any:
     return _madvise
 
 
+def _address(mm: mmap.mmap) -> int:
+    """Where ``mm`` starts in this process's memory."""
+    import ctypes
+    anchor = ctypes.c_char.from_buffer(mm)
+    addr = ctypes.addressof(anchor)
+    del anchor   # the export must be gone before the map may close
+    return addr
+
+
 def populate_write(mm: mmap.mmap, threads: int = 1, min_range: int = _POPULATE_RANGE) -> int:
     """Make every page of ``mm`` present and writable (MADV_POPULATE_WRITE), on up to
     ``threads`` threads over disjoint ranges of at least ``min_range``: 0, or the errno
@@ -73,9 +82,7 @@ def populate_write(mm: mmap.mmap, threads: int = 1, min_range: int = _POPULATE_R
     madvise = _libc_madvise()
     if not madvise:
         return errno.ENOSYS
-    anchor = ctypes.c_char.from_buffer(mm)
-    addr = ctypes.addressof(anchor)
-    del anchor   # the export must be gone before the map may close
+    addr = _address(mm)
     size = len(mm)
     n = max(1, min(threads, size // min_range))
     step = (-(-size // n) + _PAGE - 1) & ~(_PAGE - 1)
@@ -105,10 +112,7 @@ def populate_range(mm: mmap.mmap, start: int, length: int) -> int:
     madvise = _libc_madvise()
     if not madvise or not _write_populates:
         return errno.ENOSYS
-    anchor = ctypes.c_char.from_buffer(mm)
-    addr = ctypes.addressof(anchor)
-    del anchor
-    if madvise(addr + start, length, _MADV_POPULATE_WRITE):
+    if madvise(_address(mm) + start, length, _MADV_POPULATE_WRITE):
         return ctypes.get_errno() or errno.EIO
     return 0
 
